@@ -1,0 +1,69 @@
+"""The schedule configuration: the numbers and modes that fix a schedule (SPEC.md, "Terms")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREPROCESS_MODES = ("frozen", "trainable")
+OVERFLOW_MODES = ("full", "min")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """What a schedule is built from. Validated on construction, so errors come before any collective.
+
+    Attributes:
+        pp_size: ``R``, the number of pipeline ranks (>= 1).
+        vpp: ``V``, model chunks (virtual stages) per rank (>= 1); stage ``s`` lives on rank ``s % R``.
+        num_micro: ``M``, micro-batches per schedule run (>= 1).
+        preprocess: ``"frozen"`` or ``"trainable"``; how the transposed preprocess ``P`` is treated.
+        overflow: ``"full"`` (owner of micro ``m`` is ``m % NT``) or ``"min"`` (owner is ``m`` for ``m < NT``,
+            else rank 0, which runs those micros inline).
+
+    Raises:
+        ValueError: naming the field and the allowed values.
+    """
+
+    pp_size: int
+    vpp: int = 1
+    num_micro: int = 1
+    preprocess: str = "frozen"
+    overflow: str = "full"
+
+    def __post_init__(self):
+        for field in ("pp_size", "vpp", "num_micro"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+        if self.preprocess not in PREPROCESS_MODES:
+            raise ValueError(f"preprocess must be one of {PREPROCESS_MODES}, got {self.preprocess!r}")
+        if self.overflow not in OVERFLOW_MODES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_MODES}, got {self.overflow!r}")
+
+    @property
+    def num_stages(self) -> int:
+        """``S = R * V``."""
+        return self.pp_size * self.vpp
+
+    @property
+    def num_owners(self) -> int:
+        """``NT = min(R, M)``: the number of ranks that own micro-batches."""
+        return min(self.pp_size, self.num_micro)
+
+    @property
+    def trainable(self) -> bool:
+        return self.preprocess == "trainable"
+
+    def stage_rank(self, stage: int) -> int:
+        """The rank that holds ``stage`` (``stage % R``)."""
+        return stage % self.pp_size
+
+    def owner(self, micro: int) -> int:
+        """The rank that loads micro ``micro`` and runs the preprocess on it (SPEC.md, "Terms")."""
+        if self.overflow == "min":
+            return micro if micro < self.num_owners else 0
+        return micro % self.num_owners
+
+    def owned(self, rank: int) -> list[int]:
+        """Micro-batches owned by ``rank``, ascending."""
+        return [m for m in range(self.num_micro) if self.owner(m) == rank]

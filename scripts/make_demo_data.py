@@ -1,0 +1,140 @@
+"""Build a small image-caption dataset from the photos bundled with scikit-image.
+
+Every image comes from a ``skimage.data`` loader that reads a file shipped in the
+scikit-image wheel, so no network access is needed. Each image is converted to
+RGB uint8, shrunk so that its longer side is at most ``--max-side`` pixels (the
+aspect ratio is kept, so sizes differ), and saved as ``OUT_DIR/images/<name>.png``.
+``OUT_DIR/train.jsonl`` gets 2-3 hand-written captions per image, one JSON
+object per line::
+
+    {"image": "images/coffee.png", "prompt": "Describe the image.", "caption": "..."}
+
+Image paths are relative to OUT_DIR. The output is deterministic and running
+the script again overwrites it.
+
+Usage::
+
+    python scripts/make_demo_data.py OUT_DIR [--max-side 112]
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import skimage.data
+from PIL import Image
+
+PROMPTS = ["Describe the image.", "What is shown here?", "Give a short caption."]
+
+# (skimage.data loader name, captions); only loaders backed by files in the wheel.
+PHOTOS = [
+    ("astronaut", ["An astronaut in an orange flight suit, smiling.",
+                   "A woman astronaut beside an American flag and a helmet.",
+                   "Portrait of an astronaut with a space shuttle model."]),
+    ("brick", ["A grey brick wall seen at an angle.",
+               "Rows of rectangular bricks in a wall."]),
+    ("camera", ["A man looking through a camera on a tripod.",
+                "A black and white photo of a photographer in a field.",
+                "A cameraman in a dark coat on a grassy field."]),
+    ("cell", ["A single round cell in a grey microscope image.",
+              "A bright cell on a dark grey background."]),
+    ("chelsea", ["A close-up of a tabby cat's face.",
+                 "An orange tabby cat with green eyes.",
+                 "A cat's face with long white whiskers."]),
+    ("checkerboard", ["A black and white checkerboard pattern.",
+                      "A grid of alternating black and white squares."]),
+    ("clock", ["A motion-blurred clock on a grey background.",
+               "A blurry round clock in a greyscale photo."]),
+    ("coffee", ["A cup of coffee on a red saucer.",
+                "An espresso cup with a spoon on a wooden table.",
+                "A red cup and saucer holding coffee."]),
+    ("coins", ["Rows of old coins on a dark background.",
+               "A greyscale photo of many ancient coins."]),
+    ("colorwheel", ["A round color wheel on a black background.",
+                    "A circle blending all hues around a white center."]),
+    ("grass", ["A greyscale close-up texture of grass.",
+               "Blades of grass seen from above."]),
+    ("gravel", ["A greyscale texture of small gravel stones.",
+                "Many small pebbles covering the ground."]),
+    ("horse", ["A black silhouette of a horse on white.",
+               "The outline of a standing horse, in black."]),
+    ("hubble_deep_field", ["Many distant galaxies against the black of space.",
+                           "A deep space telescope image full of galaxies.",
+                           "Colorful specks of galaxies on a dark sky."]),
+    ("immunohistochemistry", ["A stained tissue sample under a microscope.",
+                              "Brown stained cells and blue nuclei in tissue."]),
+    ("logo", ["The scikit-image logo with a snake.",
+              "A green and orange circle with a snake drawing."]),
+    ("microaneurysms", ["A grey close-up of blood vessels in a retina.",
+                        "Retinal blood vessels with a few small dark spots."]),
+    ("moon", ["A greyscale image of the moon's surface.",
+              "Craters and rocks on the lunar surface."]),
+    ("page", ["A scanned book page about region-based segmentation.",
+              "A page of printed text with a heading."]),
+    ("retina", ["A color photo of the back of a human eye.",
+                "A red retina with branching blood vessels."]),
+    ("rocket", ["A rocket on its launch pad in the evening.",
+                "A rocket between launch towers under a dark blue sky.",
+                "A tall rocket lit up by lights on the pad."]),
+    ("shepp_logan_phantom", ["The Shepp-Logan phantom, a test image of a head.",
+                             "Grey ellipses inside a white oval on black."]),
+    ("stereo_motorcycle", ["A red motorcycle parked in a garage.",
+                           "A red motorbike in front of shelves with boxes."]),
+    ("text", ["Handwritten math formulas seen at an angle.",
+              "A greyscale photo of handwritten equations."]),
+]
+
+
+def to_rgb_uint8(a):
+    """Return ``a`` as an (H, W, 3) uint8 array."""
+    a = np.asarray(a)
+    if a.dtype == bool:
+        a = a.astype(np.uint8) * 255
+    elif a.dtype.kind == "f":
+        a = np.round(np.clip(a, 0.0, 1.0) * 255).astype(np.uint8)
+    elif a.dtype != np.uint8:
+        a = np.round(a.astype(np.float64) * 255 / np.iinfo(a.dtype).max).astype(np.uint8)
+    if a.ndim == 2:
+        a = np.stack([a, a, a], axis=-1)
+    return np.ascontiguousarray(a[..., :3])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path, help="directory to write train.jsonl and images/ into")
+    parser.add_argument("--max-side", type=int, default=112, help="longest image side in pixels")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    image_dir = args.out_dir / "images"
+    image_dir.mkdir(parents=True, exist_ok=True)
+    rows, n_images, k = [], 0, 0
+    for name, captions in PHOTOS:
+        try:
+            array = getattr(skimage.data, name)()
+        except Exception as exc:  # e.g. a loader that would need to download
+            print(f"skipping {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        if isinstance(array, tuple):  # stereo_motorcycle returns (left, right, disparity)
+            array = array[0]
+        image = Image.fromarray(to_rgb_uint8(array))
+        image.thumbnail((args.max_side, args.max_side), Image.LANCZOS)
+        rel_path = f"images/{name}.png"
+        image.save(args.out_dir / rel_path)
+        n_images += 1
+        for caption in captions:
+            rows.append({"image": rel_path, "prompt": PROMPTS[k % len(PROMPTS)], "caption": caption})
+            k += 1
+
+    with open(args.out_dir / "train.jsonl", "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    elapsed = time.perf_counter() - start
+    print(f"wrote {len(rows)} rows, {n_images} images to {args.out_dir} in {elapsed:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

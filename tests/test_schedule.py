@@ -1,0 +1,118 @@
+"""Pure schedule tests: no processes, milliseconds each."""
+
+import itertools
+
+import pytest
+from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+
+from mpipe_hf.schedule import (Action, Kind, ScheduleConfig, ScheduleError, body_order, build_schedule,
+                               format_schedule, parse_schedule, strip_mpipe, validate)
+
+GRID = list(itertools.product(range(1, 6), range(1, 4), range(1, 13)))
+
+
+def torch_order(R, V, M, rank):
+    """torch's own interleaved 1F1B compute order for one rank (its no-op slots dropped)."""
+    sched = ScheduleInterleaved1F1B.__new__(ScheduleInterleaved1F1B)
+    sched.pp_group_size, sched.n_local_stages, sched._n_microbatches = R, V, M
+    sched.number_of_rounds = max(1, M // R)
+    sched.microbatches_per_round = M // sched.number_of_rounds
+    ops = sched._calculate_single_rank_operations(rank)
+    return [({"FORWARD": "F", "FULL_BACKWARD": "B"}[a.computation_type.name], a.stage_index, a.microbatch_index) for a in ops if a is not None]
+
+
+def torch_accepts(R, M):
+    return M % max(1, M // R) == 0
+
+
+@pytest.mark.parametrize("R,V,M", [g for g in GRID if torch_accepts(g[0], g[2])])
+def test_body_order_equals_torch_interleaved_1f1b(R, V, M):
+    for rank in range(R):
+        ours = [(a.kind.value, a.stage, a.micro) for a in body_order(R, V, M, rank)]
+        assert ours == torch_order(R, V, M, rank), f"rank {rank}"
+
+
+@pytest.mark.parametrize("R,V,M", GRID)
+@pytest.mark.parametrize("preprocess", ["frozen", "trainable"])
+def test_mpipe_schedule_is_valid_and_keeps_the_body(R, V, M, preprocess):
+    cfg = ScheduleConfig(R, V, M, preprocess)
+    orders = build_schedule(cfg)  # validates
+    assert strip_mpipe(orders) == {r: body_order(R, V, M, r) for r in range(R)}
+    loads = [a.micro for acts in orders.values() for a in acts if a.kind is Kind.DATA_LOAD]
+    assert sorted(loads) == list(range(M)), "every micro is loaded exactly once, by its owner"
+    for rank, actions in orders.items():
+        assert all(a.micro in cfg.owned(rank) for a in actions if a.kind is Kind.DATA_LOAD)
+        assert sum(a.kind is Kind.PARAM_BROADCAST for a in actions) == (preprocess == "trainable")
+    bwd = [a.micro for a in orders[0] if a.kind is Kind.TRANSPOSE_BWD]
+    assert bwd == ([a.micro for a in orders[0] if a.kind is Kind.B and a.stage == 0]
+                   if preprocess == "trainable" else [])
+    received = [a.micro for a in orders[0] if a.kind is Kind.DATA_RECV]
+    assert received == [m for m in range(M) if cfg.owner(m) != 0]
+
+
+def test_frozen_schedule_ships_no_graph():
+    orders = build_schedule(ScheduleConfig(4, 2, 8, "frozen"))
+    kinds = {a.kind for acts in orders.values() for a in acts}
+    assert not kinds & {Kind.GRAPH_SEND, Kind.GRAPH_RECV, Kind.TRANSPOSE_BWD, Kind.PARAM_BROADCAST}
+
+
+def test_transpose_bwd_follows_stage0_backward():
+    orders = build_schedule(ScheduleConfig(2, 2, 4, "trainable"))
+    rank0 = orders[0]
+    for i, a in enumerate(rank0):
+        if a.kind is Kind.TRANSPOSE_BWD:
+            assert rank0[i - 1] == Action(Kind.B, a.micro, 0)
+
+
+def test_actions_print_and_parse():
+    assert str(Action(Kind.F, 0, 2)) == "2F0"
+    assert str(Action(Kind.SEND_F, 3, 1, 2)) == "1SEND_F3@2"
+    assert Action.parse("DATA_RECV5@1") == Action(Kind.DATA_RECV, 5, None, 1)
+    assert Action.parse("PARAM_BROADCAST") == Action(Kind.PARAM_BROADCAST)
+    orders = build_schedule(ScheduleConfig(3, 2, 5, "trainable"))
+    assert parse_schedule(format_schedule(orders)) == orders
+    with pytest.raises(ValueError, match="cannot parse"):
+        Action.parse("2X0")
+
+
+def test_validator_rejects_swapped_receives():
+    cfg = ScheduleConfig(2, 2, 4, "frozen")
+    orders = build_schedule(cfg)
+    rank1 = orders[1]
+    i, j = [k for k, a in enumerate(rank1) if a.kind is Kind.RECV_F][:2]
+    rank1[i], rank1[j] = rank1[j], rank1[i]
+    with pytest.raises(ScheduleError, match="sends"):
+        validate(cfg, orders)
+
+
+def test_validator_rejects_backward_before_forward():
+    cfg = ScheduleConfig(1, 1, 2)
+    orders = build_schedule(cfg)
+    f = orders[0].index(Action(Kind.F, 1, 0))
+    b = orders[0].index(Action(Kind.B, 1, 0))
+    orders[0][f], orders[0][b] = orders[0][b], orders[0][f]
+    with pytest.raises(ScheduleError, match="before its forward"):
+        validate(cfg, orders)
+
+
+def test_validator_detects_a_hang():
+    cfg = ScheduleConfig(2, 1, 2, "frozen")
+    orders = build_schedule(cfg)
+    # rank 0 waits for the first backward gradient before it sends any forward: a cyclic wait.
+    first_recv_b = next(a for a in orders[0] if a.kind is Kind.RECV_B)
+    orders[0].remove(first_recv_b)
+    orders[0].insert(orders[0].index(Action(Kind.F, 0, 0)), first_recv_b)
+    with pytest.raises(ScheduleError, match="hangs"):
+        validate(cfg, orders)
+
+
+@pytest.mark.parametrize("field,kwargs", [
+    ("num_micro", dict(pp_size=2, num_micro=0)),
+    ("pp_size", dict(pp_size=0)),
+    ("vpp", dict(pp_size=2, vpp=0)),
+    ("preprocess", dict(pp_size=2, preprocess="warm")),
+    ("overflow", dict(pp_size=2, overflow="some")),
+])
+def test_bad_config_names_the_field(field, kwargs):
+    with pytest.raises(ValueError, match=field):
+        ScheduleConfig(**kwargs)
