@@ -128,6 +128,22 @@ def _check_micro(model: nn.Module):
     return validate_micro
 
 
+def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None) -> list[int]:
+    """Decoder layers per stage for ``config`` (a ``Qwen2_5_VLConfig``); checks the layout against the model.
+
+    Raises:
+        ValueError: more stages than decoder layers, a bad ``layers_per_stage``, or tied input/output
+            embeddings split over two ranks.
+    """
+    num_layers = config.text_config.num_hidden_layers
+    if config.tie_word_embeddings and cfg.pp_size > 1:
+        raise ValueError("tie_word_embeddings=True ties lm_head (last stage) to embed_tokens (stage 0), which live "
+                         "on different ranks; use a checkpoint with untied embeddings or pp_size=1")
+    if layers_per_stage is None:
+        return balanced_layers(num_layers, cfg.num_stages)
+    return check_layers_per_stage(layers_per_stage, num_layers, cfg.num_stages)
+
+
 def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None) -> SplitModel:
     """Carve ``model`` for pipeline rank ``rank`` of ``cfg``.
 
@@ -138,16 +154,11 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
         layers_per_stage: decoder layers per stage (``R * V`` entries); balanced when ``None``.
 
     Raises:
-        ValueError: more stages than decoder layers, a bad ``layers_per_stage``, or tied input/output
-            embeddings split over two ranks.
+        ValueError: as :func:`layer_counts`.
     """
     text = model.config.text_config
     num_layers, num_stages = text.num_hidden_layers, cfg.num_stages
-    counts = (balanced_layers(num_layers, num_stages) if layers_per_stage is None
-              else check_layers_per_stage(layers_per_stage, num_layers, num_stages))
-    if model.config.tie_word_embeddings and cfg.pp_size > 1:
-        raise ValueError("tie_word_embeddings=True ties lm_head (last stage) to embed_tokens (stage 0), which live "
-                         "on different ranks; use a checkpoint with untied embeddings or pp_size=1")
+    counts = layer_counts(model.config, cfg, layers_per_stage)
     starts = [sum(counts[:s]) for s in range(num_stages)]
     ids = [list(range(starts[s], starts[s] + counts[s])) for s in range(num_stages)]
     prefix = "model.language_model"

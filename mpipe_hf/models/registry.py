@@ -1,16 +1,23 @@
-"""Splitters by ``config.model_type``."""
+"""Model families by ``config.model_type``: each module has ``split`` and ``layer_counts``."""
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Callable
 
 from . import qwen2_5_vl
 
-SPLITTERS: dict[str, Callable] = {"qwen2_5_vl": qwen2_5_vl.split}
+FAMILIES: dict[str, ModuleType] = {"qwen2_5_vl": qwen2_5_vl}
+
+
+def get_family(model_type: str) -> ModuleType:
+    """The family module for ``model_type``; raises ``ValueError`` naming the supported types."""
+    if model_type not in FAMILIES:
+        raise ValueError(f"model_type {model_type!r} has no splitter; supported model_type values: "
+                         f"{sorted(FAMILIES)}")
+    return FAMILIES[model_type]
 
 
 def get_splitter(model_type: str) -> Callable:
-    """The splitter for ``model_type``; raises ``ValueError`` naming the supported types."""
-    if model_type not in SPLITTERS:
-        raise ValueError(f"model_type {model_type!r} has no splitter; supported: {sorted(SPLITTERS)}")
-    return SPLITTERS[model_type]
+    """``split(model, cfg, rank, layers_per_stage=None) -> SplitModel`` for ``model_type``."""
+    return get_family(model_type).split

