@@ -28,7 +28,7 @@ def reference_step(model, micros):
         loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=model.config.text_config.vocab_size,
                                    num_items_in_batch=total_tokens)
         loss.backward()
-        loss_total += float(loss)
+        loss_total += loss.detach().item()
     return loss_total
 
 
