@@ -1,7 +1,8 @@
 """``mpipe-hf``: the command line.
 
 - ``mpipe-hf train RECIPE.yaml`` starts ``pp_size`` local processes (through torchrun) and trains;
-- ``mpipe-hf schedule --pp 4 --vpp 2 --micro 8`` prints each rank's action list of the MPipe Transpose schedule.
+- ``mpipe-hf schedule --pp 4 --vpp 2 --micro 8 [--gantt]`` prints each rank's action list of the MPipe Transpose
+  schedule, or its Gantt chart under unit costs (F = 1, B = 2, preprocess forward = 1) with the bubble.
 """
 
 from __future__ import annotations
@@ -27,8 +28,16 @@ def _train(args) -> None:
 
 def _schedule(args) -> None:
     from .schedule import ScheduleConfig, build_schedule
+    from .schedule.timeline import bubble, gantt, run_timeline
     cfg = ScheduleConfig(args.pp, args.vpp, args.micro, args.preprocess, args.overflow)
-    for rank, actions in build_schedule(cfg).items():
+    orders = build_schedule(cfg)
+    if args.gantt:
+        timeline = run_timeline(cfg, orders)
+        print(gantt(timeline))
+        print(f"bubble {bubble(timeline):.3f} (digits: forward of that micro; digit and '=': backward; "
+              f"P/p: preprocess forward/backward; '.': idle)")
+        return
+    for rank, actions in orders.items():
         print(f"rank {rank}: " + " ".join(map(str, actions)))
 
 
@@ -44,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     sched.add_argument("--micro", type=int, required=True, help="micro-batches M")
     sched.add_argument("--preprocess", default="frozen", choices=["frozen", "trainable"])
     sched.add_argument("--overflow", default="full", choices=["full", "min"])
+    sched.add_argument("--gantt", action="store_true", help="print a text Gantt chart under unit costs")
     sched.set_defaults(func=_schedule)
     args = parser.parse_args(argv)
     try:

@@ -116,3 +116,19 @@ def test_validator_detects_a_hang():
 def test_bad_config_names_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
         ScheduleConfig(**kwargs)
+
+
+def test_timeline_gantt_and_bubble():
+    from mpipe_hf.schedule.timeline import bubble, gantt, run_timeline
+    single = ScheduleConfig(1, 1, 3)
+    assert bubble(run_timeline(single, build_schedule(single))) == 0.0
+    cfg = ScheduleConfig(4, 2, 8, "frozen")
+    timeline = run_timeline(cfg, build_schedule(cfg))
+    rows = gantt(timeline).splitlines()
+    assert len(rows) == 4 and len({len(r) for r in rows}) == 1
+    # every rank runs the preprocess for its own two micros first, in parallel
+    assert all(row.split("|")[1].startswith("PP") for row in rows)
+    # 16 forwards of 1 unit and 16 backwards of 2 per rank, plus 2 preprocess units
+    bars = [row.split("|")[1] for row in rows]
+    assert sum(bar.count(c) for bar in bars for c in "0123456789=P") == 4 * (16 + 32 + 2)
+    assert 0.0 < bubble(timeline) < 0.5
