@@ -35,6 +35,9 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
     shard = f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
     tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
     save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(os.path.join(tmp, shard), 0o666 & ~umask)  # safetensors writes 0600; share like the other files
     names = [None] * world
     dist.all_gather_object(names, (shard, sorted(tensors), sum(t.numel() * t.element_size()
                                                                 for t in tensors.values())), group=group)
