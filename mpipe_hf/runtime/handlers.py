@@ -16,6 +16,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..schedule import Action, Kind, ScheduleConfig
+from ..schedule.actions import COMPUTE_KINDS
 from .p2p import P2P
 
 Tensors = dict[str, torch.Tensor]
@@ -203,15 +204,13 @@ HANDLERS: dict[Kind, Callable[[StepContext, Action], None]] = {
     Kind.GRAPH_SEND: _sender("pin"),
     Kind.GRAPH_RECV: _receiver("pin"),
 }
-COMPUTE = frozenset({Kind.F, Kind.B, Kind.TRANSPOSE_FWD, Kind.TRANSPOSE_BWD})
-
 
 def run_action(ctx: StepContext, a: Action) -> None:
     """Dispatch one action; time it if it computes."""
     handler = HANDLERS.get(a.kind)
     if handler is None:
         raise NotImplementedError(f"no handler for {a.kind.value} yet")
-    if a.kind in COMPUTE:
+    if a.kind in COMPUTE_KINDS:
         start = time.perf_counter()
         handler(ctx, a)
         ctx.busy_s += time.perf_counter() - start
