@@ -102,9 +102,7 @@ class Action:
             return ("F", self.stage - 1, self.micro)
         if self.kind is Kind.RECV_B:
             return ("B", self.stage + 1, self.micro)
-        if self.kind in SEND_TO_RECV:
-            return (self.kind.value.split("_")[0], self.micro)
-        if self.kind in RECV_KINDS:
+        if self.kind in SEND_TO_RECV or self.kind in RECV_KINDS:
             return (self.kind.value.split("_")[0], self.micro)
         raise ValueError(f"{self} is not a point-to-point action")
 
