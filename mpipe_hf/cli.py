@@ -28,14 +28,18 @@ def _train(args) -> None:
 
 def _schedule(args) -> None:
     from .schedule import ScheduleConfig, build_schedule
+    from .schedule.interleaved import peak_in_flight
     from .schedule.timeline import bubble, gantt, run_timeline
-    cfg = ScheduleConfig(args.pp, args.vpp, args.micro, args.preprocess, args.overflow)
+    cfg = ScheduleConfig(args.pp, args.vpp, args.micro, args.preprocess, args.overflow, args.owner_backward,
+                         args.less_memory)
     orders = build_schedule(cfg)
     if args.gantt:
         timeline = run_timeline(cfg, orders)
         print(gantt(timeline))
         print(f"bubble {bubble(timeline):.3f} (digits: forward of that micro; digit and '=': backward; "
               f"P/p: preprocess forward/backward; '.': idle)")
+        peaks = [peak_in_flight(orders[r]) for r in range(cfg.pp_size)]
+        print(f"peak in-flight activations per rank (stage-micro units): {peaks}")
         return
     for rank, actions in orders.items():
         print(f"rank {rank}: " + " ".join(map(str, actions)))
@@ -51,8 +55,10 @@ def main(argv: list[str] | None = None) -> None:
     sched.add_argument("--pp", type=int, required=True, help="pipeline ranks R")
     sched.add_argument("--vpp", type=int, default=1, help="chunks per rank V")
     sched.add_argument("--micro", type=int, required=True, help="micro-batches M")
-    sched.add_argument("--preprocess", default="frozen", choices=["frozen", "trainable"])
+    sched.add_argument("--preprocess", default="frozen", choices=["identity", "frozen", "trainable"])
     sched.add_argument("--overflow", default="full", choices=["full", "min"])
+    sched.add_argument("--owner-backward", action="store_true", help="trainable P: owners backprop P")
+    sched.add_argument("--less-memory", action="store_true", help="shallow warm-up of the interleaved body")
     sched.add_argument("--gantt", action="store_true", help="print a text Gantt chart under unit costs")
     sched.set_defaults(func=_schedule)
     args = parser.parse_args(argv)

@@ -7,6 +7,8 @@ from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
 
 from mpipe_hf.schedule import (Action, Kind, ScheduleConfig, ScheduleError, body_order, build_schedule,
                                format_schedule, parse_schedule, strip_mpipe, validate)
+from mpipe_hf.schedule.actions import RECV_KINDS, SEND_TO_RECV
+from mpipe_hf.schedule.interleaved import peak_in_flight
 
 GRID = list(itertools.product(range(1, 6), range(1, 4), range(1, 13)))
 
@@ -32,22 +34,89 @@ def test_body_order_equals_torch_interleaved_1f1b(R, V, M):
         assert ours == torch_order(R, V, M, rank), f"rank {rank}"
 
 
-@pytest.mark.parametrize("R,V,M", GRID)
-@pytest.mark.parametrize("preprocess", ["frozen", "trainable"])
-def test_mpipe_schedule_is_valid_and_keeps_the_body(R, V, M, preprocess):
-    cfg = ScheduleConfig(R, V, M, preprocess)
-    orders = build_schedule(cfg)  # validates
-    assert strip_mpipe(orders) == {r: body_order(R, V, M, r) for r in range(R)}
-    loads = [a.micro for acts in orders.values() for a in acts if a.kind is Kind.DATA_LOAD]
-    assert sorted(loads) == list(range(M)), "every micro is loaded exactly once, by its owner"
+def modes():
+    """Every schedule mode: preprocess x overflow x owner-backward x less_memory."""
+    for preprocess, overflow, owner_backward, less_memory in itertools.product(
+            ("identity", "frozen", "trainable"), ("full", "min"), (False, True), (False, True)):
+        if owner_backward and preprocess != "trainable":
+            continue
+        yield dict(preprocess=preprocess, overflow=overflow, owner_backward=owner_backward, less_memory=less_memory)
+
+
+def channel_sequences(orders):
+    sends, recvs = {}, {}
     for rank, actions in orders.items():
-        assert all(a.micro in cfg.owned(rank) for a in actions if a.kind is Kind.DATA_LOAD)
-        assert sum(a.kind is Kind.PARAM_BROADCAST for a in actions) == (preprocess == "trainable")
-    bwd = [a.micro for a in orders[0] if a.kind is Kind.TRANSPOSE_BWD]
-    assert bwd == ([a.micro for a in orders[0] if a.kind is Kind.B and a.stage == 0]
-                   if preprocess == "trainable" else [])
-    received = [a.micro for a in orders[0] if a.kind is Kind.DATA_RECV]
-    assert received == [m for m in range(M) if cfg.owner(m) != 0]
+        for a in actions:
+            if a.kind in SEND_TO_RECV:
+                sends.setdefault((rank, a.peer), []).append(a.message())
+            elif a.kind in RECV_KINDS:
+                recvs.setdefault((a.peer, rank), []).append(a.message())
+    return sends, recvs
+
+
+@pytest.mark.parametrize("R,V,M", GRID)
+def test_every_mode_is_valid_and_keeps_the_body(R, V, M):
+    """SPEC.md steps 1-4 for every mode: the body survives, per-pair order, one broadcast, each remote micro
+    received once, loads only by owners, P's backward exactly once per micro."""
+    for mode in modes():
+        cfg = ScheduleConfig(R, V, M, **mode)
+        orders = build_schedule(cfg)  # validates
+        assert strip_mpipe(orders) == {r: body_order(R, V, M, r, cfg.less_memory) for r in range(R)}, mode
+        sends, recvs = channel_sequences(orders)
+        assert sends == recvs, mode
+        loads = [a.micro for acts in orders.values() for a in acts if a.kind is Kind.DATA_LOAD]
+        assert sorted(loads) == list(range(M)), "every micro is loaded exactly once, by its owner"
+        remote = [m for m in range(M) if cfg.owner(m) != 0]
+        for rank, actions in orders.items():
+            assert all(a.micro in cfg.owned(rank) for a in actions if a.kind is Kind.DATA_LOAD)
+            assert sum(a.kind is Kind.PARAM_BROADCAST for a in actions) == cfg.trainable, mode
+            assert sum(a.kind is Kind.GRAD_REDUCE for a in actions) == cfg.owner_backward, mode
+        expected = {Kind.DATA_RECV: remote, Kind.FWD_RECV: remote if cfg.transposed else [],
+                    Kind.GRAPH_RECV: remote if cfg.trainable and not cfg.owner_backward else []}
+        for kind, micros in expected.items():
+            assert sorted(a.micro for a in orders[0] if a.kind is kind) == micros, (mode, kind)
+        p_backward = [a.micro for acts in orders.values() for a in acts
+                      if a.kind in (Kind.TRANSPOSE_BWD, Kind.GRAD_RECV_BWD)]
+        assert sorted(p_backward) == (list(range(M)) if cfg.trainable else []), mode
+        if not cfg.transposed:
+            assert not any(a.kind is Kind.TRANSPOSE_FWD for acts in orders.values() for a in acts)
+
+
+def test_min_mode_runs_overflow_inline_before_its_stage0_forward():
+    cfg = ScheduleConfig(3, 2, 7, "trainable", overflow="min")
+    rank0 = build_schedule(cfg)[0]
+    for m in range(3, 7):
+        i = rank0.index(Action(Kind.F, m, 0))
+        assert rank0[i - 2:i] == [Action(Kind.DATA_LOAD, m), Action(Kind.TRANSPOSE_FWD, m)]
+    assert [a.micro for a in rank0[:rank0.index(Action(Kind.F, 0, 0))] if a.kind is Kind.DATA_LOAD] == [0]
+
+
+def test_owner_backward_suffix_order():
+    cfg = ScheduleConfig(3, 1, 7, "trainable", owner_backward=True)
+    orders = build_schedule(cfg)
+    tail0 = orders[0][orders[0].index(Action(Kind.GRAD_SEND, 1, peer=1)):]
+    assert tail0 == [Action(Kind.GRAD_SEND, m, peer=cfg.owner(m)) for m in (1, 2, 4, 5)] + [Action(Kind.GRAD_REDUCE)]
+    assert orders[1][-3:] == [Action(Kind.GRAD_RECV_BWD, 1, peer=0), Action(Kind.GRAD_RECV_BWD, 4, peer=0),
+                              Action(Kind.GRAD_REDUCE)]
+    assert not any(a.kind is Kind.GRAPH_SEND for acts in orders.values() for a in acts)
+
+
+@pytest.mark.parametrize("R,V,M", [(4, 1, 8), (4, 2, 8), (4, 2, 16), (3, 3, 9), (2, 3, 6)])
+def test_less_memory_holds_fewer_activations(R, V, M):
+    deep = [peak_in_flight(body_order(R, V, M, r)) for r in range(R)]
+    shallow = [peak_in_flight(body_order(R, V, M, r, less_memory=True)) for r in range(R)]
+    assert all(s <= d for s, d in zip(shallow, deep)) and shallow[0] < deep[0]
+    if V == 1:
+        assert shallow == [R - r for r in range(R)], "classic 1F1B holds R - r micro-batches on rank r"
+
+
+def test_config_rejects_owner_backward_without_trainable_preprocess():
+    with pytest.raises(ValueError, match="owner_backward needs preprocess 'trainable'"):
+        ScheduleConfig(2, 1, 2, "frozen", owner_backward=True)
+    with pytest.raises(ValueError, match="less_memory must be true or false"):
+        ScheduleConfig(2, 1, 2, less_memory="yes")
+    with pytest.raises(ValueError, match="preprocess must be one of"):
+        ScheduleConfig(2, 1, 2, "vision")
 
 
 def test_frozen_schedule_ships_no_graph():

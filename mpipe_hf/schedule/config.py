@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREPROCESS_MODES = ("frozen", "trainable")
+PREPROCESS_MODES = ("identity", "frozen", "trainable")
 OVERFLOW_MODES = ("full", "min")
 
 
@@ -16,9 +16,16 @@ class ScheduleConfig:
         pp_size: ``R``, the number of pipeline ranks (>= 1).
         vpp: ``V``, model chunks (virtual stages) per rank (>= 1); stage ``s`` lives on rank ``s % R``.
         num_micro: ``M``, micro-batches per schedule run (>= 1).
-        preprocess: ``"frozen"`` or ``"trainable"``; how the transposed preprocess ``P`` is treated.
+        preprocess: how the transposed preprocess ``P`` is treated: ``"frozen"`` (no gradient, no graph kept),
+            ``"trainable"`` (rank 0 optimises it and broadcasts it each step), or ``"identity"`` (``T = 0``:
+            dataload-only; only raw data moves, with no broadcast and no ``P`` forward or backward).
         overflow: ``"full"`` (owner of micro ``m`` is ``m % NT``) or ``"min"`` (owner is ``m`` for ``m < NT``,
-            else rank 0, which runs those micros inline).
+            else rank 0, which runs those micros inline, right before their stage-0 forward).
+        owner_backward: trainable ``P`` only. Owners keep ``P``'s graph; after the body, rank 0 ships each
+            feature gradient back and the owner backprops it (no recompute, no ``GRAPH`` transfer), then
+            ``GRAD_REDUCE`` sums ``P``'s gradient over the pipeline group.
+        less_memory: a shallower warm-up of the interleaved body (``R-1-r`` instead of ``2(R-1-r)`` extra
+            forwards on rank ``r``): fewer activations in flight, possibly more bubble.
 
     Raises:
         ValueError: naming the field and the allowed values.
@@ -29,6 +36,8 @@ class ScheduleConfig:
     num_micro: int = 1
     preprocess: str = "frozen"
     overflow: str = "full"
+    owner_backward: bool = False
+    less_memory: bool = False
 
     def __post_init__(self):
         for field in ("pp_size", "vpp", "num_micro"):
@@ -39,6 +48,12 @@ class ScheduleConfig:
             raise ValueError(f"preprocess must be one of {PREPROCESS_MODES}, got {self.preprocess!r}")
         if self.overflow not in OVERFLOW_MODES:
             raise ValueError(f"overflow must be one of {OVERFLOW_MODES}, got {self.overflow!r}")
+        for field in ("owner_backward", "less_memory"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"{field} must be true or false, got {getattr(self, field)!r}")
+        if self.owner_backward and self.preprocess != "trainable":
+            raise ValueError(f"owner_backward needs preprocess 'trainable' (a {self.preprocess} preprocess has no "
+                             f"backward), got preprocess {self.preprocess!r}")
 
     @property
     def num_stages(self) -> int:
@@ -52,7 +67,13 @@ class ScheduleConfig:
 
     @property
     def trainable(self) -> bool:
+        """``P`` has parameters to train: broadcast, graph or owner-backward, and ``P``'s backward."""
         return self.preprocess == "trainable"
+
+    @property
+    def transposed(self) -> bool:
+        """``P`` computes something (``T > 0``): ``TRANSPOSE_FWD`` runs and its output travels to rank 0."""
+        return self.preprocess != "identity"
 
     def stage_rank(self, stage: int) -> int:
         """The rank that holds ``stage`` (``stage % R``)."""

@@ -26,14 +26,17 @@ def rounds(pp_size: int, num_micro: int) -> list[list[int]]:
     return out
 
 
-def warmup_forwards(pp_size: int, vpp: int, num_micro: int, rank: int) -> int:
-    """Forwards a rank runs before its first backward: ``(V-1) * round + 2 * (R-1-rank)``, at most ``M*V``."""
+def warmup_forwards(pp_size: int, vpp: int, num_micro: int, rank: int, less_memory: bool = False) -> int:
+    """Forwards a rank runs before its first backward: ``(V-1) * round + 2 * (R-1-rank)`` (torch's and
+    Megatron-LM's depth), or ``(V-1) * round + (R-1-rank)`` with ``less_memory`` (for ``V = 1`` this is the
+    classic 1F1B warm-up of PipeDream-Flush, Narayanan et al., 2021); at most ``M*V``."""
     first_round = len(rounds(pp_size, num_micro)[0])
-    return min((vpp - 1) * first_round + 2 * (pp_size - 1 - rank), num_micro * vpp)
+    depth = (pp_size - 1 - rank) * (1 if less_memory else 2)
+    return min((vpp - 1) * first_round + depth, num_micro * vpp)
 
 
-def body_order(pp_size: int, vpp: int, num_micro: int, rank: int) -> list[Action]:
-    """The compute order (``F`` and ``B`` only) of ``rank``.
+def body_order(pp_size: int, vpp: int, num_micro: int, rank: int, less_memory: bool = False) -> list[Action]:
+    """The compute order (``F`` and ``B`` only) of ``rank``; ``less_memory`` takes the shallow warm-up.
 
     Returns:
         ``2 * V * M`` actions; stage indices are global (``chunk * R + rank``).
@@ -44,9 +47,19 @@ def body_order(pp_size: int, vpp: int, num_micro: int, rank: int) -> list[Action
             forwards += [Action(Kind.F, m, chunk * pp_size + rank) for m in group]
         for chunk in reversed(range(vpp)):
             backwards += [Action(Kind.B, m, chunk * pp_size + rank) for m in group]
-    warmup = warmup_forwards(pp_size, vpp, num_micro, rank)
+    warmup = warmup_forwards(pp_size, vpp, num_micro, rank, less_memory)
     order = forwards[:warmup]
     for fwd, bwd in zip(forwards[warmup:], backwards):
         order += [fwd, bwd]
     order += backwards[len(forwards) - warmup:]
     return order
+
+
+def peak_in_flight(order: list[Action]) -> int:
+    """The most forwards whose backward has not run yet, at any point of ``order``: how many micro-batches'
+    activations a rank holds at its peak (a memory proxy, in units of one stage's activations)."""
+    live = peak = 0
+    for a in order:
+        live += (a.kind is Kind.F) - (a.kind is Kind.B)
+        peak = max(peak, live)
+    return peak

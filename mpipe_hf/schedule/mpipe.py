@@ -3,7 +3,7 @@
 The preprocess ``P`` runs on the owner of each micro-batch during that rank's warm-up idle time. Each rank's
 order is: prefix (broadcast, loads, transposed forwards, type-major transfers to rank 0), then the body, with
 rank 0's patch (overflow loads in mode ``min``, ``TRANSPOSE_BWD`` after each stage-0 backward for a trainable
-``P``).
+``P``), then, with owner-backward, the suffix (feature gradients back to their owners, ``GRAD_REDUCE``).
 """
 
 from __future__ import annotations
@@ -15,17 +15,37 @@ from .lowering import add_transfers
 from .validate import validate
 
 
+def prefix_micros(cfg: ScheduleConfig, rank: int) -> list[int]:
+    """Micros ``rank`` loads in its prefix: all it owns in mode ``full``, only micro ``rank`` in mode ``min``."""
+    if cfg.overflow == "full":
+        return cfg.owned(rank)
+    return [rank] if rank < cfg.num_owners else []
+
+
+def transfer_kinds(cfg: ScheduleConfig) -> list[tuple[Kind, Kind]]:
+    """The owner -> rank 0 transfers of every remote micro, in type-major order: raw data, then ``P``'s output
+    (not for an identity ``P``), then ``P``'s input for rank 0's recompute (trainable ``P`` without
+    owner-backward)."""
+    kinds = [(Kind.DATA_SEND, Kind.DATA_RECV)]
+    if cfg.transposed:
+        kinds.append((Kind.FWD_SEND, Kind.FWD_RECV))
+    if cfg.trainable and not cfg.owner_backward:
+        kinds.append((Kind.GRAPH_SEND, Kind.GRAPH_RECV))
+    return kinds
+
+
+def _load(cfg: ScheduleConfig, micro: int) -> list[Action]:
+    return [Action(Kind.DATA_LOAD, micro)] + ([Action(Kind.TRANSPOSE_FWD, micro)] if cfg.transposed else [])
+
+
 def prefix(cfg: ScheduleConfig, rank: int) -> list[Action]:
     """Rank ``rank``'s prefix: ``PARAM_BROADCAST`` (trainable ``P``), its loads and transposed forwards, then the
-    transfers to or from rank 0 in type-major order (data, then ``P`` outputs, then ``P`` inputs), each ascending.
-    """
+    transfers to or from rank 0 in type-major order (:func:`transfer_kinds`), each in ascending micro order."""
     out = [Action(Kind.PARAM_BROADCAST)] if cfg.trainable else []
-    mine = cfg.owned(rank) if cfg.overflow == "full" else ([rank] if rank < cfg.num_owners else [])
+    mine = prefix_micros(cfg, rank)
     for m in mine:
-        out += [Action(Kind.DATA_LOAD, m), Action(Kind.TRANSPOSE_FWD, m)]
-    kinds = [(Kind.DATA_SEND, Kind.DATA_RECV), (Kind.FWD_SEND, Kind.FWD_RECV)]
-    if cfg.trainable:
-        kinds.append((Kind.GRAPH_SEND, Kind.GRAPH_RECV))
+        out += _load(cfg, m)
+    kinds = transfer_kinds(cfg)
     if rank != 0:
         out += [Action(send, m, peer=0) for send, _ in kinds for m in mine]
     else:
@@ -35,16 +55,32 @@ def prefix(cfg: ScheduleConfig, rank: int) -> list[Action]:
 
 
 def patch_rank0(cfg: ScheduleConfig, body: list[Action]) -> list[Action]:
-    """Rank 0's body with the inline overflow loads (mode ``min``) and ``TRANSPOSE_BWD`` (trainable ``P``)."""
+    """Rank 0's body with the inline overflow loads (mode ``min``) and ``TRANSPOSE_BWD`` after each stage-0
+    backward of a trainable ``P`` (with owner-backward, only for rank 0's own micros: it backprops its kept
+    graph; the others' gradients go back to their owners in the suffix)."""
+    inline = set(range(cfg.num_owners, cfg.num_micro)) if cfg.overflow == "min" else set()
     out = []
     for action in body:
-        if action.kind is Kind.F and action.stage == 0 and cfg.owner(action.micro) == 0 \
-                and cfg.overflow == "min" and action.micro >= cfg.num_owners:
-            out += [Action(Kind.DATA_LOAD, action.micro), Action(Kind.TRANSPOSE_FWD, action.micro)]
+        stage0 = action.stage == 0
+        if action.kind is Kind.F and stage0 and action.micro in inline:
+            out += _load(cfg, action.micro)
         out.append(action)
-        if action.kind is Kind.B and action.stage == 0 and cfg.trainable:
+        if action.kind is Kind.B and stage0 and cfg.trainable \
+                and (not cfg.owner_backward or cfg.owner(action.micro) == 0):
             out.append(Action(Kind.TRANSPOSE_BWD, action.micro))
     return out
+
+
+def suffix(cfg: ScheduleConfig, rank: int) -> list[Action]:
+    """Owner-backward only: rank 0 sends every remote micro's feature gradient to its owner (ascending), each
+    owner receives and backprops its micros (ascending), then every rank runs ``GRAD_REDUCE``."""
+    if not cfg.owner_backward:
+        return []
+    if rank == 0:
+        out = [Action(Kind.GRAD_SEND, m, peer=cfg.owner(m)) for m in range(cfg.num_micro) if cfg.owner(m) != 0]
+    else:
+        out = [Action(Kind.GRAD_RECV_BWD, m, peer=0) for m in cfg.owned(rank)]
+    return out + [Action(Kind.GRAD_REDUCE)]
 
 
 def build_schedule(cfg: ScheduleConfig) -> dict[int, list[Action]]:
@@ -55,8 +91,9 @@ def build_schedule(cfg: ScheduleConfig) -> dict[int, list[Action]]:
     """
     orders = {}
     for rank in range(cfg.pp_size):
-        body = body_order(cfg.pp_size, cfg.vpp, cfg.num_micro, rank)
-        orders[rank] = prefix(cfg, rank) + (patch_rank0(cfg, body) if rank == 0 else body)
+        body = body_order(cfg.pp_size, cfg.vpp, cfg.num_micro, rank, cfg.less_memory)
+        body = patch_rank0(cfg, body) if rank == 0 else body
+        orders[rank] = prefix(cfg, rank) + body + suffix(cfg, rank)
     orders = add_transfers(cfg, orders)
     validate(cfg, orders)
     return orders

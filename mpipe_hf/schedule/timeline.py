@@ -14,7 +14,7 @@ from collections import defaultdict
 from .actions import COLLECTIVE_KINDS, RECV_KINDS, SEND_TO_RECV, Action, Kind
 from .config import ScheduleConfig
 
-DEFAULT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.TRANSPOSE_FWD: 1.0, Kind.TRANSPOSE_BWD: 2.0}
+DEFAULT_COSTS = {Kind.F: 1.0, Kind.B: 2.0, Kind.TRANSPOSE_FWD: 1.0, Kind.TRANSPOSE_BWD: 2.0, Kind.GRAD_RECV_BWD: 2.0}
 _DIGITS = string.digits + string.ascii_lowercase
 
 

@@ -21,7 +21,9 @@ def _requires(cfg: ScheduleConfig, a: Action) -> list[tuple]:
     """Facts that must hold on the acting rank before ``a`` runs."""
     m, s = a.micro, a.stage
     if a.kind is Kind.F:
-        return [("data", m), ("feat", m)] if s == 0 else [("act", s - 1, m)]
+        if s > 0:
+            return [("act", s - 1, m)]
+        return [("data", m)] + ([("feat", m)] if cfg.transposed else [])
     if a.kind is Kind.B:
         return [("fwd", s, m)] + ([("grad", s + 1, m)] if s < cfg.num_stages - 1 else [])
     return {
@@ -31,13 +33,13 @@ def _requires(cfg: ScheduleConfig, a: Action) -> list[tuple]:
         Kind.DATA_SEND: [("data", m)],
         Kind.FWD_SEND: [("feat", m)],
         Kind.GRAPH_SEND: [("pin", m)],
-        Kind.TRANSPOSE_BWD: [("grad", 0, m), ("pin", m)],
+        Kind.TRANSPOSE_BWD: [("grad", 0, m), ("kept", m) if cfg.owner_backward else ("pin", m)],
         Kind.GRAD_SEND: [("grad", 0, m)],
-        Kind.GRAD_RECV_BWD: [("feat", m)],
+        Kind.GRAD_RECV_BWD: [("kept", m)],
     }.get(a.kind, [])
 
 
-def _produces(a: Action) -> list[tuple]:
+def _produces(cfg: ScheduleConfig, a: Action) -> list[tuple]:
     """Facts that hold on the acting rank after ``a`` ran."""
     m, s = a.micro, a.stage
     return {
@@ -46,7 +48,7 @@ def _produces(a: Action) -> list[tuple]:
         Kind.RECV_F: [("act", s - 1 if s is not None else None, m)],
         Kind.RECV_B: [("grad", s + 1 if s is not None else None, m)],
         Kind.DATA_LOAD: [("data", m), ("pin", m)],
-        Kind.TRANSPOSE_FWD: [("feat", m)],
+        Kind.TRANSPOSE_FWD: [("feat", m)] + ([("kept", m)] if cfg.owner_backward else []),
         Kind.DATA_RECV: [("data", m)],
         Kind.FWD_RECV: [("feat", m)],
         Kind.GRAPH_RECV: [("pin", m)],
@@ -115,7 +117,7 @@ def simulate(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> list[tuple
                     queue.popleft()
                 if a.kind in SEND_TO_RECV:
                     wire[(rank, a.peer)].append(a.message())
-                facts[rank].update(_produces(a))
+                facts[rank].update(_produces(cfg, a))
                 trace.append((rank, a))
                 pc[rank] += 1
                 progressed = True
@@ -124,7 +126,7 @@ def simulate(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> list[tuple
             if len({h.kind for h in heads}) != 1:
                 raise ScheduleError(f"ranks enter different collectives at once: {heads}")
             for rank in orders:
-                facts[rank].update(_produces(heads[rank]))
+                facts[rank].update(_produces(cfg, heads[rank]))
                 trace.append((rank, heads[rank]))
                 pc[rank] += 1
             progressed = True
