@@ -42,11 +42,11 @@ def run(cmd, timeout=600):
     return proc
 
 
-def reference_training(demo):
+def reference_training(demo, freeze_visual):
     """The unsplit model trained on one process over the same micro-batches: losses and the final model."""
     model_dir = os.path.join(demo, "model")
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
-    model.model.visual.requires_grad_(False)
+    model.model.visual.requires_grad_(not freeze_visual)
     processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(model_dir))
     plan = MicroBatchPlan(load_caption_dataset(os.path.join(demo, "data", "train.jsonl")),
                           CaptionCollator(processor), NUM_MICRO, 1)
@@ -69,16 +69,19 @@ def reference_training(demo):
 
 
 def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
-    ref_losses, ref_model, micros = reference_training(demo)
+    """The CLI trains with a frozen tower as P; accelerate with the tower, the embedding and the first decoder
+    layer as a trainable P, owner-backward and overflow mode min."""
     runs = {
-        "cli": [os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train"],
-        "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                       "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
-                       "mpipe_hf.train"],
+        "cli": ([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train"], {}),
+        "accelerate": ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
+                        "mpipe_hf.train"],
+                       dict(preprocess="trainable", text_layers=1, owner_backward=True, overflow="min")),
     }
-    for name, cmd in runs.items():
+    for name, (cmd, options) in runs.items():
+        ref_losses, ref_model, micros = reference_training(demo, freeze_visual=not options)
         out = str(tmp_path / name)
-        recipe = write_recipe(demo, tmp_path / f"{name}.yaml", out)
+        recipe = write_recipe(demo, tmp_path / f"{name}.yaml", out, **options)
         run(cmd + [recipe])
         rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
         assert [r["step"] for r in rows] == [1, 2]
@@ -98,6 +101,10 @@ def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
     (dict(vpp=0), "vpp"),
     (dict(preprocess="warm"), "preprocess"),
     (dict(layers_per_stage=[1, 1, 1, 1]), "layers_per_stage"),
+    (dict(text_layers=3), "text_layers = 3 exceeds stage 0's first chunk of 2"),
+    (dict(text_layers=1, preprocess="identity"), "text_layers = 1 needs preprocess"),
+    (dict(owner_backward=True), "owner_backward needs preprocess 'trainable'"),
+    (dict(less_memory="yes"), "less_memory must be true or false"),
     (dict(stepz=3), "unknown recipe keys"),
 ])
 def test_bad_recipe_fails_before_any_process_starts(demo, tmp_path, override, field):

@@ -34,3 +34,74 @@ def test_layers_per_stage_is_checked():
     for bad in ([4, 4], [8, 0, 0, 0], [3, 3, 3, 3]):
         with pytest.raises(ValueError, match="layers_per_stage"):
             check_layers_per_stage(bad, 8, 4)
+
+
+class FakeWork:
+    """A work that completes when ``done`` is set (``wait`` blocks until then)."""
+
+    def __init__(self):
+        import threading
+        self.done = threading.Event()
+
+    def is_completed(self):
+        return self.done.is_set()
+
+    def wait(self, timeout=None):
+        self.done.wait()
+        return True
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_watchdog_waits_reports_first_error_and_times_out(threaded):
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from mpipe_hf.runtime import PeerFailed, Watchdog
+    store = dist.HashStore()
+    dog = Watchdog(store, "g", timedelta(seconds=0.3), threaded)
+    dog.start_step()
+    work = FakeWork()
+    threading.Timer(0.05, work.done.set).start()
+    dog.wait(work, "a receive")  # completes
+    with pytest.raises(TimeoutError, match="never did not complete within"):
+        dog.wait(FakeWork(), "never")
+    other = Watchdog(store, "g", timedelta(seconds=30), False)
+    other.start_step()
+    assert other.report(ValueError("pipeline rank 2: bad image")) == ("ValueError", "pipeline rank 2: bad image")
+    assert dog.report(RuntimeError("later")) == ("ValueError", "pipeline rank 2: bad image"), "first writer wins"
+    with pytest.raises(PeerFailed):
+        _wait_on(store, threaded)
+    err = dog.first_error()
+    assert type(err) is ValueError and str(err) == "pipeline rank 2: bad image"
+    dog.start_step()
+    dog.check()  # a new step starts clean
+
+
+def _wait_on(store, threaded):
+    from datetime import timedelta
+
+    from mpipe_hf.runtime import Watchdog
+    dog = Watchdog(store, "g", timedelta(seconds=30), threaded)
+    dog.start_step()
+    dog.wait(FakeWork(), "blocked receive")  # another rank failed: raises within CHECK_S, not after 30 s
+
+
+@pytest.mark.parametrize("family,kwargs,match", [
+    ("qwen2_5_vl", dict(text_layers=2), "text_layers = 2 exceeds stage 0's first chunk of 1"),
+    ("qwen2_5_vl", dict(text_layers=-1), "text_layers must be an integer >= 0"),
+    ("qwen2", dict(text_layers=0), "text_layers must be >= 1 with preprocess 'trainable'"),
+    ("llama", dict(layers_per_stage=[3, 1, 2, 2], text_layers=4), "exceeds stage 0's first chunk of 3"),
+])
+def test_text_layers_are_checked_against_stage0(family, kwargs, match):
+    from mpipe_hf.data import qwen2_tokenizer
+    from mpipe_hf.models import get_family
+    from mpipe_hf.models.tiny import tiny_causal_lm_config, tiny_qwen2_5_vl_config
+    from mpipe_hf.schedule import ScheduleConfig
+    tokenizer = qwen2_tokenizer()
+    config = tiny_qwen2_5_vl_config(tokenizer) if family == "qwen2_5_vl" else tiny_causal_lm_config(tokenizer, family)
+    cfg = ScheduleConfig(4, 2 if "layers_per_stage" not in kwargs else 1, 4, "trainable")
+    with pytest.raises(ValueError, match=match):
+        get_family(family).layer_counts(config, cfg, kwargs.get("layers_per_stage"), kwargs["text_layers"])
+    assert get_family(family).layer_counts(config, cfg, kwargs.get("layers_per_stage"), 1)[0] >= 1

@@ -38,6 +38,45 @@ def check_layers_per_stage(counts: list[int], num_layers: int, num_stages: int) 
     return list(counts)
 
 
+def plan_layers(num_layers: int, cfg: ScheduleConfig, layers_per_stage: list[int] | None,
+                text_layers: int) -> list[int]:
+    """Decoder layers per stage (balanced, or ``layers_per_stage``), with ``text_layers`` checked against stage
+    0's first chunk: ``P`` takes the first ``T`` layers out of stage 0 (SPEC.md, "Terms").
+
+    Raises:
+        ValueError: more stages than layers, a bad ``layers_per_stage``, a negative ``text_layers``, one larger
+            than stage 0's chunk, or ``text_layers > 0`` with an identity preprocess.
+    """
+    if layers_per_stage is None:
+        counts = balanced_layers(num_layers, cfg.num_stages)
+    else:
+        counts = check_layers_per_stage(layers_per_stage, num_layers, cfg.num_stages)
+    if not isinstance(text_layers, int) or isinstance(text_layers, bool) or text_layers < 0:
+        raise ValueError(f"text_layers must be an integer >= 0, got {text_layers!r}")
+    if text_layers and not cfg.transposed:
+        raise ValueError(f"text_layers = {text_layers} needs preprocess 'frozen' or 'trainable'; preprocess "
+                         f"'identity' is T = 0 (set text_layers: 0)")
+    if text_layers > counts[0]:
+        raise ValueError(f"text_layers = {text_layers} exceeds stage 0's first chunk of {counts[0]} decoder layers "
+                         f"(layers_per_stage[0] of {counts}); lower text_layers to at most {counts[0]} or give "
+                         f"stage 0 more layers with layers_per_stage")
+    return counts
+
+
+def stage_layer_ids(counts: list[int], text_layers: int) -> tuple[list[int], list[list[int]]]:
+    """``(P's layer ids, [layer ids of stage s])``: stage 0 gives its first ``text_layers`` layers to ``P``."""
+    starts = [sum(counts[:s]) for s in range(len(counts))]
+    ids = [list(range(starts[s], starts[s] + counts[s])) for s in range(len(counts))]
+    return ids[0][:text_layers], [ids[0][text_layers:]] + ids[1:]
+
+
+def free_unused(model: nn.Module, fqns: list[str], keep: set[str]) -> None:
+    """Replace the modules at ``fqns`` that are not in ``keep`` by ``nn.Identity`` (what this rank never runs)."""
+    for fqn in fqns:
+        if fqn not in keep:
+            model.set_submodule(fqn, nn.Identity())
+
+
 @dataclass
 class SplitModel:
     """A Hugging Face model carved for one pipeline rank.
@@ -47,7 +86,9 @@ class SplitModel:
         stages: ``{stage index: module}`` of this rank.
         preprocess: the transposed block ``P`` (a full replica on every rank).
         layout: module FQNs of every stage, all ranks (``layout[s]``).
-        preprocess_fqn: FQN of ``P`` in ``model``.
+        preprocess_fqns: module FQNs of ``P`` in ``model`` (empty for an identity ``P``).
+        frozen: module FQNs whose parameters the split froze (``requires_grad=False``); a single-process reference
+            freezes the same ones.
         validate_micro: raises ``ValueError`` when a micro-batch's raw inputs do not fit the model.
     """
 
@@ -55,13 +96,14 @@ class SplitModel:
     stages: dict[int, nn.Module]
     preprocess: Preprocess
     layout: list[list[str]]
-    preprocess_fqn: str
+    preprocess_fqns: list[str]
+    frozen: list[str]
     validate_micro: Callable[[dict[str, torch.Tensor]], None]
 
     def owned_prefixes(self, cfg: ScheduleConfig, rank: int) -> list[str]:
         """FQN prefixes whose parameters ``rank`` trains and saves; rank 0 owns ``P``."""
         prefixes = [fqn for s in range(rank, cfg.num_stages, cfg.pp_size) for fqn in self.layout[s]]
-        return prefixes + ([self.preprocess_fqn] if rank == 0 else [])
+        return prefixes + (list(self.preprocess_fqns) if rank == 0 else [])
 
     def _owned(self, cfg: ScheduleConfig, rank: int, name: str) -> bool:
         return any(name == p or name.startswith(p + ".") for p in self.owned_prefixes(cfg, rank))

@@ -1,33 +1,39 @@
-"""Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``) carved into a transposed visual tower and pipeline stages.
+"""Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``) carved into a transposed preprocess and pipeline stages.
 
-- ``P`` is ``model.visual`` (frozen or trainable): pixels and grids -> image features ``(n_image_tokens, H)``.
-- Stage 0 embeds the tokens, puts the features at the ``<|image_pad|>`` positions (the output consumer) and
-  computes the 3-D M-RoPE position ids, which travel down the pipeline with the attention mask and labels.
-- Every stage runs its decoder layers with the causal mask and rotary embeddings rebuilt from those ids.
-- The last stage holds the final norm, ``lm_head`` and the loss (summed over tokens; the executor divides by
-  the step's label-token count).
+The preprocess ``P`` is one of (SPEC.md, "Terms"):
 
-The code mirrors ``Qwen2_5_VLModel.forward`` and ``Qwen2_5_VLTextModel.forward`` of transformers step by step,
-so the loss and gradients equal the unsplit model's.
+- the visual tower (``text_layers = 0``): pixels and grids -> image features ``(n_image_tokens, H)``; stage 0
+  embeds the tokens, puts the features at the ``<|image_pad|>`` positions (the output consumer) and computes the
+  3-D M-RoPE position ids;
+- the visual tower, the embedding and the first ``T = text_layers`` decoder layers: ``P`` returns the hidden
+  states and M-RoPE ids, and stage 0 runs only what is left of its chunk;
+- an identity (preprocess ``identity``): stage 0 runs the (frozen) tower and the embedding itself, and only raw
+  data moves.
+
+The position ids travel down the pipeline with the attention mask and labels; every stage rebuilds its causal
+mask and rotary embeddings from them. The last stage holds the final norm, ``lm_head`` and the loss (summed over
+tokens; the executor divides by the step's label-token count). The code mirrors ``Qwen2_5_VLModel.forward`` and
+``Qwen2_5_VLTextModel.forward`` of transformers step by step, so the loss and gradients equal the unsplit model's.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
-from .base import SplitModel, balanced_layers, check_layers_per_stage
+from .base import SplitModel, free_unused, plan_layers, stage_layer_ids
+from .decoder import CARRIED_KEYS, DecoderStage, LMHead, layer_types
 
 STAGE0_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "image_grid_thw", "labels")
 VISION_KEYS = ("pixel_values", "image_grid_thw")
-CARRIED_KEYS = ("attention_mask", "position_ids", "labels")
+FRONT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
+LM = "model.language_model"
 
 
 class VisionPreprocess(nn.Module):
-    """``P``: the visual tower. ``{"pixel_values": (patches, C*T*p*p), "image_grid_thw": (images, 3)}`` ->
+    """The visual tower. ``{"pixel_values": (patches, C*T*p*p), "image_grid_thw": (images, 3)}`` ->
     ``{"image_features": (image tokens, H)}``; a micro-batch without images gives a ``(0, H)`` tensor."""
 
     def __init__(self, visual: nn.Module, hidden_size: int):
@@ -43,40 +49,33 @@ class VisionPreprocess(nn.Module):
         return {"image_features": self.visual(pixels, grid_thw=inputs["image_grid_thw"]).pooler_output}
 
 
-class Qwen2_5_VLStage(nn.Module):
-    """One pipeline stage: optional embedding and feature injection, decoder layers, optional norm/head/loss.
+class Qwen2_5_VLFront(nn.Module):
+    """Embedding, image-feature injection and M-RoPE ids: ``input_ids``/``attention_mask``/``mm_token_type_ids``
+    ``(B, L)``, ``image_grid_thw`` ``(images, 3)`` and either ``image_features`` ``(n, H)`` or, with ``vision``,
+    ``pixel_values`` -> ``(hidden (B, L, H), position_ids (3, B, L))``.
 
-    Inputs of stage 0: the micro-batch's ``input_ids``/``attention_mask``/``labels`` ``(B, L)``,
-    ``mm_token_type_ids`` ``(B, L)``, ``image_grid_thw`` ``(images, 3)`` and ``image_features`` ``(n, H)``.
-    Inputs of later stages: ``hidden_states`` ``(B, L, H)``, ``position_ids`` ``(3, B, L)``, ``attention_mask``
-    and ``labels``. Outputs: the same keys for the next stage, or ``{"loss", "num_tokens"}`` on the last stage.
+    Raises:
+        ValueError: the ``<|image_pad|>`` count differs from the number of image features.
     """
 
-    def __init__(self, model: nn.Module, index: int, layer_ids: list[int], first: bool, last: bool):
+    def __init__(self, model: nn.Module, vision: VisionPreprocess | None):
         super().__init__()
-        lm = model.model.language_model
-        self.index, self.first, self.last, self.layer_ids = index, first, last, layer_ids
-        self.text_config = lm.config
+        self.embed_tokens = model.model.language_model.embed_tokens
+        self.vision = vision
         self.image_token_id = model.config.image_token_id
-        self.embed_tokens = lm.embed_tokens if first else None
-        self.layers = nn.ModuleList(lm.layers[i] for i in layer_ids)
-        self.layer_types = [lm.config.layer_types[i] for i in layer_ids]
-        self.rotary_emb = lm.rotary_emb
-        self.norm = lm.norm if last else None
-        self.lm_head = model.lm_head if last else None
-        # Plain attributes (not submodules): functions of the HF model that read only its config.
-        self.__dict__["_rope_index"] = model.model.get_rope_index
-        self.__dict__["_loss_function"] = model.loss_function
+        self.__dict__["_rope_index"] = model.model.get_rope_index  # reads only the config; not a submodule
 
-    def _embed(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = inputs["input_ids"]
         hidden = self.embed_tokens(ids)
         feats = inputs.get("image_features")
+        if feats is None and self.vision is not None:
+            feats = self.vision(inputs)["image_features"]
         image_mask = ids == self.image_token_id
         n_tokens = int(image_mask.sum())
-        if feats is not None and feats.shape[0] != n_tokens:
+        if n_tokens != (0 if feats is None else feats.shape[0]):
             raise ValueError(f"image tokens and features differ: {n_tokens} <|image_pad|> tokens in input_ids, "
-                             f"{feats.shape[0]} image features")
+                             f"{0 if feats is None else feats.shape[0]} image features")
         if n_tokens:
             mask = image_mask.unsqueeze(-1).expand_as(hidden)
             hidden = hidden.masked_scatter(mask, feats.to(hidden.device, hidden.dtype))
@@ -87,30 +86,6 @@ class Qwen2_5_VLStage(nn.Module):
         else:  # what Qwen2_5_VLTextModel does when no M-RoPE index can be built
             position_ids = torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, ids.shape[0], -1)
         return hidden, position_ids
-
-    def forward(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.first:
-            hidden, position_ids = self._embed(inputs)
-        else:
-            hidden, position_ids = inputs["hidden_states"], inputs["position_ids"]
-        attention_mask = inputs["attention_mask"]
-        mask_kwargs = dict(config=self.text_config, inputs_embeds=hidden, attention_mask=attention_mask,
-                           cache=None, position_ids=None)
-        masks = {"full_attention": create_causal_mask(**mask_kwargs)}
-        if "sliding_attention" in self.layer_types:
-            masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
-        position_embeddings = self.rotary_emb(hidden, position_ids)
-        for layer, layer_type in zip(self.layers, self.layer_types):
-            hidden = layer(hidden, attention_mask=masks[layer_type], position_embeddings=position_embeddings,
-                           position_ids=None, cache=None, use_cache=False)
-        if not self.last:
-            return {"hidden_states": hidden, "position_ids": position_ids, "attention_mask": attention_mask,
-                    "labels": inputs["labels"]}
-        logits = self.lm_head(self.norm(hidden))
-        labels = inputs["labels"]
-        loss = self._loss_function(logits=logits, labels=labels, vocab_size=self.text_config.vocab_size,
-                                   num_items_in_batch=1)  # reduction "sum"
-        return {"loss": loss, "num_tokens": (labels[..., 1:] != -100).sum()}
 
 
 def _check_micro(model: nn.Module):
@@ -128,57 +103,66 @@ def _check_micro(model: nn.Module):
     return validate_micro
 
 
-def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None) -> list[int]:
+def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
+                 text_layers: int = 0) -> list[int]:
     """Decoder layers per stage for ``config`` (a ``Qwen2_5_VLConfig``); checks the layout against the model.
 
     Raises:
-        ValueError: more stages than decoder layers, a bad ``layers_per_stage``, or tied input/output
-            embeddings split over two ranks.
+        ValueError: as :func:`~.base.plan_layers`, or tied input/output embeddings split over two ranks.
     """
-    num_layers = config.text_config.num_hidden_layers
     if config.tie_word_embeddings and cfg.pp_size > 1:
         raise ValueError("tie_word_embeddings=True ties lm_head (last stage) to embed_tokens (stage 0), which live "
                          "on different ranks; use a checkpoint with untied embeddings or pp_size=1")
-    if layers_per_stage is None:
-        return balanced_layers(num_layers, cfg.num_stages)
-    return check_layers_per_stage(layers_per_stage, num_layers, cfg.num_stages)
+    return plan_layers(config.text_config.num_hidden_layers, cfg, layers_per_stage, text_layers)
 
 
-def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None) -> SplitModel:
+def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,
+          text_layers: int = 0) -> SplitModel:
     """Carve ``model`` for pipeline rank ``rank`` of ``cfg``.
 
     Args:
         model: a ``Qwen2_5_VLForConditionalGeneration`` (e.g. from ``from_pretrained``).
-        cfg: the schedule configuration; ``cfg.preprocess`` sets whether the visual tower trains.
+        cfg: the schedule configuration; ``cfg.preprocess`` sets whether ``P`` trains (``identity``: the tower
+            runs frozen in stage 0).
         rank: this process's pipeline rank.
         layers_per_stage: decoder layers per stage (``R * V`` entries); balanced when ``None``.
+        text_layers: ``T``, the decoder layers ``P`` takes from stage 0 (with the tower and the embedding).
 
     Raises:
         ValueError: as :func:`layer_counts`.
     """
     text = model.config.text_config
-    num_layers, num_stages = text.num_hidden_layers, cfg.num_stages
-    counts = layer_counts(model.config, cfg, layers_per_stage)
-    starts = [sum(counts[:s]) for s in range(num_stages)]
-    ids = [list(range(starts[s], starts[s] + counts[s])) for s in range(num_stages)]
-    prefix = "model.language_model"
-    layout = [[f"{prefix}.layers.{i}" for i in ids[s]] for s in range(num_stages)]
-    layout[0].insert(0, f"{prefix}.embed_tokens")
-    layout[-1] += [f"{prefix}.norm", "lm_head"]
-
-    mine = list(range(rank, num_stages, cfg.pp_size))
-    stages = {s: Qwen2_5_VLStage(model, s, ids[s], s == 0, s == num_stages - 1) for s in mine}
-    lm = model.model.language_model
-    kept = {i for s in mine for i in ids[s]}
-    for i in range(num_layers):  # free what this rank never runs
-        if i not in kept:
-            lm.layers[i] = nn.Identity()
-    if 0 not in mine:
-        lm.embed_tokens = nn.Identity()
-    if num_stages - 1 not in mine:
-        lm.norm, model.lm_head = nn.Identity(), nn.Identity()
-
-    model.model.visual.requires_grad_(cfg.trainable)
+    counts = layer_counts(model.config, cfg, layers_per_stage, text_layers)
+    p_ids, ids = stage_layer_ids(counts, text_layers)
+    lm, types = model.model.language_model, layer_types(text)
+    layout = [[f"{LM}.layers.{i}" for i in ids[s]] for s in range(cfg.num_stages)]
+    layout[-1] += [f"{LM}.norm", "lm_head"]
     vision = VisionPreprocess(model.model.visual, text.hidden_size)
-    preprocess = Preprocess(vision, VISION_KEYS, STAGE0_KEYS)
-    return SplitModel(model, stages, preprocess, layout, "model.visual", _check_micro(model))
+    if not cfg.transposed:
+        layout[0][:0] = ["model.visual", f"{LM}.embed_tokens"]
+        p_fqns, frozen, front = [], ["model.visual"], Qwen2_5_VLFront(model, vision)
+        preprocess = Preprocess(None, (), STAGE0_KEYS + ("pixel_values",))
+    elif not text_layers:
+        layout[0].insert(0, f"{LM}.embed_tokens")
+        p_fqns, front = ["model.visual"], Qwen2_5_VLFront(model, None)
+        preprocess = Preprocess(vision, VISION_KEYS, STAGE0_KEYS)
+    else:
+        p_fqns, front = ["model.visual", f"{LM}.embed_tokens"] + [f"{LM}.layers.{i}" for i in p_ids], None
+        block = DecoderStage(Qwen2_5_VLFront(model, vision), [lm.layers[i] for i in p_ids],
+                             [types[i] for i in p_ids], lm.rotary_emb, text, carry=())
+        preprocess = Preprocess(block, FRONT_KEYS, CARRIED_KEYS)
+    if cfg.transposed:
+        frozen = p_fqns if cfg.preprocess == "frozen" else []
+    for fqn in frozen:
+        model.get_submodule(fqn).requires_grad_(False)
+
+    last = cfg.num_stages - 1
+    head = LMHead(model, lm.norm, text.vocab_size)
+    stages = {s: DecoderStage(front if s == 0 else None, [lm.layers[i] for i in ids[s]], [types[i] for i in ids[s]],
+                              lm.rotary_emb, text, head if s == last else None)
+              for s in range(rank, cfg.num_stages, cfg.pp_size)}
+    keep = {fqn for s in stages for fqn in layout[s]} | set(p_fqns)
+    every = ["model.visual", f"{LM}.embed_tokens", f"{LM}.norm", "lm_head"] + \
+        [f"{LM}.layers.{i}" for i in range(text.num_hidden_layers)]
+    free_unused(model, every, keep)
+    return SplitModel(model, stages, preprocess, layout, p_fqns, frozen, _check_micro(model))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Callable
 
-from . import qwen2_5_vl
+from . import causal_lm, qwen2_5_vl
 
-FAMILIES: dict[str, ModuleType] = {"qwen2_5_vl": qwen2_5_vl}
+FAMILIES: dict[str, ModuleType] = {"qwen2_5_vl": qwen2_5_vl, "llama": causal_lm, "qwen2": causal_lm}
 
 
 def get_family(model_type: str) -> ModuleType:
@@ -19,5 +19,5 @@ def get_family(model_type: str) -> ModuleType:
 
 
 def get_splitter(model_type: str) -> Callable:
-    """``split(model, cfg, rank, layers_per_stage=None) -> SplitModel`` for ``model_type``."""
+    """``split(model, cfg, rank, layers_per_stage=None, text_layers=0) -> SplitModel`` for ``model_type``."""
     return get_family(model_type).split

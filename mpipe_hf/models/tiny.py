@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transformers import Qwen2_5_VLConfig
+from transformers import LlamaConfig, Qwen2_5_VLConfig, Qwen2Config
 
 
 def tiny_qwen2_5_vl_config(tokenizer, num_layers: int = 8, vision_depth: int = 4, hidden_size: int = 64
@@ -27,3 +27,20 @@ def tiny_qwen2_5_vl_config(tokenizer, num_layers: int = 8, vision_depth: int = 4
         vision_start_token_id=specials("<|vision_start|>"), vision_end_token_id=specials("<|vision_end|>"),
         tie_word_embeddings=False,
     )
+
+
+def tiny_causal_lm_config(tokenizer, model_type: str = "qwen2", num_layers: int = 8, hidden_size: int = 64):
+    """A ``Qwen2Config`` or ``LlamaConfig`` (``model_type``) with the real vocabulary of ``tokenizer``, 4 heads of
+    16, 2 key-value heads and untied embeddings.
+
+    Raises:
+        ValueError: ``model_type`` is neither ``"qwen2"`` nor ``"llama"``.
+    """
+    classes = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+    if model_type not in classes:
+        raise ValueError(f"model_type must be one of {sorted(classes)}, got {model_type!r}")
+    return classes[model_type](
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id)

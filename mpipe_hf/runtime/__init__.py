@@ -4,6 +4,7 @@ from .executor import PipelineExecutor, StepStats
 from .handlers import HANDLERS, Preprocess, StepContext
 from .mesh import build_mesh, init_distributed
 from .p2p import P2P
+from .watchdog import PeerFailed, Watchdog
 
-__all__ = ["HANDLERS", "P2P", "PipelineExecutor", "Preprocess", "StepContext", "StepStats", "build_mesh",
-           "init_distributed"]
+__all__ = ["HANDLERS", "P2P", "PeerFailed", "PipelineExecutor", "Preprocess", "StepContext", "StepStats", "Watchdog",
+           "build_mesh", "init_distributed"]

@@ -1,10 +1,15 @@
-"""Run one rank's MPipe Transpose schedule for one optimizer step (SPEC.md, "Runtime rules").
+"""Run one rank's MPipe Transpose schedule for one step (SPEC.md, "Runtime rules").
 
-The executor loads this rank's own micro-batches first and agrees with the other ranks that every load
-succeeded, so a bad sample raises the same error on every rank before any point-to-point transfer. It then runs
-the action list through the handler table, drains its sends, sums loss and label-token counts over the pipeline
-group, and divides this rank's gradients by the step's label-token count: the loss is normalised over the whole
-step (the sum-then-divide of Megatron-LM's per-token loss), not per micro-batch.
+The executor runs the rank's action list through the handler table, drains its sends, sums loss and label-token
+counts over the pipeline group, and divides the step's gradients by the step's label-token count: the loss is
+normalised over the whole step (the sum-then-divide of Megatron-LM's per-token loss), not per micro-batch.
+
+Each step starts from a fresh gradient: gradients already in ``.grad`` (accumulated by earlier steps) are set
+aside and added back at the end, so a step's normalisation and ``GRAD_REDUCE`` touch only that step's share.
+
+When any rank raises, every rank raises the first error's text (see :mod:`.watchdog`), puts the set-aside
+gradients back, drops the step's cached micro-batches and activations, and moves its transfers to a fresh
+process group, so no stale message of the failed step can reach the next one.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..schedule import Kind, ScheduleConfig, build_schedule
+from ..schedule import ScheduleConfig, build_schedule
 from .handlers import Preprocess, StepContext, Tensors, run_action
 from .p2p import P2P
+from .watchdog import PeerFailed, Watchdog
 
 
 @dataclass
@@ -43,70 +49,90 @@ class PipelineExecutor:
         stages: ``{stage index: module}`` for this rank's stages; a module maps a dict of tensors to a dict of
             tensors, and the last stage returns ``{"loss": summed token loss, "num_tokens": label tokens}``.
         preprocess: the transposed block ``P`` (every rank holds a replica).
-        group: the pipeline process group (``mesh.get_group("pp")``).
+        group: the pipeline process group (``mesh.get_group("pp")``); the executor talks on its own copy.
         device: where received tensors go.
-        params: the parameters this rank optimises; their gradients are divided by the step's token count.
+        params: the parameters this rank optimises; their step gradients are divided by the step's token count.
         timeout: the longest any wait may take.
     """
 
     def __init__(self, cfg: ScheduleConfig, rank: int, stages: dict[int, nn.Module], preprocess: Preprocess,
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
                  timeout: timedelta = timedelta(seconds=120)):
-        self.cfg, self.rank, self.stages, self.preprocess, self.group = cfg, rank, stages, preprocess, group
-        self.device = device
+        self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
+        self.device, self.timeout = device, timeout
         self.params = list(params)
         self.order = build_schedule(cfg)[rank]
-        self.own_micros = [a.micro for a in self.order if a.kind is Kind.DATA_LOAD]
-        self.p2p = P2P(group, device, timeout)
+        self.global_ranks = dist.get_process_group_ranks(group)
+        self.store = dist.distributed_c10d._get_default_store()
+        self._fresh_group()
 
-    def _load_all(self, load: Callable[[int], Tensors]) -> dict[int, Tensors]:
-        """Load this rank's micros, then agree on failure: every rank raises the first rank's error."""
-        loaded, error = {}, None
-        try:
-            for m in self.own_micros:
-                loaded[m] = {k: v.to(self.device) for k, v in load(m).items()}
-        except Exception as err:  # noqa: BLE001 - re-raised on every rank below
-            error = (type(err).__name__, f"pipeline rank {self.rank}, micro-batch {m}: {err}")
-        flag = torch.tensor([0 if error is None else 1], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        if flag.item():
-            errors = [None] * dist.get_world_size(self.group)
-            dist.all_gather_object(errors, error, group=self.group)
-            name, message = next(e for e in errors if e is not None)
-            raise (ValueError if name == "ValueError" else RuntimeError)(message)
-        return loaded
+    def _fresh_group(self) -> None:
+        """A process group of this executor's own (all pipeline ranks call this at the same point)."""
+        self.group = dist.new_group(self.global_ranks, timeout=2 * self.timeout, use_local_synchronization=True)
+        threaded = dist.get_backend(self.group) == "gloo"
+        self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded)
+        bytes_sent = getattr(self, "p2p", None) and self.p2p.bytes_sent
+        self.p2p = P2P(self.group, self.device, self.watchdog)
+        if bytes_sent:
+            self.p2p.bytes_sent.update(bytes_sent)
+        self.broken = False
 
     def step(self, load: Callable[[int], Tensors]) -> StepStats:
-        """Run the schedule once over the step's ``M`` micro-batches.
+        """Run the schedule once over the step's ``M`` micro-batches; gradients add to ``.grad``.
 
         Args:
-            load: ``load(m)`` returns micro ``m``'s raw inputs as a dict of tensors; called only on its owner.
-                Gradients of ``params`` must be zero (or ``None``) on entry.
+            load: ``load(m)`` returns micro ``m``'s raw inputs as a dict of tensors; called only on its owner,
+                at its ``DATA_LOAD``.
 
         Raises:
-            ValueError: a load failed on some rank (same message on every rank), or the step has no label token.
-            TimeoutError: a transfer did not arrive in time.
+            ValueError: a sample or the model rejected the inputs on some rank (the same text on every rank),
+                or the step has no label token.
+            TimeoutError: a transfer did not arrive in time (on some rank).
+            RuntimeError: any other failure on some rank, with its text.
         """
+        if self.broken:
+            self._fresh_group()
+        self.watchdog.start_step()
         start = time.perf_counter()
-        loaded = self._load_all(load)
-        ctx = StepContext(self.cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, loaded.pop)
+        trained = self.params + [p for p in self.preprocess.trainable_parameters() if p not in set(self.params)]
+        kept = {p: p.grad for p in trained}
+        for p in trained:
+            p.grad = None
+        ctx = StepContext(self.cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
+                          load)
+        action = None
         try:
             for action in self.order:
                 run_action(ctx, action)
             self.p2p.drain()
-        except BaseException:
+            action = None
+            totals = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, time.perf_counter() - start],
+                                  dtype=torch.float64, device=self.device)
+            self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum")
+        except BaseException as err:
+            for p in trained:
+                p.grad = kept[p]
             self.p2p.discard()
-            raise
+            self.broken = True
+            if isinstance(err, PeerFailed):
+                raise self.watchdog.first_error() from None
+            where = f"pipeline rank {self.rank}" + (f", {action}" if action is not None else "")
+            self.watchdog.report(type(err)(f"{where}: {err}") if type(err) in (ValueError, TimeoutError)
+                                 else RuntimeError(f"{where}: {type(err).__name__}: {err}"))
+            raise self.watchdog.first_error() from err
         finally:
             ctx.clear()
-        wall = time.perf_counter() - start
-        totals = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, wall], dtype=torch.float64,
-                              device=self.device)
-        dist.all_reduce(totals, group=self.group)
         loss_sum, num_tokens, busy, wall_sum = totals.tolist()
         if num_tokens == 0:
             raise ValueError("the step has no label tokens (every label is -100); check the collator's labels")
-        for p in self.params:
-            if p.grad is not None:
+        mine = set(self.params)
+        for p in trained:
+            if p not in mine:  # a replica of P on a rank that does not own it: rank 0 optimises P
+                p.grad = kept[p]
+            elif p.grad is not None:
                 p.grad.div_(num_tokens)
-        return StepStats(loss_sum / num_tokens, int(num_tokens), 1.0 - busy / wall_sum, wall)
+                if kept[p] is not None:
+                    p.grad = kept[p].add_(p.grad)
+            else:
+                p.grad = kept[p]
+        return StepStats(loss_sum / num_tokens, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start)

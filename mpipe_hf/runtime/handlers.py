@@ -18,6 +18,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from ..schedule import Action, Kind, ScheduleConfig
 from ..schedule.actions import COMPUTE_KINDS
 from .p2p import P2P
+from .watchdog import Watchdog
 
 Tensors = dict[str, torch.Tensor]
 
@@ -27,15 +28,20 @@ class Preprocess:
     """The transposed block ``P`` and the raw keys it and stage 0 read.
 
     Attributes:
-        module: ``forward(inputs: dict) -> dict`` of tensors, e.g. pixels -> ``{"image_features": (n, H)}``.
+        module: ``forward(inputs: dict) -> dict`` of tensors, e.g. pixels -> ``{"image_features": (n, H)}``;
+            ``None`` for an identity ``P`` (``T = 0``).
         input_keys: raw keys ``P`` reads; ``GRAPH_SEND`` ships these (trainable ``P`` only).
         stage0_keys: raw keys stage 0 reads; ``DATA_SEND`` ships only these, so keys read by ``P`` alone (pixels)
             never reach rank 0 when ``P`` is frozen.
     """
 
-    module: nn.Module
+    module: nn.Module | None
     input_keys: tuple[str, ...]
     stage0_keys: tuple[str, ...]
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """``P``'s parameters that take a gradient (none for a frozen or identity ``P``)."""
+        return [] if self.module is None else [p for p in self.module.parameters() if p.requires_grad]
 
     def inputs(self, raw: Tensors) -> Tensors:
         return {k: raw[k] for k in self.input_keys if k in raw}
@@ -54,10 +60,12 @@ class StepContext:
     preprocess: Preprocess
     p2p: P2P
     group: dist.ProcessGroup
+    watchdog: Watchdog
     load: Callable[[int], Tensors]
     data: dict[int, Tensors] = field(default_factory=dict)        # stage-0 inputs per micro
     pin: dict[int, Tensors] = field(default_factory=dict)         # P's inputs per micro
     feats: dict[int, Tensors] = field(default_factory=dict)       # P's outputs per micro
+    kept: dict[int, Tensors] = field(default_factory=dict)        # P's outputs with their graph (owner-backward)
     feat_grad: dict[int, Tensors] = field(default_factory=dict)   # gradient on P's outputs (rank 0)
     act: dict[tuple[int, int], Tensors] = field(default_factory=dict)   # (stage, m) -> output for stage + 1
     grad: dict[tuple[int, int], Tensors] = field(default_factory=dict)  # (stage, m) -> grad of stage's inputs
@@ -67,7 +75,7 @@ class StepContext:
     busy_s: float = 0.0
 
     def clear(self) -> None:
-        for store in (self.data, self.pin, self.feats, self.feat_grad, self.act, self.grad, self.saved):
+        for store in (self.data, self.pin, self.feats, self.kept, self.feat_grad, self.act, self.grad, self.saved):
             store.clear()
 
     def last_stage(self, stage: int) -> bool:
@@ -94,8 +102,8 @@ def forward(ctx: StepContext, a: Action) -> None:
     """``F``: run stage ``a.stage`` on micro ``a.micro``; keep inputs/outputs for ``B``."""
     s, m = a.stage, a.micro
     if s == 0:
-        feats = {k: v.detach().requires_grad_(ctx.cfg.trainable and v.is_floating_point())
-                 for k, v in ctx.feats.pop(m).items()}
+        feats = ctx.feats.pop(m) if ctx.cfg.transposed else {}
+        feats = {k: v.detach().requires_grad_(ctx.cfg.trainable and v.is_floating_point()) for k, v in feats.items()}
         inputs = {**ctx.data.pop(m), **feats}
     else:
         inputs = ctx.act.pop((s - 1, m))
@@ -124,65 +132,99 @@ def backward(ctx: StepContext, a: Action) -> None:
 
 
 def send_f(ctx: StepContext, a: Action) -> None:
-    ctx.p2p.send(ctx.act.pop((a.stage, a.micro)), a.peer, what=str(a))
+    ctx.p2p.send(ctx.act.pop((a.stage, a.micro)), a.peer, str(a), a.kind.value)
 
 
 def recv_f(ctx: StepContext, a: Action) -> None:
-    ctx.act[(a.stage - 1, a.micro)] = ctx.p2p.recv(a.peer, what=str(a))
+    ctx.act[(a.stage - 1, a.micro)] = ctx.p2p.recv(a.peer, str(a))
 
 
 def send_b(ctx: StepContext, a: Action) -> None:
-    ctx.p2p.send(ctx.grad.pop((a.stage, a.micro)), a.peer, what=str(a))
+    ctx.p2p.send(ctx.grad.pop((a.stage, a.micro)), a.peer, str(a), a.kind.value)
 
 
 def recv_b(ctx: StepContext, a: Action) -> None:
-    ctx.grad[(a.stage + 1, a.micro)] = ctx.p2p.recv(a.peer, what=str(a))
+    ctx.grad[(a.stage + 1, a.micro)] = ctx.p2p.recv(a.peer, str(a))
 
 
 def param_broadcast(ctx: StepContext, a: Action) -> None:
     """Broadcast ``P``'s trainable parameters from pipeline rank 0, flattened into one message."""
-    params = [p for p in ctx.preprocess.module.parameters() if p.requires_grad]
+    params = ctx.preprocess.trainable_parameters()
     if not params:
         return
     flat = _flatten_dense_tensors([p.data for p in params])
-    dist.broadcast(flat, group=ctx.group, group_src=0)
+    ctx.watchdog.wait(dist.broadcast(flat, group=ctx.group, group_src=0, async_op=True), str(a))
     for p, value in zip(params, _unflatten_dense_tensors(flat, [p.data for p in params])):
         p.data.copy_(value)
 
 
 def data_load(ctx: StepContext, a: Action) -> None:
-    """``DATA_LOAD``: this rank's raw inputs of the micro (the loader validates and may cache)."""
-    raw = ctx.load(a.micro)
+    """``DATA_LOAD``: this rank's raw inputs of the micro, on this rank's device. The loader validates them and
+    raises ``ValueError`` on a bad sample."""
+    raw = {k: v.to(ctx.p2p.device) for k, v in ctx.load(a.micro).items()}
     ctx.data[a.micro] = ctx.preprocess.stage0_inputs(raw)
-    ctx.pin[a.micro] = ctx.preprocess.inputs(raw)
+    if ctx.cfg.transposed:
+        ctx.pin[a.micro] = ctx.preprocess.inputs(raw)
 
 
 def transpose_fwd(ctx: StepContext, a: Action) -> None:
-    """``TRANSPOSE_FWD``: run ``P`` without a graph (rank 0 recomputes it for a trainable ``P``)."""
-    keep = ctx.cfg.trainable
-    pin = ctx.pin[a.micro] if keep else ctx.pin.pop(a.micro)
+    """``TRANSPOSE_FWD``: run ``P`` on the micro. Without a graph, except with owner-backward, where the owner
+    keeps it for ``GRAD_RECV_BWD``; rank 0 otherwise recomputes ``P`` in ``TRANSPOSE_BWD`` (trainable ``P``)."""
+    m = a.micro
+    if ctx.cfg.owner_backward:
+        with torch.enable_grad():
+            ctx.kept[m] = ctx.preprocess.module(ctx.pin.pop(m))
+        ctx.feats[m] = {k: v.detach() for k, v in ctx.kept[m].items()}
+        return
+    pin = ctx.pin[m] if ctx.cfg.trainable else ctx.pin.pop(m)
     with torch.no_grad():
-        ctx.feats[a.micro] = ctx.preprocess.module(pin)
+        ctx.feats[m] = ctx.preprocess.module(pin)
 
 
 def transpose_bwd(ctx: StepContext, a: Action) -> None:
-    """``TRANSPOSE_BWD``: recompute ``P`` on the micro's inputs and backprop the body's feature gradient."""
-    pin, grads = ctx.pin.pop(a.micro), ctx.feat_grad.pop(a.micro)
+    """``TRANSPOSE_BWD`` (rank 0): backprop the body's feature gradient through ``P``, on the kept graph of an
+    own micro (owner-backward) or on a recompute of ``P`` from the micro's inputs."""
+    m, grads = a.micro, ctx.feat_grad.pop(a.micro)
+    if m in ctx.kept:
+        _backward(ctx.kept.pop(m), grads)
+        return
     with torch.enable_grad():
-        _backward(ctx.preprocess.module(pin), grads)
+        _backward(ctx.preprocess.module(ctx.pin.pop(m)), grads)
+
+
+def grad_recv_bwd(ctx: StepContext, a: Action) -> None:
+    """``GRAD_RECV_BWD`` (owner-backward): receive the micro's feature gradient from rank 0 and backprop it
+    through the graph this owner kept."""
+    _backward(ctx.kept.pop(a.micro), ctx.p2p.recv(a.peer, str(a)))
+
+
+def grad_reduce(ctx: StepContext, a: Action) -> None:
+    """``GRAD_REDUCE`` (owner-backward): SUM ``P``'s gradient over the pipeline group. The executor hands each
+    step a fresh gradient, so only this step's contributions are summed, once. A parameter no rank computed a
+    gradient for (a tower that saw no image) keeps ``grad = None``, as in the unsplit model."""
+    params = ctx.preprocess.trainable_parameters()
+    if not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    present = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=grads[0].device)
+    flat = _flatten_dense_tensors(grads + [present])
+    ctx.watchdog.wait(dist.all_reduce(flat, group=ctx.group, async_op=True), str(a))
+    *summed, present = _unflatten_dense_tensors(flat, grads + [present])
+    for p, value, seen in zip(params, summed, present.tolist()):
+        p.grad = value if seen else None
 
 
 def _sender(store: str) -> Callable[[StepContext, Action], None]:
     def send(ctx: StepContext, a: Action) -> None:
-        ctx.p2p.send(getattr(ctx, store).pop(a.micro), a.peer, what=str(a))
-    send.__doc__ = f"Ship the micro's entry of ``ctx.{store}`` to rank 0."
+        ctx.p2p.send(getattr(ctx, store).pop(a.micro), a.peer, str(a), a.kind.value)
+    send.__doc__ = f"Ship the micro's entry of ``ctx.{store}`` to the peer."
     return send
 
 
 def _receiver(store: str) -> Callable[[StepContext, Action], None]:
     def recv(ctx: StepContext, a: Action) -> None:
-        getattr(ctx, store)[a.micro] = ctx.p2p.recv(a.peer, what=str(a))
-    recv.__doc__ = f"Receive the micro's entry of ``ctx.{store}`` from its owner."
+        getattr(ctx, store)[a.micro] = ctx.p2p.recv(a.peer, str(a))
+    recv.__doc__ = f"Receive the micro's entry of ``ctx.{store}`` from the peer."
     return recv
 
 
@@ -203,13 +245,15 @@ HANDLERS: dict[Kind, Callable[[StepContext, Action], None]] = {
     Kind.FWD_RECV: _receiver("feats"),
     Kind.GRAPH_SEND: _sender("pin"),
     Kind.GRAPH_RECV: _receiver("pin"),
+    Kind.GRAD_SEND: _sender("feat_grad"),
+    Kind.GRAD_RECV_BWD: grad_recv_bwd,
+    Kind.GRAD_REDUCE: grad_reduce,
 }
+
 
 def run_action(ctx: StepContext, a: Action) -> None:
     """Dispatch one action; time it if it computes."""
-    handler = HANDLERS.get(a.kind)
-    if handler is None:
-        raise NotImplementedError(f"no handler for {a.kind.value} yet")
+    handler = HANDLERS[a.kind]
     if a.kind in COMPUTE_KINDS:
         start = time.perf_counter()
         handler(ctx, a)

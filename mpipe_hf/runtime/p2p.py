@@ -3,16 +3,18 @@ contract": no fixed buffers, no padding to a maximum).
 
 A transfer is three messages on the pair's channel: the header length (one int64), the header (int64s naming
 every key, dtype, ``requires_grad`` flag and shape), then one message per non-empty tensor. Sends are
-non-blocking and are drained at the end of a step; receives block, with a timeout.
+non-blocking and are drained at the end of a step; receives wait through the :class:`~.watchdog.Watchdog`, so
+they end on a timeout or on another rank's failure.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .watchdog import Watchdog
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)
@@ -50,42 +52,44 @@ class P2P:
     Args:
         group: the pipeline process group; ``dst``/``src`` are ranks within it.
         device: where received tensors are placed (``cuda`` for NCCL, ``cpu`` for gloo).
-        timeout: the longest a receive may wait.
+        watchdog: bounds every wait and ends it when another rank fails.
 
     Attributes:
-        bytes_by_key: payload bytes sent, per key, since construction (for tests and reports).
+        bytes_sent: payload bytes sent since construction, keyed ``"CHANNEL/key"`` (e.g. ``"DATA_SEND/input_ids"``),
+            for tests and reports.
     """
 
-    def __init__(self, group: dist.ProcessGroup, device: torch.device, timeout: timedelta):
-        self.group, self.device, self.timeout = group, device, timeout
+    def __init__(self, group: dist.ProcessGroup, device: torch.device, watchdog: Watchdog):
+        self.group, self.device, self.watchdog = group, device, watchdog
         self.pending: list[tuple[dist.Work, torch.Tensor, str]] = []
-        self.bytes_by_key: Counter = Counter()
+        self.bytes_sent: Counter = Counter()
 
     def _isend(self, tensor: torch.Tensor, dst: int, what: str) -> None:
         tensor = tensor.detach().to(self.device).contiguous()
         self.pending.append((dist.isend(tensor, group=self.group, group_dst=dst), tensor, what))
 
     def _recv(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
-        work = dist.irecv(tensor, group=self.group, group_src=src)
-        try:
-            work.wait(self.timeout)
-        except RuntimeError as err:
-            raise TimeoutError(f"no {what} from pipeline rank {src} within {self.timeout.total_seconds():.0f}s "
-                               f"({err})") from err
+        self.watchdog.wait(dist.irecv(tensor, group=self.group, group_src=src), f"{what} from pipeline rank {src}")
         return tensor
 
-    def send(self, payload: dict[str, torch.Tensor], dst: int, what: str = "message") -> None:
-        """Post the transfer of ``payload`` to ``dst`` without waiting for it."""
+    def send(self, payload: dict[str, torch.Tensor], dst: int, what: str, channel: str = "message") -> None:
+        """Post the transfer of ``payload`` to ``dst`` without waiting for it; ``channel`` names it in
+        :attr:`bytes_sent`."""
         header = torch.tensor(encode_header(payload), dtype=torch.int64)
         self._isend(torch.tensor([header.numel()], dtype=torch.int64), dst, what)
         self._isend(header, dst, what)
         for key, tensor in payload.items():
             if tensor.numel():
                 self._isend(tensor, dst, what)
-                self.bytes_by_key[key] += tensor.numel() * tensor.element_size()
+                self.bytes_sent[f"{channel}/{key}"] += tensor.numel() * tensor.element_size()
 
-    def recv(self, src: int, what: str = "message") -> dict[str, torch.Tensor]:
-        """Receive the next transfer from ``src``; raises ``TimeoutError`` after the timeout."""
+    def recv(self, src: int, what: str) -> dict[str, torch.Tensor]:
+        """Receive the next transfer from ``src``.
+
+        Raises:
+            TimeoutError: nothing arrived within the watchdog's timeout.
+            PeerFailed: another rank failed meanwhile.
+        """
         size = self._recv(torch.empty(1, dtype=torch.int64, device=self.device), src, what)
         header = self._recv(torch.empty(int(size.item()), dtype=torch.int64, device=self.device), src, what)
         out = {}
@@ -97,15 +101,11 @@ class P2P:
         return out
 
     def drain(self) -> None:
-        """Wait for every posted send; raises ``TimeoutError`` after the timeout."""
+        """Wait for every posted send (bounded by the watchdog)."""
         pending, self.pending = self.pending, []
         for work, _, what in pending:
-            try:
-                work.wait(self.timeout)
-            except RuntimeError as err:
-                raise TimeoutError(f"{what} was not received within {self.timeout.total_seconds():.0f}s "
-                                   f"({err})") from err
+            self.watchdog.wait(work, f"{what} (send)")
 
     def discard(self) -> None:
-        """Forget posted sends after a failed step (their buffers stay alive until the works complete)."""
+        """Forget posted sends after a failed step; the executor then moves to a fresh group."""
         self.pending = []

@@ -17,7 +17,10 @@ class Recipe:
     Attributes:
         model: a Hugging Face checkpoint directory (config, safetensors, tokenizer, preprocessor config).
         data: a JSONL file of ``{"image", "prompt", "caption"}`` rows; image paths relative to the file.
-        pp_size, vpp, num_micro, preprocess, overflow: the schedule (see :class:`ScheduleConfig`).
+        pp_size, vpp, num_micro, preprocess, overflow, owner_backward, less_memory: the schedule (see
+            :class:`ScheduleConfig`).
+        text_layers: ``T``, decoder layers the transposed preprocess takes from stage 0 with the tower and the
+            embedding (0: the tower alone; must be 0 with preprocess ``identity``).
         micro_batch_size: rows per micro-batch.
         steps: optimizer steps; lr, weight_decay: AdamW's.
         layers_per_stage: decoder layers per stage, ``pp_size * vpp`` entries; balanced when ``None``.
@@ -34,6 +37,9 @@ class Recipe:
     num_micro: int = 1
     preprocess: str = "frozen"
     overflow: str = "full"
+    owner_backward: bool = False
+    less_memory: bool = False
+    text_layers: int = 0
     micro_batch_size: int = 1
     steps: int = 10
     lr: float = 1e-4
@@ -46,7 +52,8 @@ class Recipe:
     seed: int = 0
 
     def schedule(self) -> ScheduleConfig:
-        return ScheduleConfig(self.pp_size, self.vpp, self.num_micro, self.preprocess, self.overflow)
+        return ScheduleConfig(self.pp_size, self.vpp, self.num_micro, self.preprocess, self.overflow,
+                              self.owner_backward, self.less_memory)
 
 
 def load_recipe(path: str) -> Recipe:
@@ -73,5 +80,5 @@ def load_recipe(path: str) -> Recipe:
         if key in raw:
             raw[key] = float(raw[key])
     recipe = Recipe(**raw)
-    recipe.schedule()  # validates pp_size, vpp, num_micro, preprocess, overflow
+    recipe.schedule()  # validates pp_size, vpp, num_micro, preprocess, overflow, owner_backward, less_memory
     return recipe

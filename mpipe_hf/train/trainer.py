@@ -47,7 +47,12 @@ def check(recipe: Recipe) -> list[int]:
     if not os.path.isfile(recipe.data):
         raise ValueError(f"data {recipe.data!r} is not a file")
     config = AutoConfig.from_pretrained(recipe.model)
-    counts = get_family(config.model_type).layer_counts(config, cfg, recipe.layers_per_stage)
+    family = get_family(config.model_type)
+    if not hasattr(config, "vision_config"):
+        raise ValueError(f"model_type {config.model_type!r} is a text-only model; the trainer runs image-caption "
+                         f"recipes of vision-language models (model_type 'qwen2_5_vl'). Text-only families can be "
+                         f"split (mpipe_hf.models.get_splitter) but have no recipe trainer yet")
+    counts = family.layer_counts(config, cfg, recipe.layers_per_stage, recipe.text_layers)
     world = int(os.environ.get("WORLD_SIZE", cfg.pp_size))
     if world != cfg.pp_size:
         raise ValueError(f"pp_size is {cfg.pp_size} but {world} processes were launched; launch pp_size processes")
@@ -74,7 +79,7 @@ def train(recipe: Recipe) -> TrainResult:
     group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
     set_seed(recipe.seed)
     model = AutoModelForImageTextToText.from_pretrained(recipe.model, dtype=torch.float32).to(device)
-    split = get_family(model.config.model_type).split(model, cfg, rank, layers_per_stage)
+    split = get_family(model.config.model_type).split(model, cfg, rank, layers_per_stage, recipe.text_layers)
     processor = _load_processor(recipe.model, recipe)
     if rank != 0:  # rank 0 builds the datasets cache first
         dist.barrier(group=group)
@@ -91,7 +96,8 @@ def train(recipe: Recipe) -> TrainResult:
     log = open(os.path.join(recipe.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
     if rank == 0:
         print(f"mpipe_hf: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} preprocess={cfg.preprocess} "
-              f"layers per stage={layers_per_stage}", flush=True)
+              f"text_layers={recipe.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
+              f"less_memory={cfg.less_memory} layers per stage={layers_per_stage}", flush=True)
     losses, start = [], time.perf_counter()
     bar = tqdm(range(recipe.steps), disable=rank != 0, desc="train", dynamic_ncols=True)
     for step in bar:

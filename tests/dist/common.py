@@ -1,4 +1,4 @@
-"""Shared by the distributed test workers and the tests that launch them."""
+"""Shared by the distributed test workers and the tests that launch them: real-data fixtures and torchrun."""
 
 from __future__ import annotations
 
@@ -13,12 +13,17 @@ from PIL import Image
 from skimage import data as skdata
 
 from mpipe_hf.data import CaptionCollator, qwen2_5_vl_processor, qwen2_tokenizer
-from mpipe_hf.models.tiny import tiny_qwen2_5_vl_config
+from mpipe_hf.models.tiny import tiny_causal_lm_config, tiny_qwen2_5_vl_config
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "horse", "clock"]
 CAPTIONS = ["An astronaut in an orange suit.", "A cup of coffee on a saucer.", "A tabby cat looks at the camera.",
             "A rocket on its launch pad.", "A man with a camera on a tripod.", "Old coins on a dark cloth.",
             "A white horse shape.", "A small clock on a table."]
+SENTENCES = ["The pipeline splits the model into stages.", "Each rank loads only its own micro-batches.",
+             "A bubble is time a rank spends waiting.", "Warm-up fills the pipeline; cooldown drains it.",
+             "The visual tower turns patches into features.", "Gradients flow back through every stage.",
+             "Interleaving gives each rank several chunks.", "One forward, one backward, in steady state."]
+NUM_LAYERS = 12  # enough for R * V = 12 stages
 
 
 def photo(name: str, side: int) -> Image.Image:
@@ -30,18 +35,53 @@ def photo(name: str, side: int) -> Image.Image:
     return image
 
 
-def make_micro_batches(tokenizer, num: int) -> list[dict[str, torch.Tensor]]:
-    """``num`` micro-batches of 1-2 real photos each, differing in image size and text length."""
+def caption_row(i: int, side: int, with_image: bool, prompt_repeat: int) -> dict:
+    return {"image": photo(PHOTOS[i], side) if with_image else None,
+            "prompt": "Describe the image." + " Briefly." * prompt_repeat, "caption": CAPTIONS[i]}
+
+
+def make_vl_pools(tokenizer) -> dict[str, list[dict[str, torch.Tensor]]]:
+    """Micro-batches of real photos and captions, in three pools:
+
+    - ``images``: 1-2 photos each, differing in image size and text length;
+    - ``ragged``: images, rows without an image next to rows with one, and micro-batches without any image;
+    - ``noimage``: no image anywhere (a whole step without images).
+    """
     collate = CaptionCollator(qwen2_5_vl_processor(tokenizer))
+    images, ragged, noimage = [], [], []
+    for m in range(8):
+        images.append(collate([caption_row((m * 2 + j) % 8, 56 + 28 * ((m + j) % 3), True, m % 3)
+                               for j in range(1 + m % 2)]))
+    for m in range(8):
+        kind = m % 3  # 0: one image per row, 1: one row with and one without, 2: no image
+        rows = [caption_row((m + j) % 8, 56 + 28 * ((m + 2 * j) % 3), kind == 0 or (kind == 1 and j == 0), (m + j) % 3)
+                for j in range(1 + (m + 1) % 2 if kind != 1 else 2)]
+        ragged.append(collate(rows))
+    for m in range(6):
+        noimage.append(collate([caption_row((m + j) % 8, 56, False, (m + j) % 3) for j in range(1 + m % 2)]))
+    return {"images": images, "ragged": ragged, "noimage": noimage}
+
+
+def make_text_pool(tokenizer) -> list[dict[str, torch.Tensor]]:
+    """Padded text micro-batches of 1-2 sentences (labels -100 on padding), differing in length."""
     out = []
-    for m in range(num):
-        rows = []
-        for j in range(1 + m % 2):
-            i = (m * 2 + j) % len(PHOTOS)
-            rows.append({"image": photo(PHOTOS[i], 56 + 28 * ((m + j) % 3)), "prompt": "Describe the image." + " Briefly." * (m % 3),
-                         "caption": CAPTIONS[i]})
-        out.append(collate(rows))
+    for m in range(8):
+        texts = [" ".join(SENTENCES[(m + j + k) % 8] for k in range(1 + (m + j) % 3)) for j in range(1 + m % 2)]
+        batch = tokenizer(texts, padding=True, return_tensors="pt")
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        out.append({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": labels})
     return out
+
+
+def build_fixture(path: str) -> None:
+    """Configs (real HF classes, real vocabulary) and micro-batch pools, built once and shared with the workers."""
+    tokenizer = qwen2_tokenizer()
+    pools = make_vl_pools(tokenizer)
+    pools["text"] = make_text_pool(tokenizer)
+    configs = {"vl": tiny_qwen2_5_vl_config(tokenizer, num_layers=NUM_LAYERS).to_dict()}
+    for family in ("llama", "qwen2"):
+        configs[family] = tiny_causal_lm_config(tokenizer, family, num_layers=NUM_LAYERS).to_dict()
+    torch.save({"configs": configs, "pools": pools}, path)
 
 
 def run_torchrun(worker: str, nproc: int, args: list[str], timeout: int) -> None:
@@ -50,15 +90,9 @@ def run_torchrun(worker: str, nproc: int, args: list[str], timeout: int) -> None
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+        raise AssertionError(f"{' '.join(cmd[:6])} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-8000:]}")
 
 
 def read_results(out_dir: str, nproc: int) -> list[dict]:
     return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(nproc)]
-
-
-def build_fixture(path: str, num_micro: int) -> None:
-    """Tokenizer, tiny config and micro-batches, built once and shared with the workers through ``path``."""
-    tokenizer = qwen2_tokenizer()
-    torch.save({"config": tiny_qwen2_5_vl_config(tokenizer).to_dict(),
-                "micro_batches": make_micro_batches(tokenizer, num_micro)}, path)

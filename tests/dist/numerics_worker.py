@@ -1,93 +1,180 @@
-"""torchrun worker: pipelined steps vs the unsplit model on one process, for many cases in one process group.
+"""torchrun worker: pipelined steps vs the unsplit Hugging Face model on one process, for many cases in one
+process group.
 
 Usage: torchrun --nproc_per_node R numerics_worker.py FIXTURE OUT_DIR CASES_JSON
-Each rank writes OUT_DIR/rank{r}.json: per case, the loss, the reference loss, the largest gradient difference
-over this rank's parameters and their names.
+
+A case (see matrix.py) names the model family, the data pool, the schedule and, optionally:
+``steps`` (AdamW steps; parameters are compared after the last one), ``accumulate`` (schedule runs per optimizer
+step; gradients add up), ``bad_micro`` (a micro with a wrong image-token count, rejected at load), ``corrupt_owner``
+(a rank whose load meets an undecodable image), ``mid_step_owner`` (a rank whose micro passes its load but makes
+rank 0's stage 0 raise). A failing step runs first; the measured steps follow on other micro-batches.
+
+The pipeline runs on every rank; rank 0 then runs the unsplit reference (same micro-batches, same frozen modules,
+same optimizer) and saves it; every rank compares its own parameters. Each rank writes OUT_DIR/rank{r}.json.
 """
 
 import copy
+import io
 import json
 import os
 import sys
+import time
+from datetime import timedelta
 
 import torch
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+import torch.distributed as dist
+from PIL import Image
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 from mpipe_hf.models import get_splitter
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.schedule import ScheduleConfig
 
+CLASSES = {"vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration), "llama": (LlamaConfig, LlamaForCausalLM),
+           "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+LR = 1e-3
+TIMEOUT = timedelta(seconds=60)
 
-def reference_step(model, micros):
-    """Loss and gradients of the unsplit model over the step, normalised by the step's label tokens."""
+
+def build_model(fixture, family):
+    config_cls, model_cls = CLASSES[family]
+    torch.manual_seed(0)
+    return model_cls(config_cls.from_dict(fixture["configs"][family]))
+
+
+def micro_batches(case, pool, run):
+    """The micro-batches of schedule run ``run`` (0, 1, ...): consecutive, wrapping around the pool."""
+    start = (case.get("offset", 0) + run * case["num_micro"]) % len(pool)
+    return [pool[(start + i) % len(pool)] for i in range(case["num_micro"])]
+
+
+def reference_run(model, micros):
+    """Loss and gradients of the unsplit model over one schedule run, normalised by the run's label tokens."""
     total_tokens = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
+    vocab = model.config.get_text_config().vocab_size
     loss_total = 0.0
     for mb in micros:
-        inputs = {k: v for k, v in mb.items() if k != "labels"}
-        logits = model(**inputs).logits
-        loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=model.config.text_config.vocab_size,
+        logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
+        loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab,
                                    num_items_in_batch=total_tokens)
         loss.backward()
         loss_total += loss.detach().item()
     return loss_total
 
 
-def corrupt(mb, image_token_id):
+def corrupt_tokens(mb, image_token_id):
     """Drop one image token: the image-token count no longer matches the features."""
     mb = dict(mb)
     ids = mb["input_ids"].clone()
-    ids[ids == image_token_id] = torch.where(torch.arange(int((ids == image_token_id).sum())) == 0,
-                                             torch.tensor(0), torch.tensor(image_token_id))
+    first = (ids == image_token_id).nonzero()[0]
+    ids[tuple(first)] = 0
     mb["input_ids"] = ids
     return mb
 
 
-def run_case(case, fixture, group, rank, device, pp_size):
-    cfg = ScheduleConfig(pp_size, case["vpp"], case["num_micro"], case["preprocess"])
-    micros = [fixture["micro_batches"][(i + case.get("offset", 0)) % len(fixture["micro_batches"])]
-              for i in range(cfg.num_micro)]
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig.from_dict(fixture["config"]))
-    ref = copy.deepcopy(model)
-    ref.model.visual.requires_grad_(cfg.trainable)
-    split = get_splitter(model.config.model_type)(model, cfg, rank)
-    params = split.trainable_parameters(cfg, rank)
-    executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values())
-    result = {}
-    if case.get("bad_micro") is not None:
-        bad = case["bad_micro"]
-        broken = {bad: corrupt(micros[bad], model.config.image_token_id)}
-
-        def load_bad(m):
-            mb = broken.get(m, micros[m])
-            split.validate_micro(mb)
-            return mb
-        try:
-            executor.step(load_bad)
-            result["error"] = None
-        except ValueError as err:
-            result["error"] = str(err)
-        for p in params.values():
-            p.grad = None
+def failing_step(case, executor, split, cfg, rank, micros, image_token_id):
+    """Run a step that must fail; return (error text, seconds until this rank raised)."""
+    if "bad_micro" in case:
+        broken = {case["bad_micro"]: corrupt_tokens(micros[case["bad_micro"]], image_token_id)}
+    elif "mid_step_owner" in case:
+        m = cfg.owned(case["mid_step_owner"])[0]
+        broken = {m: corrupt_tokens(micros[m], image_token_id)}
+    else:
+        broken = {}
 
     def load(m):
-        split.validate_micro(micros[m])
-        return micros[m]
-    stats = executor.step(load)
-    ref_loss = reference_step(ref, micros)
-    ref_params = dict(ref.named_parameters())
+        if cfg.owner(m) == case.get("corrupt_owner"):
+            Image.open(io.BytesIO(b"\x89PNG\r\n\x1a\n truncated")).convert("RGB")  # raises: undecodable image
+        mb = broken.get(m, micros[m])
+        if "mid_step_owner" not in case:
+            split.validate_micro(mb)
+        return mb
+    start = time.perf_counter()
+    try:
+        executor.step(load)
+    except Exception as err:  # noqa: BLE001 - the text is the result
+        return f"{type(err).__name__}: {err}", time.perf_counter() - start
+    return None, time.perf_counter() - start
+
+
+def run_case(case, fixture, group, rank, device, pp_size, out_dir):
+    cfg = ScheduleConfig(pp_size, case["vpp"], case["num_micro"], case["preprocess"], case.get("overflow", "full"),
+                         case.get("owner_backward", False), case.get("less_memory", False))
+    pool = fixture["pools"][case["data"]]
+    steps, accumulate = case.get("steps", 1), case.get("accumulate", 1)
+    model = build_model(fixture, case["family"])
+    ref = copy.deepcopy(model) if rank == 0 else None
+    split = get_splitter(model.config.model_type)(model, cfg, rank, case.get("layers_per_stage"),
+                                                  case.get("text_layers", 0))
+    params = split.trainable_parameters(cfg, rank)
+    executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values(), TIMEOUT)
+    optimizer = torch.optim.AdamW(params.values(), lr=LR) if params else None
+    result, loads = {}, []
+    failing = any(k in case for k in ("bad_micro", "corrupt_owner", "mid_step_owner"))
+    if failing:
+        result["error"], result["error_after_s"] = failing_step(
+            case, executor, split, cfg, rank, micro_batches(case, pool, steps * accumulate),
+            getattr(model.config, "image_token_id", None))
+        result["grads_after_error"] = sorted(n for n, p in params.items() if p.grad is not None)
+
+    losses, grads = [], {}
+    for step in range(steps):
+        for a in range(accumulate):
+            micros = micro_batches(case, pool, step * accumulate + a)
+
+            def load(m, micros=micros):
+                loads.append(m)
+                split.validate_micro(micros[m])
+                return micros[m]
+            losses.append(executor.step(load).loss)
+        if step == 0:
+            grads = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
+        if steps > 1:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    result["loads"] = loads
+    result["bytes_sent"] = dict(executor.p2p.bytes_sent)
+    result["owned_bytes"], result["owned_image_tokens"] = {}, 0
+    image_token_id = getattr(model.config, "image_token_id", None)
+    for m in (cfg.owned(rank) if rank else []):  # raw bytes of this rank's micros, counted from the data itself
+        for key, t in micro_batches(case, pool, 0)[m].items():
+            result["owned_bytes"][key] = result["owned_bytes"].get(key, 0) + t.numel() * t.element_size()
+        result["owned_image_tokens"] += int((micro_batches(case, pool, 0)[m]["input_ids"] == image_token_id).sum())
+
+    ref_path = os.path.join(out_dir, f"ref-{case['name']}.pt")
+    if rank == 0:
+        for fqn in split.frozen:
+            ref.get_submodule(fqn).requires_grad_(False)
+        trainable = {n: p for n, p in ref.named_parameters() if p.requires_grad}
+        ref_opt = torch.optim.AdamW(trainable.values(), lr=LR)
+        ref_losses, ref_grads = [], {}
+        for step in range(steps):
+            for a in range(accumulate):
+                ref_losses.append(reference_run(ref, micro_batches(case, pool, step * accumulate + a)))
+            if step == 0:
+                ref_grads = {n: p.grad.clone() for n, p in trainable.items() if p.grad is not None}
+            if steps > 1:
+                ref_opt.step()
+                ref_opt.zero_grad(set_to_none=True)
+        torch.save({"losses": ref_losses, "grads": ref_grads, "names": sorted(trainable),
+                    "params": {n: p.detach() for n, p in trainable.items()}}, ref_path)
+    dist.barrier(group=group)
+    reference = torch.load(ref_path)
     worst, max_diff = None, 0.0
-    for name, p in params.items():
-        ref_grad = ref_params[name].grad
-        if p.grad is None or ref_grad is None:
-            diff = 0.0 if (p.grad is None and ref_grad is None) else float("inf")
+    for name in params:
+        mine, theirs = grads.get(name), reference["grads"].get(name)
+        if mine is None or theirs is None:
+            diff = 0.0 if mine is None and theirs is None else float("inf")
         else:
-            diff = float((p.grad - ref_grad).abs().max())
+            diff = float((mine - theirs).abs().max())
         if diff >= max_diff:
             worst, max_diff = name, diff
-    result.update(loss=stats.loss, ref_loss=ref_loss, max_diff=max_diff, worst=worst, names=sorted(params),
-                  ref_names=sorted(n for n, p in ref.named_parameters() if p.requires_grad),
-                  bytes_by_key=dict(executor.p2p.bytes_by_key))
+    param_diff = max((float((p.detach() - reference["params"][n]).abs().max()) for n, p in params.items()),
+                     default=0.0) if steps > 1 else None
+    result.update(losses=losses, ref_losses=reference["losses"], max_diff=max_diff, worst=worst,
+                  param_diff=param_diff, names=sorted(params), ref_names=reference["names"],
+                  owned=cfg.owned(rank))
     return result
 
 
@@ -98,10 +185,16 @@ def main():
     pp_size = int(os.environ["WORLD_SIZE"])
     mesh = build_mesh(pp_size)
     group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
-    results = {case["name"]: run_case(case, fixture, group, rank, device, pp_size) for case in cases}
+    results = {}
+    for case in cases:
+        start = time.perf_counter()
+        results[case["name"]] = run_case(case, fixture, group, rank, device, pp_size, out_dir)
+        results[case["name"]]["wall_s"] = time.perf_counter() - start
+        if rank == 0:
+            print(f"{case['name']}: {results[case['name']]['wall_s']:.1f}s", flush=True)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
-    torch.distributed.destroy_process_group()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

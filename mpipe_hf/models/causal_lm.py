@@ -1,0 +1,105 @@
+"""Decoder-only language models (``LlamaForCausalLM``, ``Qwen2ForCausalLM``) carved into a transposed text
+preprocess and pipeline stages.
+
+The preprocess ``P`` is the embedding plus the first ``T = text_layers`` decoder layers (``T >= 1``), frozen or
+trainable; with preprocess ``identity`` (``T = 0``) stage 0 embeds the tokens itself and only the token ids move.
+The code mirrors ``LlamaModel.forward`` / ``Qwen2Model.forward``: position ids ``arange(L)``, causal masks per
+layer type from the padding mask, then the layers; the last stage holds the norm, ``lm_head`` and the summed loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..runtime import Preprocess
+from ..schedule import ScheduleConfig
+from .base import SplitModel, free_unused, plan_layers, stage_layer_ids
+from .decoder import CARRIED_KEYS, DecoderStage, LMHead, layer_types
+
+RAW_KEYS = ("input_ids", "attention_mask", "labels")
+
+
+class TokenFront(nn.Module):
+    """``input_ids`` ``(B, L)`` -> ``(embeddings (B, L, H), position_ids (1, L))``, as ``LlamaModel`` without a
+    cache."""
+
+    def __init__(self, embed_tokens: nn.Module):
+        super().__init__()
+        self.embed_tokens = embed_tokens
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = inputs["input_ids"]
+        return self.embed_tokens(ids), torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+
+
+def _validate_micro(raw: dict[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` when a text micro-batch lacks a key or its shapes disagree."""
+    missing = [k for k in RAW_KEYS if k not in raw]
+    if missing:
+        raise ValueError(f"a text micro-batch needs {list(RAW_KEYS)}; missing {missing}")
+    shapes = {k: tuple(raw[k].shape) for k in RAW_KEYS}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"input_ids, attention_mask and labels must share one (batch, length) shape, got {shapes}")
+
+
+def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
+                 text_layers: int = 0) -> list[int]:
+    """Decoder layers per stage for ``config``; checks the layout and ``text_layers`` against the model.
+
+    Raises:
+        ValueError: as :func:`~.base.plan_layers`; ``text_layers = 0`` with a frozen or trainable preprocess
+            (that is preprocess ``identity``); tied embeddings split over two ranks.
+    """
+    if config.tie_word_embeddings and cfg.pp_size > 1:
+        raise ValueError("tie_word_embeddings=True ties lm_head (last stage) to embed_tokens (stage 0), which live "
+                         "on different ranks; use a checkpoint with untied embeddings or pp_size=1")
+    if cfg.transposed and text_layers < 1:
+        raise ValueError(f"a decoder-only LM transposes the embedding and the first text_layers decoder layers: "
+                         f"text_layers must be >= 1 with preprocess {cfg.preprocess!r}, or use preprocess "
+                         f"'identity' (T = 0)")
+    return plan_layers(config.num_hidden_layers, cfg, layers_per_stage, text_layers)
+
+
+def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,
+          text_layers: int = 0) -> SplitModel:
+    """Carve ``model`` (a ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``) for pipeline rank ``rank`` of ``cfg``.
+
+    Args:
+        model: the HF causal LM (e.g. from ``from_pretrained``).
+        cfg: the schedule configuration; ``cfg.preprocess`` sets whether ``P`` trains.
+        rank: this process's pipeline rank.
+        layers_per_stage: decoder layers per stage (``R * V`` entries); balanced when ``None``.
+        text_layers: ``T``, the decoder layers ``P`` takes from stage 0 (with the embedding).
+
+    Raises:
+        ValueError: as :func:`layer_counts`.
+    """
+    config, inner = model.config, model.model
+    counts = layer_counts(config, cfg, layers_per_stage, text_layers)
+    p_ids, ids = stage_layer_ids(counts, text_layers)
+    types = layer_types(config)
+    layout = [[f"model.layers.{i}" for i in ids[s]] for s in range(cfg.num_stages)]
+    layout[-1] += ["model.norm", "lm_head"]
+    front = TokenFront(inner.embed_tokens)
+    if cfg.transposed:
+        p_fqns = ["model.embed_tokens"] + [f"model.layers.{i}" for i in p_ids]
+        block = DecoderStage(front, [inner.layers[i] for i in p_ids], [types[i] for i in p_ids], inner.rotary_emb,
+                             config, carry=())
+        preprocess, front = Preprocess(block, RAW_KEYS[:2], CARRIED_KEYS), None
+    else:
+        layout[0].insert(0, "model.embed_tokens")
+        p_fqns, preprocess = [], Preprocess(None, (), RAW_KEYS)
+    frozen = p_fqns if cfg.preprocess == "frozen" else []
+    for fqn in frozen:
+        model.get_submodule(fqn).requires_grad_(False)
+
+    last = cfg.num_stages - 1
+    head = LMHead(model, inner.norm, config.vocab_size)
+    stages = {s: DecoderStage(front if s == 0 else None, [inner.layers[i] for i in ids[s]],
+                              [types[i] for i in ids[s]], inner.rotary_emb, config, head if s == last else None)
+              for s in range(rank, cfg.num_stages, cfg.pp_size)}
+    keep = {fqn for s in stages for fqn in layout[s]} | set(p_fqns)
+    every = ["model.embed_tokens", "model.norm", "lm_head"] + [f"model.layers.{i}" for i in range(config.num_hidden_layers)]
+    free_unused(model, every, keep)
+    return SplitModel(model, stages, preprocess, layout, p_fqns, frozen, _validate_micro)

@@ -1,0 +1,84 @@
+"""The decoder part every family shares: a run of HF decoder layers, and the LM head with the summed loss.
+
+A :class:`DecoderStage` mirrors the loop of a Hugging Face text model's ``forward`` (``LlamaModel``,
+``Qwen2Model``, ``Qwen2_5_VLTextModel``): causal masks per layer type from the padding mask, rotary embeddings
+from the position ids, then the layers. A family supplies the *front* (what turns raw inputs into the first hidden
+states and position ids: embedding, image features, M-RoPE ids) and decides which layers go where.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+Tensors = dict[str, torch.Tensor]
+CARRIED_KEYS = ("attention_mask", "labels")   # raw keys that travel with the hidden states to the last stage
+
+
+class LMHead(nn.Module):
+    """Final norm, ``lm_head`` and the token loss summed over the micro-batch (the executor divides by the step's
+    label-token count). ``hidden`` ``(B, L, H)``, ``labels`` ``(B, L)`` -> ``{"loss": (), "num_tokens": ()}``."""
+
+    def __init__(self, model: nn.Module, norm: nn.Module, vocab_size: int):
+        super().__init__()
+        self.norm, self.lm_head, self.vocab_size = norm, model.lm_head, vocab_size
+        self.__dict__["_loss_function"] = model.loss_function  # reads only the config; not a submodule
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> Tensors:
+        logits = self.lm_head(self.norm(hidden))
+        loss = self._loss_function(logits=logits, labels=labels, vocab_size=self.vocab_size,
+                                   num_items_in_batch=1)  # reduction "sum"
+        return {"loss": loss, "num_tokens": (labels[..., 1:] != -100).sum()}
+
+
+class DecoderStage(nn.Module):
+    """Decoder layers with an optional front and an optional head: one pipeline stage, or a text preprocess.
+
+    Inputs: the front's raw keys when ``front`` is set, else ``hidden_states`` ``(B, L, H)`` and
+    ``position_ids`` (``(B, L)``-like, or ``(3, B, L)`` for M-RoPE); always ``attention_mask`` ``(B, L)``, and
+    ``labels`` ``(B, L)`` on a stage. Outputs: ``{"loss", "num_tokens"}`` with a head, else ``hidden_states``,
+    ``position_ids`` and the ``carry`` keys.
+
+    Args:
+        front: ``front(inputs) -> (hidden (B, L, H), position_ids)``, or ``None``.
+        layers: the HF decoder layers of this stage, in order.
+        layer_types: ``"full_attention"`` or ``"sliding_attention"`` per layer.
+        rotary_emb: the text model's rotary embedding module.
+        text_config: the text model's config (masks read it).
+        head: the :class:`LMHead` on the last stage, else ``None``.
+        carry: input keys passed on unchanged to the next stage.
+    """
+
+    def __init__(self, front: nn.Module | None, layers: list[nn.Module], layer_types: list[str],
+                 rotary_emb: nn.Module, text_config, head: LMHead | None = None,
+                 carry: tuple[str, ...] = CARRIED_KEYS):
+        super().__init__()
+        self.front, self.layers, self.layer_types = front, nn.ModuleList(layers), layer_types
+        self.rotary_emb, self.text_config, self.head, self.carry = rotary_emb, text_config, head, carry
+
+    def forward(self, inputs: Tensors) -> Tensors:
+        if self.front is not None:
+            hidden, position_ids = self.front(inputs)
+        else:
+            hidden, position_ids = inputs["hidden_states"], inputs["position_ids"]
+        if self.layers:
+            mask_kwargs = dict(config=self.text_config, inputs_embeds=hidden, attention_mask=inputs["attention_mask"],
+                               cache=None, position_ids=None)
+            masks = {"full_attention": create_causal_mask(**mask_kwargs)}
+            if "sliding_attention" in self.layer_types:
+                masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
+            position_embeddings = self.rotary_emb(hidden, position_ids)
+            layer_positions = position_ids if position_ids.dim() == 2 else None  # M-RoPE ids stay out, as in HF
+            for layer, layer_type in zip(self.layers, self.layer_types):
+                hidden = layer(hidden, attention_mask=masks[layer_type], position_embeddings=position_embeddings,
+                               position_ids=layer_positions, cache=None, use_cache=False)
+        if self.head is not None:
+            return self.head(hidden, inputs["labels"])
+        return {"hidden_states": hidden, "position_ids": position_ids, **{k: inputs[k] for k in self.carry}}
+
+
+def layer_types(text_config) -> list[str]:
+    """Attention type of every decoder layer (``config.layer_types``, else all full attention)."""
+    types = getattr(text_config, "layer_types", None)
+    return list(types) if types else ["full_attention"] * text_config.num_hidden_layers

@@ -1,0 +1,116 @@
+"""Every wait of a step, bounded and abortable (SPEC.md, "Runtime rules": a failure on one rank makes the step
+fail on every rank with the first error's text; nothing hangs).
+
+A rank that fails writes its error under the step's key in the process group's store (the first writer wins).
+Every wait watches its work and, every ``CHECK_S`` seconds, that key; a rank blocked on a peer that has failed
+therefore raises the first error within ``CHECK_S`` instead of waiting for its timeout.
+
+NCCL works report completion through ``is_completed()``, so the wait polls them. Gloo's point-to-point works do
+not (they complete only inside ``wait()``, and a ``wait`` with a timeout breaks the connection), so on gloo a
+daemon thread calls ``wait()`` and the caller watches for its answer. A wait abandoned after a failure leaves
+that thread blocked; the executor then moves to a fresh group and a fresh watchdog.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+CHECK_S = 0.02          # how often a wait looks for another rank's error, seconds
+_MAX_PAUSE_S = 1e-3     # longest sleep between two polls of a work, seconds
+_TYPES = {"ValueError": ValueError, "TimeoutError": TimeoutError}
+
+
+class PeerFailed(RuntimeError):
+    """Raised inside a wait when another rank reported an error; the executor re-raises that error."""
+
+
+class Watchdog:
+    """The failure channel and the bounded wait of one pipeline group.
+
+    Args:
+        store: a store every rank of the group reaches (the default process group's).
+        namespace: unique to the group (its ``group_name``), so executors never read each other's errors.
+        timeout: the longest any single wait may take.
+        threaded: wait through a helper thread (gloo) instead of polling ``is_completed()`` (NCCL).
+    """
+
+    def __init__(self, store: dist.Store, namespace: str, timeout: timedelta, threaded: bool):
+        self.store, self.namespace, self.timeout = store, namespace, timeout
+        self.step = 0
+        self._todo: queue.SimpleQueue | None = None
+        if threaded:
+            self._todo, self._done = queue.SimpleQueue(), queue.SimpleQueue()
+            threading.Thread(target=self._serve, daemon=True, name=f"mpipe-wait-{namespace}").start()
+
+    def _serve(self) -> None:
+        while True:
+            work = self._todo.get()
+            try:
+                work.wait()
+                self._done.put(None)
+            except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
+                self._done.put(err)
+
+    @property
+    def key(self) -> str:
+        return f"mpipe_hf/{self.namespace}/step{self.step}/error"
+
+    def start_step(self) -> None:
+        """Move to the next step's key; every rank calls this once per step, so the keys agree."""
+        self.step += 1
+
+    def report(self, err: BaseException) -> tuple[str, str]:
+        """Publish ``err`` unless another rank published first; return the first error ``(type name, text)``."""
+        mine = f"{type(err).__name__}\n{err}"
+        first = self.store.compare_set(self.key, "", mine).decode()
+        name, _, text = first.partition("\n")
+        return name, text
+
+    def first_error(self) -> BaseException:
+        """The published error as an exception of the same kind (``ValueError``, ``TimeoutError``, else
+        ``RuntimeError``) and the same text."""
+        name, _, text = self.store.get(self.key).decode().partition("\n")
+        return _TYPES.get(name, RuntimeError)(text)
+
+    def check(self) -> None:
+        """Raise :class:`PeerFailed` if some rank has published an error this step."""
+        if self.store.check([self.key]):
+            raise PeerFailed(self.key)
+
+    def wait(self, work: dist.Work, what: str) -> None:
+        """Wait for ``work`` (a send, receive or collective), looking for other ranks' errors meanwhile.
+
+        Raises:
+            PeerFailed: another rank failed this step.
+            TimeoutError: ``work`` did not complete within the timeout; the text names ``what``.
+        """
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        if self._todo is not None:
+            self._todo.put(work)
+            while True:
+                try:
+                    err = self._done.get(timeout=CHECK_S)
+                except queue.Empty:
+                    self._check_or_expire(deadline, what)
+                    continue
+                if err is not None:
+                    raise err
+                return
+        next_check, pause = time.monotonic() + CHECK_S, 1e-5
+        while not work.is_completed():
+            if time.monotonic() >= next_check:
+                self._check_or_expire(deadline, what)
+                next_check = time.monotonic() + CHECK_S
+            time.sleep(pause)
+            pause = min(2 * pause, _MAX_PAUSE_S)
+        work.wait()
+
+    def _check_or_expire(self, deadline: float, what: str) -> None:
+        self.check()
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} did not complete within {self.timeout.total_seconds():.0f}s")

@@ -1,0 +1,136 @@
+"""The gradient matrix of issue 3: every mode crossed with R, V, M and frozen/trainable.
+
+A *case* is a dict the numerics worker runs (see numerics_worker.py). :func:`full_grid` lists every case;
+:func:`covering_subset` picks, greedily, cases until every pair of option values that some valid case combines
+appears in at least one picked case (pairwise coverage), which is what CI runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+GRAD_ATOL, LOSS_ATOL, PARAM_ATOL = 1e-5, 1e-5, 1e-4
+# P kind -> (model family, data pool, preprocess values, text_layers)
+KINDS = {
+    "vision": ("vl", "ragged", ("frozen", "trainable"), 0),
+    "vl-text": ("vl", "ragged", ("frozen", "trainable"), 1),
+    "llama-text": ("llama", "text", ("frozen", "trainable"), 1),
+    "qwen2-text": ("qwen2", "text", ("frozen", "trainable"), 1),
+    "vl-identity": ("vl", "ragged", ("identity",), 0),
+    "qwen2-identity": ("qwen2", "text", ("identity",), 0),
+}
+# named modes of the full grid: option overrides on top of a P kind
+MODES = {
+    "full": {}, "min": {"overflow": "min"}, "owner-backward": {"owner_backward": True},
+    "less-memory": {"less_memory": True},
+}
+
+
+def micro_counts(pp_size: int) -> list[int]:
+    """``M < R`` (when possible), ``M`` not a multiple of ``R``, and ``M = 2R``."""
+    return sorted({max(1, pp_size - 1), pp_size + 1, 2 * pp_size})
+
+
+def make_case(kind: str, pp_size: int, vpp: int, num_micro: int, preprocess: str, **options) -> dict:
+    family, data, _, text_layers = KINDS[kind]
+    data = options.pop("data", data)
+    case = dict(family=family, data=data, vpp=vpp, num_micro=num_micro, preprocess=preprocess,
+                text_layers=text_layers, **options)
+    flags = "-".join(f"{k}={v}" for k, v in sorted(options.items()))
+    case["name"] = f"{kind}-{preprocess}-R{pp_size}-V{vpp}-M{num_micro}" + (f"-{flags}" if flags else "")
+    case["pp_size"] = pp_size
+    return case
+
+
+def valid(case: dict) -> bool:
+    if case.get("owner_backward") and case["preprocess"] != "trainable":
+        return False
+    if case["family"] != "vl" and case["data"] != "text":
+        return False
+    return True
+
+
+def full_grid(pp_sizes=(2, 3, 4), vpps=(1, 2, 3)) -> list[dict]:
+    """Every named mode x preprocess (``P`` kind and frozen/trainable) x R x V x M (``micro_counts``), where
+    valid. The two decoder-only families take turns (llama for odd ``V``, qwen2 for even), and so do the two
+    identity kinds, so each cell runs once."""
+    cases = []
+    for (mode, options), pp_size, vpp in itertools.product(MODES.items(), pp_sizes, vpps):
+        lm = "llama-text" if vpp % 2 else "qwen2-text"
+        identity = "vl-identity" if vpp % 2 else "qwen2-identity"
+        for kind in ("vision", "vl-text", lm, identity):
+            for preprocess, num_micro in itertools.product(KINDS[kind][2], micro_counts(pp_size)):
+                case = make_case(kind, pp_size, vpp, num_micro, preprocess, **options)
+                if valid(case):
+                    cases.append(case)
+    return cases
+
+
+def check_case(case: dict, per_rank: list[dict]) -> list[str]:
+    """What is wrong with one case's results (``per_rank[r]`` from the worker); empty when it passed.
+
+    Checks: every step's loss, every gradient of the first optimizer step (after its accumulated runs), the
+    parameters after the last AdamW step, that each trainable parameter is checked on exactly one rank, and that
+    each rank loaded exactly its own micros, once per schedule run.
+    """
+    problems = []
+    runs = case.get("steps", 1) * case.get("accumulate", 1)
+    for rank, res in enumerate(per_rank):
+        worst_loss = max(abs(a - b) for a, b in zip(res["losses"], res["ref_losses"]))
+        if len(res["losses"]) != runs or worst_loss >= LOSS_ATOL:
+            problems.append(f"rank {rank}: losses {res['losses']} vs reference {res['ref_losses']}")
+        if not res["max_diff"] < GRAD_ATOL:
+            problems.append(f"rank {rank}: gradient of {res['worst']} differs by {res['max_diff']:.3g}")
+        if res["param_diff"] is not None and not res["param_diff"] < PARAM_ATOL:
+            problems.append(f"rank {rank}: parameters after {case['steps']} AdamW steps differ by "
+                            f"{res['param_diff']:.3g}")
+        if sorted(res["loads"]) != sorted(res["owned"] * runs):
+            problems.append(f"rank {rank}: loaded micros {sorted(res['loads'])}, owns {res['owned']} x {runs}")
+    checked = sorted(n for res in per_rank for n in res["names"])
+    if checked != per_rank[0]["ref_names"]:
+        problems.append("the ranks' trainable parameters are not exactly the reference's trainable parameters")
+    return problems
+
+
+FACTORS = {
+    "kind": list(KINDS), "preprocess": ["identity", "frozen", "trainable"], "pp_size": [2, 3, 4],
+    "vpp": [1, 2, 3], "micro": ["fewer", "uneven", "double"], "overflow": ["full", "min"],
+    "owner_backward": [False, True], "less_memory": [False, True], "data": ["ragged", "noimage", "text"],
+    "steps": [1, 3], "accumulate": [1, 2],
+}
+
+
+def _case_of(choice: dict) -> dict | None:
+    kind, preprocess, pp_size = choice["kind"], choice["preprocess"], choice["pp_size"]
+    if preprocess not in KINDS[kind][2]:
+        return None
+    num_micro = {"fewer": pp_size - 1, "uneven": pp_size + 1, "double": 2 * pp_size}[choice["micro"]]
+    options = {k: choice[k] for k in ("overflow", "owner_backward", "less_memory", "steps", "accumulate")
+               if choice[k] != FACTORS[k][0]}
+    if (KINDS[kind][0] == "vl") == (choice["data"] == "text"):
+        return None
+    if choice["data"] != KINDS[kind][1]:
+        options["data"] = choice["data"]
+    if choice["steps"] > 1 and choice["accumulate"] > 1:
+        return None  # keep each case to one kind of repetition
+    case = make_case(kind, pp_size, choice["vpp"], num_micro, preprocess, **options)
+    return case if valid(case) else None
+
+
+def covering_subset() -> list[dict]:
+    """Cases that together cover every pair of factor values some valid case combines (greedy, deterministic)."""
+    names = list(FACTORS)
+    candidates = []
+    for values in itertools.product(*FACTORS.values()):
+        choice = dict(zip(names, values))
+        case = _case_of(choice)
+        if case is not None:
+            pairs = {((a, choice[a]), (b, choice[b])) for a, b in itertools.combinations(names, 2)}
+            candidates.append((case, pairs))
+    uncovered = set().union(*(pairs for _, pairs in candidates))
+    picked = []
+    while uncovered:
+        case, pairs = max(candidates, key=lambda c: (len(c[1] & uncovered), -c[0]["pp_size"]))
+        picked.append(case)
+        uncovered -= pairs
+    return picked
