@@ -26,7 +26,7 @@ from torch import nn
 from ..schedule import ScheduleConfig, build_schedule
 from .handlers import Preprocess, StepContext, Tensors, run_action
 from .p2p import P2P
-from .watchdog import PeerFailed, Watchdog
+from .watchdog import PeerFailed, Watchdog, describe, release_abandoned
 
 
 @dataclass
@@ -64,6 +64,7 @@ class PipelineExecutor:
         self.order = build_schedule(cfg)[rank]
         self.global_ranks = dist.get_process_group_ranks(group)
         self.store = dist.distributed_c10d._get_default_store()
+        self._stale: list = []  # sends and dummies of failed steps, kept alive on their abandoned groups
         self._fresh_group()
 
     def _fresh_group(self) -> None:
@@ -108,18 +109,20 @@ class PipelineExecutor:
             action = None
             totals = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, time.perf_counter() - start],
                                   dtype=torch.float64, device=self.device)
-            self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum")
+            self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum",
+                               describe("all_reduce", totals))
         except BaseException as err:
             for p in trained:
                 p.grad = kept[p]
-            self.p2p.discard()
+            self._stale += self.p2p.discard()
             self.broken = True
-            if isinstance(err, PeerFailed):
-                raise self.watchdog.first_error() from None
-            where = f"pipeline rank {self.rank}" + (f", {action}" if action is not None else "")
-            self.watchdog.report(type(err)(f"{where}: {err}") if type(err) in (ValueError, TimeoutError)
-                                 else RuntimeError(f"{where}: {type(err).__name__}: {err}"))
-            raise self.watchdog.first_error() from err
+            if not isinstance(err, PeerFailed):
+                where = f"pipeline rank {self.rank}" + (f", {action}" if action is not None else "")
+                self.watchdog.report(type(err)(f"{where}: {err}") if type(err) in (ValueError, TimeoutError)
+                                     else RuntimeError(f"{where}: {type(err).__name__}: {err}"))
+            self._stale += release_abandoned(self.watchdog, self.group, self.rank, len(self.global_ranks),
+                                             self.device)
+            raise self.watchdog.first_error() from (None if isinstance(err, PeerFailed) else err)
         finally:
             ctx.clear()
         loss_sum, num_tokens, busy, wall_sum = totals.tolist()

@@ -18,7 +18,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from ..schedule import Action, Kind, ScheduleConfig
 from ..schedule.actions import COMPUTE_KINDS
 from .p2p import P2P
-from .watchdog import Watchdog
+from .watchdog import Watchdog, describe
 
 Tensors = dict[str, torch.Tensor]
 
@@ -153,7 +153,8 @@ def param_broadcast(ctx: StepContext, a: Action) -> None:
     if not params:
         return
     flat = _flatten_dense_tensors([p.data for p in params])
-    ctx.watchdog.wait(dist.broadcast(flat, group=ctx.group, group_src=0, async_op=True), str(a))
+    ctx.watchdog.wait(dist.broadcast(flat, group=ctx.group, group_src=0, async_op=True), str(a),
+                      describe("broadcast", flat))
     for p, value in zip(params, _unflatten_dense_tensors(flat, [p.data for p in params])):
         p.data.copy_(value)
 
@@ -208,7 +209,7 @@ def grad_reduce(ctx: StepContext, a: Action) -> None:
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     present = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=grads[0].device)
     flat = _flatten_dense_tensors(grads + [present])
-    ctx.watchdog.wait(dist.all_reduce(flat, group=ctx.group, async_op=True), str(a))
+    ctx.watchdog.wait(dist.all_reduce(flat, group=ctx.group, async_op=True), str(a), describe("all_reduce", flat))
     *summed, present = _unflatten_dense_tensors(flat, grads + [present])
     for p, value, seen in zip(params, summed, present.tolist()):
         p.grad = value if seen else None

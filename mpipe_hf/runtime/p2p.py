@@ -14,7 +14,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from .watchdog import Watchdog
+from .watchdog import Watchdog, describe
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)
@@ -69,7 +69,8 @@ class P2P:
         self.pending.append((dist.isend(tensor, group=self.group, group_dst=dst), tensor, what))
 
     def _recv(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
-        self.watchdog.wait(dist.irecv(tensor, group=self.group, group_src=src), f"{what} from pipeline rank {src}")
+        self.watchdog.wait(dist.irecv(tensor, group=self.group, group_src=src), f"{what} from pipeline rank {src}",
+                           describe("recv", tensor, src=src))
         return tensor
 
     def send(self, payload: dict[str, torch.Tensor], dst: int, what: str, channel: str = "message") -> None:
@@ -106,6 +107,8 @@ class P2P:
         for work, _, what in pending:
             self.watchdog.wait(work, f"{what} (send)")
 
-    def discard(self) -> None:
-        """Forget posted sends after a failed step; the executor then moves to a fresh group."""
-        self.pending = []
+    def discard(self) -> list[tuple[dist.Work, torch.Tensor, str]]:
+        """Hand over the posted sends of a failed step (the caller keeps them alive: a dropped send is cancelled,
+        and its receiver would wait for it)."""
+        pending, self.pending = self.pending, []
+        return pending

@@ -7,17 +7,20 @@ therefore raises the first error within ``CHECK_S`` instead of waiting for its t
 
 NCCL works report completion through ``is_completed()``, so the wait polls them. Gloo's point-to-point works do
 not (they complete only inside ``wait()``, and a ``wait`` with a timeout breaks the connection), so on gloo a
-daemon thread calls ``wait()`` and the caller watches for its answer. A wait abandoned after a failure leaves
-that thread blocked; the executor then moves to a fresh group and a fresh watchdog.
+daemon thread calls ``wait()`` and the caller watches for its answer. A wait abandoned after a failure is
+remembered in :attr:`Watchdog.abandoned`, with what a peer must post to complete it; the executor completes it
+(:func:`release_abandoned`) and moves to a fresh group and a fresh watchdog.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 CHECK_S = 0.02          # how often a wait looks for another rank's error, seconds
@@ -42,6 +45,7 @@ class Watchdog:
     def __init__(self, store: dist.Store, namespace: str, timeout: timedelta, threaded: bool):
         self.store, self.namespace, self.timeout = store, namespace, timeout
         self.step = 0
+        self.abandoned: dict | None = None
         self._todo: queue.SimpleQueue | None = None
         if threaded:
             self._todo, self._done = queue.SimpleQueue(), queue.SimpleQueue()
@@ -82,35 +86,97 @@ class Watchdog:
         if self.store.check([self.key]):
             raise PeerFailed(self.key)
 
-    def wait(self, work: dist.Work, what: str) -> None:
+    def wait(self, work: dist.Work, what: str, pending: dict | None = None) -> None:
         """Wait for ``work`` (a send, receive or collective), looking for other ranks' errors meanwhile.
+
+        Args:
+            pending: how a peer completes ``work`` if this wait is abandoned: ``{"kind": "recv", "src", "numel",
+                "dtype"}``, ``{"kind": "broadcast" | "all_reduce", "numel", "dtype"}``; ``None`` for a send (an
+                unmatched send blocks nothing).
 
         Raises:
             PeerFailed: another rank failed this step.
             TimeoutError: ``work`` did not complete within the timeout; the text names ``what``.
         """
         deadline = time.monotonic() + self.timeout.total_seconds()
-        if self._todo is not None:
-            self._todo.put(work)
-            while True:
-                try:
-                    err = self._done.get(timeout=CHECK_S)
-                except queue.Empty:
+        try:
+            if self._todo is not None:
+                self._todo.put(work)
+                while True:
+                    try:
+                        err = self._done.get(timeout=CHECK_S)
+                    except queue.Empty:
+                        self._check_or_expire(deadline, what)
+                        continue
+                    if err is not None:
+                        raise err
+                    return
+            next_check, pause = time.monotonic() + CHECK_S, 1e-5
+            while not work.is_completed():
+                if time.monotonic() >= next_check:
                     self._check_or_expire(deadline, what)
-                    continue
-                if err is not None:
-                    raise err
-                return
-        next_check, pause = time.monotonic() + CHECK_S, 1e-5
-        while not work.is_completed():
-            if time.monotonic() >= next_check:
-                self._check_or_expire(deadline, what)
-                next_check = time.monotonic() + CHECK_S
-            time.sleep(pause)
-            pause = min(2 * pause, _MAX_PAUSE_S)
-        work.wait()
+                    next_check = time.monotonic() + CHECK_S
+                time.sleep(pause)
+                pause = min(2 * pause, _MAX_PAUSE_S)
+            work.wait()
+        except (PeerFailed, TimeoutError):
+            self.abandoned = pending or {"kind": "send"}
+            raise
 
     def _check_or_expire(self, deadline: float, what: str) -> None:
         self.check()
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} did not complete within {self.timeout.total_seconds():.0f}s")
+
+    def settle(self, timeout_s: float) -> bool:
+        """After :func:`release_abandoned`: wait until the helper thread finished the abandoned wait."""
+        if self._todo is None or self.abandoned is None or self.abandoned["kind"] == "send":
+            return True
+        try:
+            self._done.get(timeout=timeout_s)
+            return True
+        except queue.Empty:
+            return False
+
+
+def describe(kind: str, tensor: torch.Tensor, **extra) -> dict:
+    """A ``pending`` description (see :meth:`Watchdog.wait`) of an operation on ``tensor``."""
+    return {"kind": kind, "numel": tensor.numel(), "dtype": str(tensor.dtype).removeprefix("torch."), **extra}
+
+
+def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, rank: int, world: int,
+                      device: torch.device) -> list[dist.Work]:
+    """Complete, on the failed step's group, every operation some rank abandoned, so no process stays blocked in
+    it (a gloo receive left waiting aborts the process at exit). Every rank of the group calls this after the
+    step failed, with the failed step's sends still alive (a send dropped before completion is cancelled).
+
+    Ranks publish what they abandoned; each rank then sends a dummy of what a peer's abandoned receive expects
+    from it, and joins with a dummy the collective other ranks were left in. Per pair, sends and receives follow
+    one order, so an abandoned receive is the next message on its channel: either a message already sent, or the
+    dummy. A dummy nobody receives stays pending, harmlessly.
+
+    Returns the works it posted; the caller keeps them alive. Returns early when some rank did not arrive within
+    the timeout (it died); nothing more can be done then.
+    """
+    store, key = watchdog.store, watchdog.key
+    store.set(f"{key}/abandoned/{rank}", json.dumps(watchdog.abandoned))
+    try:
+        store.wait([f"{key}/abandoned/{r}" for r in range(world)], watchdog.timeout)
+    except RuntimeError:
+        return []
+    entries = [json.loads(store.get(f"{key}/abandoned/{r}")) for r in range(world)]
+    works = []
+
+    def dummy(entry):
+        return torch.zeros(entry["numel"], dtype=getattr(torch, entry["dtype"]), device=device)
+    for peer, entry in enumerate(entries):
+        if entry and entry["kind"] == "recv" and entry["src"] == rank:
+            works.append(dist.isend(dummy(entry), group=group, group_dst=peer))
+    collective = next((e for e in entries if e and e["kind"] in ("broadcast", "all_reduce")), None)
+    if collective is not None and watchdog.abandoned != collective:
+        if collective["kind"] == "broadcast":
+            works.append(dist.broadcast(dummy(collective), group=group, group_src=0, async_op=True))
+        else:
+            works.append(dist.all_reduce(dummy(collective), group=group, async_op=True))
+    watchdog.settle(watchdog.timeout.total_seconds())
+    return works

@@ -85,7 +85,7 @@ def failing_step(case, executor, split, cfg, rank, micros, image_token_id):
 
     def load(m):
         if cfg.owner(m) == case.get("corrupt_owner"):
-            Image.open(io.BytesIO(b"\x89PNG\r\n\x1a\n truncated")).convert("RGB")  # raises: undecodable image
+            Image.open(io.BytesIO(b"these bytes are not an image")).convert("RGB")  # raises: undecodable image
         mb = broken.get(m, micros[m])
         if "mid_step_owner" not in case:
             split.validate_micro(mb)
@@ -140,7 +140,8 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     for m in (cfg.owned(rank) if rank else []):  # raw bytes of this rank's micros, counted from the data itself
         for key, t in micro_batches(case, pool, 0)[m].items():
             result["owned_bytes"][key] = result["owned_bytes"].get(key, 0) + t.numel() * t.element_size()
-        result["owned_image_tokens"] += int((micro_batches(case, pool, 0)[m]["input_ids"] == image_token_id).sum())
+        if image_token_id is not None:
+            result["owned_image_tokens"] += int((micro_batches(case, pool, 0)[m]["input_ids"] == image_token_id).sum())
 
     ref_path = os.path.join(out_dir, f"ref-{case['name']}.pt")
     if rank == 0:
