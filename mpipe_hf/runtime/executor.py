@@ -32,12 +32,14 @@ from .watchdog import PeerFailed, Watchdog, describe, release_abandoned
 @dataclass
 class StepStats:
     """What one step measured. ``loss`` is the mean over the step's label tokens; ``bubble`` is the fraction of
-    the ranks' wall time spent not computing (``1 - sum busy / sum wall``)."""
+    the ranks' wall time spent not computing (``1 - sum busy / sum wall``); ``peak_activations`` is the most
+    stage forwards this rank held for their backward at once (its activation-memory peak, in stage-micro units)."""
 
     loss: float
     num_tokens: int
     bubble: float
     wall_s: float
+    peak_activations: int
 
 
 class PipelineExecutor:
@@ -101,10 +103,11 @@ class PipelineExecutor:
             p.grad = None
         ctx = StepContext(self.cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
                           load)
-        action = None
+        action, peak = None, 0
         try:
             for action in self.order:
                 run_action(ctx, action)
+                peak = max(peak, len(ctx.saved))
             self.p2p.drain()
             action = None
             totals = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, time.perf_counter() - start],
@@ -138,4 +141,5 @@ class PipelineExecutor:
                     p.grad = kept[p].add_(p.grad)
             else:
                 p.grad = kept[p]
-        return StepStats(loss_sum / num_tokens, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start)
+        return StepStats(loss_sum / num_tokens, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
+                         peak)

@@ -70,8 +70,9 @@ def check_case(case: dict, per_rank: list[dict]) -> list[str]:
     """What is wrong with one case's results (``per_rank[r]`` from the worker); empty when it passed.
 
     Checks: every step's loss, every gradient of the first optimizer step (after its accumulated runs), the
-    parameters after the last AdamW step, that each trainable parameter is checked on exactly one rank, and that
-    each rank loaded exactly its own micros, once per schedule run.
+    parameters after the last AdamW step, that each trainable parameter is checked on exactly one rank, that
+    each rank loaded exactly its own micros, once per schedule run, and that the activations a rank held at its
+    peak are what the schedule's order predicts (``less_memory`` holds fewer).
     """
     problems = []
     runs = case.get("steps", 1) * case.get("accumulate", 1)
@@ -84,6 +85,9 @@ def check_case(case: dict, per_rank: list[dict]) -> list[str]:
         if res["param_diff"] is not None and not res["param_diff"] < PARAM_ATOL:
             problems.append(f"rank {rank}: parameters after {case['steps']} AdamW steps differ by "
                             f"{res['param_diff']:.3g}")
+        if res["peak_activations"] != [res["expected_peak"]]:
+            problems.append(f"rank {rank}: held {res['peak_activations']} activations at peak, the schedule says "
+                            f"{res['expected_peak']}")
         if sorted(res["loads"]) != sorted(res["owned"] * runs):
             problems.append(f"rank {rank}: loaded micros {sorted(res['loads'])}, owns {res['owned']} x {runs}")
     checked = sorted(n for res in per_rank for n in res["names"])

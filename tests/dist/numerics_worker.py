@@ -30,6 +30,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2_5_VLConfig, Qwen2
 from mpipe_hf.models import get_splitter
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.schedule import ScheduleConfig
+from mpipe_hf.schedule.interleaved import peak_in_flight
 
 CLASSES = {"vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration), "llama": (LlamaConfig, LlamaForCausalLM),
            "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
@@ -118,7 +119,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             getattr(model.config, "image_token_id", None))
         result["grads_after_error"] = sorted(n for n, p in params.items() if p.grad is not None)
 
-    losses, grads = [], {}
+    losses, grads, peaks = [], {}, set()
     for step in range(steps):
         for a in range(accumulate):
             micros = micro_batches(case, pool, step * accumulate + a)
@@ -127,7 +128,9 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
                 loads.append(m)
                 split.validate_micro(micros[m])
                 return micros[m]
-            losses.append(executor.step(load).loss)
+            stats = executor.step(load)
+            losses.append(stats.loss)
+            peaks.add(stats.peak_activations)
         if step == 0:
             grads = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
         if steps > 1:
@@ -173,7 +176,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             worst, max_diff = name, diff
     param_diff = max((float((p.detach() - reference["params"][n]).abs().max()) for n, p in params.items()),
                      default=0.0) if steps > 1 else None
-    result.update(losses=losses, ref_losses=reference["losses"], max_diff=max_diff, worst=worst,
+    result.update(peak_activations=sorted(peaks), expected_peak=peak_in_flight(executor.order), losses=losses, ref_losses=reference["losses"], max_diff=max_diff, worst=worst,
                   param_diff=param_diff, names=sorted(params), ref_names=reference["names"],
                   owned=cfg.owned(rank))
     return result
