@@ -106,7 +106,8 @@ def train(recipe: Recipe) -> TrainResult:
         optimizer.zero_grad(set_to_none=True)
         losses.append(stats.loss)
         row = {"step": step + 1, "loss": round(stats.loss, 5), "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1),
-               "bubble": round(stats.bubble, 3), "step_s": round(stats.wall_s, 3)}
+               "bubble": round(stats.bubble, 3), "step_s": round(stats.wall_s, 3),
+               "peak_activations_rank0": stats.peak_activations}
         bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", bubble=f"{stats.bubble:.2f}")
         if log is not None:
             log.write(json.dumps(row) + "\n")
