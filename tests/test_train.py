@@ -17,6 +17,9 @@ from mpipe_hf.train import load_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, NUM_MICRO, LR = 2, 4, 2e-3
+# AdamW moves a parameter by about lr * g / (|g| + eps): with torch's eps = 1e-8, fp32 noise of 1e-8 on a
+# near-zero gradient element becomes a visible part of lr. eps = 1e-6 keeps that noise below 1e-5 * lr / 1e-3.
+EPS = 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +31,8 @@ def demo(tmp_path_factory):
 
 def write_recipe(demo, path, output_dir, **overrides):
     recipe = dict(model=os.path.join(demo, "model"), data=os.path.join(demo, "data", "train.jsonl"), pp_size=2,
-                  vpp=2, num_micro=NUM_MICRO, steps=STEPS, lr=LR, output_dir=output_dir, timeout_s=120)
+                  vpp=2, num_micro=NUM_MICRO, steps=STEPS, lr=LR, adam_eps=EPS, output_dir=output_dir,
+                  timeout_s=120)
     recipe.update(overrides)
     with open(path, "w") as f:
         yaml.safe_dump(recipe, f)
@@ -50,7 +54,8 @@ def reference_training(demo, freeze_visual):
     processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(model_dir))
     plan = MicroBatchPlan(load_caption_dataset(os.path.join(demo, "data", "train.jsonl")),
                           CaptionCollator(processor), NUM_MICRO, 1)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0,
+                                  eps=EPS)
     losses = []
     for step in range(STEPS):
         micros = [plan.load(step, m) for m in range(NUM_MICRO)]

@@ -22,7 +22,7 @@ class Recipe:
         text_layers: ``T``, decoder layers the transposed preprocess takes from stage 0 with the tower and the
             embedding (0: the tower alone; must be 0 with preprocess ``identity``).
         micro_batch_size: rows per micro-batch.
-        steps: optimizer steps; lr, weight_decay: AdamW's.
+        steps: optimizer steps; lr, weight_decay, adam_eps: AdamW's (``adam_eps`` is torch's ``eps``).
         layers_per_stage: decoder layers per stage, ``pp_size * vpp`` entries; balanced when ``None``.
         min_pixels, max_pixels: image resize bounds of the processor, in pixels.
         output_dir: where the metrics log and the final checkpoint go.
@@ -44,6 +44,7 @@ class Recipe:
     steps: int = 10
     lr: float = 1e-4
     weight_decay: float = 0.0
+    adam_eps: float = 1e-8
     layers_per_stage: list[int] | None = None
     min_pixels: int = 56 * 56
     max_pixels: int = 112 * 112
@@ -76,7 +77,7 @@ def load_recipe(path: str) -> Recipe:
     for key in ("steps", "micro_batch_size", "min_pixels", "max_pixels"):
         if key in raw and (not isinstance(raw[key], int) or raw[key] < 1):
             raise ValueError(f"{path}: {key} must be an integer >= 1, got {raw[key]!r}")
-    for key in ("lr", "weight_decay", "timeout_s"):
+    for key in ("lr", "weight_decay", "adam_eps", "timeout_s"):
         if key in raw:
             raw[key] = float(raw[key])
     recipe = Recipe(**raw)

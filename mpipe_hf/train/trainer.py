@@ -89,7 +89,8 @@ def train(recipe: Recipe) -> TrainResult:
     plan = MicroBatchPlan(dataset, CaptionCollator(processor), cfg.num_micro, recipe.micro_batch_size,
                           split.validate_micro)
     params = split.trainable_parameters(cfg, rank)
-    optimizer = torch.optim.AdamW(params.values(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    optimizer = torch.optim.AdamW(params.values(), lr=recipe.lr, weight_decay=recipe.weight_decay,
+                                  eps=recipe.adam_eps)
     executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values(),
                                 timedelta(seconds=recipe.timeout_s))
     os.makedirs(recipe.output_dir, exist_ok=True)

@@ -35,6 +35,7 @@ from mpipe_hf.schedule.interleaved import peak_in_flight
 CLASSES = {"vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration), "llama": (LlamaConfig, LlamaForCausalLM),
            "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 LR = 1e-3
+EPS = 1e-6  # AdamW's eps: with 1e-8, fp32 noise on near-zero gradient elements becomes a visible part of LR
 TIMEOUT = timedelta(seconds=60)
 
 
@@ -110,7 +111,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
                                                   case.get("text_layers", 0))
     params = split.trainable_parameters(cfg, rank)
     executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values(), TIMEOUT)
-    optimizer = torch.optim.AdamW(params.values(), lr=LR) if params else None
+    optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS) if params else None
     result, loads = {}, []
     failing = any(k in case for k in ("bad_micro", "corrupt_owner", "mid_step_owner"))
     if failing:
@@ -151,7 +152,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
         for fqn in split.frozen:
             ref.get_submodule(fqn).requires_grad_(False)
         trainable = {n: p for n, p in ref.named_parameters() if p.requires_grad}
-        ref_opt = torch.optim.AdamW(trainable.values(), lr=LR)
+        ref_opt = torch.optim.AdamW(trainable.values(), lr=LR, eps=EPS)
         ref_losses, ref_grads = [], {}
         for step in range(steps):
             for a in range(accumulate):
