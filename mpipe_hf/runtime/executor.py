@@ -97,7 +97,8 @@ class PipelineExecutor:
             self._fresh_group()
         self.watchdog.start_step()
         start = time.perf_counter()
-        trained = self.params + [p for p in self.preprocess.trainable_parameters() if p not in set(self.params)]
+        mine = set(self.params)
+        trained = self.params + [p for p in self.preprocess.trainable_parameters() if p not in mine]
         kept = {p: p.grad for p in trained}
         for p in trained:
             p.grad = None
@@ -130,8 +131,9 @@ class PipelineExecutor:
             ctx.clear()
         loss_sum, num_tokens, busy, wall_sum = totals.tolist()
         if num_tokens == 0:
+            for p in trained:
+                p.grad = kept[p]
             raise ValueError("the step has no label tokens (every label is -100); check the collator's labels")
-        mine = set(self.params)
         for p in trained:
             if p not in mine:  # a replica of P on a rank that does not own it: rank 0 optimises P
                 p.grad = kept[p]
