@@ -1,8 +1,10 @@
 """``mpipe-hf``: the command line.
 
 - ``mpipe-hf train RECIPE.yaml`` starts ``pp_size`` local processes (through torchrun) and trains;
-- ``mpipe-hf schedule --pp 4 --vpp 2 --micro 8 [--gantt]`` prints each rank's action list of the MPipe Transpose
-  schedule, or its Gantt chart under unit costs (F = 1, B = 2, preprocess forward = 1) with the bubble.
+- ``mpipe-hf schedule --pp 4 --vpp 2 --micro 8 [--preprocess identity|frozen|trainable] [--overflow full|min]
+  [--owner-backward] [--less-memory] [--gantt]`` prints each rank's action list of the MPipe Transpose schedule,
+  or its Gantt chart under unit costs (F = 1, B = 2, preprocess forward = 1, backward = 2) with the bubble and
+  each rank's peak in-flight activations.
 """
 
 from __future__ import annotations
