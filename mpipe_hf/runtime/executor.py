@@ -70,14 +70,21 @@ class PipelineExecutor:
         self._fresh_group()
 
     def _fresh_group(self) -> None:
-        """A process group of this executor's own (all pipeline ranks call this at the same point)."""
-        self.group = dist.new_group(self.global_ranks, timeout=2 * self.timeout, use_local_synchronization=True)
+        """Process groups of this executor's own: one for collectives and one per transfer direction (all
+        pipeline ranks call this at the same point). A failed step's groups are aborted on NCCL, whose own
+        watchdog would otherwise end the process over the sends nobody receives."""
+        old = getattr(self, "p2p", None)
+        if old is not None and dist.get_backend(self.group) == "nccl":
+            for group in (self.group, old.up, old.down):
+                dist.distributed_c10d._abort_process_group(group)
+        groups = [dist.new_group(self.global_ranks, timeout=2 * self.timeout, use_local_synchronization=True)
+                  for _ in range(3)]
+        self.group = groups[0]
         threaded = dist.get_backend(self.group) == "gloo"
         self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded)
-        bytes_sent = getattr(self, "p2p", None) and self.p2p.bytes_sent
-        self.p2p = P2P(self.group, self.device, self.watchdog)
-        if bytes_sent:
-            self.p2p.bytes_sent.update(bytes_sent)
+        self.p2p = P2P(groups[1], groups[2], self.device, self.watchdog)
+        if old is not None:
+            self.p2p.bytes_sent.update(old.bytes_sent)
         self.broken = False
 
     def step(self, load: Callable[[int], Tensors]) -> StepStats:
@@ -124,8 +131,8 @@ class PipelineExecutor:
                 where = f"pipeline rank {self.rank}" + (f", {action}" if action is not None else "")
                 self.watchdog.report(type(err)(f"{where}: {err}") if type(err) in (ValueError, TimeoutError)
                                      else RuntimeError(f"{where}: {type(err).__name__}: {err}"))
-            self._stale += release_abandoned(self.watchdog, self.group, self.rank, len(self.global_ranks),
-                                             self.device)
+            self._stale += release_abandoned(self.watchdog, self.group, self.p2p.channel, self.rank,
+                                             len(self.global_ranks), self.device)
             raise self.watchdog.first_error() from (None if isinstance(err, PeerFailed) else err)
         finally:
             ctx.clear()

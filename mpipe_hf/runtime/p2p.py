@@ -2,7 +2,10 @@
 contract": no fixed buffers, no padding to a maximum).
 
 A transfer is three messages on the pair's channel: the header length (one int64), the header (int64s naming
-every key, dtype, ``requires_grad`` flag and shape), then one message per non-empty tensor. Sends are
+every key, dtype, ``requires_grad`` flag and shape), then one message per non-empty tensor. Each direction has a
+group of its own (lower to higher rank, and back), so on NCCL a large send, which waits for its receive, never
+sits on the same stream in front of a receive from the same peer (in the 1F1B steady state both neighbours send
+before they receive). Sends are
 non-blocking and are drained at the end of a step; receives wait through the :class:`~.watchdog.Watchdog`, so
 they end on a timeout or on another rank's failure.
 """
@@ -47,10 +50,11 @@ def decode_header(values: list[int]) -> list[tuple[str, torch.dtype, bool, tuple
 
 
 class P2P:
-    """Tensor-dictionary transfers between ranks of one process group.
+    """Tensor-dictionary transfers between the pipeline ranks.
 
     Args:
-        group: the pipeline process group; ``dst``/``src`` are ranks within it.
+        up, down: two groups over the same pipeline ranks, for transfers to a higher and to a lower rank;
+            ``dst``/``src`` are ranks within them.
         device: where received tensors are placed (``cuda`` for NCCL, ``cpu`` for gloo).
         watchdog: bounds every wait and ends it when another rank fails.
 
@@ -59,18 +63,25 @@ class P2P:
             for tests and reports.
     """
 
-    def __init__(self, group: dist.ProcessGroup, device: torch.device, watchdog: Watchdog):
-        self.group, self.device, self.watchdog = group, device, watchdog
+    def __init__(self, up: dist.ProcessGroup, down: dist.ProcessGroup, device: torch.device, watchdog: Watchdog):
+        self.up, self.down, self.device, self.watchdog = up, down, device, watchdog
+        self.rank = up.rank()
         self.pending: list[tuple[dist.Work, torch.Tensor, str]] = []
         self.bytes_sent: Counter = Counter()
 
+    def channel(self, src: int, dst: int) -> dist.ProcessGroup:
+        """The group that carries transfers from ``src`` to ``dst``."""
+        return self.up if src < dst else self.down
+
     def _isend(self, tensor: torch.Tensor, dst: int, what: str) -> None:
         tensor = tensor.detach().to(self.device).contiguous()
-        self.pending.append((dist.isend(tensor, group=self.group, group_dst=dst), tensor, what))
+        self.pending = [entry for entry in self.pending if not entry[0].is_completed()]  # free finished sends
+        work = dist.isend(tensor, group=self.channel(self.rank, dst), group_dst=dst)
+        self.pending.append((work, tensor, what))
 
     def _recv(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
-        self.watchdog.wait(dist.irecv(tensor, group=self.group, group_src=src), f"{what} from pipeline rank {src}",
-                           describe("recv", tensor, src=src))
+        work = dist.irecv(tensor, group=self.channel(src, self.rank), group_src=src)
+        self.watchdog.wait(work, f"{what} from pipeline rank {src}", describe("recv", tensor, src=src))
         return tensor
 
     def send(self, payload: dict[str, torch.Tensor], dst: int, what: str, channel: str = "message") -> None:

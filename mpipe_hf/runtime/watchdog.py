@@ -99,28 +99,34 @@ class Watchdog:
             TimeoutError: ``work`` did not complete within the timeout; the text names ``what``.
         """
         deadline = time.monotonic() + self.timeout.total_seconds()
+        if self._todo is not None:
+            self._todo.put(work)
+            while True:
+                try:
+                    err = self._done.get(timeout=CHECK_S)
+                except queue.Empty:
+                    self._give_up_unless_done(deadline, what, pending, self._done.empty)
+                    continue
+                if err is not None:
+                    raise err
+                return
+        next_check, pause = time.monotonic() + CHECK_S, 1e-5
+        while not work.is_completed():
+            if time.monotonic() >= next_check:
+                self._give_up_unless_done(deadline, what, pending, lambda: not work.is_completed())
+                next_check = time.monotonic() + CHECK_S
+            time.sleep(pause)
+            pause = min(2 * pause, _MAX_PAUSE_S)
+        work.wait()
+
+    def _give_up_unless_done(self, deadline: float, what: str, pending: dict | None, still_waiting) -> None:
+        """Raise if another rank failed or the deadline passed; remember the work as abandoned only if it is
+        still unfinished at that moment (a work that just completed needs no peer to complete it)."""
         try:
-            if self._todo is not None:
-                self._todo.put(work)
-                while True:
-                    try:
-                        err = self._done.get(timeout=CHECK_S)
-                    except queue.Empty:
-                        self._check_or_expire(deadline, what)
-                        continue
-                    if err is not None:
-                        raise err
-                    return
-            next_check, pause = time.monotonic() + CHECK_S, 1e-5
-            while not work.is_completed():
-                if time.monotonic() >= next_check:
-                    self._check_or_expire(deadline, what)
-                    next_check = time.monotonic() + CHECK_S
-                time.sleep(pause)
-                pause = min(2 * pause, _MAX_PAUSE_S)
-            work.wait()
+            self._check_or_expire(deadline, what)
         except (PeerFailed, TimeoutError):
-            self.abandoned = pending or {"kind": "send"}
+            if still_waiting():
+                self.abandoned = pending or {"kind": "send"}
             raise
 
     def _check_or_expire(self, deadline: float, what: str) -> None:
@@ -144,7 +150,7 @@ def describe(kind: str, tensor: torch.Tensor, **extra) -> dict:
     return {"kind": kind, "numel": tensor.numel(), "dtype": str(tensor.dtype).removeprefix("torch."), **extra}
 
 
-def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, rank: int, world: int,
+def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, channel, rank: int, world: int,
                       device: torch.device) -> list[dist.Work]:
     """Complete, on the failed step's group, every operation some rank abandoned, so no process stays blocked in
     it (a gloo receive left waiting aborts the process at exit). Every rank of the group calls this after the
@@ -154,6 +160,9 @@ def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, rank: int, w
     from it, and joins with a dummy the collective other ranks were left in. Per pair, sends and receives follow
     one order, so an abandoned receive is the next message on its channel: either a message already sent, or the
     dummy. A dummy nobody receives stays pending, harmlessly.
+
+    Args:
+        group: the group of the collectives; ``channel(src, dst)``: the group of transfers from ``src`` to ``dst``.
 
     Returns the works it posted; the caller keeps them alive. Returns early when some rank did not arrive within
     the timeout (it died); nothing more can be done then.
@@ -171,7 +180,7 @@ def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, rank: int, w
         return torch.zeros(entry["numel"], dtype=getattr(torch, entry["dtype"]), device=device)
     for peer, entry in enumerate(entries):
         if entry and entry["kind"] == "recv" and entry["src"] == rank:
-            works.append(dist.isend(dummy(entry), group=group, group_dst=peer))
+            works.append(dist.isend(dummy(entry), group=channel(rank, peer), group_dst=peer))
     collective = next((e for e in entries if e and e["kind"] in ("broadcast", "all_reduce")), None)
     if collective is not None and watchdog.abandoned != collective:
         if collective["kind"] == "broadcast":
