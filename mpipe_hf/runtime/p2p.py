@@ -66,7 +66,7 @@ class P2P:
     def __init__(self, up: dist.ProcessGroup, down: dist.ProcessGroup, device: torch.device, watchdog: Watchdog):
         self.up, self.down, self.device, self.watchdog = up, down, device, watchdog
         self.rank = up.rank()
-        self.pending: list[tuple[dist.Work, torch.Tensor, str]] = []
+        self.pending: list[tuple[dist.Work, torch.Tensor, int, str]] = []
         self.bytes_sent: Counter = Counter()
 
     def channel(self, src: int, dst: int) -> dist.ProcessGroup:
@@ -77,7 +77,7 @@ class P2P:
         tensor = tensor.detach().to(self.device).contiguous()
         self.pending = [entry for entry in self.pending if not entry[0].is_completed()]  # free finished sends
         work = dist.isend(tensor, group=self.channel(self.rank, dst), group_dst=dst)
-        self.pending.append((work, tensor, what))
+        self.pending.append((work, tensor, dst, what))
 
     def _recv(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
         work = dist.irecv(tensor, group=self.channel(src, self.rank), group_src=src)
@@ -115,10 +115,10 @@ class P2P:
     def drain(self) -> None:
         """Wait for every posted send (bounded by the watchdog)."""
         pending, self.pending = self.pending, []
-        for work, _, what in pending:
-            self.watchdog.wait(work, f"{what} (send)")
+        for work, tensor, dst, what in pending:
+            self.watchdog.wait(work, f"{what} (send to pipeline rank {dst})", describe("send", tensor, dst=dst))
 
-    def discard(self) -> list[tuple[dist.Work, torch.Tensor, str]]:
+    def discard(self) -> list[tuple[dist.Work, torch.Tensor, int, str]]:
         """Hand over the posted sends of a failed step (the caller keeps them alive: a dropped send is cancelled,
         and its receiver would wait for it)."""
         pending, self.pending = self.pending, []

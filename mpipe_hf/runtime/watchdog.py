@@ -91,8 +91,7 @@ class Watchdog:
 
         Args:
             pending: how a peer completes ``work`` if this wait is abandoned: ``{"kind": "recv", "src", "numel",
-                "dtype"}``, ``{"kind": "broadcast" | "all_reduce", "numel", "dtype"}``; ``None`` for a send (an
-                unmatched send blocks nothing).
+                "dtype"}``, ``{"kind": "send", "dst", ...}`` or ``{"kind": "broadcast" | "all_reduce", ...}``.
 
         Raises:
             PeerFailed: another rank failed this step.
@@ -126,7 +125,7 @@ class Watchdog:
             self._check_or_expire(deadline, what)
         except (PeerFailed, TimeoutError):
             if still_waiting():
-                self.abandoned = pending or {"kind": "send"}
+                self.abandoned = pending
             raise
 
     def _check_or_expire(self, deadline: float, what: str) -> None:
@@ -136,7 +135,7 @@ class Watchdog:
 
     def settle(self, timeout_s: float) -> bool:
         """After :func:`release_abandoned`: wait until the helper thread finished the abandoned wait."""
-        if self._todo is None or self.abandoned is None or self.abandoned["kind"] == "send":
+        if self._todo is None or self.abandoned is None:
             return True
         try:
             self._done.get(timeout=timeout_s)
@@ -157,9 +156,10 @@ def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, channel, ran
     step failed, with the failed step's sends still alive (a send dropped before completion is cancelled).
 
     Ranks publish what they abandoned; each rank then sends a dummy of what a peer's abandoned receive expects
-    from it, and joins with a dummy the collective other ranks were left in. Per pair, sends and receives follow
-    one order, so an abandoned receive is the next message on its channel: either a message already sent, or the
-    dummy. A dummy nobody receives stays pending, harmlessly.
+    from it, receives into a dummy what a peer's abandoned send carries to it, and joins with a dummy the
+    collective other ranks were left in. Per pair and direction, sends and receives follow one order, so an
+    abandoned receive is the next message on its channel (either a message already sent, or the dummy), and an
+    abandoned send is the first unreceived one. A dummy send nobody receives stays pending, harmlessly.
 
     Args:
         group: the group of the collectives; ``channel(src, dst)``: the group of transfers from ``src`` to ``dst``.
@@ -181,6 +181,8 @@ def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, channel, ran
     for peer, entry in enumerate(entries):
         if entry and entry["kind"] == "recv" and entry["src"] == rank:
             works.append(dist.isend(dummy(entry), group=channel(rank, peer), group_dst=peer))
+        if entry and entry["kind"] == "send" and entry["dst"] == rank:
+            works.append(dist.irecv(dummy(entry), group=channel(peer, rank), group_src=peer))
     collective = next((e for e in entries if e and e["kind"] in ("broadcast", "all_reduce")), None)
     if collective is not None and watchdog.abandoned != collective:
         if collective["kind"] == "broadcast":
