@@ -41,7 +41,12 @@ def main(argv=None) -> int:
             mine = [c for c in cases if c["pp_size"] == pp_size]
             for i in range(0, len(mine), args.chunk):
                 chunk, out = mine[i:i + args.chunk], tempfile.mkdtemp(dir=tmp)
-                run_torchrun(WORKER, pp_size, [fixture, out, json.dumps(chunk)], timeout=3600)
+                try:
+                    run_torchrun(WORKER, pp_size, [fixture, out, json.dumps(chunk)], timeout=3600)
+                except AssertionError as err:  # the job died: every case of the chunk counts as failed
+                    print(f"FAIL torchrun job of {len(chunk)} cases (R={pp_size}):\n{str(err)[-3000:]}", flush=True)
+                    failed += [case["name"] for case in chunk]
+                    continue
                 results = read_results(out, pp_size)
                 for case in chunk:
                     per_rank = [r[case["name"]] for r in results]

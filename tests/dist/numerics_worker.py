@@ -177,6 +177,9 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             worst, max_diff = name, diff
     param_diff = max((float((p.detach() - reference["params"][n]).abs().max()) for n, p in params.items()),
                      default=0.0) if steps > 1 else None
+    dist.barrier(group=group)
+    if rank == 0:
+        os.remove(ref_path)  # tens of MB per case
     result.update(peak_activations=sorted(peaks), expected_peak=peak_in_flight(executor.order), losses=losses, ref_losses=reference["losses"], max_diff=max_diff, worst=worst,
                   param_diff=param_diff, names=sorted(params), ref_names=reference["names"],
                   owned=cfg.owned(rank))
