@@ -10,9 +10,10 @@ import yaml
 from ..schedule import ScheduleConfig
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """What ``mpipe-hf train RECIPE.yaml`` runs. Paths are relative to the working directory.
+@dataclass(frozen=True, kw_only=True)
+class Recipe(ScheduleConfig):
+    """What ``mpipe-hf train RECIPE.yaml`` runs: the schedule's fields (inherited, validated on construction)
+    plus the model, data and training knobs. Paths are relative to the working directory.
 
     Attributes:
         model: a Hugging Face checkpoint directory (config, safetensors, tokenizer, preprocessor config).
@@ -32,13 +33,6 @@ class Recipe:
 
     model: str
     data: str
-    pp_size: int
-    vpp: int = 1
-    num_micro: int = 1
-    preprocess: str = "frozen"
-    overflow: str = "full"
-    owner_backward: bool = False
-    less_memory: bool = False
     text_layers: int = 0
     micro_batch_size: int = 1
     steps: int = 10
@@ -53,8 +47,8 @@ class Recipe:
     seed: int = 0
 
     def schedule(self) -> ScheduleConfig:
-        return ScheduleConfig(self.pp_size, self.vpp, self.num_micro, self.preprocess, self.overflow,
-                              self.owner_backward, self.less_memory)
+        """The schedule part alone."""
+        return ScheduleConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ScheduleConfig)})
 
 
 def load_recipe(path: str) -> Recipe:
@@ -80,6 +74,4 @@ def load_recipe(path: str) -> Recipe:
     for key in ("lr", "weight_decay", "adam_eps", "timeout_s"):
         if key in raw:
             raw[key] = float(raw[key])
-    recipe = Recipe(**raw)
-    recipe.schedule()  # validates pp_size, vpp, num_micro, preprocess, overflow, owner_backward, less_memory
-    return recipe
+    return Recipe(**raw)  # validates the schedule fields too
