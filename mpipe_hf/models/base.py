@@ -70,11 +70,20 @@ def stage_layer_ids(counts: list[int], text_layers: int) -> tuple[list[int], lis
     return ids[0][:text_layers], [ids[0][text_layers:]] + ids[1:]
 
 
-def free_unused(model: nn.Module, fqns: list[str], keep: set[str]) -> None:
-    """Replace the modules at ``fqns`` that are not in ``keep`` by ``nn.Identity`` (what this rank never runs)."""
-    for fqn in fqns:
+def assemble(model: nn.Module, cfg: ScheduleConfig, rank: int, layout: list[list[str]],
+             stage: Callable[[int], nn.Module], preprocess: Preprocess, preprocess_fqns: list[str],
+             frozen: list[str], validate_micro: Callable[[dict[str, torch.Tensor]], None]) -> "SplitModel":
+    """The part of a split every family shares: freeze ``frozen``, build ``stage(s)`` for this rank's stages,
+    and replace every module of ``layout`` and ``preprocess_fqns`` that this rank never runs by ``nn.Identity``
+    (``P`` stays everywhere: every rank holds a replica)."""
+    for fqn in frozen:
+        model.get_submodule(fqn).requires_grad_(False)
+    stages = {s: stage(s) for s in range(rank, cfg.num_stages, cfg.pp_size)}
+    keep = {fqn for s in stages for fqn in layout[s]} | set(preprocess_fqns)
+    for fqn in [fqn for fqns in layout for fqn in fqns]:
         if fqn not in keep:
             model.set_submodule(fqn, nn.Identity())
+    return SplitModel(model, stages, preprocess, layout, preprocess_fqns, frozen, validate_micro)
 
 
 @dataclass

@@ -14,8 +14,8 @@ from torch import nn
 
 from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
-from .base import SplitModel, free_unused, plan_layers, stage_layer_ids
-from .decoder import CARRIED_KEYS, DecoderStage, LMHead, layer_types
+from .base import SplitModel, assemble, plan_layers, stage_layer_ids
+from .decoder import CARRIED_KEYS, LMHead, decoder_stage
 
 RAW_KEYS = ("input_ids", "attention_mask", "labels")
 
@@ -78,28 +78,20 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
     config, inner = model.config, model.model
     counts = layer_counts(config, cfg, layers_per_stage, text_layers)
     p_ids, ids = stage_layer_ids(counts, text_layers)
-    types = layer_types(config)
     layout = [[f"model.layers.{i}" for i in ids[s]] for s in range(cfg.num_stages)]
     layout[-1] += ["model.norm", "lm_head"]
     front = TokenFront(inner.embed_tokens)
     if cfg.transposed:
         p_fqns = ["model.embed_tokens"] + [f"model.layers.{i}" for i in p_ids]
-        block = DecoderStage(front, [inner.layers[i] for i in p_ids], [types[i] for i in p_ids], inner.rotary_emb,
-                             config, carry=())
+        block = decoder_stage(inner, config, p_ids, front, carry=())
         preprocess, front = Preprocess(block, RAW_KEYS[:2], CARRIED_KEYS), None
     else:
         layout[0].insert(0, "model.embed_tokens")
         p_fqns, preprocess = [], Preprocess(None, (), RAW_KEYS)
     frozen = p_fqns if cfg.preprocess == "frozen" else []
-    for fqn in frozen:
-        model.get_submodule(fqn).requires_grad_(False)
-
-    last = cfg.num_stages - 1
     head = LMHead(model, inner.norm, config.vocab_size)
-    stages = {s: DecoderStage(front if s == 0 else None, [inner.layers[i] for i in ids[s]],
-                              [types[i] for i in ids[s]], inner.rotary_emb, config, head if s == last else None)
-              for s in range(rank, cfg.num_stages, cfg.pp_size)}
-    keep = {fqn for s in stages for fqn in layout[s]} | set(p_fqns)
-    every = ["model.embed_tokens", "model.norm", "lm_head"] + [f"model.layers.{i}" for i in range(config.num_hidden_layers)]
-    free_unused(model, every, keep)
-    return SplitModel(model, stages, preprocess, layout, p_fqns, frozen, _validate_micro)
+
+    def stage(s):
+        return decoder_stage(inner, config, ids[s], front if s == 0 else None,
+                             head if s == cfg.num_stages - 1 else None)
+    return assemble(model, cfg, rank, layout, stage, preprocess, p_fqns, frozen, _validate_micro)

@@ -82,3 +82,12 @@ def layer_types(text_config) -> list[str]:
     """Attention type of every decoder layer (``config.layer_types``, else all full attention)."""
     types = getattr(text_config, "layer_types", None)
     return list(types) if types else ["full_attention"] * text_config.num_hidden_layers
+
+
+def decoder_stage(text_model: nn.Module, text_config, layer_ids: list[int], front: nn.Module | None = None,
+                  head: LMHead | None = None, carry: tuple[str, ...] = CARRIED_KEYS) -> DecoderStage:
+    """A :class:`DecoderStage` over layers ``layer_ids`` of ``text_model`` (an HF text model with ``layers`` and
+    ``rotary_emb``)."""
+    types = layer_types(text_config)
+    return DecoderStage(front, [text_model.layers[i] for i in layer_ids], [types[i] for i in layer_ids],
+                        text_model.rotary_emb, text_config, head, carry)

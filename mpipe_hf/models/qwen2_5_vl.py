@@ -23,8 +23,8 @@ from torch import nn
 
 from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
-from .base import SplitModel, free_unused, plan_layers, stage_layer_ids
-from .decoder import CARRIED_KEYS, DecoderStage, LMHead, layer_types
+from .base import SplitModel, assemble, plan_layers, stage_layer_ids
+from .decoder import CARRIED_KEYS, LMHead, decoder_stage
 
 STAGE0_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "image_grid_thw", "labels")
 VISION_KEYS = ("pixel_values", "image_grid_thw")
@@ -134,7 +134,7 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
     text = model.config.text_config
     counts = layer_counts(model.config, cfg, layers_per_stage, text_layers)
     p_ids, ids = stage_layer_ids(counts, text_layers)
-    lm, types = model.model.language_model, layer_types(text)
+    lm = model.model.language_model
     layout = [[f"{LM}.layers.{i}" for i in ids[s]] for s in range(cfg.num_stages)]
     layout[-1] += [f"{LM}.norm", "lm_head"]
     vision = VisionPreprocess(model.model.visual, text.hidden_size)
@@ -148,21 +148,12 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
         preprocess = Preprocess(vision, VISION_KEYS, STAGE0_KEYS)
     else:
         p_fqns, front = ["model.visual", f"{LM}.embed_tokens"] + [f"{LM}.layers.{i}" for i in p_ids], None
-        block = DecoderStage(Qwen2_5_VLFront(model, vision), [lm.layers[i] for i in p_ids],
-                             [types[i] for i in p_ids], lm.rotary_emb, text, carry=())
+        block = decoder_stage(lm, text, p_ids, Qwen2_5_VLFront(model, vision), carry=())
         preprocess = Preprocess(block, FRONT_KEYS, CARRIED_KEYS)
     if cfg.transposed:
         frozen = p_fqns if cfg.preprocess == "frozen" else []
-    for fqn in frozen:
-        model.get_submodule(fqn).requires_grad_(False)
-
-    last = cfg.num_stages - 1
     head = LMHead(model, lm.norm, text.vocab_size)
-    stages = {s: DecoderStage(front if s == 0 else None, [lm.layers[i] for i in ids[s]], [types[i] for i in ids[s]],
-                              lm.rotary_emb, text, head if s == last else None)
-              for s in range(rank, cfg.num_stages, cfg.pp_size)}
-    keep = {fqn for s in stages for fqn in layout[s]} | set(p_fqns)
-    every = ["model.visual", f"{LM}.embed_tokens", f"{LM}.norm", "lm_head"] + \
-        [f"{LM}.layers.{i}" for i in range(text.num_hidden_layers)]
-    free_unused(model, every, keep)
-    return SplitModel(model, stages, preprocess, layout, p_fqns, frozen, _check_micro(model))
+
+    def stage(s):
+        return decoder_stage(lm, text, ids[s], front if s == 0 else None, head if s == cfg.num_stages - 1 else None)
+    return assemble(model, cfg, rank, layout, stage, preprocess, p_fqns, frozen, _check_micro(model))
