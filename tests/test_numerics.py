@@ -5,6 +5,9 @@
   min, owner-backward, less_memory, R in {2, 3, 4}, V in {1, 2, 3}, M < R, M not a multiple of R, M = 2R, ragged
   VL batches and whole steps without an image, 3 AdamW steps, gradient accumulation over two schedule runs. The
   full grid is ``python scripts/grad_matrix.py``.
+- Model families (issue 4): Qwen2.5-VL, Qwen2-VL, Qwen3-VL (DeepStack layers relayed across ranks), LLaVA (two
+  feature-layer/strategy settings), Llama, Qwen2 and Qwen3 with tied embeddings, each at R = 2, V = 2, frozen
+  and trainable, 2 AdamW steps, then saved and reloaded with ``from_pretrained``.
 - Pixel policy: a frozen visual tower never ships pixels; the bytes that travel are exactly the owners' token ids,
   masks, grids and labels, and the features.
 - Error path: a corrupt image, a rejected sample or a failure in the middle of a step on one rank raises the
@@ -21,7 +24,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
-from matrix import check_case, covering_subset, make_case  # noqa: E402
+from matrix import check_case, check_reload, covering_subset, family_cases, make_case  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
 HIDDEN = 64  # the tiny config's hidden size
@@ -33,7 +36,8 @@ ERROR_CASES = [
     make_case("vision", 4, 1, 5, "trainable", mid_step_owner=3),
     make_case("vl-text", 4, 1, 4, "trainable", owner_backward=True, bad_micro=3),
 ]
-EXTRA = {2: PIXEL_CASES, 4: ERROR_CASES}
+FAMILY_CASES = family_cases()
+EXTRA = {2: PIXEL_CASES + FAMILY_CASES, 4: ERROR_CASES}
 
 
 def cases(pp_size):
@@ -66,6 +70,15 @@ def results(fixture_path, tmp_path_factory):
 def test_gradient_matrix_covering_subset(pp_size, results):
     got = results(pp_size)
     problems = {c["name"]: p for c in cases(pp_size) if (p := check_case(c, got[c["name"]]))}
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES, ids=[c["name"] for c in FAMILY_CASES])
+def test_model_families(case, results):
+    """Loss, every gradient and the parameters after 2 AdamW steps equal the unsplit model's; the checkpoint
+    reloads with ``from_pretrained`` to the trained parameters, bit for bit, and the one-process logits."""
+    per_rank = results(2)[case["name"]]
+    problems = check_case(case, per_rank) + check_reload(per_rank)
     assert not problems, problems
 
 

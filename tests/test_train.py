@@ -1,6 +1,9 @@
 """End to end: ``mpipe-hf train`` and ``accelerate launch -m mpipe_hf.train`` on the demo checkpoint and real
-photos; the losses and the saved checkpoint equal a single-process training run of the unsplit model."""
+photos, and every family recipe in recipes/; the losses and the saved checkpoint equal a single-process training
+run of the unsplit model."""
 
+import copy
+import glob
 import json
 import os
 import runpy
@@ -13,7 +16,9 @@ import yaml
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from mpipe_hf.data import CaptionCollator, MicroBatchPlan, load_caption_dataset, qwen2_5_vl_processor
+from mpipe_hf.models import split
 from mpipe_hf.train import load_recipe
+from mpipe_hf.train.trainer import load_config, load_data, load_model, load_processor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, NUM_MICRO, LR = 2, 4, 2e-3
@@ -81,7 +86,8 @@ def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
         "accelerate": ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
                         "mpipe_hf.train"],
-                       dict(preprocess="trainable", text_layers=1, owner_backward=True, overflow="min")),
+                       dict(preprocess="trainable", text_layers=1, owner_backward=True, overflow="min",
+                            model={"name_or_path": os.path.join(demo, "model")})),
     }
     for name, (cmd, options) in runs.items():
         ref_losses, ref_model, micros = reference_training(demo, freeze_visual=not options)
@@ -122,15 +128,89 @@ def test_bad_recipe_fails_before_any_process_starts(demo, tmp_path, override, fi
 
 
 def test_unknown_model_type_is_a_value_error(demo, tmp_path):
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    config = json.load(open(os.path.join(demo, "model", "config.json")))
-    json.dump({**config, "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"]},
-              open(model_dir / "config.json", "w"))
-    recipe = write_recipe(demo, tmp_path / "r.yaml", str(tmp_path / "out"), model=str(model_dir))
+    from transformers import GPT2Config
+    GPT2Config(n_layer=2).save_pretrained(tmp_path / "gpt2")
+    recipe = write_recipe(demo, tmp_path / "r.yaml", str(tmp_path / "out"),
+                          model={"config": str(tmp_path / "gpt2"), "tokenizer": os.path.join(demo, "model")})
     from mpipe_hf.train.trainer import check
-    with pytest.raises(ValueError, match="model_type 'qwen2_vl' has no splitter"):
+    with pytest.raises(ValueError, match="model_type 'gpt2' has no splitter; supported model_type values: .*'llava'"):
         check(load_recipe(recipe))
+
+
+@pytest.mark.parametrize("model,field", [
+    ({"name_or_path": "nowhere"}, "model.name_or_path 'nowhere' is not a checkpoint directory"),
+    ({"config": "nowhere.json"}, "model.config 'nowhere.json' does not exist"),
+    ({}, "model needs exactly one of name_or_path"),
+    ({"path": "x"}, "model must be a checkpoint path or a mapping with keys"),
+])
+def test_bad_model_source_names_the_field(demo, tmp_path, model, field):
+    recipe = write_recipe(demo, tmp_path / "r.yaml", str(tmp_path / "out"), model=model)
+    with pytest.raises(ValueError, match=field):
+        load_recipe(recipe)
+
+
+FAMILY_RECIPES = sorted(p for p in glob.glob(os.path.join(ROOT, "recipes", "*.yaml"))
+                        if not p.endswith("qwen2_5_vl_demo.yaml"))
+
+
+def recipe_reference(recipe, steps):
+    """The recipe's model (same seed) trained unsplit on one process over the trainer's micro-batches: the
+    per-step losses, the model and one micro-batch."""
+    cfg = recipe.schedule()
+    config = load_config(recipe.model)
+    model = load_model(recipe.model, config, recipe.seed)
+    carved = split(copy.deepcopy(model), cfg, 0, recipe.layers_per_stage, recipe.text_layers)
+    for fqn in carved.frozen:  # what the pipeline freezes (a frozen P)
+        model.get_submodule(fqn).requires_grad_(False)
+    dataset, collate = load_data(recipe, config, load_processor(recipe, config))
+    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.micro_batch_size)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr,
+                                  weight_decay=recipe.weight_decay, eps=recipe.adam_eps)
+    losses = []
+    for step in range(steps):
+        micros = [plan.load(step, m) for m in range(cfg.num_micro)]
+        total = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
+        loss_sum = 0.0
+        for mb in micros:
+            logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
+            loss = model.loss_function(logits=logits, labels=mb["labels"],
+                                       vocab_size=config.get_text_config().vocab_size, num_items_in_batch=total)
+            loss.backward()
+            loss_sum += loss.detach().item()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss_sum)
+    return losses, model, micros[0]
+
+
+@pytest.mark.parametrize("path", FAMILY_RECIPES, ids=[os.path.basename(p) for p in FAMILY_RECIPES])
+def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path):
+    """Each family recipe as shipped (its model, schedule and data; 2 steps, eps 1e-6) through ``mpipe-hf
+    train``: the losses equal the unsplit model's, and the checkpoint loads with ``from_pretrained`` (no missing
+    or unexpected key) and gives the one-process model's logits."""
+    os.symlink(demo, tmp_path / "demo")  # the recipes name demo/... relative to the working directory
+    raw = yaml.safe_load(open(path))
+    raw.update(steps=2, adam_eps=EPS, output_dir=str(tmp_path / "out"), timeout_s=120)
+    with open(tmp_path / "recipe.yaml", "w") as f:
+        yaml.safe_dump(raw, f)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        recipe = load_recipe("recipe.yaml")
+        ref_losses, ref_model, micro = recipe_reference(recipe, 2)
+        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "recipe.yaml"],
+                              capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        os.chdir(cwd)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
+    assert len(rows) == 2 and all(abs(r["loss"] - ref) < 1e-4 for r, ref in zip(rows, ref_losses)), (rows, ref_losses)
+    loaded, info = type(ref_model).from_pretrained(tmp_path / "out" / "checkpoint", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        inputs = {k: v for k, v in micro.items() if k != "labels"}
+        diff = (loaded(**inputs).logits - ref_model(**inputs).logits).abs().max().item()
+    assert diff < 1e-4, diff
 
 
 def test_owner_decodes_only_its_own_rows(demo):

@@ -105,3 +105,15 @@ def test_text_layers_are_checked_against_stage0(family, kwargs, match):
     with pytest.raises(ValueError, match=match):
         get_family(family).layer_counts(config, cfg, kwargs.get("layers_per_stage"), kwargs["text_layers"])
     assert get_family(family).layer_counts(config, cfg, kwargs.get("layers_per_stage"), 1)[0] >= 1
+
+
+def test_split_is_one_entry_point_that_names_the_supported_model_types():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from mpipe_hf.models import FAMILIES, split
+    from mpipe_hf.schedule import ScheduleConfig
+    assert {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llama", "qwen2", "qwen3"} <= set(FAMILIES)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16))
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' has no splitter; supported model_type values: "
+                                         r"\['llama', 'llava', 'qwen2', 'qwen2_5_vl', 'qwen2_vl', 'qwen3', 'qwen3_vl'\]"):
+        split(model, ScheduleConfig(2, 1, 2), 0)

@@ -19,6 +19,18 @@ def load_caption_dataset(jsonl_path: str) -> datasets.Dataset:
     return ds.cast_column("image", datasets.Image())
 
 
+def load_text_dataset(jsonl_path: str) -> datasets.Dataset:
+    """Read a JSONL of ``{"text": str}`` rows with ``datasets``.
+
+    Raises:
+        ValueError: the rows have no ``text`` column.
+    """
+    ds = datasets.load_dataset("json", data_files=jsonl_path, split="train")
+    if "text" not in ds.column_names:
+        raise ValueError(f"{jsonl_path}: a text dataset needs a 'text' field per row, got {ds.column_names}")
+    return ds
+
+
 class MicroBatchPlan:
     """Which dataset rows form micro ``m`` of step ``k``: consecutive blocks of ``micro_batch_size`` rows,
     wrapping around the dataset, ``num_micro`` micros per step.

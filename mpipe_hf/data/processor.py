@@ -1,24 +1,80 @@
-"""The Qwen2.5-VL processor, built from a tokenizer and the PIL image processor (no torchvision needed)."""
+"""The Hugging Face processor of each vision-language family, built from a tokenizer and a PIL image processor (no
+torchvision needed), and the image placeholder its prompts use."""
 
 from __future__ import annotations
 
-from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil
+from transformers import (LlavaProcessor, Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil, Qwen2VLProcessor,
+                          Qwen3VLProcessor)
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+QWEN_PROCESSORS = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}
+QWEN_PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
+PROCESSOR_TYPES = sorted(QWEN_PROCESSORS) + ["llava"]
 
 
-class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
-    """``Qwen2_5_VLProcessor`` without a video processor. The stock class check rejects ``video_processor=None``
-    when torchvision is absent; images and text are processed exactly as by the stock class."""
+def _image_only(cls: type) -> type:
+    """``cls`` without a video processor. The stock class check rejects ``video_processor=None`` when torchvision
+    is absent; images and text are processed exactly as by the stock class."""
 
     def check_argument_for_proper_class(self, argument_name, argument):
         if argument_name == "video_processor" and argument is None:
             return type(None)
-        return super().check_argument_for_proper_class(argument_name, argument)
+        return cls.check_argument_for_proper_class(self, argument_name, argument)
+    return type(f"ImageOnly{cls.__name__}", (cls,), {"check_argument_for_proper_class": check_argument_for_proper_class})
 
 
-def qwen2_5_vl_processor(tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112,
-                         image_processor=None) -> ImageOnlyQwen2_5_VLProcessor:
-    """A processor whose images are resized to between ``min_pixels`` and ``max_pixels`` (keeping aspect ratio,
-    multiples of 28 px), so image-token counts vary with the photo."""
+_IMAGE_ONLY = {model_type: _image_only(cls) for model_type, cls in QWEN_PROCESSORS.items()}
+
+
+def image_processor_for(config, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
+    """A PIL image processor for ``config`` (no checkpoint needed): Qwen families resize to between ``min_pixels``
+    and ``max_pixels`` in multiples of ``patch * merge`` px; LLaVA resizes and crops to the tower's image size.
+
+    Raises:
+        ValueError: ``config.model_type`` has no processor here (the message lists the supported ones).
+    """
+    if config.model_type in QWEN_PROCESSORS:
+        return Qwen2VLImageProcessorPil(patch_size=QWEN_PATCH[config.model_type],
+                                        size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
+    if config.model_type == "llava":
+        side = config.vision_config.image_size
+        return CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    raise ValueError(f"model_type {config.model_type!r} has no image processor; supported: {PROCESSOR_TYPES}")
+
+
+def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 56 * 56,
+                    max_pixels: int = 112 * 112):
+    """The HF processor of ``config.model_type`` over ``tokenizer`` and ``image_processor`` (from
+    :func:`image_processor_for` when ``None``). LLaVA's takes its patch size, feature strategy and image token
+    from ``config`` (one extra position for a CLIP tower's CLS token).
+
+    Raises:
+        ValueError: ``config.model_type`` has no processor here (the message lists the supported ones).
+    """
+    if image_processor is None:
+        image_processor = image_processor_for(config, min_pixels, max_pixels)
+    if config.model_type in QWEN_PROCESSORS:
+        return _IMAGE_ONLY[config.model_type](image_processor=image_processor, tokenizer=tokenizer,
+                                              video_processor=None)
+    if config.model_type == "llava":
+        vision = config.vision_config
+        return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=vision.patch_size,
+                              vision_feature_select_strategy=config.vision_feature_select_strategy,
+                              image_token=tokenizer.convert_ids_to_tokens(config.image_token_id),
+                              num_additional_image_tokens=1 if vision.model_type == "clip_vision_model" else 0)
+    raise ValueError(f"model_type {config.model_type!r} has no processor; supported: {PROCESSOR_TYPES}")
+
+
+def image_placeholder(processor) -> str:
+    """What a prompt writes where an image goes: ``<|vision_start|><|image_pad|><|vision_end|>`` for the Qwen
+    families, the image token and a newline for LLaVA (the processor expands the image token)."""
+    if isinstance(processor, tuple(QWEN_PROCESSORS.values())):
+        return f"<|vision_start|>{processor.image_token}<|vision_end|>"
+    return f"{processor.image_token}\n"
+
+
+def qwen2_5_vl_processor(tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112, image_processor=None):
+    """The Qwen2.5-VL processor (the bundled demo's), images resized to between ``min_pixels`` and ``max_pixels``."""
     if image_processor is None:
         image_processor = Qwen2VLImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
-    return ImageOnlyQwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
+    return _IMAGE_ONLY["qwen2_5_vl"](image_processor=image_processor, tokenizer=tokenizer, video_processor=None)

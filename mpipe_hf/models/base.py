@@ -70,9 +70,31 @@ def stage_layer_ids(counts: list[int], text_layers: int) -> tuple[list[int], lis
     return ids[0][:text_layers], [ids[0][text_layers:]] + ids[1:]
 
 
+def tied_lm_head(model: nn.Module, cfg: ScheduleConfig, embed_fqn: str, frozen: list[str]) -> list[tuple[str, str]]:
+    """Untie ``lm_head`` from the input embedding ``embed_fqn`` when the two live on different ranks.
+
+    With tied embeddings (``lm_head.weight is embed_tokens.weight``) and ``pp_size > 1``, the embedding (stage 0
+    or ``P``: rank 0) and ``lm_head`` (the last stage: rank ``R - 1``) each get a copy of the one weight; the
+    executor sums their gradients after every step, so both copies see the unsplit model's gradient and take the
+    same optimizer update (the embedding group of Megatron-LM, Shoeybi et al. 2019). When the embedding is
+    frozen, ``lm_head`` is frozen too (appended to ``frozen``), as the shared weight is in the unsplit model.
+
+    Returns:
+        ``[(embedding weight name, lm_head weight name)]``, or ``[]`` when nothing is tied or ``pp_size == 1``.
+    """
+    embed = model.get_submodule(embed_fqn)
+    if cfg.pp_size == 1 or model.lm_head.weight is not embed.weight:
+        return []
+    model.lm_head.weight = nn.Parameter(embed.weight.detach().clone(), requires_grad=embed.weight.requires_grad)
+    if embed_fqn in frozen:
+        frozen.append("lm_head")
+    return [(f"{embed_fqn}.weight", "lm_head.weight")]
+
+
 def assemble(model: nn.Module, cfg: ScheduleConfig, rank: int, layout: list[list[str]],
              stage: Callable[[int], nn.Module], preprocess: Preprocess, preprocess_fqns: list[str],
-             frozen: list[str], validate_micro: Callable[[dict[str, torch.Tensor]], None]) -> "SplitModel":
+             frozen: list[str], validate_micro: Callable[[dict[str, torch.Tensor]], None],
+             tied: list[tuple[str, str]]) -> "SplitModel":
     """The part of a split every family shares: freeze ``frozen``, build ``stage(s)`` for this rank's stages,
     and replace every module of ``layout`` and ``preprocess_fqns`` that this rank never runs by ``nn.Identity``
     (``P`` stays everywhere: every rank holds a replica)."""
@@ -83,7 +105,7 @@ def assemble(model: nn.Module, cfg: ScheduleConfig, rank: int, layout: list[list
     for fqn in [fqn for fqns in layout for fqn in fqns]:
         if fqn not in keep:
             model.set_submodule(fqn, nn.Identity())
-    return SplitModel(model, stages, preprocess, layout, preprocess_fqns, frozen, validate_micro)
+    return SplitModel(model, stages, preprocess, layout, preprocess_fqns, frozen, validate_micro, tied)
 
 
 @dataclass
@@ -99,6 +121,8 @@ class SplitModel:
         frozen: module FQNs whose parameters the split froze (``requires_grad=False``); a single-process reference
             freezes the same ones.
         validate_micro: raises ``ValueError`` when a micro-batch's raw inputs do not fit the model.
+        tied: ``[(embedding weight name, lm_head weight name)]``, weights tied in the unsplit model and held as
+            two copies on rank 0 and rank ``R - 1`` (see :func:`tied_lm_head`).
     """
 
     model: nn.Module
@@ -108,6 +132,7 @@ class SplitModel:
     preprocess_fqns: list[str]
     frozen: list[str]
     validate_micro: Callable[[dict[str, torch.Tensor]], None]
+    tied: list[tuple[str, str]]
 
     def owned_prefixes(self, cfg: ScheduleConfig, rank: int) -> list[str]:
         """FQN prefixes whose parameters ``rank`` trains and saves; rank 0 owns ``P``."""
@@ -120,6 +145,19 @@ class SplitModel:
     def trainable_parameters(self, cfg: ScheduleConfig, rank: int) -> dict[str, nn.Parameter]:
         """``{name: parameter}`` this rank optimises (``P``'s only on rank 0, and only when trainable)."""
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad and self._owned(cfg, rank, n)}
+
+    def tied_parameters(self, cfg: ScheduleConfig, rank: int) -> list[tuple[nn.Parameter, int]]:
+        """``[(parameter, peer rank)]``: this rank's trainable copies of tied weights, and the rank holding the
+        other copy (pass to :class:`~mpipe_hf.runtime.PipelineExecutor` as ``tied``)."""
+        last = (cfg.num_stages - 1) % cfg.pp_size
+        params = self.trainable_parameters(cfg, rank)
+        out = []
+        for embed, head in self.tied:
+            if rank == 0 and embed in params:
+                out.append((params[embed], last))
+            if rank == last and head in params:
+                out.append((params[head], 0))
+        return out
 
     def state_dict(self, cfg: ScheduleConfig, rank: int) -> dict[str, torch.Tensor]:
         """This rank's share of the model's ``state_dict`` (the names ``from_pretrained`` accepts)."""

@@ -1,10 +1,12 @@
-"""Decoder-only language models (``LlamaForCausalLM``, ``Qwen2ForCausalLM``) carved into a transposed text
-preprocess and pipeline stages.
+"""Decoder-only language models (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``) carved into a
+transposed text preprocess and pipeline stages.
 
 The preprocess ``P`` is the embedding plus the first ``T = text_layers`` decoder layers (``T >= 1``), frozen or
 trainable; with preprocess ``identity`` (``T = 0``) stage 0 embeds the tokens itself and only the token ids move.
-The code mirrors ``LlamaModel.forward`` / ``Qwen2Model.forward``: position ids ``arange(L)``, causal masks per
-layer type from the padding mask, then the layers; the last stage holds the norm, ``lm_head`` and the summed loss.
+The code mirrors ``LlamaModel.forward`` / ``Qwen2Model.forward`` / ``Qwen3Model.forward``: position ids
+``arange(L)``, causal masks per layer type from the padding mask, then the layers; the last stage holds the norm,
+``lm_head`` and the summed loss. Tied input and output embeddings (``tie_word_embeddings``, as in the small Qwen3
+and Llama 3.2 checkpoints) are held as two copies whose gradients the executor sums (:func:`~.base.tied_lm_head`).
 """
 
 from __future__ import annotations
@@ -14,23 +16,24 @@ from torch import nn
 
 from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
-from .base import SplitModel, assemble, plan_layers, stage_layer_ids
+from .base import SplitModel, assemble, plan_layers, stage_layer_ids, tied_lm_head
 from .decoder import CARRIED_KEYS, LMHead, decoder_stage
 
 RAW_KEYS = ("input_ids", "attention_mask", "labels")
 
 
 class TokenFront(nn.Module):
-    """``input_ids`` ``(B, L)`` -> ``(embeddings (B, L, H), position_ids (1, L))``, as ``LlamaModel`` without a
-    cache."""
+    """``input_ids`` ``(B, L)`` -> ``{"hidden_states": (B, L, H), "position_ids": (1, L)}``, as ``LlamaModel``
+    without a cache."""
 
     def __init__(self, embed_tokens: nn.Module):
         super().__init__()
         self.embed_tokens = embed_tokens
 
-    def forward(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         ids = inputs["input_ids"]
-        return self.embed_tokens(ids), torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+        return {"hidden_states": self.embed_tokens(ids),
+                "position_ids": torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)}
 
 
 def _validate_micro(raw: dict[str, torch.Tensor]) -> None:
@@ -49,11 +52,8 @@ def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None
 
     Raises:
         ValueError: as :func:`~.base.plan_layers`; ``text_layers = 0`` with a frozen or trainable preprocess
-            (that is preprocess ``identity``); tied embeddings split over two ranks.
+            (that is preprocess ``identity``).
     """
-    if config.tie_word_embeddings and cfg.pp_size > 1:
-        raise ValueError("tie_word_embeddings=True ties lm_head (last stage) to embed_tokens (stage 0), which live "
-                         "on different ranks; use a checkpoint with untied embeddings or pp_size=1")
     if cfg.transposed and text_layers < 1:
         raise ValueError(f"a decoder-only LM transposes the embedding and the first text_layers decoder layers: "
                          f"text_layers must be >= 1 with preprocess {cfg.preprocess!r}, or use preprocess "
@@ -63,7 +63,8 @@ def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None
 
 def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,
           text_layers: int = 0) -> SplitModel:
-    """Carve ``model`` (a ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``) for pipeline rank ``rank`` of ``cfg``.
+    """Carve ``model`` (a ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM``) for pipeline rank
+    ``rank`` of ``cfg``.
 
     Args:
         model: the HF causal LM (e.g. from ``from_pretrained``).
@@ -88,10 +89,11 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
     else:
         layout[0].insert(0, "model.embed_tokens")
         p_fqns, preprocess = [], Preprocess(None, (), RAW_KEYS)
-    frozen = p_fqns if cfg.preprocess == "frozen" else []
+    frozen = list(p_fqns) if cfg.preprocess == "frozen" else []
     head = LMHead(model, inner.norm, config.vocab_size)
 
     def stage(s):
         return decoder_stage(inner, config, ids[s], front if s == 0 else None,
                              head if s == cfg.num_stages - 1 else None)
-    return assemble(model, cfg, rank, layout, stage, preprocess, p_fqns, frozen, _validate_micro)
+    tied = tied_lm_head(model, cfg, "model.embed_tokens", frozen)
+    return assemble(model, cfg, rank, layout, stage, preprocess, p_fqns, frozen, _validate_micro, tied)

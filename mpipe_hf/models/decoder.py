@@ -38,11 +38,15 @@ class DecoderStage(nn.Module):
     Inputs: the front's raw keys when ``front`` is set, else ``hidden_states`` ``(B, L, H)`` and
     ``position_ids`` (``(B, L)``-like, or ``(3, B, L)`` for M-RoPE); always ``attention_mask`` ``(B, L)``, and
     ``labels`` ``(B, L)`` on a stage. Outputs: ``{"loss", "num_tokens"}`` with a head, else ``hidden_states``,
-    ``position_ids`` and the ``carry`` keys.
+    ``position_ids`` and the ``carry`` keys (read from the inputs, or from what the front returned).
+
+    A family that feeds something into the residual stream between layers (Qwen3-VL's DeepStack) overrides
+    :meth:`after_layer`.
 
     Args:
-        front: ``front(inputs) -> (hidden (B, L, H), position_ids)``, or ``None``.
+        front: ``front(inputs) -> {"hidden_states": (B, L, H), "position_ids": ..., **extra keys}``, or ``None``.
         layers: the HF decoder layers of this stage, in order.
+        layer_ids: their indices in the text model (``after_layer`` reads them).
         layer_types: ``"full_attention"`` or ``"sliding_attention"`` per layer.
         rotary_emb: the text model's rotary embedding module.
         text_config: the text model's config (masks read it).
@@ -50,18 +54,20 @@ class DecoderStage(nn.Module):
         carry: input keys passed on unchanged to the next stage.
     """
 
-    def __init__(self, front: nn.Module | None, layers: list[nn.Module], layer_types: list[str],
-                 rotary_emb: nn.Module, text_config, head: LMHead | None = None,
+    def __init__(self, front: nn.Module | None, layers: list[nn.Module], layer_ids: list[int],
+                 layer_types: list[str], rotary_emb: nn.Module, text_config, head: LMHead | None = None,
                  carry: tuple[str, ...] = CARRIED_KEYS):
         super().__init__()
-        self.front, self.layers, self.layer_types = front, nn.ModuleList(layers), layer_types
+        self.front, self.layers, self.layer_ids, self.layer_types = front, nn.ModuleList(layers), layer_ids, layer_types
         self.rotary_emb, self.text_config, self.head, self.carry = rotary_emb, text_config, head, carry
 
+    def after_layer(self, layer_id: int, hidden: torch.Tensor, state: Tensors) -> torch.Tensor:
+        """What enters the residual stream after decoder layer ``layer_id``; nothing by default."""
+        return hidden
+
     def forward(self, inputs: Tensors) -> Tensors:
-        if self.front is not None:
-            hidden, position_ids = self.front(inputs)
-        else:
-            hidden, position_ids = inputs["hidden_states"], inputs["position_ids"]
+        state = {**inputs, **self.front(inputs)} if self.front is not None else inputs
+        hidden, position_ids = state["hidden_states"], state["position_ids"]
         if self.layers:
             mask_kwargs = dict(config=self.text_config, inputs_embeds=hidden, attention_mask=inputs["attention_mask"],
                                cache=None, position_ids=None)
@@ -70,12 +76,13 @@ class DecoderStage(nn.Module):
                 masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
             position_embeddings = self.rotary_emb(hidden, position_ids)
             layer_positions = position_ids if position_ids.dim() == 2 else None  # M-RoPE ids stay out, as in HF
-            for layer, layer_type in zip(self.layers, self.layer_types):
+            for layer_id, layer, layer_type in zip(self.layer_ids, self.layers, self.layer_types):
                 hidden = layer(hidden, attention_mask=masks[layer_type], position_embeddings=position_embeddings,
                                position_ids=layer_positions, cache=None, use_cache=False)
+                hidden = self.after_layer(layer_id, hidden, state)
         if self.head is not None:
             return self.head(hidden, inputs["labels"])
-        return {"hidden_states": hidden, "position_ids": position_ids, **{k: inputs[k] for k in self.carry}}
+        return {"hidden_states": hidden, "position_ids": position_ids, **{k: state[k] for k in self.carry}}
 
 
 def layer_types(text_config) -> list[str]:
@@ -85,9 +92,10 @@ def layer_types(text_config) -> list[str]:
 
 
 def decoder_stage(text_model: nn.Module, text_config, layer_ids: list[int], front: nn.Module | None = None,
-                  head: LMHead | None = None, carry: tuple[str, ...] = CARRIED_KEYS) -> DecoderStage:
-    """A :class:`DecoderStage` over layers ``layer_ids`` of ``text_model`` (an HF text model with ``layers`` and
-    ``rotary_emb``)."""
+                  head: LMHead | None = None, carry: tuple[str, ...] = CARRIED_KEYS,
+                  cls: type[DecoderStage] = DecoderStage) -> DecoderStage:
+    """A :class:`DecoderStage` (or subclass ``cls``) over layers ``layer_ids`` of ``text_model`` (an HF text model
+    with ``layers`` and ``rotary_emb``)."""
     types = layer_types(text_config)
-    return DecoderStage(front, [text_model.layers[i] for i in layer_ids], [types[i] for i in layer_ids],
-                        text_model.rotary_emb, text_config, head, carry)
+    return cls(front, [text_model.layers[i] for i in layer_ids], list(layer_ids), [types[i] for i in layer_ids],
+               text_model.rotary_emb, text_config, head, carry)

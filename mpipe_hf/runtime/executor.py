@@ -4,6 +4,10 @@ The executor runs the rank's action list through the handler table, drains its s
 counts over the pipeline group, and divides the step's gradients by the step's label-token count: the loss is
 normalised over the whole step (the sum-then-divide of Megatron-LM's per-token loss), not per micro-batch.
 
+Weights tied across ranks (an input embedding on rank 0 tied to the ``lm_head`` of the last rank) are held as
+two copies; after the schedule the two ranks swap their gradients and each adds the other's, so both copies get
+the unsplit model's gradient, bit for bit the same on both ranks.
+
 Each step starts from a fresh gradient: gradients already in ``.grad`` (accumulated by earlier steps) are set
 aside and added back at the end, so a step's normalisation and ``GRAD_REDUCE`` touch only that step's share.
 
@@ -55,14 +59,21 @@ class PipelineExecutor:
         device: where received tensors go.
         params: the parameters this rank optimises; their step gradients are divided by the step's token count.
         timeout: the longest any wait may take.
+        tied: ``[(parameter, peer rank)]``: copies of one weight held on two ranks (``SplitModel.tied_parameters``);
+            their gradients are summed over the pair after every step. Each must be in ``params``.
+
+    Raises:
+        ValueError: a tied parameter that is not in ``params``.
     """
 
     def __init__(self, cfg: ScheduleConfig, rank: int, stages: dict[int, nn.Module], preprocess: Preprocess,
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
-                 timeout: timedelta = timedelta(seconds=120)):
+                 timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = ()):
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
         self.device, self.timeout = device, timeout
-        self.params = list(params)
+        self.params, self.tied = list(params), list(tied)
+        if any(all(p is not q for q in self.params) for p, _ in self.tied):
+            raise ValueError("every tied parameter must be one of params (the parameters this rank optimises)")
         self.order = build_schedule(cfg)[rank]
         self.global_ranks = dist.get_process_group_ranks(group)
         self.store = dist.distributed_c10d._get_default_store()
@@ -86,6 +97,16 @@ class PipelineExecutor:
         if old is not None:
             self.p2p.bytes_sent.update(old.bytes_sent)
         self.broken = False
+
+    def _sum_tied(self) -> None:
+        """Swap the tied copies' gradients with their peers and add them (``g_here + g_peer`` on both sides:
+        addition commutes, so both copies hold the same bits)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p, _ in self.tied]
+        for (p, peer), grad in zip(self.tied, grads):
+            self.p2p.send({"grad": grad}, peer, f"TIED_GRAD to {peer}", "TIED_GRAD")
+        for (p, peer), grad in zip(self.tied, grads):
+            p.grad = grad + self.p2p.recv(peer, f"TIED_GRAD from {peer}")["grad"]
+        self.p2p.drain()
 
     def step(self, load: Callable[[int], Tensors]) -> StepStats:
         """Run the schedule once over the step's ``M`` micro-batches; gradients add to ``.grad``.
@@ -122,6 +143,7 @@ class PipelineExecutor:
                                   dtype=torch.float64, device=self.device)
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum",
                                describe("all_reduce", totals))
+            self._sum_tied()
         except BaseException as err:
             for p in trained:
                 p.grad = kept[p]

@@ -3,11 +3,68 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import yaml
 
 from ..schedule import ScheduleConfig
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the model comes from: a checkpoint, or a config for random initialisation.
+
+    Attributes:
+        name_or_path: a local Hugging Face checkpoint directory (``save_pretrained`` output or a hub snapshot):
+            config, safetensors weights, tokenizer and, for a vision-language model, the image processor.
+        config: a ``config.json`` file, or a directory holding one, for a randomly initialised model (``seed``).
+        tokenizer: the directory with the tokenizer (and image processor) files; defaults to ``name_or_path``, or
+            to ``config``'s directory. Without a saved image processor there, one is built from the config.
+
+    Raises:
+        ValueError: not exactly one of ``name_or_path`` and ``config``, or a path that does not exist.
+    """
+
+    name_or_path: str | None = None
+    config: str | None = None
+    tokenizer: str | None = None
+
+    def __post_init__(self):
+        if (self.name_or_path is None) == (self.config is None):
+            raise ValueError("model needs exactly one of name_or_path (a checkpoint directory) and config (a "
+                             "config.json for random initialisation)")
+        if self.name_or_path is not None and not os.path.isdir(self.name_or_path):
+            raise ValueError(f"model.name_or_path {self.name_or_path!r} is not a checkpoint directory")
+        if self.config is not None and not os.path.exists(self.config):
+            raise ValueError(f"model.config {self.config!r} does not exist (a config.json or a directory with one)")
+        if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
+            raise ValueError(f"model.tokenizer {self.tokenizer!r} is not a directory")
+
+    @property
+    def tokenizer_dir(self) -> str:
+        """Where the tokenizer and image-processor files are read from."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        if self.name_or_path is not None:
+            return self.name_or_path
+        return self.config if os.path.isdir(self.config) else os.path.dirname(os.path.abspath(self.config))
+
+    @classmethod
+    def parse(cls, value) -> "ModelSource":
+        """A recipe's ``model`` value: a checkpoint path, or ``{name_or_path | config, tokenizer}``.
+
+        Raises:
+            ValueError: another type, or unknown keys (the message lists the allowed ones).
+        """
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(name_or_path=value)
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(value, dict) or set(value) - set(allowed):
+            raise ValueError(f"model must be a checkpoint path or a mapping with keys {allowed}, got {value!r}")
+        return cls(**value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,8 +73,10 @@ class Recipe(ScheduleConfig):
     plus the model, data and training knobs. Paths are relative to the working directory.
 
     Attributes:
-        model: a Hugging Face checkpoint directory (config, safetensors, tokenizer, preprocessor config).
-        data: a JSONL file of ``{"image", "prompt", "caption"}`` rows; image paths relative to the file.
+        model: a :class:`ModelSource`; in YAML a checkpoint path, or ``{name_or_path: DIR}``, or
+            ``{config: FILE, tokenizer: DIR}`` for random initialisation.
+        data: a JSONL file: ``{"image", "prompt", "caption"}`` rows for a vision-language model (image paths
+            relative to the file), ``{"text"}`` rows for a decoder-only LM.
         pp_size, vpp, num_micro, preprocess, overflow, owner_backward, less_memory: the schedule (see
             :class:`ScheduleConfig`).
         text_layers: ``T``, decoder layers the transposed preprocess takes from stage 0 with the tower and the
@@ -31,7 +90,7 @@ class Recipe(ScheduleConfig):
         seed: for anything random.
     """
 
-    model: str
+    model: ModelSource
     data: str
     text_layers: int = 0
     micro_batch_size: int = 1
@@ -45,6 +104,10 @@ class Recipe(ScheduleConfig):
     output_dir: str = "outputs/run"
     timeout_s: float = 300.0
     seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "model", ModelSource.parse(self.model))
+        super().__post_init__()
 
     def schedule(self) -> ScheduleConfig:
         """The schedule part alone."""

@@ -18,13 +18,18 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText,
+                          AutoTokenizer)
 
-from ..data import CaptionCollator, MicroBatchPlan, load_caption_dataset, qwen2_5_vl_processor
-from ..models import get_family
+from ..data import (CaptionCollator, MicroBatchPlan, TextCollator, build_processor, image_processor_for,
+                    load_caption_dataset, load_text_dataset)
+from ..data.processor import QWEN_PROCESSORS
+from ..models import get_family, split
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from .checkpoint import save_checkpoint
-from .recipe import Recipe, load_recipe
+from .recipe import ModelSource, Recipe, load_recipe
+
+CAPTION_FIELDS, TEXT_FIELDS = ("image", "prompt", "caption"), ("text",)
 
 
 @dataclass
@@ -36,22 +41,46 @@ class TrainResult:
     wall_s: float
 
 
+def is_vision_language(config) -> bool:
+    return hasattr(config, "vision_config")
+
+
+def load_config(source: ModelSource):
+    """The HF config of ``source`` (a checkpoint directory, a config directory or a ``config.json`` file)."""
+    path = source.name_or_path or source.config
+    if os.path.isfile(path):
+        with open(path) as f:
+            raw = json.load(f)
+        return AutoConfig.for_model(raw.pop("model_type"), **raw)
+    return AutoConfig.from_pretrained(path)
+
+
+def _check_data(path: str, config) -> None:
+    fields = CAPTION_FIELDS if is_vision_language(config) else TEXT_FIELDS
+    with open(path) as f:
+        first = f.readline()
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"data {path!r}: the first line is not JSON ({err})") from err
+    missing = [k for k in fields if not isinstance(row, dict) or k not in row]
+    if missing:
+        kind = "vision-language" if is_vision_language(config) else "decoder-only"
+        raise ValueError(f"data {path!r}: a {kind} model ({config.model_type!r}) reads rows with {list(fields)}; "
+                         f"the first row lacks {missing}")
+
+
 def check(recipe: Recipe) -> list[int]:
     """Every check that needs no process group: schedule, model type, layer layout, world size, data file.
 
     Returns the decoder layers per stage. Raises ``ValueError`` naming the field.
     """
     cfg = recipe.schedule()
-    if not os.path.isdir(recipe.model):
-        raise ValueError(f"model {recipe.model!r} is not a checkpoint directory")
     if not os.path.isfile(recipe.data):
         raise ValueError(f"data {recipe.data!r} is not a file")
-    config = AutoConfig.from_pretrained(recipe.model)
+    config = load_config(recipe.model)
     family = get_family(config.model_type)
-    if not hasattr(config, "vision_config"):
-        raise ValueError(f"model_type {config.model_type!r} is a text-only model; the trainer runs image-caption "
-                         f"recipes of vision-language models (model_type 'qwen2_5_vl'). Text-only families can be "
-                         f"split (mpipe_hf.models.get_splitter) but have no recipe trainer yet")
+    _check_data(recipe.data, config)
     counts = family.layer_counts(config, cfg, recipe.layers_per_stage, recipe.text_layers)
     world = int(os.environ.get("WORLD_SIZE", cfg.pp_size))
     if world != cfg.pp_size:
@@ -59,11 +88,39 @@ def check(recipe: Recipe) -> list[int]:
     return counts
 
 
-def _load_processor(model_dir: str, recipe: Recipe):
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    image_processor = AutoImageProcessor.from_pretrained(
-        model_dir, size={"shortest_edge": recipe.min_pixels, "longest_edge": recipe.max_pixels})
-    return qwen2_5_vl_processor(tokenizer, image_processor=image_processor)
+def load_model(source: ModelSource, config, seed: int):
+    """The HF model: ``from_pretrained`` on a checkpoint, or ``from_config`` with weights drawn from ``seed`` (the
+    same on every rank)."""
+    cls = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+    if source.name_or_path is not None:
+        return cls.from_pretrained(source.name_or_path, dtype=torch.float32)
+    set_seed(seed)
+    return cls.from_config(config)
+
+
+def load_processor(recipe: Recipe, config):
+    """The tokenizer (decoder-only LM) or the family's processor (vision-language). A checkpoint's own image
+    processor is used when it has one; a config-initialised model gets one built from its config. Qwen families
+    resize images to ``min_pixels .. max_pixels``."""
+    tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer_dir)
+    if not is_vision_language(config):
+        return tokenizer
+    saved = recipe.model.name_or_path is not None and os.path.isfile(
+        os.path.join(recipe.model.name_or_path, "preprocessor_config.json"))
+    if saved:
+        size = ({"size": {"shortest_edge": recipe.min_pixels, "longest_edge": recipe.max_pixels}}
+                if config.model_type in QWEN_PROCESSORS else {})
+        image_processor = AutoImageProcessor.from_pretrained(recipe.model.name_or_path, **size)
+    else:
+        image_processor = image_processor_for(config, recipe.min_pixels, recipe.max_pixels)
+    return build_processor(config, tokenizer, image_processor)
+
+
+def load_data(recipe: Recipe, config, processor):
+    """``(dataset, collate)``: caption rows for a vision-language model, text rows for a decoder-only LM."""
+    if is_vision_language(config):
+        return load_caption_dataset(recipe.data), CaptionCollator(processor)
+    return load_text_dataset(recipe.data), TextCollator(processor)
 
 
 def train(recipe: Recipe) -> TrainResult:
@@ -77,26 +134,26 @@ def train(recipe: Recipe) -> TrainResult:
     device = init_distributed(timedelta(seconds=recipe.timeout_s))
     mesh = build_mesh(cfg.pp_size)
     group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
+    config = load_config(recipe.model)
+    model = load_model(recipe.model, config, recipe.seed).to(device)
     set_seed(recipe.seed)
-    model = AutoModelForImageTextToText.from_pretrained(recipe.model, dtype=torch.float32).to(device)
-    split = get_family(model.config.model_type).split(model, cfg, rank, layers_per_stage, recipe.text_layers)
-    processor = _load_processor(recipe.model, recipe)
+    carved = split(model, cfg, rank, layers_per_stage, recipe.text_layers)
+    processor = load_processor(recipe, config)
     if rank != 0:  # rank 0 builds the datasets cache first
         dist.barrier(group=group)
-    dataset = load_caption_dataset(recipe.data)
+    dataset, collate = load_data(recipe, config, processor)
     if rank == 0:
         dist.barrier(group=group)
-    plan = MicroBatchPlan(dataset, CaptionCollator(processor), cfg.num_micro, recipe.micro_batch_size,
-                          split.validate_micro)
-    params = split.trainable_parameters(cfg, rank)
+    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.micro_batch_size, carved.validate_micro)
+    params = carved.trainable_parameters(cfg, rank)
     optimizer = torch.optim.AdamW(params.values(), lr=recipe.lr, weight_decay=recipe.weight_decay,
                                   eps=recipe.adam_eps)
-    executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values(),
-                                timedelta(seconds=recipe.timeout_s))
+    executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, group, device, params.values(),
+                                timedelta(seconds=recipe.timeout_s), carved.tied_parameters(cfg, rank))
     os.makedirs(recipe.output_dir, exist_ok=True)
     log = open(os.path.join(recipe.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
     if rank == 0:
-        print(f"mpipe_hf: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} preprocess={cfg.preprocess} "
+        print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} preprocess={cfg.preprocess} "
               f"text_layers={recipe.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} layers per stage={layers_per_stage}", flush=True)
     losses, start = [], time.perf_counter()
@@ -118,9 +175,10 @@ def train(recipe: Recipe) -> TrainResult:
 
     def extras(directory):
         model.config.save_pretrained(directory)
-        processor.tokenizer.save_pretrained(directory)
-        processor.image_processor.save_pretrained(directory)
-    save_checkpoint(out, split.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
+        getattr(processor, "tokenizer", processor).save_pretrained(directory)
+        if hasattr(processor, "image_processor"):
+            processor.image_processor.save_pretrained(directory)
+    save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
     if rank == 0:
         log.close()
         print(f"mpipe_hf: {recipe.steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "

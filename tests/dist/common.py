@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 from skimage import data as skdata
 
-from mpipe_hf.data import CaptionCollator, qwen2_5_vl_processor, qwen2_tokenizer
-from mpipe_hf.models.tiny import tiny_causal_lm_config, tiny_qwen2_5_vl_config
+from mpipe_hf.data import CaptionCollator, build_processor, qwen2_tokenizer
+from mpipe_hf.models import tiny
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "horse", "clock"]
 CAPTIONS = ["An astronaut in an orange suit.", "A cup of coffee on a saucer.", "A tabby cat looks at the camera.",
@@ -40,26 +40,32 @@ def caption_row(i: int, side: int, with_image: bool, prompt_repeat: int) -> dict
             "prompt": "Describe the image." + " Briefly." * prompt_repeat, "caption": CAPTIONS[i]}
 
 
-def make_vl_pools(tokenizer) -> dict[str, list[dict[str, torch.Tensor]]]:
-    """Micro-batches of real photos and captions, in three pools:
-
-    - ``images``: 1-2 photos each, differing in image size and text length;
-    - ``ragged``: images, rows without an image next to rows with one, and micro-batches without any image;
-    - ``noimage``: no image anywhere (a whole step without images).
-    """
-    collate = CaptionCollator(qwen2_5_vl_processor(tokenizer))
-    images, ragged, noimage = [], [], []
-    for m in range(8):
-        images.append(collate([caption_row((m * 2 + j) % 8, 56 + 28 * ((m + j) % 3), True, m % 3)
-                               for j in range(1 + m % 2)]))
+def make_ragged_pool(collate) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches of real photos and captions: images, rows without an image next to rows with one, and
+    micro-batches without any image."""
+    ragged = []
     for m in range(8):
         kind = m % 3  # 0: one image per row, 1: one row with and one without, 2: no image
         rows = [caption_row((m + j) % 8, 56 + 28 * ((m + 2 * j) % 3), kind == 0 or (kind == 1 and j == 0), (m + j) % 3)
                 for j in range(1 + (m + 1) % 2 if kind != 1 else 2)]
         ragged.append(collate(rows))
+    return ragged
+
+
+def make_vl_pools(collate) -> dict[str, list[dict[str, torch.Tensor]]]:
+    """Micro-batches of real photos and captions, in three pools:
+
+    - ``images``: 1-2 photos each, differing in image size and text length;
+    - ``ragged``: see :func:`make_ragged_pool`;
+    - ``noimage``: no image anywhere (a whole step without images).
+    """
+    images, noimage = [], []
+    for m in range(8):
+        images.append(collate([caption_row((m * 2 + j) % 8, 56 + 28 * ((m + j) % 3), True, m % 3)
+                               for j in range(1 + m % 2)]))
     for m in range(6):
         noimage.append(collate([caption_row((m + j) % 8, 56, False, (m + j) % 3) for j in range(1 + m % 2)]))
-    return {"images": images, "ragged": ragged, "noimage": noimage}
+    return {"images": images, "ragged": make_ragged_pool(collate), "noimage": noimage}
 
 
 def make_text_pool(tokenizer) -> list[dict[str, torch.Tensor]]:
@@ -73,15 +79,31 @@ def make_text_pool(tokenizer) -> list[dict[str, torch.Tensor]]:
     return out
 
 
+def tiny_configs(tokenizer) -> dict:
+    """Every model the numerics tests run, by name: scaled-down real HF configs with the real vocabulary."""
+    n = NUM_LAYERS
+    return {
+        "vl": tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=n),
+        "qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer, num_layers=n),
+        "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer, num_layers=n),
+        "llava": tiny.tiny_llava_config(tokenizer, num_layers=n),
+        "llava-full": tiny.tiny_llava_config(tokenizer, num_layers=n, vision_feature_layer=[-3, -1], strategy="full"),
+        "llama": tiny.tiny_causal_lm_config(tokenizer, "llama", num_layers=n),
+        "qwen2": tiny.tiny_causal_lm_config(tokenizer, "qwen2", num_layers=n),
+        "qwen3-tied": tiny.tiny_causal_lm_config(tokenizer, "qwen3", num_layers=n, tie_word_embeddings=True),
+    }
+
+
 def build_fixture(path: str) -> None:
-    """Configs (real HF classes, real vocabulary) and micro-batch pools, built once and shared with the workers."""
+    """Configs (real HF classes, real vocabulary) and micro-batch pools, built once and shared with the workers.
+    Each VL family's pool is made by its own processor (``ragged-<config name>``)."""
     tokenizer = qwen2_tokenizer()
-    pools = make_vl_pools(tokenizer)
+    configs = tiny_configs(tokenizer)
+    pools = make_vl_pools(CaptionCollator(build_processor(configs["vl"], tokenizer)))
     pools["text"] = make_text_pool(tokenizer)
-    configs = {"vl": tiny_qwen2_5_vl_config(tokenizer, num_layers=NUM_LAYERS).to_dict()}
-    for family in ("llama", "qwen2"):
-        configs[family] = tiny_causal_lm_config(tokenizer, family, num_layers=NUM_LAYERS).to_dict()
-    torch.save({"configs": configs, "pools": pools}, path)
+    for name in ("qwen2_vl", "qwen3_vl", "llava", "llava-full"):
+        pools[f"ragged-{name}"] = make_ragged_pool(CaptionCollator(build_processor(configs[name], tokenizer)))
+    torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
 
 
 def run_torchrun(worker: str, nproc: int, args: list[str], timeout: int) -> None:

@@ -138,3 +138,49 @@ def covering_subset() -> list[dict]:
         picked.append(case)
         uncovered -= pairs
     return picked
+
+
+# The model families of issue 4: every family at R = 2, V = 2, frozen and trainable (and identity where tying
+# changes the path), 2 AdamW steps, then a save and a from_pretrained reload. Qwen3-VL's layouts put DeepStack
+# layers (0 .. 2) on stage 1, so their features are relayed across ranks (and, with T = 1, from P through
+# stage 0).
+FAMILY_SPECS = [
+    ("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
+    ("qwen2_vl", "frozen", 0, None), ("qwen2_vl", "trainable", 0, None),
+    ("qwen3_vl", "frozen", 0, [1, 3, 4, 4]), ("qwen3_vl", "trainable", 1, [2, 2, 4, 4]),
+    ("qwen3_vl", "identity", 0, [1, 3, 4, 4]),
+    ("llava", "frozen", 0, None), ("llava", "trainable", 0, None),
+    ("llava-full", "frozen", 1, None), ("llava-full", "trainable", 0, None),
+    ("llama", "frozen", 1, None), ("llama", "trainable", 1, None),
+    ("qwen2", "frozen", 1, None), ("qwen2", "trainable", 2, None),
+    ("qwen3-tied", "frozen", 1, None), ("qwen3-tied", "trainable", 1, None), ("qwen3-tied", "identity", 0, None),
+]
+TEXT_CONFIGS = ("llama", "qwen2", "qwen3-tied")
+RELOAD_LOGIT_ATOL = 1e-4  # logits of order 10, after 2 AdamW steps that agree to PARAM_ATOL; measured 2e-6
+
+
+def family_cases() -> list[dict]:
+    """The cases of :data:`FAMILY_SPECS` (``R = 2``, ``V = 2``, ``M = 3``)."""
+    cases = []
+    for config, preprocess, text_layers, layout in FAMILY_SPECS:
+        data = "text" if config in TEXT_CONFIGS else ("ragged" if config == "vl" else f"ragged-{config}")
+        case = dict(family=config, data=data, vpp=2, num_micro=3, preprocess=preprocess, text_layers=text_layers,
+                    steps=2, reload=True, pp_size=2)
+        if layout is not None:
+            case["layers_per_stage"] = layout
+        case["name"] = f"family-{config}-{preprocess}-T{text_layers}" + (f"-{layout}" if layout else "")
+        cases.append(case)
+    return cases
+
+
+def check_reload(per_rank: list[dict]) -> list[str]:
+    """What is wrong with a case's save and ``from_pretrained`` reload; empty when it passed."""
+    problems = []
+    for rank, res in enumerate(per_rank):
+        if res["reload_differs"]:
+            problems.append(f"rank {rank}: reloaded parameters differ from the trained ones: {res['reload_differs']}")
+        if res["reload_keys"]:
+            problems.append(f"rank {rank}: from_pretrained missed or did not expect {res['reload_keys']}")
+    if not per_rank[0]["reload_logit_diff"] < RELOAD_LOGIT_ATOL:
+        problems.append(f"reloaded logits differ from the one-process model's by {per_rank[0]['reload_logit_diff']:.3g}")
+    return problems

@@ -3,11 +3,12 @@ process group.
 
 Usage: torchrun --nproc_per_node R numerics_worker.py FIXTURE OUT_DIR CASES_JSON
 
-A case (see matrix.py) names the model family, the data pool, the schedule and, optionally:
+A case (see matrix.py) names the model (a config of the fixture), the data pool, the schedule and, optionally:
 ``steps`` (AdamW steps; parameters are compared after the last one), ``accumulate`` (schedule runs per optimizer
 step; gradients add up), ``bad_micro`` (a micro with a wrong image-token count, rejected at load), ``corrupt_owner``
 (a rank whose load meets an undecodable image), ``mid_step_owner`` (a rank whose micro passes its load but makes
-rank 0's stage 0 raise). A failing step runs first; the measured steps follow on other micro-batches.
+rank 0's stage 0 raise), ``reload`` (after the steps, save the checkpoint and load it with ``from_pretrained``).
+A failing step runs first; the measured steps follow on other micro-batches.
 
 The pipeline runs on every rank; rank 0 then runs the unsplit reference (same micro-batches, same frozen modules,
 same optimizer) and saves it; every rank compares its own parameters. Each rank writes OUT_DIR/rank{r}.json.
@@ -17,6 +18,7 @@ import copy
 import io
 import json
 import os
+import shutil
 import sys
 import time
 from datetime import timedelta
@@ -24,25 +26,49 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from PIL import Image
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
-                          Qwen2Config, Qwen2ForCausalLM)
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoModelForImageTextToText
 
-from mpipe_hf.models import get_splitter
+from mpipe_hf.models import split as split_model
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.schedule.interleaved import peak_in_flight
+from mpipe_hf.train.checkpoint import save_checkpoint
 
-CLASSES = {"vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration), "llama": (LlamaConfig, LlamaForCausalLM),
-           "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 LR = 1e-3
 EPS = 1e-6  # AdamW's eps: with 1e-8, fp32 noise on near-zero gradient elements becomes a visible part of LR
 TIMEOUT = timedelta(seconds=60)
 
 
+def auto_class(config):
+    return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+
+
 def build_model(fixture, family):
-    config_cls, model_cls = CLASSES[family]
+    """The fixture's config ``family`` as its real HF model class, random weights (seed 0)."""
+    raw = fixture["configs"][family]
+    config = CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
     torch.manual_seed(0)
-    return model_cls(config_cls.from_dict(fixture["configs"][family]))
+    return auto_class(config).from_config(config)
+
+
+def reload_check(case, split, cfg, rank, group, pp_size, out_dir, ref, micro):
+    """Save the trained split as a checkpoint, load it with ``from_pretrained`` on every rank; report the
+    parameters that differ from this rank's trained ones, the keys the load missed or did not expect, and (rank
+    0) the largest logit difference against the one-process reference trained the same way."""
+    ckpt = os.path.join(out_dir, f"ckpt-{case['name']}")
+    save_checkpoint(ckpt, split.state_dict(cfg, rank), rank, pp_size, group, split.model.config.save_pretrained)
+    loaded, info = auto_class(split.model.config).from_pretrained(ckpt, output_loading_info=True)
+    state = loaded.state_dict()
+    out = {"reload_differs": [n for n, t in split.state_dict(cfg, rank).items() if not torch.equal(t, state[n])],
+           "reload_keys": sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])}
+    if rank == 0:
+        inputs = {k: v for k, v in micro.items() if k != "labels"}
+        with torch.no_grad():
+            out["reload_logit_diff"] = float((loaded(**inputs).logits - ref(**inputs).logits).abs().max())
+    dist.barrier(group=group)
+    if rank == 0:
+        shutil.rmtree(ckpt)
+    return out
 
 
 def micro_batches(case, pool, run):
@@ -107,10 +133,10 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     steps, accumulate = case.get("steps", 1), case.get("accumulate", 1)
     model = build_model(fixture, case["family"])
     ref = copy.deepcopy(model) if rank == 0 else None
-    split = get_splitter(model.config.model_type)(model, cfg, rank, case.get("layers_per_stage"),
-                                                  case.get("text_layers", 0))
+    split = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
     params = split.trainable_parameters(cfg, rank)
-    executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values(), TIMEOUT)
+    executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values(), TIMEOUT,
+                                split.tied_parameters(cfg, rank))
     optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS) if params else None
     result, loads = {}, []
     failing = any(k in case for k in ("bad_micro", "corrupt_owner", "mid_step_owner"))
@@ -151,8 +177,9 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     if rank == 0:
         for fqn in split.frozen:
             ref.get_submodule(fqn).requires_grad_(False)
-        trainable = {n: p for n, p in ref.named_parameters() if p.requires_grad}
-        ref_opt = torch.optim.AdamW(trainable.values(), lr=LR, eps=EPS)
+        # a tied weight is one parameter under two names here, and two copies in the pipeline: list both names
+        trainable = {n: p for n, p in ref.named_parameters(remove_duplicate=not split.tied) if p.requires_grad}
+        ref_opt = torch.optim.AdamW([p for n, p in ref.named_parameters() if p.requires_grad], lr=LR, eps=EPS)
         ref_losses, ref_grads = [], {}
         for step in range(steps):
             for a in range(accumulate):
@@ -177,6 +204,8 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             worst, max_diff = name, diff
     param_diff = max((float((p.detach() - reference["params"][n]).abs().max()) for n, p in params.items()),
                      default=0.0) if steps > 1 else None
+    if case.get("reload"):
+        result.update(reload_check(case, split, cfg, rank, group, pp_size, out_dir, ref, micro_batches(case, pool, 0)[0]))
     dist.barrier(group=group)
     if rank == 0:
         os.remove(ref_path)  # tens of MB per case
