@@ -117,3 +117,27 @@ def test_split_is_one_entry_point_that_names_the_supported_model_types():
     with pytest.raises(ValueError, match=r"model_type 'gpt2' has no splitter; supported model_type values: "
                                          r"\['llama', 'llava', 'qwen2', 'qwen2_5_vl', 'qwen2_vl', 'qwen3', 'qwen3_vl'\]"):
         split(model, ScheduleConfig(2, 1, 2), 0)
+
+
+def test_a_family_registered_from_its_own_file_is_what_split_uses():
+    from types import SimpleNamespace
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from mpipe_hf.models import FAMILIES, register, split
+    from mpipe_hf.models import causal_lm
+    from mpipe_hf.schedule import ScheduleConfig
+    calls = []
+    family = SimpleNamespace(layer_counts=causal_lm.layer_counts,
+                             split=lambda *args: calls.append(args) or causal_lm.split(*args))
+    with pytest.raises(ValueError, match="needs callables layer_counts and split; .* lacks \\['split'\\]"):
+        register("mistral", SimpleNamespace(layer_counts=causal_lm.layer_counts))
+    register("mistral", family)
+    try:
+        model = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                 head_dim=8))
+        carved = split(model, ScheduleConfig(2, 1, 2, "identity"), 1)
+        assert len(calls) == 1 and list(carved.stages) == [1] and carved.layout[1][-1] == "lm_head"
+    finally:
+        FAMILIES.pop("mistral")

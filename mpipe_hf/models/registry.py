@@ -16,12 +16,14 @@ A family is one module (one file, as ``transformers/models/*``) with two functio
 Most families need only a few lines on top of the shared parts: :func:`~.vision_language.split_vision_language`
 for a vision tower in front of a decoder (fill a :class:`~.vision_language.VisionLanguageParts`; see ``llava.py``),
 or ``causal_lm.split`` for a decoder-only LM whose text model has ``embed_tokens``, ``layers``, ``norm`` and
-``rotary_emb``. Then register the module here under its ``model_type`` values.
+``rotary_emb``. Then, from that same file, call ``mpipe_hf.models.register("my_model_type", sys.modules[__name__])``
+(or add it to :data:`FAMILIES` here); :func:`split` and ``mpipe-hf train`` pick it up by ``model_type``.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Iterable
 
 from torch import nn
 
@@ -33,6 +35,20 @@ FAMILIES: dict[str, ModuleType] = {
     "qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_vl, "qwen3_vl": qwen3_vl, "llava": llava,
     "llama": causal_lm, "qwen2": causal_lm, "qwen3": causal_lm,
 }
+
+
+def register(model_types: str | Iterable[str], family) -> None:
+    """Make ``family`` (a module, or any object with ``layer_counts`` and ``split`` as above) the splitter of
+    ``model_types``, replacing any earlier one.
+
+    Raises:
+        ValueError: ``family`` lacks ``layer_counts`` or ``split``.
+    """
+    missing = [name for name in ("layer_counts", "split") if not callable(getattr(family, name, None))]
+    if missing:
+        raise ValueError(f"a model family needs callables layer_counts and split; {family!r} lacks {missing}")
+    for model_type in [model_types] if isinstance(model_types, str) else model_types:
+        FAMILIES[model_type] = family
 
 
 def get_family(model_type: str) -> ModuleType:
