@@ -30,17 +30,17 @@ def _train(args) -> None:
 
 def _schedule(args) -> None:
     from .schedule import ScheduleConfig, build_schedule
-    from .schedule.interleaved import peak_in_flight
-    from .schedule.timeline import bubble, gantt, run_timeline
+    from .schedule.simulate import simulate
+    from .schedule.timeline import gantt
     cfg = ScheduleConfig(args.pp, args.vpp, args.micro, args.preprocess, args.overflow, args.owner_backward,
                          args.less_memory)
     orders = build_schedule(cfg)
     if args.gantt:
-        timeline = run_timeline(cfg, orders)
-        print(gantt(timeline))
-        print(f"bubble {bubble(timeline):.3f} (digits: forward of that micro; digit and '=': backward; "
+        sim = simulate(orders)
+        print(gantt(sim.timeline))
+        print(f"bubble {sim.mean_bubble:.3f} (digits: forward of that micro; digit and '=': backward; "
               f"P/p: preprocess forward/backward; '.': idle)")
-        peaks = [peak_in_flight(orders[r]) for r in range(cfg.pp_size)]
+        peaks = [sim.peak_activations[r] for r in range(cfg.pp_size)]
         print(f"peak in-flight activations per rank (stage-micro units): {peaks}")
         return
     for rank, actions in orders.items():

@@ -188,16 +188,17 @@ def test_bad_config_names_the_field(field, kwargs):
 
 
 def test_timeline_gantt_and_bubble():
-    from mpipe_hf.schedule.timeline import bubble, gantt, run_timeline
+    from mpipe_hf.schedule.simulate import simulate
+    from mpipe_hf.schedule.timeline import gantt
     single = ScheduleConfig(1, 1, 3)
-    assert bubble(run_timeline(single, build_schedule(single))) == 0.0
+    assert simulate(build_schedule(single)).mean_bubble == 0.0
     cfg = ScheduleConfig(4, 2, 8, "frozen")
-    timeline = run_timeline(cfg, build_schedule(cfg))
-    rows = gantt(timeline).splitlines()
+    sim = simulate(build_schedule(cfg))
+    rows = gantt(sim.timeline).splitlines()
     assert len(rows) == 4 and len({len(r) for r in rows}) == 1
     # every rank runs the preprocess for its own two micros first, in parallel
     assert all(row.split("|")[1].startswith("PP") for row in rows)
     # 16 forwards of 1 unit and 16 backwards of 2 per rank, plus 2 preprocess units
     bars = [row.split("|")[1] for row in rows]
     assert sum(bar.count(c) for bar in bars for c in "0123456789=P") == 4 * (16 + 32 + 2)
-    assert 0.0 < bubble(timeline) < 0.5
+    assert 0.0 < sim.mean_bubble < 0.5

@@ -1,4 +1,5 @@
-"""Pure-Python schedule layer: action IR, interleaved 1F1B, MPipe layering, lowering and validation.
+"""Pure-Python schedule layer: action IR, interleaved 1F1B, MPipe layering, lowering, validation and the
+discrete-event simulator.
 
 Nothing here imports torch.distributed, so every function runs in milliseconds without processes.
 """
@@ -8,7 +9,8 @@ from .config import ScheduleConfig
 from .interleaved import body_order
 from .lowering import ScheduleError
 from .mpipe import build_schedule, strip_mpipe
-from .validate import simulate, validate
+from .simulate import Costs, Deadlock, Simulation, simulate
+from .validate import validate
 
-__all__ = ["Action", "Kind", "ScheduleConfig", "ScheduleError", "body_order", "build_schedule", "format_schedule",
-           "parse_schedule", "simulate", "strip_mpipe", "validate"]
+__all__ = ["Action", "Costs", "Deadlock", "Kind", "ScheduleConfig", "ScheduleError", "Simulation", "body_order",
+           "build_schedule", "format_schedule", "parse_schedule", "simulate", "strip_mpipe", "validate"]

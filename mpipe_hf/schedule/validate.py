@@ -90,7 +90,7 @@ def _check_channels(orders: dict[int, list[Action]]) -> None:
             raise ScheduleError(f"ranks {pair[0]}->{pair[1]}: sends {sends[pair]} but receives {recvs[pair]}")
 
 
-def simulate(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> list[tuple[int, Action]]:
+def run_symbolic(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> list[tuple[int, Action]]:
     """Run the schedule symbolically; return the global order in which actions completed.
 
     Raises:
@@ -142,4 +142,4 @@ def validate(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> None:
         raise ScheduleError(f"schedule has ranks {sorted(orders)}, expected 0..{cfg.pp_size - 1}")
     _check_counts(cfg, orders)
     _check_channels(orders)
-    simulate(cfg, orders)
+    run_symbolic(cfg, orders)

@@ -1,0 +1,195 @@
+"""Discrete-event simulation of a pipeline schedule: when every action of every rank starts and ends.
+
+A rank runs its actions in order. A compute action (``F``, ``B``, ``TRANSPOSE_FWD``, ``TRANSPOSE_BWD``,
+``GRAD_RECV_BWD``'s backward, ``DATA_LOAD``) holds the rank for its cost. A send holds the sender for
+``send_overhead`` and its message arrives ``latency + bytes / bandwidth`` later; a receive ends when its message
+has arrived (the wait is idle time). Messages between two ranks pair in order and must match (SPEC.md, "How the
+schedule is built": every pair posts its sends and receives in the same order). A collective starts when the last
+rank reaches it and takes ``latency + bytes / bandwidth``. When no rank can move, the schedule is deadlocked and
+:class:`Deadlock` names who waits for whom.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .actions import COLLECTIVE_KINDS, COMPUTE_KINDS, RECV_KINDS, SEND_TO_RECV, Action, Kind
+from .interleaved import peak_in_flight
+
+# channel of a transfer or collective kind, as Costs.message_bytes names it
+CHANNELS = {Kind.SEND_F: "F", Kind.RECV_F: "F", Kind.SEND_B: "B", Kind.RECV_B: "B", Kind.DATA_SEND: "DATA",
+            Kind.DATA_RECV: "DATA", Kind.FWD_SEND: "FWD", Kind.FWD_RECV: "FWD", Kind.GRAPH_SEND: "GRAPH",
+            Kind.GRAPH_RECV: "GRAPH", Kind.GRAD_SEND: "GRAD", Kind.GRAD_RECV_BWD: "GRAD",
+            Kind.PARAM_BROADCAST: "PARAM", Kind.GRAD_REDUCE: "REDUCE"}
+BUSY_KINDS = COMPUTE_KINDS | {Kind.DATA_LOAD}
+
+
+@dataclass(frozen=True)
+class Costs:
+    """How long each action takes, in seconds (or any one unit used throughout).
+
+    Attributes:
+        forward, backward: a body ``F``/``B``; one number for every stage, or a tuple indexed by stage.
+        preprocess_forward: a ``TRANSPOSE_FWD`` (``P`` on one micro-batch).
+        preprocess_backward: a ``TRANSPOSE_BWD`` (recompute and backward of ``P``) or the backward part of a
+            ``GRAD_RECV_BWD``.
+        data_load: a ``DATA_LOAD`` (read, decode and process one micro-batch).
+        latency: added to every transfer and collective.
+        bandwidth: bytes per unit of time (``inf``: transfers cost only their latency).
+        message_bytes: bytes per message of a channel: ``F`` (activations), ``B`` (their gradients), ``DATA``,
+            ``FWD``, ``GRAPH``, ``GRAD``, ``PARAM`` (the broadcast), ``REDUCE`` (the all-reduce); 0 when absent.
+        send_overhead: how long posting a send holds the sender.
+    """
+
+    forward: float | tuple[float, ...] = 1.0
+    backward: float | tuple[float, ...] = 2.0
+    preprocess_forward: float = 1.0
+    preprocess_backward: float = 2.0
+    data_load: float = 0.0
+    latency: float = 0.0
+    bandwidth: float = math.inf
+    message_bytes: dict[str, float] = field(default_factory=dict)
+    send_overhead: float = 0.0
+
+    def compute(self, a: Action) -> float:
+        """Time ``a`` holds its rank computing (0 for transfers and collectives)."""
+        if a.kind in (Kind.F, Kind.B):
+            cost = self.forward if a.kind is Kind.F else self.backward
+            return cost[a.stage] if isinstance(cost, (tuple, list)) else cost
+        if a.kind is Kind.TRANSPOSE_FWD:
+            return self.preprocess_forward
+        if a.kind in (Kind.TRANSPOSE_BWD, Kind.GRAD_RECV_BWD):
+            return self.preprocess_backward
+        if a.kind is Kind.DATA_LOAD:
+            return self.data_load
+        return 0.0
+
+    def transfer(self, kind: Kind) -> float:
+        """Time one message (or collective) of ``kind`` takes to arrive."""
+        size = self.message_bytes.get(CHANNELS.get(kind, ""), 0.0)
+        return self.latency + (size / self.bandwidth if size else 0.0)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One action on one rank: it started at ``start`` and ended at ``end``; ``busy`` when it computed."""
+
+    start: float
+    end: float
+    action: Action
+
+    @property
+    def busy(self) -> bool:
+        return self.action.kind in BUSY_KINDS
+
+
+@dataclass
+class Simulation:
+    """What :func:`simulate` found.
+
+    Attributes:
+        timeline: ``{rank: [Event, ...]}`` in each rank's order.
+        makespan: when the last action ended.
+        bubble: ``{rank: share of the makespan the rank spent not computing}``.
+        peak_activations: ``{rank: most stage forwards held for their backward at once}`` (a memory proxy).
+    """
+
+    timeline: dict[int, list[Event]]
+    makespan: float
+    bubble: dict[int, float]
+    peak_activations: dict[int, int]
+
+    @property
+    def mean_bubble(self) -> float:
+        """``1 - sum busy / (ranks * makespan)``."""
+        return sum(self.bubble.values()) / len(self.bubble) if self.bubble else 0.0
+
+
+class Deadlock(ValueError):
+    """The schedule cannot finish. ``waits`` maps each stuck rank to ``(its next action, the ranks it waits
+    for)``; the message names a cycle of ranks that wait on each other when there is one."""
+
+    def __init__(self, waits: dict[int, tuple[Action, list[int]]], note: str = ""):
+        self.waits = waits
+        cycle = _cycle({r: peers for r, (_, peers) in waits.items()})
+        lines = [f"rank {r} waits at {a} for rank(s) {peers}" for r, (a, peers) in sorted(waits.items())]
+        head = "deadlock" + (": ranks " + " -> ".join(map(str, cycle)) + " wait on each other" if cycle else "")
+        super().__init__(head + "; " + "; ".join(lines) + (f"; {note}" if note else ""))
+
+
+def _cycle(graph: dict[int, list[int]]) -> list[int]:
+    for start in sorted(graph):
+        path, node = [], start
+        while node in graph and node not in path:
+            path.append(node)
+            node = next(iter(graph[node]), None)
+        if node in path:
+            return path[path.index(node):] + [node]
+    return []
+
+
+def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Simulation:
+    """Run every rank's action list under ``costs``.
+
+    Raises:
+        Deadlock: no rank can move and some have actions left (a receive whose send never comes or comes after
+            the receiver's own wait, a collective some rank never reaches), or two ranks pair messages in
+            different orders.
+    """
+    costs = costs or Costs()
+    clock = {r: 0.0 for r in orders}
+    pc = {r: 0 for r in orders}
+    sent: dict[tuple[int, int], list[tuple[tuple, float]]] = {}
+    taken: dict[tuple[int, int], int] = {}
+    timeline: dict[int, list[Event]] = {r: [] for r in orders}
+    left = sum(len(a) for a in orders.values())
+
+    def run(rank: int, a: Action, start: float, end: float) -> None:
+        nonlocal left
+        timeline[rank].append(Event(start, end, a))
+        clock[rank], pc[rank], left = end, pc[rank] + 1, left - 1
+
+    while left:
+        moved = False
+        for rank, actions in orders.items():
+            while pc[rank] < len(actions) and actions[pc[rank]].kind not in COLLECTIVE_KINDS:
+                a, start = actions[pc[rank]], clock[rank]
+                if a.kind in RECV_KINDS:
+                    queue, i = sent.get((a.peer, rank), []), taken.get((a.peer, rank), 0)
+                    if i >= len(queue):
+                        break
+                    if queue[i][0] != a.message():
+                        raise Deadlock({rank: (a, [a.peer])}, f"rank {a.peer}'s message number {i} to rank {rank} "
+                                                              f"is {queue[i][0]}, but rank {rank} expects {a.message()}")
+                    taken[(a.peer, rank)] = i + 1
+                    ready = max(start, queue[i][1])
+                    run(rank, a, start, ready + costs.compute(a))
+                elif a.kind in SEND_TO_RECV:
+                    end = start + costs.send_overhead
+                    sent.setdefault((rank, a.peer), []).append((a.message(), end + costs.transfer(a.kind)))
+                    run(rank, a, start, end)
+                else:
+                    run(rank, a, start, start + costs.compute(a))
+                moved = True
+        heads = {r: orders[r][pc[r]] for r in orders if pc[r] < len(orders[r])}
+        if heads and len(heads) == len(orders) and all(h.kind in COLLECTIVE_KINDS for h in heads.values()):
+            if len({h.kind for h in heads.values()}) > 1:
+                raise Deadlock({r: (h, [q for q in orders if q != r]) for r, h in heads.items()},
+                               "ranks reached different collectives")
+            start = max(clock.values())
+            for rank, a in heads.items():
+                run(rank, a, start, start + costs.transfer(a.kind))
+            moved = True
+        if not moved:
+            waits = {}
+            for rank, a in heads.items():
+                if a.kind in COLLECTIVE_KINDS:
+                    waits[rank] = (a, [q for q in orders if q not in heads or heads[q].kind is not a.kind])
+                else:
+                    waits[rank] = (a, [a.peer])
+            raise Deadlock(waits)
+    makespan = max((e.end for events in timeline.values() for e in events), default=0.0)
+    bubble = {r: 1.0 - sum(e.end - e.start for e in events if e.busy) / makespan if makespan else 0.0
+              for r, events in timeline.items()}
+    return Simulation(timeline, makespan, bubble, {r: peak_in_flight(orders[r]) for r in orders})
