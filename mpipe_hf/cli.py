@@ -4,7 +4,13 @@
 - ``mpipe-hf schedule --pp 4 --vpp 2 --micro 8 [--preprocess identity|frozen|trainable] [--overflow full|min]
   [--owner-backward] [--less-memory] [--gantt]`` prints each rank's action list of the MPipe Transpose schedule,
   or its Gantt chart under unit costs (F = 1, B = 2, preprocess forward = 1, backward = 2) with the bubble and
-  each rank's peak in-flight activations.
+  each rank's peak in-flight activations;
+- ``mpipe-hf simulate [schedule flags] [--profile PROFILE.yaml]`` predicts the step time, bubble and peak
+  activations per rank; ``--auto`` tries the knobs (``V``, ``T``, overflow, owner-backward, stage 0's layers) and
+  lists them fastest first;
+- ``mpipe-hf profile RECIPE.yaml`` measures a cost profile of the recipe's model and data on one process;
+- ``mpipe-hf plot --out GANTT.png`` draws a Gantt chart of a simulated schedule ([schedule flags]) or of a
+  measured run (``--trace output_dir/trace.json`` from a recipe with ``trace: true``).
 """
 
 from __future__ import annotations
@@ -28,12 +34,77 @@ def _train(args) -> None:
     torchrun(["--standalone", f"--nproc_per_node={recipe.pp_size}", "-m", "mpipe_hf.train", args.recipe])
 
 
+def _config(args):
+    from .schedule import ScheduleConfig
+    return ScheduleConfig(args.pp, args.vpp, args.micro, args.preprocess, args.overflow, args.owner_backward,
+                          args.less_memory)
+
+
+def _costs(args, cfg):
+    """Unit costs, or the costs of ``--profile`` for this schedule and layout."""
+    from .schedule.simulate import Costs
+    if not args.profile:
+        return Costs(), "time units"
+    from .schedule.layout import balanced_layers
+    from .schedule.tune import Profile, costs_for
+    profile = Profile.load(args.profile)
+    layout = ([int(x) for x in args.layers_per_stage.split(",")] if args.layers_per_stage
+              else balanced_layers(profile.num_layers, cfg.num_stages))
+    return costs_for(profile, cfg, layout, args.text_layers), "seconds"
+
+
+def _simulate(args) -> None:
+    from .schedule import build_schedule
+    from .schedule.simulate import simulate
+    if args.auto:
+        from .schedule.tune import Profile, tune
+        if not args.profile:
+            raise ValueError("--auto needs --profile PROFILE.yaml (mpipe-hf profile RECIPE.yaml writes one)")
+        ranked = tune(Profile.load(args.profile), args.pp, args.micro, args.preprocess)
+        print(f"{'#':>4} {'step s':>9} {'vs best':>8} {'bubble':>7}  knobs")
+        for i, c in enumerate(ranked[:args.top]):
+            print(f"{i + 1:>4} {c.step_s:9.4f} {c.step_s / ranked[0].step_s:8.3f} {c.bubble:7.3f}  {c.describe()}")
+        return
+    cfg = _config(args)
+    costs, unit = _costs(args, cfg)
+    sim = simulate(build_schedule(cfg), costs)
+    print(f"step {sim.makespan:.4g} {unit}; bubble {sim.mean_bubble:.3f} (per rank "
+          f"{[round(sim.bubble[r], 3) for r in sorted(sim.bubble)]}); peak in-flight activations per rank "
+          f"{[sim.peak_activations[r] for r in sorted(sim.peak_activations)]}")
+
+
+def _plot(args) -> None:
+    from .schedule.trace import plot_gantt, read_chrome_trace
+    if args.trace:
+        timeline = read_chrome_trace(args.trace)
+        title, unit = f"measured: {args.trace}", "seconds"
+    else:
+        from .schedule import build_schedule
+        from .schedule.simulate import simulate
+        cfg = _config(args)
+        costs, unit = _costs(args, cfg)
+        sim = simulate(build_schedule(cfg), costs)
+        timeline = sim.timeline
+        title = (f"R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} {cfg.preprocess} overflow={cfg.overflow}"
+                 f"{' owner-backward' if cfg.owner_backward else ''}: step {sim.makespan:.4g} {unit}, "
+                 f"bubble {sim.mean_bubble:.3f}")
+    plot_gantt(timeline, args.out, title, unit)
+    print(f"wrote {args.out}")
+
+
+def _profile(args) -> None:
+    from .train import load_recipe
+    from .train.profile import profile_recipe
+    profile = profile_recipe(load_recipe(args.recipe))
+    profile.save(args.out)
+    print(f"wrote {args.out}: " + ", ".join(f"{k}={v:.3g}" for k, v in vars(profile).items()))
+
+
 def _schedule(args) -> None:
-    from .schedule import ScheduleConfig, build_schedule
+    from .schedule import build_schedule
     from .schedule.simulate import simulate
     from .schedule.timeline import gantt
-    cfg = ScheduleConfig(args.pp, args.vpp, args.micro, args.preprocess, args.overflow, args.owner_backward,
-                         args.less_memory)
+    cfg = _config(args)
     orders = build_schedule(cfg)
     if args.gantt:
         sim = simulate(orders)
@@ -47,6 +118,20 @@ def _schedule(args) -> None:
         print(f"rank {rank}: " + " ".join(map(str, actions)))
 
 
+def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> None:
+    parser.add_argument("--pp", type=int, required=required, help="pipeline ranks R")
+    parser.add_argument("--vpp", type=int, default=1, help="chunks per rank V")
+    parser.add_argument("--micro", type=int, required=required, help="micro-batches M")
+    parser.add_argument("--preprocess", default="frozen", choices=["identity", "frozen", "trainable"])
+    parser.add_argument("--overflow", default="full", choices=["full", "min"])
+    parser.add_argument("--owner-backward", action="store_true", help="trainable P: owners backprop P")
+    parser.add_argument("--less-memory", action="store_true", help="shallow warm-up of the interleaved body")
+    if cost_flags:
+        parser.add_argument("--profile", help="a cost profile (mpipe-hf profile RECIPE.yaml); unit costs without")
+        parser.add_argument("--text-layers", type=int, default=0, help="T: decoder layers moved into P")
+        parser.add_argument("--layers-per-stage", help="comma-separated layers per stage; balanced without")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="mpipe-hf", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,15 +139,23 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("recipe")
     train.set_defaults(func=_train)
     sched = sub.add_parser("schedule", help="print the MPipe Transpose schedule")
-    sched.add_argument("--pp", type=int, required=True, help="pipeline ranks R")
-    sched.add_argument("--vpp", type=int, default=1, help="chunks per rank V")
-    sched.add_argument("--micro", type=int, required=True, help="micro-batches M")
-    sched.add_argument("--preprocess", default="frozen", choices=["identity", "frozen", "trainable"])
-    sched.add_argument("--overflow", default="full", choices=["full", "min"])
-    sched.add_argument("--owner-backward", action="store_true", help="trainable P: owners backprop P")
-    sched.add_argument("--less-memory", action="store_true", help="shallow warm-up of the interleaved body")
+    _schedule_flags(sched)
     sched.add_argument("--gantt", action="store_true", help="print a text Gantt chart under unit costs")
     sched.set_defaults(func=_schedule)
+    sim = sub.add_parser("simulate", help="predict a schedule's step time, or rank the knobs (--auto)")
+    _schedule_flags(sim, cost_flags=True)
+    sim.add_argument("--auto", action="store_true", help="try V, T, overflow, owner-backward and layouts")
+    sim.add_argument("--top", type=int, default=20, help="candidates to print with --auto")
+    sim.set_defaults(func=_simulate)
+    plot = sub.add_parser("plot", help="draw a Gantt chart (PNG) of a simulated or measured schedule")
+    _schedule_flags(plot, cost_flags=True, required=False)
+    plot.add_argument("--trace", help="a Chrome trace written by a recipe with trace: true")
+    plot.add_argument("--out", required=True, help="the PNG to write")
+    plot.set_defaults(func=_plot)
+    prof = sub.add_parser("profile", help="measure a cost profile of a recipe's model on one process")
+    prof.add_argument("recipe")
+    prof.add_argument("--out", default="profile.yaml")
+    prof.set_defaults(func=_profile)
     args = parser.parse_args(argv)
     try:
         args.func(args)

@@ -82,7 +82,7 @@ def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
     """The CLI trains with a frozen tower as P; accelerate with the tower, the embedding and the first decoder
     layer as a trainable P, owner-backward and overflow mode min."""
     runs = {
-        "cli": ([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train"], {}),
+        "cli": ([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train"], dict(trace=True)),
         "accelerate": ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
                         "mpipe_hf.train"],
@@ -90,7 +90,7 @@ def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
                             model={"name_or_path": os.path.join(demo, "model")})),
     }
     for name, (cmd, options) in runs.items():
-        ref_losses, ref_model, micros = reference_training(demo, freeze_visual=not options)
+        ref_losses, ref_model, micros = reference_training(demo, freeze_visual=name == "cli")
         out = str(tmp_path / name)
         recipe = write_recipe(demo, tmp_path / f"{name}.yaml", out, **options)
         run(cmd + [recipe])
@@ -104,6 +104,17 @@ def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
             diff = (loaded(**inputs).logits - ref_model(**inputs).logits).abs().max().item()
         assert diff < 1e-4, (name, diff)
         assert not os.path.exists(os.path.join(out, "checkpoint.tmp"))
+        if options.get("trace"):  # every action of every rank, in a Chrome trace that mpipe-hf plot draws
+            from mpipe_hf.schedule import build_schedule
+            from mpipe_hf.schedule.trace import read_chrome_trace
+            timeline = read_chrome_trace(os.path.join(out, "trace.json"))
+            orders = build_schedule(load_recipe(recipe).schedule())
+            assert {r: [e.action for e in events] for r, events in timeline.items()} == {
+                r: order * STEPS for r, order in orders.items()}
+            png = os.path.join(out, "gantt.png")
+            run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "plot", "--trace",
+                 os.path.join(out, "trace.json"), "--out", png])
+            assert os.path.getsize(png) > 10_000
 
 
 @pytest.mark.parametrize("override,field", [
@@ -231,3 +242,25 @@ def test_owner_decodes_only_its_own_rows(demo):
     assert touched == plan.rows(3, 2) == [28, 29]
     assert batch["image_grid_thw"].shape[0] == 2
     assert len({tuple(plan.rows(s, m)) for s in range(2) for m in range(4)}) == 8, "micros do not overlap"
+
+
+def test_profile_then_simulate_auto_ranks_the_knobs(demo, tmp_path):
+    """``mpipe-hf profile`` measures the recipe's model on one process; ``simulate --auto`` ranks candidates by
+    the step time the simulator predicts from that profile, fastest first."""
+    from mpipe_hf.schedule.tune import Profile
+    os.symlink(demo, tmp_path / "demo")
+    cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
+    proc = subprocess.run([cli, "profile", os.path.join(ROOT, "recipes", "qwen2_vl.yaml"), "--out", "p.yaml"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    profile = Profile.load(str(tmp_path / "p.yaml"))
+    assert profile.num_layers == 8 and profile.layer_forward_s > 0 and profile.layer_backward_s > 0
+    assert profile.preprocess_forward_s > 0 and profile.feature_bytes > 0 and profile.graph_bytes > 0
+    proc = subprocess.run([cli, "simulate", "--auto", "--profile", "p.yaml", "--pp", "2", "--micro", "4",
+                           "--preprocess", "trainable", "--top", "50"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines()[1:]]
+    times = [float(r[1]) for r in rows]
+    assert len(rows) > 10 and times == sorted(times) and float(rows[0][2]) == 1.0
+    assert any("owner-backward" in " ".join(r) for r in rows) and any("identity" in " ".join(r) for r in rows)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mpipe_hf.models.base import balanced_layers, check_layers_per_stage
+from mpipe_hf.schedule.layout import balanced_layers, check_layers_per_stage
 from mpipe_hf.runtime.p2p import decode_header, encode_header
 
 

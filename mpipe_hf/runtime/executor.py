@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..schedule import ScheduleConfig, build_schedule
+from ..schedule.simulate import Event
 from .handlers import Preprocess, StepContext, Tensors, run_action
 from .p2p import P2P
 from .watchdog import PeerFailed, Watchdog, describe, release_abandoned
@@ -61,6 +62,8 @@ class PipelineExecutor:
         timeout: the longest any wait may take.
         tied: ``[(parameter, peer rank)]``: copies of one weight held on two ranks (``SplitModel.tied_parameters``);
             their gradients are summed over the pair after every step. Each must be in ``params``.
+        trace: record the wall-clock start and end (``time.time()``, seconds) of every action of every step in
+            :attr:`events` (see :func:`mpipe_hf.schedule.trace.chrome_trace`).
 
     Raises:
         ValueError: a tied parameter that is not in ``params``.
@@ -68,9 +71,11 @@ class PipelineExecutor:
 
     def __init__(self, cfg: ScheduleConfig, rank: int, stages: dict[int, nn.Module], preprocess: Preprocess,
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
-                 timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = ()):
+                 timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = (),
+                 trace: bool = False):
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
         self.device, self.timeout = device, timeout
+        self.events: list[Event] | None = [] if trace else None
         self.params, self.tied = list(params), list(tied)
         if any(all(p is not q for q in self.params) for p, _ in self.tied):
             raise ValueError("every tied parameter must be one of params (the parameters this rank optimises)")
@@ -135,7 +140,10 @@ class PipelineExecutor:
         action, peak = None, 0
         try:
             for action in self.order:
+                begin = time.time()
                 run_action(ctx, action)
+                if self.events is not None:
+                    self.events.append(Event(begin, time.time(), action))
                 peak = max(peak, len(ctx.saved))
             self.p2p.drain()
             action = None

@@ -88,6 +88,8 @@ class Recipe(ScheduleConfig):
         output_dir: where the metrics log and the final checkpoint go.
         timeout_s: the longest any transfer may wait, in seconds.
         seed: for anything random.
+        trace: record every action's start and end on every rank and write ``output_dir/trace.json`` (Chrome
+            trace; ``mpipe-hf plot --trace`` draws it).
     """
 
     model: ModelSource
@@ -104,6 +106,7 @@ class Recipe(ScheduleConfig):
     output_dir: str = "outputs/run"
     timeout_s: float = 300.0
     seed: int = 0
+    trace: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "model", ModelSource.parse(self.model))
@@ -134,6 +137,8 @@ def load_recipe(path: str) -> Recipe:
     for key in ("steps", "micro_batch_size", "min_pixels", "max_pixels"):
         if key in raw and (not isinstance(raw[key], int) or raw[key] < 1):
             raise ValueError(f"{path}: {key} must be an integer >= 1, got {raw[key]!r}")
+    if "trace" in raw and not isinstance(raw["trace"], bool):
+        raise ValueError(f"{path}: trace must be true or false, got {raw['trace']!r}")
     for key in ("lr", "weight_decay", "adam_eps", "timeout_s"):
         if key in raw:
             raw[key] = float(raw[key])

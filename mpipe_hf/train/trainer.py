@@ -26,6 +26,8 @@ from ..data import (CaptionCollator, MicroBatchPlan, TextCollator, build_process
 from ..data.processor import QWEN_PROCESSORS
 from ..models import get_family, split
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
+from ..schedule.simulate import Event
+from ..schedule.trace import chrome_trace
 from .checkpoint import save_checkpoint
 from .recipe import ModelSource, Recipe, load_recipe
 
@@ -149,7 +151,8 @@ def train(recipe: Recipe) -> TrainResult:
     optimizer = torch.optim.AdamW(params.values(), lr=recipe.lr, weight_decay=recipe.weight_decay,
                                   eps=recipe.adam_eps)
     executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, group, device, params.values(),
-                                timedelta(seconds=recipe.timeout_s), carved.tied_parameters(cfg, rank))
+                                timedelta(seconds=recipe.timeout_s), carved.tied_parameters(cfg, rank),
+                                trace=recipe.trace)
     os.makedirs(recipe.output_dir, exist_ok=True)
     log = open(os.path.join(recipe.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
     if rank == 0:
@@ -179,11 +182,28 @@ def train(recipe: Recipe) -> TrainResult:
         if hasattr(processor, "image_processor"):
             processor.image_processor.save_pretrained(directory)
     save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
+    if recipe.trace:
+        write_trace(os.path.join(recipe.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
     if rank == 0:
         log.close()
         print(f"mpipe_hf: {recipe.steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
               f"checkpoint {out}", flush=True)
     return TrainResult(losses, out, wall)
+
+
+def write_trace(path: str, events: list, rank: int, world: int, group: dist.ProcessGroup) -> None:
+    """Gather every rank's action events to rank 0 and write them as a Chrome trace (times from the earliest
+    event; ranks on one host share the clock)."""
+    gathered = [None] * world
+    dist.all_gather_object(gathered, events, group=group)
+    if rank == 0:
+        origin = min(e.start for events in gathered for e in events)
+        timeline = {r: [Event(e.start - origin, e.end - origin, e.action) for e in events]
+                    for r, events in enumerate(gathered)}
+        with open(path, "w") as f:
+            json.dump(chrome_trace(timeline), f)
+        print(f"mpipe_hf: trace of every action in {path} (chrome://tracing, Perfetto, or mpipe-hf plot --trace)",
+              flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

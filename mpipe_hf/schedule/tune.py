@@ -1,0 +1,153 @@
+"""Predict a step's time from a cost profile, and rank the schedule's knobs by it (``mpipe-hf simulate --auto``).
+
+A :class:`Profile` holds what one micro-batch costs on the user's model: a decoder layer's forward and backward,
+the preprocess (tower) forward and backward, the embedding and the LM head, and the bytes each transfer carries.
+``mpipe-hf profile RECIPE.yaml`` measures one; it can also be written by hand. :func:`costs_for` turns it into
+the simulator's :class:`~.simulate.Costs` for one choice of ``V``, ``T``, layer layout and mode, and
+:func:`tune` simulates every choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+import yaml
+
+from .config import ScheduleConfig
+from .layout import balanced_layers, stage0_layers
+from .mpipe import build_schedule
+from .simulate import Costs, simulate
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Costs of one micro-batch on one model, in seconds and bytes.
+
+    Attributes:
+        num_layers: decoder layers of the model.
+        layer_forward_s, layer_backward_s: one decoder layer.
+        preprocess_forward_s, preprocess_backward_s: the transposed block without text layers (the vision tower;
+            0 for a text LM); the backward counts only when ``P`` is trainable.
+        embed_s: the embedding and the output consumer (image-feature injection, position ids), forward.
+        head_forward_s, head_backward_s: final norm, ``lm_head`` and loss.
+        activation_bytes: hidden states of one micro (a body ``F``/``B`` message, and ``P``'s output when
+            ``T > 0``).
+        feature_bytes: the tower's output for one micro (``P``'s output when ``T = 0``).
+        data_bytes: the raw inputs stage 0 reads; graph_bytes: ``P``'s raw inputs (trainable ``P`` only).
+        preprocess_param_bytes: the tower's parameters (broadcast or reduced when ``P`` is trainable).
+        layer_param_bytes: one decoder layer's parameters.
+        latency_s, bandwidth_bytes_per_s: the links between ranks.
+    """
+
+    num_layers: int
+    layer_forward_s: float
+    layer_backward_s: float
+    preprocess_forward_s: float = 0.0
+    preprocess_backward_s: float = 0.0
+    embed_s: float = 0.0
+    head_forward_s: float = 0.0
+    head_backward_s: float = 0.0
+    activation_bytes: float = 0.0
+    feature_bytes: float = 0.0
+    data_bytes: float = 0.0
+    graph_bytes: float = 0.0
+    preprocess_param_bytes: float = 0.0
+    layer_param_bytes: float = 0.0
+    latency_s: float = 5e-5
+    bandwidth_bytes_per_s: float = 1e10
+
+    @classmethod
+    def load(cls, path: str) -> "Profile":
+        """Read a profile YAML. Raises ``ValueError`` on unknown or missing keys (naming them)."""
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(names))
+        missing = [n for n, f in names.items() if f.default is dataclasses.MISSING and n not in raw]
+        if unknown or missing:
+            raise ValueError(f"{path}: unknown profile keys {unknown}, missing {missing}; allowed: {sorted(names)}")
+        return cls(**raw)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            yaml.safe_dump(dataclasses.asdict(self), f, sort_keys=False)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One choice of knobs and its predicted step time (seconds) and bubble."""
+
+    cfg: ScheduleConfig
+    layers_per_stage: tuple[int, ...]
+    text_layers: int
+    step_s: float
+    bubble: float
+
+    def describe(self) -> str:
+        c = self.cfg
+        mode = c.preprocess + (f" T={self.text_layers}" if self.text_layers else "")
+        flags = [f for f, on in (("min", c.overflow == "min"), ("owner-backward", c.owner_backward)) if on]
+        return f"V={c.vpp} {mode}{' ' + ' '.join(flags) if flags else ''} layers={list(self.layers_per_stage)}"
+
+
+def costs_for(profile: Profile, cfg: ScheduleConfig, layers_per_stage: list[int], text_layers: int = 0) -> Costs:
+    """The simulator's costs for ``cfg`` with ``layers_per_stage`` (stage 0's count includes the ``T`` layers
+    that move into ``P``). With preprocess ``identity`` the (frozen) tower runs inside stage 0's forward."""
+    p, last = profile, len(layers_per_stage) - 1
+    counts = list(layers_per_stage)
+    counts[0] -= text_layers
+    forward = [n * p.layer_forward_s for n in counts]
+    backward = [n * p.layer_backward_s for n in counts]
+    forward[last] += p.head_forward_s
+    backward[last] += p.head_backward_s
+    if text_layers == 0:
+        forward[0] += p.embed_s
+    if not cfg.transposed:
+        forward[0] += p.preprocess_forward_s
+    pre_f = p.preprocess_forward_s + (p.embed_s + text_layers * p.layer_forward_s if text_layers else 0.0)
+    pre_b = (p.preprocess_backward_s + text_layers * p.layer_backward_s) if cfg.trainable else 0.0
+    out_bytes = p.activation_bytes if text_layers else p.feature_bytes
+    params = p.preprocess_param_bytes + text_layers * p.layer_param_bytes
+    return Costs(forward=tuple(forward), backward=tuple(backward), preprocess_forward=pre_f,
+                 preprocess_backward=pre_b, latency=p.latency_s, bandwidth=p.bandwidth_bytes_per_s,
+                 message_bytes={"F": p.activation_bytes, "B": p.activation_bytes, "DATA": p.data_bytes,
+                                "FWD": out_bytes, "GRAD": out_bytes, "GRAPH": p.graph_bytes, "PARAM": params,
+                                "REDUCE": params})
+
+
+def predict(profile: Profile, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
+            text_layers: int = 0) -> Candidate:
+    """Simulate ``cfg`` on ``profile`` (balanced layers when ``layers_per_stage`` is ``None``)."""
+    layout = layers_per_stage or balanced_layers(profile.num_layers, cfg.num_stages)
+    sim = simulate(build_schedule(cfg), costs_for(profile, cfg, layout, text_layers))
+    return Candidate(cfg, tuple(layout), text_layers, sim.makespan, sim.mean_bubble)
+
+
+def tune(profile: Profile, pp_size: int, num_micro: int, preprocess: str, vpps=(1, 2, 3, 4),
+         max_text_layers: int = 2) -> list[Candidate]:
+    """Every valid combination of ``V``, ``T`` (0 .. ``max_text_layers``), overflow mode, owner-backward
+    (trainable ``P``), stage 0's layer count, plus the baseline with the preprocess inside stage 0 (``identity``),
+    simulated on ``profile``; fastest first.
+
+    Raises:
+        ValueError: ``preprocess`` is not ``frozen`` or ``trainable``.
+    """
+    if preprocess not in ("frozen", "trainable"):
+        raise ValueError(f"preprocess must be 'frozen' or 'trainable' to tune, got {preprocess!r}")
+    out = []
+    for vpp in vpps:
+        stages = pp_size * vpp
+        if stages > profile.num_layers:
+            continue
+        base = balanced_layers(profile.num_layers, stages)
+        for keep in range(1, base[0] + 1):
+            layout = stage0_layers(profile.num_layers, stages, keep) if keep < base[0] else base
+            out.append(predict(profile, ScheduleConfig(pp_size, vpp, num_micro, "identity"), layout))
+            backward = (False, True) if preprocess == "trainable" else (False,)
+            for overflow, owner_bwd in itertools.product(("full", "min"), backward):
+                cfg = ScheduleConfig(pp_size, vpp, num_micro, preprocess, overflow, owner_bwd)
+                for text_layers in range(0, min(max_text_layers, keep) + 1):
+                    out.append(predict(profile, cfg, layout, text_layers))
+    return sorted(out, key=lambda c: c.step_s)
