@@ -98,3 +98,36 @@ def test_gantt_png_and_chrome_trace(tmp_path):
             assert by_action[str(e.action)].end - by_action[str(e.action)].start == pytest.approx(
                 (e.end - e.start) * 1e-3, abs=1e-9)
     assert isinstance(back[0][0], Event)
+
+
+FILL_GRID = [(r, v, m, pf, ov) for r, v, m in [(2, 2, 4), (3, 1, 5), (4, 2, 8), (4, 1, 3), (3, 3, 7)]
+             for pf in (1.0, 4.0) for ov in ("full", "min")]
+
+
+@pytest.mark.parametrize("pp_size,vpp,num_micro,pf,overflow", FILL_GRID)
+def test_bubble_filling_keeps_the_schedule_valid_and_never_slower(pp_size, vpp, num_micro, pf, overflow):
+    from mpipe_hf.schedule import strip_mpipe
+    costs = Costs(forward=1.0, backward=2.0, preprocess_forward=pf)
+    prefix = build_schedule(ScheduleConfig(pp_size, vpp, num_micro, "frozen", overflow), costs)
+    fill = build_schedule(ScheduleConfig(pp_size, vpp, num_micro, "frozen", overflow, placement="fill"), costs)
+    assert strip_mpipe(fill) == strip_mpipe(prefix), "the body is untouched"
+    assert {r: sorted(map(str, a)) for r, a in fill.items()} == {r: sorted(map(str, a)) for r, a in prefix.items()}
+    assert simulate(fill, costs).makespan <= simulate(prefix, costs).makespan
+
+
+def test_bubble_filling_moves_work_out_of_the_prefix():
+    """R = 4, V = 2, M = 16, preprocess forward 4x a stage's: the fill is shorter than the prefix placement."""
+    costs = Costs(forward=1.0, backward=2.0, preprocess_forward=4.0)
+    prefix = simulate(build_schedule(ScheduleConfig(4, 2, 16, "frozen"), costs), costs).makespan
+    fill_orders = build_schedule(ScheduleConfig(4, 2, 16, "frozen", placement="fill"), costs)
+    fill = simulate(fill_orders, costs).makespan
+    assert fill < prefix
+    first_body = next(i for i, a in enumerate(fill_orders[1]) if a.kind is Kind.F)
+    assert sum(a.kind is Kind.TRANSPOSE_FWD for a in fill_orders[1][:first_body]) < 4, "rank 1 starts its body sooner"
+
+
+def test_fill_needs_a_frozen_preprocess():
+    with pytest.raises(ValueError, match="placement 'fill' moves the forwards of a frozen preprocess"):
+        ScheduleConfig(4, 2, 8, "trainable", placement="fill")
+    with pytest.raises(ValueError, match="placement must be one of"):
+        ScheduleConfig(4, 2, 8, "frozen", placement="middle")

@@ -8,6 +8,9 @@ Weights tied across ranks (an input embedding on rank 0 tied to the ``lm_head`` 
 two copies; after the schedule the two ranks swap their gradients and each adds the other's, so both copies get
 the unsplit model's gradient, bit for bit the same on both ranks.
 
+With placement ``fill`` and a ``next_load``, the owners also load and preprocess (frozen ``P``) the next step's
+micro-batches in this step's idle time; rank 0 keeps their data and features, and the next step starts with them.
+
 Each step starts from a fresh gradient: gradients already in ``.grad`` (accumulated by earlier steps) are set
 aside and added back at the end, so a step's normalisation and ``GRAD_REDUCE`` touch only that step's share.
 
@@ -28,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..schedule import ScheduleConfig, build_schedule
-from ..schedule.simulate import Event
+from ..schedule.simulate import Costs, Event
 from .handlers import Preprocess, StepContext, Tensors, run_action
 from .p2p import P2P
 from .watchdog import PeerFailed, Watchdog, describe, release_abandoned
@@ -64,6 +67,7 @@ class PipelineExecutor:
             their gradients are summed over the pair after every step. Each must be in ``params``.
         trace: record the wall-clock start and end (``time.time()``, seconds) of every action of every step in
             :attr:`events` (see :func:`mpipe_hf.schedule.trace.chrome_trace`).
+        costs: the costs placement ``fill`` places the transposed forwards by (unit costs when ``None``).
 
     Raises:
         ValueError: a tied parameter that is not in ``params``.
@@ -72,14 +76,16 @@ class PipelineExecutor:
     def __init__(self, cfg: ScheduleConfig, rank: int, stages: dict[int, nn.Module], preprocess: Preprocess,
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
                  timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = (),
-                 trace: bool = False):
+                 trace: bool = False, costs: Costs | None = None):
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
         self.device, self.timeout = device, timeout
         self.events: list[Event] | None = [] if trace else None
         self.params, self.tied = list(params), list(tied)
         if any(all(p is not q for q in self.params) for p, _ in self.tied):
             raise ValueError("every tied parameter must be one of params (the parameters this rank optimises)")
-        self.order = build_schedule(cfg)[rank]
+        self.costs, self._orders = costs, {}
+        self.order = self._order(own=True, ahead=False)
+        self._carried: dict | None = None  # the next step's micros, loaded ahead (rank 0: their data, features)
         self.global_ranks = dist.get_process_group_ranks(group)
         self.store = dist.distributed_c10d._get_default_store()
         self._stale: list = []  # sends and dummies of failed steps, kept alive on their abandoned groups
@@ -113,12 +119,21 @@ class PipelineExecutor:
             p.grad = grad + self.p2p.recv(peer, f"TIED_GRAD from {peer}")["grad"]
         self.p2p.drain()
 
-    def step(self, load: Callable[[int], Tensors]) -> StepStats:
+    def _order(self, own: bool, ahead: bool) -> list:
+        """This rank's action list of the schedule variant (built once; see ``build_schedule``)."""
+        if (own, ahead) not in self._orders:
+            self._orders[(own, ahead)] = build_schedule(self.cfg, self.costs, own, ahead)[self.rank]
+        return self._orders[(own, ahead)]
+
+    def step(self, load: Callable[[int], Tensors], next_load: Callable[[int], Tensors] | None = None) -> StepStats:
         """Run the schedule once over the step's ``M`` micro-batches; gradients add to ``.grad``.
 
         Args:
             load: ``load(m)`` returns micro ``m``'s raw inputs as a dict of tensors; called only on its owner,
                 at its ``DATA_LOAD``.
+            next_load: placement ``fill`` only: the next step's ``load``. The owners then load and preprocess the
+                next step's micros in this step's idle time, and the next step starts with them (it does not call
+                its own ``load`` for them). Pass it on every rank, or on none. Ignored with placement ``prefix``.
 
         Raises:
             ValueError: a sample or the model rejected the inputs on some rank (the same text on every rank),
@@ -135,8 +150,16 @@ class PipelineExecutor:
         kept = {p: p.grad for p in trained}
         for p in trained:
             p.grad = None
+        ahead, num_micro = next_load is not None and self.cfg.placement == "fill", self.cfg.num_micro
+        carried, self._carried = self._carried, None
+        self.order = self._order(own=carried is None, ahead=ahead)
+
+        def loader(m: int) -> Tensors:
+            return load(m) if m < num_micro else next_load(m - num_micro)
         ctx = StepContext(self.cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
-                          load)
+                          loader)
+        for m, (data, feats) in (carried or {}).items():
+            ctx.data[m], ctx.feats[m] = data, feats
         action, peak = None, 0
         try:
             for action in self.order:
@@ -152,6 +175,8 @@ class PipelineExecutor:
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum",
                                describe("all_reduce", totals))
             self._sum_tied()
+            ahead_loaded = {m - num_micro: (ctx.data.pop(m), ctx.feats.pop(m)) for m in sorted(ctx.data)
+                            if m >= num_micro}
         except BaseException as err:
             for p in trained:
                 p.grad = kept[p]
@@ -171,6 +196,8 @@ class PipelineExecutor:
             for p in trained:
                 p.grad = kept[p]
             raise ValueError("the step has no label tokens (every label is -100); check the collator's labels")
+        if ahead:
+            self._carried = ahead_loaded
         for p in trained:
             if p not in mine:  # a replica of P on a rank that does not own it: rank 0 optimises P
                 p.grad = kept[p]

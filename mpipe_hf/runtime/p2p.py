@@ -1,8 +1,9 @@
 """Point-to-point transfer of tensor dictionaries, each carrying its own shapes and dtypes (SPEC.md, "Numerics
 contract": no fixed buffers, no padding to a maximum).
 
-A transfer is three messages on the pair's channel: the header length (one int64), the header (int64s naming
-every key, dtype, ``requires_grad`` flag and shape), then one message per non-empty tensor. Each direction has a
+A transfer is a fixed-size first message (``HEADER_CAP`` int64s: the header's length, then the header, which names
+every key, dtype, ``requires_grad`` flag and shape), the rest of the header in a second message only when it does
+not fit, then one message per non-empty tensor. Each direction has a
 group of its own (lower to higher rank, and back), so on NCCL a large send, which waits for its receive, never
 sits on the same stream in front of a receive from the same peer (in the 1F1B steady state both neighbours send
 before they receive). Sends are
@@ -22,6 +23,7 @@ from .watchdog import Watchdog, describe
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)
 _CODE = {dtype: i for i, dtype in enumerate(DTYPES)}
+HEADER_CAP = 64  # int64s in a transfer's first message; a longer header sends its rest in a second one
 
 
 def encode_header(payload: dict[str, torch.Tensor]) -> list[int]:
@@ -87,9 +89,13 @@ class P2P:
     def send(self, payload: dict[str, torch.Tensor], dst: int, what: str, channel: str = "message") -> None:
         """Post the transfer of ``payload`` to ``dst`` without waiting for it; ``channel`` names it in
         :attr:`bytes_sent`."""
-        header = torch.tensor(encode_header(payload), dtype=torch.int64)
-        self._isend(torch.tensor([header.numel()], dtype=torch.int64), dst, what)
-        self._isend(header, dst, what)
+        header = encode_header(payload)
+        first = torch.zeros(HEADER_CAP, dtype=torch.int64)
+        head = [len(header)] + header[:HEADER_CAP - 1]
+        first[:len(head)] = torch.tensor(head, dtype=torch.int64)
+        self._isend(first, dst, what)
+        if len(header) > HEADER_CAP - 1:
+            self._isend(torch.tensor(header[HEADER_CAP - 1:], dtype=torch.int64), dst, what)
         for key, tensor in payload.items():
             if tensor.numel():
                 self._isend(tensor, dst, what)
@@ -102,10 +108,13 @@ class P2P:
             TimeoutError: nothing arrived within the watchdog's timeout.
             PeerFailed: another rank failed meanwhile.
         """
-        size = self._recv(torch.empty(1, dtype=torch.int64, device=self.device), src, what)
-        header = self._recv(torch.empty(int(size.item()), dtype=torch.int64, device=self.device), src, what)
+        first = self._recv(torch.empty(HEADER_CAP, dtype=torch.int64, device=self.device), src, what).tolist()
+        size, header = first[0], first[1:1 + first[0]]
+        if size > HEADER_CAP - 1:
+            rest = self._recv(torch.empty(size - HEADER_CAP + 1, dtype=torch.int64, device=self.device), src, what)
+            header += rest.tolist()
         out = {}
-        for key, dtype, grad, shape in decode_header(header.tolist()):
+        for key, dtype, grad, shape in decode_header(header):
             tensor = torch.empty(shape, dtype=dtype, device=self.device)
             if tensor.numel():
                 self._recv(tensor, src, what)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 PREPROCESS_MODES = ("identity", "frozen", "trainable")
 OVERFLOW_MODES = ("full", "min")
+PLACEMENTS = ("prefix", "fill")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class ScheduleConfig:
             ``GRAD_REDUCE`` sums ``P``'s gradient over the pipeline group.
         less_memory: a shallower warm-up of the interleaved body (``R-1-r`` instead of ``2(R-1-r)`` extra
             forwards on rank ``r``): fewer activations in flight, possibly more bubble.
+        placement: where the transposed forwards go: ``"prefix"`` (each owner runs them before its body, as the
+            spec builds it) or ``"fill"`` (frozen ``P`` only: where the simulator finds each owner idle, see
+            :mod:`.fill`).
 
     Raises:
         ValueError: naming the field and the allowed values.
@@ -38,6 +42,7 @@ class ScheduleConfig:
     overflow: str = "full"
     owner_backward: bool = False
     less_memory: bool = False
+    placement: str = "prefix"
 
     def __post_init__(self):
         for field in ("pp_size", "vpp", "num_micro"):
@@ -51,6 +56,11 @@ class ScheduleConfig:
         for field in ("owner_backward", "less_memory"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"{field} must be true or false, got {getattr(self, field)!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        if self.placement == "fill" and self.preprocess != "frozen":
+            raise ValueError(f"placement 'fill' moves the forwards of a frozen preprocess; preprocess is "
+                             f"{self.preprocess!r} (use placement 'prefix')")
         if self.owner_backward and self.preprocess != "trainable":
             raise ValueError(f"owner_backward needs preprocess 'trainable' (a {self.preprocess} preprocess has no "
                              f"backward), got preprocess {self.preprocess!r}")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from .actions import Action, Kind
 from .config import ScheduleConfig
+from .fill import carried_facts, place_groups
 from .interleaved import body_order
 from .lowering import add_transfers
+from .simulate import Costs
 from .validate import validate
 
 
@@ -83,19 +85,32 @@ def suffix(cfg: ScheduleConfig, rank: int) -> list[Action]:
     return out + [Action(Kind.GRAD_REDUCE)]
 
 
-def build_schedule(cfg: ScheduleConfig) -> dict[int, list[Action]]:
+def build_schedule(cfg: ScheduleConfig, costs: Costs | None = None, own: bool = True,
+                   ahead: bool = False) -> dict[int, list[Action]]:
     """The full, validated MPipe Transpose schedule: ``{rank: [Action, ...]}`` with all transfers in place.
 
+    Args:
+        costs: with placement ``fill``, the costs the simulator places the transposed forwards by (unit costs
+            when ``None``); unused otherwise.
+        own, ahead: placement ``fill`` only. ``own=False``: this step's micros were loaded and preprocessed by
+            the previous step (rank 0 holds their data and features); ``ahead=True``: this step also loads and
+            preprocesses the next step's micros (numbered ``M + m``) in its idle time (:mod:`.fill`).
+
     Raises:
+        ValueError: ``own``/``ahead`` other than the defaults without placement ``fill``.
         ScheduleError: if the built schedule fails static validation (a bug, never expected).
     """
+    if (not own or ahead) and cfg.placement != "fill":
+        raise ValueError("carrying micro-batches across steps (own=False or ahead=True) needs placement 'fill'")
     orders = {}
     for rank in range(cfg.pp_size):
         body = body_order(cfg.pp_size, cfg.vpp, cfg.num_micro, rank, cfg.less_memory)
         body = patch_rank0(cfg, body) if rank == 0 else body
         orders[rank] = prefix(cfg, rank) + body + suffix(cfg, rank)
     orders = add_transfers(cfg, orders)
-    validate(cfg, orders)
+    if cfg.placement == "fill":
+        orders = place_groups(cfg, orders, costs, own, ahead)
+    validate(cfg, orders, None if own else carried_facts(cfg))
     return orders
 
 

@@ -90,13 +90,15 @@ def _check_channels(orders: dict[int, list[Action]]) -> None:
             raise ScheduleError(f"ranks {pair[0]}->{pair[1]}: sends {sends[pair]} but receives {recvs[pair]}")
 
 
-def run_symbolic(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> list[tuple[int, Action]]:
-    """Run the schedule symbolically; return the global order in which actions completed.
+def run_symbolic(cfg: ScheduleConfig, orders: dict[int, list[Action]],
+                 initial: dict[int, set] | None = None) -> list[tuple[int, Action]]:
+    """Run the schedule symbolically from the facts ``initial`` (``{rank: {fact, ...}}``, e.g. micro-batches
+    carried over from the previous step); return the global order in which actions completed.
 
     Raises:
         ScheduleError: when an action's inputs never appear (a missing dependency or a hang).
     """
-    facts = {r: set() for r in orders}
+    facts = {r: set((initial or {}).get(r, ())) for r in orders}
     pc = {r: 0 for r in orders}
     wire: dict[tuple[int, int], deque] = defaultdict(deque)
     trace = []
@@ -136,10 +138,11 @@ def run_symbolic(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> list[t
     return trace
 
 
-def validate(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> None:
-    """Run every static check (see the module docstring). Raises :class:`ScheduleError`."""
+def validate(cfg: ScheduleConfig, orders: dict[int, list[Action]], initial: dict[int, set] | None = None) -> None:
+    """Run every static check (see the module docstring) from the facts ``initial``. Raises
+    :class:`ScheduleError`."""
     if sorted(orders) != list(range(cfg.pp_size)):
         raise ScheduleError(f"schedule has ranks {sorted(orders)}, expected 0..{cfg.pp_size - 1}")
     _check_counts(cfg, orders)
     _check_channels(orders)
-    run_symbolic(cfg, orders)
+    run_symbolic(cfg, orders, initial)

@@ -90,6 +90,8 @@ class Recipe(ScheduleConfig):
         seed: for anything random.
         trace: record every action's start and end on every rank and write ``output_dir/trace.json`` (Chrome
             trace; ``mpipe-hf plot --trace`` draws it).
+        profile: a cost profile (``mpipe-hf profile``) that placement ``fill`` places the transposed forwards by;
+            unit costs when ``None``.
     """
 
     model: ModelSource
@@ -107,9 +109,12 @@ class Recipe(ScheduleConfig):
     timeout_s: float = 300.0
     seed: int = 0
     trace: bool = False
+    profile: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "model", ModelSource.parse(self.model))
+        if self.profile is not None and not os.path.isfile(self.profile):
+            raise ValueError(f"profile {self.profile!r} is not a file (mpipe-hf profile RECIPE.yaml writes one)")
         super().__post_init__()
 
     def schedule(self) -> ScheduleConfig:

@@ -152,17 +152,19 @@ def train(recipe: Recipe) -> TrainResult:
                                   eps=recipe.adam_eps)
     executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, group, device, params.values(),
                                 timedelta(seconds=recipe.timeout_s), carved.tied_parameters(cfg, rank),
-                                trace=recipe.trace)
+                                trace=recipe.trace, costs=placement_costs(recipe, layers_per_stage))
     os.makedirs(recipe.output_dir, exist_ok=True)
     log = open(os.path.join(recipe.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
     if rank == 0:
         print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} preprocess={cfg.preprocess} "
+              f"placement={cfg.placement} "
               f"text_layers={recipe.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} layers per stage={layers_per_stage}", flush=True)
     losses, start = [], time.perf_counter()
     bar = tqdm(range(recipe.steps), disable=rank != 0, desc="train", dynamic_ncols=True)
     for step in bar:
-        stats = executor.step(partial(plan.load, step))
+        ahead = partial(plan.load, step + 1) if step + 1 < recipe.steps else None  # used by placement fill
+        stats = executor.step(partial(plan.load, step), ahead)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(stats.loss)
@@ -189,6 +191,15 @@ def train(recipe: Recipe) -> TrainResult:
         print(f"mpipe_hf: {recipe.steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
               f"checkpoint {out}", flush=True)
     return TrainResult(losses, out, wall)
+
+
+def placement_costs(recipe: Recipe, layers_per_stage: list[int]):
+    """The simulator costs of ``recipe.profile`` for this layout (placement ``fill`` places by them), or
+    ``None``."""
+    if recipe.profile is None:
+        return None
+    from ..schedule.tune import Profile, costs_for
+    return costs_for(Profile.load(recipe.profile), recipe.schedule(), layers_per_stage, recipe.text_layers)
 
 
 def write_trace(path: str, events: list, rank: int, world: int, group: dist.ProcessGroup) -> None:

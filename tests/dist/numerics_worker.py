@@ -7,7 +7,8 @@ A case (see matrix.py) names the model (a config of the fixture), the data pool,
 ``steps`` (AdamW steps; parameters are compared after the last one), ``accumulate`` (schedule runs per optimizer
 step; gradients add up), ``bad_micro`` (a micro with a wrong image-token count, rejected at load), ``corrupt_owner``
 (a rank whose load meets an undecodable image), ``mid_step_owner`` (a rank whose micro passes its load but makes
-rank 0's stage 0 raise), ``reload`` (after the steps, save the checkpoint and load it with ``from_pretrained``).
+rank 0's stage 0 raise), ``lookahead`` (placement ``fill``: each run loads the next run's micros), ``reload``
+(after the steps, save the checkpoint and load it with ``from_pretrained``).
 A failing step runs first; the measured steps follow on other micro-batches.
 
 The pipeline runs on every rank; rank 0 then runs the unsplit reference (same micro-batches, same frozen modules,
@@ -128,7 +129,8 @@ def failing_step(case, executor, split, cfg, rank, micros, image_token_id):
 
 def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     cfg = ScheduleConfig(pp_size, case["vpp"], case["num_micro"], case["preprocess"], case.get("overflow", "full"),
-                         case.get("owner_backward", False), case.get("less_memory", False))
+                         case.get("owner_backward", False), case.get("less_memory", False),
+                         case.get("placement", "prefix"))
     pool = fixture["pools"][case["data"]]
     steps, accumulate = case.get("steps", 1), case.get("accumulate", 1)
     model = build_model(fixture, case["family"])
@@ -147,15 +149,20 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
         result["grads_after_error"] = sorted(n for n, p in params.items() if p.grad is not None)
 
     losses, grads, peaks = [], {}, set()
+
+    def loader(run):
+        micros = micro_batches(case, pool, run)
+
+        def load(m):
+            loads.append(m)
+            split.validate_micro(micros[m])
+            return micros[m]
+        return load
     for step in range(steps):
         for a in range(accumulate):
-            micros = micro_batches(case, pool, step * accumulate + a)
-
-            def load(m, micros=micros):
-                loads.append(m)
-                split.validate_micro(micros[m])
-                return micros[m]
-            stats = executor.step(load)
+            run = step * accumulate + a
+            ahead = case.get("lookahead") and run + 1 < steps * accumulate  # load the next run's micros now
+            stats = executor.step(loader(run), loader(run + 1) if ahead else None)
             losses.append(stats.loss)
             peaks.add(stats.peak_activations)
         if step == 0:
@@ -209,7 +216,8 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     dist.barrier(group=group)
     if rank == 0:
         os.remove(ref_path)  # tens of MB per case
-    result.update(peak_activations=sorted(peaks), expected_peak=peak_in_flight(executor.order), losses=losses, ref_losses=reference["losses"], max_diff=max_diff, worst=worst,
+    result.update(peak_activations=sorted(peaks), expected_peak=peak_in_flight(executor.order), losses=losses,
+                  ref_losses=reference["losses"], max_diff=max_diff, worst=worst,
                   param_diff=param_diff, names=sorted(params), ref_names=reference["names"],
                   owned=cfg.owned(rank))
     return result
