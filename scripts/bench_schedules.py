@@ -17,8 +17,9 @@ cores honestly): body F = 10 ms and B = 20 ms per chunk, V = 2. The preprocess `
   step's computed in this step's idle time (the median step is the steady state).
 
 For each: the median step time over ``--steps`` steps after 2 warm-up steps, its ratio to (a), the simulator's
-prediction (with the measured link latency) and its error, and the limit: the larger of the body's own step time
-(its fill and drain, no preprocess) and all the work divided by ``R``. Then the runtime's overheads: the shape
+prediction (with each runtime's measured one-way transfer time as the link latency) and its error, and the
+limit: the larger of the body's own step time (its fill and drain, no preprocess) and all the work divided by
+``R``. Then the runtime's overheads: the shape
 header against a fixed-shape send, and the executor's cost per action against torch's, on stages that do nothing.
 """
 
@@ -157,24 +158,6 @@ def timed(step, group, steps):
     return statistics.median(times)
 
 
-def link_latency(group, rank, rounds=200):
-    """One-way seconds of a small gloo message between ranks 0 and 1 (half the ping-pong round trip)."""
-    buf = torch.zeros(16)
-    dist.barrier(group=group)
-    start = time.perf_counter()
-    for _ in range(rounds):
-        if rank == 0:
-            dist.send(buf, 1, group=group)
-            dist.recv(buf, 1, group=group)
-        elif rank == 1:
-            dist.recv(buf, 0, group=group)
-            dist.send(buf, 0, group=group)
-    elapsed = time.perf_counter() - start
-    value = torch.tensor([elapsed / rounds / 2])
-    dist.broadcast(value, 0, group=group)
-    return float(value)
-
-
 def header_overhead(group, rank, rounds=200):
     """Seconds per transfer rank 0 -> 1: our P2P (length, header, payload) and a plain fixed-shape send."""
     from mpipe_hf.runtime.p2p import P2P
@@ -220,7 +203,8 @@ def worker(args):
     from mpipe_hf.schedule.simulate import Costs, simulate
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     rank, group = dist.get_rank(), dist.group.WORLD
-    latency = link_latency(group, rank)
+    # the simulator's link latency: one transfer as each runtime does it (ours: shape header, then payload)
+    ours_latency, plain_latency = header_overhead(group, rank)
     pfs = [0.0, 40.0] if args.quick else [0.0, 10.0, 20.0, 40.0, 80.0]
     micros = [16] if args.quick else [8, 16]
     rows = []
@@ -228,7 +212,7 @@ def worker(args):
         for mode in ("frozen", "trainable"):
             for pf_ms in pfs:
                 pf, pb = pf_ms / 1e3, (2 * pf_ms / 1e3 if mode == "trainable" else 0.0)
-                costs = dict(latency=latency)
+                costs, torch_costs = dict(latency=ours_latency), dict(latency=plain_latency)
                 body_f, body_b = stage_costs(0.0, 0.0)
                 limit_body = simulate(build_schedule(ScheduleConfig(R, V, num_micro, "identity")),
                                       Costs(tuple(body_f), tuple(body_b), **costs)).makespan
@@ -238,7 +222,7 @@ def worker(args):
                 results = {}
                 measured, _ = run_torch(group, rank, fwd, bwd, num_micro, args.steps)
                 results["(a) torch interleaved 1F1B, P in stage 0"] = (measured, simulate(
-                    build_schedule(identity), Costs(tuple(fwd), tuple(bwd), **costs)).makespan)
+                    build_schedule(identity), Costs(tuple(fwd), tuple(bwd), **torch_costs)).makespan)
                 measured, _ = run_ours(identity, group, rank, fwd, bwd, None, args.steps)
                 results["(b) ours interleaved 1F1B, P in stage 0"] = (measured, simulate(
                     build_schedule(identity), Costs(tuple(fwd), tuple(bwd), **costs)).makespan)
@@ -266,19 +250,20 @@ def worker(args):
                 if rank == 0:
                     print(f"M={num_micro} {mode} Pf={pf_ms:g} ms done", flush=True)
     # runtime overheads
-    ours_hdr, plain = header_overhead(group, rank)
+    ours_hdr, plain = ours_latency, plain_latency
     zero_f, zero_b = [0.0] * R * V, [0.0] * R * V
     t_torch, n_torch = run_torch(group, rank, zero_f, zero_b, 16, args.steps)
     t_ours, n_ours = run_ours(ScheduleConfig(R, V, 16, "identity"), group, rank, zero_f, zero_b, None, args.steps)
     if rank == 0:
-        report(args, rows, latency, ours_hdr, plain, (t_torch, n_torch), (t_ours, n_ours))
+        report(args, rows, ours_hdr, plain, (t_torch, n_torch), (t_ours, n_ours))
     dist.destroy_process_group()
 
 
-def report(args, rows, latency, ours_hdr, plain, torch_zero, ours_zero):
+def report(args, rows, ours_hdr, plain, torch_zero, ours_zero):
     lines = [f"R = {R}, V = {V}, body F = {F_MS:g} ms and B = {B_MS:g} ms per chunk, gloo on CPU, median of "
-             f"{args.steps} steps after 2 warm-up steps; measured link latency {latency * 1e3:.3f} ms (used by the "
-             f"simulator).", "",
+             f"{args.steps} steps after 2 warm-up steps. The simulator's link latency is one transfer as measured "
+             f"in this run: {ours_hdr * 1e3:.3f} ms for ours (shape header, then payload), {plain * 1e3:.3f} ms "
+             f"for torch's fixed-shape sends.", "",
              "| M | P | Pf ms | schedule | step s | vs (a) | predicted s | error | limit s | vs limit |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for m, mode, pf, name, meas, ratio, pred, err, limit, vs_limit in rows:

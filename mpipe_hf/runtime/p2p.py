@@ -13,7 +13,7 @@ they end on a timeout or on another rank's failure.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 
 import torch
 import torch.distributed as dist
@@ -68,7 +68,7 @@ class P2P:
     def __init__(self, up: dist.ProcessGroup, down: dist.ProcessGroup, device: torch.device, watchdog: Watchdog):
         self.up, self.down, self.device, self.watchdog = up, down, device, watchdog
         self.rank = up.rank()
-        self.pending: list[tuple[dist.Work, torch.Tensor, int, str]] = []
+        self.pending: deque[tuple[dist.Work, torch.Tensor, int, str]] = deque()
         self.bytes_sent: Counter = Counter()
 
     def channel(self, src: int, dst: int) -> dist.ProcessGroup:
@@ -77,7 +77,8 @@ class P2P:
 
     def _isend(self, tensor: torch.Tensor, dst: int, what: str) -> None:
         tensor = tensor.detach().to(self.device).contiguous()
-        self.pending = [entry for entry in self.pending if not entry[0].is_completed()]  # free finished sends
+        while self.pending and self.pending[0][0].is_completed():  # free finished sends, oldest first: O(1)
+            self.pending.popleft()
         work = dist.isend(tensor, group=self.channel(self.rank, dst), group_dst=dst)
         self.pending.append((work, tensor, dst, what))
 
@@ -123,12 +124,12 @@ class P2P:
 
     def drain(self) -> None:
         """Wait for every posted send (bounded by the watchdog)."""
-        pending, self.pending = self.pending, []
+        pending, self.pending = list(self.pending), deque()
         for work, tensor, dst, what in pending:
             self.watchdog.wait(work, f"{what} (send to pipeline rank {dst})", describe("send", tensor, dst=dst))
 
     def discard(self) -> list[tuple[dist.Work, torch.Tensor, int, str]]:
         """Hand over the posted sends of a failed step (the caller keeps them alive: a dropped send is cancelled,
         and its receiver would wait for it)."""
-        pending, self.pending = self.pending, []
+        pending, self.pending = list(self.pending), deque()
         return pending
