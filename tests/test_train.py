@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 import yaml
+from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from mpipe_hf.data import CaptionCollator, MicroBatchPlan, load_caption_dataset, qwen2_5_vl_processor
@@ -153,11 +154,41 @@ def test_unknown_model_type_is_a_value_error(demo, tmp_path):
     ({"config": "nowhere.json"}, "model.config 'nowhere.json' does not exist"),
     ({}, "model needs exactly one of name_or_path"),
     ({"path": "x"}, "model must be a checkpoint path or a mapping with keys"),
+    ({"name_or_path": "CONFIG_ONLY"}, "has no weights .*; for random weights use model.config"),
+    ({"config": "DEMO/configs/qwen3.json"}, "model.tokenizer: .* holds no tokenizer"),
 ])
 def test_bad_model_source_names_the_field(demo, tmp_path, model, field):
+    (tmp_path / "config_only").mkdir()
+    (tmp_path / "config_only" / "config.json").write_text(open(os.path.join(demo, "model", "config.json")).read())
+    model = {k: v.replace("CONFIG_ONLY", str(tmp_path / "config_only")).replace("DEMO", demo)
+             for k, v in model.items()}
     recipe = write_recipe(demo, tmp_path / "r.yaml", str(tmp_path / "out"), model=model)
     with pytest.raises(ValueError, match=field):
         load_recipe(recipe)
+
+
+def test_config_without_model_type_is_a_value_error(demo, tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"hidden_size": 8}))
+    recipe = write_recipe(demo, tmp_path / "r.yaml", str(tmp_path / "out"),
+                          model={"config": str(tmp_path / "c.json"), "tokenizer": os.path.join(demo, "model")})
+    from mpipe_hf.train.trainer import check
+    with pytest.raises(ValueError, match="model.config .* has no model_type"):
+        check(load_recipe(recipe))
+
+
+def test_a_rank_holding_only_a_frozen_preprocess_trains(demo, tmp_path):
+    """Llama with stage 0's only layer moved into a frozen P: rank 0 has nothing to optimise, and the run
+    still trains (rank 1 does)."""
+    os.symlink(demo, tmp_path / "demo")
+    raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "llama.yaml")))
+    raw.update(vpp=1, layers_per_stage=[1, 7], text_layers=1, steps=2, output_dir=str(tmp_path / "out"))
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "r.yaml"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
+    assert len(rows) == 2 and rows[1]["loss"] < rows[0]["loss"]
 
 
 FAMILY_RECIPES = sorted(p for p in glob.glob(os.path.join(ROOT, "recipes", "*.yaml"))
@@ -209,6 +240,7 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
     try:
         recipe = load_recipe("recipe.yaml")
         ref_losses, ref_model, micro = recipe_reference(recipe, 2)
+        processor = load_processor(recipe, load_config(recipe.model))
         proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "recipe.yaml"],
                               capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     finally:
@@ -222,6 +254,12 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
         inputs = {k: v for k, v in micro.items() if k != "labels"}
         diff = (loaded(**inputs).logits - ref_model(**inputs).logits).abs().max().item()
     assert diff < 1e-4, diff
+    if "llava" in path:  # LLaVA's processor (patch size, strategy, image token) reloads from the checkpoint
+        from transformers import AutoProcessor
+        reloaded = AutoProcessor.from_pretrained(tmp_path / "out" / "checkpoint")
+        image = Image.new("RGB", (80, 60), "red")
+        a, b = (p(text=["<|image_pad|>\nhi"], images=[image], return_tensors="pt") for p in (reloaded, processor))
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
 
 
 def test_owner_decodes_only_its_own_rows(demo):

@@ -86,9 +86,15 @@ class DecoderStage(nn.Module):
 
 
 def layer_types(text_config) -> list[str]:
-    """Attention type of every decoder layer (``config.layer_types``, else all full attention)."""
+    """Attention type of every decoder layer: ``config.layer_types``; else all sliding-window attention when the
+    config sets ``sliding_window`` (and does not turn it off with ``use_sliding_window``), as ``MistralModel``
+    does; else all full attention."""
     types = getattr(text_config, "layer_types", None)
-    return list(types) if types else ["full_attention"] * text_config.num_hidden_layers
+    if types:
+        return list(types)
+    sliding = getattr(text_config, "sliding_window", None) is not None and getattr(
+        text_config, "use_sliding_window", True)
+    return ["sliding_attention" if sliding else "full_attention"] * text_config.num_hidden_layers
 
 
 def decoder_stage(text_model: nn.Module, text_config, layer_ids: list[int], front: nn.Module | None = None,

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 
 import yaml
 
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
 from ..schedule import ScheduleConfig
+
+WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 @dataclass(frozen=True)
@@ -19,11 +24,13 @@ class ModelSource:
         name_or_path: a local Hugging Face checkpoint directory (``save_pretrained`` output or a hub snapshot):
             config, safetensors weights, tokenizer and, for a vision-language model, the image processor.
         config: a ``config.json`` file, or a directory holding one, for a randomly initialised model (``seed``).
-        tokenizer: the directory with the tokenizer (and image processor) files; defaults to ``name_or_path``, or
-            to ``config``'s directory. Without a saved image processor there, one is built from the config.
+        tokenizer: the directory with the tokenizer files; defaults to ``name_or_path``, or to ``config``'s
+            directory. The image processor is the checkpoint's own (``name_or_path``) when it saved one, else it is
+            built from the config.
 
     Raises:
-        ValueError: not exactly one of ``name_or_path`` and ``config``, or a path that does not exist.
+        ValueError: not exactly one of ``name_or_path`` and ``config``; a path that does not exist; a checkpoint
+            without ``config.json`` or weights; a tokenizer directory without tokenizer files.
     """
 
     name_or_path: str | None = None
@@ -36,10 +43,20 @@ class ModelSource:
                              "config.json for random initialisation)")
         if self.name_or_path is not None and not os.path.isdir(self.name_or_path):
             raise ValueError(f"model.name_or_path {self.name_or_path!r} is not a checkpoint directory")
+        if self.name_or_path is not None:
+            missing = [n for n, names in (("config.json", [CONFIG_NAME]), ("weights", WEIGHT_FILES))
+                       if not any(os.path.isfile(os.path.join(self.name_or_path, f)) for f in names)]
+            if missing:
+                raise ValueError(f"model.name_or_path {self.name_or_path!r} has no {' and no '.join(missing)} "
+                                 f"(weights: one of {WEIGHT_FILES}); for random weights use model.config")
         if self.config is not None and not os.path.exists(self.config):
             raise ValueError(f"model.config {self.config!r} does not exist (a config.json or a directory with one)")
         if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
             raise ValueError(f"model.tokenizer {self.tokenizer!r} is not a directory")
+        if not any(os.path.isfile(os.path.join(self.tokenizer_dir, f)) for f in TOKENIZER_FILES):
+            field = "model.tokenizer" if self.tokenizer or self.name_or_path is None else "model.name_or_path"
+            raise ValueError(f"{field}: {self.tokenizer_dir!r} holds no tokenizer (none of {TOKENIZER_FILES}); set "
+                             f"model.tokenizer to the directory with the tokenizer files")
 
     @property
     def tokenizer_dir(self) -> str:

@@ -53,6 +53,9 @@ def load_config(source: ModelSource):
     if os.path.isfile(path):
         with open(path) as f:
             raw = json.load(f)
+        if not isinstance(raw, dict) or "model_type" not in raw:
+            raise ValueError(f"model.config {path!r} has no model_type; write a config with save_pretrained or "
+                             f"copy a checkpoint's config.json")
         return AutoConfig.for_model(raw.pop("model_type"), **raw)
     return AutoConfig.from_pretrained(path)
 
@@ -97,7 +100,7 @@ def load_model(source: ModelSource, config, seed: int):
     if source.name_or_path is not None:
         return cls.from_pretrained(source.name_or_path, dtype=torch.float32)
     set_seed(seed)
-    return cls.from_config(config)
+    return cls.from_config(config, dtype=torch.float32)  # as from_pretrained above, whatever the config's dtype
 
 
 def load_processor(recipe: Recipe, config):
@@ -109,8 +112,9 @@ def load_processor(recipe: Recipe, config):
         return tokenizer
     saved = recipe.model.name_or_path is not None and os.path.isfile(
         os.path.join(recipe.model.name_or_path, "preprocessor_config.json"))
-    if saved:
-        size = ({"size": {"shortest_edge": recipe.min_pixels, "longest_edge": recipe.max_pixels}}
+    if saved:  # the recipe's pixel bounds win over the checkpoint's (size, and min/max_pixels where it has them)
+        size = ({"size": {"shortest_edge": recipe.min_pixels, "longest_edge": recipe.max_pixels},
+                 "min_pixels": recipe.min_pixels, "max_pixels": recipe.max_pixels}
                 if config.model_type in QWEN_PROCESSORS else {})
         image_processor = AutoImageProcessor.from_pretrained(recipe.model.name_or_path, **size)
     else:
@@ -149,7 +153,7 @@ def train(recipe: Recipe) -> TrainResult:
     plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.micro_batch_size, carved.validate_micro)
     params = carved.trainable_parameters(cfg, rank)
     optimizer = torch.optim.AdamW(params.values(), lr=recipe.lr, weight_decay=recipe.weight_decay,
-                                  eps=recipe.adam_eps)
+                                  eps=recipe.adam_eps) if params else None  # a frozen P may be all rank 0 holds
     executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, group, device, params.values(),
                                 timedelta(seconds=recipe.timeout_s), carved.tied_parameters(cfg, rank),
                                 trace=recipe.trace, costs=placement_costs(recipe, layers_per_stage))
@@ -165,8 +169,9 @@ def train(recipe: Recipe) -> TrainResult:
     for step in bar:
         ahead = partial(plan.load, step + 1) if step + 1 < recipe.steps else None  # used by placement fill
         stats = executor.step(partial(plan.load, step), ahead)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         losses.append(stats.loss)
         row = {"step": step + 1, "loss": round(stats.loss, 5), "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1),
                "bubble": round(stats.bubble, 3), "step_s": round(stats.wall_s, 3),
@@ -180,8 +185,10 @@ def train(recipe: Recipe) -> TrainResult:
 
     def extras(directory):
         model.config.save_pretrained(directory)
-        getattr(processor, "tokenizer", processor).save_pretrained(directory)
-        if hasattr(processor, "image_processor"):
+        if type(processor).__module__.startswith("transformers."):  # a stock processor (LLaVA's) saves whole
+            processor.save_pretrained(directory)
+        else:  # the image-only Qwen processors: AutoProcessor would want a video processor, so save the parts
+            processor.tokenizer.save_pretrained(directory)
             processor.image_processor.save_pretrained(directory)
     save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
     if recipe.trace:
