@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from ..schedule import ScheduleConfig
-from .base import SplitModel, plan_layers
-from .vision_language import ImageFront, VisionLanguageParts, split_vision_language
+from .base import SplitModel
+from .vision_language import ImageFront, VisionLanguageParts, layer_counts, split_vision_language
+
+__all__ = ["layer_counts", "split"]  # the family protocol (registry.py); layer_counts is the shared one
 
 STAGE0_KEYS = ("input_ids", "attention_mask", "labels")
 VISION_KEYS = ("pixel_values",)
@@ -67,15 +69,6 @@ def _validator(model: nn.Module):
     return validate_micro
 
 
-def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
-                 text_layers: int = 0) -> list[int]:
-    """Decoder layers per stage for ``config`` (a ``LlavaConfig``).
-
-    Raises:
-        ValueError: as :func:`~.base.plan_layers`.
-    """
-    return plan_layers(config.text_config.num_hidden_layers, cfg, layers_per_stage, text_layers)
-
 
 def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,
           text_layers: int = 0) -> SplitModel:
@@ -91,7 +84,7 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
             embedding).
 
     Raises:
-        ValueError: as :func:`layer_counts`.
+        ValueError: as :func:`~.vision_language.layer_counts`.
     """
     lm = model.model.language_model
     parts = VisionLanguageParts(

@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from ..schedule import ScheduleConfig
-from .base import SplitModel, plan_layers
-from .vision_language import ImageFront, VisionLanguageParts, split_vision_language
+from .base import SplitModel
+from .vision_language import ImageFront, VisionLanguageParts, layer_counts, split_vision_language
+
+__all__ = ["layer_counts", "split"]  # the family protocol (registry.py); layer_counts is the shared one
 
 STAGE0_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "image_grid_thw", "labels")
 VISION_KEYS = ("pixel_values", "image_grid_thw")
@@ -77,15 +79,6 @@ def validate_qwen_micro(model: nn.Module):
     return validate_micro
 
 
-def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
-                 text_layers: int = 0) -> list[int]:
-    """Decoder layers per stage for ``config`` (a ``Qwen2VLConfig`` or ``Qwen2_5_VLConfig``).
-
-    Raises:
-        ValueError: as :func:`~.base.plan_layers`.
-    """
-    return plan_layers(config.text_config.num_hidden_layers, cfg, layers_per_stage, text_layers)
-
 
 def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,
           text_layers: int = 0) -> SplitModel:
@@ -100,7 +93,7 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
         text_layers: ``T``, the decoder layers ``P`` takes from stage 0 (with the tower and the embedding).
 
     Raises:
-        ValueError: as :func:`layer_counts`.
+        ValueError: as :func:`~.vision_language.layer_counts`.
     """
     parts = VisionLanguageParts(
         vision_fqns=["model.visual"], text_prefix=LM, text_model=model.model.language_model,

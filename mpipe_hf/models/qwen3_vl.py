@@ -16,10 +16,12 @@ import torch
 from torch import nn
 
 from ..schedule import ScheduleConfig
-from .base import SplitModel, plan_layers
+from .base import SplitModel
 from .decoder import DecoderStage
 from .qwen2_vl import LM, STAGE0_KEYS, VISION_KEYS, QwenVisionPreprocess, QwenVLFront, validate_qwen_micro
-from .vision_language import VisionLanguageParts, split_vision_language
+from .vision_language import VisionLanguageParts, layer_counts, split_vision_language
+
+__all__ = ["layer_counts", "split"]  # the family protocol (registry.py); layer_counts is the shared one
 
 DEEPSTACK_KEYS = ("deepstack_features", "visual_pos_mask")
 
@@ -63,15 +65,6 @@ class DeepStackStage(DecoderStage):
         return hidden
 
 
-def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
-                 text_layers: int = 0) -> list[int]:
-    """Decoder layers per stage for ``config`` (a ``Qwen3VLConfig``); the DeepStack layers may go anywhere.
-
-    Raises:
-        ValueError: as :func:`~.base.plan_layers`.
-    """
-    return plan_layers(config.text_config.num_hidden_layers, cfg, layers_per_stage, text_layers)
-
 
 def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,
           text_layers: int = 0) -> SplitModel:
@@ -86,7 +79,7 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
         text_layers: ``T``, the decoder layers ``P`` takes from stage 0 (with the tower and the embedding).
 
     Raises:
-        ValueError: as :func:`layer_counts`.
+        ValueError: as :func:`~.vision_language.layer_counts`.
     """
     num_deepstack = len(model.config.vision_config.deepstack_visual_indexes)
     parts = VisionLanguageParts(

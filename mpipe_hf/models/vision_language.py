@@ -103,6 +103,17 @@ class VisionLanguageParts:
     carry: Callable[[int], tuple[str, ...]] = field(default=lambda last: ())
 
 
+def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
+                 text_layers: int = 0) -> list[int]:
+    """Decoder layers per stage for a vision-language ``config`` (its ``text_config`` holds the decoder); the
+    layout and ``text_layers`` are checked against the model.
+
+    Raises:
+        ValueError: as :func:`~.base.plan_layers`.
+    """
+    return plan_layers(config.text_config.num_hidden_layers, cfg, layers_per_stage, text_layers)
+
+
 def split_vision_language(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None,
                           text_layers: int, parts: VisionLanguageParts) -> SplitModel:
     """Carve a vision-language ``model`` for pipeline rank ``rank`` of ``cfg`` (see the module docstring).
@@ -111,7 +122,7 @@ def split_vision_language(model: nn.Module, cfg: ScheduleConfig, rank: int, laye
         ValueError: as :func:`~.base.plan_layers`.
     """
     text, lm, prefix = parts.text_config, parts.text_model, parts.text_prefix
-    counts = plan_layers(text.num_hidden_layers, cfg, layers_per_stage, text_layers)
+    counts = layer_counts(model.config, cfg, layers_per_stage, text_layers)
     p_ids, ids = stage_layer_ids(counts, text_layers)
     layout = [[f"{prefix}.layers.{i}" for i in ids[s]] for s in range(cfg.num_stages)]
     layout[-1] += [f"{prefix}.norm", "lm_head"]

@@ -41,5 +41,4 @@ def stage0_layers(num_layers: int, num_stages: int, keep: int) -> list[int]:
                          f"{num_stages} stages, got {keep}")
     if num_stages == 1:
         return [num_layers]
-    rest = balanced_layers(num_layers - keep, num_stages - 1) if num_stages > 2 else [num_layers - keep]
-    return [keep] + rest
+    return [keep] + balanced_layers(num_layers - keep, num_stages - 1)
