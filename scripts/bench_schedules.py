@@ -16,11 +16,12 @@ cores honestly): body F = 10 ms and B = 20 ms per chunk, V = 2. The preprocess `
   filling (placement ``fill``): each transposed forward where the simulator finds its owner idle, the next
   step's computed in this step's idle time (the median step is the steady state).
 
-For each: the median step time over ``--steps`` steps after 2 warm-up steps, its ratio to (a), the simulator's
-prediction (with each runtime's measured one-way transfer time as the link latency) and its error, and the
-limit: the larger of the body's own step time (its fill and drain, no preprocess) and all the work divided by
-``R``. Then the runtime's overheads: the shape
-header against a fixed-shape send, and the executor's cost per action against torch's, on stages that do nothing.
+First the runtimes' overheads, measured in the same run: one transfer (ours, with its shape header, against a
+fixed-shape send), and each runtime's step and CPU time on stages that do nothing. They give the simulator its
+per-runtime costs: the link latency (one transfer) and the dispatch (CPU time per action of the schedule).
+Then, for each schedule: the median step time over ``--steps`` steps after 2 warm-up steps, its ratio to (a),
+the simulator's prediction and its error, and the limit: the larger of the body's own step time on our runtime
+(its fill and drain, no preprocess) and all the work divided by ``R``.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def stage_costs(pf, pb, layout=None):
     return fwd, bwd
 
 
-def run_ours(cfg, group, rank, fwd, bwd, pre, steps, costs=None):
+def run_ours(cfg, group, rank, fwd, bwd, pre, steps, costs=None, cpu=False):
     """Median step seconds of our executor over ``steps`` steps after 2 warm-up steps."""
     from mpipe_hf.runtime import PipelineExecutor, Preprocess
     stages = {s: DictStage(fwd[s], bwd[s], s == cfg.num_stages - 1) for s in range(rank, cfg.num_stages, R)}
@@ -124,10 +125,10 @@ def run_ours(cfg, group, rank, fwd, bwd, pre, steps, costs=None):
     def load(m):
         return {"x": x}
     # every step also loads the next one's micros (used by placement fill): the median is the steady state
-    return timed(lambda: executor.step(load, load), group, steps), len(executor.order)
+    return timed(lambda: executor.step(load, load), group, steps, cpu), len(executor.order)
 
 
-def run_torch(group, rank, fwd, bwd, num_micro, steps):
+def run_torch(group, rank, fwd, bwd, num_micro, steps, cpu=False):
     from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
     stages = [PipelineStage(SleepModule(fwd[s], bwd[s]), s, R * V, torch.device("cpu"),
                             group=group)
@@ -143,19 +144,23 @@ def run_torch(group, rank, fwd, bwd, num_micro, steps):
         else:
             schedule.step()
     actions = sum(1 for a in schedule.pipeline_order[rank] if a is not None)
-    return timed(step, group, steps), actions
+    return timed(step, group, steps, cpu), actions
 
 
-def timed(step, group, steps):
-    times = []
+def timed(step, group, steps, cpu=False):
+    """Median wall seconds of ``step`` over ``steps`` steps after 2 warm-up steps; with ``cpu``, also the median
+    CPU seconds this process (all its threads) spent in it."""
+    times, cpus = [], []
     for i in range(steps + 2):
         dist.barrier(group=group)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step()
+        used = time.process_time() - start_cpu
         dist.barrier(group=group)
         if i >= 2:
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+            cpus.append(used)
+    return (statistics.median(times), statistics.median(cpus)) if cpu else statistics.median(times)
 
 
 def header_overhead(group, rank, rounds=200):
@@ -205,6 +210,15 @@ def worker(args):
     rank, group = dist.get_rank(), dist.group.WORLD
     # the simulator's link latency: one transfer as each runtime does it (ours: shape header, then payload)
     ours_latency, plain_latency = header_overhead(group, rank)
+    # and its dispatch: each runtime's CPU time per action (the busiest rank's), on stages that do nothing
+    zero, zero_m = [0.0] * R * V, 16
+    sim_actions = len(build_schedule(ScheduleConfig(R, V, zero_m, "identity"))[rank])
+    torch_zero = run_torch(group, rank, zero, zero, zero_m, args.steps, cpu=True)
+    ours_zero = run_ours(ScheduleConfig(R, V, zero_m, "identity"), group, rank, zero, zero, None, args.steps,
+                         cpu=True)
+    dispatch = torch.tensor([torch_zero[0][1] / sim_actions, ours_zero[0][1] / sim_actions])
+    dist.all_reduce(dispatch, op=dist.ReduceOp.MAX, group=group)
+    torch_dispatch, ours_dispatch = dispatch.tolist()
     pfs = [0.0, 40.0] if args.quick else [0.0, 10.0, 20.0, 40.0, 80.0]
     micros = [16] if args.quick else [8, 16]
     rows = []
@@ -212,7 +226,8 @@ def worker(args):
         for mode in ("frozen", "trainable"):
             for pf_ms in pfs:
                 pf, pb = pf_ms / 1e3, (2 * pf_ms / 1e3 if mode == "trainable" else 0.0)
-                costs, torch_costs = dict(latency=ours_latency), dict(latency=plain_latency)
+                costs = dict(latency=ours_latency, dispatch=ours_dispatch)
+                torch_costs = dict(latency=plain_latency, dispatch=torch_dispatch)
                 body_f, body_b = stage_costs(0.0, 0.0)
                 limit_body = simulate(build_schedule(ScheduleConfig(R, V, num_micro, "identity")),
                                       Costs(tuple(body_f), tuple(body_b), **costs)).makespan
@@ -249,34 +264,33 @@ def worker(args):
                                  (predicted - measured) / measured, limit, measured / limit))
                 if rank == 0:
                     print(f"M={num_micro} {mode} Pf={pf_ms:g} ms done", flush=True)
-    # runtime overheads
-    ours_hdr, plain = ours_latency, plain_latency
-    zero_f, zero_b = [0.0] * R * V, [0.0] * R * V
-    t_torch, n_torch = run_torch(group, rank, zero_f, zero_b, 16, args.steps)
-    t_ours, n_ours = run_ours(ScheduleConfig(R, V, 16, "identity"), group, rank, zero_f, zero_b, None, args.steps)
     if rank == 0:
-        report(args, rows, ours_hdr, plain, (t_torch, n_torch), (t_ours, n_ours))
+        report(args, rows, ours_latency, plain_latency, torch_zero, ours_zero, (torch_dispatch, ours_dispatch))
     dist.destroy_process_group()
 
 
-def report(args, rows, ours_hdr, plain, torch_zero, ours_zero):
+def report(args, rows, ours_hdr, plain, torch_zero, ours_zero, dispatch):
     lines = [f"R = {R}, V = {V}, body F = {F_MS:g} ms and B = {B_MS:g} ms per chunk, gloo on CPU, median of "
-             f"{args.steps} steps after 2 warm-up steps. The simulator's link latency is one transfer as measured "
-             f"in this run: {ours_hdr * 1e3:.3f} ms for ours (shape header, then payload), {plain * 1e3:.3f} ms "
-             f"for torch's fixed-shape sends.", "",
+             f"{args.steps} steps after 2 warm-up steps. The simulator's costs for each runtime, measured in this "
+             f"run: link latency {ours_hdr * 1e3:.3f} ms for ours (shape header, then payload) and "
+             f"{plain * 1e3:.3f} ms for torch's fixed-shape sends; dispatch (CPU time per action) "
+             f"{dispatch[1] * 1e3:.3f} ms for ours and {dispatch[0] * 1e3:.3f} ms for torch.", "",
              "| M | P | Pf ms | schedule | step s | vs (a) | predicted s | error | limit s | vs limit |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for m, mode, pf, name, meas, ratio, pred, err, limit, vs_limit in rows:
         lines.append(f"| {m} | {mode} | {pf:g} | {name} | {meas:.3f} | {ratio:.3f} | {pred:.3f} | {err:+.1%} | "
                      f"{limit:.3f} | {vs_limit:.3f} |")
+    (t_torch, c_torch), n_torch = torch_zero
+    (t_ours, c_ours), n_ours = ours_zero
     lines += ["", "Runtime overheads:", "",
-              f"- one transfer of a 4 x 64 fp32 tensor, rank 0 -> 1: ours (length, shape header, payload) "
+              f"- one transfer of a 4 x 64 fp32 tensor, rank 0 -> 1 and back, halved: ours (shape header, payload) "
               f"{ours_hdr * 1e6:.0f} us, a plain fixed-shape send {plain * 1e6:.0f} us "
               f"(+{(ours_hdr - plain) * 1e6:.0f} us per transfer).",
-              f"- stages that do nothing, M = 16: torch {torch_zero[0] * 1e3:.1f} ms per step over "
-              f"{torch_zero[1]} actions on rank 0 ({torch_zero[0] / torch_zero[1] * 1e6:.0f} us per action); ours "
-              f"{ours_zero[0] * 1e3:.1f} ms over {ours_zero[1]} actions "
-              f"({ours_zero[0] / ours_zero[1] * 1e6:.0f} us per action)."]
+              f"- stages that do nothing, M = 16, rank 0: torch {t_torch * 1e3:.1f} ms per step ({c_torch * 1e3:.1f} "
+              f"ms CPU) over {n_torch} compute actions; ours {t_ours * 1e3:.1f} ms ({c_ours * 1e3:.1f} ms CPU) over "
+              f"{n_ours} actions (compute, send and receive). Per compute action (64): torch "
+              f"{t_torch / 64 * 1e6:.0f} us, ours {t_ours / 64 * 1e6:.0f} us (ratio {t_ours / t_torch:.2f}). "
+              f"Four processes share two cores here, so these steps are bound by CPU, unlike the sleeping ones."]
     text = "\n".join(lines)
     print(text, flush=True)
     if args.markdown:

@@ -48,6 +48,14 @@ def test_transfer_latency_and_bandwidth_add_to_the_critical_path():
     assert sim.makespan == pytest.approx((6 + 3) * 3.0 + 3 * (0.25 + 0.5) + 3 * (0.25 + 0.25))
 
 
+def test_dispatch_holds_every_action():
+    """One micro through GPipe: every action is on the critical path (2 R computes, 4 (R - 1) sends and
+    receives), and each holds its rank ``dispatch`` longer."""
+    sim = simulate(gpipe(4, 1), Costs(forward=1.0, backward=2.0, dispatch=0.1))
+    assert sim.makespan == pytest.approx(4 * 3.0 + (2 * 4 + 4 * 3) * 0.1)
+    assert simulate(gpipe(4, 1), Costs(forward=1.0, backward=2.0)).makespan == pytest.approx(12.0)
+
+
 def test_mpipe_preprocess_runs_on_the_owners_in_parallel():
     sim = simulate(build_schedule(ScheduleConfig(4, 2, 8, "frozen")), Costs(preprocess_forward=3.0))
     firsts = {r: next(e for e in events if e.action.kind is Kind.TRANSPOSE_FWD) for r, events in sim.timeline.items()}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mpipe_hf.schedule.layout import balanced_layers, check_layers_per_stage
-from mpipe_hf.runtime.p2p import decode_header, encode_header
+from mpipe_hf.runtime.p2p import ALIGN, decode_header, encode_header, pack, payload_size, unpack
 
 
 def test_header_round_trip_carries_every_shape_and_dtype():
@@ -13,6 +13,26 @@ def test_header_round_trip_carries_every_shape_and_dtype():
                "mask": torch.zeros(5, dtype=torch.bool), "scalar": torch.tensor(3.0)}
     entries = decode_header(encode_header(payload))
     assert entries == [(k, v.dtype, v.requires_grad, tuple(v.shape)) for k, v in payload.items()]
+
+
+def test_payload_packs_every_tensor_into_one_buffer_and_unpacks_bit_exact():
+    torch.manual_seed(0)
+    payload = {"mask": torch.tensor([True, False, True]), "hidden_states": torch.randn(2, 5, 3).requires_grad_(),
+               "empty": torch.zeros(0, 4), "position_ids": torch.arange(6).view(3, 2),
+               "half": torch.randn(7).half(), "scalar": torch.tensor(2.5, dtype=torch.bfloat16)}
+    entries = decode_header(encode_header(payload))
+    flat = pack([t for t in payload.values() if t.numel()])
+    assert flat.dtype == torch.uint8 and flat.numel() == payload_size(entries)
+    out = unpack(entries, flat.clone())
+    assert list(out) == list(payload)
+    for key, tensor in payload.items():
+        got = out[key]
+        assert (got.dtype, got.shape, got.requires_grad) == (tensor.dtype, tensor.shape, tensor.requires_grad), key
+        assert torch.equal(got.detach().view(-1).view(torch.uint8), tensor.detach().reshape(-1).view(torch.uint8))
+        if got.numel():
+            assert got.storage_offset() * got.element_size() % ALIGN == 0, key
+    single = torch.randn(4, 3)
+    assert pack([single]).data_ptr() == single.data_ptr(), "one tensor is sent as it is, without a copy"
 
 
 def test_header_rejects_unsupported_dtype():

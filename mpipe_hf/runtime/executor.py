@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..schedule import ScheduleConfig, build_schedule
+from ..schedule.actions import RECV_KINDS
 from ..schedule.simulate import Costs, Event
 from .handlers import Preprocess, StepContext, Tensors, run_action
 from .p2p import P2P
@@ -162,6 +163,7 @@ class PipelineExecutor:
             ctx.data[m], ctx.feats[m] = data, feats
         action, peak = None, 0
         try:
+            self.p2p.expect(a.peer for a in self.order if a.kind in RECV_KINDS)
             for action in self.order:
                 begin = time.time()
                 run_action(ctx, action)

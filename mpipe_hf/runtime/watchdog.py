@@ -5,11 +5,15 @@ A rank that fails writes its error under the step's key in the process group's s
 Every wait watches its work and, every ``CHECK_S`` seconds, that key; a rank blocked on a peer that has failed
 therefore raises the first error within ``CHECK_S`` instead of waiting for its timeout.
 
-NCCL works report completion through ``is_completed()``, so the wait polls them. Gloo's point-to-point works do
-not (they complete only inside ``wait()``, and a ``wait`` with a timeout breaks the connection), so on gloo a
-daemon thread calls ``wait()`` and the caller watches for its answer. A wait abandoned after a failure is
-remembered in :attr:`Watchdog.abandoned`, with what a peer must post to complete it; the executor completes it
-(:func:`release_abandoned`) and moves to a fresh group and a fresh watchdog.
+A job is a function that posts and waits for one or more works in turn, e.g. a receive: its header, then its
+payload. NCCL works report completion through ``is_completed()``, so a job runs in the caller, which polls each
+work. Gloo's point-to-point works do not (they complete only inside ``wait()``, and a ``wait`` with a timeout
+breaks the connection), so on gloo jobs run in daemon threads, one per lane, and the caller watches for their
+answers: one hand-over per job, not one per work. Lane ``"wait"`` runs the caller's waits (:meth:`Watchdog.run`);
+lane ``"recv"`` runs the receives a step posted ahead (:meth:`Watchdog.submit`), in order, while the caller
+computes. A wait abandoned after a failure is remembered in :attr:`Watchdog.abandoned`, with what a peer must post
+to complete it, and the lanes post nothing more; the executor completes those waits (:func:`release_abandoned`)
+and moves to a fresh group and a fresh watchdog.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import queue
 import threading
 import time
 from datetime import timedelta
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -32,6 +37,49 @@ class PeerFailed(RuntimeError):
     """Raised inside a wait when another rank reported an error; the executor re-raises that error."""
 
 
+class _Lane:
+    """A daemon thread that runs jobs in the order they come (gloo). Each job gets ``wait_for(post, pending)``;
+    after :meth:`cancel`, ``wait_for`` posts nothing more and raises :class:`PeerFailed`."""
+
+    def __init__(self, name: str):
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock, self.current, self.cancelled = threading.Lock(), None, False
+        self.running: queue.SimpleQueue | None = None  # the answer box of the job in progress
+        threading.Thread(target=self._serve, daemon=True, name=name).start()
+
+    def submit(self, job: Callable[[Callable], Any]) -> queue.SimpleQueue:
+        """Queue ``job``; its ``(value, error)`` arrives in the returned box."""
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        self.todo.put((job, box))
+        return box
+
+    def _serve(self) -> None:
+        while True:
+            job, box = self.todo.get()
+            self.running = box
+            try:
+                box.put((job(self._wait_for), None))
+            except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
+                box.put((None, err))
+
+    def _wait_for(self, post: Callable[[], dist.Work], pending: dict | None) -> None:
+        with self.lock:
+            if self.cancelled:
+                raise PeerFailed("abandoned after a failure")
+            work, self.current = post(), pending
+        try:
+            work.wait()
+        finally:
+            with self.lock:
+                self.current = None
+
+    def cancel(self) -> dict | None:
+        """Post nothing more; return what the wait in progress (if any) needs from a peer."""
+        with self.lock:
+            self.cancelled = True
+            return self.current
+
+
 class Watchdog:
     """The failure channel and the bounded wait of one pipeline group.
 
@@ -39,26 +87,17 @@ class Watchdog:
         store: a store every rank of the group reaches (the default process group's).
         namespace: unique to the group (its ``group_name``), so executors never read each other's errors.
         timeout: the longest any single wait may take.
-        threaded: wait through a helper thread (gloo) instead of polling ``is_completed()`` (NCCL).
+        threaded: run jobs in helper threads (gloo) instead of polling ``is_completed()`` in the caller (NCCL).
+
+    Attributes:
+        abandoned: after a failure, the ``pending`` descriptions (see :meth:`wait`) of the waits left unfinished.
     """
 
     def __init__(self, store: dist.Store, namespace: str, timeout: timedelta, threaded: bool):
         self.store, self.namespace, self.timeout = store, namespace, timeout
         self.step = 0
-        self.abandoned: dict | None = None
-        self._todo: queue.SimpleQueue | None = None
-        if threaded:
-            self._todo, self._done = queue.SimpleQueue(), queue.SimpleQueue()
-            threading.Thread(target=self._serve, daemon=True, name=f"mpipe-wait-{namespace}").start()
-
-    def _serve(self) -> None:
-        while True:
-            work = self._todo.get()
-            try:
-                work.wait()
-                self._done.put(None)
-            except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
-                self._done.put(err)
+        self.abandoned: list[dict] = []
+        self._lanes = {lane: _Lane(f"mpipe-{lane}-{namespace}") for lane in ("wait", "recv")} if threaded else None
 
     @property
     def key(self) -> str:
@@ -87,7 +126,8 @@ class Watchdog:
             raise PeerFailed(self.key)
 
     def wait(self, work: dist.Work, what: str, pending: dict | None = None) -> None:
-        """Wait for ``work`` (a send, receive or collective), looking for other ranks' errors meanwhile.
+        """Wait for ``work`` (a send, receive or collective already posted), looking for other ranks' errors
+        meanwhile.
 
         Args:
             pending: how a peer completes ``work`` if this wait is abandoned: ``{"kind": "recv", "src", "numel",
@@ -97,18 +137,52 @@ class Watchdog:
             PeerFailed: another rank failed this step.
             TimeoutError: ``work`` did not complete within the timeout; the text names ``what``.
         """
+        self.run(lambda wait_for: wait_for(lambda: work, pending), what)
+
+    def run(self, job: Callable[[Callable], Any], what: str) -> Any:
+        """Run ``job(wait_for)`` now and return its result. The job calls ``wait_for(post, pending)`` for each
+        work it needs, where ``post()`` posts the work and returns it, and ``pending`` is as in :meth:`wait`; the
+        whole job shares one timeout. On gloo it runs in a helper thread, so it must touch nothing the caller
+        uses meanwhile.
+
+        Raises:
+            PeerFailed: another rank failed this step.
+            TimeoutError: the job did not finish within the timeout; the text names ``what``.
+        """
+        return self.answer(self.submit(job, "wait"), what)
+
+    def submit(self, job: Callable[[Callable], Any], lane: str = "recv") -> Any:
+        """Start ``job`` (as in :meth:`run`) behind the lane's earlier jobs without waiting for it; pass the
+        returned ticket to :meth:`answer`. On NCCL the job runs in :meth:`answer`, so answer tickets in the
+        order they were submitted."""
+        return self._lanes[lane].submit(job) if self._lanes is not None else job
+
+    def answer(self, ticket: Any, what: str) -> Any:
+        """The result of a submitted job, waiting for it (bounded by the timeout; raises as :meth:`run`)."""
         deadline = time.monotonic() + self.timeout.total_seconds()
-        if self._todo is not None:
-            self._todo.put(work)
-            while True:
+        if self._lanes is None:
+            return ticket(lambda post, pending: self._poll(post(), pending, deadline, what))
+        while True:
+            try:
+                value, err = ticket.get(timeout=CHECK_S)
+            except queue.Empty:
                 try:
-                    err = self._done.get(timeout=CHECK_S)
-                except queue.Empty:
-                    self._give_up_unless_done(deadline, what, pending, self._done.empty)
-                    continue
-                if err is not None:
-                    raise err
-                return
+                    self._check_or_expire(deadline, what)
+                except (PeerFailed, TimeoutError):
+                    self.abandon()
+                    raise
+                continue
+            if err is not None:
+                raise err
+            return value
+
+    def abandon(self) -> None:
+        """After a failure: the lanes post nothing more, and their waits in progress join :attr:`abandoned`."""
+        if self._lanes is not None:
+            self.abandoned += [p for p in (lane.cancel() for lane in self._lanes.values()) if p and
+                               p not in self.abandoned]
+
+    def _poll(self, work: dist.Work, pending: dict | None, deadline: float, what: str) -> None:
         next_check, pause = time.monotonic() + CHECK_S, 1e-5
         while not work.is_completed():
             if time.monotonic() >= next_check:
@@ -124,8 +198,8 @@ class Watchdog:
         try:
             self._check_or_expire(deadline, what)
         except (PeerFailed, TimeoutError):
-            if still_waiting():
-                self.abandoned = pending
+            if still_waiting() and pending:
+                self.abandoned = [pending]
             raise
 
     def _check_or_expire(self, deadline: float, what: str) -> None:
@@ -134,14 +208,19 @@ class Watchdog:
             raise TimeoutError(f"{what} did not complete within {self.timeout.total_seconds():.0f}s")
 
     def settle(self, timeout_s: float) -> bool:
-        """After :func:`release_abandoned`: wait until the helper thread finished the abandoned wait."""
-        if self._todo is None or self.abandoned is None:
+        """After :func:`release_abandoned`: wait until the helper threads finished their abandoned waits."""
+        if self._lanes is None:
             return True
-        try:
-            self._done.get(timeout=timeout_s)
-            return True
-        except queue.Empty:
-            return False
+        deadline = time.monotonic() + timeout_s
+        for lane in self._lanes.values():
+            with lane.lock:
+                box = lane.running if lane.current is not None else None
+            if box is not None:
+                try:
+                    box.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    return False
+        return True
 
 
 def describe(kind: str, tensor: torch.Tensor, **extra) -> dict:
@@ -167,24 +246,26 @@ def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, channel, ran
     Returns the works it posted; the caller keeps them alive. Returns early when some rank did not arrive within
     the timeout (it died); nothing more can be done then.
     """
+    watchdog.abandon()
     store, key = watchdog.store, watchdog.key
     store.set(f"{key}/abandoned/{rank}", json.dumps(watchdog.abandoned))
     try:
         store.wait([f"{key}/abandoned/{r}" for r in range(world)], watchdog.timeout)
     except RuntimeError:
         return []
-    entries = [json.loads(store.get(f"{key}/abandoned/{r}")) for r in range(world)]
+    entries = [(peer, entry) for peer in range(world)
+               for entry in json.loads(store.get(f"{key}/abandoned/{peer}"))]
     works = []
 
     def dummy(entry):
         return torch.zeros(entry["numel"], dtype=getattr(torch, entry["dtype"]), device=device)
-    for peer, entry in enumerate(entries):
-        if entry and entry["kind"] == "recv" and entry["src"] == rank:
+    for peer, entry in entries:
+        if entry["kind"] == "recv" and entry["src"] == rank:
             works.append(dist.isend(dummy(entry), group=channel(rank, peer), group_dst=peer))
-        if entry and entry["kind"] == "send" and entry["dst"] == rank:
+        if entry["kind"] == "send" and entry["dst"] == rank:
             works.append(dist.irecv(dummy(entry), group=channel(peer, rank), group_src=peer))
-    collective = next((e for e in entries if e and e["kind"] in ("broadcast", "all_reduce")), None)
-    if collective is not None and watchdog.abandoned != collective:
+    collective = next((e for _, e in entries if e["kind"] in ("broadcast", "all_reduce")), None)
+    if collective is not None and collective not in watchdog.abandoned:
         if collective["kind"] == "broadcast":
             works.append(dist.broadcast(dummy(collective), group=group, group_src=0, async_op=True))
         else:

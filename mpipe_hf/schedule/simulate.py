@@ -40,6 +40,9 @@ class Costs:
         message_bytes: bytes per message of a channel: ``F`` (activations), ``B`` (their gradients), ``DATA``,
             ``FWD``, ``GRAPH``, ``GRAD``, ``PARAM`` (the broadcast), ``REDUCE`` (the all-reduce); 0 when absent.
         send_overhead: how long posting a send holds the sender.
+        dispatch: how long every action holds its rank besides the above: the runtime's own work per action
+            (its Python, hand-overs, bookkeeping); measured as a runtime's CPU time per action on stages that do
+            nothing (``scripts/bench_schedules.py``).
     """
 
     forward: float | tuple[float, ...] = 1.0
@@ -51,6 +54,7 @@ class Costs:
     bandwidth: float = math.inf
     message_bytes: dict[str, float] = field(default_factory=dict)
     send_overhead: float = 0.0
+    dispatch: float = 0.0
 
     def compute(self, a: Action) -> float:
         """Time ``a`` holds its rank computing (0 for transfers and collectives)."""
@@ -147,6 +151,7 @@ def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Sim
 
     def run(rank: int, a: Action, start: float, end: float) -> None:
         nonlocal left
+        end += costs.dispatch
         timeline[rank].append(Event(start, end, a))
         clock[rank], pc[rank], left = end, pc[rank] + 1, left - 1
 
@@ -167,7 +172,8 @@ def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Sim
                     run(rank, a, start, ready + costs.compute(a))
                 elif a.kind in SEND_TO_RECV:
                     end = start + costs.send_overhead
-                    sent.setdefault((rank, a.peer), []).append((a.message(), end + costs.transfer(a.kind)))
+                    sent.setdefault((rank, a.peer), []).append((a.message(), end + costs.dispatch +
+                                                                costs.transfer(a.kind)))
                     run(rank, a, start, end)
                 else:
                     run(rank, a, start, start + costs.compute(a))

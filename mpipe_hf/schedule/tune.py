@@ -39,6 +39,8 @@ class Profile:
         preprocess_param_bytes: the tower's parameters (broadcast or reduced when ``P`` is trainable).
         layer_param_bytes: one decoder layer's parameters.
         latency_s, bandwidth_bytes_per_s: the links between ranks.
+        dispatch_s: the runtime's own time per action (see :class:`~.simulate.Costs`); small next to GPU
+            compute, but it adds up over the step's actions when the micro-batches are small.
     """
 
     num_layers: int
@@ -57,6 +59,7 @@ class Profile:
     layer_param_bytes: float = 0.0
     latency_s: float = 5e-5
     bandwidth_bytes_per_s: float = 1e10
+    dispatch_s: float = 0.0
 
     @classmethod
     def load(cls, path: str) -> "Profile":
@@ -114,6 +117,7 @@ def costs_for(profile: Profile, cfg: ScheduleConfig, layers_per_stage: list[int]
     params = p.preprocess_param_bytes + text_layers * p.layer_param_bytes
     return Costs(forward=tuple(forward), backward=tuple(backward), preprocess_forward=pre_f,
                  preprocess_backward=pre_b, latency=p.latency_s, bandwidth=p.bandwidth_bytes_per_s,
+                 dispatch=p.dispatch_s,
                  message_bytes={"F": p.activation_bytes, "B": p.activation_bytes, "DATA": p.data_bytes,
                                 "FWD": out_bytes, "GRAD": out_bytes, "GRAPH": p.graph_bytes, "PARAM": params,
                                 "REDUCE": params})
