@@ -14,7 +14,8 @@ cores honestly): body F = 10 ms and B = 20 ms per chunk, V = 2. The preprocess `
   simulator finds fastest (what Megatron-LM users do by hand);
 - (d) MPipe Transpose, overflow ``full``; (e) overflow ``min``; (f) frozen ``P`` only: ``full`` with bubble
   filling (placement ``fill``): each transposed forward where the simulator finds its owner idle, the next
-  step's computed in this step's idle time (the median step is the steady state).
+  step's computed in this step's idle time (the median step is the steady state); (g) trainable ``P`` only:
+  ``full`` with owner-backward (the owners keep ``P``'s graph and run its backward; no recompute on rank 0).
 
 First the runtimes' overheads, measured in the same run: one transfer (ours, with its shape header, against a
 fixed-shape send), and each runtime's step and CPU time on stages that do nothing. They give the simulator its
@@ -248,12 +249,16 @@ def worker(args):
                 measured, _ = run_ours(identity, group, rank, lf, lb, None, args.steps)
                 results[f"(c) balanced layout, stage 0 keeps {best}/{LAYERS // (R * V)} layers"] = (
                     measured, simulate(build_schedule(identity), Costs(tuple(lf), tuple(lb), **costs)).makespan)
-                variants = [("(d) MPipe full", "full", "prefix"), ("(e) MPipe min", "min", "prefix")]
+                variants = [("(d) MPipe full", "full", "prefix", False), ("(e) MPipe min", "min", "prefix", False)]
                 if mode == "frozen":
-                    variants.append(("(f) MPipe full, bubble filling", "full", "fill"))
-                for tag, overflow, placement in variants:
-                    cfg = ScheduleConfig(R, V, num_micro, mode, overflow, placement=placement)
-                    recompute = pf if mode == "trainable" else 0.0  # rank 0 recomputes P for its backward
+                    variants.append(("(f) MPipe full, bubble filling", "full", "fill", False))
+                else:
+                    variants.append(("(g) MPipe full, owner-backward", "full", "prefix", True))
+                for tag, overflow, placement, owner_backward in variants:
+                    cfg = ScheduleConfig(R, V, num_micro, mode, overflow, owner_backward=owner_backward,
+                                         placement=placement)
+                    # without owner-backward, rank 0 recomputes P for its backward
+                    recompute = pf if mode == "trainable" and not owner_backward else 0.0
                     model = Costs(tuple(body_f), tuple(body_b), pf, pb + recompute, **costs)
                     measured, _ = run_ours(cfg, group, rank, body_f, body_b, (pf, pb), args.steps, model)
                     steady = dict(own=False, ahead=True) if placement == "fill" else {}
