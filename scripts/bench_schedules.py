@@ -126,7 +126,10 @@ def run_ours(cfg, group, rank, fwd, bwd, pre, steps, costs=None, cpu=False):
     def load(m):
         return {"x": x}
     # every step also loads the next one's micros (used by placement fill): the median is the steady state
-    return timed(lambda: executor.step(load, load), group, steps, cpu), len(executor.order)
+    try:
+        return timed(lambda: executor.step(load, load), group, steps, cpu), len(executor.order)
+    finally:
+        executor.close()  # its groups and threads would otherwise pile up and slow the later runs
 
 
 def run_torch(group, rank, fwd, bwd, num_micro, steps, cpu=False):
@@ -199,6 +202,9 @@ def header_overhead(group, rank, rounds=200):
         value = torch.tensor([(time.perf_counter() - start) / rounds / 2])
         dist.broadcast(value, 0, group=group)
         out.append(float(value))
+    watchdog.close()
+    for g in (up, down):
+        dist.destroy_process_group(g)
     return out
 
 

@@ -79,6 +79,15 @@ def test_gradient_matrix_covering_subset(pp_size, results):
     assert not problems, problems
 
 
+@pytest.mark.parametrize("pp_size", [2, 3, 4])
+def test_closed_executors_hand_their_groups_to_the_next(pp_size, results):
+    """Every case closes its executor; each later case's executor runs on the groups the previous one handed on
+    (after a failed step, on the fresh groups it moved to), and is exact, as the other tests here check."""
+    got = results(pp_size)
+    reused = [[r["reused_groups"] for r in got[c["name"]]] for c in cases(pp_size)]
+    assert reused[0] == [False] * pp_size and all(r == [True] * pp_size for r in reused[1:]), reused
+
+
 @pytest.mark.parametrize("case", FAMILY_CASES, ids=[c["name"] for c in FAMILY_CASES])
 def test_model_families(case, results):
     """Loss, every gradient and the parameters after 2 AdamW steps equal the unsplit model's; the checkpoint

@@ -38,6 +38,10 @@ from .p2p import P2P
 from .watchdog import PeerFailed, Watchdog, describe, release_abandoned
 
 
+# process groups of closed executors, by (pipeline ranks, timeout): [(collectives, up, down, watchdog step)]
+_IDLE_GROUPS: dict[tuple[tuple[int, ...], timedelta], list[tuple]] = {}
+
+
 @dataclass
 class StepStats:
     """What one step measured. ``loss`` is the mean over the step's label tokens; ``bubble`` is the fraction of
@@ -100,15 +104,33 @@ class PipelineExecutor:
         if old is not None and dist.get_backend(self.group) == "nccl":
             for group in (self.group, old.up, old.down):
                 dist.distributed_c10d._abort_process_group(group)
-        groups = [dist.new_group(self.global_ranks, timeout=2 * self.timeout, use_local_synchronization=True)
-                  for _ in range(3)]
+        idle = _IDLE_GROUPS.get((tuple(self.global_ranks), self.timeout))
+        if old is None and idle:  # a closed executor's clean groups, and the step its watchdog reached
+            *groups, step = idle.pop()
+        else:
+            groups = [dist.new_group(self.global_ranks, timeout=2 * self.timeout, use_local_synchronization=True)
+                      for _ in range(3)]
+            step = 0
         self.group = groups[0]
         threaded = dist.get_backend(self.group) == "gloo"
         self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded)
+        self.watchdog.step = step
         self.p2p = P2P(groups[1], groups[2], self.device, self.watchdog)
         if old is not None:
             self.p2p.bytes_sent.update(old.bytes_sent)
         self.broken = False
+
+    def close(self) -> None:
+        """End this executor's helper threads and hand its process groups to the next executor built over the
+        same ranks and timeout (every pipeline rank calls it at the same point; the executor is not used
+        afterwards). Idle gloo groups slow a process down (each keeps its sockets and a thread, and the
+        benchmark's steps got 1.7x slower over 40 executors), and destroyed ones cannot be safely remade: their
+        hashed names come back. A failed step's groups are never handed on."""
+        self.watchdog.close()
+        if not self.broken:
+            _IDLE_GROUPS.setdefault((tuple(self.global_ranks), self.timeout), []).append(
+                (self.group, self.p2p.up, self.p2p.down, self.watchdog.step))
+        self.broken = True
 
     def _sum_tied(self) -> None:
         """Swap the tied copies' gradients with their peers and add them (``g_here + g_peer`` on both sides:

@@ -56,6 +56,8 @@ class _Lane:
     def _serve(self) -> None:
         while True:
             job, box = self.todo.get()
+            if job is None:
+                return
             self.running = box
             try:
                 box.put((job(self._wait_for), None))
@@ -72,6 +74,10 @@ class _Lane:
         finally:
             with self.lock:
                 self.current = None
+
+    def close(self) -> None:
+        """End the thread once the jobs queued before this have run."""
+        self.todo.put((None, None))
 
     def cancel(self) -> dict | None:
         """Post nothing more; return what the wait in progress (if any) needs from a peer."""
@@ -175,6 +181,11 @@ class Watchdog:
             if err is not None:
                 raise err
             return value
+
+    def close(self) -> None:
+        """End the helper threads (after the jobs already queued); the watchdog is not used afterwards."""
+        for lane in (self._lanes or {}).values():
+            lane.close()
 
     def abandon(self) -> None:
         """After a failure: the lanes post nothing more, and their waits in progress join :attr:`abandoned`."""

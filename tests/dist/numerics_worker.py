@@ -127,6 +127,9 @@ def failing_step(case, executor, split, cfg, rank, micros, image_token_id):
     return None, time.perf_counter() - start
 
 
+CLOSED_GROUPS: set[str] = set()  # names of the groups of the executors this worker closed
+
+
 def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     cfg = ScheduleConfig(pp_size, case["vpp"], case["num_micro"], case["preprocess"], case.get("overflow", "full"),
                          case.get("owner_backward", False), case.get("less_memory", False),
@@ -140,7 +143,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values(), TIMEOUT,
                                 split.tied_parameters(cfg, rank))
     optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS) if params else None
-    result, loads = {}, []
+    result, loads = {"reused_groups": executor.group.group_name in CLOSED_GROUPS}, []
     failing = any(k in case for k in ("bad_micro", "corrupt_owner", "mid_step_owner"))
     if failing:
         result["error"], result["error_after_s"] = failing_step(
@@ -216,6 +219,8 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     dist.barrier(group=group)
     if rank == 0:
         os.remove(ref_path)  # tens of MB per case
+    CLOSED_GROUPS.add(executor.group.group_name)
+    executor.close()  # the next case's executor runs on these groups
     result.update(peak_activations=sorted(peaks), expected_peak=peak_in_flight(executor.order), losses=losses,
                   ref_losses=reference["losses"], max_diff=max_diff, worst=worst,
                   param_diff=param_diff, names=sorted(params), ref_names=reference["names"],
