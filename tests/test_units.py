@@ -31,6 +31,8 @@ def test_payload_packs_every_tensor_into_one_buffer_and_unpacks_bit_exact():
         assert torch.equal(got.detach().view(-1).view(torch.uint8), tensor.detach().reshape(-1).view(torch.uint8))
         if got.numel():
             assert got.storage_offset() * got.element_size() % ALIGN == 0, key
+    storages = [t.untyped_storage().data_ptr() for t in out.values() if t.numel()]
+    assert len(set(storages)) == len(storages), "no two received tensors share storage"
     single = torch.randn(4, 3)
     assert pack([single]).data_ptr() == single.data_ptr(), "one tensor is sent as it is, without a copy"
 

@@ -101,6 +101,8 @@ class PipelineExecutor:
         pipeline ranks call this at the same point). A failed step's groups are aborted on NCCL, whose own
         watchdog would otherwise end the process over the sends nobody receives."""
         old = getattr(self, "p2p", None)
+        if old is not None:
+            self.watchdog.close()
         if old is not None and dist.get_backend(self.group) == "nccl":
             for group in (self.group, old.up, old.down):
                 dist.distributed_c10d._abort_process_group(group)
@@ -110,7 +112,8 @@ class PipelineExecutor:
         else:
             groups = [dist.new_group(self.global_ranks, timeout=2 * self.timeout, use_local_synchronization=True)
                       for _ in range(3)]
-            step = 0
+            # on from the old watchdog's step: an aborted NCCL group's name can come back, and with it its keys
+            step = self.watchdog.step if old is not None else 0
         self.group = groups[0]
         threaded = dist.get_backend(self.group) == "gloo"
         self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded)

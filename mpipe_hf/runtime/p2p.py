@@ -15,6 +15,7 @@ timeout or on another rank's failure, and on gloo costs one hand-over to the wai
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter, deque
 from typing import Callable, Iterable
 
@@ -85,11 +86,15 @@ def payload_size(entries: list[tuple[str, torch.dtype, bool, tuple[int, ...]]]) 
 
 
 def unpack(entries: list[tuple[str, torch.dtype, bool, tuple[int, ...]]], flat: torch.Tensor) -> dict:
-    """Inverse of :func:`pack`: ``{key: tensor}`` for a header's ``entries``, as views of ``flat``."""
+    """Inverse of :func:`pack`: ``{key: tensor}`` for a header's ``entries``. The largest is a view of ``flat``;
+    the others are copies, so no two share storage (an in-place change to one, such as a mask, must not touch
+    another that autograd saved)."""
     sizes = [math.prod(shape) * dtype.itemsize for _, dtype, _, shape in entries]
+    largest = max(range(len(sizes)), key=sizes.__getitem__, default=None)
     out = {}
-    for (key, dtype, grad, shape), size, start in zip(entries, sizes, _layout(sizes)[0]):
+    for i, ((key, dtype, grad, shape), size, start) in enumerate(zip(entries, sizes, _layout(sizes)[0])):
         tensor = flat[start:start + size].view(dtype).view(shape)
+        tensor = tensor if i == largest else tensor.clone()
         out[key] = tensor.requires_grad_(grad) if grad else tensor
     return out
 
@@ -113,6 +118,7 @@ class P2P:
         self.rank = up.rank()
         self.pending: deque[tuple[dist.Work, torch.Tensor, int, str]] = deque()
         self._ahead: deque[tuple[int, object]] = deque()  # (source rank, ticket) of receives posted ahead
+        self._posting = threading.Lock()  # one thread at a time posts on the groups (the caller, the recv lane)
         self.bytes_sent: Counter = Counter()
 
     def channel(self, src: int, dst: int) -> dist.ProcessGroup:
@@ -123,7 +129,8 @@ class P2P:
         tensor = tensor.detach().to(self.device).contiguous()
         while self.pending and self.pending[0][0].is_completed():  # free finished sends, oldest first: O(1)
             self.pending.popleft()
-        work = dist.isend(tensor, group=self.channel(self.rank, dst), group_dst=dst)
+        with self._posting:
+            work = dist.isend(tensor, group=self.channel(self.rank, dst), group_dst=dst)
         self.pending.append((work, tensor, dst, what))
 
     def send(self, payload: dict[str, torch.Tensor], dst: int, what: str, channel: str = "message") -> None:
@@ -171,8 +178,12 @@ class P2P:
         group, device = self.channel(src, self.rank), self.device
 
         def receive(wait_for) -> dict[str, torch.Tensor]:
+            def post(tensor: torch.Tensor) -> dist.Work:
+                with self._posting:
+                    return dist.irecv(tensor, group=group, group_src=src)
+
             def into(tensor: torch.Tensor) -> torch.Tensor:
-                wait_for(lambda: dist.irecv(tensor, group=group, group_src=src), describe("recv", tensor, src=src))
+                wait_for(lambda: post(tensor), describe("recv", tensor, src=src))
                 return tensor
             first = into(torch.empty(HEADER_CAP, dtype=torch.int64, device=device)).tolist()
             size, header = first[0], first[1:1 + first[0]]

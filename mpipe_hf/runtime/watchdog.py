@@ -29,6 +29,10 @@ import torch
 import torch.distributed as dist
 
 CHECK_S = 0.02          # how often a wait looks for another rank's error, seconds
+# gloo's own bound on a lane's wait. The caller's deadline (the watchdog's timeout, from when it asks) bounds
+# every job; gloo's default, the group's timeout counted from when the work was posted, would end a receive
+# posted at the start of a step longer than that, and a gloo wait that times out breaks the connection.
+LANE_WAIT = timedelta(days=1)
 _MAX_PAUSE_S = 1e-3     # longest sleep between two polls of a work, seconds
 _TYPES = {"ValueError": ValueError, "TimeoutError": TimeoutError}
 
@@ -70,7 +74,7 @@ class _Lane:
                 raise PeerFailed("abandoned after a failure")
             work, self.current = post(), pending
         try:
-            work.wait()
+            work.wait(LANE_WAIT)  # the caller's deadline bounds the job; see LANE_WAIT
         finally:
             with self.lock:
                 self.current = None
