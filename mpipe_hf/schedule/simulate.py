@@ -3,10 +3,11 @@
 A rank runs its actions in order. A compute action (``F``, ``B``, ``TRANSPOSE_FWD``, ``TRANSPOSE_BWD``,
 ``GRAD_RECV_BWD``'s backward, ``DATA_LOAD``) holds the rank for its cost. A send holds the sender for
 ``send_overhead`` and its message arrives ``latency + bytes / bandwidth`` later; a receive ends when its message
-has arrived (the wait is idle time). Messages between two ranks pair in order and must match (SPEC.md, "How the
-schedule is built": every pair posts its sends and receives in the same order). A collective starts when the last
-rank reaches it and takes ``latency + bytes / bandwidth``. When no rank can move, the schedule is deadlocked and
-:class:`Deadlock` names who waits for whom.
+has arrived (the wait is idle time). Every action also holds its rank for ``dispatch``, the runtime's own time
+per action. Messages between two ranks pair in order and must match (SPEC.md, "How the schedule is built": every
+pair posts its sends and receives in the same order). A collective starts when the last rank reaches it and takes
+``latency + bytes / bandwidth``. When no rank can move, the schedule is deadlocked and :class:`Deadlock` names who
+waits for whom.
 """
 
 from __future__ import annotations
