@@ -103,9 +103,9 @@ class PipelineExecutor:
         old = getattr(self, "p2p", None)
         if old is not None:
             self.watchdog.close()
-        if old is not None and dist.get_backend(self.group) == "nccl":
-            for group in (self.group, old.up, old.down):
-                dist.distributed_c10d._abort_process_group(group)
+            if dist.get_backend(self.group) == "nccl":
+                for group in (self.group, old.up, old.down):
+                    dist.distributed_c10d._abort_process_group(group)
         idle = _IDLE_GROUPS.get((tuple(self.global_ranks), self.timeout))
         if old is None and idle:  # a closed executor's clean groups, and the step its watchdog reached
             *groups, step = idle.pop()
@@ -116,8 +116,7 @@ class PipelineExecutor:
             step = self.watchdog.step if old is not None else 0
         self.group = groups[0]
         threaded = dist.get_backend(self.group) == "gloo"
-        self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded)
-        self.watchdog.step = step
+        self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded, step)
         self.p2p = P2P(groups[1], groups[2], self.device, self.watchdog)
         if old is not None:
             self.p2p.bytes_sent.update(old.bytes_sent)

@@ -4,8 +4,8 @@ contract": no fixed buffers, no padding to a maximum).
 A transfer is two messages: a fixed-size first one (``HEADER_CAP`` int64s: the header's length, then the header,
 which names every key, dtype, ``requires_grad`` flag and shape), then the payload: every non-empty tensor's bytes
 in one buffer, each starting at a multiple of ``ALIGN`` bytes (a single tensor is sent as it is, without a copy).
-A header too long for the first message sends its rest in a message between the two. The receiver's tensors are
-views of its payload buffer. Each direction has a group of its own (lower to higher rank, and back), so on NCCL a
+A header too long for the first message sends its rest in a message between the two. On the receiver the largest
+tensor is a view of the payload buffer and the others are copies. Each direction has a group of its own (lower to higher rank, and back), so on NCCL a
 large send, which waits for its receive, never sits on the same stream in front of a receive from the same peer
 (in the 1F1B steady state both neighbours send before they receive). Sends are non-blocking and are drained at
 the end of a step; a receive is one :meth:`~.watchdog.Watchdog.run` job (header, then payload), so it ends on a
@@ -80,16 +80,21 @@ def pack(tensors: list[torch.Tensor]) -> torch.Tensor:
     return flat
 
 
+def _sizes(entries: list[tuple[str, torch.dtype, bool, tuple[int, ...]]]) -> list[int]:
+    """Bytes of each tensor a header's ``entries`` name."""
+    return [math.prod(shape) * dtype.itemsize for _, dtype, _, shape in entries]
+
+
 def payload_size(entries: list[tuple[str, torch.dtype, bool, tuple[int, ...]]]) -> int:
     """Bytes of the payload buffer of a header's ``entries``."""
-    return _layout([math.prod(shape) * dtype.itemsize for _, dtype, _, shape in entries])[1]
+    return _layout(_sizes(entries))[1]
 
 
 def unpack(entries: list[tuple[str, torch.dtype, bool, tuple[int, ...]]], flat: torch.Tensor) -> dict:
     """Inverse of :func:`pack`: ``{key: tensor}`` for a header's ``entries``. The largest is a view of ``flat``;
     the others are copies, so no two share storage (an in-place change to one, such as a mask, must not touch
     another that autograd saved)."""
-    sizes = [math.prod(shape) * dtype.itemsize for _, dtype, _, shape in entries]
+    sizes = _sizes(entries)
     largest = max(range(len(sizes)), key=sizes.__getitem__, default=None)
     out = {}
     for i, ((key, dtype, grad, shape), size, start) in enumerate(zip(entries, sizes, _layout(sizes)[0])):

@@ -29,12 +29,12 @@ import torch
 import torch.distributed as dist
 
 CHECK_S = 0.02          # how often a wait looks for another rank's error, seconds
+_MAX_PAUSE_S = 1e-3     # longest sleep between two polls of a work, seconds
+_TYPES = {"ValueError": ValueError, "TimeoutError": TimeoutError}
 # gloo's own bound on a lane's wait. The caller's deadline (the watchdog's timeout, from when it asks) bounds
 # every job; gloo's default, the group's timeout counted from when the work was posted, would end a receive
 # posted at the start of a step longer than that, and a gloo wait that times out breaks the connection.
 LANE_WAIT = timedelta(days=1)
-_MAX_PAUSE_S = 1e-3     # longest sleep between two polls of a work, seconds
-_TYPES = {"ValueError": ValueError, "TimeoutError": TimeoutError}
 
 
 class PeerFailed(RuntimeError):
@@ -98,14 +98,15 @@ class Watchdog:
         namespace: unique to the group (its ``group_name``), so executors never read each other's errors.
         timeout: the longest any single wait may take.
         threaded: run jobs in helper threads (gloo) instead of polling ``is_completed()`` in the caller (NCCL).
+        step: the step before the first one (a watchdog on groups an earlier one used goes on from its step, so
+            the two never share an error key).
 
     Attributes:
         abandoned: after a failure, the ``pending`` descriptions (see :meth:`wait`) of the waits left unfinished.
     """
 
-    def __init__(self, store: dist.Store, namespace: str, timeout: timedelta, threaded: bool):
-        self.store, self.namespace, self.timeout = store, namespace, timeout
-        self.step = 0
+    def __init__(self, store: dist.Store, namespace: str, timeout: timedelta, threaded: bool, step: int = 0):
+        self.store, self.namespace, self.timeout, self.step = store, namespace, timeout, step
         self.abandoned: list[dict] = []
         self._lanes = {lane: _Lane(f"mpipe-{lane}-{namespace}") for lane in ("wait", "recv")} if threaded else None
 
