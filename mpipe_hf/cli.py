@@ -8,6 +8,9 @@
 - ``mpipe-hf simulate [schedule flags] [--profile PROFILE.yaml]`` predicts the step time, bubble and peak
   activations per rank; ``--auto`` tries the knobs (``V``, ``T``, overflow, owner-backward, stage 0's layers) and
   lists them fastest first;
+- ``mpipe-hf plan RECIPE.yaml [--profile PROFILE.yaml] [--gpu-gib 80]`` prints every rank's parameter, gradient,
+  optimizer-state and activation bytes (exact counts on the meta device; activations from the profile, or
+  estimated from the config) and the predicted step time; exits 1 when a rank does not fit;
 - ``mpipe-hf profile RECIPE.yaml`` measures a cost profile of the recipe's model and data on one process;
 - ``mpipe-hf plot --out GANTT.png`` draws a Gantt chart of a simulated schedule ([schedule flags]) or of a
   measured run (``--trace output_dir/trace.json`` from a recipe with ``trace: true``).
@@ -45,11 +48,10 @@ def _costs(args, cfg):
     from .schedule.simulate import Costs
     if not args.profile:
         return Costs(), "time units"
-    from .schedule.layout import balanced_layers
-    from .schedule.tune import Profile, costs_for
+    from .schedule.tune import Profile, costs_for, profile_layers
     profile = Profile.load(args.profile)
     layout = ([int(x) for x in args.layers_per_stage.split(",")] if args.layers_per_stage
-              else balanced_layers(profile.num_layers, cfg.num_stages))
+              else profile_layers(profile, cfg, args.text_layers))
     return costs_for(profile, cfg, layout, args.text_layers), "seconds"
 
 
@@ -100,6 +102,31 @@ def _profile(args) -> None:
     print(f"wrote {args.out}: " + ", ".join(f"{k}={v:.3g}" for k, v in vars(profile).items()))
 
 
+def _plan(args) -> None:
+    from .schedule.tune import Profile
+    from .train import load_recipe
+    from .train.plan import estimate_profile, plan
+    from .train.trainer import check_layout, load_config
+    recipe = load_recipe(args.recipe)
+    config = load_config(recipe.model)
+    path = args.profile or recipe.profile
+    if path:
+        profile, source = Profile.load(path), f"profile {path}"
+    else:
+        profile = estimate_profile(config, args.tokens, args.image_tokens, args.tflops, args.mfu)
+        source = (f"estimated: {args.tokens} tokens ({args.image_tokens} image tokens) per micro-batch, "
+                  f"{args.tflops:g} TFLOP/s at {args.mfu:g} MFU")
+    cfg = recipe.schedule()
+    layers = check_layout(recipe, config, profile if path else None)
+    result = plan(config, cfg, profile, layers, recipe.text_layers, recipe.gradient_checkpointing)
+    print(f"{config.model_type}: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} preprocess={cfg.preprocess} "
+          f"text_layers={recipe.text_layers} gradient_checkpointing={recipe.gradient_checkpointing}; costs from "
+          f"{source}")
+    print(result.table(args.gpu_gib * 2**30))
+    if not result.fits(args.gpu_gib * 2**30):
+        sys.exit(1)
+
+
 def _schedule(args) -> None:
     from .schedule import build_schedule
     from .schedule.simulate import simulate
@@ -129,7 +156,7 @@ def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> 
     if cost_flags:
         parser.add_argument("--profile", help="a cost profile (mpipe-hf profile RECIPE.yaml); unit costs without")
         parser.add_argument("--text-layers", type=int, default=0, help="T: decoder layers moved into P")
-        parser.add_argument("--layers-per-stage", help="comma-separated layers per stage; balanced without")
+        parser.add_argument("--layers-per-stage", help="comma-separated layers per stage; balanced by the profile's costs without")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -152,6 +179,15 @@ def main(argv: list[str] | None = None) -> None:
     plot.add_argument("--trace", help="a Chrome trace written by a recipe with trace: true")
     plot.add_argument("--out", required=True, help="the PNG to write")
     plot.set_defaults(func=_plot)
+    plan = sub.add_parser("plan", help="every rank's memory and the predicted step time of a recipe")
+    plan.add_argument("recipe")
+    plan.add_argument("--profile", help="a cost profile (mpipe-hf profile); estimated from the config without")
+    plan.add_argument("--tokens", type=int, default=4096, help="tokens per micro-batch, for the estimate")
+    plan.add_argument("--image-tokens", type=int, default=1024, help="image tokens per micro-batch (estimate)")
+    plan.add_argument("--tflops", type=float, default=989.0, help="peak TFLOP/s of one device (H100 bf16 dense)")
+    plan.add_argument("--mfu", type=float, default=0.4, help="share of the peak reached (estimate)")
+    plan.add_argument("--gpu-gib", type=float, default=80.0, help="device memory in GiB")
+    plan.set_defaults(func=_plan)
     prof = sub.add_parser("profile", help="measure a cost profile of a recipe's model on one process")
     prof.add_argument("recipe")
     prof.add_argument("--out", default="profile.yaml")

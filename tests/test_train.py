@@ -124,7 +124,7 @@ def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
     (dict(vpp=0), "vpp"),
     (dict(preprocess="warm"), "preprocess"),
     (dict(layers_per_stage=[1, 1, 1, 1]), "layers_per_stage"),
-    (dict(text_layers=3), "text_layers = 3 exceeds stage 0's first chunk of 2"),
+    (dict(text_layers=3, layers_per_stage=[2, 6, 6, 2]), "text_layers = 3 exceeds stage 0's first chunk of 2"),
     (dict(text_layers=1, preprocess="identity"), "text_layers = 1 needs preprocess"),
     (dict(owner_backward=True), "owner_backward needs preprocess 'trainable'"),
     (dict(less_memory="yes"), "less_memory must be true or false"),

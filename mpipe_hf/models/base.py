@@ -10,19 +10,24 @@ from torch import nn
 
 from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
-from ..schedule.layout import balanced_layers, check_layers_per_stage
+from ..schedule.layout import balanced_layers, check_layers_per_stage, cost_balanced_layers
 
 
 def plan_layers(num_layers: int, cfg: ScheduleConfig, layers_per_stage: list[int] | None,
-                text_layers: int) -> list[int]:
-    """Decoder layers per stage (balanced, or ``layers_per_stage``), with ``text_layers`` checked against stage
-    0's first chunk: ``P`` takes the first ``T`` layers out of stage 0 (SPEC.md, "Terms").
+                text_layers: int, costs: tuple[float, float] | None = None) -> list[int]:
+    """Decoder layers per stage, with ``text_layers`` checked against stage 0's first chunk: ``P`` takes the first
+    ``T`` layers out of stage 0 (SPEC.md, "Terms"). ``layers_per_stage`` when given; else balanced by cost
+    (:func:`~mpipe_hf.schedule.layout.cost_balanced_layers`) with ``costs = (decoder layer, LM head)`` per token
+    (:func:`~.decoder.matmul_costs`), or by count when ``costs`` is ``None``.
 
     Raises:
         ValueError: more stages than layers, a bad ``layers_per_stage``, a negative ``text_layers``, one larger
             than stage 0's chunk, or ``text_layers > 0`` with an identity preprocess.
     """
-    if layers_per_stage is None:
+    if layers_per_stage is None and costs is not None and cfg.num_stages <= num_layers:
+        counts = cost_balanced_layers(num_layers, cfg.pp_size, cfg.vpp, costs[0], 0.0, costs[1],
+                                      min(text_layers, max(0, num_layers - cfg.num_stages + 1)))
+    elif layers_per_stage is None:
         counts = balanced_layers(num_layers, cfg.num_stages)
     else:
         counts = check_layers_per_stage(layers_per_stage, num_layers, cfg.num_stages)

@@ -17,7 +17,7 @@ from torch import nn
 from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
 from .base import SplitModel, assemble, plan_layers, stage_layer_ids, tied_lm_head
-from .decoder import CARRIED_KEYS, LMHead, decoder_stage
+from .decoder import CARRIED_KEYS, LMHead, decoder_stage, matmul_costs
 
 RAW_KEYS = ("input_ids", "attention_mask", "labels")
 
@@ -58,7 +58,7 @@ def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None
         raise ValueError(f"a decoder-only LM transposes the embedding and the first text_layers decoder layers: "
                          f"text_layers must be >= 1 with preprocess {cfg.preprocess!r}, or use preprocess "
                          f"'identity' (T = 0)")
-    return plan_layers(config.num_hidden_layers, cfg, layers_per_stage, text_layers)
+    return plan_layers(config.num_hidden_layers, cfg, layers_per_stage, text_layers, matmul_costs(config))
 
 
 def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,

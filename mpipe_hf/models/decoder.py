@@ -85,6 +85,18 @@ class DecoderStage(nn.Module):
         return {"hidden_states": hidden, "position_ids": position_ids, **{k: state[k] for k in self.carry}}
 
 
+def matmul_costs(text_config) -> tuple[float, float]:
+    """``(decoder layer, LM head)`` cost per token, as the weights each multiplies by (proportional to its FLOPs):
+    attention projections plus the gated MLP (``3 * hidden * intermediate``) for a layer, ``hidden * vocab``
+    for the head. Attention scores, norms and the loss's softmax are left out; a profile measures them."""
+    h = text_config.hidden_size
+    heads = text_config.num_attention_heads
+    head_dim = getattr(text_config, "head_dim", None) or h // heads
+    kv = getattr(text_config, "num_key_value_heads", None) or heads
+    layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * text_config.intermediate_size
+    return float(layer), float(h * text_config.vocab_size)
+
+
 def layer_types(text_config) -> list[str]:
     """Attention type of every decoder layer: ``config.layer_types``; else all sliding-window attention when the
     config sets ``sliding_window`` (and does not turn it off with ``use_sliding_window``), as ``MistralModel``

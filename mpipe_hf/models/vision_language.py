@@ -23,7 +23,7 @@ from torch import nn
 from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
 from .base import SplitModel, assemble, plan_layers, stage_layer_ids, tied_lm_head
-from .decoder import CARRIED_KEYS, DecoderStage, LMHead, decoder_stage
+from .decoder import CARRIED_KEYS, DecoderStage, LMHead, decoder_stage, matmul_costs
 
 Tensors = dict[str, torch.Tensor]
 
@@ -105,13 +105,15 @@ class VisionLanguageParts:
 
 def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
                  text_layers: int = 0) -> list[int]:
-    """Decoder layers per stage for a vision-language ``config`` (its ``text_config`` holds the decoder); the
-    layout and ``text_layers`` are checked against the model.
+    """Decoder layers per stage for a vision-language ``config`` (its ``text_config`` holds the decoder), balanced
+    by the layers' and the LM head's matmul cost when ``layers_per_stage`` is ``None``; the layout and
+    ``text_layers`` are checked against the model.
 
     Raises:
         ValueError: as :func:`~.base.plan_layers`.
     """
-    return plan_layers(config.text_config.num_hidden_layers, cfg, layers_per_stage, text_layers)
+    return plan_layers(config.text_config.num_hidden_layers, cfg, layers_per_stage, text_layers,
+                       matmul_costs(config.text_config))
 
 
 def split_vision_language(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None,

@@ -42,3 +42,57 @@ def stage0_layers(num_layers: int, num_stages: int, keep: int) -> list[int]:
     if num_stages == 1:
         return [num_layers]
     return [keep] + balanced_layers(num_layers - keep, num_stages - 1)
+
+
+def stage_costs(counts: list[int], layer_cost: float, first_cost: float = 0.0, last_cost: float = 0.0,
+                text_layers: int = 0) -> list[float]:
+    """Compute per micro-batch of each stage: its layers (stage 0's first ``text_layers`` run in ``P`` instead),
+    plus ``first_cost`` on stage 0 and ``last_cost`` on the last stage."""
+    costs = [c * layer_cost for c in counts]
+    costs[0] += first_cost - text_layers * layer_cost
+    costs[-1] += last_cost
+    return costs
+
+
+def cost_balanced_layers(num_layers: int, pp_size: int, vpp: int = 1, layer_cost: float = 1.0,
+                         first_cost: float = 0.0, last_cost: float = 0.0, text_layers: int = 0) -> list[int]:
+    """Layers per stage balanced by cost, not by count: the embedding (``first_cost``, stage 0) and the LM head
+    with its loss (``last_cost``, the last stage) count as the compute they take, in the same unit as
+    ``layer_cost`` (Megatron-LM's ``account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split`` count each as one layer; here they count as measured or estimated).
+
+    Every rank runs all its ``vpp`` stages for every micro-batch, so in the steady state of 1F1B the busiest rank
+    sets the pace. The layout minimises, in order: the busiest rank's compute, the heaviest stage's (the warm-up
+    and cooldown wait on single stages), then the other ranks' loads, largest first. It starts from
+    :func:`balanced_layers` and moves one layer at a time between two stages while that improves the order above;
+    stage 0 keeps at least ``max(1, text_layers)`` layers and every other stage at least one.
+
+    Returns:
+        ``pp_size * vpp`` counts summing to ``num_layers``.
+
+    Raises:
+        ValueError: more stages than layers, or ``text_layers`` too large to leave a layer for every stage.
+    """
+    stages = pp_size * vpp
+    counts = balanced_layers(num_layers, stages)
+    floor = [max(1, text_layers)] + [1] * (stages - 1)
+    if sum(floor) > num_layers:
+        raise ValueError(f"text_layers = {text_layers} leaves fewer than one decoder layer for each of the other "
+                         f"{stages - 1} stages of {num_layers} layers")
+    while counts[0] < floor[0]:  # stage 0 must hold the T layers P takes
+        counts[counts.index(max(counts[1:]), 1)] -= 1
+        counts[0] += 1
+
+    def key(c):
+        per_stage = stage_costs(c, layer_cost, first_cost, last_cost, text_layers)
+        per_rank = sorted((sum(per_stage[s::pp_size]) for s in range(pp_size)), reverse=True)
+        return round(per_rank[0], 12), round(max(per_stage), 12), [round(x, 12) for x in per_rank]
+    best = key(counts)
+    while True:
+        moves = [(key(c), c) for i in range(stages) for j in range(stages)
+                 if i != j and counts[i] > floor[i]
+                 for c in [[n - (s == i) + (s == j) for s, n in enumerate(counts)]]]
+        score, candidate = min(moves, key=lambda m: m[0], default=(best, counts))
+        if score >= best:
+            return counts
+        best, counts = score, candidate

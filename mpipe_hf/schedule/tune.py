@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import yaml
 
 from .config import ScheduleConfig
-from .layout import balanced_layers, stage0_layers
+from .layout import balanced_layers, cost_balanced_layers, stage0_layers
 from .mpipe import build_schedule
 from .simulate import Costs, simulate
 
@@ -30,7 +30,9 @@ class Profile:
         layer_forward_s, layer_backward_s: one decoder layer.
         preprocess_forward_s, preprocess_backward_s: the transposed block without text layers (the vision tower;
             0 for a text LM); the backward counts only when ``P`` is trainable.
-        embed_s: the embedding and the output consumer (image-feature injection, position ids), forward.
+        embed_s, embed_backward_s: the embedding and the output consumer (image-feature injection, position ids),
+            forward and backward (stage 0, or ``P`` when ``T > 0``).
+        stage_forward_s: what every stage pays once per micro besides its layers (causal masks, rotary tables).
         head_forward_s, head_backward_s: final norm, ``lm_head`` and loss.
         activation_bytes: hidden states of one micro (a body ``F``/``B`` message, and ``P``'s output when
             ``T > 0``).
@@ -38,6 +40,8 @@ class Profile:
         data_bytes: the raw inputs stage 0 reads; graph_bytes: ``P``'s raw inputs (trainable ``P`` only).
         preprocess_param_bytes: the tower's parameters (broadcast or reduced when ``P`` is trainable).
         layer_param_bytes: one decoder layer's parameters.
+        layer_activation_bytes, head_activation_bytes: what one decoder layer, and the head with its loss, save
+            for their backward for one micro-batch (the memory plan's activation unit).
         latency_s, bandwidth_bytes_per_s: the links between ranks.
         dispatch_s: the runtime's own time per action (see :class:`~.simulate.Costs`); small next to GPU
             compute, but it adds up over the step's actions when the micro-batches are small.
@@ -49,6 +53,8 @@ class Profile:
     preprocess_forward_s: float = 0.0
     preprocess_backward_s: float = 0.0
     embed_s: float = 0.0
+    embed_backward_s: float = 0.0
+    stage_forward_s: float = 0.0
     head_forward_s: float = 0.0
     head_backward_s: float = 0.0
     activation_bytes: float = 0.0
@@ -57,6 +63,8 @@ class Profile:
     graph_bytes: float = 0.0
     preprocess_param_bytes: float = 0.0
     layer_param_bytes: float = 0.0
+    layer_activation_bytes: float = 0.0
+    head_activation_bytes: float = 0.0
     latency_s: float = 5e-5
     bandwidth_bytes_per_s: float = 1e10
     dispatch_s: float = 0.0
@@ -101,16 +109,18 @@ def costs_for(profile: Profile, cfg: ScheduleConfig, layers_per_stage: list[int]
     p, last = profile, len(layers_per_stage) - 1
     counts = list(layers_per_stage)
     counts[0] -= text_layers
-    forward = [n * p.layer_forward_s for n in counts]
+    forward = [n * p.layer_forward_s + p.stage_forward_s for n in counts]
     backward = [n * p.layer_backward_s for n in counts]
     forward[last] += p.head_forward_s
     backward[last] += p.head_backward_s
     if text_layers == 0:
         forward[0] += p.embed_s
+        backward[0] += p.embed_backward_s
     if not cfg.transposed:
         forward[0] += p.preprocess_forward_s
     pre_f = p.preprocess_forward_s + (p.embed_s + text_layers * p.layer_forward_s if text_layers else 0.0)
-    pre_b = (p.preprocess_backward_s + text_layers * p.layer_backward_s) if cfg.trainable else 0.0
+    pre_b = (p.preprocess_backward_s + text_layers * p.layer_backward_s
+             + (p.embed_backward_s if text_layers else 0.0)) if cfg.trainable else 0.0
     if cfg.trainable and not cfg.owner_backward:
         pre_b += pre_f  # rank 0 recomputes P's forward before its backward
     out_bytes = p.activation_bytes if text_layers else p.feature_bytes
@@ -123,10 +133,22 @@ def costs_for(profile: Profile, cfg: ScheduleConfig, layers_per_stage: list[int]
                                 "REDUCE": params})
 
 
+def profile_layers(profile: Profile, cfg: ScheduleConfig, text_layers: int = 0) -> list[int]:
+    """Layers per stage balanced by ``profile``'s costs (:func:`~.layout.cost_balanced_layers`): a layer's forward
+    and backward; on stage 0 the embedding (when ``T = 0``) and, with preprocess ``identity``, the tower; on the
+    last stage the head and loss."""
+    first = (profile.embed_s + profile.embed_backward_s if text_layers == 0 else 0.0) + (
+        0.0 if cfg.transposed else profile.preprocess_forward_s)
+    return cost_balanced_layers(profile.num_layers, cfg.pp_size, cfg.vpp,
+                                profile.layer_forward_s + profile.layer_backward_s, first,
+                                profile.head_forward_s + profile.head_backward_s, text_layers)
+
+
 def predict(profile: Profile, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
             text_layers: int = 0) -> Candidate:
-    """Simulate ``cfg`` on ``profile`` (balanced layers when ``layers_per_stage`` is ``None``)."""
-    layout = layers_per_stage or balanced_layers(profile.num_layers, cfg.num_stages)
+    """Simulate ``cfg`` on ``profile`` (layers balanced by the profile's costs when ``layers_per_stage`` is
+    ``None``)."""
+    layout = layers_per_stage or profile_layers(profile, cfg, text_layers)
     sim = simulate(build_schedule(cfg), costs_for(profile, cfg, layout, text_layers))
     return Candidate(cfg, tuple(layout), text_layers, sim.makespan, sim.mean_bubble)
 
@@ -134,7 +156,8 @@ def predict(profile: Profile, cfg: ScheduleConfig, layers_per_stage: list[int] |
 def tune(profile: Profile, pp_size: int, num_micro: int, preprocess: str, vpps=(1, 2, 3, 4),
          max_text_layers: int = 2) -> list[Candidate]:
     """Every valid combination of ``V``, ``T`` (0 .. ``max_text_layers``), overflow mode, owner-backward
-    (trainable ``P``), stage 0's layer count, plus the baseline with the preprocess inside stage 0 (``identity``),
+    (trainable ``P``), and layout (stage 0's layer count with the rest balanced, and the layout balanced by the
+    profile's costs), plus the baseline with the preprocess inside stage 0 (``identity``),
     simulated on ``profile``; fastest first.
 
     Raises:
@@ -148,8 +171,10 @@ def tune(profile: Profile, pp_size: int, num_micro: int, preprocess: str, vpps=(
         if stages > profile.num_layers:
             continue
         base = balanced_layers(profile.num_layers, stages)
-        for keep in range(1, base[0] + 1):
-            layout = stage0_layers(profile.num_layers, stages, keep) if keep < base[0] else base
+        by_cost = profile_layers(profile, ScheduleConfig(pp_size, vpp, num_micro, preprocess))
+        layouts = [stage0_layers(profile.num_layers, stages, keep) for keep in range(1, base[0])] + [base]
+        for layout in layouts + ([by_cost] if by_cost not in layouts else []):
+            keep = layout[0]
             out.append(predict(profile, ScheduleConfig(pp_size, vpp, num_micro, "identity"), layout))
             backward = (False, True) if preprocess == "trainable" else (False,)
             for overflow, owner_bwd in itertools.product(("full", "min"), backward):

@@ -3,9 +3,10 @@
 
 The model is split for one rank with a trainable preprocess (``P`` = the tower; for a decoder-only LM, the
 embedding and one decoder layer, whose layer time is then taken out), and a few of the recipe's micro-batches run
-through ``P`` and the single stage, forward and backward. Hooks on every decoder layer time each layer's forward
-and backward; the head is what the stage took beyond its layers (for a vision-language model that includes the
-embedding and the feature injection). The first micro-batch warms up and is not
+through ``P`` and the single stage, forward and backward. Hooks time each decoder layer's forward and backward, the
+LM head's (final norm, ``lm_head``, loss), and the front's forward (embedding, image-feature injection, position
+ids); what the stage's forward took beyond these is the cost every stage pays (causal masks, rotary tables), and
+what its backward took beyond the layers and the head is the front's backward. The first micro-batch warms up and is not
 counted; the medians of the others are kept. Link latency and bandwidth cannot be measured on one process: they
 keep the profile's defaults (edit them for your interconnect).
 """
@@ -16,6 +17,7 @@ import statistics
 import time
 
 import torch
+from torch.autograd.graph import saved_tensors_hooks
 
 from ..data import MicroBatchPlan
 from ..models import split
@@ -43,6 +45,39 @@ class _LayerClock:
                 time.perf_counter() - self._t[("b", id(m))]))
 
 
+class _SavedBytes:
+    """A context that counts the bytes autograd saves for backward inside each hooked layer and inside the head
+    (distinct storages, parameters excluded); ``layer`` and ``head`` keep the last micro-batch's figures."""
+
+    def __init__(self, layers, head, params: set[int]):
+        self.params, self.where, self.counts, self.layer, self.head = params, None, {}, 0, 0
+        for layer in layers:
+            layer.register_forward_pre_hook(lambda m, a: self._enter(("layer", id(m))))
+            layer.register_forward_hook(lambda m, a, o: self._enter(None))
+        head.register_forward_pre_hook(lambda m, a: self._enter(("head", 0)))
+        head.register_forward_hook(lambda m, a, o: self._enter(None))
+
+    def _enter(self, where):
+        self.where = where
+        self.counts.setdefault(where, {})
+
+    def _pack(self, t):
+        if self.where is not None and id(t) not in self.params:
+            self.counts[self.where][t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return t
+
+    def __enter__(self):
+        self.counts, self.where = {}, None
+        self._hooks = saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        layers = [sum(c.values()) for w, c in self.counts.items() if w and w[0] == "layer"]
+        self.layer = statistics.median(layers) if layers else 0
+        self.head = sum(self.counts.get(("head", 0), {}).values())
+
+
 def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     """Time ``num_micro`` micro-batches (after one warm-up) of ``recipe`` on this process (CPU, or the first
     GPU when there is one).
@@ -61,7 +96,17 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     dataset, collate = load_data(recipe, config, load_processor(recipe, config))
     plan = MicroBatchPlan(dataset, collate, num_micro + 1, recipe.micro_batch_size)
     clock = _LayerClock(list(stage.layers) + list(getattr(pre.module, "layers", [])))
-    rows: dict[str, list[float]] = {k: [] for k in ("pf", "pb", "sf", "sb", "lf", "lb")}
+    head_clock, front_clock = _LayerClock([stage.head]), _LayerClock([stage.front] if stage.front is not None else [])
+    stamps = {}  # when the backward reaches the head's input, and the front's output
+    saved = _SavedBytes(list(stage.layers), stage.head, {id(p) for p in model.parameters()})
+
+    def stamp(key):
+        return lambda grad: stamps.__setitem__(key, time.perf_counter())
+    stage.head.register_forward_pre_hook(lambda m, args: [args[0].register_hook(stamp("head")), None][1])
+    if stage.front is not None:
+        stage.front.register_forward_hook(
+            lambda m, a, out: [out["hidden_states"].register_hook(stamp("front")), None][1])
+    rows: dict[str, list[float]] = {k: [] for k in ("pf", "pb", "sf", "lf", "lb", "hf", "hb", "ef", "eb")}
     sizes = {}
 
     def sync():
@@ -69,8 +114,9 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
             torch.cuda.synchronize()
     for m in range(num_micro + 1):
         raw = {k: v.to(device) for k, v in plan.load(0, m).items()}
-        clock.forward.clear()
-        clock.backward.clear()
+        for c in (clock, head_clock, front_clock):
+            c.forward.clear()
+            c.backward.clear()
         sync()
         t0 = time.perf_counter()
         feats = pre.module(pre.inputs(raw))
@@ -78,7 +124,8 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
         t1 = time.perf_counter()
         inputs = {**pre.stage0_inputs(raw), **{k: v.detach().requires_grad_(v.is_floating_point())
                                               for k, v in feats.items()}}
-        out = stage(inputs)
+        with saved:
+            out = stage(inputs)
         sync()
         t2 = time.perf_counter()
         out["loss"].backward()
@@ -95,8 +142,14 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
         lf, lb = clock.forward[-n_stage:] if n_stage else [], clock.backward[:n_stage]
         rows["pf"].append(t1 - t0 - sum(clock.forward[:-n_stage] if n_stage else clock.forward))
         rows["pb"].append(t4 - t3 - sum(clock.backward[n_stage:]))
-        rows["sf"].append(t2 - t1 - sum(lf))
-        rows["sb"].append(t3 - t2 - sum(lb))
+        head_f, front_f = sum(head_clock.forward), sum(front_clock.forward)
+        head_b = stamps["head"] - t2
+        front_b = t3 - stamps["front"] if "front" in stamps else 0.0
+        rows["hf"].append(head_f)
+        rows["hb"].append(head_b)
+        rows["ef"].append(front_f)
+        rows["sf"].append(t2 - t1 - sum(lf) - head_f - front_f)
+        rows["eb"].append(front_b)
         rows["lf"] += clock.forward
         rows["lb"] += clock.backward
         sizes["activation"] = raw["input_ids"].numel() * config.get_text_config().hidden_size * 4  # fp32 hidden
@@ -106,7 +159,9 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     return Profile(
         num_layers=config.get_text_config().num_hidden_layers, layer_forward_s=med["lf"], layer_backward_s=med["lb"],
         preprocess_forward_s=med["pf"] if vision else 0.0, preprocess_backward_s=med["pb"] if vision else 0.0,
-        embed_s=0.0 if vision else med["pf"], head_forward_s=med["sf"], head_backward_s=med["sb"],
+        embed_s=med["ef"] if vision else med["pf"], embed_backward_s=med["eb"], stage_forward_s=med["sf"],
+        head_forward_s=med["hf"], head_backward_s=med["hb"],
         activation_bytes=float(sizes["activation"]), feature_bytes=float(sizes["feature"] if vision else 0),
         data_bytes=float(sizes["data"]), graph_bytes=float(sizes["graph"]), preprocess_param_bytes=float(p_params),
+        layer_activation_bytes=float(saved.layer), head_activation_bytes=float(saved.head),
         layer_param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())))

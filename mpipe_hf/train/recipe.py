@@ -30,7 +30,8 @@ class ModelSource:
 
     Raises:
         ValueError: not exactly one of ``name_or_path`` and ``config``; a path that does not exist; a checkpoint
-            without ``config.json`` or weights; a tokenizer directory without tokenizer files.
+            without ``config.json`` or weights; a ``tokenizer`` that is not a directory (and, from
+            :meth:`check_tokenizer`, a tokenizer directory without tokenizer files).
     """
 
     name_or_path: str | None = None
@@ -53,6 +54,10 @@ class ModelSource:
             raise ValueError(f"model.config {self.config!r} does not exist (a config.json or a directory with one)")
         if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
             raise ValueError(f"model.tokenizer {self.tokenizer!r} is not a directory")
+
+    def check_tokenizer(self) -> None:
+        """Raise ``ValueError`` naming the field when the tokenizer directory holds no tokenizer (training needs
+        one; ``mpipe-hf plan`` does not)."""
         if not any(os.path.isfile(os.path.join(self.tokenizer_dir, f)) for f in TOKENIZER_FILES):
             field = "model.tokenizer" if self.tokenizer or self.name_or_path is None else "model.name_or_path"
             raise ValueError(f"{field}: {self.tokenizer_dir!r} holds no tokenizer (none of {TOKENIZER_FILES}); set "
@@ -107,8 +112,12 @@ class Recipe(ScheduleConfig):
         seed: for anything random.
         trace: record every action's start and end on every rank and write ``output_dir/trace.json`` (Chrome
             trace; ``mpipe-hf plot --trace`` draws it).
-        profile: a cost profile (``mpipe-hf profile``) that placement ``fill`` places the transposed forwards by;
-            unit costs when ``None``.
+        profile: a cost profile (``mpipe-hf profile``): placement ``fill`` places the transposed forwards by it,
+            and the default layout is balanced by its costs; unit costs and a layout balanced by the config's
+            matmul sizes when ``None``.
+        gradient_checkpointing: recompute each decoder layer (and vision block) in the backward instead of
+            keeping its activations, through HF's ``gradient_checkpointing_enable`` (non-reentrant); a stage then
+            holds only its layers' inputs per micro-batch in flight.
     """
 
     model: ModelSource
@@ -127,6 +136,7 @@ class Recipe(ScheduleConfig):
     seed: int = 0
     trace: bool = False
     profile: str | None = None
+    gradient_checkpointing: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "model", ModelSource.parse(self.model))
@@ -159,8 +169,9 @@ def load_recipe(path: str) -> Recipe:
     for key in ("steps", "micro_batch_size", "min_pixels", "max_pixels"):
         if key in raw and (not isinstance(raw[key], int) or raw[key] < 1):
             raise ValueError(f"{path}: {key} must be an integer >= 1, got {raw[key]!r}")
-    if "trace" in raw and not isinstance(raw["trace"], bool):
-        raise ValueError(f"{path}: trace must be true or false, got {raw['trace']!r}")
+    for key in ("trace", "gradient_checkpointing"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise ValueError(f"{path}: {key} must be true or false, got {raw[key]!r}")
     for key in ("lr", "weight_decay", "adam_eps", "timeout_s"):
         if key in raw:
             raw[key] = float(raw[key])

@@ -24,7 +24,8 @@ from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, 
 from ..data import (CaptionCollator, MicroBatchPlan, TextCollator, build_processor, image_processor_for,
                     load_caption_dataset, load_text_dataset)
 from ..data.processor import QWEN_PROCESSORS
-from ..models import get_family, split
+from ..models import get_family
+from ..models.load import split_from_checkpoint, split_from_config
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
@@ -78,19 +79,37 @@ def _check_data(path: str, config) -> None:
 def check(recipe: Recipe) -> list[int]:
     """Every check that needs no process group: schedule, model type, layer layout, world size, data file.
 
-    Returns the decoder layers per stage. Raises ``ValueError`` naming the field.
+    Returns the decoder layers per stage: ``layers_per_stage``, else balanced by the costs of the recipe's
+    ``profile``, else by the layers' and the LM head's matmul cost estimated from the config. Raises
+    ``ValueError`` naming the field.
     """
     cfg = recipe.schedule()
+    recipe.model.check_tokenizer()
     if not os.path.isfile(recipe.data):
         raise ValueError(f"data {recipe.data!r} is not a file")
     config = load_config(recipe.model)
     family = get_family(config.model_type)
     _check_data(recipe.data, config)
-    counts = family.layer_counts(config, cfg, recipe.layers_per_stage, recipe.text_layers)
+    counts = check_layout(recipe, config)
     world = int(os.environ.get("WORLD_SIZE", cfg.pp_size))
     if world != cfg.pp_size:
         raise ValueError(f"pp_size is {cfg.pp_size} but {world} processes were launched; launch pp_size processes")
     return counts
+
+
+def check_layout(recipe: Recipe, config, profile=None) -> list[int]:
+    """Decoder layers per stage: ``layers_per_stage``, else balanced by the costs of ``profile`` (default: the
+    recipe's ``profile``), else by the layers' and the LM head's matmul cost from the config; checked against the
+    model. Raises ``ValueError`` naming the field."""
+    cfg = recipe.schedule()
+    layout = recipe.layers_per_stage
+    if profile is None and recipe.profile is not None:
+        from ..schedule.tune import Profile
+        profile = Profile.load(recipe.profile)
+    if layout is None and profile is not None:
+        from ..schedule.tune import profile_layers
+        layout = profile_layers(profile, cfg, recipe.text_layers)
+    return get_family(config.model_type).layer_counts(config, cfg, layout, recipe.text_layers)
 
 
 def load_model(source: ModelSource, config, seed: int):
@@ -101,6 +120,16 @@ def load_model(source: ModelSource, config, seed: int):
         return cls.from_pretrained(source.name_or_path, dtype=torch.float32)
     set_seed(seed)
     return cls.from_config(config, dtype=torch.float32)  # as from_pretrained above, whatever the config's dtype
+
+
+def load_share(source: ModelSource, config, cfg, rank: int, layers_per_stage: list[int], text_layers: int,
+               seed: int):
+    """``(SplitModel, LoadReport)``: this rank's share of the model, built on the meta device and materialised
+    alone, from the checkpoint's safetensors (read tensor by tensor) or drawn from ``seed`` exactly as the unsplit
+    ``load_model`` would (see :mod:`mpipe_hf.models.load`)."""
+    if source.name_or_path is not None:
+        return split_from_checkpoint(source.name_or_path, config, cfg, rank, layers_per_stage, text_layers)
+    return split_from_config(config, cfg, rank, layers_per_stage, text_layers, seed)
 
 
 def load_processor(recipe: Recipe, config):
@@ -141,9 +170,12 @@ def train(recipe: Recipe) -> TrainResult:
     mesh = build_mesh(cfg.pp_size)
     group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
     config = load_config(recipe.model)
-    model = load_model(recipe.model, config, recipe.seed).to(device)
+    carved, _ = load_share(recipe.model, config, cfg, rank, layers_per_stage, recipe.text_layers, recipe.seed)
+    model = carved.model.to(device)
+    if recipe.gradient_checkpointing:  # HF's layers recompute only in train mode
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
     set_seed(recipe.seed)
-    carved = split(model, cfg, rank, layers_per_stage, recipe.text_layers)
     processor = load_processor(recipe, config)
     if rank != 0:  # rank 0 builds the datasets cache first
         dist.barrier(group=group)

@@ -1,0 +1,323 @@
+"""Build a rank's share of a Hugging Face model without ever holding the whole model (SPEC.md, "The job").
+
+The model is built on the meta device, carved for one pipeline rank by :func:`~.registry.split`, and only the
+tensors that rank keeps are materialised:
+
+- from a checkpoint: each kept tensor is read from the checkpoint's safetensors shards, one at a time, with
+  ``safe_open``; on-disk names are mapped to the model's names by transformers' own conversion mapping (a hub
+  Qwen2.5-VL stores ``model.layers.*`` for ``model.language_model.layers.*``). Buffers the checkpoint does not
+  hold (rotary ``inv_freq``) are computed by the model's own ``_init_weights``.
+- from a config (random weights): the values equal ``set_seed(seed); cls.from_config(config)`` bit for bit. The
+  meta build and the model's ``initialize_weights`` run as in the unsplit model, and every random draw on a meta
+  tensor is replayed on a scratch CPU tensor of the same shape and dtype, so the torch generator advances exactly
+  as it would; the kept tensors are real, and receive the very draws the unsplit model gives them.
+
+Besides the kept share, a rank holds at most one scratch tensor (random init: the size of the tensor drawn) or
+one block of a checkpoint tensor (at most :data:`READ_BLOCK_BYTES`, 64 MiB); :class:`LoadReport` counts both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+from accelerate.utils import set_seed
+from safetensors import safe_open
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers.core_model_loading import WeightConverter, rename_source_key
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+from ..schedule import ScheduleConfig
+from .base import SplitModel
+from .registry import split
+
+_aten = torch.ops.aten
+RANDOM_OPS = {_aten.uniform_, _aten.normal_, _aten.bernoulli_, _aten.exponential_, _aten.random_, _aten.cauchy_,
+              _aten.log_normal_, _aten.geometric_, _aten.randn, _aten.rand, _aten.randint, _aten.randperm,
+              _aten.normal, _aten.bernoulli, _aten.multinomial, _aten.rand_like, _aten.randn_like}
+
+
+READ_BLOCK_BYTES = 64 * 2**20  # the most of one checkpoint tensor held beside its target while it is read
+
+
+@dataclass
+class LoadReport:
+    """What a rank materialised while loading, in bytes.
+
+    Attributes:
+        kept_bytes: the parameters and buffers the rank holds after the load (its share, ``P`` included).
+        largest_temporary_bytes: the largest tensor held at one time besides the share: a scratch tensor for a
+            replayed random draw (as large as the tensor drawn), or a block of a checkpoint tensor read from disk
+            before it is copied into place (at most :data:`READ_BLOCK_BYTES`).
+        read_bytes: bytes read from the checkpoint (0 for a config).
+        full_model_bytes: the parameters and buffers of the unsplit model (counted on the meta device).
+        files: the shard files opened.
+    """
+
+    kept_bytes: int = 0
+    largest_temporary_bytes: int = 0
+    read_bytes: int = 0
+    full_model_bytes: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class _ReplayRandomOnMeta(TorchDispatchMode):
+    """Runs every random op whose tensors are on the meta device once more on a scratch CPU tensor of the same
+    shape and dtype, so the CPU generator advances as it would for real tensors; the meta result is returned."""
+
+    def __init__(self, report: LoadReport):
+        super().__init__()
+        self.report = report
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket in RANDOM_OPS:
+            meta = [a for a in args if isinstance(a, torch.Tensor) and a.is_meta]
+            if meta or kwargs.get("device") == torch.device("meta"):
+                cpu_args = [torch.empty(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) and a.is_meta else a
+                            for a in args]
+                cpu_kwargs = {**kwargs, "device": torch.device("cpu")} if "device" in kwargs else kwargs
+                scratch = func(*cpu_args, **cpu_kwargs)
+                if isinstance(scratch, torch.Tensor):
+                    self.report.largest_temporary_bytes = max(self.report.largest_temporary_bytes, _nbytes(scratch))
+                del scratch, cpu_args
+        return func(*args, **kwargs)
+
+
+def model_class(config):
+    """The Auto class of ``config``: image-text-to-text for a vision-language model, else causal LM."""
+    return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+
+
+def meta_model(config, report: LoadReport | None = None) -> nn.Module:
+    """The HF model of ``config`` on the meta device (fp32), built by ``from_config`` as a user would. With
+    ``report``, random draws are replayed on the CPU generator (see :class:`_ReplayRandomOnMeta`)."""
+    cls = model_class(config)
+    if report is None:
+        with torch.device("meta"):
+            return cls.from_config(config, dtype=torch.float32)
+    with _ReplayRandomOnMeta(report), torch.device("meta"):
+        return cls.from_config(config, dtype=torch.float32)
+
+
+class _ParameterOrder:
+    """While a model is built, number every new ``nn.Parameter`` in the order it is registered; with ``keep``,
+    every parameter whose number is not in ``keep`` is put on the meta device as it is registered (its draws are
+    then replayed by :class:`_ReplayRandomOnMeta`)."""
+
+    def __init__(self, keep: set[int] | None = None, shapes: list[torch.Size] | None = None):
+        self.keep, self.shapes, self.order, self._seen = keep, shapes, [], set()
+
+    def __enter__(self):
+        self._original = original = nn.Module.register_parameter
+
+        def register(module, name, param):
+            if param is not None and id(param) not in self._seen:
+                k = len(self.order)
+                if self.shapes is not None and (k >= len(self.shapes) or self.shapes[k] != param.shape):
+                    raise RuntimeError(f"parameter {k} ({name}, {tuple(param.shape)}) differs between the two "
+                                       f"builds of the model; the build is not deterministic")
+                if self.keep is not None and k not in self.keep and not param.is_meta:
+                    param = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
+                self.order.append(param)
+                self._seen.add(id(param))
+            original(module, name, param)
+        nn.Module.register_parameter = register
+        return self
+
+    def __exit__(self, *exc):
+        nn.Module.register_parameter = self._original
+
+
+def _kept_names(carved: SplitModel) -> set[str]:
+    model = carved.model
+    return {n for n, _ in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]}
+
+
+def _check_materialized(model: nn.Module) -> None:
+    """Every tensor left is real, and no float tensor still holds the NaN it was filled with (one that neither
+    the checkpoint nor the model's init wrote)."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_meta:
+            raise RuntimeError(f"{name} was not materialised")
+        flat = t.detach().reshape(-1)
+        if t.is_floating_point() and any(flat[i:i + 2**24].isnan().any() for i in range(0, flat.numel(), 2**24)):
+            raise RuntimeError(f"{name} was materialised but never initialised (no checkpoint tensor and no "
+                               f"_init_weights branch writes it)")
+
+
+def _full_bytes(model: nn.Module) -> int:
+    return sum(_nbytes(t) for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+
+
+def split_from_config(config, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,
+                      text_layers: int = 0, seed: int = 0) -> tuple[SplitModel, LoadReport]:
+    """Rank ``rank``'s share of a randomly initialised ``config`` model; its tensors equal those of
+    ``set_seed(seed); model_class(config).from_config(config, dtype=torch.float32)`` bitwise.
+
+    The model is built twice. First on the meta device, numbering its parameters as they are registered, to
+    carve it and learn which ones this rank keeps. Then as ``from_config`` builds it, with the same seed, where
+    each parameter this rank does not keep moves to the meta device as it is registered and every random draw
+    on it is replayed on a scratch tensor: the generator runs through the same sequence as in the unsplit
+    build, and each kept parameter gets the unsplit model's values. Buffers (position ids, rotary
+    frequencies) are built for real; they are small.
+
+    Returns:
+        ``(carved model on CPU, report)``.
+
+    Raises:
+        ValueError: as :func:`~.registry.split` (model type, layout).
+    """
+    report = LoadReport()
+    with _ParameterOrder() as probe:
+        shadow = meta_model(config)
+    number = {id(p): k for k, p in enumerate(probe.order)}
+    report.full_model_bytes = _full_bytes(shadow)
+    names = {n: number[id(p)] for n, p in shadow.named_parameters(remove_duplicate=False)}
+    keep = {names[n] for n in _kept_names(split(shadow, cfg, rank, layers_per_stage, text_layers)) if n in names}
+    del shadow
+    set_seed(seed)
+    with _ReplayRandomOnMeta(report), _ParameterOrder(keep, [p.shape for p in probe.order]):
+        model = model_class(config).from_config(config, dtype=torch.float32)
+    carved = split(model, cfg, rank, layers_per_stage, text_layers)
+    report.kept_bytes = _full_bytes(carved.model)
+    _check_materialized(carved.model)
+    return carved, report
+
+
+def _materialize(model: nn.Module) -> int:
+    """Give every meta parameter and buffer of ``model`` real CPU storage filled with NaN (integers: their
+    smallest value), keeping tied tensors tied. Returns the bytes allocated."""
+    done: dict[int, torch.Tensor] = {}
+    allocated = 0
+    for module in model.modules():
+        for store, is_param in ((module._parameters, True), (module._buffers, False)):
+            for key, t in list(store.items()):
+                if t is None or not t.is_meta:
+                    continue
+                if id(t) not in done:
+                    fill = float("nan") if t.is_floating_point() else torch.iinfo(t.dtype).min
+                    real = torch.full(t.shape, fill, dtype=t.dtype)
+                    allocated += _nbytes(real)
+                    done[id(t)] = nn.Parameter(real, requires_grad=t.requires_grad) if is_param else real
+                store[key] = done[id(t)]
+    return allocated
+
+
+def _checkpoint_files(path: str) -> dict[str, str]:
+    """``{on-disk tensor name: shard file}`` of a safetensors checkpoint directory.
+
+    Raises:
+        ValueError: the directory has no safetensors weights.
+    """
+    index = os.path.join(path, SAFE_WEIGHTS_INDEX_NAME)
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return {k: os.path.join(path, v) for k, v in weight_map.items()}
+    single = os.path.join(path, SAFE_WEIGHTS_NAME)
+    if not os.path.isfile(single):
+        raise ValueError(f"model.name_or_path {path!r} has no safetensors weights ({SAFE_WEIGHTS_NAME} or "
+                         f"{SAFE_WEIGHTS_INDEX_NAME}); convert it with save_pretrained(safe_serialization=True)")
+    with safe_open(single, "pt") as f:
+        return {k: single for k in f.keys()}
+
+
+def _rename(model: nn.Module, disk_names: list[str]) -> dict[str, str]:
+    """``{model tensor name: on-disk name}`` through transformers' conversion mapping of ``model``.
+
+    Raises:
+        ValueError: the model's mapping merges or splits tensors (not a plain renaming).
+    """
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    transforms = get_model_conversion_mapping(model)
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    if converters:
+        raise ValueError(f"{type(model).__name__}'s checkpoint conversion merges or splits tensors "
+                         f"({converters[0]!r}); per-rank loading supports renamings only")
+    meta_state = model.state_dict()
+    out = {}
+    for disk in disk_names:
+        name, _ = rename_source_key(disk, transforms, [], model.base_model_prefix, meta_state)
+        out[name] = disk
+    return out
+
+
+def _read_into(file: str, key: str, target: torch.Tensor, report: LoadReport, path: str) -> None:
+    """Copy tensor ``key`` of shard ``file`` into ``target``, in blocks of rows of at most
+    :data:`READ_BLOCK_BYTES`. The shard is opened afresh for each block, so neither the block nor the memory
+    map (whose file pages count as resident while mapped) ever covers more than one block.
+
+    Raises:
+        ValueError: the checkpoint's shape differs from the model's.
+    """
+    with safe_open(file, "pt") as f:
+        shape = tuple(f.get_slice(key).get_shape())
+    if shape != tuple(target.shape):
+        raise ValueError(f"checkpoint {path!r}: {key} has shape {shape}, the model's tensor {tuple(target.shape)}")
+    rows = shape[0] if shape else 1
+    step = max(1, READ_BLOCK_BYTES * rows // max(1, _nbytes(target)))
+    for start in range(0, rows, step):
+        with safe_open(file, "pt") as f:
+            piece = f.get_slice(key)[start:start + step] if shape else f.get_tensor(key)
+            (target[start:start + step] if shape else target).copy_(piece)
+            report.read_bytes += _nbytes(piece)
+            report.largest_temporary_bytes = max(report.largest_temporary_bytes, _nbytes(piece))
+            del piece
+    target._is_hf_initialized = True
+
+
+def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
+                          layers_per_stage: list[int] | None = None,
+                          text_layers: int = 0) -> tuple[SplitModel, LoadReport]:
+    """Rank ``rank``'s share of the checkpoint at ``path`` (fp32, eval mode as ``from_pretrained`` leaves it),
+    reading only the tensors it keeps, one at a time.
+
+    Returns:
+        ``(carved model on CPU, report)``.
+
+    Raises:
+        ValueError: as :func:`~.registry.split`; no safetensors weights; a tensor this rank keeps that the
+            checkpoint lacks, or whose shape differs (the message names them).
+    """
+    report = LoadReport()
+    model = meta_model(config)
+    report.full_model_bytes = _full_bytes(model)
+    carved = split(model, cfg, rank, layers_per_stage, text_layers)
+    model = carved.model
+    files = _checkpoint_files(path)
+    source = _rename(model, list(files))
+    for embed, head in carved.tied:  # lm_head's own copy of a tied embedding is read from the embedding
+        if head not in source and embed in source:
+            source[head] = source[embed]
+    missing = [n for n, t in model.named_parameters() if n not in source]
+    if missing:
+        raise ValueError(f"checkpoint {path!r} lacks tensors rank {rank} holds: {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    _materialize(model)
+    report.kept_bytes = _full_bytes(model)
+    state = model.state_dict(keep_vars=True)
+    by_file: dict[str, list[str]] = {}
+    for name in state:
+        if name in source:
+            by_file.setdefault(files[source[name]], []).append(name)
+    with torch.no_grad():
+        for file, names in sorted(by_file.items()):
+            report.files.append(os.path.basename(file))
+            for name in names:
+                _read_into(file, source[name], state[name], report, path)
+    model.initialize_weights()  # buffers the checkpoint does not hold (the loaded tensors are flagged)
+    for t in state.values():
+        if hasattr(t, "_is_hf_initialized"):
+            del t._is_hf_initialized
+    _check_materialized(model)
+    model.eval()
+    return carved, report

@@ -1,0 +1,227 @@
+"""The memory plan of a recipe (``mpipe-hf plan RECIPE.yaml``): what every pipeline rank holds, and how fast a step
+runs, before any GPU is booked.
+
+- Parameter, gradient and optimizer-state bytes are exact: the model is built on the meta device and carved for
+  each rank by the same :func:`~mpipe_hf.models.split` that training uses. Training keeps fp32 weights, an fp32
+  gradient for every parameter the rank trains (none for a frozen one) and AdamW's two fp32 moments.
+- The activation peak walks each rank's action list of the schedule: every stage forward whose backward has not
+  run yet holds that stage's saved activations for one micro-batch (its layers' and, on the last stage, the
+  head's), and the peak is the largest sum. The bytes per layer and micro come from a profile: a measured one
+  (``mpipe-hf profile``), or one estimated from the config (:func:`estimate_profile`), whose activation bytes are
+  counted on the meta device by running one decoder layer and the head under ``saved_tensors_hooks``. With
+  gradient checkpointing a layer in flight keeps only its input hidden states.
+- The step time and bubble are the simulator's (:func:`~mpipe_hf.schedule.tune.predict`) on that profile.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from ..models import split
+from ..models.decoder import matmul_costs
+from ..models.load import meta_model
+from ..schedule import ScheduleConfig, build_schedule
+from ..schedule.actions import Kind
+from ..schedule.tune import Profile, predict
+
+ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per trained element
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's device memory, in bytes (``activation_bytes``: the peak of saved activations)."""
+
+    rank: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    peak_in_flight: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every rank's :class:`RankPlan`, the layout, and the simulator's step time (seconds) and bubble."""
+
+    ranks: list[RankPlan]
+    layers_per_stage: list[int]
+    step_s: float
+    bubble: float
+    profile: Profile
+
+    def fits(self, device_bytes: float, headroom: float = 0.1) -> bool:
+        """Whether every rank's total stays under ``device_bytes`` less a ``headroom`` share (allocator
+        fragmentation, the CUDA context, communication buffers)."""
+        return all(r.total_bytes <= device_bytes * (1 - headroom) for r in self.ranks)
+
+    def table(self, device_bytes: float | None = None) -> str:
+        lines = [f"{'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'activ':>9} {'in-flight':>9} {'total':>9}"
+                 "  (GiB)"]
+        for r in self.ranks:
+            lines.append(f"{r.rank:>4} {r.param_bytes / GIB:9.2f} {r.grad_bytes / GIB:9.2f} "
+                         f"{r.optimizer_bytes / GIB:9.2f} {r.activation_bytes / GIB:9.2f} {r.peak_in_flight:>9} "
+                         f"{r.total_bytes / GIB:9.2f}")
+        lines.append(f"layers per stage {self.layers_per_stage}; predicted step {self.step_s:.3f} s, bubble "
+                     f"{self.bubble:.3f}")
+        if device_bytes:
+            worst = max(r.total_bytes for r in self.ranks)
+            lines.append(f"{'fits' if self.fits(device_bytes) else 'does NOT fit'} on {device_bytes / GIB:.0f} GiB "
+                         f"devices: the fullest rank needs {worst / GIB:.1f} GiB (limit with 10% headroom "
+                         f"{0.9 * device_bytes / GIB:.1f} GiB)")
+        return "\n".join(lines)
+
+
+class _FusedAttention(torch.autograd.Function):
+    """A stand-in for a fused attention kernel (FlashAttention, SDPA's efficient kernels) when counting on the
+    meta device: its output has the query's shape, and it saves what such kernels keep for their backward,
+    the query, key, value, output and the log-sum-exp per row, never the ``L x L`` probabilities."""
+
+    @staticmethod
+    def forward(ctx, query, key, value):
+        out = torch.empty_like(query)
+        lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(query, key, value, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        query, key, value, *_ = ctx.saved_tensors
+        return torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
+
+
+def _meta_attention(module, query, key, value, attention_mask, **kwargs):
+    """``(B, heads, L, d)`` query -> ``(B, L, heads, d)`` output, as transformers' attention functions return."""
+    return _FusedAttention.apply(query, key, value).transpose(1, 2), None
+
+
+def saved_bytes(fn, params: set[int]) -> int:
+    """Bytes of the distinct storages that autograd saves while ``fn()`` runs, parameters excluded."""
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        if id(t) not in params:
+            storages[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return t
+    with saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+def meta_activation_bytes(config, tokens: int) -> tuple[int, int]:
+    """``(one decoder layer, the LM head with its loss)``: bytes saved for backward for one micro-batch of
+    ``tokens`` tokens in fp32, counted on the meta device with a fused attention kernel."""
+    from transformers import AttentionInterface
+    AttentionInterface.register("mpipe_meta_fused", _meta_attention)
+    counted = copy.deepcopy(config)
+    text = counted.get_text_config()
+    text.num_hidden_layers = 1
+    if getattr(text, "layer_types", None):
+        text.layer_types = text.layer_types[:1]
+    model = meta_model(counted)
+    inner = model.get_decoder()
+    inner.config._attn_implementation = "mpipe_meta_fused"
+    params = {id(p) for p in model.parameters()}
+    hidden = torch.empty(1, tokens, text.hidden_size, device="meta", requires_grad=True)
+    positions = torch.arange(tokens, device="meta").unsqueeze(0)
+    if "mrope_section" in (getattr(text, "rope_parameters", None) or {}):
+        positions = positions.expand(3, 1, tokens)
+    rope = inner.rotary_emb(hidden, positions)
+    layer = saved_bytes(lambda: inner.layers[0](hidden, attention_mask=None, position_embeddings=rope,
+                                                position_ids=None), params)
+    labels = torch.zeros(1, tokens, dtype=torch.long, device="meta")
+    head = saved_bytes(lambda: model.loss_function(logits=model.lm_head(inner.norm(hidden)), labels=labels,
+                                                   vocab_size=text.vocab_size), params)
+    return layer, head
+
+
+def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float = 400.0, mfu: float = 0.4,
+                     bandwidth_gbps: float = 400.0) -> Profile:
+    """A :class:`~mpipe_hf.schedule.tune.Profile` from the config alone, for sizing before any hardware runs:
+    compute times from the matmul FLOPs (``2 * weights * tokens`` forward, twice that backward) at ``tflops``
+    peak and ``mfu`` utilisation, the tower's from its weights over ``image_tokens * spatial_merge_size**2``
+    patches (frozen: forward only), activation bytes counted on the meta device (:func:`meta_activation_bytes`),
+    and links at ``bandwidth_gbps`` GB/s.
+
+    Raises:
+        ValueError: ``tokens`` below 1.
+    """
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    text = config.get_text_config()
+    layer_w, head_w = matmul_costs(text)
+    rate = tflops * 1e12 * mfu
+    vision_w, patches = 0.0, 0
+    if hasattr(config, "vision_config"):
+        tower = meta_model(config)
+        vision = next(m for name, m in tower.named_modules() if name.endswith(("visual", "vision_tower")))
+        vision_w = float(sum(p.numel() for p in vision.parameters()))
+        merge = getattr(config.vision_config, "spatial_merge_size", 1)
+        patches = image_tokens * merge * merge
+    layer_act, head_act = meta_activation_bytes(config, tokens)
+    return Profile(
+        num_layers=text.num_hidden_layers, layer_forward_s=2 * layer_w * tokens / rate,
+        layer_backward_s=4 * layer_w * tokens / rate, preprocess_forward_s=2 * vision_w * patches / rate,
+        preprocess_backward_s=4 * vision_w * patches / rate, head_forward_s=2 * head_w * tokens / rate,
+        head_backward_s=4 * head_w * tokens / rate, activation_bytes=4.0 * tokens * text.hidden_size,
+        feature_bytes=4.0 * image_tokens * text.hidden_size, layer_activation_bytes=float(layer_act),
+        head_activation_bytes=float(head_act), layer_param_bytes=4.0 * layer_w,
+        preprocess_param_bytes=4.0 * vision_w, bandwidth_bytes_per_s=bandwidth_gbps * 1e9, latency_s=2e-5)
+
+
+def _peak_activation_bytes(order, stage_bytes: list[float]) -> tuple[int, int]:
+    """``(peak bytes, peak count)`` of stage forwards held for their backward along one rank's ``order``."""
+    live = peak = count = peak_count = 0
+    for a in order:
+        if a.kind is Kind.F:
+            live, count = live + stage_bytes[a.stage], count + 1
+        elif a.kind is Kind.B:
+            live, count = live - stage_bytes[a.stage], count - 1
+        peak, peak_count = max(peak, live), max(peak_count, count)
+    return int(peak), peak_count
+
+
+def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[int], text_layers: int = 0,
+         gradient_checkpointing: bool = False) -> Plan:
+    """Every rank's memory and the predicted step of ``cfg`` with ``layers_per_stage`` on ``profile`` (see the
+    module docstring). With ``gradient_checkpointing`` a layer keeps only its input (``profile.activation_bytes``)
+    per micro in flight, and each rank adds one layer's full activations, rebuilt during a backward.
+
+    Raises:
+        ValueError: as :func:`~mpipe_hf.models.split` (the layout, ``text_layers``, the model type).
+    """
+    orders = build_schedule(cfg)
+    counts = list(layers_per_stage)
+    counts[0] -= text_layers
+    per_layer = profile.activation_bytes if gradient_checkpointing else profile.layer_activation_bytes
+    stage_bytes = [n * per_layer for n in counts]
+    stage_bytes[-1] += profile.head_activation_bytes
+    recompute = profile.layer_activation_bytes if gradient_checkpointing else 0
+    shadow = meta_model(config)
+    ranks = []
+    for rank in range(cfg.pp_size):
+        carved = split(copy.deepcopy(shadow), cfg, rank, layers_per_stage, text_layers)
+        held = {id(p): p for p in carved.model.parameters()}
+        trained = {id(p): p for p in carved.trainable_parameters(cfg, rank).values()}
+        if cfg.trainable and cfg.owner_backward:  # every owner backprops its replica of P into its own gradient
+            trained.update({id(p): p for fqn in carved.preprocess_fqns
+                            for p in carved.model.get_submodule(fqn).parameters()})
+        nbytes = lambda ps: sum(p.numel() * p.element_size() for p in ps.values())  # noqa: E731
+        optimised = carved.trainable_parameters(cfg, rank)
+        act, in_flight = _peak_activation_bytes(orders[rank], stage_bytes)
+        act += recompute
+        ranks.append(RankPlan(rank, nbytes(held), nbytes(trained),
+                              ADAM_STATE_BYTES * sum(p.numel() for p in optimised.values()), act, in_flight))
+    if gradient_checkpointing:  # each backward first recomputes its layers' forward
+        profile = dataclasses.replace(profile, layer_backward_s=profile.layer_backward_s + profile.layer_forward_s)
+    sim = predict(profile, cfg, layers_per_stage, text_layers)
+    return Plan(ranks, list(layers_per_stage), sim.step_s, sim.bubble, profile)
