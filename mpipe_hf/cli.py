@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     plan = sub.add_parser("plan", help="every rank's memory and the predicted step time of a recipe")
     plan.add_argument("recipe")
     plan.add_argument("--profile", help="a cost profile (mpipe-hf profile); estimated from the config without")
-    plan.add_argument("--tokens", type=int, default=4096, help="tokens per micro-batch, for the estimate")
+    plan.add_argument("--tokens", type=int, default=2048, help="tokens per micro-batch, for the estimate")
     plan.add_argument("--image-tokens", type=int, default=1024, help="image tokens per micro-batch (estimate)")
     plan.add_argument("--tflops", type=float, default=989.0, help="peak TFLOP/s of one device (H100 bf16 dense)")
     plan.add_argument("--mfu", type=float, default=0.4, help="share of the peak reached (estimate)")

@@ -1,12 +1,12 @@
 """Write a ~1.2B-parameter Qwen2.5-VL checkpoint with random weights, for the load-memory benchmark and test.
 
-Usage: python scripts/make_1b.py OUT_DIR [--dtype bfloat16|float32] [--uninitialised]
+Usage: python scripts/make_1b.py OUT_DIR [--dtype bfloat16|float32] [--zeros]
 
 The config is the real ``Qwen2_5_VLConfig`` at a size between Qwen2.5-VL-3B and a 1.5B text model: text hidden
 1536, 12 decoder layers, 12 heads (2 key-value heads), MLP 8960, the real 151,936-entry vocabulary, untied
 embeddings; an 8-block, 1280-wide visual tower as in Qwen2.5-VL. It is saved with ``save_pretrained`` in shards
-of at most 500 MB, as the hub serves a checkpoint (bf16 by default). ``--uninitialised`` skips the random init
-(the values are whatever memory held), for tests that only count bytes.
+of at most 500 MB, as the hub serves a checkpoint (bf16 by default). ``--zeros`` writes zeros instead of
+random values (seconds instead of a minute), for tests that only count bytes.
 """
 
 import argparse
@@ -35,11 +35,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--uninitialised", action="store_true")
+    parser.add_argument("--zeros", action="store_true")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    with no_init_weights() if args.uninitialised else contextlib.nullcontext():
+    with no_init_weights() if args.zeros else contextlib.nullcontext():
         model = Qwen2_5_VLForConditionalGeneration(config_1b()).to(getattr(torch, args.dtype))
+    if args.zeros:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
     model.save_pretrained(args.out, max_shard_size="500MB")
     n = sum(p.numel() for p in model.parameters())
     print(f"wrote {args.out}: Qwen2.5-VL, {n / 1e9:.2f}B parameters, {args.dtype}")

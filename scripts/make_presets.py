@@ -12,6 +12,7 @@ width and patching).
 """
 
 import argparse
+import textwrap
 import itertools
 import os
 
@@ -23,6 +24,25 @@ QWEN_IDS = dict(image_token_id=151655, video_token_id=151656, vision_start_token
                 vision_end_token_id=151653)
 QWEN25_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
                      temporal_patch_size=2, spatial_merge_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31])
+
+
+RECIPE = """model:
+  config: recipes/presets/{name}/config.json
+data: data/train.jsonl
+pp_size: {pp}
+vpp: {vpp}
+num_micro: {micro}
+less_memory: {less}
+gradient_checkpointing: {ckpt}
+layers_per_stage: {layout}
+preprocess: frozen
+micro_batch_size: 1
+steps: 1000
+lr: 1.0e-5
+min_pixels: 3136
+max_pixels: 1003520
+output_dir: outputs/{name}
+"""
 
 
 def _qwen_text(hidden, inter, layers, heads, kv, vocab, tie, theta=1e6, mrope=(16, 24, 24), **extra):
@@ -104,39 +124,29 @@ def main(argv=None):
         cfg, layout, result, worst, ckpt, tried = choose(config, args.tokens, args.image_tokens)
         pp, vpp, micro = cfg.pp_size, cfg.vpp, cfg.num_micro
         fullest = max(result.ranks, key=lambda r: r.total_bytes)
+        why = (f"R = {pp} is the fewest ranks whose fullest rank fits under 72 GiB (80 less 10% headroom): rank "
+               f"{fullest.rank} needs {worst:.1f} GiB (params {fullest.param_bytes / 2**30:.1f}, grads "
+               f"{fullest.grad_bytes / 2**30:.1f}, AdamW {fullest.optimizer_bytes / 2**30:.1f}, activations "
+               f"{fullest.activation_bytes / 2**30:.1f}). At that R, V = {vpp}"
+               f"{' with the shallow warm-up (less_memory)' if cfg.less_memory else ''}"
+               f"{' and gradient checkpointing' if ckpt else ''} predicts the shortest step ({result.step_s:.2f} s, "
+               f"bubble {result.bubble:.3f}); M = 4R keeps the bubble small."
+               f"{' Without gradient checkpointing the activations do not fit.' if ckpt else ''} The layout is "
+               f"balanced by cost: the LM head counts as the layers its matmul equals. bf16 (not yet in mpipe_hf) "
+               f"would halve the weights' and the activations' share.")
+        comment = "\n".join("# " + line for line in textwrap.wrap(why, 110))
         recipe = f"""# {hub}: MPipe Transpose fine-tuning preset (written by scripts/make_presets.py).
 # The architecture is {name}/config.json, the checkpoint's real sizes. To fine-tune, replace `config:` by
 # `name_or_path: /path/to/{hub.split('/')[-1]}` (the downloaded checkpoint) and point `data` at your JSONL.
 #
-# Shape chosen by `mpipe-hf plan` and the simulator for 80 GB GPUs ({args.tokens} tokens, {args.image_tokens} image
-# tokens per micro-batch; fp32 weights, gradients and AdamW states, 16 bytes per trained parameter):
-# the least the fullest rank needs at each R is {', '.join(tried)}.
-# R = {pp} is the fewest ranks whose fullest rank (rank {fullest.rank}, {worst:.1f} GiB: params
-# {fullest.param_bytes / 2**30:.1f}, grads {fullest.grad_bytes / 2**30:.1f}, AdamW {fullest.optimizer_bytes / 2**30:.1f},
-# activations {fullest.activation_bytes / 2**30:.1f}) fits under 72 GiB (80 less 10% headroom); V = {vpp} is the fastest
-# there{' with the shallow warm-up (less_memory)' if cfg.less_memory else ''} (predicted step {result.step_s:.2f} s, bubble
-# {result.bubble:.3f}), and M = 4R keeps the bubble small.{' Gradient checkpointing is on: without it the activations do not fit.' if ckpt else ''}
-# The layout is balanced by cost: the LM head counts as the layers its matmul equals. bf16 (not yet in
-# mpipe_hf) would halve the weights' and activations' share.
-model:
-  config: recipes/presets/{name}/config.json
-data: data/train.jsonl
-pp_size: {pp}
-vpp: {vpp}
-num_micro: {micro}
-less_memory: {str(cfg.less_memory).lower()}
-gradient_checkpointing: {str(ckpt).lower()}
-layers_per_stage: {layout}
-preprocess: frozen
-micro_batch_size: 1
-steps: 1000
-lr: 1.0e-5
-min_pixels: 3136
-max_pixels: 1003520
-output_dir: outputs/{name}
+# Chosen with `mpipe-hf plan` and the simulator for 80 GB GPUs, {args.tokens} tokens ({args.image_tokens} image tokens)
+# per micro-batch, fp32 weights, gradients and AdamW states (16 bytes per trained parameter). The least the fullest
+# rank needs at each R: {', '.join(tried)}.
+{comment}
 """
         with open(os.path.join(OUT, f"{name}.yaml"), "w") as f:
-            f.write(recipe)
+            f.write(recipe + RECIPE.format(name=name, pp=pp, vpp=vpp, micro=micro, layout=layout,
+                                           less=str(cfg.less_memory).lower(), ckpt=str(ckpt).lower()))
         print(f"{name}: R={pp} V={vpp} M={micro} fullest rank {worst:.1f} GiB; step {result.step_s:.2f} s, "
               f"bubble {result.bubble:.3f}", flush=True)
 

@@ -80,10 +80,11 @@ def reference_training(demo, freeze_visual):
 
 
 def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
-    """The CLI trains with a frozen tower as P; accelerate with the tower, the embedding and the first decoder
-    layer as a trainable P, owner-backward and overflow mode min."""
+    """The CLI trains with a frozen tower as P and gradient checkpointing; accelerate with the tower, the embedding
+    and the first decoder layer as a trainable P, owner-backward and overflow mode min."""
     runs = {
-        "cli": ([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train"], dict(trace=True)),
+        "cli": ([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train"],
+                dict(trace=True, gradient_checkpointing=True)),
         "accelerate": ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m",
                         "mpipe_hf.train"],

@@ -97,15 +97,10 @@ def model_class(config):
     return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
 
 
-def meta_model(config, report: LoadReport | None = None) -> nn.Module:
-    """The HF model of ``config`` on the meta device (fp32), built by ``from_config`` as a user would. With
-    ``report``, random draws are replayed on the CPU generator (see :class:`_ReplayRandomOnMeta`)."""
-    cls = model_class(config)
-    if report is None:
-        with torch.device("meta"):
-            return cls.from_config(config, dtype=torch.float32)
-    with _ReplayRandomOnMeta(report), torch.device("meta"):
-        return cls.from_config(config, dtype=torch.float32)
+def meta_model(config) -> nn.Module:
+    """The HF model of ``config`` on the meta device (fp32), built by ``from_config`` as a user would."""
+    with torch.device("meta"):
+        return model_class(config).from_config(config, dtype=torch.float32)
 
 
 class _ParameterOrder:
@@ -142,12 +137,14 @@ def _kept_names(carved: SplitModel) -> set[str]:
     return {n for n, _ in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]}
 
 
-def _check_materialized(model: nn.Module) -> None:
-    """Every tensor left is real, and no float tensor still holds the NaN it was filled with (one that neither
-    the checkpoint nor the model's init wrote)."""
+def _check_materialized(model: nn.Module, loaded: frozenset[int] = frozenset()) -> None:
+    """Every tensor left is real, and no float tensor besides those read from the checkpoint (``loaded`` ids)
+    still holds the NaN it was filled with (one that the model's init did not write)."""
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if t.is_meta:
             raise RuntimeError(f"{name} was not materialised")
+        if id(t) in loaded:
+            continue
         flat = t.detach().reshape(-1)
         if t.is_floating_point() and any(flat[i:i + 2**24].isnan().any() for i in range(0, flat.numel(), 2**24)):
             raise RuntimeError(f"{name} was materialised but never initialised (no checkpoint tensor and no "
@@ -315,9 +312,10 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
             for name in names:
                 _read_into(file, source[name], state[name], report, path)
     model.initialize_weights()  # buffers the checkpoint does not hold (the loaded tensors are flagged)
+    loaded = frozenset(id(t) for t in state.values() if hasattr(t, "_is_hf_initialized"))
     for t in state.values():
         if hasattr(t, "_is_hf_initialized"):
             del t._is_hf_initialized
-    _check_materialized(model)
+    _check_materialized(model, loaded)
     model.eval()
     return carved, report

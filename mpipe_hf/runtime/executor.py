@@ -22,7 +22,7 @@ process group, so no stale message of the failed step can reach the next one.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable, Iterable
 
@@ -45,7 +45,8 @@ _IDLE_GROUPS: dict[tuple[tuple[int, ...], timedelta], list[tuple]] = {}
 @dataclass
 class StepStats:
     """What one step measured. ``loss`` is the mean over the step's label tokens; ``bubble`` is the fraction of
-    the ranks' wall time spent not computing (``1 - sum busy / sum wall``); ``peak_activations`` is the most
+    the ranks' wall time spent not computing (``1 - sum busy / sum wall``), and ``rank_bubble[r]`` the same for
+    pipeline rank ``r`` alone; ``peak_activations`` is the most
     stage forwards this rank held for their backward at once (its activation-memory peak, in stage-micro units)."""
 
     loss: float
@@ -53,6 +54,7 @@ class StepStats:
     bubble: float
     wall_s: float
     peak_activations: int
+    rank_bubble: list[float] = field(default_factory=list)
 
 
 class PipelineExecutor:
@@ -196,8 +198,11 @@ class PipelineExecutor:
                 peak = max(peak, len(ctx.saved))
             self.p2p.drain()
             action = None
-            totals = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, time.perf_counter() - start],
-                                  dtype=torch.float64, device=self.device)
+            world = len(self.global_ranks)
+            totals = torch.zeros(4 + 2 * world, dtype=torch.float64)
+            totals[:4] = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, time.perf_counter() - start])
+            totals[4 + self.rank], totals[4 + world + self.rank] = ctx.busy_s, time.perf_counter() - start
+            totals = totals.to(self.device)
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum",
                                describe("all_reduce", totals))
             self._sum_tied()
@@ -217,7 +222,10 @@ class PipelineExecutor:
             raise self.watchdog.first_error() from (None if isinstance(err, PeerFailed) else err)
         finally:
             ctx.clear()
-        loss_sum, num_tokens, busy, wall_sum = totals.tolist()
+        values = totals.tolist()
+        loss_sum, num_tokens, busy, wall_sum = values[:4]
+        world = (len(values) - 4) // 2
+        rank_bubble = [round(1.0 - b / w, 4) if w else 0.0 for b, w in zip(values[4:4 + world], values[4 + world:])]
         if num_tokens == 0:
             for p in trained:
                 p.grad = kept[p]
@@ -234,4 +242,4 @@ class PipelineExecutor:
             else:
                 p.grad = kept[p]
         return StepStats(loss_sum / num_tokens, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
-                         peak)
+                         peak, rank_bubble)

@@ -83,13 +83,20 @@ def cost_balanced_layers(num_layers: int, pp_size: int, vpp: int = 1, layer_cost
         counts[counts.index(max(counts[1:]), 1)] -= 1
         counts[0] += 1
 
-    def key(c):
+    def loads(c):
         per_stage = stage_costs(c, layer_cost, first_cost, last_cost, text_layers)
-        per_rank = sorted((sum(per_stage[s::pp_size]) for s in range(pp_size)), reverse=True)
-        return round(per_rank[0], 12), round(max(per_stage), 12), [round(x, 12) for x in per_rank]
+        return per_stage, [sum(per_stage[r::pp_size]) for r in range(pp_size)]
+
+    def key(c):
+        per_stage, per_rank = loads(c)
+        return (round(max(per_rank), 12), round(max(per_stage), 12),
+                sorted((round(x, 12) for x in per_rank), reverse=True))
     best = key(counts)
-    while True:
-        moves = [(key(c), c) for i in range(stages) for j in range(stages)
+    while True:  # only a layer leaving the busiest rank or the heaviest stage can improve the key
+        per_stage, per_rank = loads(counts)
+        busiest = max(range(pp_size), key=per_rank.__getitem__)
+        sources = set(range(busiest, stages, pp_size)) | {max(range(stages), key=per_stage.__getitem__)}
+        moves = [(key(c), c) for i in sources for j in range(stages)
                  if i != j and counts[i] > floor[i]
                  for c in [[n - (s == i) + (s == j) for s, n in enumerate(counts)]]]
         score, candidate = min(moves, key=lambda m: m[0], default=(best, counts))

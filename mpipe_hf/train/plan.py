@@ -207,20 +207,23 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
     stage_bytes[-1] += profile.head_activation_bytes
     recompute = profile.layer_activation_bytes if gradient_checkpointing else 0
     shadow = meta_model(config)
+    # by name: a tied weight is two copies (embedding on rank 0, head on the last rank) once split over ranks
+    params = dict(shadow.named_parameters(remove_duplicate=cfg.pp_size == 1))
+    sizes = {n: p.numel() * p.element_size() for n, p in params.items()}
+    carved = split(copy.deepcopy(shadow), cfg, 0, layers_per_stage, text_layers)  # the layout is every rank's
+
+    def under(name, prefixes):
+        return any(name == p or name.startswith(p + ".") for p in prefixes)
     ranks = []
     for rank in range(cfg.pp_size):
-        carved = split(copy.deepcopy(shadow), cfg, rank, layers_per_stage, text_layers)
-        held = {id(p): p for p in carved.model.parameters()}
-        trained = {id(p): p for p in carved.trainable_parameters(cfg, rank).values()}
-        if cfg.trainable and cfg.owner_backward:  # every owner backprops its replica of P into its own gradient
-            trained.update({id(p): p for fqn in carved.preprocess_fqns
-                            for p in carved.model.get_submodule(fqn).parameters()})
-        nbytes = lambda ps: sum(p.numel() * p.element_size() for p in ps.values())  # noqa: E731
-        optimised = carved.trainable_parameters(cfg, rank)
+        owned = carved.owned_prefixes(cfg, rank)
+        held = [n for n in sizes if under(n, owned + carved.preprocess_fqns)]
+        trained = [n for n in held if under(n, owned) and not under(n, carved.frozen)]
+        replicas = [n for n in held if not under(n, owned) and not under(n, carved.frozen)]
+        grads = trained + (replicas if cfg.trainable and cfg.owner_backward else [])  # owners backprop P
         act, in_flight = _peak_activation_bytes(orders[rank], stage_bytes)
-        act += recompute
-        ranks.append(RankPlan(rank, nbytes(held), nbytes(trained),
-                              ADAM_STATE_BYTES * sum(p.numel() for p in optimised.values()), act, in_flight))
+        ranks.append(RankPlan(rank, sum(sizes[n] for n in held), sum(sizes[n] for n in grads),
+                              ADAM_STATE_BYTES * sum(params[n].numel() for n in trained), act + recompute, in_flight))
     if gradient_checkpointing:  # each backward first recomputes its layers' forward
         profile = dataclasses.replace(profile, layer_backward_s=profile.layer_backward_s + profile.layer_forward_s)
     sim = predict(profile, cfg, layers_per_stage, text_layers)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import yaml
 
-from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..schedule import ScheduleConfig
 
-WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME)  # each rank reads its own tensors from safetensors
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -49,7 +49,8 @@ class ModelSource:
                        if not any(os.path.isfile(os.path.join(self.name_or_path, f)) for f in names)]
             if missing:
                 raise ValueError(f"model.name_or_path {self.name_or_path!r} has no {' and no '.join(missing)} "
-                                 f"(weights: one of {WEIGHT_FILES}); for random weights use model.config")
+                                 f"(weights: one of {WEIGHT_FILES}; a .bin checkpoint converts with "
+                                 f"from_pretrained(...).save_pretrained(dir)); for random weights use model.config")
         if self.config is not None and not os.path.exists(self.config):
             raise ValueError(f"model.config {self.config!r} does not exist (a config.json or a directory with one)")
         if self.tokenizer is not None and not os.path.isdir(self.tokenizer):

@@ -196,7 +196,7 @@ def train(recipe: Recipe) -> TrainResult:
               f"placement={cfg.placement} "
               f"text_layers={recipe.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} layers per stage={layers_per_stage}", flush=True)
-    losses, start = [], time.perf_counter()
+    losses, rank_bubbles, start = [], [], time.perf_counter()
     bar = tqdm(range(recipe.steps), disable=rank != 0, desc="train", dynamic_ncols=True)
     for step in bar:
         ahead = partial(plan.load, step + 1) if step + 1 < recipe.steps else None  # used by placement fill
@@ -205,9 +205,10 @@ def train(recipe: Recipe) -> TrainResult:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         losses.append(stats.loss)
+        rank_bubbles.append(stats.rank_bubble)
         row = {"step": step + 1, "loss": round(stats.loss, 5), "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1),
                "bubble": round(stats.bubble, 3), "step_s": round(stats.wall_s, 3),
-               "peak_activations_rank0": stats.peak_activations}
+               "bubble_per_rank": stats.rank_bubble, "peak_activations_rank0": stats.peak_activations}
         bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", bubble=f"{stats.bubble:.2f}")
         if log is not None:
             log.write(json.dumps(row) + "\n")
@@ -227,8 +228,10 @@ def train(recipe: Recipe) -> TrainResult:
         write_trace(os.path.join(recipe.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
     if rank == 0:
         log.close()
-        print(f"mpipe_hf: {recipe.steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
-              f"checkpoint {out}", flush=True)
+        later = rank_bubbles[1:] or rank_bubbles  # the first step warms up
+        mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(cfg.pp_size)]
+        print(f"mpipe_hf: {recipe.steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; bubble per "
+              f"rank {mean} (mean of steps 2..{recipe.steps}); checkpoint {out}", flush=True)
     return TrainResult(losses, out, wall)
 
 
