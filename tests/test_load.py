@@ -182,7 +182,7 @@ def test_plan_counts_what_the_loaded_ranks_hold(configs, name, preprocess, text_
 
 def test_cost_balanced_layout_beats_count_balanced_on_the_demo_profile():
     """The demo's profile as measured on a 2-core CPU machine (mpipe-hf profile recipes/qwen2_5_vl_demo.yaml)."""
-    profile = Profile.load(os.path.join(ROOT, "recipes", "qwen2_5_vl_demo_profile.yaml"))
+    profile = Profile.load(os.path.join(ROOT, "recipes", "profiles", "qwen2_5_vl_demo.yaml"))
     head = profile.head_forward_s + profile.head_backward_s
     layer = profile.layer_forward_s + profile.layer_backward_s
     assert 1.5 < head / layer < 4, "the demo's head should cost what a real 7B head costs: about 2.3 layers"
