@@ -33,8 +33,8 @@ def _train(args) -> None:
     from .train.trainer import check
     check(recipe)
     from torch.distributed.run import main as torchrun
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.pp_size)))
-    torchrun(["--standalone", f"--nproc_per_node={recipe.pp_size}", "-m", "mpipe_hf.train", args.recipe])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.parallel.pp_size)))
+    torchrun(["--standalone", f"--nproc_per_node={recipe.parallel.pp_size}", "-m", "mpipe_hf.train", args.recipe])
 
 
 def _config(args):
@@ -109,7 +109,7 @@ def _plan(args) -> None:
     from .train.trainer import check_layout, load_config
     recipe = load_recipe(args.recipe)
     config = load_config(recipe.model)
-    path = args.profile or recipe.profile
+    path = args.profile or recipe.parallel.profile
     if path:
         profile, source = Profile.load(path), f"profile {path}"
     else:
@@ -117,11 +117,16 @@ def _plan(args) -> None:
         source = (f"estimated: {args.tokens} tokens ({args.image_tokens} image tokens) per micro-batch, "
                   f"{args.tflops:g} TFLOP/s at {args.mfu:g} MFU")
     cfg = recipe.schedule()
-    layers = check_layout(recipe, config, profile if path else None)
-    result = plan(config, cfg, profile, layers, recipe.text_layers, recipe.gradient_checkpointing)
+    layers = check_layout(recipe, config)  # the layout training will run
+    if args.profile and not recipe.parallel.profile:
+        by_profile = check_layout(recipe, config, profile)
+        if by_profile != layers:
+            print(f"note: balanced by {args.profile}'s costs the layout would be {by_profile}; set parallel.profile: "
+                  f"{args.profile} in the recipe to train with it (planned below: the recipe's {layers})")
+    ckpt, text_layers = recipe.train.gradient_checkpointing, recipe.parallel.text_layers
+    result = plan(config, cfg, profile, layers, text_layers, ckpt)
     print(f"{config.model_type}: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} preprocess={cfg.preprocess} "
-          f"text_layers={recipe.text_layers} gradient_checkpointing={recipe.gradient_checkpointing}; costs from "
-          f"{source}")
+          f"text_layers={text_layers} gradient_checkpointing={ckpt}; costs from {source}")
     print(result.table(args.gpu_gib * 2**30))
     if not result.fits(args.gpu_gib * 2**30):
         sys.exit(1)
@@ -156,7 +161,8 @@ def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> 
     if cost_flags:
         parser.add_argument("--profile", help="a cost profile (mpipe-hf profile RECIPE.yaml); unit costs without")
         parser.add_argument("--text-layers", type=int, default=0, help="T: decoder layers moved into P")
-        parser.add_argument("--layers-per-stage", help="comma-separated layers per stage; balanced by the profile's costs without")
+        parser.add_argument("--layers-per-stage",
+                            help="comma-separated layers per stage; balanced by the profile's costs without")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,20 +28,23 @@ QWEN25_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_hea
 
 RECIPE = """model:
   config: recipes/presets/{name}/config.json
-data: data/train.jsonl
-pp_size: {pp}
-vpp: {vpp}
-num_micro: {micro}
-less_memory: {less}
-gradient_checkpointing: {ckpt}
-layers_per_stage: {layout}
-preprocess: frozen
-micro_batch_size: 1
-steps: 1000
-lr: 1.0e-5
-min_pixels: 3136
-max_pixels: 1003520
-output_dir: outputs/{name}
+data:
+  path: data/train.jsonl
+  micro_batch_size: 1
+  min_pixels: 3136
+  max_pixels: 1003520
+parallel:
+  pp_size: {pp}
+  vpp: {vpp}
+  num_micro: {micro}
+  preprocess: frozen
+  less_memory: {less}
+  layers_per_stage: {layout}
+train:
+  max_steps: 1000
+  learning_rate: 1.0e-5
+  gradient_checkpointing: {ckpt}
+  output_dir: outputs/{name}
 """
 
 

@@ -145,9 +145,10 @@ def test_every_preset_plan_fits_80gb(path):
         os.chdir(cwd)
     profile = estimate_profile(config, 2048, 1024)
     layers = check_layout(recipe, config)
-    result = plan(config, recipe.schedule(), profile, layers, recipe.text_layers, recipe.gradient_checkpointing)
+    result = plan(config, recipe.schedule(), profile, layers, recipe.parallel.text_layers,
+                  recipe.train.gradient_checkpointing)
     assert result.fits(80 * 2**30), result.table(80 * 2**30)
-    assert recipe.pp_size >= 2 and result.ranks[0].param_bytes > 0
+    assert recipe.parallel.pp_size >= 2 and result.ranks[0].param_bytes > 0
     total = sum(r.param_bytes for r in result.ranks)
     with torch.device("meta"):
         named = list(model_class(config).from_config(config).named_parameters())
@@ -157,7 +158,7 @@ def test_every_preset_plan_fits_80gb(path):
     tied = dict(named).get("lm_head.weight") is None  # a tied head is a second copy on the last rank
     head = config.get_text_config().hidden_size * config.get_text_config().vocab_size * 4 if tied else 0
     # the shares cover the model once, plus a replica of the frozen tower on every other rank
-    assert total == whole + (recipe.pp_size - 1) * tower + head
+    assert total == whole + (recipe.parallel.pp_size - 1) * tower + head
 
 
 @pytest.mark.parametrize("name,preprocess,text_layers", [("qwen3_vl", "trainable", 0), ("qwen2_5_vl", "frozen", 0),
@@ -197,3 +198,63 @@ def test_cost_balanced_layout_beats_count_balanced_on_the_demo_profile():
                                          vision_depth=4)
     default = predict(profile, cfg, get_family(config.model_type).layer_counts(config, cfg))
     assert default.step_s < 1.02 * by_cost.step_s, (default, by_cost)
+
+
+def test_saved_bytes_leave_out_the_weights():
+    """``F.linear`` saves ``weight.t()``, a new tensor on the weight's storage: it is not an activation."""
+    from mpipe_hf.train.plan import saved_bytes, storage_ids
+    layer = torch.nn.Linear(64, 32)
+    x = torch.randn(8, 64, requires_grad=True)
+    assert saved_bytes(lambda: layer(x), storage_ids(layer.parameters())) == x.numel() * 4
+
+
+def test_tied_config_with_a_separate_head_in_the_checkpoint_loads_both(configs, tmp_path):
+    """A config that ties the head, with a checkpoint that stores its own lm_head: like from_pretrained, both
+    tensors load, untied, and their gradients are not summed."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    config = configs["qwen3_tied"]
+    unsplit(config).save_pretrained(tmp_path)
+    path = os.path.join(tmp_path, "model.safetensors")
+    state = load_file(path)
+    state["lm_head.weight"] = torch.randn_like(state["model.embed_tokens.weight"])
+    save_file(state, path, metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match="stores lm_head.weight apart"):
+        carved, _ = split_from_checkpoint(str(tmp_path), config, ScheduleConfig(1, 1, 1, "identity"), 0)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path)
+    got = tensors(carved.model)
+    assert torch.equal(got["lm_head.weight"], state["lm_head.weight"])
+    assert torch.equal(got["model.embed_tokens.weight"], state["model.embed_tokens.weight"])
+    assert torch.equal(ref.lm_head.weight, state["lm_head.weight"])  # transformers does the same
+    with pytest.warns(UserWarning):
+        carved, _ = split_from_checkpoint(str(tmp_path), config, ScheduleConfig(2, 1, 2, "identity"), 1)
+    assert carved.tied == [] and torch.equal(carved.model.lm_head.weight, state["lm_head.weight"])
+
+
+def test_layout_errors_name_the_cause(configs):
+    from mpipe_hf.models.base import plan_layers
+    from mpipe_hf.train.recipe import DataSection, ModelSource, ParallelSection, Recipe
+    from mpipe_hf.train.trainer import check_layout
+    with pytest.raises(ValueError, match="text_layers must be an integer >= 0, got '2'"):
+        plan_layers(8, ScheduleConfig(2, 1, 2, "frozen"), None, "2", (1.0, 2.0))
+    recipe = Recipe(ModelSource(config=os.path.join(ROOT, "recipes", "presets", "qwen2_5_vl_7b", "config.json")),
+                    DataSection("x.jsonl"), ParallelSection(pp_size=2, vpp=1, num_micro=2))
+    profile = Profile(num_layers=16, layer_forward_s=1.0, layer_backward_s=2.0)
+    with pytest.raises(ValueError, match="the profile measures a model of 16 decoder layers, but 'qwen2_5_vl' here "
+                                         "has 28"):
+        check_layout(recipe, configs["qwen2_5_vl"].__class__.from_pretrained(recipe.model.config), profile)
+
+
+def test_plan_counts_the_graphs_a_trainable_preprocess_keeps(configs):
+    from mpipe_hf.train.plan import plan
+    config = configs["qwen2_5_vl"]
+    profile = Profile(num_layers=8, layer_forward_s=1.0, layer_backward_s=2.0, layer_activation_bytes=100.0,
+                      preprocess_activation_bytes=10_000.0)
+    peaks = {}
+    for owner_backward in (False, True):
+        cfg = ScheduleConfig(4, 1, 8, "trainable", owner_backward=owner_backward)
+        layers = get_family(config.model_type).layer_counts(config, cfg)
+        peaks[owner_backward] = [r.activation_bytes for r in plan(config, cfg, profile, layers).ranks]
+    # without owner-backward only rank 0 rebuilds one graph at a time; with it every owner keeps its two
+    assert peaks[False][0] >= 10_000 and all(p < 10_000 for p in peaks[False][1:])
+    assert all(p >= 20_000 for p in peaks[True])

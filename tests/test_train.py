@@ -3,6 +3,7 @@ photos, and every family recipe in recipes/; the losses and the saved checkpoint
 run of the unsplit model."""
 
 import copy
+import dataclasses
 import glob
 import json
 import os
@@ -19,6 +20,7 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer
 from mpipe_hf.data import CaptionCollator, MicroBatchPlan, load_caption_dataset, qwen2_5_vl_processor
 from mpipe_hf.models import split
 from mpipe_hf.train import load_recipe
+from mpipe_hf.train.recipe import SECTIONS
 from mpipe_hf.train.trainer import check, load_config, load_data, load_model, load_processor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,11 +37,24 @@ def demo(tmp_path_factory):
     return out
 
 
+SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+
+
+def set_keys(raw, **keys):
+    """Put each key into its section of the recipe mapping ``raw`` (an unknown key goes to ``train``)."""
+    for key, value in keys.items():
+        if key == "model":
+            raw["model"] = value
+        else:
+            raw.setdefault(SECTION_OF.get(key, "train"), {})[key] = value
+    return raw
+
+
 def write_recipe(demo, path, output_dir, **overrides):
-    recipe = dict(model=os.path.join(demo, "model"), data=os.path.join(demo, "data", "train.jsonl"), pp_size=2,
-                  vpp=2, num_micro=NUM_MICRO, steps=STEPS, lr=LR, adam_eps=EPS, output_dir=output_dir,
-                  timeout_s=120)
-    recipe.update(overrides)
+    recipe = set_keys({"data": {"path": os.path.join(demo, "data", "train.jsonl")}},
+                      model=os.path.join(demo, "model"), pp_size=2, vpp=2, num_micro=NUM_MICRO, max_steps=STEPS,
+                      learning_rate=LR, adam_epsilon=EPS, output_dir=output_dir, timeout_s=120)
+    set_keys(recipe, **overrides)
     with open(path, "w") as f:
         yaml.safe_dump(recipe, f)
     return str(path)
@@ -129,7 +144,7 @@ def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
     (dict(text_layers=1, preprocess="identity"), "text_layers = 1 needs preprocess"),
     (dict(owner_backward=True), "owner_backward needs preprocess 'trainable'"),
     (dict(less_memory="yes"), "less_memory must be true or false"),
-    (dict(stepz=3), "unknown recipe keys"),
+    (dict(stepz=3), "unknown key train.stepz"),
 ])
 def test_bad_recipe_fails_before_any_process_starts(demo, tmp_path, override, field):
     recipe = write_recipe(demo, tmp_path / "bad.yaml", str(tmp_path / "out"), **override)
@@ -182,7 +197,7 @@ def test_a_rank_holding_only_a_frozen_preprocess_trains(demo, tmp_path):
     still trains (rank 1 does)."""
     os.symlink(demo, tmp_path / "demo")
     raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "llama.yaml")))
-    raw.update(vpp=1, layers_per_stage=[1, 7], text_layers=1, steps=2, output_dir=str(tmp_path / "out"))
+    set_keys(raw, vpp=1, layers_per_stage=[1, 7], text_layers=1, max_steps=2, output_dir=str(tmp_path / "out"))
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw))
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "r.yaml"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
@@ -201,14 +216,14 @@ def recipe_reference(recipe, steps):
     per-step losses, the model and one micro-batch."""
     cfg = recipe.schedule()
     config = load_config(recipe.model)
-    model = load_model(recipe.model, config, recipe.seed)
-    carved = split(copy.deepcopy(model), cfg, 0, recipe.layers_per_stage, recipe.text_layers)
+    model = load_model(recipe.model, config, recipe.train.seed)
+    carved = split(copy.deepcopy(model), cfg, 0, recipe.parallel.layers_per_stage, recipe.parallel.text_layers)
     for fqn in carved.frozen:  # what the pipeline freezes (a frozen P)
         model.get_submodule(fqn).requires_grad_(False)
     dataset, collate = load_data(recipe, config, load_processor(recipe, config))
-    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.micro_batch_size)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr,
-                                  weight_decay=recipe.weight_decay, eps=recipe.adam_eps)
+    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.train.learning_rate,
+                                  weight_decay=recipe.train.weight_decay, eps=recipe.train.adam_epsilon)
     losses = []
     for step in range(steps):
         micros = [plan.load(step, m) for m in range(cfg.num_micro)]
@@ -233,7 +248,7 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
     or unexpected key) and gives the one-process model's logits."""
     os.symlink(demo, tmp_path / "demo")  # the recipes name demo/... relative to the working directory
     raw = yaml.safe_load(open(path))
-    raw.update(steps=2, adam_eps=EPS, output_dir=str(tmp_path / "out"), timeout_s=120)
+    set_keys(raw, max_steps=2, adam_epsilon=EPS, output_dir=str(tmp_path / "out"), timeout_s=120)
     with open(tmp_path / "recipe.yaml", "w") as f:
         yaml.safe_dump(raw, f)
     cwd = os.getcwd()

@@ -24,6 +24,8 @@ def plan_layers(num_layers: int, cfg: ScheduleConfig, layers_per_stage: list[int
         ValueError: more stages than layers, a bad ``layers_per_stage``, a negative ``text_layers``, one larger
             than stage 0's chunk, or ``text_layers > 0`` with an identity preprocess.
     """
+    if not isinstance(text_layers, int) or isinstance(text_layers, bool) or text_layers < 0:
+        raise ValueError(f"text_layers must be an integer >= 0, got {text_layers!r}")
     if layers_per_stage is None and costs is not None and cfg.num_stages <= num_layers:
         counts = cost_balanced_layers(num_layers, cfg.pp_size, cfg.vpp, costs[0], 0.0, costs[1],
                                       min(text_layers, max(0, num_layers - cfg.num_stages + 1)))
@@ -31,8 +33,6 @@ def plan_layers(num_layers: int, cfg: ScheduleConfig, layers_per_stage: list[int
         counts = balanced_layers(num_layers, cfg.num_stages)
     else:
         counts = check_layers_per_stage(layers_per_stage, num_layers, cfg.num_stages)
-    if not isinstance(text_layers, int) or isinstance(text_layers, bool) or text_layers < 0:
-        raise ValueError(f"text_layers must be an integer >= 0, got {text_layers!r}")
     if text_layers and not cfg.transposed:
         raise ValueError(f"text_layers = {text_layers} needs preprocess 'frozen' or 'trainable'; preprocess "
                          f"'identity' is T = 0 (set text_layers: 0)")

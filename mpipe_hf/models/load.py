@@ -18,8 +18,10 @@ one block of a checkpoint tensor (at most :data:`READ_BLOCK_BYTES`, 64 MiB); :cl
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -98,9 +100,10 @@ def model_class(config):
 
 
 def meta_model(config) -> nn.Module:
-    """The HF model of ``config`` on the meta device (fp32), built by ``from_config`` as a user would."""
+    """The HF model of ``config`` on the meta device (fp32), built by ``from_config`` as a user would, on a copy
+    of ``config`` (the load may change the model's own)."""
     with torch.device("meta"):
-        return model_class(config).from_config(config, dtype=torch.float32)
+        return model_class(config).from_config(copy.deepcopy(config), dtype=torch.float32)
 
 
 class _ParameterOrder:
@@ -134,19 +137,28 @@ class _ParameterOrder:
 
 def _kept_names(carved: SplitModel) -> set[str]:
     model = carved.model
-    return {n for n, _ in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]}
+    return {n for n, _ in [*model.named_parameters(remove_duplicate=False),
+                           *model.named_buffers(remove_duplicate=False)]}
 
 
 def _check_materialized(model: nn.Module, loaded: frozenset[int] = frozenset()) -> None:
-    """Every tensor left is real, and no float tensor besides those read from the checkpoint (``loaded`` ids)
-    still holds the NaN it was filled with (one that the model's init did not write)."""
+    """Every tensor left is real, and none besides those read from the checkpoint (``loaded`` ids) still holds
+    what :func:`_materialize` filled it with (NaN; an integer tensor all at its smallest value): one that the
+    model's init did not write."""
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if t.is_meta:
             raise RuntimeError(f"{name} was not materialised")
         if id(t) in loaded:
             continue
         flat = t.detach().reshape(-1)
-        if t.is_floating_point() and any(flat[i:i + 2**24].isnan().any() for i in range(0, flat.numel(), 2**24)):
+        blocks = [flat[i:i + 2**24] for i in range(0, flat.numel(), 2**24)]
+        if t.is_floating_point():
+            unwritten = any(b.isnan().any() for b in blocks)
+        elif t.dtype != torch.bool and flat.numel():
+            unwritten = all((b == torch.iinfo(t.dtype).min).all() for b in blocks)
+        else:
+            unwritten = False
+        if unwritten:
             raise RuntimeError(f"{name} was materialised but never initialised (no checkpoint tensor and no "
                                f"_init_weights branch writes it)")
 
@@ -201,7 +213,8 @@ def _materialize(model: nn.Module) -> int:
                 if t is None or not t.is_meta:
                     continue
                 if id(t) not in done:
-                    fill = float("nan") if t.is_floating_point() else torch.iinfo(t.dtype).min
+                    fill = (float("nan") if t.is_floating_point() else False if t.dtype == torch.bool
+                            else torch.iinfo(t.dtype).min)
                     real = torch.full(t.shape, fill, dtype=t.dtype)
                     allocated += _nbytes(real)
                     done[id(t)] = nn.Parameter(real, requires_grad=t.requires_grad) if is_param else real
@@ -272,6 +285,24 @@ def _read_into(file: str, key: str, target: torch.Tensor, report: LoadReport, pa
     target._is_hf_initialized = True
 
 
+def _untie_if_saved_apart(model: nn.Module, source: dict[str, str]) -> None:
+    """A config that ties ``lm_head`` to the input embedding, with a checkpoint that stores an ``lm_head`` of its
+    own: keep the two apart, as ``from_pretrained`` does (and warn), so that neither overwrites the other and
+    their gradients are not summed."""
+    head = getattr(model, "lm_head", None)
+    embed = model.get_input_embeddings()
+    if head is None or head.weight is not embed.weight or "lm_head.weight" not in source:
+        return
+    embed_name = next(n for n, p in model.named_parameters() if p is embed.weight)
+    if source.get(embed_name) == source["lm_head.weight"]:
+        return
+    warnings.warn(f"the config ties lm_head to {embed_name}, but the checkpoint stores lm_head.weight apart "
+                  f"({source['lm_head.weight']}); loading both, untied")
+    head.weight = nn.Parameter(torch.empty_like(embed.weight), requires_grad=embed.weight.requires_grad)
+    for cfg in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        cfg.tie_word_embeddings = False
+
+
 def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
                           layers_per_stage: list[int] | None = None,
                           text_layers: int = 0) -> tuple[SplitModel, LoadReport]:
@@ -287,10 +318,11 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
     """
     report = LoadReport()
     model = meta_model(config)
+    files = _checkpoint_files(path)
+    _untie_if_saved_apart(model, _rename(model, list(files)))
     report.full_model_bytes = _full_bytes(model)
     carved = split(model, cfg, rank, layers_per_stage, text_layers)
     model = carved.model
-    files = _checkpoint_files(path)
     source = _rename(model, list(files))
     for embed, head in carved.tied:  # lm_head's own copy of a tied embedding is read from the embedding
         if head not in source and embed in source:
@@ -303,8 +335,10 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
     report.kept_bytes = _full_bytes(model)
     state = model.state_dict(keep_vars=True)
     by_file: dict[str, list[str]] = {}
-    for name in state:
-        if name in source:
+    seen: set[int] = set()
+    for name, t in state.items():
+        if name in source and id(t) not in seen:  # a tied tensor (one process) is read once
+            seen.add(id(t))
             by_file.setdefault(files[source[name]], []).append(name)
     with torch.no_grad():
         for file, names in sorted(by_file.items()):

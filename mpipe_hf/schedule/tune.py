@@ -42,6 +42,8 @@ class Profile:
         layer_param_bytes: one decoder layer's parameters.
         layer_activation_bytes, head_activation_bytes: what one decoder layer, and the head with its loss, save
             for their backward for one micro-batch (the memory plan's activation unit).
+        preprocess_activation_bytes: what the tower saves for its backward for one micro-batch (held by a
+            trainable ``P``'s graph).
         latency_s, bandwidth_bytes_per_s: the links between ranks.
         dispatch_s: the runtime's own time per action (see :class:`~.simulate.Costs`); small next to GPU
             compute, but it adds up over the step's actions when the micro-batches are small.
@@ -65,6 +67,7 @@ class Profile:
     layer_param_bytes: float = 0.0
     layer_activation_bytes: float = 0.0
     head_activation_bytes: float = 0.0
+    preprocess_activation_bytes: float = 0.0
     latency_s: float = 5e-5
     bandwidth_bytes_per_s: float = 1e10
     dispatch_s: float = 0.0

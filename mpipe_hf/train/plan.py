@@ -104,12 +104,18 @@ def _meta_attention(module, query, key, value, attention_mask, **kwargs):
     return _FusedAttention.apply(query, key, value).transpose(1, 2), None
 
 
+def storage_ids(tensors) -> set[int]:
+    """The storages of ``tensors`` (a saved ``weight.t()`` is a new tensor on the weight's storage)."""
+    return {t.untyped_storage()._cdata for t in tensors}
+
+
 def saved_bytes(fn, params: set[int]) -> int:
-    """Bytes of the distinct storages that autograd saves while ``fn()`` runs, parameters excluded."""
+    """Bytes of the distinct storages that autograd saves while ``fn()`` runs, those in ``params`` (parameter
+    storages, :func:`storage_ids`) excluded."""
     storages: dict[int, int] = {}
 
     def pack(t):
-        if id(t) not in params:
+        if t.untyped_storage()._cdata not in params:
             storages[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
         return t
     with saved_tensors_hooks(pack, lambda t: t):
@@ -130,7 +136,7 @@ def meta_activation_bytes(config, tokens: int) -> tuple[int, int]:
     model = meta_model(counted)
     inner = model.get_decoder()
     inner.config._attn_implementation = "mpipe_meta_fused"
-    params = {id(p) for p in model.parameters()}
+    params = storage_ids(model.parameters())
     hidden = torch.empty(1, tokens, text.hidden_size, device="meta", requires_grad=True)
     positions = torch.arange(tokens, device="meta").unsqueeze(0)
     if "mrope_section" in (getattr(text, "rope_parameters", None) or {}):
@@ -149,8 +155,8 @@ def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float =
     """A :class:`~mpipe_hf.schedule.tune.Profile` from the config alone, for sizing before any hardware runs:
     compute times from the matmul FLOPs (``2 * weights * tokens`` forward, twice that backward) at ``tflops``
     peak and ``mfu`` utilisation, the tower's from its weights over ``image_tokens * spatial_merge_size**2``
-    patches (frozen: forward only), activation bytes counted on the meta device (:func:`meta_activation_bytes`),
-    and links at ``bandwidth_gbps`` GB/s.
+    patches, activation bytes counted on the meta device (:func:`meta_activation_bytes`; the tower's scaled from a
+    text layer's per token and hidden unit, a rough figure), and links at ``bandwidth_gbps`` GB/s.
 
     Raises:
         ValueError: ``tokens`` below 1.
@@ -168,24 +174,41 @@ def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float =
         merge = getattr(config.vision_config, "spatial_merge_size", 1)
         patches = image_tokens * merge * merge
     layer_act, head_act = meta_activation_bytes(config, tokens)
+    tower_act = 0.0
+    if patches:  # as many bytes per element and block as a text layer saves per token and hidden unit (rough)
+        per_unit = layer_act / (tokens * text.hidden_size)
+        vision = config.vision_config
+        width = getattr(vision, "embed_dim", None) or vision.hidden_size
+        depth = getattr(vision, "depth", None) or vision.num_hidden_layers
+        tower_act = per_unit * depth * patches * width
     return Profile(
         num_layers=text.num_hidden_layers, layer_forward_s=2 * layer_w * tokens / rate,
         layer_backward_s=4 * layer_w * tokens / rate, preprocess_forward_s=2 * vision_w * patches / rate,
         preprocess_backward_s=4 * vision_w * patches / rate, head_forward_s=2 * head_w * tokens / rate,
         head_backward_s=4 * head_w * tokens / rate, activation_bytes=4.0 * tokens * text.hidden_size,
         feature_bytes=4.0 * image_tokens * text.hidden_size, layer_activation_bytes=float(layer_act),
-        head_activation_bytes=float(head_act), layer_param_bytes=4.0 * layer_w,
+        head_activation_bytes=float(head_act), preprocess_activation_bytes=float(tower_act), layer_param_bytes=4.0 * layer_w,
         preprocess_param_bytes=4.0 * vision_w, bandwidth_bytes_per_s=bandwidth_gbps * 1e9, latency_s=2e-5)
 
 
-def _peak_activation_bytes(order, stage_bytes: list[float]) -> tuple[int, int]:
-    """``(peak bytes, peak count)`` of stage forwards held for their backward along one rank's ``order``."""
+def _peak_activation_bytes(order, stage_bytes: list[float], graph_bytes: float = 0.0,
+                           keeps: bool = False) -> tuple[int, int]:
+    """``(peak bytes, peak count)`` of what one rank's ``order`` holds for a backward: each stage forward until
+    its ``B`` (counted), and with ``graph_bytes`` (a trainable ``P``'s graph for one micro) either each graph
+    an owner ``keeps`` from ``TRANSPOSE_FWD`` to its backward (``GRAD_RECV_BWD``, or rank 0's ``TRANSPOSE_BWD``;
+    owner-backward), or the one graph ``TRANSPOSE_BWD`` rebuilds (without it; SPEC.md, "Actions")."""
     live = peak = count = peak_count = 0
     for a in order:
         if a.kind is Kind.F:
             live, count = live + stage_bytes[a.stage], count + 1
         elif a.kind is Kind.B:
             live, count = live - stage_bytes[a.stage], count - 1
+        elif a.kind is Kind.TRANSPOSE_FWD and keeps:
+            live += graph_bytes
+        elif a.kind is Kind.GRAD_RECV_BWD or (a.kind is Kind.TRANSPOSE_BWD and keeps):
+            live -= graph_bytes
+        elif a.kind is Kind.TRANSPOSE_BWD:
+            peak = max(peak, live + graph_bytes)
         peak, peak_count = max(peak, live), max(peak_count, count)
     return int(peak), peak_count
 
@@ -194,7 +217,8 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
          gradient_checkpointing: bool = False) -> Plan:
     """Every rank's memory and the predicted step of ``cfg`` with ``layers_per_stage`` on ``profile`` (see the
     module docstring). With ``gradient_checkpointing`` a layer keeps only its input (``profile.activation_bytes``)
-    per micro in flight, and each rank adds one layer's full activations, rebuilt during a backward.
+    per micro in flight, and each rank adds one layer's full activations, rebuilt during a backward. A trainable
+    ``P``'s graphs count as the tower's activations plus ``text_layers`` layers' per micro-batch.
 
     Raises:
         ValueError: as :func:`~mpipe_hf.models.split` (the layout, ``text_layers``, the model type).
@@ -206,6 +230,7 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
     stage_bytes = [n * per_layer for n in counts]
     stage_bytes[-1] += profile.head_activation_bytes
     recompute = profile.layer_activation_bytes if gradient_checkpointing else 0
+    graph = profile.preprocess_activation_bytes + text_layers * per_layer if cfg.trainable else 0.0
     shadow = meta_model(config)
     # by name: a tied weight is two copies (embedding on rank 0, head on the last rank) once split over ranks
     params = dict(shadow.named_parameters(remove_duplicate=cfg.pp_size == 1))
@@ -221,7 +246,7 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
         trained = [n for n in held if under(n, owned) and not under(n, carved.frozen)]
         replicas = [n for n in held if not under(n, owned) and not under(n, carved.frozen)]
         grads = trained + (replicas if cfg.trainable and cfg.owner_backward else [])  # owners backprop P
-        act, in_flight = _peak_activation_bytes(orders[rank], stage_bytes)
+        act, in_flight = _peak_activation_bytes(orders[rank], stage_bytes, graph, cfg.owner_backward)
         ranks.append(RankPlan(rank, sum(sizes[n] for n in held), sum(sizes[n] for n in grads),
                               ADAM_STATE_BYTES * sum(params[n].numel() for n in trained), act + recompute, in_flight))
     if gradient_checkpointing:  # each backward first recomputes its layers' forward

@@ -23,6 +23,7 @@ from ..data import MicroBatchPlan
 from ..models import split
 from ..schedule import ScheduleConfig
 from ..schedule.tune import Profile
+from .plan import saved_bytes, storage_ids
 from .recipe import Recipe
 from .trainer import is_vision_language, load_config, load_data, load_model, load_processor
 
@@ -47,7 +48,7 @@ class _LayerClock:
 
 class _SavedBytes:
     """A context that counts the bytes autograd saves for backward inside each hooked layer and inside the head
-    (distinct storages, parameters excluded); ``layer`` and ``head`` keep the last micro-batch's figures."""
+    (distinct storages; the parameters' storages, views such as ``weight.t()`` included, are left out); ``layer`` and ``head`` keep the last micro-batch's figures."""
 
     def __init__(self, layers, head, params: set[int]):
         self.params, self.where, self.counts, self.layer, self.head = params, None, {}, 0, 0
@@ -62,7 +63,7 @@ class _SavedBytes:
         self.counts.setdefault(where, {})
 
     def _pack(self, t):
-        if self.where is not None and id(t) not in self.params:
+        if self.where is not None and t.untyped_storage()._cdata not in self.params:
             self.counts[self.where][t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
         return t
 
@@ -87,18 +88,18 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     """
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = load_config(recipe.model)
-    model = load_model(recipe.model, config, recipe.seed).to(device)
+    model = load_model(recipe.model, config, recipe.train.seed).to(device)
     vision = is_vision_language(config)
     text_layers = 0 if vision else 1
     cfg = ScheduleConfig(1, 1, num_micro + 1, "trainable")
     carved = split(model, cfg, 0, None, text_layers)
     pre, stage = carved.preprocess, carved.stages[0]
     dataset, collate = load_data(recipe, config, load_processor(recipe, config))
-    plan = MicroBatchPlan(dataset, collate, num_micro + 1, recipe.micro_batch_size)
+    plan = MicroBatchPlan(dataset, collate, num_micro + 1, recipe.data.micro_batch_size)
     clock = _LayerClock(list(stage.layers) + list(getattr(pre.module, "layers", [])))
     head_clock, front_clock = _LayerClock([stage.head]), _LayerClock([stage.front] if stage.front is not None else [])
     stamps = {}  # when the backward reaches the head's input, and the front's output
-    saved = _SavedBytes(list(stage.layers), stage.head, {id(p) for p in model.parameters()})
+    saved = _SavedBytes(list(stage.layers), stage.head, {p.untyped_storage()._cdata for p in model.parameters()})
 
     def stamp(key):
         return lambda grad: stamps.__setitem__(key, time.perf_counter())
@@ -136,6 +137,8 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
         sync()
         t4 = time.perf_counter()
         if m == 0:
+            tower_saved = saved_bytes(lambda: pre.module(pre.inputs(raw)),
+                                      storage_ids(pre.module.parameters())) if vision else 0
             sizes = dict(feature=_nbytes(feats), data=_nbytes(pre.stage0_inputs(raw)), graph=_nbytes(pre.inputs(raw)))
             continue
         n_stage = len(stage.layers)
@@ -164,4 +167,5 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
         activation_bytes=float(sizes["activation"]), feature_bytes=float(sizes["feature"] if vision else 0),
         data_bytes=float(sizes["data"]), graph_bytes=float(sizes["graph"]), preprocess_param_bytes=float(p_params),
         layer_activation_bytes=float(saved.layer), head_activation_bytes=float(saved.head),
+        preprocess_activation_bytes=float(tower_saved),
         layer_param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())))

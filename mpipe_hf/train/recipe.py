@@ -90,59 +90,63 @@ class ModelSource:
         return cls(**value)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Recipe(ScheduleConfig):
-    """What ``mpipe-hf train RECIPE.yaml`` runs: the schedule's fields (inherited, validated on construction)
-    plus the model, data and training knobs. Paths are relative to the working directory.
+@dataclass(frozen=True)
+class DataSection:
+    """``data:`` what the model reads.
 
     Attributes:
-        model: a :class:`ModelSource`; in YAML a checkpoint path, or ``{name_or_path: DIR}``, or
-            ``{config: FILE, tokenizer: DIR}`` for random initialisation.
-        data: a JSONL file: ``{"image", "prompt", "caption"}`` rows for a vision-language model (image paths
+        path: a JSONL file: ``{"image", "prompt", "caption"}`` rows for a vision-language model (image paths
             relative to the file), ``{"text"}`` rows for a decoder-only LM.
-        pp_size, vpp, num_micro, preprocess, overflow, owner_backward, less_memory: the schedule (see
-            :class:`ScheduleConfig`).
+        micro_batch_size: rows per micro-batch.
+        min_pixels, max_pixels: image resize bounds of the processor, in pixels.
+
+    Raises:
+        ValueError: a count below 1, or ``min_pixels > max_pixels``.
+    """
+
+    path: str
+    micro_batch_size: int = 1
+    min_pixels: int = 56 * 56
+    max_pixels: int = 112 * 112
+
+    def __post_init__(self):
+        for key in ("micro_batch_size", "min_pixels", "max_pixels"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"data.{key} must be an integer >= 1, got {value!r}")
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"data.min_pixels ({self.min_pixels}) exceeds data.max_pixels ({self.max_pixels})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSection(ScheduleConfig):
+    """``parallel:`` the schedule (the fields of :class:`ScheduleConfig`: ``pp_size``, ``vpp``, ``num_micro``,
+    ``preprocess``, ``overflow``, ``owner_backward``, ``less_memory``, ``placement``) and the layout.
+
+    Attributes:
         text_layers: ``T``, decoder layers the transposed preprocess takes from stage 0 with the tower and the
             embedding (0: the tower alone; must be 0 with preprocess ``identity``).
-        micro_batch_size: rows per micro-batch.
-        steps: optimizer steps; lr, weight_decay, adam_eps: AdamW's (``adam_eps`` is torch's ``eps``).
-        layers_per_stage: decoder layers per stage, ``pp_size * vpp`` entries; balanced when ``None``.
-        min_pixels, max_pixels: image resize bounds of the processor, in pixels.
-        output_dir: where the metrics log and the final checkpoint go.
-        timeout_s: the longest any transfer may wait, in seconds.
-        seed: for anything random.
-        trace: record every action's start and end on every rank and write ``output_dir/trace.json`` (Chrome
-            trace; ``mpipe-hf plot --trace`` draws it).
+        layers_per_stage: decoder layers per stage, ``pp_size * vpp`` entries; ``None``: balanced by cost.
         profile: a cost profile (``mpipe-hf profile``): placement ``fill`` places the transposed forwards by it,
             and the default layout is balanced by its costs; unit costs and a layout balanced by the config's
             matmul sizes when ``None``.
-        gradient_checkpointing: recompute each decoder layer (and vision block) in the backward instead of
-            keeping its activations, through HF's ``gradient_checkpointing_enable`` (non-reentrant); a stage then
-            holds only its layers' inputs per micro-batch in flight.
+        timeout_s: the longest any transfer may wait, in seconds.
+
+    Raises:
+        ValueError: as :class:`ScheduleConfig`; a ``profile`` that is not a file; ``timeout_s <= 0``.
     """
 
-    model: ModelSource
-    data: str
     text_layers: int = 0
-    micro_batch_size: int = 1
-    steps: int = 10
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    adam_eps: float = 1e-8
     layers_per_stage: list[int] | None = None
-    min_pixels: int = 56 * 56
-    max_pixels: int = 112 * 112
-    output_dir: str = "outputs/run"
-    timeout_s: float = 300.0
-    seed: int = 0
-    trace: bool = False
     profile: str | None = None
-    gradient_checkpointing: bool = False
+    timeout_s: float = 300.0
 
     def __post_init__(self):
-        object.__setattr__(self, "model", ModelSource.parse(self.model))
         if self.profile is not None and not os.path.isfile(self.profile):
-            raise ValueError(f"profile {self.profile!r} is not a file (mpipe-hf profile RECIPE.yaml writes one)")
+            raise ValueError(f"parallel.profile {self.profile!r} is not a file (mpipe-hf profile RECIPE.yaml "
+                             f"writes one)")
+        if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            raise ValueError(f"parallel.timeout_s must be a number > 0, got {self.timeout_s!r}")
         super().__post_init__()
 
     def schedule(self) -> ScheduleConfig:
@@ -150,30 +154,141 @@ class Recipe(ScheduleConfig):
         return ScheduleConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ScheduleConfig)})
 
 
-def load_recipe(path: str) -> Recipe:
-    """Read and validate a recipe.
+@dataclass(frozen=True)
+class TrainSection:
+    """``train:`` the optimisation, under the names of ``transformers.TrainingArguments``.
+
+    Attributes:
+        max_steps: optimizer steps.
+        learning_rate, weight_decay, adam_epsilon: AdamW's (``adam_epsilon`` is torch's ``eps``).
+        seed: for anything random (random init from a config included).
+        output_dir: where the metrics log and the final checkpoint go.
+        gradient_checkpointing: recompute each decoder layer (and vision block) in the backward instead of
+            keeping its activations, through HF's ``gradient_checkpointing_enable`` (non-reentrant); a stage then
+            holds only its layers' inputs per micro-batch in flight.
+        trace: record every action's start and end on every rank and write ``output_dir/trace.json`` (Chrome
+            trace; ``mpipe-hf plot --trace`` draws it).
 
     Raises:
-        ValueError: unknown or missing keys, or a bad value; the message names the field and what it allows.
+        ValueError: ``max_steps`` below 1, a negative rate or decay, a flag that is not a boolean.
+    """
+
+    max_steps: int = 10
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    adam_epsilon: float = 1e-8
+    seed: int = 0
+    output_dir: str = "outputs/run"
+    gradient_checkpointing: bool = False
+    trace: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.max_steps, int) or isinstance(self.max_steps, bool) or self.max_steps < 1:
+            raise ValueError(f"train.max_steps must be an integer >= 1, got {self.max_steps!r}")
+        for key in ("learning_rate", "weight_decay", "adam_epsilon"):
+            value = getattr(self, key)
+            if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"train.{key} must be a number >= 0, got {value!r}")
+            object.__setattr__(self, key, float(value))
+        for key in ("gradient_checkpointing", "trace"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"train.{key} must be true or false, got {getattr(self, key)!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"train.seed must be an integer, got {self.seed!r}")
+
+
+SECTIONS = {"model": ModelSource, "data": DataSection, "parallel": ParallelSection, "train": TrainSection}
+RENAMED = {"steps": "train.max_steps", "lr": "train.learning_rate", "adam_eps": "train.adam_epsilon",
+           "data": "data.path"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What ``mpipe-hf train RECIPE.yaml`` runs, in four sections (each validated on construction). Paths are
+    relative to the working directory.
+
+    Attributes:
+        model: a :class:`ModelSource`; in YAML a checkpoint path, or ``{name_or_path: DIR}``, or
+            ``{config: FILE, tokenizer: DIR}`` for random initialisation.
+        data: a :class:`DataSection` (in YAML a mapping, or just the JSONL path).
+        parallel: a :class:`ParallelSection`: the schedule and the layout.
+        train: a :class:`TrainSection`: the optimisation, with ``TrainingArguments`` names.
+    """
+
+    model: ModelSource
+    data: DataSection
+    parallel: ParallelSection
+    train: TrainSection = dataclasses.field(default_factory=TrainSection)
+
+    def schedule(self) -> ScheduleConfig:
+        """The schedule part alone."""
+        return self.parallel.schedule()
+
+
+def _section_keys() -> dict[str, str]:
+    """``{key: its section}`` for every key of a section."""
+    return {f.name: name for name, cls in SECTIONS.items() if dataclasses.is_dataclass(cls)
+            for f in dataclasses.fields(cls)}
+
+
+def parse_recipe(raw, where: str = "recipe") -> Recipe:
+    """A :class:`Recipe` from its YAML mapping.
+
+    Raises:
+        ValueError: an unknown section or key (a key of the old flat layout names its new place), a missing
+            one, or a bad value; the message names ``section.key`` and what it allows.
+    """
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: a recipe is a mapping of sections ({sorted(SECTIONS)}) to their keys")
+    homes = _section_keys()
+    for key in raw:
+        if key in SECTIONS:
+            continue
+        if key in RENAMED or key in homes:
+            new = RENAMED.get(key, f"{homes.get(key)}.{key}")
+            section, name = new.split(".")
+            raise ValueError(f"{where}: the top-level key {key!r} now lives in the {section!r} section: write "
+                             f"`{section}: {{{name}: ...}}`")
+        raise ValueError(f"{where}: unknown section {key!r}; a recipe has the sections {sorted(SECTIONS)}")
+    for name in ("model", "data", "parallel"):
+        if name not in raw:
+            raise ValueError(f"{where}: missing the {name!r} section")
+    data = raw["data"]
+    sections = {"model": ModelSource.parse(raw["model"]),
+                "data": _build("data", DataSection, {"path": data} if isinstance(data, str) else data, where)}
+    for name in ("parallel", "train"):
+        if name in raw:
+            sections[name] = _build(name, SECTIONS[name], raw[name] or {}, where)
+    return Recipe(**sections)
+
+
+def _build(name: str, cls, values, where: str):
+    if not isinstance(values, dict):
+        raise ValueError(f"{where}: section {name!r} must be a mapping of keys to values, got {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            moved = RENAMED.get(key) or (f"{_section_keys()[key]}.{key}" if key in _section_keys() else None)
+            hint = f"; it lives at {moved}" if moved else ""
+            raise ValueError(f"{where}: unknown key {name}.{key}{hint}; allowed: {sorted(fields)}")
+    missing = [k for k, f in fields.items() if f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and k not in values]
+    if missing:
+        raise ValueError(f"{where}: section {name!r} lacks {missing}")
+    return cls(**values)
+
+
+def load_recipe(path: str) -> Recipe:
+    """Read and validate a recipe (sections ``model``, ``data``, ``parallel``, ``train``).
+
+    Raises:
+        ValueError: as :func:`parse_recipe`, with the file's name.
     """
     with open(path) as f:
         raw = yaml.safe_load(f) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a recipe is a mapping of keys to values")
-    fields = {f.name: f for f in dataclasses.fields(Recipe)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ValueError(f"{path}: unknown recipe keys {unknown}; allowed keys: {sorted(fields)}")
-    missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in raw]
-    if missing:
-        raise ValueError(f"{path}: missing required recipe keys {missing}")
-    for key in ("steps", "micro_batch_size", "min_pixels", "max_pixels"):
-        if key in raw and (not isinstance(raw[key], int) or raw[key] < 1):
-            raise ValueError(f"{path}: {key} must be an integer >= 1, got {raw[key]!r}")
-    for key in ("trace", "gradient_checkpointing"):
-        if key in raw and not isinstance(raw[key], bool):
-            raise ValueError(f"{path}: {key} must be true or false, got {raw[key]!r}")
-    for key in ("lr", "weight_decay", "adam_eps", "timeout_s"):
-        if key in raw:
-            raw[key] = float(raw[key])
-    return Recipe(**raw)  # validates the schedule fields too
+    return parse_recipe(raw, path)

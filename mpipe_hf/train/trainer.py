@@ -68,11 +68,11 @@ def _check_data(path: str, config) -> None:
     try:
         row = json.loads(first)
     except json.JSONDecodeError as err:
-        raise ValueError(f"data {path!r}: the first line is not JSON ({err})") from err
+        raise ValueError(f"data.path {path!r}: the first line is not JSON ({err})") from err
     missing = [k for k in fields if not isinstance(row, dict) or k not in row]
     if missing:
         kind = "vision-language" if is_vision_language(config) else "decoder-only"
-        raise ValueError(f"data {path!r}: a {kind} model ({config.model_type!r}) reads rows with {list(fields)}; "
+        raise ValueError(f"data.path {path!r}: a {kind} model ({config.model_type!r}) reads rows with {list(fields)}; "
                          f"the first row lacks {missing}")
 
 
@@ -85,11 +85,11 @@ def check(recipe: Recipe) -> list[int]:
     """
     cfg = recipe.schedule()
     recipe.model.check_tokenizer()
-    if not os.path.isfile(recipe.data):
-        raise ValueError(f"data {recipe.data!r} is not a file")
+    if not os.path.isfile(recipe.data.path):
+        raise ValueError(f"data.path {recipe.data.path!r} is not a file")
     config = load_config(recipe.model)
     family = get_family(config.model_type)
-    _check_data(recipe.data, config)
+    _check_data(recipe.data.path, config)
     counts = check_layout(recipe, config)
     world = int(os.environ.get("WORLD_SIZE", cfg.pp_size))
     if world != cfg.pp_size:
@@ -102,14 +102,19 @@ def check_layout(recipe: Recipe, config, profile=None) -> list[int]:
     recipe's ``profile``), else by the layers' and the LM head's matmul cost from the config; checked against the
     model. Raises ``ValueError`` naming the field."""
     cfg = recipe.schedule()
-    layout = recipe.layers_per_stage
-    if profile is None and recipe.profile is not None:
+    layout = recipe.parallel.layers_per_stage
+    if profile is None and recipe.parallel.profile is not None:
         from ..schedule.tune import Profile
-        profile = Profile.load(recipe.profile)
+        profile = Profile.load(recipe.parallel.profile)
+    layers = config.get_text_config().num_hidden_layers
+    if profile is not None and profile.num_layers != layers:
+        raise ValueError(f"the profile measures a model of {profile.num_layers} decoder layers, but "
+                         f"{config.model_type!r} here has {layers}; profile this recipe's model (mpipe-hf profile "
+                         f"RECIPE.yaml) or set parallel.layers_per_stage")
     if layout is None and profile is not None:
         from ..schedule.tune import profile_layers
-        layout = profile_layers(profile, cfg, recipe.text_layers)
-    return get_family(config.model_type).layer_counts(config, cfg, layout, recipe.text_layers)
+        layout = profile_layers(profile, cfg, recipe.parallel.text_layers)
+    return get_family(config.model_type).layer_counts(config, cfg, layout, recipe.parallel.text_layers)
 
 
 def load_model(source: ModelSource, config, seed: int):
@@ -142,71 +147,74 @@ def load_processor(recipe: Recipe, config):
     saved = recipe.model.name_or_path is not None and os.path.isfile(
         os.path.join(recipe.model.name_or_path, "preprocessor_config.json"))
     if saved:  # the recipe's pixel bounds win over the checkpoint's (size, and min/max_pixels where it has them)
-        size = ({"size": {"shortest_edge": recipe.min_pixels, "longest_edge": recipe.max_pixels},
-                 "min_pixels": recipe.min_pixels, "max_pixels": recipe.max_pixels}
+        size = ({"size": {"shortest_edge": recipe.data.min_pixels, "longest_edge": recipe.data.max_pixels},
+                 "min_pixels": recipe.data.min_pixels, "max_pixels": recipe.data.max_pixels}
                 if config.model_type in QWEN_PROCESSORS else {})
         image_processor = AutoImageProcessor.from_pretrained(recipe.model.name_or_path, **size)
     else:
-        image_processor = image_processor_for(config, recipe.min_pixels, recipe.max_pixels)
+        image_processor = image_processor_for(config, recipe.data.min_pixels, recipe.data.max_pixels)
     return build_processor(config, tokenizer, image_processor)
 
 
 def load_data(recipe: Recipe, config, processor):
     """``(dataset, collate)``: caption rows for a vision-language model, text rows for a decoder-only LM."""
     if is_vision_language(config):
-        return load_caption_dataset(recipe.data), CaptionCollator(processor)
-    return load_text_dataset(recipe.data), TextCollator(processor)
+        return load_caption_dataset(recipe.data.path), CaptionCollator(processor)
+    return load_text_dataset(recipe.data.path), TextCollator(processor)
 
 
 def train(recipe: Recipe) -> TrainResult:
-    """Run ``recipe.steps`` optimizer steps and save a checkpoint to ``output_dir/checkpoint``.
+    """Run ``recipe.train.max_steps`` optimizer steps and save a checkpoint to ``output_dir/checkpoint``.
 
     Raises:
         ValueError: a bad recipe, model or sample (before any collective for the recipe and model).
     """
     layers_per_stage = check(recipe)
     cfg = recipe.schedule()
-    device = init_distributed(timedelta(seconds=recipe.timeout_s))
+    device = init_distributed(timedelta(seconds=recipe.parallel.timeout_s))
     mesh = build_mesh(cfg.pp_size)
     group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
     config = load_config(recipe.model)
-    carved, _ = load_share(recipe.model, config, cfg, rank, layers_per_stage, recipe.text_layers, recipe.seed)
+    par, opt = recipe.parallel, recipe.train
+    carved, _ = load_share(recipe.model, config, cfg, rank, layers_per_stage, par.text_layers, opt.seed)
     model = carved.model.to(device)
-    if recipe.gradient_checkpointing:  # HF's layers recompute only in train mode
+    if recipe.train.gradient_checkpointing:  # HF's layers recompute only in train mode
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-    set_seed(recipe.seed)
+    set_seed(recipe.train.seed)
     processor = load_processor(recipe, config)
     if rank != 0:  # rank 0 builds the datasets cache first
         dist.barrier(group=group)
     dataset, collate = load_data(recipe, config, processor)
     if rank == 0:
         dist.barrier(group=group)
-    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.micro_batch_size, carved.validate_micro)
+    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, carved.validate_micro)
     params = carved.trainable_parameters(cfg, rank)
-    optimizer = torch.optim.AdamW(params.values(), lr=recipe.lr, weight_decay=recipe.weight_decay,
-                                  eps=recipe.adam_eps) if params else None  # a frozen P may be all rank 0 holds
+    optimizer = torch.optim.AdamW(params.values(), lr=opt.learning_rate, weight_decay=opt.weight_decay,
+                                  eps=opt.adam_epsilon) if params else None  # a frozen P may be all rank 0 holds
     executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, group, device, params.values(),
-                                timedelta(seconds=recipe.timeout_s), carved.tied_parameters(cfg, rank),
-                                trace=recipe.trace, costs=placement_costs(recipe, layers_per_stage))
-    os.makedirs(recipe.output_dir, exist_ok=True)
-    log = open(os.path.join(recipe.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
+                                timedelta(seconds=recipe.parallel.timeout_s), carved.tied_parameters(cfg, rank),
+                                trace=recipe.train.trace, costs=placement_costs(recipe, layers_per_stage))
+    os.makedirs(recipe.train.output_dir, exist_ok=True)
+    log = open(os.path.join(recipe.train.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
     if rank == 0:
-        print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} preprocess={cfg.preprocess} "
+        print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} "
+              f"preprocess={cfg.preprocess} "
               f"placement={cfg.placement} "
-              f"text_layers={recipe.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
+              f"text_layers={recipe.parallel.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} layers per stage={layers_per_stage}", flush=True)
     losses, rank_bubbles, start = [], [], time.perf_counter()
-    bar = tqdm(range(recipe.steps), disable=rank != 0, desc="train", dynamic_ncols=True)
+    bar = tqdm(range(recipe.train.max_steps), disable=rank != 0, desc="train", dynamic_ncols=True)
     for step in bar:
-        ahead = partial(plan.load, step + 1) if step + 1 < recipe.steps else None  # used by placement fill
+        ahead = partial(plan.load, step + 1) if step + 1 < recipe.train.max_steps else None  # used by placement fill
         stats = executor.step(partial(plan.load, step), ahead)
         if optimizer is not None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         losses.append(stats.loss)
         rank_bubbles.append(stats.rank_bubble)
-        row = {"step": step + 1, "loss": round(stats.loss, 5), "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1),
+        row = {"step": step + 1, "loss": round(stats.loss, 5),
+               "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1),
                "bubble": round(stats.bubble, 3), "step_s": round(stats.wall_s, 3),
                "bubble_per_rank": stats.rank_bubble, "peak_activations_rank0": stats.peak_activations}
         bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", bubble=f"{stats.bubble:.2f}")
@@ -214,7 +222,7 @@ def train(recipe: Recipe) -> TrainResult:
             log.write(json.dumps(row) + "\n")
             log.flush()
     wall = time.perf_counter() - start
-    out = os.path.join(recipe.output_dir, "checkpoint")
+    out = os.path.join(recipe.train.output_dir, "checkpoint")
 
     def extras(directory):
         model.config.save_pretrained(directory)
@@ -224,24 +232,25 @@ def train(recipe: Recipe) -> TrainResult:
             processor.tokenizer.save_pretrained(directory)
             processor.image_processor.save_pretrained(directory)
     save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
-    if recipe.trace:
-        write_trace(os.path.join(recipe.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
+    if recipe.train.trace:
+        write_trace(os.path.join(recipe.train.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
     if rank == 0:
         log.close()
         later = rank_bubbles[1:] or rank_bubbles  # the first step warms up
         mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(cfg.pp_size)]
-        print(f"mpipe_hf: {recipe.steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; bubble per "
-              f"rank {mean} (mean of steps 2..{recipe.steps}); checkpoint {out}", flush=True)
+        print(f"mpipe_hf: {opt.max_steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
+              f"bubble per rank {mean} (mean of steps 2..{recipe.train.max_steps}); checkpoint {out}", flush=True)
     return TrainResult(losses, out, wall)
 
 
 def placement_costs(recipe: Recipe, layers_per_stage: list[int]):
-    """The simulator costs of ``recipe.profile`` for this layout (placement ``fill`` places by them), or
+    """The simulator costs of ``recipe.parallel.profile`` for this layout (placement ``fill`` places by them), or
     ``None``."""
-    if recipe.profile is None:
+    if recipe.parallel.profile is None:
         return None
     from ..schedule.tune import Profile, costs_for
-    return costs_for(Profile.load(recipe.profile), recipe.schedule(), layers_per_stage, recipe.text_layers)
+    par = recipe.parallel
+    return costs_for(Profile.load(par.profile), recipe.schedule(), layers_per_stage, par.text_layers)
 
 
 def write_trace(path: str, events: list, rank: int, world: int, group: dist.ProcessGroup) -> None:
