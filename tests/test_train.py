@@ -20,7 +20,7 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer
 from mpipe_hf.data import CaptionCollator, MicroBatchPlan, load_caption_dataset, qwen2_5_vl_processor
 from mpipe_hf.models import split
 from mpipe_hf.train import load_recipe
-from mpipe_hf.train.recipe import SECTIONS
+from mpipe_hf.train.recipe import SECTIONS, TrainSection
 from mpipe_hf.train.trainer import check, load_config, load_data, load_model, load_processor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,31 +67,50 @@ def run(cmd, timeout=600):
     return proc
 
 
+def train_unsplit(model, plan, num_micro, steps, train):
+    """``steps`` steps of the unsplit ``model`` on one process, as the HF Trainer does them: AdamW in the
+    Trainer's decay groups, ``get_scheduler``, ``clip_grad_norm_``. Returns the losses, the gradient norms
+    before clipping, and the last step's micro-batches."""
+    from transformers import Trainer, get_scheduler
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW([{"params": [p for n, p in named if n in decay], "weight_decay": train.weight_decay},
+                                   {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}],
+                                  lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2),
+                                  eps=train.adam_epsilon)
+    scheduler = get_scheduler(train.lr_scheduler_type, optimizer, num_warmup_steps=train.warmup_steps,
+                              num_training_steps=train.max_steps)
+    vocab = model.config.get_text_config().vocab_size
+    losses, norms = [], []
+    for step in range(steps):
+        micros = [plan.load(step, m) for m in range(num_micro)]
+        total = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
+        loss_sum = 0.0
+        for mb in micros:
+            logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
+            loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab, num_items_in_batch=total)
+            loss.backward()
+            loss_sum += loss.detach().item()
+        norms.append(float(torch.nn.utils.clip_grad_norm_([p for _, p in named], train.max_grad_norm)))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(loss_sum)
+    return losses, norms, micros
+
+
 def reference_training(demo, freeze_visual):
-    """The unsplit model trained on one process over the same micro-batches: losses and the final model."""
+    """The unsplit model trained on one process over the same micro-batches: losses, gradient norms, the final
+    model and the last micro-batches."""
     model_dir = os.path.join(demo, "model")
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     model.model.visual.requires_grad_(not freeze_visual)
     processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(model_dir))
     plan = MicroBatchPlan(load_caption_dataset(os.path.join(demo, "data", "train.jsonl")),
                           CaptionCollator(processor), NUM_MICRO, 1)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0,
-                                  eps=EPS)
-    losses = []
-    for step in range(STEPS):
-        micros = [plan.load(step, m) for m in range(NUM_MICRO)]
-        total = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
-        loss_sum = 0.0
-        for mb in micros:
-            logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
-            loss = model.loss_function(logits=logits, labels=mb["labels"],
-                                       vocab_size=model.config.text_config.vocab_size, num_items_in_batch=total)
-            loss.backward()
-            loss_sum += loss.detach().item()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss_sum)
-    return losses, model, micros
+    train = TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS)
+    losses, norms, micros = train_unsplit(model, plan, NUM_MICRO, STEPS, train)
+    return losses, norms, model, micros
 
 
 def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
@@ -107,14 +126,17 @@ def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
                             model={"name_or_path": os.path.join(demo, "model")})),
     }
     for name, (cmd, options) in runs.items():
-        ref_losses, ref_model, micros = reference_training(demo, freeze_visual=name == "cli")
+        ref_losses, ref_norms, ref_model, micros = reference_training(demo, freeze_visual=name == "cli")
         out = str(tmp_path / name)
         recipe = write_recipe(demo, tmp_path / f"{name}.yaml", out, **options)
         run(cmd + [recipe])
         rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
         assert [r["step"] for r in rows] == [1, 2]
-        for row, ref in zip(rows, ref_losses):
+        for row, ref, norm in zip(rows, ref_losses, ref_norms):
             assert abs(row["loss"] - ref) < 1e-4, (name, row, ref)
+            assert abs(row["grad_norm"] - norm) < 1e-4 * norm, (name, row, norm)  # the norm over every rank
+        assert rows[0]["grad_norm"] > 1.0, "max_grad_norm 1.0 clips the first step"
+        assert rows[1]["learning_rate"] < rows[0]["learning_rate"] == LR  # the default linear decay
         loaded = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "checkpoint"))
         with torch.no_grad():
             inputs = {k: v for k, v in micros[0].items() if k != "labels"}
@@ -145,6 +167,8 @@ def test_cli_and_accelerate_training_equal_single_process(demo, tmp_path):
     (dict(owner_backward=True), "owner_backward needs preprocess 'trainable'"),
     (dict(less_memory="yes"), "less_memory must be true or false"),
     (dict(stepz=3), "unknown key train.stepz"),
+    (dict(lr_scheduler_type="zigzag"), "train.lr_scheduler_type must be one of"),
+    (dict(adam_beta2=1.0), "train.adam_beta2 must be in [0, 1)"),
 ])
 def test_bad_recipe_fails_before_any_process_starts(demo, tmp_path, override, field):
     recipe = write_recipe(demo, tmp_path / "bad.yaml", str(tmp_path / "out"), **override)
@@ -213,7 +237,7 @@ FAMILY_RECIPES = sorted(p for p in glob.glob(os.path.join(ROOT, "recipes", "*.ya
 
 def recipe_reference(recipe, steps):
     """The recipe's model (same seed) trained unsplit on one process over the trainer's micro-batches: the
-    per-step losses, the model and one micro-batch."""
+    per-step losses, the gradient norms, the model and one micro-batch."""
     cfg = recipe.schedule()
     config = load_config(recipe.model)
     model = load_model(recipe.model, config, recipe.train.seed)
@@ -222,23 +246,8 @@ def recipe_reference(recipe, steps):
         model.get_submodule(fqn).requires_grad_(False)
     dataset, collate = load_data(recipe, config, load_processor(recipe, config))
     plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.train.learning_rate,
-                                  weight_decay=recipe.train.weight_decay, eps=recipe.train.adam_epsilon)
-    losses = []
-    for step in range(steps):
-        micros = [plan.load(step, m) for m in range(cfg.num_micro)]
-        total = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
-        loss_sum = 0.0
-        for mb in micros:
-            logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
-            loss = model.loss_function(logits=logits, labels=mb["labels"],
-                                       vocab_size=config.get_text_config().vocab_size, num_items_in_batch=total)
-            loss.backward()
-            loss_sum += loss.detach().item()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss_sum)
-    return losses, model, micros[0]
+    losses, norms, micros = train_unsplit(model, plan, cfg.num_micro, steps, recipe.train)
+    return losses, norms, model, micros[0]
 
 
 @pytest.mark.parametrize("path", FAMILY_RECIPES, ids=[os.path.basename(p) for p in FAMILY_RECIPES])
@@ -255,7 +264,7 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
     os.chdir(tmp_path)
     try:
         recipe = load_recipe("recipe.yaml")
-        ref_losses, ref_model, micro = recipe_reference(recipe, 2)
+        ref_losses, ref_norms, ref_model, micro = recipe_reference(recipe, 2)
         processor = load_processor(recipe, load_config(recipe.model))
         proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "recipe.yaml"],
                               capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -264,6 +273,9 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
     assert proc.returncode == 0, proc.stderr[-5000:]
     rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
     assert len(rows) == 2 and all(abs(r["loss"] - ref) < 1e-4 for r, ref in zip(rows, ref_losses)), (rows, ref_losses)
+    # the global norm over the ranks is the unsplit model's (a tied pair and P counted once); AdamW hides a wrong
+    # clip scale from the losses, so the norm itself is compared
+    assert all(abs(r["grad_norm"] - n) < 1e-4 * n for r, n in zip(rows, ref_norms)), (rows, ref_norms)
     loaded, info = type(ref_model).from_pretrained(tmp_path / "out" / "checkpoint", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
@@ -318,3 +330,13 @@ def test_profile_then_simulate_auto_ranks_the_knobs(demo, tmp_path):
     times = [float(r[1]) for r in rows]
     assert len(rows) > 10 and times == sorted(times) and float(rows[0][2]) == 1.0
     assert any("owner-backward" in " ".join(r) for r in rows) and any("identity" in " ".join(r) for r in rows)
+
+
+def test_old_flat_recipe_keys_name_their_new_place(tmp_path):
+    from mpipe_hf.train.recipe import parse_recipe
+    for key, place in (("pp_size", "'parallel' section"), ("steps", "'train' section: write `train: {max_steps"),
+                       ("lr", "`train: {learning_rate"), ("micro_batch_size", "'data' section")):
+        with pytest.raises(ValueError, match=place):
+            parse_recipe({"model": "m", "data": "d.jsonl", key: 1})
+    with pytest.raises(ValueError, match="unknown key parallel.steps; it lives at train.max_steps"):
+        parse_recipe({"model": str(tmp_path), "data": "d.jsonl", "parallel": {"steps": 3}})

@@ -187,7 +187,8 @@ def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float =
         preprocess_backward_s=4 * vision_w * patches / rate, head_forward_s=2 * head_w * tokens / rate,
         head_backward_s=4 * head_w * tokens / rate, activation_bytes=4.0 * tokens * text.hidden_size,
         feature_bytes=4.0 * image_tokens * text.hidden_size, layer_activation_bytes=float(layer_act),
-        head_activation_bytes=float(head_act), preprocess_activation_bytes=float(tower_act), layer_param_bytes=4.0 * layer_w,
+        head_activation_bytes=float(head_act), preprocess_activation_bytes=float(tower_act),
+        layer_param_bytes=4.0 * layer_w,
         preprocess_param_bytes=4.0 * vision_w, bandwidth_bytes_per_s=bandwidth_gbps * 1e9, latency_s=2e-5)
 
 

@@ -48,7 +48,8 @@ class _LayerClock:
 
 class _SavedBytes:
     """A context that counts the bytes autograd saves for backward inside each hooked layer and inside the head
-    (distinct storages; the parameters' storages, views such as ``weight.t()`` included, are left out); ``layer`` and ``head`` keep the last micro-batch's figures."""
+    (distinct storages; the parameters' storages, views such as ``weight.t()`` included, are left out);
+    ``layer`` and ``head`` keep the last micro-batch's figures."""
 
     def __init__(self, layers, head, params: set[int]):
         self.params, self.where, self.counts, self.layer, self.head = params, None, {}, 0, 0

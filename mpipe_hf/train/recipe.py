@@ -160,7 +160,15 @@ class TrainSection:
 
     Attributes:
         max_steps: optimizer steps.
-        learning_rate, weight_decay, adam_epsilon: AdamW's (``adam_epsilon`` is torch's ``eps``).
+        learning_rate: the peak learning rate of AdamW.
+        lr_scheduler_type: a ``transformers.SchedulerType`` value (``linear``, ``cosine``, ``constant``,
+            ``constant_with_warmup``, ...), through ``transformers.get_scheduler``.
+        warmup_steps, warmup_ratio: linear warm-up steps; ``warmup_ratio`` (of ``max_steps``, rounded up) when
+            ``warmup_steps`` is 0.
+        weight_decay: AdamW's decoupled decay, on every parameter but biases and norm weights (the HF grouping).
+        adam_beta1, adam_beta2, adam_epsilon: AdamW's ``betas`` and ``eps``.
+        max_grad_norm: clip the gradients by their global norm over every pipeline rank (each tied pair and each
+            ``P`` counted once); 0 turns clipping off.
         seed: for anything random (random init from a config included).
         output_dir: where the metrics log and the final checkpoint go.
         gradient_checkpointing: recompute each decoder layer (and vision block) in the backward instead of
@@ -170,13 +178,20 @@ class TrainSection:
             trace; ``mpipe-hf plot --trace`` draws it).
 
     Raises:
-        ValueError: ``max_steps`` below 1, a negative rate or decay, a flag that is not a boolean.
+        ValueError: ``max_steps`` below 1, a negative rate, decay or norm, a beta outside ``[0, 1)``, an unknown
+            ``lr_scheduler_type``, a flag that is not a boolean.
     """
 
     max_steps: int = 10
-    learning_rate: float = 1e-4
+    learning_rate: float = 5e-5
+    lr_scheduler_type: str = "linear"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
     weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
     seed: int = 0
     output_dir: str = "outputs/run"
     gradient_checkpointing: bool = False
@@ -185,7 +200,8 @@ class TrainSection:
     def __post_init__(self):
         if not isinstance(self.max_steps, int) or isinstance(self.max_steps, bool) or self.max_steps < 1:
             raise ValueError(f"train.max_steps must be an integer >= 1, got {self.max_steps!r}")
-        for key in ("learning_rate", "weight_decay", "adam_epsilon"):
+        for key in ("learning_rate", "weight_decay", "adam_epsilon", "adam_beta1", "adam_beta2", "max_grad_norm",
+                    "warmup_ratio"):
             value = getattr(self, key)
             if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
                 try:
@@ -195,6 +211,16 @@ class TrainSection:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"train.{key} must be a number >= 0, got {value!r}")
             object.__setattr__(self, key, float(value))
+        for key in ("adam_beta1", "adam_beta2", "warmup_ratio"):
+            if getattr(self, key) > 1 or (key != "warmup_ratio" and getattr(self, key) >= 1):
+                raise ValueError(f"train.{key} must be in [0, 1{']' if key == 'warmup_ratio' else ')'}, got "
+                                 f"{getattr(self, key)!r}")
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        from transformers import SchedulerType
+        kinds = [k.value for k in SchedulerType]
+        if self.lr_scheduler_type not in kinds:
+            raise ValueError(f"train.lr_scheduler_type must be one of {kinds}, got {self.lr_scheduler_type!r}")
         for key in ("gradient_checkpointing", "trace"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"train.{key} must be true or false, got {getattr(self, key)!r}")
@@ -259,12 +285,11 @@ def parse_recipe(raw, where: str = "recipe") -> Recipe:
         if name not in raw:
             raise ValueError(f"{where}: missing the {name!r} section")
     data = raw["data"]
-    sections = {"model": ModelSource.parse(raw["model"]),
-                "data": _build("data", DataSection, {"path": data} if isinstance(data, str) else data, where)}
+    sections = {"data": _build("data", DataSection, {"path": data} if isinstance(data, str) else data, where)}
     for name in ("parallel", "train"):
         if name in raw:
             sections[name] = _build(name, SECTIONS[name], raw[name] or {}, where)
-    return Recipe(**sections)
+    return Recipe(model=ModelSource.parse(raw["model"]), **sections)  # the file system last
 
 
 def _build(name: str, cls, values, where: str):

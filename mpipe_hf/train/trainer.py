@@ -30,6 +30,7 @@ from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
 from .checkpoint import save_checkpoint
+from .optimizer import build_optimizer, build_scheduler, clip_grad_norm
 from .recipe import ModelSource, Recipe, load_recipe
 
 CAPTION_FIELDS, TEXT_FIELDS = ("image", "prompt", "caption"), ("text",)
@@ -190,8 +191,10 @@ def train(recipe: Recipe) -> TrainResult:
         dist.barrier(group=group)
     plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, carved.validate_micro)
     params = carved.trainable_parameters(cfg, rank)
-    optimizer = torch.optim.AdamW(params.values(), lr=opt.learning_rate, weight_decay=opt.weight_decay,
-                                  eps=opt.adam_epsilon) if params else None  # a frozen P may be all rank 0 holds
+    optimizer = build_optimizer(model, params, opt)  # None where a frozen P is all the rank holds
+    scheduler = build_scheduler(optimizer, opt)
+    heads = {id(p) for p, peer in carved.tied_parameters(cfg, rank) if peer == 0}  # the head copy of a tied pair
+    counted = [p for p in params.values() if id(p) not in heads]
     executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, group, device, params.values(),
                                 timedelta(seconds=recipe.parallel.timeout_s), carved.tied_parameters(cfg, rank),
                                 trace=recipe.train.trace, costs=placement_costs(recipe, layers_per_stage))
@@ -208,12 +211,15 @@ def train(recipe: Recipe) -> TrainResult:
     for step in bar:
         ahead = partial(plan.load, step + 1) if step + 1 < recipe.train.max_steps else None  # used by placement fill
         stats = executor.step(partial(plan.load, step), ahead)
+        grad_norm = clip_grad_norm(counted, opt.max_grad_norm, group, device)  # every rank joins the sum
+        lr = scheduler.get_last_lr()[0] if scheduler is not None else opt.learning_rate
         if optimizer is not None:
             optimizer.step()
+            scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         losses.append(stats.loss)
         rank_bubbles.append(stats.rank_bubble)
-        row = {"step": step + 1, "loss": round(stats.loss, 5),
+        row = {"step": step + 1, "loss": round(stats.loss, 5), "grad_norm": round(grad_norm, 5), "learning_rate": lr,
                "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1),
                "bubble": round(stats.bubble, 3), "step_s": round(stats.wall_s, 3),
                "bubble_per_rank": stats.rank_bubble, "peak_activations_rank0": stats.peak_activations}

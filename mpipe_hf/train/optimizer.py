@@ -1,0 +1,76 @@
+"""The optimizer of one pipeline rank, its learning-rate schedule, and gradient clipping by the global norm over
+the pipeline: what ``transformers.Trainer`` does on one process, spread over the ranks that each hold a share.
+
+- AdamW over the parameters this rank trains, in the Trainer's two groups: weight decay on every parameter but
+  biases and norm weights (``Trainer.get_decay_parameter_names``), ``adam_beta1``, ``adam_beta2``,
+  ``adam_epsilon``.
+- The schedule is ``transformers.get_scheduler(lr_scheduler_type, ...)`` with ``warmup_steps``, or
+  ``ceil(warmup_ratio * max_steps)`` when ``warmup_steps`` is 0, as ``TrainingArguments.get_warmup_steps``.
+- :func:`clip_grad_norm` sums the squared gradient norms of every rank's own parameters over the pipeline group,
+  so the norm is the unsplit model's ``torch.nn.utils.clip_grad_norm_`` norm; a tied weight held as two copies
+  (embedding on rank 0, head on the last rank) counts once, and a replica of ``P`` on a rank that does not own
+  it not at all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import Trainer, get_scheduler
+
+from .recipe import TrainSection
+
+
+def decay_names(model: nn.Module) -> set[str]:
+    """Names of the parameters of ``model`` that take weight decay: the HF Trainer's own choice (not biases, not
+    LayerNorm or RMSNorm weights)."""
+    return set(Trainer.get_decay_parameter_names(None, model))  # reads only the model
+
+
+def build_optimizer(model: nn.Module, params: dict[str, nn.Parameter], train: TrainSection):
+    """AdamW over ``params`` (``{name in model: parameter}``, this rank's trained ones) in the HF Trainer's decay
+    and no-decay groups, or ``None`` when the rank trains nothing (a rank holding only a frozen ``P``)."""
+    if not params:
+        return None
+    decay = decay_names(model)
+    groups = [{"params": [p for n, p in params.items() if n in decay], "weight_decay": train.weight_decay},
+              {"params": [p for n, p in params.items() if n not in decay], "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=train.learning_rate,
+                             betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_epsilon)
+
+
+def warmup_steps(train: TrainSection) -> int:
+    """``warmup_steps``, else ``ceil(warmup_ratio * max_steps)``."""
+    return train.warmup_steps if train.warmup_steps > 0 else math.ceil(train.warmup_ratio * train.max_steps)
+
+
+def build_scheduler(optimizer, train: TrainSection):
+    """``transformers.get_scheduler`` for ``train.lr_scheduler_type`` over ``train.max_steps`` steps, or ``None``
+    without an optimizer."""
+    if optimizer is None:
+        return None
+    return get_scheduler(train.lr_scheduler_type, optimizer, num_warmup_steps=warmup_steps(train),
+                         num_training_steps=train.max_steps)
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, group, device: torch.device) -> float:
+    """Scale every gradient of ``params`` so that the norm over the whole pipeline is at most ``max_norm`` (when
+    ``max_norm > 0``); return that norm before clipping. Every rank of ``group`` must call it, with the
+    parameters whose gradients it counts (its own, each tied pair and each ``P`` once over the pipeline).
+
+    The norm is ``sqrt(sum over ranks of the squared norms)`` in fp32, the scale ``max_norm / (norm + 1e-6)``
+    capped at 1, as ``torch.nn.utils.clip_grad_norm_``.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    local = torch.stack([g.detach().float().norm() ** 2 for g in grads]).sum() if grads else torch.zeros(())
+    total = local.to(device=device, dtype=torch.float32)
+    dist.all_reduce(total, group=group)
+    norm = total.sqrt()
+    if max_norm > 0:
+        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(scale.to(g.device, g.dtype))
+    return float(norm)
