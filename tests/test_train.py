@@ -107,7 +107,7 @@ def reference_training(demo, freeze_visual):
     model.model.visual.requires_grad_(not freeze_visual)
     processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(model_dir))
     plan = MicroBatchPlan(load_caption_dataset(os.path.join(demo, "data", "train.jsonl")),
-                          CaptionCollator(processor), NUM_MICRO, 1)
+                          CaptionCollator(processor), NUM_MICRO, 1, shuffle=True, seed=0)  # the recipe's defaults
     train = TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS)
     losses, norms, micros = train_unsplit(model, plan, NUM_MICRO, STEPS, train)
     return losses, norms, model, micros
@@ -245,7 +245,8 @@ def recipe_reference(recipe, steps):
     for fqn in carved.frozen:  # what the pipeline freezes (a frozen P)
         model.get_submodule(fqn).requires_grad_(False)
     dataset, collate = load_data(recipe, config, load_processor(recipe, config))
-    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size)
+    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, None, recipe.data.shuffle,
+                          recipe.train.seed)
     losses, norms, micros = train_unsplit(model, plan, cfg.num_micro, steps, recipe.train)
     return losses, norms, model, micros[0]
 
@@ -340,3 +341,17 @@ def test_old_flat_recipe_keys_name_their_new_place(tmp_path):
             parse_recipe({"model": "m", "data": "d.jsonl", key: 1})
     with pytest.raises(ValueError, match="unknown key parallel.steps; it lives at train.max_steps"):
         parse_recipe({"model": str(tmp_path), "data": "d.jsonl", "parallel": {"steps": 3}})
+
+
+def test_shuffled_epochs_read_every_row_once_in_a_seeded_order():
+    rows = list(range(10))
+    plan = MicroBatchPlan(rows, lambda batch: batch, num_micro=2, micro_batch_size=3, shuffle=True, seed=7)
+    stream = [i for step in range(5) for m in range(2) for i in plan.rows(step, m)]  # 30 rows: 3 epochs
+    epochs = [stream[e * 10:(e + 1) * 10] for e in range(3)]
+    assert all(sorted(e) == rows for e in epochs) and len({tuple(e) for e in epochs}) == 3
+    again = MicroBatchPlan(rows, lambda batch: batch, num_micro=2, micro_batch_size=3, shuffle=True, seed=7)
+    assert [again.rows(s, m) for s in range(5) for m in range(2)] == [plan.rows(s, m) for s in range(5)
+                                                                       for m in range(2)]
+    assert MicroBatchPlan(rows, None, 2, 3).rows(1, 1) == [9, 0, 1]  # file order, wrapping
+    assert TrainSection(num_train_epochs=2.0).total_steps(plan.steps_per_epoch()) == 4  # ceil(2 * 10 / 6)
+    assert TrainSection(max_steps=5).total_steps(plan.steps_per_epoch()) == 5

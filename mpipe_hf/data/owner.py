@@ -32,25 +32,47 @@ def load_text_dataset(jsonl_path: str) -> datasets.Dataset:
 
 
 class MicroBatchPlan:
-    """Which dataset rows form micro ``m`` of step ``k``: consecutive blocks of ``micro_batch_size`` rows,
-    wrapping around the dataset, ``num_micro`` micros per step.
+    """Which dataset rows form micro ``m`` of step ``k``: the rows are read as one stream, epoch after epoch, in
+    consecutive blocks of ``micro_batch_size``, ``num_micro`` blocks per step. With ``shuffle``, each epoch reads
+    the rows in its own order, a permutation drawn from ``seed + epoch`` (the same on every rank, so each owner
+    knows its rows without asking).
 
     Args:
         dataset: anything with ``len`` and ``__getitem__(int) -> row``.
         collate: rows -> dict of tensors.
         validate: raises ``ValueError`` on a micro-batch the model cannot take.
+
+    Raises:
+        ValueError: ``micro_batch_size`` below 1, or an empty dataset.
     """
 
     def __init__(self, dataset, collate: Callable, num_micro: int, micro_batch_size: int,
-                 validate: Callable[[dict], None] | None = None):
+                 validate: Callable[[dict], None] | None = None, shuffle: bool = False, seed: int = 0):
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if len(dataset) == 0:
+            raise ValueError("the dataset has no rows")
         self.dataset, self.collate, self.num_micro, self.mbs = dataset, collate, num_micro, micro_batch_size
-        self.validate = validate
+        self.validate, self.shuffle, self.seed = validate, shuffle, seed
+        self._orders: dict[int, list[int]] = {}
+
+    def steps_per_epoch(self) -> float:
+        """Optimizer steps one pass over the rows takes (a fraction when the last step spans two epochs)."""
+        return len(self.dataset) / (self.num_micro * self.mbs)
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            self._orders = {epoch: torch.randperm(len(self.dataset), generator=generator).tolist()}
+        return self._orders[epoch]
 
     def rows(self, step: int, micro: int) -> list[int]:
-        start = (step * self.num_micro + micro) * self.mbs
-        return [(start + i) % len(self.dataset) for i in range(self.mbs)]
+        """The dataset indices of micro ``micro`` of step ``step``."""
+        start, n = (step * self.num_micro + micro) * self.mbs, len(self.dataset)
+        positions = [start + i for i in range(self.mbs)]
+        if not self.shuffle:
+            return [p % n for p in positions]
+        return [self._order(p // n)[p % n] for p in positions]
 
     def load(self, step: int, micro: int) -> dict[str, torch.Tensor]:
         """Read, decode and process micro ``micro`` of step ``step``; raises ``ValueError`` naming the rows."""

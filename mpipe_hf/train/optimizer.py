@@ -5,7 +5,7 @@ the pipeline: what ``transformers.Trainer`` does on one process, spread over the
   biases and norm weights (``Trainer.get_decay_parameter_names``), ``adam_beta1``, ``adam_beta2``,
   ``adam_epsilon``.
 - The schedule is ``transformers.get_scheduler(lr_scheduler_type, ...)`` with ``warmup_steps``, or
-  ``ceil(warmup_ratio * max_steps)`` when ``warmup_steps`` is 0, as ``TrainingArguments.get_warmup_steps``.
+  ``ceil(warmup_ratio * steps)`` when ``warmup_steps`` is 0, as ``TrainingArguments.get_warmup_steps``.
 - :func:`clip_grad_norm` sums the squared gradient norms of every rank's own parameters over the pipeline group,
   so the norm is the unsplit model's ``torch.nn.utils.clip_grad_norm_`` norm; a tied weight held as two copies
   (embedding on rank 0, head on the last rank) counts once, and a replica of ``P`` on a rank that does not own
@@ -42,18 +42,18 @@ def build_optimizer(model: nn.Module, params: dict[str, nn.Parameter], train: Tr
                              betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_epsilon)
 
 
-def warmup_steps(train: TrainSection) -> int:
-    """``warmup_steps``, else ``ceil(warmup_ratio * max_steps)``."""
-    return train.warmup_steps if train.warmup_steps > 0 else math.ceil(train.warmup_ratio * train.max_steps)
+def warmup_steps(train: TrainSection, total_steps: int) -> int:
+    """``warmup_steps``, else ``ceil(warmup_ratio * total_steps)``."""
+    return train.warmup_steps if train.warmup_steps > 0 else math.ceil(train.warmup_ratio * total_steps)
 
 
-def build_scheduler(optimizer, train: TrainSection):
-    """``transformers.get_scheduler`` for ``train.lr_scheduler_type`` over ``train.max_steps`` steps, or ``None``
+def build_scheduler(optimizer, train: TrainSection, total_steps: int):
+    """``transformers.get_scheduler`` for ``train.lr_scheduler_type`` over ``total_steps`` steps, or ``None``
     without an optimizer."""
     if optimizer is None:
         return None
-    return get_scheduler(train.lr_scheduler_type, optimizer, num_warmup_steps=warmup_steps(train),
-                         num_training_steps=train.max_steps)
+    return get_scheduler(train.lr_scheduler_type, optimizer, num_warmup_steps=warmup_steps(train, total_steps),
+                         num_training_steps=total_steps)
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float, group, device: torch.device) -> float:

@@ -150,7 +150,7 @@ def meta_activation_bytes(config, tokens: int) -> tuple[int, int]:
     return layer, head
 
 
-def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float = 400.0, mfu: float = 0.4,
+def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float = 989.0, mfu: float = 0.4,
                      bandwidth_gbps: float = 400.0) -> Profile:
     """A :class:`~mpipe_hf.schedule.tune.Profile` from the config alone, for sizing before any hardware runs:
     compute times from the matmul FLOPs (``2 * weights * tokens`` forward, twice that backward) at ``tflops``

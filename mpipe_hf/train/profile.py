@@ -96,7 +96,8 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     carved = split(model, cfg, 0, None, text_layers)
     pre, stage = carved.preprocess, carved.stages[0]
     dataset, collate = load_data(recipe, config, load_processor(recipe, config))
-    plan = MicroBatchPlan(dataset, collate, num_micro + 1, recipe.data.micro_batch_size)
+    plan = MicroBatchPlan(dataset, collate, num_micro + 1, recipe.data.micro_batch_size, None,
+                          recipe.data.shuffle, recipe.train.seed)
     clock = _LayerClock(list(stage.layers) + list(getattr(pre.module, "layers", [])))
     head_clock, front_clock = _LayerClock([stage.head]), _LayerClock([stage.front] if stage.front is not None else [])
     stamps = {}  # when the backward reaches the head's input, and the front's output

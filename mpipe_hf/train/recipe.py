@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 
@@ -99,21 +100,26 @@ class DataSection:
             relative to the file), ``{"text"}`` rows for a decoder-only LM.
         micro_batch_size: rows per micro-batch.
         min_pixels, max_pixels: image resize bounds of the processor, in pixels.
+        shuffle: read each epoch's rows in an order drawn from ``train.seed`` and the epoch (default); else in
+            file order.
 
     Raises:
-        ValueError: a count below 1, or ``min_pixels > max_pixels``.
+        ValueError: a count below 1, ``min_pixels > max_pixels``, a ``shuffle`` that is not a boolean.
     """
 
     path: str
     micro_batch_size: int = 1
     min_pixels: int = 56 * 56
     max_pixels: int = 112 * 112
+    shuffle: bool = True
 
     def __post_init__(self):
         for key in ("micro_batch_size", "min_pixels", "max_pixels"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"data.{key} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.shuffle, bool):
+            raise ValueError(f"data.shuffle must be true or false, got {self.shuffle!r}")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"data.min_pixels ({self.min_pixels}) exceeds data.max_pixels ({self.max_pixels})")
 
@@ -159,7 +165,9 @@ class TrainSection:
     """``train:`` the optimisation, under the names of ``transformers.TrainingArguments``.
 
     Attributes:
-        max_steps: optimizer steps.
+        max_steps: optimizer steps; -1: as many as ``num_train_epochs`` passes over the data take (rounded up).
+        num_train_epochs: passes over the data when ``max_steps`` is -1.
+        logging_steps: write a row to ``output_dir/metrics.jsonl`` every this many steps (and the last).
         learning_rate: the peak learning rate of AdamW.
         lr_scheduler_type: a ``transformers.SchedulerType`` value (``linear``, ``cosine``, ``constant``,
             ``constant_with_warmup``, ...), through ``transformers.get_scheduler``.
@@ -182,7 +190,9 @@ class TrainSection:
             ``lr_scheduler_type``, a flag that is not a boolean.
     """
 
-    max_steps: int = 10
+    max_steps: int = -1
+    num_train_epochs: float = 3.0
+    logging_steps: int = 1
     learning_rate: float = 5e-5
     lr_scheduler_type: str = "linear"
     warmup_steps: int = 0
@@ -197,9 +207,20 @@ class TrainSection:
     gradient_checkpointing: bool = False
     trace: bool = False
 
+    def total_steps(self, steps_per_epoch: float) -> int:
+        """``max_steps``, or ``ceil(num_train_epochs * steps_per_epoch)`` when it is -1."""
+        return self.max_steps if self.max_steps > 0 else max(1, math.ceil(self.num_train_epochs * steps_per_epoch))
+
     def __post_init__(self):
-        if not isinstance(self.max_steps, int) or isinstance(self.max_steps, bool) or self.max_steps < 1:
-            raise ValueError(f"train.max_steps must be an integer >= 1, got {self.max_steps!r}")
+        if not isinstance(self.max_steps, int) or isinstance(self.max_steps, bool) or (
+                self.max_steps < 1 and self.max_steps != -1):
+            raise ValueError(f"train.max_steps must be an integer >= 1, or -1 (use num_train_epochs), got "
+                             f"{self.max_steps!r}")
+        if isinstance(self.num_train_epochs, bool) or not isinstance(self.num_train_epochs, (int, float)) or (
+                self.num_train_epochs <= 0):
+            raise ValueError(f"train.num_train_epochs must be a number > 0, got {self.num_train_epochs!r}")
+        if not isinstance(self.logging_steps, int) or isinstance(self.logging_steps, bool) or self.logging_steps < 1:
+            raise ValueError(f"train.logging_steps must be an integer >= 1, got {self.logging_steps!r}")
         for key in ("learning_rate", "weight_decay", "adam_epsilon", "adam_beta1", "adam_beta2", "max_grad_norm",
                     "warmup_ratio"):
             value = getattr(self, key)

@@ -165,7 +165,8 @@ def load_data(recipe: Recipe, config, processor):
 
 
 def train(recipe: Recipe) -> TrainResult:
-    """Run ``recipe.train.max_steps`` optimizer steps and save a checkpoint to ``output_dir/checkpoint``.
+    """Run ``recipe.train.max_steps`` optimizer steps (or ``num_train_epochs`` passes over the data) and save a
+    checkpoint to ``output_dir/checkpoint``.
 
     Raises:
         ValueError: a bad recipe, model or sample (before any collective for the recipe and model).
@@ -178,10 +179,9 @@ def train(recipe: Recipe) -> TrainResult:
     config = load_config(recipe.model)
     par, opt = recipe.parallel, recipe.train
     carved, _ = load_share(recipe.model, config, cfg, rank, layers_per_stage, par.text_layers, opt.seed)
-    model = carved.model.to(device)
-    if recipe.train.gradient_checkpointing:  # HF's layers recompute only in train mode
+    model = carved.model.to(device).train()  # from_pretrained leaves eval mode; the HF Trainer trains in train mode
+    if recipe.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
     set_seed(recipe.train.seed)
     processor = load_processor(recipe, config)
     if rank != 0:  # rank 0 builds the datasets cache first
@@ -189,10 +189,12 @@ def train(recipe: Recipe) -> TrainResult:
     dataset, collate = load_data(recipe, config, processor)
     if rank == 0:
         dist.barrier(group=group)
-    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, carved.validate_micro)
+    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, carved.validate_micro,
+                          recipe.data.shuffle, opt.seed)
+    steps = opt.total_steps(plan.steps_per_epoch())
     params = carved.trainable_parameters(cfg, rank)
     optimizer = build_optimizer(model, params, opt)  # None where a frozen P is all the rank holds
-    scheduler = build_scheduler(optimizer, opt)
+    scheduler = build_scheduler(optimizer, opt, steps)
     heads = {id(p) for p, peer in carved.tied_parameters(cfg, rank) if peer == 0}  # the head copy of a tied pair
     counted = [p for p in params.values() if id(p) not in heads]
     executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, group, device, params.values(),
@@ -207,9 +209,9 @@ def train(recipe: Recipe) -> TrainResult:
               f"text_layers={recipe.parallel.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} layers per stage={layers_per_stage}", flush=True)
     losses, rank_bubbles, start = [], [], time.perf_counter()
-    bar = tqdm(range(recipe.train.max_steps), disable=rank != 0, desc="train", dynamic_ncols=True)
+    bar = tqdm(range(steps), disable=rank != 0, desc="train", dynamic_ncols=True)
     for step in bar:
-        ahead = partial(plan.load, step + 1) if step + 1 < recipe.train.max_steps else None  # used by placement fill
+        ahead = partial(plan.load, step + 1) if step + 1 < steps else None  # used by placement fill
         stats = executor.step(partial(plan.load, step), ahead)
         grad_norm = clip_grad_norm(counted, opt.max_grad_norm, group, device)  # every rank joins the sum
         lr = scheduler.get_last_lr()[0] if scheduler is not None else opt.learning_rate
@@ -224,7 +226,7 @@ def train(recipe: Recipe) -> TrainResult:
                "bubble": round(stats.bubble, 3), "step_s": round(stats.wall_s, 3),
                "bubble_per_rank": stats.rank_bubble, "peak_activations_rank0": stats.peak_activations}
         bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", bubble=f"{stats.bubble:.2f}")
-        if log is not None:
+        if log is not None and ((step + 1) % opt.logging_steps == 0 or step + 1 == steps):
             log.write(json.dumps(row) + "\n")
             log.flush()
     wall = time.perf_counter() - start
@@ -244,8 +246,8 @@ def train(recipe: Recipe) -> TrainResult:
         log.close()
         later = rank_bubbles[1:] or rank_bubbles  # the first step warms up
         mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(cfg.pp_size)]
-        print(f"mpipe_hf: {opt.max_steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
-              f"bubble per rank {mean} (mean of steps 2..{recipe.train.max_steps}); checkpoint {out}", flush=True)
+        print(f"mpipe_hf: {steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
+              f"bubble per rank {mean} (mean of steps 2..{steps}); checkpoint {out}", flush=True)
     return TrainResult(losses, out, wall)
 
 
