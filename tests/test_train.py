@@ -91,7 +91,9 @@ def train_unsplit(model, plan, num_micro, steps, train):
             loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab, num_items_in_batch=total)
             loss.backward()
             loss_sum += loss.detach().item()
-        norms.append(float(torch.nn.utils.clip_grad_norm_([p for _, p in named], train.max_grad_norm)))
+        params = [p for _, p in named]
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, train.max_grad_norm) if train.max_grad_norm > 0
+                           else torch.nn.utils.get_total_norm([p.grad for p in params])))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()

@@ -56,21 +56,23 @@ def build_scheduler(optimizer, train: TrainSection, total_steps: int):
                          num_training_steps=total_steps)
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float, group, device: torch.device) -> float:
-    """Scale every gradient of ``params`` so that the norm over the whole pipeline is at most ``max_norm`` (when
-    ``max_norm > 0``); return that norm before clipping. Every rank of ``group`` must call it, with the
-    parameters whose gradients it counts (its own, each tied pair and each ``P`` once over the pipeline).
+def clip_grad_norm(params: list[nn.Parameter], counted: list[nn.Parameter], max_norm: float, group,
+                   device: torch.device) -> float:
+    """Scale every gradient of ``params`` (all this rank trains) so that the norm over the whole pipeline is at
+    most ``max_norm`` (when ``max_norm > 0``); return that norm before clipping. The norm sums the gradients of
+    ``counted`` only: every rank of ``group`` calls it with the parameters it counts, so that each tied pair and
+    each ``P`` is counted once over the pipeline, while both copies of a tied pair are scaled alike.
 
     The norm is ``sqrt(sum over ranks of the squared norms)`` in fp32, the scale ``max_norm / (norm + 1e-6)``
     capped at 1, as ``torch.nn.utils.clip_grad_norm_``.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    local = torch.stack([g.detach().float().norm() ** 2 for g in grads]).sum() if grads else torch.zeros(())
-    total = local.to(device=device, dtype=torch.float32)
+    squares = [p.grad.detach().float().norm() ** 2 for p in counted if p.grad is not None]
+    total = (torch.stack(squares).sum() if squares else torch.zeros(())).to(device=device, dtype=torch.float32)
     dist.all_reduce(total, group=group)
     norm = total.sqrt()
     if max_norm > 0:
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(scale.to(g.device, g.dtype))
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(scale.to(p.grad.device, p.grad.dtype))
     return float(norm)

@@ -213,7 +213,7 @@ def train(recipe: Recipe) -> TrainResult:
     for step in bar:
         ahead = partial(plan.load, step + 1) if step + 1 < steps else None  # used by placement fill
         stats = executor.step(partial(plan.load, step), ahead)
-        grad_norm = clip_grad_norm(counted, opt.max_grad_norm, group, device)  # every rank joins the sum
+        grad_norm = clip_grad_norm(list(params.values()), counted, opt.max_grad_norm, group, device)  # all ranks
         lr = scheduler.get_last_lr()[0] if scheduler is not None else opt.learning_rate
         if optimizer is not None:
             optimizer.step()
