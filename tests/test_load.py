@@ -8,7 +8,6 @@ import runpy
 
 import pytest
 import torch
-import yaml
 from accelerate.utils import set_seed
 
 from mpipe_hf.data import qwen2_tokenizer

@@ -144,7 +144,7 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
             sizes = dict(feature=_nbytes(feats), data=_nbytes(pre.stage0_inputs(raw)), graph=_nbytes(pre.inputs(raw)))
             continue
         n_stage = len(stage.layers)
-        lf, lb = clock.forward[-n_stage:] if n_stage else [], clock.backward[:n_stage]
+        lf = clock.forward[-n_stage:] if n_stage else []
         rows["pf"].append(t1 - t0 - sum(clock.forward[:-n_stage] if n_stage else clock.forward))
         rows["pb"].append(t4 - t3 - sum(clock.backward[n_stage:]))
         head_f, front_f = sum(head_clock.forward), sum(front_clock.forward)

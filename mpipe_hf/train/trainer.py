@@ -89,7 +89,7 @@ def check(recipe: Recipe) -> list[int]:
     if not os.path.isfile(recipe.data.path):
         raise ValueError(f"data.path {recipe.data.path!r} is not a file")
     config = load_config(recipe.model)
-    family = get_family(config.model_type)
+    get_family(config.model_type)  # an unknown model_type fails here, naming the supported ones
     _check_data(recipe.data.path, config)
     counts = check_layout(recipe, config)
     world = int(os.environ.get("WORLD_SIZE", cfg.pp_size))
