@@ -182,6 +182,7 @@ class TrainSection:
         gradient_checkpointing: recompute each decoder layer (and vision block) in the backward instead of
             keeping its activations, through HF's ``gradient_checkpointing_enable`` (non-reentrant); a stage then
             holds only its layers' inputs per micro-batch in flight.
+        bf16: compute in bf16 with fp32 master weights (autocast; :mod:`mpipe_hf.train.precision`).
         trace: record every action's start and end on every rank and write ``output_dir/trace.json`` (Chrome
             trace; ``mpipe-hf plot --trace`` draws it).
 
@@ -205,6 +206,7 @@ class TrainSection:
     seed: int = 0
     output_dir: str = "outputs/run"
     gradient_checkpointing: bool = False
+    bf16: bool = False
     trace: bool = False
 
     def total_steps(self, steps_per_epoch: float) -> int:
@@ -242,7 +244,7 @@ class TrainSection:
         kinds = [k.value for k in SchedulerType]
         if self.lr_scheduler_type not in kinds:
             raise ValueError(f"train.lr_scheduler_type must be one of {kinds}, got {self.lr_scheduler_type!r}")
-        for key in ("gradient_checkpointing", "trace"):
+        for key in ("gradient_checkpointing", "bf16", "trace"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"train.{key} must be true or false, got {getattr(self, key)!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):

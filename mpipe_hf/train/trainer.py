@@ -31,6 +31,7 @@ from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
 from .checkpoint import save_checkpoint
 from .optimizer import build_optimizer, build_scheduler, clip_grad_norm
+from .precision import autocast_modules
 from .recipe import ModelSource, Recipe, load_recipe
 
 CAPTION_FIELDS, TEXT_FIELDS = ("image", "prompt", "caption"), ("text",)
@@ -197,7 +198,9 @@ def train(recipe: Recipe) -> TrainResult:
     scheduler = build_scheduler(optimizer, opt, steps)
     heads = {id(p) for p, peer in carved.tied_parameters(cfg, rank) if peer == 0}  # the head copy of a tied pair
     counted = [p for p in params.values() if id(p) not in heads]
-    executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, group, device, params.values(),
+    stages, preprocess = (autocast_modules(carved.stages, carved.preprocess, device) if opt.bf16
+                          else (carved.stages, carved.preprocess))
+    executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(),
                                 timedelta(seconds=recipe.parallel.timeout_s), carved.tied_parameters(cfg, rank),
                                 trace=recipe.train.trace, costs=placement_costs(recipe, layers_per_stage))
     os.makedirs(recipe.train.output_dir, exist_ok=True)
@@ -207,7 +210,7 @@ def train(recipe: Recipe) -> TrainResult:
               f"preprocess={cfg.preprocess} "
               f"placement={cfg.placement} "
               f"text_layers={recipe.parallel.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
-              f"less_memory={cfg.less_memory} layers per stage={layers_per_stage}", flush=True)
+              f"less_memory={cfg.less_memory} bf16={opt.bf16} layers per stage={layers_per_stage}", flush=True)
     losses, rank_bubbles, start = [], [], time.perf_counter()
     bar = tqdm(range(steps), disable=rank != 0, desc="train", dynamic_ncols=True)
     for step in bar:
