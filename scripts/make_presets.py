@@ -135,8 +135,9 @@ def main(argv=None):
                f"{' and gradient checkpointing' if ckpt else ''} predicts the shortest step ({result.step_s:.2f} s, "
                f"bubble {result.bubble:.3f}); M = 4R keeps the bubble small."
                f"{' Without gradient checkpointing the activations do not fit.' if ckpt else ''} The layout is "
-               f"balanced by cost: the LM head counts as the layers its matmul equals. bf16 (not yet in mpipe_hf) "
-               f"would halve the weights' and the activations' share.")
+               f"balanced by cost: the LM head counts as the layers its matmul equals. The plan counts fp32 "
+               f"activations; `train: {{bf16: true}}` (autocast) makes most of them bf16, and bf16 weights (not yet "
+               f"in mpipe_hf) would halve the weights' share.")
         comment = "\n".join("# " + line for line in textwrap.wrap(why, 110))
         recipe = f"""# {hub}: MPipe Transpose fine-tuning preset (written by scripts/make_presets.py).
 # The architecture is {name}/config.json, the checkpoint's real sizes. To fine-tune, replace `config:` by
