@@ -180,7 +180,8 @@ class TrainSection:
         seed: for anything random (random init from a config included).
         output_dir: where the metrics log and the final checkpoint go.
         gradient_checkpointing: recompute each decoder layer (and vision block) in the backward instead of
-            keeping its activations, through HF's ``gradient_checkpointing_enable`` (non-reentrant); a stage then
+            keeping its activations, through HF's ``activation_checkpointing_enable`` (v5's name for
+            ``gradient_checkpointing_enable``; non-reentrant); a stage then
             holds only its layers' inputs per micro-batch in flight.
         bf16: compute in bf16 with fp32 master weights (autocast; :mod:`mpipe_hf.train.precision`).
         trace: record every action's start and end on every rank and write ``output_dir/trace.json`` (Chrome

@@ -182,7 +182,7 @@ def train(recipe: Recipe) -> TrainResult:
     carved, _ = load_share(recipe.model, config, cfg, rank, layers_per_stage, par.text_layers, opt.seed)
     model = carved.model.to(device).train()  # from_pretrained leaves eval mode; the HF Trainer trains in train mode
     if recipe.train.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable({"use_reentrant": False})
     set_seed(recipe.train.seed)
     processor = load_processor(recipe, config)
     if rank != 0:  # rank 0 builds the datasets cache first
