@@ -13,12 +13,11 @@ import argparse
 import statistics
 
 import torch
-from torch.autograd.graph import saved_tensors_hooks
 
 from mpipe_hf.data import MicroBatchPlan
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train import load_recipe
-from mpipe_hf.train.plan import storage_ids
+from mpipe_hf.train.plan import saved_bytes, storage_ids
 from mpipe_hf.train.trainer import load_config, load_data, load_processor, load_share
 
 
@@ -38,17 +37,11 @@ def measure(recipe, checkpointing: bool, micros: int):
         raw = plan.load(0, m)
         with torch.no_grad():
             feats = carved.preprocess.module(carved.preprocess.inputs(raw))
-        kept: dict[int, int] = {}
-
-        def pack(t):
-            if t.untyped_storage()._cdata not in params:
-                kept[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
-            return t
-        with saved_tensors_hooks(pack, lambda t: t):
-            out = carved.stages[0]({**carved.preprocess.stage0_inputs(raw), **feats})
-        out["loss"].backward()
-        sizes.append(sum(kept.values()))
-        losses.append(float(out["loss"].detach()))
+        outs = []
+        sizes.append(saved_bytes(lambda: outs.append(carved.stages[0]({**carved.preprocess.stage0_inputs(raw),
+                                                                       **feats})), params))
+        outs[0]["loss"].backward()
+        losses.append(float(outs[0]["loss"].detach()))
     return statistics.median(sizes), losses
 
 

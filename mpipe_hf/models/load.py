@@ -22,7 +22,7 @@ import copy
 import json
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from accelerate.utils import set_seed
@@ -57,14 +57,12 @@ class LoadReport:
             before it is copied into place (at most :data:`READ_BLOCK_BYTES`).
         read_bytes: bytes read from the checkpoint (0 for a config).
         full_model_bytes: the parameters and buffers of the unsplit model (counted on the meta device).
-        files: the shard files opened.
     """
 
     kept_bytes: int = 0
     largest_temporary_bytes: int = 0
     read_bytes: int = 0
     full_model_bytes: int = 0
-    files: list[str] = field(default_factory=list)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -202,11 +200,10 @@ def split_from_config(config, cfg: ScheduleConfig, rank: int, layers_per_stage: 
     return carved, report
 
 
-def _materialize(model: nn.Module) -> int:
+def _materialize(model: nn.Module) -> None:
     """Give every meta parameter and buffer of ``model`` real CPU storage filled with NaN (integers: their
-    smallest value), keeping tied tensors tied. Returns the bytes allocated."""
+    smallest value), keeping tied tensors tied."""
     done: dict[int, torch.Tensor] = {}
-    allocated = 0
     for module in model.modules():
         for store, is_param in ((module._parameters, True), (module._buffers, False)):
             for key, t in list(store.items()):
@@ -216,10 +213,8 @@ def _materialize(model: nn.Module) -> int:
                     fill = (float("nan") if t.is_floating_point() else False if t.dtype == torch.bool
                             else torch.iinfo(t.dtype).min)
                     real = torch.full(t.shape, fill, dtype=t.dtype)
-                    allocated += _nbytes(real)
                     done[id(t)] = nn.Parameter(real, requires_grad=t.requires_grad) if is_param else real
                 store[key] = done[id(t)]
-    return allocated
 
 
 def _checkpoint_files(path: str) -> dict[str, str]:
@@ -319,11 +314,11 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
     report = LoadReport()
     model = meta_model(config)
     files = _checkpoint_files(path)
-    _untie_if_saved_apart(model, _rename(model, list(files)))
+    source = _rename(model, list(files))  # the carved model's names are a subset of the whole model's
+    _untie_if_saved_apart(model, source)
     report.full_model_bytes = _full_bytes(model)
     carved = split(model, cfg, rank, layers_per_stage, text_layers)
     model = carved.model
-    source = _rename(model, list(files))
     for embed, head in carved.tied:  # lm_head's own copy of a tied embedding is read from the embedding
         if head not in source and embed in source:
             source[head] = source[embed]
@@ -342,7 +337,6 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
             by_file.setdefault(files[source[name]], []).append(name)
     with torch.no_grad():
         for file, names in sorted(by_file.items()):
-            report.files.append(os.path.basename(file))
             for name in names:
                 _read_into(file, source[name], state[name], report, path)
     model.initialize_weights()  # buffers the checkpoint does not hold (the loaded tensors are flagged)

@@ -198,10 +198,10 @@ class PipelineExecutor:
                 peak = max(peak, len(ctx.saved))
             self.p2p.drain()
             action = None
-            world = len(self.global_ranks)
-            totals = torch.zeros(4 + 2 * world, dtype=torch.float64)
-            totals[:4] = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, time.perf_counter() - start])
-            totals[4 + self.rank], totals[4 + world + self.rank] = ctx.busy_s, time.perf_counter() - start
+            world, wall = len(self.global_ranks), time.perf_counter() - start
+            totals = torch.zeros(4 + 2 * world, dtype=torch.float64)  # sums, then busy and wall of each rank
+            totals[:4] = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, wall])
+            totals[4 + self.rank], totals[4 + world + self.rank] = ctx.busy_s, wall
             totals = totals.to(self.device)
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum",
                                describe("all_reduce", totals))
@@ -224,7 +224,6 @@ class PipelineExecutor:
             ctx.clear()
         values = totals.tolist()
         loss_sum, num_tokens, busy, wall_sum = values[:4]
-        world = (len(values) - 4) // 2
         rank_bubble = [round(1.0 - b / w, 4) if w else 0.0 for b, w in zip(values[4:4 + world], values[4 + world:])]
         if num_tokens == 0:
             for p in trained:

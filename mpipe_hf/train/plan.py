@@ -109,18 +109,40 @@ def storage_ids(tensors) -> set[int]:
     return {t.untyped_storage()._cdata for t in tensors}
 
 
+class SavedStorages:
+    """While active (``with``), the distinct storages autograd saves for a backward, by the caller's current
+    ``region`` (any hashable; ``None`` at first), the storages in ``params`` (parameters, :func:`storage_ids`)
+    left out."""
+
+    def __init__(self, params: set[int]):
+        self.params, self.region, self.by_region = params, None, {}
+
+    def _pack(self, t):
+        key = t.untyped_storage()._cdata
+        if key not in self.params:
+            self.by_region.setdefault(self.region, {})[key] = t.untyped_storage().nbytes()
+        return t
+
+    def __enter__(self) -> "SavedStorages":
+        self.by_region = {}
+        self._hooks = saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+
+    def bytes(self, region=None) -> int:
+        """Bytes saved while ``region`` was current."""
+        return sum(self.by_region.get(region, {}).values())
+
+
 def saved_bytes(fn, params: set[int]) -> int:
     """Bytes of the distinct storages that autograd saves while ``fn()`` runs, those in ``params`` (parameter
     storages, :func:`storage_ids`) excluded."""
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage()._cdata not in params:
-            storages[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
-        return t
-    with saved_tensors_hooks(pack, lambda t: t):
+    with SavedStorages(params) as saved:
         fn()
-    return sum(storages.values())
+    return saved.bytes()
 
 
 def meta_activation_bytes(config, tokens: int) -> tuple[int, int]:

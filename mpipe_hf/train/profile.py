@@ -5,10 +5,12 @@ The model is split for one rank with a trainable preprocess (``P`` = the tower; 
 embedding and one decoder layer, whose layer time is then taken out), and a few of the recipe's micro-batches run
 through ``P`` and the single stage, forward and backward. Hooks time each decoder layer's forward and backward, the
 LM head's (final norm, ``lm_head``, loss), and the front's forward (embedding, image-feature injection, position
-ids); what the stage's forward took beyond these is the cost every stage pays (causal masks, rotary tables), and
-what its backward took beyond the layers and the head is the front's backward. The first micro-batch warms up and is not
-counted; the medians of the others are kept. Link latency and bandwidth cannot be measured on one process: they
-keep the profile's defaults (edit them for your interconnect).
+ids); what the stage's forward took beyond these is the cost every stage pays (causal masks, rotary tables).
+Backward times are read from gradient hooks: the head's ends when its input's gradient is ready, the front's
+starts when its output's is. A layer's, the head's and the tower's saved activations are counted with
+``saved_tensors_hooks``. The first micro-batch warms up and is not counted; the medians of the others are kept.
+Link latency and bandwidth cannot be measured on one process: they keep the profile's defaults (edit them for
+your interconnect).
 """
 
 from __future__ import annotations
@@ -17,13 +19,12 @@ import statistics
 import time
 
 import torch
-from torch.autograd.graph import saved_tensors_hooks
 
 from ..data import MicroBatchPlan
 from ..models import split
 from ..schedule import ScheduleConfig
 from ..schedule.tune import Profile
-from .plan import saved_bytes, storage_ids
+from .plan import SavedStorages, saved_bytes, storage_ids
 from .recipe import Recipe
 from .trainer import is_vision_language, load_config, load_data, load_model, load_processor
 
@@ -46,38 +47,29 @@ class _LayerClock:
                 time.perf_counter() - self._t[("b", id(m))]))
 
 
-class _SavedBytes:
-    """A context that counts the bytes autograd saves for backward inside each hooked layer and inside the head
-    (distinct storages; the parameters' storages, views such as ``weight.t()`` included, are left out);
-    ``layer`` and ``head`` keep the last micro-batch's figures."""
+class _SavedBytes(SavedStorages):
+    """:class:`~.plan.SavedStorages` with a region per hooked layer and one for the head (the parameters'
+    storages, views such as ``weight.t()`` included, left out); ``layer`` (the median over the layers) and
+    ``head`` keep the last micro-batch's figures."""
 
     def __init__(self, layers, head, params: set[int]):
-        self.params, self.where, self.counts, self.layer, self.head = params, None, {}, 0, 0
+        super().__init__(params)
+        self.layer = self.head = 0
         for layer in layers:
             layer.register_forward_pre_hook(lambda m, a: self._enter(("layer", id(m))))
             layer.register_forward_hook(lambda m, a, o: self._enter(None))
-        head.register_forward_pre_hook(lambda m, a: self._enter(("head", 0)))
+        head.register_forward_pre_hook(lambda m, a: self._enter("head"))
         head.register_forward_hook(lambda m, a, o: self._enter(None))
 
-    def _enter(self, where):
-        self.where = where
-        self.counts.setdefault(where, {})
-
-    def _pack(self, t):
-        if self.where is not None and t.untyped_storage()._cdata not in self.params:
-            self.counts[self.where][t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
-        return t
-
-    def __enter__(self):
-        self.counts, self.where = {}, None
-        self._hooks = saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
+    def _enter(self, region):
+        self.region = region
+        self.by_region.setdefault(region, {})  # a layer that saves nothing counts as 0
 
     def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
-        layers = [sum(c.values()) for w, c in self.counts.items() if w and w[0] == "layer"]
+        super().__exit__(*exc)
+        layers = [self.bytes(r) for r in self.by_region if isinstance(r, tuple)]
         self.layer = statistics.median(layers) if layers else 0
-        self.head = sum(self.counts.get(("head", 0), {}).values())
+        self.head = self.bytes("head")
 
 
 def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
@@ -101,7 +93,7 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     clock = _LayerClock(list(stage.layers) + list(getattr(pre.module, "layers", [])))
     head_clock, front_clock = _LayerClock([stage.head]), _LayerClock([stage.front] if stage.front is not None else [])
     stamps = {}  # when the backward reaches the head's input, and the front's output
-    saved = _SavedBytes(list(stage.layers), stage.head, {p.untyped_storage()._cdata for p in model.parameters()})
+    saved = _SavedBytes(list(stage.layers), stage.head, storage_ids(model.parameters()))
 
     def stamp(key):
         return lambda grad: stamps.__setitem__(key, time.perf_counter())

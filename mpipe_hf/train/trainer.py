@@ -181,9 +181,9 @@ def train(recipe: Recipe) -> TrainResult:
     par, opt = recipe.parallel, recipe.train
     carved, _ = load_share(recipe.model, config, cfg, rank, layers_per_stage, par.text_layers, opt.seed)
     model = carved.model.to(device).train()  # from_pretrained leaves eval mode; the HF Trainer trains in train mode
-    if recipe.train.gradient_checkpointing:
+    if opt.gradient_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
-    set_seed(recipe.train.seed)
+    set_seed(opt.seed)
     processor = load_processor(recipe, config)
     if rank != 0:  # rank 0 builds the datasets cache first
         dist.barrier(group=group)
@@ -201,15 +201,15 @@ def train(recipe: Recipe) -> TrainResult:
     stages, preprocess = (autocast_modules(carved.stages, carved.preprocess, device) if opt.bf16
                           else (carved.stages, carved.preprocess))
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(),
-                                timedelta(seconds=recipe.parallel.timeout_s), carved.tied_parameters(cfg, rank),
-                                trace=recipe.train.trace, costs=placement_costs(recipe, layers_per_stage))
-    os.makedirs(recipe.train.output_dir, exist_ok=True)
-    log = open(os.path.join(recipe.train.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
+                                timedelta(seconds=par.timeout_s), carved.tied_parameters(cfg, rank),
+                                trace=opt.trace, costs=placement_costs(recipe, layers_per_stage))
+    os.makedirs(opt.output_dir, exist_ok=True)
+    log = open(os.path.join(opt.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
     if rank == 0:
         print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} "
               f"preprocess={cfg.preprocess} "
               f"placement={cfg.placement} "
-              f"text_layers={recipe.parallel.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
+              f"text_layers={par.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} bf16={opt.bf16} layers per stage={layers_per_stage}", flush=True)
     losses, rank_bubbles, start = [], [], time.perf_counter()
     bar = tqdm(range(steps), disable=rank != 0, desc="train", dynamic_ncols=True)
@@ -233,7 +233,7 @@ def train(recipe: Recipe) -> TrainResult:
             log.write(json.dumps(row) + "\n")
             log.flush()
     wall = time.perf_counter() - start
-    out = os.path.join(recipe.train.output_dir, "checkpoint")
+    out = os.path.join(opt.output_dir, "checkpoint")
 
     def extras(directory):
         model.config.save_pretrained(directory)
@@ -243,8 +243,8 @@ def train(recipe: Recipe) -> TrainResult:
             processor.tokenizer.save_pretrained(directory)
             processor.image_processor.save_pretrained(directory)
     save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
-    if recipe.train.trace:
-        write_trace(os.path.join(recipe.train.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
+    if opt.trace:
+        write_trace(os.path.join(opt.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
     if rank == 0:
         log.close()
         later = rank_bubbles[1:] or rank_bubbles  # the first step warms up
