@@ -102,9 +102,15 @@ class DataSection:
         min_pixels, max_pixels: image resize bounds of the processor, in pixels.
         shuffle: read each epoch's rows in an order drawn from ``train.seed`` and the epoch (default); else in
             file order.
+        max_length: the most tokens a row may take (text and image tokens); a longer row is cut at
+            ``max_length``, or dropped with a counted warning when the cut would go through an image's tokens.
+        on_bad_sample: ``skip`` (default): a step whose data load fails on any rank is skipped on every rank (no
+            optimizer step), with a warning naming the rows and a count in the metrics; ``raise``: the run stops.
+        max_bad_steps: with ``skip``, the run stops with the last error after this many skipped steps in a row.
 
     Raises:
-        ValueError: a count below 1, ``min_pixels > max_pixels``, a ``shuffle`` that is not a boolean.
+        ValueError: a count below 1, ``min_pixels > max_pixels``, a ``shuffle`` that is not a boolean, an
+            ``on_bad_sample`` other than ``skip``/``raise``.
     """
 
     path: str
@@ -112,14 +118,19 @@ class DataSection:
     min_pixels: int = 56 * 56
     max_pixels: int = 112 * 112
     shuffle: bool = True
+    max_length: int = 2048
+    on_bad_sample: str = "skip"
+    max_bad_steps: int = 3
 
     def __post_init__(self):
-        for key in ("micro_batch_size", "min_pixels", "max_pixels"):
+        for key in ("micro_batch_size", "min_pixels", "max_pixels", "max_length", "max_bad_steps"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"data.{key} must be an integer >= 1, got {value!r}")
         if not isinstance(self.shuffle, bool):
             raise ValueError(f"data.shuffle must be true or false, got {self.shuffle!r}")
+        if self.on_bad_sample not in ("skip", "raise"):
+            raise ValueError(f"data.on_bad_sample must be 'skip' or 'raise', got {self.on_bad_sample!r}")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"data.min_pixels ({self.min_pixels}) exceeds data.max_pixels ({self.max_pixels})")
 
