@@ -43,7 +43,12 @@ FILL_CASES = [make_case("vision", 4, 2, 8, "frozen", placement="fill", steps=3, 
               make_case("vl-text", 3, 1, 5, "frozen", placement="fill", overflow="min", accumulate=2,
                         lookahead=True),
               make_case("llama-text", 3, 2, 4, "frozen", placement="fill")]
-EXTRA = {2: PIXEL_CASES + FAMILY_CASES, 3: FILL_CASES[1:], 4: ERROR_CASES + FILL_CASES[:1]}
+# a trainable tower with dropout: rank 0's recompute in TRANSPOSE_BWD and the owner-backward graph draw the
+# forward's masks (the reference seeds its tower per micro as the pipeline does); the frozen tower too
+DROPOUT_CASES = [dict(case, dropout=0.5, name=case["name"] + "-dropout" + ("-ob" if ob else ""), owner_backward=ob)
+                 for case in FAMILY_CASES if case["family"] == "llava" for ob in (False, True)
+                 if not ob or case["preprocess"] == "trainable"]
+EXTRA = {2: PIXEL_CASES + FAMILY_CASES + DROPOUT_CASES, 3: FILL_CASES[1:], 4: ERROR_CASES + FILL_CASES[:1]}
 
 
 def cases(pp_size):
@@ -95,6 +100,17 @@ def test_model_families(case, results):
     per_rank = results(2)[case["name"]]
     problems = check_case(case, per_rank) + check_reload(per_rank)
     assert not problems, problems
+
+
+@pytest.mark.parametrize("case", DROPOUT_CASES, ids=[c["name"] for c in DROPOUT_CASES])
+def test_tower_dropout_is_replayed_exactly(case, results):
+    """A tower with dropout 0.5 trains like the one-process model drawing the same masks; the dropout is live
+    (the losses differ from the same case without it)."""
+    per_rank = results(2)[case["name"]]
+    problems = check_case(case, per_rank)
+    assert not problems, problems
+    plain = results(2)[case["name"].split("-dropout")[0]]
+    assert per_rank[0]["ref_losses"] != plain[0]["ref_losses"], "the dropout changed nothing"
 
 
 @pytest.mark.parametrize("case", FILL_CASES, ids=[c["name"] for c in FILL_CASES])

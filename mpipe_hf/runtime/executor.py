@@ -33,7 +33,7 @@ from torch import nn
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import RECV_KINDS
 from ..schedule.simulate import Costs, Event
-from .handlers import Preprocess, StepContext, Tensors, run_action
+from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
 from .p2p import P2P
 from .watchdog import PeerFailed, Watchdog, describe, release_abandoned
 
@@ -75,6 +75,9 @@ class PipelineExecutor:
         trace: record the wall-clock start and end (``time.time()``, seconds) of every action of every step in
             :attr:`events` (see :func:`mpipe_hf.schedule.trace.chrome_trace`).
         costs: the costs placement ``fill`` places the transposed forwards by (unit costs when ``None``).
+        seed: ``P`` runs micro ``m`` of step :attr:`step_index` under ``preprocess_seed(seed, step_index, m)``
+            on every rank, so a ``P`` with dropout is recomputed with the forward's masks. ``step_index`` counts
+            the successful steps; a trainer that skips or resumes steps sets it.
 
     Raises:
         ValueError: a tied parameter that is not in ``params``.
@@ -83,8 +86,9 @@ class PipelineExecutor:
     def __init__(self, cfg: ScheduleConfig, rank: int, stages: dict[int, nn.Module], preprocess: Preprocess,
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
                  timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = (),
-                 trace: bool = False, costs: Costs | None = None):
+                 trace: bool = False, costs: Costs | None = None, seed: int = 0):
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
+        self.seed, self.step_index = seed, 0
         self.device, self.timeout = device, timeout
         self.events: list[Event] | None = [] if trace else None
         self.params, self.tied = list(params), list(tied)
@@ -183,8 +187,12 @@ class PipelineExecutor:
 
         def loader(m: int) -> Tensors:
             return load(m) if m < num_micro else next_load(m - num_micro)
+        index = self.step_index
+
+        def micro_seed(m: int) -> int:  # a look-ahead micro (m >= M) belongs to the next step
+            return preprocess_seed(self.seed, index + m // num_micro, m % num_micro)
         ctx = StepContext(self.cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
-                          loader)
+                          loader, micro_seed)
         for m, (data, feats) in (carried or {}).items():
             ctx.data[m], ctx.feats[m] = data, feats
         action, peak = None, 0
@@ -231,6 +239,7 @@ class PipelineExecutor:
             raise ValueError("the step has no label tokens (every label is -100); check the collator's labels")
         if ahead:
             self._carried = ahead_loaded
+        self.step_index += 1
         for p in trained:
             if p not in mine:  # a replica of P on a rank that does not own it: rank 0 optimises P
                 p.grad = kept[p]

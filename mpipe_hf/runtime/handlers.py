@@ -62,6 +62,7 @@ class StepContext:
     group: dist.ProcessGroup
     watchdog: Watchdog
     load: Callable[[int], Tensors]
+    micro_seed: Callable[[int], int] = lambda m: m   # the RNG seed ``P`` runs micro ``m`` under
     data: dict[int, Tensors] = field(default_factory=dict)        # stage-0 inputs per micro
     pin: dict[int, Tensors] = field(default_factory=dict)         # P's inputs per micro
     feats: dict[int, Tensors] = field(default_factory=dict)       # P's outputs per micro
@@ -159,6 +160,28 @@ def param_broadcast(ctx: StepContext, a: Action) -> None:
         p.data.copy_(value)
 
 
+def preprocess_seed(seed: int, step: int, micro: int) -> int:
+    """The RNG seed ``P`` runs micro ``micro`` of step ``step`` under, on whichever rank runs it: the owner's
+    forward and rank 0's recompute in ``TRANSPOSE_BWD`` draw the same dropout masks (as
+    ``torch.utils.checkpoint`` replays the RNG state of the forward it recomputes), and a one-process reference
+    that seeds its tower the same way draws them too. Distinct for every ``(step, micro)`` with
+    ``micro < 65537``."""
+    return ((seed * 1_000_003 + step) * 65_537 + micro) % 2 ** 63
+
+
+def _run_preprocess(ctx: StepContext, m: int, inputs: Tensors) -> Tensors:
+    """``P`` on micro ``m``'s inputs, under micro ``m``'s own seed (:func:`preprocess_seed`); the caller's RNG
+    state is restored afterwards, so nothing else on the rank sees a different sequence."""
+    device = ctx.p2p.device
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device.index or 0] if cuda else [], device_type="cuda"):
+        seed = ctx.micro_seed(m)
+        torch.default_generator.manual_seed(seed)
+        if cuda:
+            torch.cuda.default_generators[device.index or 0].manual_seed(seed)
+        return ctx.preprocess.module(inputs)
+
+
 def data_load(ctx: StepContext, a: Action) -> None:
     """``DATA_LOAD``: this rank's raw inputs of the micro, on this rank's device. The loader validates them and
     raises ``ValueError`` on a bad sample."""
@@ -170,16 +193,17 @@ def data_load(ctx: StepContext, a: Action) -> None:
 
 def transpose_fwd(ctx: StepContext, a: Action) -> None:
     """``TRANSPOSE_FWD``: run ``P`` on the micro. Without a graph, except with owner-backward, where the owner
-    keeps it for ``GRAD_RECV_BWD``; rank 0 otherwise recomputes ``P`` in ``TRANSPOSE_BWD`` (trainable ``P``)."""
+    keeps it for ``GRAD_RECV_BWD``; rank 0 otherwise recomputes ``P`` in ``TRANSPOSE_BWD`` (trainable ``P``). ``P``
+    runs under the micro's own seed (:func:`preprocess_seed`)."""
     m = a.micro
     if ctx.cfg.owner_backward:
         with torch.enable_grad():
-            ctx.kept[m] = ctx.preprocess.module(ctx.pin.pop(m))
+            ctx.kept[m] = _run_preprocess(ctx, m, ctx.pin.pop(m))
         ctx.feats[m] = {k: v.detach() for k, v in ctx.kept[m].items()}
         return
     pin = ctx.pin[m] if ctx.cfg.trainable else ctx.pin.pop(m)
     with torch.no_grad():
-        ctx.feats[m] = ctx.preprocess.module(pin)
+        ctx.feats[m] = _run_preprocess(ctx, m, pin)
 
 
 def transpose_bwd(ctx: StepContext, a: Action) -> None:
@@ -189,8 +213,8 @@ def transpose_bwd(ctx: StepContext, a: Action) -> None:
     if m in ctx.kept:
         _backward(ctx.kept.pop(m), grads)
         return
-    with torch.enable_grad():
-        _backward(ctx.preprocess.module(ctx.pin.pop(m)), grads)
+    with torch.enable_grad():  # the forward's dropout masks again: the same seed
+        _backward(_run_preprocess(ctx, m, ctx.pin.pop(m)), grads)
 
 
 def grad_recv_bwd(ctx: StepContext, a: Action) -> None:

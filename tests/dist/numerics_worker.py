@@ -31,6 +31,7 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoModelForImage
 
 from mpipe_hf.models import split as split_model
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
+from mpipe_hf.runtime.handlers import preprocess_seed
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.schedule.interleaved import peak_in_flight
 from mpipe_hf.train.checkpoint import save_checkpoint
@@ -38,15 +39,19 @@ from mpipe_hf.train.checkpoint import save_checkpoint
 LR = 1e-3
 EPS = 1e-6  # AdamW's eps: with 1e-8, fp32 noise on near-zero gradient elements becomes a visible part of LR
 TIMEOUT = timedelta(seconds=60)
+SEED = 7  # the executor's: P's dropout masks are drawn from it
 
 
 def auto_class(config):
     return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
 
 
-def build_model(fixture, family):
-    """The fixture's config ``family`` as its real HF model class, random weights (seed 0)."""
-    raw = fixture["configs"][family]
+def build_model(fixture, family, dropout=0.0):
+    """The fixture's config ``family`` as its real HF model class, random weights (seed 0); ``dropout``: the
+    vision tower's attention dropout."""
+    raw = copy.deepcopy(fixture["configs"][family])
+    if dropout:
+        raw["vision_config"]["attention_dropout"] = dropout
     config = CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
     torch.manual_seed(0)
     return auto_class(config).from_config(config)
@@ -78,17 +83,25 @@ def micro_batches(case, pool, run):
     return [pool[(start + i) % len(pool)] for i in range(case["num_micro"])]
 
 
-def reference_run(model, micros):
-    """Loss and gradients of the unsplit model over one schedule run, normalised by the run's label tokens."""
+def reference_run(model, micros, seeds=None):
+    """Loss and gradients of the unsplit model over one schedule run, normalised by the run's label tokens.
+    ``seeds``: ``(tower, seed, run)``: the tower runs micro ``m`` under ``preprocess_seed(seed, run, m)``, as the
+    pipeline's ``P`` does."""
     total_tokens = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
     vocab = model.config.get_text_config().vocab_size
     loss_total = 0.0
-    for mb in micros:
+    for m, mb in enumerate(micros):
+        if seeds is not None:
+            tower, seed, run = seeds
+            hook = tower.register_forward_pre_hook(
+                lambda *_, s=preprocess_seed(seed, run, m): torch.default_generator.manual_seed(s) and None)
         logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
         loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab,
                                    num_items_in_batch=total_tokens)
         loss.backward()
         loss_total += loss.detach().item()
+        if seeds is not None:
+            hook.remove()
     return loss_total
 
 
@@ -136,12 +149,12 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
                          case.get("placement", "prefix"))
     pool = fixture["pools"][case["data"]]
     steps, accumulate = case.get("steps", 1), case.get("accumulate", 1)
-    model = build_model(fixture, case["family"])
+    model = build_model(fixture, case["family"], case.get("dropout", 0.0))
     ref = copy.deepcopy(model) if rank == 0 else None
     split = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
     params = split.trainable_parameters(cfg, rank)
     executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values(), TIMEOUT,
-                                split.tied_parameters(cfg, rank))
+                                split.tied_parameters(cfg, rank), seed=SEED)
     optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS) if params else None
     result, loads = {"reused_groups": executor.group.group_name in CLOSED_GROUPS}, []
     failing = any(k in case for k in ("bad_micro", "corrupt_owner", "mid_step_owner"))
@@ -193,7 +206,9 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
         ref_losses, ref_grads = [], {}
         for step in range(steps):
             for a in range(accumulate):
-                ref_losses.append(reference_run(ref, micro_batches(case, pool, step * accumulate + a)))
+                run = step * accumulate + a
+                seeds = (ref.model.vision_tower, SEED, run) if case.get("dropout") else None
+                ref_losses.append(reference_run(ref, micro_batches(case, pool, run), seeds))
             if step == 0:
                 ref_grads = {n: p.grad.clone() for n, p in trainable.items() if p.grad is not None}
             if steps > 1:
