@@ -32,9 +32,24 @@ def _train(args) -> None:
         return
     from .train.trainer import check
     check(recipe)
+    import glob
+    import logging
+    import time
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.parallel.pp_size)))
-    torchrun(["--standalone", f"--nproc_per_node={recipe.parallel.pp_size}", "-m", "mpipe_hf.train", args.recipe])
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # the one line is the workers'
+    start = time.time()
+    try:
+        torchrun(["--standalone", f"--nproc_per_node={recipe.parallel.pp_size}", "-m", "mpipe_hf.train",
+                  args.recipe])
+    except ChildFailedError as err:
+        logs = os.path.join(recipe.train.output_dir, "logs")
+        if not any(os.path.getmtime(p) >= start for p in glob.glob(os.path.join(logs, "rank*.log"))):
+            failures = "; ".join(f"rank {f.local_rank} exited with {f.signal_name() if f.exitcode < 0 else f.exitcode}"
+                                 for f in err.failures.values())  # killed: no worker could report it
+            print(f"mpipe-hf: error: {failures}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def _config(args):

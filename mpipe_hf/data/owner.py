@@ -75,12 +75,18 @@ class MicroBatchPlan:
         return [self._order(p // n)[p % n] for p in positions]
 
     def load(self, step: int, micro: int) -> dict[str, torch.Tensor]:
-        """Read, decode and process micro ``micro`` of step ``step``; raises ``ValueError`` naming the rows."""
+        """Read, decode and process micro ``micro`` of step ``step``.
+
+        Raises:
+            ValueError: any failure to read, decode, process or validate the rows (an undecodable image is an
+                ``OSError`` in PIL), naming the rows and the error's type.
+        """
         rows = self.rows(step, micro)
         try:
             batch = self.collate([self.dataset[i] for i in rows])
             if self.validate is not None:
                 self.validate(batch)
-        except ValueError as err:
-            raise ValueError(f"dataset rows {rows}: {err}") from err
+        except Exception as err:  # noqa: BLE001 - every failure of a sample is a bad sample
+            kind = "" if isinstance(err, ValueError) else f"{type(err).__name__}: "
+            raise ValueError(f"dataset rows {rows}: {kind}{err}") from err
         return batch

@@ -12,9 +12,9 @@ The templates follow the formats the hub checkpoints use:
 
 In every template a message's ``content`` is a string or a list of parts ``{"type": "image"}`` /
 ``{"type": "text", "text": ...}``; an image part renders the family's image placeholder (Qwen:
-``<|vision_start|><|image_pad|><|vision_end|>``, LLaVA: ``<image>\\n``), which the processor then expands to the
-image's tokens. ``add_generation_prompt`` appends the assistant header (ChatML ``<|im_start|>assistant\\n``, LLaVA
-``ASSISTANT:``).
+``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA: ``<image>\\n``, the newline left out when the next text
+starts with one), which the processor then expands to the image's tokens. ``add_generation_prompt`` appends the
+assistant header (ChatML ``<|im_start|>assistant\\n``, LLaVA ``ASSISTANT:``).
 
 The templates are written for the Jinja environment of ``transformers`` (``trim_blocks`` and ``lstrip_blocks``
 on), so all their output comes from ``{{ }}`` expressions and none from literal text between the tags.
@@ -58,13 +58,20 @@ def _chatml(default_system: str | None) -> str:
             "{%- endif -%}")
 
 
+# ``<image>`` and a newline, unless the next part is a text that starts with one (``"<image>\\n..."`` content).
+_LLAVA_IMAGE = ("{{- '<image>' -}}"
+                "{%- if not (loop.nextitem is defined and loop.nextitem['type'] == 'text' "
+                "and loop.nextitem['text'][:1] == '\\n') -%}"
+                "{{- '\\n' -}}"
+                "{%- endif -%}")
+
 _LLAVA = ("{%- for message in messages -%}"
           "{%- if message['role'] == 'user' -%}"
           "{{- 'USER: ' -}}"
           "{%- elif message['role'] == 'assistant' -%}"
           "{{- 'ASSISTANT: ' -}}"
           "{%- endif -%}"
-          + _CONTENT.replace("IMAGE", "'<image>\\n'") +
+          + _CONTENT.replace("{{- IMAGE -}}", _LLAVA_IMAGE) +
           "{%- if message['role'] == 'assistant' -%}"
           "{{- eos_token -}}"
           "{%- else -%}"

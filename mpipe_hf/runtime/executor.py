@@ -31,9 +31,10 @@ import torch.distributed as dist
 from torch import nn
 
 from ..schedule import ScheduleConfig, build_schedule
-from ..schedule.actions import RECV_KINDS
+from ..schedule.actions import RECV_KINDS, Kind
 from ..schedule.simulate import Costs, Event
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
+from .memory import SavedStorages, storage_ids
 from .p2p import P2P
 from .watchdog import PeerFailed, Watchdog, describe, release_abandoned
 
@@ -47,7 +48,11 @@ class StepStats:
     """What one step measured. ``loss`` is the mean over the step's label tokens; ``bubble`` is the fraction of
     the ranks' wall time spent not computing (``1 - sum busy / sum wall``), and ``rank_bubble[r]`` the same for
     pipeline rank ``r`` alone; ``peak_activations`` is the most
-    stage forwards this rank held for their backward at once (its activation-memory peak, in stage-micro units)."""
+    stage forwards this rank held for their backward at once (its activation-memory peak, in stage-micro units).
+    ``rank_activation_bytes[r]``: the most bytes autograd held saved for the stage backwards of rank ``r`` at once
+    (the distinct storages its stage forwards saved, weights left out; :mod:`.memory`), when the executor
+    measures them, else empty; ``rank_device_bytes[r]``: ``torch.cuda.max_memory_allocated`` over the step on a
+    GPU, else empty."""
 
     loss: float
     num_tokens: int
@@ -55,6 +60,8 @@ class StepStats:
     wall_s: float
     peak_activations: int
     rank_bubble: list[float] = field(default_factory=list)
+    rank_activation_bytes: list[int] = field(default_factory=list)
+    rank_device_bytes: list[int] = field(default_factory=list)
 
 
 class PipelineExecutor:
@@ -78,6 +85,8 @@ class PipelineExecutor:
         seed: ``P`` runs micro ``m`` of step :attr:`step_index` under ``preprocess_seed(seed, step_index, m)``
             on every rank, so a ``P`` with dropout is recomputed with the forward's masks. ``step_index`` counts
             the successful steps; a trainer that skips or resumes steps sets it.
+        measure_memory: count the bytes each stage forward saves for its backward (``saved_tensors_hooks``, a
+            Python call per saved tensor) and report each rank's peak in :class:`StepStats`.
 
     Raises:
         ValueError: a tied parameter that is not in ``params``.
@@ -86,8 +95,11 @@ class PipelineExecutor:
     def __init__(self, cfg: ScheduleConfig, rank: int, stages: dict[int, nn.Module], preprocess: Preprocess,
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
                  timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = (),
-                 trace: bool = False, costs: Costs | None = None, seed: int = 0):
+                 trace: bool = False, costs: Costs | None = None, seed: int = 0, measure_memory: bool = False):
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
+        self.measure_memory = measure_memory
+        self._weights = storage_ids([p for m in stages.values() for p in m.parameters()]
+                                    + ([] if preprocess.module is None else list(preprocess.module.parameters())))
         self.seed, self.step_index = seed, 0
         self.device, self.timeout = device, timeout
         self.events: list[Event] | None = [] if trace else None
@@ -195,21 +207,36 @@ class PipelineExecutor:
                           loader, micro_seed)
         for m, (data, feats) in (carried or {}).items():
             ctx.data[m], ctx.feats[m] = data, feats
-        action, peak = None, 0
+        action, peak, held, live, peak_bytes = None, 0, {}, 0, 0
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
         try:
             self.p2p.expect(a.peer for a in self.order if a.kind in RECV_KINDS)
             for action in self.order:
                 begin = time.time()
-                run_action(ctx, action)
+                if self.measure_memory and action.kind is Kind.F:
+                    with SavedStorages(self._weights) as saved:
+                        run_action(ctx, action)
+                    held[(action.stage, action.micro)] = saved.bytes()
+                    live += held[(action.stage, action.micro)]
+                    peak_bytes = max(peak_bytes, live)
+                else:
+                    run_action(ctx, action)
+                    if action.kind is Kind.B:
+                        live -= held.pop((action.stage, action.micro), 0)
                 if self.events is not None:
                     self.events.append(Event(begin, time.time(), action))
                 peak = max(peak, len(ctx.saved))
             self.p2p.drain()
             action = None
             world, wall = len(self.global_ranks), time.perf_counter() - start
-            totals = torch.zeros(4 + 2 * world, dtype=torch.float64)  # sums, then busy and wall of each rank
-            totals[:4] = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, wall])
+            # sums, then per rank: busy, wall, saved-activation peak, device-memory peak
+            totals = torch.zeros(4 + 4 * world, dtype=torch.float64)
+            totals[:4] = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, wall], dtype=torch.float64)
             totals[4 + self.rank], totals[4 + world + self.rank] = ctx.busy_s, wall
+            totals[4 + 2 * world + self.rank] = peak_bytes
+            totals[4 + 3 * world + self.rank] = torch.cuda.max_memory_allocated(self.device) if cuda else 0
             totals = totals.to(self.device)
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum",
                                describe("all_reduce", totals))
@@ -232,7 +259,10 @@ class PipelineExecutor:
             ctx.clear()
         values = totals.tolist()
         loss_sum, num_tokens, busy, wall_sum = values[:4]
-        rank_bubble = [round(1.0 - b / w, 4) if w else 0.0 for b, w in zip(values[4:4 + world], values[4 + world:])]
+        rank_bubble = [round(1.0 - b / w, 4) if w else 0.0
+                       for b, w in zip(values[4:4 + world], values[4 + world:4 + 2 * world])]
+        activation_bytes = [int(v) for v in values[4 + 2 * world:4 + 3 * world]] if self.measure_memory else []
+        device_bytes = [int(v) for v in values[4 + 3 * world:]] if cuda else []
         if num_tokens == 0:
             for p in trained:
                 p.grad = kept[p]
@@ -250,4 +280,4 @@ class PipelineExecutor:
             else:
                 p.grad = kept[p]
         return StepStats(loss_sum / num_tokens, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
-                         peak, rank_bubble)
+                         peak, rank_bubble, activation_bytes, device_bytes)

@@ -24,7 +24,7 @@ from ..data import MicroBatchPlan
 from ..models import split
 from ..schedule import ScheduleConfig
 from ..schedule.tune import Profile
-from .plan import SavedStorages, saved_bytes, storage_ids
+from ..runtime.memory import SavedStorages, saved_bytes, storage_ids
 from .recipe import Recipe
 from .trainer import is_vision_language, load_config, load_data, load_model, load_processor
 

@@ -12,7 +12,6 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -30,6 +29,7 @@ from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
 from .checkpoint import save_checkpoint
+from .loop import Skips, run_step
 from .optimizer import build_optimizer, build_scheduler, clip_grad_norm
 from .precision import autocast_modules
 from .recipe import ModelSource, Recipe, load_recipe
@@ -174,6 +174,7 @@ def train(recipe: Recipe) -> TrainResult:
     """
     layers_per_stage = check(recipe)
     cfg = recipe.schedule()
+    os.makedirs(recipe.train.output_dir, exist_ok=True)
     device = init_distributed(timedelta(seconds=recipe.parallel.timeout_s))
     mesh = build_mesh(cfg.pp_size)
     group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
@@ -202,20 +203,28 @@ def train(recipe: Recipe) -> TrainResult:
                           else (carved.stages, carved.preprocess))
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(),
                                 timedelta(seconds=par.timeout_s), carved.tied_parameters(cfg, rank),
-                                trace=opt.trace, costs=placement_costs(recipe, layers_per_stage))
-    os.makedirs(opt.output_dir, exist_ok=True)
+                                trace=opt.trace, costs=placement_costs(recipe, layers_per_stage), seed=opt.seed,
+                                measure_memory=True)
     log = open(os.path.join(opt.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
     if rank == 0:
         print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} "
               f"preprocess={cfg.preprocess} "
               f"placement={cfg.placement} "
               f"text_layers={par.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
-              f"less_memory={cfg.less_memory} bf16={opt.bf16} layers per stage={layers_per_stage}", flush=True)
-    losses, rank_bubbles, start = [], [], time.perf_counter()
+              f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
+              f"layers per stage={layers_per_stage}", flush=True)
+    losses, rank_bubbles, peaks, skips, start = [], [], [], Skips(), time.perf_counter()
     bar = tqdm(range(steps), disable=rank != 0, desc="train", dynamic_ncols=True)
     for step in bar:
-        ahead = partial(plan.load, step + 1) if step + 1 < steps else None  # used by placement fill
-        stats = executor.step(partial(plan.load, step), ahead)
+        stats = run_step(executor, plan, step, steps, recipe.data, skips)
+        if stats is None:
+            if rank == 0:
+                tqdm.write(f"mpipe_hf: warning: step {step + 1} skipped ({skips.in_row} in a row, {skips.total} in "
+                           f"all): {skips.last}")
+                log.write(json.dumps({"step": step + 1, "skipped": True, "skipped_steps": skips.total,
+                                      "error": skips.last}) + "\n")
+                log.flush()
+            continue
         grad_norm = clip_grad_norm(list(params.values()), counted, opt.max_grad_norm, group, device)  # all ranks
         lr = scheduler.get_last_lr()[0] if scheduler is not None else opt.learning_rate
         if optimizer is not None:
@@ -224,10 +233,15 @@ def train(recipe: Recipe) -> TrainResult:
             optimizer.zero_grad(set_to_none=True)
         losses.append(stats.loss)
         rank_bubbles.append(stats.rank_bubble)
+        peaks.append(stats.rank_activation_bytes)
         row = {"step": step + 1, "loss": round(stats.loss, 5), "grad_norm": round(grad_norm, 5), "learning_rate": lr,
                "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1),
                "bubble": round(stats.bubble, 3), "step_s": round(stats.wall_s, 3),
-               "bubble_per_rank": stats.rank_bubble, "peak_activations_rank0": stats.peak_activations}
+               "bubble_per_rank": stats.rank_bubble, "peak_activations_rank0": stats.peak_activations,
+               "peak_activation_mib_per_rank": [round(b / 2 ** 20, 3) for b in stats.rank_activation_bytes],
+               "skipped_steps": skips.total}
+        if stats.rank_device_bytes:
+            row["peak_device_mib_per_rank"] = [round(b / 2 ** 20, 1) for b in stats.rank_device_bytes]
         bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", bubble=f"{stats.bubble:.2f}")
         if log is not None and ((step + 1) % opt.logging_steps == 0 or step + 1 == steps):
             log.write(json.dumps(row) + "\n")
@@ -249,8 +263,11 @@ def train(recipe: Recipe) -> TrainResult:
         log.close()
         later = rank_bubbles[1:] or rank_bubbles  # the first step warms up
         mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(cfg.pp_size)]
-        print(f"mpipe_hf: {steps} steps in {wall:.1f}s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
-              f"bubble per rank {mean} (mean of steps 2..{steps}); checkpoint {out}", flush=True)
+        peak = [round(max(p[r] for p in peaks) / 2 ** 20, 2) for r in range(cfg.pp_size)] if peaks else []
+        trained = (f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; bubble per rank {mean} (mean of the steps after "
+                   f"the first); peak saved activations per rank {peak} MiB") if losses else "no step ran"
+        print(f"mpipe_hf: {steps} steps in {wall:.1f}s ({skips.total} skipped); {trained}; checkpoint {out}",
+              flush=True)
     return TrainResult(losses, out, wall)
 
 
@@ -279,14 +296,47 @@ def write_trace(path: str, events: list, rank: int, world: int, group: dist.Proc
               flush=True)
 
 
+def error_line(err: BaseException) -> str:
+    """The one line a failed run prints: the error's first line, its type when it is not a ``ValueError`` (a
+    pipeline step's error already names its rank and action, ``pipeline rank 2, DATA_LOAD6: ...``)."""
+    text = (str(err).strip().splitlines() or [""])[0]
+    return text if isinstance(err, ValueError) or text.startswith("pipeline rank") else f"{type(err).__name__}: {text}"
+
+
+def log_failure(err: BaseException, output_dir: str, rank: int) -> str:
+    """Write this rank's full traceback to ``output_dir/logs/rank<rank>.log``; return the path."""
+    import traceback
+    path = os.path.join(output_dir, "logs", f"rank{rank}.log")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank}\n")
+        f.write("".join(traceback.format_exception(err)))
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m mpipe_hf.train RECIPE.yaml`` under torchrun or accelerate launch."""
+    """``python -m mpipe_hf.train RECIPE.yaml`` under torchrun or accelerate launch.
+
+    A failure prints one line, ``mpipe-hf: error: ...`` (on rank 0 for an error every rank shares, the error of a
+    pipeline step; on each failing rank for one of its own), writes each rank's full traceback to
+    ``output_dir/logs/rank<r>.log`` and exits with status 1.
+    """
     import sys
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m mpipe_hf.train RECIPE.yaml (under torchrun or accelerate launch)")
+    recipe = load_recipe(args[0])
+    rank = int(os.environ.get("RANK", 0))
     try:
-        train(load_recipe(args[0]))
+        train(recipe)
+    except Exception as err:  # noqa: BLE001 - reported as one line, the traceback in the log
+        path = log_failure(err, recipe.train.output_dir, rank)
+        shared = str(err).startswith("pipeline rank")
+        if rank == 0 or not shared:
+            where = "" if shared or int(os.environ.get("WORLD_SIZE", 1)) == 1 else f"rank {rank}: "
+            print(f"mpipe-hf: error: {where}{error_line(err)} (tracebacks: {os.path.dirname(path)})",
+                  file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

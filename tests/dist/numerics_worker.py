@@ -35,6 +35,7 @@ from mpipe_hf.runtime.handlers import preprocess_seed
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.schedule.interleaved import peak_in_flight
 from mpipe_hf.train.checkpoint import save_checkpoint
+from mpipe_hf.train.precision import autocast_modules
 
 LR = 1e-3
 EPS = 1e-6  # AdamW's eps: with 1e-8, fp32 noise on near-zero gradient elements becomes a visible part of LR
@@ -83,25 +84,42 @@ def micro_batches(case, pool, run):
     return [pool[(start + i) % len(pool)] for i in range(case["num_micro"])]
 
 
-def reference_run(model, micros, seeds=None):
+def reference_run(model, micros, seeds=None, bf16=False, order="hf"):
     """Loss and gradients of the unsplit model over one schedule run, normalised by the run's label tokens.
     ``seeds``: ``(tower, seed, run)``: the tower runs micro ``m`` under ``preprocess_seed(seed, run, m)``, as the
-    pipeline's ``P`` does."""
+    pipeline's ``P`` does. ``bf16``: the forward under bf16 autocast. ``order``: ``hf``, each micro's loss
+    divided by the run's tokens before its backward (``num_items_in_batch``, as the HF Trainer); ``pipeline``,
+    the summed loss backpropagated and the gradients divided once at the end, the pipeline's order of
+    operations."""
     total_tokens = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
     vocab = model.config.get_text_config().vocab_size
+    kept = {p: p.grad for p in model.parameters()}
+    if order == "pipeline":
+        for p in kept:
+            p.grad = None
     loss_total = 0.0
     for m, mb in enumerate(micros):
         if seeds is not None:
             tower, seed, run = seeds
             hook = tower.register_forward_pre_hook(
                 lambda *_, s=preprocess_seed(seed, run, m): torch.default_generator.manual_seed(s) and None)
-        logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
-        loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab,
-                                   num_items_in_batch=total_tokens)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
+            loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab,
+                                       num_items_in_batch=total_tokens if order == "hf" else 1)
         loss.backward()
         loss_total += loss.detach().item()
         if seeds is not None:
             hook.remove()
+    if order == "pipeline":
+        for p, before in kept.items():
+            if p.grad is not None:
+                p.grad.div_(total_tokens)
+                if before is not None:
+                    p.grad = before.add_(p.grad)
+            else:
+                p.grad = before
+        return loss_total / total_tokens
     return loss_total
 
 
@@ -153,7 +171,9 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     ref = copy.deepcopy(model) if rank == 0 else None
     split = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
     params = split.trainable_parameters(cfg, rank)
-    executor = PipelineExecutor(cfg, rank, split.stages, split.preprocess, group, device, params.values(), TIMEOUT,
+    stages, preprocess = (autocast_modules(split.stages, split.preprocess, device) if case.get("bf16")
+                          else (split.stages, split.preprocess))
+    executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(), TIMEOUT,
                                 split.tied_parameters(cfg, rank), seed=SEED)
     optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS) if params else None
     result, loads = {"reused_groups": executor.group.group_name in CLOSED_GROUPS}, []
@@ -208,7 +228,8 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             for a in range(accumulate):
                 run = step * accumulate + a
                 seeds = (ref.model.vision_tower, SEED, run) if case.get("dropout") else None
-                ref_losses.append(reference_run(ref, micro_batches(case, pool, run), seeds))
+                ref_losses.append(reference_run(ref, micro_batches(case, pool, run), seeds, case.get("bf16", False),
+                                                case.get("order", "hf")))
             if step == 0:
                 ref_grads = {n: p.grad.clone() for n, p in trainable.items() if p.grad is not None}
             if steps > 1:
@@ -218,13 +239,14 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
                     "params": {n: p.detach() for n, p in trainable.items()}}, ref_path)
     dist.barrier(group=group)
     reference = torch.load(ref_path)
-    worst, max_diff = None, 0.0
+    worst, max_diff, rel_norm = None, 0.0, 0.0
     for name in params:
         mine, theirs = grads.get(name), reference["grads"].get(name)
         if mine is None or theirs is None:
             diff = 0.0 if mine is None and theirs is None else float("inf")
         else:
             diff = float((mine - theirs).abs().max())
+            rel_norm = max(rel_norm, float((mine - theirs).norm() / theirs.norm().clamp_min(1e-30)))
         if diff >= max_diff:
             worst, max_diff = name, diff
     param_diff = max((float((p.detach() - reference["params"][n]).abs().max()) for n, p in params.items()),
@@ -237,7 +259,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     CLOSED_GROUPS.add(executor.group.group_name)
     executor.close()  # the next case's executor runs on these groups
     result.update(peak_activations=sorted(peaks), expected_peak=peak_in_flight(executor.order), losses=losses,
-                  ref_losses=reference["losses"], max_diff=max_diff, worst=worst,
+                  ref_losses=reference["losses"], max_diff=max_diff, worst=worst, grad_rel_norm=rel_norm,
                   param_diff=param_diff, names=sorted(params), ref_names=reference["names"],
                   owned=cfg.owned(rank))
     return result
