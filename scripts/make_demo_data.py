@@ -1,17 +1,26 @@
-"""Build a small image-caption dataset from the photos bundled with scikit-image.
+"""Build a small conversation dataset from the photos bundled with scikit-image.
 
 Every image comes from a ``skimage.data`` loader that reads a file shipped in the
 scikit-image wheel, so no network access is needed. Each image is converted to
 RGB uint8, shrunk so that its longer side is at most ``--max-side`` pixels (the
 aspect ratio is kept, so sizes differ), and saved as ``OUT_DIR/images/<name>.png``.
-``OUT_DIR/train.jsonl`` gets 2-3 hand-written captions per image, one JSON
-object per line::
+``OUT_DIR/train.jsonl`` holds conversations in the ``messages``/``images`` form of
+TRL and LLaMA-Factory, built from 2-3 hand-written captions per image, one JSON
+object per line:
 
-    {"image": "images/coffee.png", "prompt": "Describe the image.", "caption": "..."}
+- one image, one turn per caption, the content a string with an ``<image>``
+  placeholder or a list of parts (alternating), some with a system message;
+- two- and three-image rows that compare the photos, answered with their captions;
+- multi-turn rows: a caption, then another when asked again;
+- a few text-only rows::
 
-Image paths are relative to OUT_DIR. ``OUT_DIR/text.jsonl`` holds the same
-captions as plain text, a few per row (``{"text": "..."}``), for the decoder-only
-LM recipes. The output is deterministic and running the script again overwrites it.
+    {"messages": [{"role": "user", "content": "<image>Describe the image."},
+                  {"role": "assistant", "content": "..."}], "images": ["images/coffee.png"]}
+
+Image paths are relative to OUT_DIR. ``OUT_DIR/captions.jsonl`` keeps the older
+``{"image", "prompt", "caption"}`` rows, and ``OUT_DIR/text.jsonl`` the captions as
+plain text, a few per row (``{"text": "..."}``), for the decoder-only LM recipes.
+The output is deterministic and running the script again overwrites it.
 
 Usage::
 
@@ -103,6 +112,50 @@ def to_rgb_uint8(a):
     return np.ascontiguousarray(a[..., :3])
 
 
+ORDINALS = ["first", "second", "third"]
+TEXT_ONLY = [("What does a pipeline bubble mean?", "Time a pipeline rank spends waiting instead of computing."),
+             ("Why split a model into stages?", "So that each device holds and computes only part of the model."),
+             ("What is a micro-batch?", "A slice of the batch that moves through the pipeline on its own.")]
+SYSTEM = "You describe photos in one short sentence."
+
+
+def user(text: str, images: int, parts: bool) -> dict:
+    """A user turn with ``images`` images before ``text``: a string with ``<image>`` placeholders, or parts."""
+    if parts:
+        return {"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": text}]}
+    return {"role": "user", "content": "<image>" * images + text}
+
+
+def make_conversations(rows: list[dict]) -> list[dict]:
+    """Conversation rows from the caption rows (deterministic): every caption once as a one-image turn, then
+    two- and three-image comparisons, multi-turn rows and text-only rows."""
+    by_image: dict[str, list[str]] = {}
+    for row in rows:
+        by_image.setdefault(row["image"], []).append(row["caption"])
+    images = sorted(by_image)
+    out = []
+    for i, row in enumerate(rows):
+        messages = [user(row["prompt"], 1, parts=i % 2 == 1), {"role": "assistant", "content": row["caption"]}]
+        if i % 5 == 0:
+            messages.insert(0, {"role": "system", "content": SYSTEM})
+        out.append({"messages": messages, "images": [row["image"]]})
+    for i in range(len(images)):
+        n = 2 + i % 2
+        chosen = [images[(i + 5 * j) % len(images)] for j in range(n)]
+        answer = " ".join(f"The {ORDINALS[j]}: {by_image[p][i % len(by_image[p])]}" for j, p in enumerate(chosen))
+        out.append({"messages": [user(f"Describe these {n} images in order.", n, parts=i % 2 == 0),
+                                 {"role": "assistant", "content": answer}], "images": chosen})
+    for i, path in enumerate(images[::3]):
+        first, second = by_image[path][0], by_image[path][-1]
+        out.append({"messages": [user("What is in this photo?", 1, parts=i % 2 == 0),
+                                 {"role": "assistant", "content": first},
+                                 {"role": "user", "content": "Say it another way."},
+                                 {"role": "assistant", "content": second}], "images": [path]})
+    for question, answer in TEXT_ONLY:
+        out.append({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]})
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path, help="directory to write train.jsonl and images/ into")
@@ -130,15 +183,20 @@ def main(argv=None):
             rows.append({"image": rel_path, "prompt": PROMPTS[k % len(PROMPTS)], "caption": caption})
             k += 1
 
-    with open(args.out_dir / "train.jsonl", "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    conversations = make_conversations(rows)
+    for name, lines in (("train.jsonl", conversations), ("captions.jsonl", rows)):
+        with open(args.out_dir / name, "w", encoding="utf-8") as f:
+            for row in lines:
+                f.write(json.dumps(row) + "\n")
     captions = [row["caption"] for row in rows]
     with open(args.out_dir / "text.jsonl", "w", encoding="utf-8") as f:
         for i in range(len(captions)):
             f.write(json.dumps({"text": " ".join(captions[i:i + 1 + i % 3])}) + "\n")
     elapsed = time.perf_counter() - start
-    print(f"wrote {len(rows)} caption rows, {n_images} images and {len(captions)} text rows to {args.out_dir} "
+    counts = [len(row.get("images", [])) for row in conversations]
+    print(f"wrote {len(conversations)} conversations ({counts.count(2)} with 2 images, {counts.count(3)} with 3, "
+          f"{sum(len(r['messages']) > 3 for r in conversations)} multi-turn, {counts.count(0)} text-only), "
+          f"{n_images} images, {len(rows)} caption rows and {len(captions)} text rows to {args.out_dir} "
           f"in {elapsed:.1f}s")
 
 

@@ -23,7 +23,8 @@ from transformers.utils import is_torchvision_available
 
 from mpipe_hf.data import build_processor, chat_template_for, default_chat_template, qwen2_tokenizer
 from mpipe_hf.models import tiny
-from mpipe_hf.train.checkpoint import load_checkpoint_processor, save_checkpoint, save_processor_files
+from mpipe_hf.train.checkpoint import (load_checkpoint_processor, save_checkpoint, save_processor_files,
+                                      video_processor_config)
 
 # What AutoProcessor reads of a Qwen2-VL/2.5-VL hub snapshot besides config.json (processing_auto.py,
 # processing_utils.py, image/video_processing_auto.py of transformers 5), and generate's file.
@@ -195,7 +196,7 @@ def test_auto_processor_as_with_torchvision(checkpoint, monkeypatch):
 
 @pytest.mark.parametrize("family,video", [("qwen2_vl", None), ("qwen3_vl", "Qwen3VLVideoProcessor"),
                                           ("llava", None)])
-def test_other_families(tokenizer, tmp_path, monkeypatch, family, video):
+def test_other_families(tokenizer, tmp_path, family, video):
     """Qwen2-VL as Qwen2.5-VL; Qwen3-VL's snapshot adds its video processor file; LLaVA's processor_config.json
     holds the processor's own arguments, and its stock processor (no video processor) loads without torchvision."""
     config = getattr(tiny, f"tiny_{family}_config")(tokenizer)
@@ -211,6 +212,7 @@ def test_other_families(tokenizer, tmp_path, monkeypatch, family, video):
             settings = json.load(f)
         assert settings["video_processor_type"] == video and settings["processor_class"] == "Qwen3VLProcessor"
         assert settings["patch_size"] == 16
+        assert video_processor_config(str(tmp_path)) == settings  # what a run fine-tuning this checkpoint carries
         if not is_torchvision_available():
             with pytest.raises(ImportError, match=f"{video} requires the Torchvision library"):
                 AutoProcessor.from_pretrained(tmp_path)
@@ -224,5 +226,7 @@ def test_other_families(tokenizer, tmp_path, monkeypatch, family, video):
         assert (loaded.image_token, loaded.patch_size, loaded.num_additional_image_tokens) == ("<|image_pad|>", 14, 1)
         with open(tmp_path / "generation_config.json") as f:
             assert json.load(f)["eos_token_id"] == tokenizer.eos_token_id  # LLaVA's template ends answers with eos
+    if not video:  # Qwen2-VL's video processor is built from preprocessor_config.json; LLaVA has none
+        assert video_processor_config(str(tmp_path)) is None
     loaded = load_checkpoint_processor(str(tmp_path))
     assert loaded.chat_template == template

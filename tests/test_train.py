@@ -17,7 +17,8 @@ import yaml
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-from mpipe_hf.data import CaptionCollator, MicroBatchPlan, load_caption_dataset, qwen2_5_vl_processor
+from mpipe_hf.data import (ConversationCollator, MicroBatchPlan, load_conversation_dataset,
+                           qwen2_5_vl_processor)
 from mpipe_hf.models import split
 from mpipe_hf.train import load_recipe
 from mpipe_hf.train.recipe import SECTIONS, TrainSection
@@ -50,14 +51,14 @@ def set_keys(raw, **keys):
     return raw
 
 
-def write_recipe(demo, path, output_dir, **overrides):
+def write_recipe(demo, recipe_path, output_dir, **overrides):
     recipe = set_keys({"data": {"path": os.path.join(demo, "data", "train.jsonl")}},
                       model=os.path.join(demo, "model"), pp_size=2, vpp=2, num_micro=NUM_MICRO, max_steps=STEPS,
                       learning_rate=LR, adam_epsilon=EPS, output_dir=output_dir, timeout_s=120)
     set_keys(recipe, **overrides)
-    with open(path, "w") as f:
+    with open(recipe_path, "w") as f:
         yaml.safe_dump(recipe, f)
-    return str(path)
+    return str(recipe_path)
 
 
 def run(cmd, timeout=600):
@@ -67,11 +68,19 @@ def run(cmd, timeout=600):
     return proc
 
 
-def train_unsplit(model, plan, num_micro, steps, train):
+def demo_plan(demo, path=None, num_micro=NUM_MICRO, micro_batch_size=1, shuffle=True):
+    """The demo's conversation rows (or ``path``'s) as the trainer reads them, with the recipe's defaults."""
+    processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(os.path.join(demo, "model")))
+    dataset = load_conversation_dataset(path or os.path.join(demo, "data", "train.jsonl"), processor, 2048)
+    return MicroBatchPlan(dataset, ConversationCollator(processor, 2048), num_micro, micro_batch_size,
+                          shuffle=shuffle, seed=0)
+
+
+def train_unsplit(model, plan, num_micro, steps, train, skipped=()):
     """``steps`` steps of the unsplit ``model`` on one process, as the HF Trainer does them: AdamW in the
     Trainer's decay groups, ``get_scheduler``, ``clip_grad_norm_``, and with ``train.bf16`` the forward and
-    loss under bf16 autocast (AMP). Returns the losses, the gradient norms before clipping, and the last step's
-    micro-batches."""
+    loss under bf16 autocast (AMP). The steps in ``skipped`` are left out (no optimizer or scheduler step).
+    Returns the losses, the gradient norms before clipping, and the last step's micro-batches."""
     import contextlib
     from transformers import Trainer, get_scheduler
     decay = set(Trainer.get_decay_parameter_names(None, model))
@@ -85,6 +94,8 @@ def train_unsplit(model, plan, num_micro, steps, train):
     vocab = model.config.get_text_config().vocab_size
     losses, norms = [], []
     for step in range(steps):
+        if step in skipped:
+            continue
         micros = [plan.load(step, m) for m in range(num_micro)]
         total = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
         loss_sum = 0.0
@@ -111,9 +122,7 @@ def reference_training(demo, freeze_visual):
     model_dir = os.path.join(demo, "model")
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     model.model.visual.requires_grad_(not freeze_visual)
-    processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(model_dir))
-    plan = MicroBatchPlan(load_caption_dataset(os.path.join(demo, "data", "train.jsonl")),
-                          CaptionCollator(processor), NUM_MICRO, 1, shuffle=True, seed=0)  # the recipe's defaults
+    plan = demo_plan(demo)
     train = TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS)
     losses, norms, micros = train_unsplit(model, plan, NUM_MICRO, STEPS, train)
     return losses, norms, model, micros
@@ -299,7 +308,8 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
 
 def test_owner_decodes_only_its_own_rows(demo):
     """Loading micro m reads (and so decodes) only micro m's rows of the dataset."""
-    dataset = load_caption_dataset(os.path.join(demo, "data", "train.jsonl"))
+    processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(os.path.join(demo, "model")))
+    dataset = load_conversation_dataset(os.path.join(demo, "data", "train.jsonl"), processor, 2048)
     touched = []
 
     class Spy:
@@ -309,8 +319,7 @@ def test_owner_decodes_only_its_own_rows(demo):
         def __getitem__(self, i):
             touched.append(i)
             return dataset[i]
-    processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(os.path.join(demo, "model")))
-    plan = MicroBatchPlan(Spy(), CaptionCollator(processor), num_micro=4, micro_batch_size=2)
+    plan = MicroBatchPlan(Spy(), ConversationCollator(processor, 2048), num_micro=4, micro_batch_size=2)
     batch = plan.load(step=3, micro=2)
     assert touched == plan.rows(3, 2) == [28, 29]
     assert batch["image_grid_thw"].shape[0] == 2
@@ -373,9 +382,7 @@ def test_bf16_training_equals_one_process_bf16(demo, tmp_path):
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
     model.model.visual.requires_grad_(False)
-    processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(os.path.join(demo, "model")))
-    plan = MicroBatchPlan(load_caption_dataset(os.path.join(demo, "data", "train.jsonl")),
-                          CaptionCollator(processor), NUM_MICRO, 1, shuffle=True, seed=0)
+    plan = demo_plan(demo)
     train = TrainSection(max_steps=3, learning_rate=LR, adam_epsilon=EPS, bf16=True)
     losses, norms, _ = train_unsplit(copy.deepcopy(model), plan, NUM_MICRO, 3, train)
     fp32, _, _ = train_unsplit(model, plan, NUM_MICRO, 1, dataclasses.replace(train, bf16=False))
@@ -385,3 +392,116 @@ def test_bf16_training_equals_one_process_bf16(demo, tmp_path):
     assert abs(rows[0]["loss"] - fp32[0]) > 1e-5, "bf16 computes in bf16"
     print("bf16 loss rel diff", [abs(r["loss"] - x) / x for r, x in zip(rows, losses)],
           "grad-norm rel diff", [abs(r["grad_norm"] - n) / n for r, n in zip(rows, norms)])
+
+
+def conversation_rows(images):
+    """Rows of every form the loader takes, three steps of 2 micros x 2 rows: text-only, 1, 2 and 3 images,
+    string and parts content, a system message, several turns; line 6 has a truncated image."""
+    def user(text, n, parts):
+        if parts:
+            return {"role": "user", "content": [{"type": "image"}] * n + [{"type": "text", "text": text}]}
+        return {"role": "user", "content": "<image>" * n + text}
+
+    def answer(text):
+        return {"role": "assistant", "content": text}
+    rows = []
+    for i in range(12):
+        n, parts = i % 4, i % 2 == 1
+        messages = [user(f"Describe {n} pictures." if n else "What is a stage?", n, parts),
+                    answer(f"Answer {i}: " + " and ".join(["a photo"] * n or ["a part of the model"]))]
+        if i % 3 == 0:
+            messages += [{"role": "user", "content": "Shorter, please."}, answer(f"Short {i}.")]
+        if i % 4 == 2:
+            messages.insert(0, {"role": "system", "content": "Answer briefly."})
+        rows.append({"messages": messages, "images": [images[(i + j) % len(images)] for j in range(n)]})
+    rows[5]["images"] = ["truncated.png"]
+    return rows
+
+
+def test_conversations_train_exactly_and_a_bad_step_is_skipped(demo, tmp_path):
+    """Conversation rows with 0 to 3 images, several turns, both content forms, through ``mpipe-hf train`` at
+    R = 2 (2 rows per micro-batch, padded): the losses, the gradient norms and the trained model equal one
+    process's. The second step holds an image that cannot be decoded: with ``on_bad_sample: skip`` it is
+    skipped on every rank (counted, the JSONL line named) and the third step is exact; with ``raise`` the run
+    stops with one line naming the rank, the action and the line, the tracebacks in ``output_dir/logs``."""
+    import shutil
+    data = tmp_path / "data"
+    data.mkdir()
+    names = sorted(os.listdir(os.path.join(demo, "data", "images")))[:6]
+    for name in names:
+        shutil.copy(os.path.join(demo, "data", "images", name), data / name)
+    good = open(data / names[0], "rb").read()
+    (data / "truncated.png").write_bytes(good[:len(good) // 2])  # the header reads, the pixels do not
+    with open(data / "conv.jsonl", "w") as f:
+        for row in conversation_rows(names):
+            f.write(json.dumps(row) + "\n")
+    keys = dict(path=str(data / "conv.jsonl"), shuffle=False, micro_batch_size=2, num_micro=2, vpp=1,
+                max_steps=3)
+    out = str(tmp_path / "skip")
+    run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
+         write_recipe(demo, tmp_path / "skip.yaml", out, **keys)])
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["skipped"] and rows[2]["skipped_steps"] == 1, rows
+    assert "DATA_LOAD" in rows[1]["error"] and "conv.jsonl:6" in rows[1]["error"], rows[1]
+    plan = demo_plan(demo, str(data / "conv.jsonl"), num_micro=2, micro_batch_size=2, shuffle=False)
+    counts = [len(plan.dataset[i]["images"]) for i in range(12)]
+    assert sorted(set(counts)) == [0, 1, 2, 3]
+    model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
+    model.model.visual.requires_grad_(False)
+    train = TrainSection(max_steps=3, learning_rate=LR, adam_epsilon=EPS)
+    losses, norms, micros = train_unsplit(model, plan, 2, 3, train, skipped={1})
+    kept = [r for r in rows if not r.get("skipped")]
+    for row, loss, norm in zip(kept, losses, norms):
+        assert abs(row["loss"] - loss) < 1e-4 and abs(row["grad_norm"] - norm) < 1e-4 * norm, (row, loss, norm)
+    loaded = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "checkpoint"))
+    with torch.no_grad():
+        inputs = {k: v for k, v in micros[0].items() if k != "labels"}
+        assert (loaded(**inputs).logits - model(**inputs).logits).abs().max().item() < 1e-4
+
+    out = str(tmp_path / "raise")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
+                           write_recipe(demo, tmp_path / "raise.yaml", out, on_bad_sample="raise", **keys)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("mpipe-hf: error: pipeline rank ") and "DATA_LOAD" in errors[0] \
+        and "conv.jsonl:6" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]
+    logs = sorted(os.listdir(os.path.join(out, "logs")))
+    assert logs == ["rank0.log", "rank1.log"]
+    assert all("Traceback" in open(os.path.join(out, "logs", name)).read() for name in logs)
+
+
+def test_max_bad_steps_stops_the_run_with_the_last_error():
+    """``on_bad_sample: skip`` skips a failing step until ``max_bad_steps`` fail in a row; a step that runs
+    resets the count; ``raise`` stops at the first."""
+    from mpipe_hf.data.owner import MicroBatchPlan as Plan
+    from mpipe_hf.schedule import ScheduleConfig
+    from mpipe_hf.train.loop import Skips, run_step
+    from mpipe_hf.train.recipe import DataSection
+
+    class Executor:  # fails the steps in ``bad``, as the pipeline raises a sample's ValueError on every rank
+        cfg = ScheduleConfig(2, 1, 2)
+
+        def __init__(self, bad):
+            self.bad, self.step_index = bad, 0
+
+        def step(self, load, next_load=None):
+            load(0)
+            return "stats"
+
+    def load_for(bad):
+        def collate(rows):
+            if rows[0] // 2 in bad:  # micro 0 of a bad step
+                raise OSError("image file is truncated")
+            return rows
+        return Plan(list(range(40)), collate, 2, 1)
+    data = DataSection(path="x.jsonl", max_bad_steps=2)
+    plan, skips = load_for({1, 3, 4}), Skips()
+    results = []
+    with pytest.raises(ValueError, match=r"2 steps in a row skipped .*max_bad_steps = 2.*OSError: image file"):
+        for step in range(6):
+            results.append(run_step(Executor({}), plan, step, 6, data, skips))
+    assert results == ["stats", None, "stats", None] and skips.total == 3
+    with pytest.raises(ValueError, match="dataset rows \\[2\\]: OSError"):
+        run_step(Executor({}), plan, 1, 6, dataclasses.replace(data, on_bad_sample="raise"), Skips())

@@ -59,7 +59,7 @@ def _chatml(default_system: str | None) -> str:
 
 
 # ``<image>`` and a newline, unless the next part is a text that starts with one (``"<image>\\n..."`` content).
-_LLAVA_IMAGE = ("{{- '<image>' -}}"
+_LLAVA_IMAGE = ("{{- 'IMAGE_TOKEN' -}}"
                 "{%- if not (loop.nextitem is defined and loop.nextitem['type'] == 'text' "
                 "and loop.nextitem['text'][:1] == '\\n') -%}"
                 "{{- '\\n' -}}"
@@ -91,15 +91,17 @@ _TEMPLATES = {
 TEMPLATE_TYPES = sorted(_TEMPLATES)
 
 
-def default_chat_template(model_type: str) -> str:
+def default_chat_template(model_type: str, image_token: str = "<image>") -> str:
     """The family's Jinja chat template (module docstring), for ``apply_chat_template(..., chat_template=...)``.
+    ``image_token``: LLaVA's image placeholder (``<image>`` in the llava-hf checkpoints; a checkpoint built on
+    another vocabulary names its own, ``processor.image_token``).
 
     Raises:
         ValueError: ``model_type`` has no template here (the message lists the supported ones).
     """
     if model_type not in _TEMPLATES:
         raise ValueError(f"model_type {model_type!r} has no default chat template; supported: {TEMPLATE_TYPES}")
-    return _TEMPLATES[model_type]
+    return _TEMPLATES[model_type].replace("IMAGE_TOKEN", image_token.replace("'", "\\'"))
 
 
 def chat_template_for(processor_or_tokenizer, model_type: str) -> str:
@@ -116,4 +118,5 @@ def chat_template_for(processor_or_tokenizer, model_type: str) -> str:
         own = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
     if isinstance(own, dict):  # several named templates: the one called "default", as transformers picks
         own = own.get("default")
-    return own if own else default_chat_template(model_type)
+    return own if own else default_chat_template(model_type, getattr(processor_or_tokenizer, "image_token", None)
+                                                 or "<image>")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,23 +19,23 @@ import torch.distributed as dist
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText,
-                          AutoTokenizer)
+                          AutoTokenizer, GenerationConfig)
 
-from ..data import (CaptionCollator, MicroBatchPlan, TextCollator, build_processor, image_processor_for,
-                    load_caption_dataset, load_text_dataset)
+from ..data import (ConversationCollator, chat_template_for, MicroBatchPlan, TextCollator, build_processor, image_processor_for,
+                    load_conversation_dataset, load_text_dataset)
 from ..data.processor import QWEN_PROCESSORS
 from ..models import get_family
 from ..models.load import split_from_checkpoint, split_from_config
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
-from .checkpoint import save_checkpoint
+from .checkpoint import save_checkpoint, save_processor_files, video_processor_config
 from .loop import Skips, run_step
 from .optimizer import build_optimizer, build_scheduler, clip_grad_norm
 from .precision import autocast_modules
 from .recipe import ModelSource, Recipe, load_recipe
 
-CAPTION_FIELDS, TEXT_FIELDS = ("image", "prompt", "caption"), ("text",)
+CONVERSATION_FIELDS, CAPTION_FIELDS, TEXT_FIELDS = ("messages",), ("image", "prompt", "caption"), ("text",)
 
 
 @dataclass
@@ -64,18 +65,20 @@ def load_config(source: ModelSource):
 
 
 def _check_data(path: str, config) -> None:
-    fields = CAPTION_FIELDS if is_vision_language(config) else TEXT_FIELDS
+    """The first row is in a form the model reads (the loader checks every row in full)."""
+    forms = [CONVERSATION_FIELDS, CAPTION_FIELDS] if is_vision_language(config) else [CONVERSATION_FIELDS,
+                                                                                      TEXT_FIELDS]
     with open(path) as f:
         first = f.readline()
     try:
         row = json.loads(first)
     except json.JSONDecodeError as err:
         raise ValueError(f"data.path {path!r}: the first line is not JSON ({err})") from err
-    missing = [k for k in fields if not isinstance(row, dict) or k not in row]
-    if missing:
+    if not isinstance(row, dict) or not any(all(k in row for k in form) for form in forms):
         kind = "vision-language" if is_vision_language(config) else "decoder-only"
-        raise ValueError(f"data.path {path!r}: a {kind} model ({config.model_type!r}) reads rows with {list(fields)}; "
-                         f"the first row lacks {missing}")
+        raise ValueError(f"data.path {path!r}: a {kind} model ({config.model_type!r}) reads rows with "
+                         f"{' or '.join(str(list(f)) for f in forms)}; the first row has "
+                         f"{sorted(row) if isinstance(row, dict) else type(row).__name__}")
 
 
 def check(recipe: Recipe) -> list[int]:
@@ -158,11 +161,21 @@ def load_processor(recipe: Recipe, config):
     return build_processor(config, tokenizer, image_processor)
 
 
-def load_data(recipe: Recipe, config, processor):
-    """``(dataset, collate)``: caption rows for a vision-language model, text rows for a decoder-only LM."""
-    if is_vision_language(config):
-        return load_caption_dataset(recipe.data.path), CaptionCollator(processor)
-    return load_text_dataset(recipe.data.path), TextCollator(processor)
+def load_data(recipe: Recipe, config, processor, quiet: bool = False):
+    """``(dataset, collate)``: ``messages``/``images`` conversation rows (or the older ``{image, prompt,
+    caption}`` rows) rendered with the checkpoint's chat template, else the family's; for a decoder-only LM,
+    conversation rows or ``{text}`` rows. Rows that do not fit ``data.max_length`` without cutting an image are
+    dropped with one warning (none when ``quiet``)."""
+    path, max_length = recipe.data.path, recipe.data.max_length
+    if not is_vision_language(config):
+        with open(path) as f:
+            if "messages" not in json.loads(f.readline()):
+                return load_text_dataset(path), TextCollator(processor, max_length)
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore")
+        dataset = load_conversation_dataset(path, processor, max_length, model_type=config.model_type)
+    return dataset, ConversationCollator(processor, max_length, model_type=config.model_type)
 
 
 def train(recipe: Recipe) -> TrainResult:
@@ -180,7 +193,8 @@ def train(recipe: Recipe) -> TrainResult:
     group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
     config = load_config(recipe.model)
     par, opt = recipe.parallel, recipe.train
-    carved, _ = load_share(recipe.model, config, cfg, rank, layers_per_stage, par.text_layers, opt.seed)
+    carved, _ = together(lambda: load_share(recipe.model, config, cfg, rank, layers_per_stage, par.text_layers,
+                                            opt.seed), "model load", rank, cfg.pp_size, group)
     model = carved.model.to(device).train()  # from_pretrained leaves eval mode; the HF Trainer trains in train mode
     if opt.gradient_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
@@ -188,9 +202,18 @@ def train(recipe: Recipe) -> TrainResult:
     processor = load_processor(recipe, config)
     if rank != 0:  # rank 0 builds the datasets cache first
         dist.barrier(group=group)
-    dataset, collate = load_data(recipe, config, processor)
+    try:
+        loaded = load_data(recipe, config, processor, quiet=rank != 0)
+    except Exception as err:  # noqa: BLE001 - raised on every rank by together()
+        loaded = err
     if rank == 0:
         dist.barrier(group=group)
+
+    def data():
+        if isinstance(loaded, Exception):
+            raise loaded
+        return loaded
+    dataset, collate = together(data, "data load", rank, cfg.pp_size, group)
     plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, carved.validate_micro,
                           recipe.data.shuffle, opt.seed)
     steps = opt.total_steps(plan.steps_per_epoch())
@@ -249,13 +272,16 @@ def train(recipe: Recipe) -> TrainResult:
     wall = time.perf_counter() - start
     out = os.path.join(opt.output_dir, "checkpoint")
 
-    def extras(directory):
+    def extras(directory):  # what a hub snapshot holds besides the weights
         model.config.save_pretrained(directory)
-        if type(processor).__module__.startswith("transformers."):  # a stock processor (LLaVA's) saves whole
-            processor.save_pretrained(directory)
-        else:  # the image-only Qwen processors: AutoProcessor would want a video processor, so save the parts
-            processor.tokenizer.save_pretrained(directory)
-            processor.image_processor.save_pretrained(directory)
+        if not is_vision_language(config):
+            processor.save_pretrained(directory)  # the tokenizer
+            return
+        source = recipe.model.name_or_path
+        generation = (GenerationConfig.from_pretrained(source) if source is not None and os.path.isfile(
+            os.path.join(source, "generation_config.json")) else None)
+        save_processor_files(directory, model.config, processor, chat_template_for(processor, config.model_type),
+                             generation, video_processor_config(source) if source is not None else None)
     save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
     if opt.trace:
         write_trace(os.path.join(opt.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
@@ -269,6 +295,25 @@ def train(recipe: Recipe) -> TrainResult:
         print(f"mpipe_hf: {steps} steps in {wall:.1f}s ({skips.total} skipped); {trained}; checkpoint {out}",
               flush=True)
     return TrainResult(losses, out, wall)
+
+
+def together(fn, what: str, rank: int, world: int, group: dist.ProcessGroup):
+    """``fn()`` on every rank; when it raises on any, every rank raises the first failing rank's error, as
+    ``ValueError("pipeline rank R, <what>: ...")`` for a ``ValueError`` and ``RuntimeError`` otherwise (the
+    executor's form), so no rank waits for a peer that has stopped."""
+    try:
+        value, error = fn(), None
+    except Exception as err:  # noqa: BLE001 - shared below, re-raised on every rank
+        value, error, cause = None, (type(err) is ValueError, f"{type(err).__name__}: {err}"), err
+    errors = [None] * world
+    dist.all_gather_object(errors, error, group=group)
+    for r, err in enumerate(errors):
+        if err is not None:
+            is_value, text = err
+            text = text.removeprefix("ValueError: ") if is_value else text
+            raise (ValueError if is_value else RuntimeError)(f"pipeline rank {r}, {what}: {text}") from (
+                cause if r == rank else None)
+    return value
 
 
 def placement_costs(recipe: Recipe, layers_per_stage: list[int]):
