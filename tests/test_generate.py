@@ -23,8 +23,8 @@ from transformers.utils import is_torchvision_available
 
 from mpipe_hf.data import build_processor, chat_template_for, default_chat_template, qwen2_tokenizer
 from mpipe_hf.models import tiny
-from mpipe_hf.train.checkpoint import (load_checkpoint_processor, save_checkpoint, save_processor_files,
-                                      video_processor_config)
+from mpipe_hf.data.hub import load_checkpoint_processor, save_processor_files, video_processor_config
+from mpipe_hf.train.checkpoint import save_checkpoint
 
 # What AutoProcessor reads of a Qwen2-VL/2.5-VL hub snapshot besides config.json (processing_auto.py,
 # processing_utils.py, image/video_processing_auto.py of transformers 5), and generate's file.

@@ -87,7 +87,9 @@ def results(fixture_path, tmp_path_factory):
 @pytest.mark.parametrize("pp_size", [2, 3, 4])
 def test_gradient_matrix_covering_subset(pp_size, results):
     got = results(pp_size)
-    problems = {c["name"]: p for c in cases(pp_size) if (p := check_case(c, got[c["name"]]))}
+    # bf16 in the HF Trainer's order has its own relative bound (test_precision_policy_equals_one_process)
+    problems = {c["name"]: p for c in cases(pp_size) if not (c.get("bf16") and c.get("order") != "pipeline")
+                and (p := check_case(c, got[c["name"]]))}
     assert not problems, problems
 
 

@@ -1,15 +1,16 @@
 """Data: the Qwen2 tokenizer, each family's processor, chat templates, the collators and owner-only micro-batch
 loading."""
 
-from .collate import CaptionCollator, TextCollator
+from .collate import TextCollator
 from .conversation import (ConversationCollator, ConversationDataset, ConversationEncoder,
                            load_conversation_dataset)
-from .owner import MicroBatchPlan, load_caption_dataset, load_text_dataset
+from .hub import load_checkpoint_processor
+from .owner import MicroBatchPlan, load_text_dataset
 from .processor import build_processor, image_processor_for, qwen2_5_vl_processor
 from .templates import chat_template_for, default_chat_template
 from .tokenizer import qwen2_tokenizer
 
-__all__ = ["CaptionCollator", "ConversationCollator", "ConversationDataset", "ConversationEncoder",
+__all__ = ["ConversationCollator", "ConversationDataset", "ConversationEncoder",
            "MicroBatchPlan", "TextCollator", "build_processor", "chat_template_for", "default_chat_template",
-           "image_processor_for", "load_caption_dataset", "load_conversation_dataset", "load_text_dataset",
+           "image_processor_for", "load_checkpoint_processor", "load_conversation_dataset", "load_text_dataset",
            "qwen2_5_vl_processor", "qwen2_tokenizer"]

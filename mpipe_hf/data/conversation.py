@@ -93,10 +93,13 @@ def _parts(content, role: str, where: str) -> list[dict]:
 
 
 def _resolve(paths, base: str, where: str) -> list[str]:
-    """Absolute paths of a row's images (relative ones are taken from ``base``); raises ``ValueError`` on a path
-    that is not a string or a file that does not exist."""
+    """Absolute paths of a row's images (relative ones are taken from ``base``; PIL images pass through); raises
+    ``ValueError`` on a path that is not a string or a file that does not exist."""
     out = []
     for path in paths:
+        if isinstance(path, PIL.Image.Image):  # an image in memory (a datasets.Image column), kept as it is
+            out.append(path)
+            continue
         if not isinstance(path, str) or not path:
             raise ValueError(f"{where}: an image path must be a non-empty string, got {path!r}")
         full = os.path.normpath(os.path.join(base, path))
@@ -440,8 +443,10 @@ def load_conversation_dataset(jsonl_path: str, processor, max_length: int | None
 
 
 class ConversationCollator:
-    """Canonical rows (from :func:`load_conversation_dataset`) -> a micro-batch with the keys of
-    :class:`~.collate.CaptionCollator`: ``input_ids``, ``attention_mask``, ``labels`` ``(B, L)`` and the processor's
+    """Rows -> a micro-batch. Rows from :func:`load_conversation_dataset` are used as they are; other rows (a
+    user's ``datasets.Dataset`` of either accepted form, images as paths relative to the working directory or as PIL
+    images) are checked and normalised here, as the loader does. The micro-batch has the keys of
+    the model's forward: ``input_ids``, ``attention_mask``, ``labels`` ``(B, L)`` and the processor's
     other outputs (Qwen: ``mm_token_type_ids`` ``(B, L)``, and when some row has images ``pixel_values``
     ``(patches, C*T*p*p)`` and ``image_grid_thw`` ``(images, 3)``; LLaVA: ``pixel_values`` ``(images, C, h, w)``).
 
@@ -468,8 +473,13 @@ class ConversationCollator:
         self.processor, self.max_length = processor, max_length
 
     def _open(self, row: dict, where: str) -> list:
+        """The row's images as RGB PIL images: each path opened and decoded here (an image already in memory, a
+        ``PIL.Image.Image``, is used as it is)."""
         images = []
         for path in row.get("images") or []:
+            if isinstance(path, PIL.Image.Image):
+                images.append(path.convert("RGB"))
+                continue
             try:
                 with PIL.Image.open(path) as image:
                     images.append(image.convert("RGB"))
@@ -496,7 +506,8 @@ class ConversationCollator:
         return out
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        rows = [{**r, "messages": _clean(r["messages"])} for r in rows]
+        rows = [{**r, "messages": _clean(r["messages"])} if "source" in r
+                else _canonical_row(r, os.getcwd(), f"row {i} of the micro-batch") for i, r in enumerate(rows)]
         wheres = [f"{r.get('source', '?')}:{r.get('line', '?')}" for r in rows]
         texts = [self.encoder.render(r["messages"]) for r in rows]
         images = [im for r, where in zip(rows, wheres) for im in self._open(r, where)]

@@ -3,20 +3,10 @@
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import datasets
 import torch
-
-
-def load_caption_dataset(jsonl_path: str) -> datasets.Dataset:
-    """Read a JSONL of ``{"image": path relative to the file, "prompt", "caption"}`` with ``datasets``; the
-    ``image`` column is decoded on access."""
-    base = os.path.dirname(os.path.abspath(jsonl_path))
-    ds = datasets.load_dataset("json", data_files=jsonl_path, split="train")
-    ds = ds.map(lambda row: {"image": os.path.join(base, row["image"])})
-    return ds.cast_column("image", datasets.Image())
 
 
 def load_text_dataset(jsonl_path: str) -> datasets.Dataset:
@@ -81,7 +71,10 @@ class MicroBatchPlan:
             ValueError: any failure to read, decode, process or validate the rows (an undecodable image is an
                 ``OSError`` in PIL), naming the rows and the error's type.
         """
-        rows = self.rows(step, micro)
+        return self.load_rows(self.rows(step, micro))
+
+    def load_rows(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        """Read, decode and process the dataset rows ``rows`` as one micro-batch (raises as :meth:`load`)."""
         try:
             batch = self.collate([self.dataset[i] for i in rows])
             if self.validate is not None:

@@ -1,5 +1,5 @@
 """The Hugging Face processor of each vision-language family, built from a tokenizer and a PIL image processor (no
-torchvision needed), and the image placeholder its prompts use."""
+torchvision needed)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,15 @@ def _image_only(cls: type) -> type:
         if argument_name == "video_processor" and argument is None:
             return type(None)
         return cls.check_argument_for_proper_class(self, argument_name, argument)
-    return type(f"ImageOnly{cls.__name__}", (cls,), {"check_argument_for_proper_class": check_argument_for_proper_class})
+    def save_pretrained(self, save_directory, **kwargs):
+        """What a hub snapshot holds for the processor (:func:`mpipe_hf.data.hub.save_processor`: the stock class's
+        name, so that ``AutoProcessor`` loads it where torchvision is installed), with the chat template."""
+        from .hub import save_processor
+        from .templates import chat_template_for
+        model_type = next(t for t, c in QWEN_PROCESSORS.items() if c is cls)
+        return save_processor(save_directory, self, model_type, chat_template_for(self, model_type))
+    return type(f"ImageOnly{cls.__name__}", (cls,), {"check_argument_for_proper_class": check_argument_for_proper_class,
+                                                     "save_pretrained": save_pretrained})
 
 
 _IMAGE_ONLY = {model_type: _image_only(cls) for model_type, cls in QWEN_PROCESSORS.items()}
@@ -63,14 +71,6 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
                               image_token=tokenizer.convert_ids_to_tokens(config.image_token_id),
                               num_additional_image_tokens=1 if vision.model_type == "clip_vision_model" else 0)
     raise ValueError(f"model_type {config.model_type!r} has no processor; supported: {PROCESSOR_TYPES}")
-
-
-def image_placeholder(processor) -> str:
-    """What a prompt writes where an image goes: ``<|vision_start|><|image_pad|><|vision_end|>`` for the Qwen
-    families, the image token and a newline for LLaVA (the processor expands the image token)."""
-    if isinstance(processor, tuple(QWEN_PROCESSORS.values())):
-        return f"<|vision_start|>{processor.image_token}<|vision_end|>"
-    return f"{processor.image_token}\n"
 
 
 def qwen2_5_vl_processor(tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112, image_processor=None):

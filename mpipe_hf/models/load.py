@@ -347,3 +347,28 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
     _check_materialized(model, loaded)
     model.eval()
     return carved, report
+
+
+def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: int) -> LoadReport:
+    """Copy into ``carved`` (in place: the modules, stages and optimizer keep their tensors) every tensor rank
+    ``rank`` saves (``carved.state_dict``), read from the safetensors checkpoint at ``path`` block by block, as
+    :func:`split_from_checkpoint` reads them. For resuming a run.
+
+    Raises:
+        ValueError: no safetensors weights; a tensor the rank holds that the checkpoint lacks, or whose shape
+            differs.
+    """
+    report = LoadReport()
+    files = _checkpoint_files(path)
+    source = _rename(carved.model, list(files))
+    state = carved.state_dict(cfg, rank)
+    missing = [n for n in state if n not in source]
+    if missing:
+        raise ValueError(f"checkpoint {path!r} lacks tensors rank {rank} holds: {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    live = carved.model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name in sorted(state, key=lambda n: files[source[n]]):
+            _read_into(files[source[name]], source[name], live[name], report, path)
+            del live[name]._is_hf_initialized
+    return report

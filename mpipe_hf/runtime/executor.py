@@ -21,6 +21,7 @@ process group, so no stale message of the failed step can reach the next one.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..schedule import ScheduleConfig, build_schedule
+from ..schedule.forward import build_forward_schedule, forward_config
 from ..schedule.actions import RECV_KINDS, Kind
 from ..schedule.simulate import Costs, Event
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
@@ -52,7 +54,7 @@ class StepStats:
     ``rank_activation_bytes[r]``: the most bytes autograd held saved for the stage backwards of rank ``r`` at once
     (the distinct storages its stage forwards saved, weights left out; :mod:`.memory`), when the executor
     measures them, else empty; ``rank_device_bytes[r]``: ``torch.cuda.max_memory_allocated`` over the step on a
-    GPU, else empty."""
+    GPU, else empty; ``rank_wall_s[r]``: rank ``r``'s step time, seconds."""
 
     loss: float
     num_tokens: int
@@ -62,6 +64,7 @@ class StepStats:
     rank_bubble: list[float] = field(default_factory=list)
     rank_activation_bytes: list[int] = field(default_factory=list)
     rank_device_bytes: list[int] = field(default_factory=list)
+    rank_wall_s: list[float] = field(default_factory=list)
 
 
 class PipelineExecutor:
@@ -85,6 +88,10 @@ class PipelineExecutor:
         seed: ``P`` runs micro ``m`` of step :attr:`step_index` under ``preprocess_seed(seed, step_index, m)``
             on every rank, so a ``P`` with dropout is recomputed with the forward's masks. ``step_index`` counts
             the successful steps; a trainer that skips or resumes steps sets it.
+        loss_normalization: ``"tokens"`` (default): the step's loss is its summed token loss divided by its label
+            tokens (Megatron-LM's per-token loss; the HF Trainer's with ``num_items_in_batch``); ``"micro"``: the
+            mean over the micro-batches of each one's token mean (the HF Trainer's for a model that does not take
+            ``num_items_in_batch``, such as Qwen2.5-VL's ``accepts_loss_kwargs = False``).
         measure_memory: count the bytes each stage forward saves for its backward (``saved_tensors_hooks``, a
             Python call per saved tensor) and report each rank's peak in :class:`StepStats`.
 
@@ -95,8 +102,12 @@ class PipelineExecutor:
     def __init__(self, cfg: ScheduleConfig, rank: int, stages: dict[int, nn.Module], preprocess: Preprocess,
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
                  timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = (),
-                 trace: bool = False, costs: Costs | None = None, seed: int = 0, measure_memory: bool = False):
+                 trace: bool = False, costs: Costs | None = None, seed: int = 0, measure_memory: bool = False,
+                 loss_normalization: str = "tokens"):
+        if loss_normalization not in ("tokens", "micro"):
+            raise ValueError(f"loss_normalization must be 'tokens' or 'micro', got {loss_normalization!r}")
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
+        self.per_micro = loss_normalization == "micro"
         self.measure_memory = measure_memory
         self._weights = storage_ids([p for m in stages.values() for p in m.parameters()]
                                     + ([] if preprocess.module is None else list(preprocess.module.parameters())))
@@ -152,6 +163,67 @@ class PipelineExecutor:
                 (self.group, self.p2p.up, self.p2p.down, self.watchdog.step))
         self.broken = True
 
+    def _abandon(self, err: BaseException, action) -> BaseException:
+        """After ``err`` on this rank (at ``action``) or a peer's: publish it unless a peer did first, drop this
+        step's transfers, and return the first error, to raise on every rank."""
+        self._stale += self.p2p.discard()
+        self.broken = True
+        if not isinstance(err, PeerFailed):
+            where = f"pipeline rank {self.rank}" + (f", {action}" if action is not None else "")
+            self.watchdog.report(type(err)(f"{where}: {err}") if type(err) in (ValueError, TimeoutError)
+                                 else RuntimeError(f"{where}: {type(err).__name__}: {err}"))
+        self._stale += release_abandoned(self.watchdog, self.group, self.p2p.channel, self.rank,
+                                         len(self.global_ranks), self.device)
+        return self.watchdog.first_error()
+
+    def evaluate(self, load: Callable[[int], Tensors], num_micro: int | None = None) -> tuple[float, int]:
+        """A forward-only run (:mod:`mpipe_hf.schedule.forward`) over ``num_micro`` micro-batches (default
+        ``cfg.num_micro``), in eval mode and without autograd: no backward, no graph of ``P``, nothing kept for a
+        backward. Gradients are left as they are.
+
+        Args:
+            load: ``load(m)`` returns micro ``m``'s raw inputs; called only on its owner.
+            num_micro: this run's micro-batches (the last run of an eval set may have fewer).
+
+        Returns:
+            ``(summed token loss, label tokens)`` over the run, the same on every rank.
+
+        Raises:
+            As :meth:`step`.
+        """
+        cfg = forward_config(dataclasses.replace(self.cfg, num_micro=num_micro or self.cfg.num_micro))
+        if ("forward", cfg.num_micro) not in self._orders:
+            self._orders[("forward", cfg.num_micro)] = build_forward_schedule(cfg)[self.rank]
+        order = self._orders[("forward", cfg.num_micro)]
+        if self.broken:
+            self._fresh_group()
+        self.watchdog.start_step()
+        modules = list(self.stages.values()) + ([self.preprocess.module] if self.preprocess.module else [])
+        modes = [m.training for m in modules]
+        for m in modules:
+            m.eval()
+        ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog, load)
+        action = None
+        try:
+            with torch.no_grad():
+                self.p2p.expect(a.peer for a in order if a.kind in RECV_KINDS)
+                for action in order:
+                    run_action(ctx, action)
+                    ctx.saved.pop((action.stage, action.micro), None)
+                self.p2p.drain()
+                action = None
+                totals = torch.tensor([ctx.loss_sum, ctx.num_tokens], dtype=torch.float64).to(self.device)
+                self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the eval loss sum",
+                                   describe("all_reduce", totals))
+        except BaseException as err:
+            raise self._abandon(err, action) from (None if isinstance(err, PeerFailed) else err)
+        finally:
+            ctx.clear()
+            for m, mode in zip(modules, modes):
+                m.train(mode)
+        loss_sum, num_tokens = totals.tolist()
+        return loss_sum, int(num_tokens)
+
     def _sum_tied(self) -> None:
         """Swap the tied copies' gradients with their peers and add them (``g_here + g_peer`` on both sides:
         addition commutes, so both copies hold the same bits)."""
@@ -204,7 +276,7 @@ class PipelineExecutor:
         def micro_seed(m: int) -> int:  # a look-ahead micro (m >= M) belongs to the next step
             return preprocess_seed(self.seed, index + m // num_micro, m % num_micro)
         ctx = StepContext(self.cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
-                          loader, micro_seed)
+                          loader, micro_seed, per_micro=self.per_micro)
         for m, (data, feats) in (carried or {}).items():
             ctx.data[m], ctx.feats[m] = data, feats
         action, peak, held, live, peak_bytes = None, 0, {}, 0, 0
@@ -232,11 +304,12 @@ class PipelineExecutor:
             action = None
             world, wall = len(self.global_ranks), time.perf_counter() - start
             # sums, then per rank: busy, wall, saved-activation peak, device-memory peak
-            totals = torch.zeros(4 + 4 * world, dtype=torch.float64)
-            totals[:4] = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, wall], dtype=torch.float64)
-            totals[4 + self.rank], totals[4 + world + self.rank] = ctx.busy_s, wall
-            totals[4 + 2 * world + self.rank] = peak_bytes
-            totals[4 + 3 * world + self.rank] = torch.cuda.max_memory_allocated(self.device) if cuda else 0
+            totals = torch.zeros(5 + 4 * world, dtype=torch.float64)
+            totals[:5] = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, wall, ctx.micro_mean_sum],
+                                      dtype=torch.float64)
+            totals[5 + self.rank], totals[5 + world + self.rank] = ctx.busy_s, wall
+            totals[5 + 2 * world + self.rank] = peak_bytes
+            totals[5 + 3 * world + self.rank] = torch.cuda.max_memory_allocated(self.device) if cuda else 0
             totals = totals.to(self.device)
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum",
                                describe("all_reduce", totals))
@@ -246,23 +319,15 @@ class PipelineExecutor:
         except BaseException as err:
             for p in trained:
                 p.grad = kept[p]
-            self._stale += self.p2p.discard()
-            self.broken = True
-            if not isinstance(err, PeerFailed):
-                where = f"pipeline rank {self.rank}" + (f", {action}" if action is not None else "")
-                self.watchdog.report(type(err)(f"{where}: {err}") if type(err) in (ValueError, TimeoutError)
-                                     else RuntimeError(f"{where}: {type(err).__name__}: {err}"))
-            self._stale += release_abandoned(self.watchdog, self.group, self.p2p.channel, self.rank,
-                                             len(self.global_ranks), self.device)
-            raise self.watchdog.first_error() from (None if isinstance(err, PeerFailed) else err)
+            raise self._abandon(err, action) from (None if isinstance(err, PeerFailed) else err)
         finally:
             ctx.clear()
         values = totals.tolist()
-        loss_sum, num_tokens, busy, wall_sum = values[:4]
-        rank_bubble = [round(1.0 - b / w, 4) if w else 0.0
-                       for b, w in zip(values[4:4 + world], values[4 + world:4 + 2 * world])]
-        activation_bytes = [int(v) for v in values[4 + 2 * world:4 + 3 * world]] if self.measure_memory else []
-        device_bytes = [int(v) for v in values[4 + 3 * world:]] if cuda else []
+        loss_sum, num_tokens, busy, wall_sum, micro_means = values[:5]
+        busy_r, wall_r, saved_r, device_r = (values[5 + k * world:5 + (k + 1) * world] for k in range(4))
+        rank_bubble = [round(1.0 - b / w, 4) if w else 0.0 for b, w in zip(busy_r, wall_r)]
+        activation_bytes = [int(v) for v in saved_r] if self.measure_memory else []
+        device_bytes = [int(v) for v in device_r] if cuda else []
         if num_tokens == 0:
             for p in trained:
                 p.grad = kept[p]
@@ -274,10 +339,11 @@ class PipelineExecutor:
             if p not in mine:  # a replica of P on a rank that does not own it: rank 0 optimises P
                 p.grad = kept[p]
             elif p.grad is not None:
-                p.grad.div_(num_tokens)
+                p.grad.div_(num_micro if self.per_micro else num_tokens)
                 if kept[p] is not None:
                     p.grad = kept[p].add_(p.grad)
             else:
                 p.grad = kept[p]
-        return StepStats(loss_sum / num_tokens, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
-                         peak, rank_bubble, activation_bytes, device_bytes)
+        loss = micro_means / num_micro if self.per_micro else loss_sum / num_tokens
+        return StepStats(loss, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
+                         peak, rank_bubble, activation_bytes, device_bytes, wall_r)

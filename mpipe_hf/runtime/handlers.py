@@ -73,6 +73,8 @@ class StepContext:
     saved: dict[tuple[int, int], tuple[Tensors, Tensors]] = field(default_factory=dict)  # for the backward
     loss_sum: float = 0.0
     num_tokens: int = 0
+    per_micro: bool = False   # each micro's loss divided by its own label tokens (the micro-batch mean)
+    micro_mean_sum: float = 0.0
     busy_s: float = 0.0
 
     def clear(self) -> None:
@@ -112,6 +114,9 @@ def forward(ctx: StepContext, a: Action) -> None:
     if ctx.last_stage(s):
         ctx.loss_sum += float(outputs["loss"].detach())
         ctx.num_tokens += int(outputs["num_tokens"])
+        if ctx.per_micro:  # backprop the micro's mean, as a Trainer that does not count num_items_in_batch
+            outputs = {**outputs, "loss": outputs["loss"] / outputs["num_tokens"].clamp_min(1)}
+            ctx.micro_mean_sum += float(outputs["loss"].detach())
     else:
         ctx.act[(s, m)] = _handoff(outputs)
     ctx.saved[(s, m)] = (inputs, outputs)

@@ -19,9 +19,9 @@ import torch.distributed as dist
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText,
-                          AutoTokenizer, GenerationConfig)
+                          AutoTokenizer)
 
-from ..data import (ConversationCollator, chat_template_for, MicroBatchPlan, TextCollator, build_processor, image_processor_for,
+from ..data import (ConversationCollator, MicroBatchPlan, TextCollator, build_processor, image_processor_for,
                     load_conversation_dataset, load_text_dataset)
 from ..data.processor import QWEN_PROCESSORS
 from ..models import get_family
@@ -29,7 +29,7 @@ from ..models.load import split_from_checkpoint, split_from_config
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
-from .checkpoint import save_checkpoint, save_processor_files, video_processor_config
+from .checkpoint import save_checkpoint, save_hub_files
 from .loop import Skips, run_step
 from .optimizer import build_optimizer, build_scheduler, clip_grad_norm
 from .precision import autocast_modules
@@ -273,15 +273,7 @@ def train(recipe: Recipe) -> TrainResult:
     out = os.path.join(opt.output_dir, "checkpoint")
 
     def extras(directory):  # what a hub snapshot holds besides the weights
-        model.config.save_pretrained(directory)
-        if not is_vision_language(config):
-            processor.save_pretrained(directory)  # the tokenizer
-            return
-        source = recipe.model.name_or_path
-        generation = (GenerationConfig.from_pretrained(source) if source is not None and os.path.isfile(
-            os.path.join(source, "generation_config.json")) else None)
-        save_processor_files(directory, model.config, processor, chat_template_for(processor, config.model_type),
-                             generation, video_processor_config(source) if source is not None else None)
+        save_hub_files(directory, model.config, processor, recipe.model.name_or_path)
     save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
     if opt.trace:
         write_trace(os.path.join(opt.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from skimage import data as skdata
 
-from mpipe_hf.data import CaptionCollator, build_processor, qwen2_tokenizer
+from mpipe_hf.data import ConversationCollator, build_processor, qwen2_tokenizer
 from mpipe_hf.models import tiny
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "horse", "clock"]
@@ -36,8 +36,16 @@ def photo(name: str, side: int) -> Image.Image:
 
 
 def caption_row(i: int, side: int, with_image: bool, prompt_repeat: int) -> dict:
-    return {"image": photo(PHOTOS[i], side) if with_image else None,
-            "prompt": "Describe the image." + " Briefly." * prompt_repeat, "caption": CAPTIONS[i]}
+    """A one-turn conversation about photo ``i`` (shrunk to ``side`` px), in the canonical form the conversation
+    collator reads (parts lists; the image in memory)."""
+    prompt = [{"type": "text", "text": "Describe the image." + " Briefly." * prompt_repeat}]
+    return {"messages": [{"role": "user", "content": ([{"type": "image"}] if with_image else []) + prompt},
+                         {"role": "assistant", "content": [{"type": "text", "text": CAPTIONS[i]}]}],
+            "images": [photo(PHOTOS[i], side)] if with_image else []}
+
+
+def collator(config, tokenizer) -> ConversationCollator:
+    return ConversationCollator(build_processor(config, tokenizer), None, model_type=config.model_type)
 
 
 def make_ragged_pool(collate) -> list[dict[str, torch.Tensor]]:
@@ -99,10 +107,10 @@ def build_fixture(path: str) -> None:
     Each VL family's pool is made by its own processor (``ragged-<config name>``)."""
     tokenizer = qwen2_tokenizer()
     configs = tiny_configs(tokenizer)
-    pools = make_vl_pools(CaptionCollator(build_processor(configs["vl"], tokenizer)))
+    pools = make_vl_pools(collator(configs["vl"], tokenizer))
     pools["text"] = make_text_pool(tokenizer)
     for name in ("qwen2_vl", "qwen3_vl", "llava", "llava-full"):
-        pools[f"ragged-{name}"] = make_ragged_pool(CaptionCollator(build_processor(configs[name], tokenizer)))
+        pools[f"ragged-{name}"] = make_ragged_pool(collator(configs[name], tokenizer))
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
 
 

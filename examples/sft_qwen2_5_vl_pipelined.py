@@ -1,0 +1,62 @@
+"""``sft_qwen2_5_vl.py``, pipelined: the same fine-tuning with MPipe Transpose over ``--pp`` processes (the diff
+against it is the import, the class and its ``mpipe_config``).
+
+Usage: torchrun --standalone --nproc_per_node 2 examples/sft_qwen2_5_vl_pipelined.py --model demo/model
+       accelerate launch --num_processes 2 examples/sft_qwen2_5_vl_pipelined.py --model demo/model
+"""
+
+import argparse
+
+import torch
+from transformers import AutoModelForImageTextToText, TrainingArguments
+
+from mpipe_hf import MPipeConfig, MPipeTrainer
+
+from mpipe_hf.data import ConversationCollator, load_conversation_dataset
+from mpipe_hf.data import load_checkpoint_processor
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="demo/model")
+    parser.add_argument("--data", default="demo/data/train.jsonl")
+    parser.add_argument("--eval-data", default=None)
+    parser.add_argument("--output-dir", default="outputs/sft")
+    parser.add_argument("--max-steps", type=int, default=30)
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--train-tower", action="store_true", help="train the visual tower too")
+    parser.add_argument("--save-steps", type=int, default=500)
+    parser.add_argument("--resume", default=None, help="a checkpoint-<step> directory to resume from")
+    parser.add_argument("--pp", type=int, default=2)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    processor = load_checkpoint_processor(args.model)  # AutoProcessor with torchvision, image-only without
+    model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32)
+    model.model.visual.requires_grad_(args.train_tower)
+    train = load_conversation_dataset(args.data, processor, max_length=2048)
+    evaluation = load_conversation_dataset(args.eval_data, processor, max_length=2048) if args.eval_data else None
+    training_args = TrainingArguments(
+        output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=1,
+        gradient_accumulation_steps=8, learning_rate=args.learning_rate, lr_scheduler_type="linear", warmup_steps=2,
+        weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=args.max_grad_norm, bf16=args.bf16, logging_steps=1,
+        save_steps=args.save_steps, report_to="none", remove_unused_columns=False,
+        train_sampling_strategy="sequential", use_cpu=not torch.cuda.is_available(), seed=0)
+    pipeline = MPipeConfig(pp_size=args.pp, vpp=2, preprocess="trainable" if args.train_tower else "frozen")
+    trainer = MPipeTrainer(model=model, args=training_args, mpipe_config=pipeline, train_dataset=train,
+                           eval_dataset=evaluation,
+                           data_collator=ConversationCollator(processor, max_length=2048),
+                           processing_class=processor)
+    trainer.train(resume_from_checkpoint=args.resume)
+    if evaluation is not None:
+        print(trainer.evaluate())
+    trainer.save_model()  # a directory from_pretrained loads
+    trainer.save_state()  # trainer_state.json, with every step's log
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""The Hugging Face Trainer, pipelined: :class:`MPipeTrainer`, :class:`MPipeCallback` and :class:`MPipeConfig`.
+
+An existing ``transformers.Trainer`` script becomes an MPipe Transpose one by swapping the class and passing an
+:class:`MPipeConfig` (README, "The Hugging Face Trainer"). The Trainer keeps what it does well (the outer loop,
+``TrainingArguments``, the LR scheduler, logging, callbacks and ``report_to``, ``save_steps`` and
+``save_total_limit``, ``resume_from_checkpoint``); the pipeline step and everything a rank holding one share of
+the model needs are the components ``mpipe-hf train`` runs on (README, "Design notes"):
+
+- one optimizer step is one schedule over the step's micro-batches (:func:`~.loop.run_step`): the Trainer's
+  ``gradient_accumulation_steps`` is the number of micro-batches ``M`` and ``per_device_train_batch_size`` the
+  rows per micro-batch; the Trainer then counts one accumulation step per optimizer step;
+- only the owner of a micro-batch reads and collates its rows, with the user's ``data_collator`` (or, for
+  ``messages``/``images`` rows, :class:`~mpipe_hf.data.ConversationCollator`);
+- AdamW over the rank's own parameters in the Trainer's decay groups (:func:`~.optimizer.build_optimizer`),
+  clipping by the global norm over the pipeline (:func:`~.optimizer.clip_grad_norm`), bf16 autocast with fp32
+  master weights (:mod:`.precision`);
+- checkpoints: every rank writes its shard (:func:`~.checkpoint.save_checkpoint`) and its optimizer state; the
+  Trainer writes the scheduler, the RNG states (per process) and ``trainer_state.json``;
+- ``evaluate()`` runs the forward-only schedule (:mod:`mpipe_hf.schedule.forward`) and reports ``eval_loss``
+  normalised by the eval set's label tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from transformers import AutoConfig, Trainer, TrainerCallback
+
+from ..data import ConversationCollator, MicroBatchPlan
+from ..models import get_family, split
+from ..models.load import load_share_values, split_from_checkpoint, split_from_config
+from ..runtime import PipelineExecutor, build_mesh, init_distributed
+from .checkpoint import save_checkpoint, save_hub_files
+from .loop import Skips, run_step
+from .optimizer import build_optimizer, clip_grad_norm
+from .precision import autocast_modules
+from .recipe import DataSection, ParallelSection, TrainSection
+
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
+SAMPLING = ("random", "sequential")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MPipeConfig:
+    """The pipeline of an :class:`MPipeTrainer`: the schedule (SPEC.md, "Modes") and the layout. The number of
+    micro-batches per step is the Trainer's ``gradient_accumulation_steps``.
+
+    Attributes:
+        pp_size, vpp, preprocess, overflow, owner_backward, less_memory, placement: the schedule, as the recipe's
+            ``parallel`` section (README, "Modes").
+        text_layers, layers_per_stage: the layout (``layers_per_stage`` ``None``: balanced by the matmul cost).
+        timeout_s: the longest any wait of a step may take, seconds.
+        max_length: the token limit of the default conversation collator.
+        on_bad_sample, max_bad_steps: the bad-sample policy, as the recipe's ``data`` section.
+
+    Raises:
+        ValueError: a bad value, naming the field and the allowed values.
+    """
+
+    pp_size: int
+    vpp: int = 1
+    preprocess: str = "frozen"
+    overflow: str = "full"
+    owner_backward: bool = False
+    less_memory: bool = False
+    placement: str = "prefix"
+    text_layers: int = 0
+    layers_per_stage: list[int] | None = None
+    timeout_s: float = 300.0
+    max_length: int = 2048
+    on_bad_sample: str = "skip"
+    max_bad_steps: int = 3
+
+    def __post_init__(self):
+        self.parallel(1)
+        self.data()
+
+    def parallel(self, num_micro: int) -> ParallelSection:
+        """The recipe's ``parallel`` section with ``num_micro`` micro-batches per step."""
+        keys = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in PARALLEL_KEYS}
+        return ParallelSection(num_micro=num_micro, **keys)
+
+    def data(self, micro_batch_size: int = 1) -> DataSection:
+        """The recipe's ``data`` section: the bad-sample policy and ``max_length``."""
+        return DataSection(path="<the trainer's dataset>", micro_batch_size=micro_batch_size,
+                           max_length=self.max_length, on_bad_sample=self.on_bad_sample,
+                           max_bad_steps=self.max_bad_steps)
+
+
+PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelSection)} - {"num_micro", "profile"}
+
+
+def check_training_args(args, mpipe: MPipeConfig) -> None:
+    """Every ``TrainingArguments`` value a pipeline cannot honour, before any collective.
+
+    Raises:
+        ValueError: naming the argument and what to use instead.
+    """
+    problems = []
+    if args.torch_compile:
+        problems.append("torch_compile=True (compile each stage yourself; the pipeline runs the stages eagerly)")
+    if args.deepspeed:
+        problems.append("deepspeed (the pipeline holds one share of the model per rank; drop the DeepSpeed config)")
+    if args.fsdp or args.fsdp_config and args.fsdp_config.get("fsdp_version"):
+        problems.append("fsdp (data parallelism over the pipeline is not there yet; drop fsdp)")
+    if args.fp16:
+        problems.append("fp16=True (use bf16=True: fp32 master weights with bf16 autocast)")
+    if args.optim not in OPTIMIZERS:
+        problems.append(f"optim={args.optim!r} (one of {list(OPTIMIZERS)}: AdamW over each rank's parameters)")
+    if args.train_sampling_strategy not in SAMPLING:
+        problems.append(f"train_sampling_strategy={args.train_sampling_strategy!r} (one of {list(SAMPLING)})")
+    if args.gradient_accumulation_steps < 1:
+        problems.append(f"gradient_accumulation_steps={args.gradient_accumulation_steps} (the micro-batches per "
+                        f"step, >= 1)")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world != mpipe.pp_size:
+        problems.append(f"{world} processes for pp_size={mpipe.pp_size} (launch pp_size processes)")
+    if problems:
+        raise ValueError("MPipeTrainer cannot run with " + "; ".join(problems))
+
+
+def _share(model, cfg, rank: int, layers_per_stage, text_layers: int, seed: int):
+    """``(SplitModel, checkpoint path or None)``: this rank's share of ``model``: a checkpoint path (read tensor by
+    tensor), a model on the meta device (initialised from its config and ``seed``, bit for bit
+    ``from_config``'s values), or a loaded model, carved in place (the modules this rank does not hold are
+    dropped from it)."""
+    if isinstance(model, (str, os.PathLike)):
+        path = str(model)
+        config = AutoConfig.from_pretrained(path)
+        counts = get_family(config.model_type).layer_counts(config, cfg, layers_per_stage, text_layers)
+        return split_from_checkpoint(path, config, cfg, rank, counts, text_layers)[0], path
+    config = model.config
+    counts = get_family(config.model_type).layer_counts(config, cfg, layers_per_stage, text_layers)
+    if any(p.is_meta for p in model.parameters()):
+        return split_from_config(config, cfg, rank, counts, text_layers, seed)[0], None
+    return split(model, cfg, rank, counts, text_layers), getattr(config, "_name_or_path", None) or None
+
+
+class _Pipeline(nn.Module):
+    """What the Trainer sees as the wrapped model: the rank's share (so ``zero_grad`` and ``train`` reach it),
+    never wrapped by DDP."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+
+class MPipeCallback(TrainerCallback):
+    """Puts the pipeline's figures into every training log of the Trainer (so they reach every ``report_to``
+    backend), over the steps since the last log: ``bubble`` (the ranks' share of time not computing),
+    ``tokens_per_s`` (label tokens), ``step_s_rank<r>`` (mean step time of each rank, seconds),
+    ``peak_activation_mib_rank<r>`` (most bytes saved for backward at once), ``peak_device_mib_rank<r>`` (on a GPU,
+    ``max_memory_allocated``) and ``skipped_steps`` (in all). :class:`MPipeTrainer` adds it first, so the reporting
+    callbacks see the figures."""
+
+    def __init__(self):
+        self.window, self.skips = [], None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs:
+            return
+        if self.window:
+            world = len(self.window[0].rank_bubble)
+            wall = sum(s.wall_s for s in self.window)
+            logs["bubble"] = round(sum(s.bubble for s in self.window) / len(self.window), 4)
+            logs["tokens_per_s"] = round(sum(s.num_tokens for s in self.window) / wall, 1) if wall else 0.0
+            for r in range(world):
+                logs[f"step_s_rank{r}"] = round(sum(s.rank_wall_s[r] for s in self.window) / len(self.window), 4)
+                logs[f"peak_activation_mib_rank{r}"] = round(
+                    max(s.rank_activation_bytes[r] for s in self.window) / 2 ** 20, 3)
+                if self.window[0].rank_device_bytes:
+                    logs[f"peak_device_mib_rank{r}"] = round(
+                        max(s.rank_device_bytes[r] for s in self.window) / 2 ** 20, 1)
+        logs["skipped_steps"] = self.skips.total if self.skips is not None else 0
+        self.window = []
+
+
+class MPipeTrainer(Trainer):
+    """A ``transformers.Trainer`` whose training step is one MPipe Transpose schedule over the step's
+    ``gradient_accumulation_steps`` micro-batches of ``per_device_train_batch_size`` rows each, under
+    ``torchrun`` or ``accelerate launch`` with ``pp_size`` processes (module docstring).
+
+    Args:
+        model: a model loaded with ``from_pretrained`` (each rank then keeps only its share; the rest is dropped),
+            a model built on the meta device (initialised from its config and ``args.seed``), or a checkpoint path
+            (each rank reads only its tensors). With the last two no rank ever holds the whole model: use them for
+            a large model.
+        args: ``TrainingArguments``; ``learning_rate``, ``lr_scheduler_type``, ``warmup_*``, ``weight_decay``,
+            ``adam_*``, ``max_grad_norm`` (the global norm over the pipeline), ``bf16``,
+            ``gradient_checkpointing``, ``max_steps``/``num_train_epochs``, ``logging_steps``, ``save_steps``,
+            ``save_total_limit``, ``eval_strategy``/``eval_steps``, ``report_to``, ``seed``,
+            ``train_sampling_strategy`` (``random``: each epoch in an order drawn from ``data_seed`` or ``seed``,
+            the same on every rank; ``sequential``) hold as for the Trainer.
+        mpipe_config: the schedule and the layout.
+        train_dataset, eval_dataset: indexable datasets of rows; ``messages``/``images`` rows need no collator.
+        data_collator: rows -> a micro-batch dict (``input_ids``, ``attention_mask``, ``labels`` and the
+            processor's image keys), called only by the owner of the micro-batch.
+        processing_class: the processor (vision-language) or tokenizer; saved with every checkpoint.
+
+    Raises:
+        ValueError: a ``TrainingArguments`` value a pipeline cannot honour, a bad ``mpipe_config`` (before any
+            collective), or a rank that would train nothing.
+    """
+
+    def __init__(self, model=None, args=None, mpipe_config: MPipeConfig | None = None, train_dataset=None,
+                 eval_dataset=None, data_collator=None, processing_class=None, callbacks=None, **kwargs):
+        if mpipe_config is None or args is None:
+            raise ValueError("MPipeTrainer needs args (TrainingArguments) and mpipe_config (MPipeConfig)")
+        check_training_args(args, mpipe_config)
+        self.num_micro = args.gradient_accumulation_steps
+        args.gradient_accumulation_steps = 1  # the Trainer counts one accumulation step per schedule
+        if args.gradient_checkpointing and args.gradient_checkpointing_kwargs is None:
+            args.gradient_checkpointing_kwargs = {"use_reentrant": False}
+        self.mpipe = mpipe_config
+        self.parallel = mpipe_config.parallel(self.num_micro)
+        self.cfg = self.parallel.schedule()
+        self.rank = int(os.environ.get("RANK", 0))
+        self.carved, self.source = _share(model, self.cfg, self.rank, mpipe_config.layers_per_stage,
+                                          mpipe_config.text_layers, args.seed)
+        self.params = self.carved.trainable_parameters(self.cfg, self.rank)
+        if not self.params:
+            raise ValueError(f"pipeline rank {self.rank} would train no parameter (it holds only a frozen "
+                             f"preprocess); give it a stage with layers_per_stage")
+        self.user_collator = data_collator
+        self.mpipe_callback = MPipeCallback()
+        super().__init__(model=self.carved.model.train(), args=args, data_collator=data_collator,
+                         train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class,
+                         callbacks=callbacks, **kwargs)
+        self.callback_handler.callbacks.insert(0, self.mpipe_callback)
+        self.mpipe_callback.skips = self.skips = Skips()
+        device = init_distributed(timedelta(seconds=mpipe_config.timeout_s))
+        self.group = build_mesh(self.cfg.pp_size).get_group("pp")
+        self.device = device
+        self.model.to(device)
+        heads = {id(p) for p, peer in self.carved.tied_parameters(self.cfg, self.rank) if peer == 0}
+        self.counted = [p for p in self.params.values() if id(p) not in heads]
+        stages, preprocess = ((autocast_modules(self.carved.stages, self.carved.preprocess, device)) if args.bf16
+                              else (self.carved.stages, self.carved.preprocess))
+        self.executor = PipelineExecutor(self.cfg, self.rank, stages, preprocess, self.group, device,
+                                         self.params.values(), timedelta(seconds=mpipe_config.timeout_s),
+                                         self.carved.tied_parameters(self.cfg, self.rank), seed=args.seed,
+                                         measure_memory=True, loss_normalization=self.loss_normalization())
+        self.pipeline = _Pipeline(self.model)
+
+    def loss_normalization(self) -> str:
+        """The Trainer's own: the step's summed token loss over its label tokens where it counts
+        ``num_items_in_batch`` (a model that takes loss kwargs, or a ``compute_loss_func``), else the mean of the
+        micro-batches' means (Qwen2.5-VL declares ``accepts_loss_kwargs = False``)."""
+        return "tokens" if self.model_accepts_loss_kwargs or self.compute_loss_func is not None else "micro"
+
+    # ---- data: the owner of a micro-batch reads its rows --------------------------------------------------
+
+    def _collate(self):
+        if self.user_collator is not None:
+            return self.user_collator
+        model_type = self.carved.model.config.model_type
+        return ConversationCollator(self.processing_class, self.mpipe.max_length, model_type=model_type)
+
+    def _plan(self, dataset, micro_batch_size: int, shuffle: bool) -> MicroBatchPlan:
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return MicroBatchPlan(dataset, self._collate(), self.num_micro, micro_batch_size,
+                              self.carved.validate_micro, shuffle, seed)
+
+    def get_train_dataloader(self) -> DataLoader:
+        """One item per optimizer step (its index); the step's rows are read by their owners in the schedule."""
+        if self.train_dataset is None:
+            raise ValueError("MPipeTrainer: training needs a train_dataset")
+        self.plan = self._plan(self.train_dataset, self.args.per_device_train_batch_size,
+                               self.args.train_sampling_strategy == "random")
+        steps = math.ceil(len(self.train_dataset) / (self.num_micro * self.args.per_device_train_batch_size))
+        return DataLoader(range(steps), batch_size=None)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        return [next(epoch_iterator) for _ in range(num_batches)], None
+
+    def floating_point_ops(self, inputs) -> int:
+        return 0
+
+    # ---- the step -----------------------------------------------------------------------------------------
+
+    def _wrap_model(self, model, training: bool = True, dataloader=None):
+        return self.pipeline  # not self.model: the Trainer then prepares only the optimizer (no DDP)
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            args = self.args
+            train = TrainSection(learning_rate=args.learning_rate, weight_decay=args.weight_decay,
+                                 adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon)
+            self.optimizer = build_optimizer(self.model, self.params, train)
+        return self.optimizer
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        """One schedule over step ``global_step``'s micro-batches; the step's loss (mean over its label tokens,
+        the same on every rank), or 0 for a skipped step (no gradient: the optimizer leaves every parameter)."""
+        self.model.train()
+        stats = run_step(self.executor, self.plan, self.state.global_step, self.state.max_steps,
+                         self.mpipe.data(self.args.per_device_train_batch_size), self.skips)
+        if stats is None:
+            return torch.zeros((), device=self.args.device)
+        self.mpipe_callback.window.append(stats)
+        return torch.tensor(stats.loss, device=self.args.device)
+
+    def _clip_grad_norm(self, model):
+        return torch.tensor(clip_grad_norm(list(self.params.values()), self.counted, self.args.max_grad_norm,
+                                           self.group, self.device))
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if grad_norm is None:
+            grad_norm = clip_grad_norm(list(self.params.values()), self.counted, 0.0, self.group, self.device)
+        return float(grad_norm)
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Every rank writes its shard; rank 0 the index, config, processor files and generation config: a
+        directory ``from_pretrained`` loads (written beside and renamed in, or merged file by file into an
+        existing directory such as ``output_dir``)."""
+        out = output_dir or self.args.output_dir
+
+        def extras(directory):
+            save_hub_files(directory, self.carved.model.config, self.processing_class, self.source)
+        save_checkpoint(out, self.carved.state_dict(self.cfg, self.rank), self.rank, self.cfg.pp_size, self.group,
+                        extras, merge=os.path.isdir(out) and bool(os.listdir(out)))
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        os.makedirs(output_dir, exist_ok=True)
+        torch.save(self.optimizer.state_dict(), os.path.join(output_dir, f"optimizer-rank{self.rank}.pt"))
+        if self.rank == 0:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, f"optimizer-rank{self.rank}.pt")
+        if not os.path.isfile(path):
+            raise ValueError(f"checkpoint {checkpoint!r} has no optimizer state for pipeline rank {self.rank} "
+                             f"({os.path.basename(path)}); resume with the pp_size it was saved with")
+        self.optimizer.load_state_dict(torch.load(path, map_location=self.device, weights_only=True))
+        self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, "scheduler.pt"), weights_only=True))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        load_share_values(resume_from_checkpoint, self.carved, self.cfg, self.rank)
+
+    # ---- evaluation ---------------------------------------------------------------------------------------
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """``{prefix_loss, prefix_runtime, ...}``: the forward-only schedule over every row of the eval set once,
+        in order, ``per_device_eval_batch_size`` rows per micro-batch; the loss is the sum of the token losses over
+        the whole set divided by its label tokens (the same on every rank)."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("MPipeTrainer.evaluate needs an eval_dataset")
+        start = time.perf_counter()
+        plan = self._plan(dataset, self.args.per_device_eval_batch_size, False)
+        mbs, n = self.args.per_device_eval_batch_size, len(dataset)
+        loss_sum, tokens = 0.0, 0
+        for first in range(0, n, self.num_micro * mbs):
+            micros = [list(range(s, min(s + mbs, n))) for s in range(first, min(first + self.num_micro * mbs, n),
+                                                                      mbs)]
+            step_loss, step_tokens = self.executor.evaluate(lambda m: plan.load_rows(micros[m]), len(micros))
+            loss_sum, tokens = loss_sum + step_loss, tokens + step_tokens
+        runtime = time.perf_counter() - start
+        metrics = {f"{metric_key_prefix}_loss": loss_sum / max(tokens, 1),
+                   f"{metric_key_prefix}_runtime": round(runtime, 4),
+                   f"{metric_key_prefix}_samples_per_second": round(n / runtime, 3),
+                   f"{metric_key_prefix}_label_tokens": tokens}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics

@@ -1,0 +1,152 @@
+"""``MPipeTrainer`` (issue 13) against the plain one-process ``transformers.Trainer`` on the same script and data.
+
+The example scripts ``examples/sft_qwen2_5_vl.py`` (plain) and ``examples/sft_qwen2_5_vl_pipelined.py`` (the same
+with three lines changed) run on the demo: the plain one on one process, the pipelined one under torchrun at
+``R = 2``, ``V = 2`` (and once under accelerate launch). Their ``trainer_state.json`` logs (loss, grad_norm,
+learning_rate of every step) and their final checkpoints must agree.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLAIN = os.path.join(ROOT, "examples", "sft_qwen2_5_vl.py")
+PIPELINED = os.path.join(ROOT, "examples", "sft_qwen2_5_vl_pipelined.py")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    import runpy
+    out = str(tmp_path_factory.mktemp("demo"))
+    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([out])
+    return out
+
+
+def launch(cmd, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, f"{cmd[:6]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def torchrun(script, args, nproc=2):
+    return launch([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                   script, *args])
+
+
+def history(out):
+    """The per-step training logs of a run's last checkpoint or final state: ``{step: log}``."""
+    state = json.load(open(os.path.join(out, "trainer_state.json")))
+    return {h["step"]: h for h in state["log_history"] if "loss" in h}
+
+
+def common(demo, out, **options):
+    args = ["--model", os.path.join(demo, "model"), "--data", os.path.join(demo, "data", "train.jsonl"),
+            "--output-dir", out, "--max-steps", "3"]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        args += [flag] if value is True else [flag, str(value)]
+    return args
+
+
+def final_state(out):
+    return AutoModelForImageTextToText.from_pretrained(out).state_dict()
+
+
+@pytest.mark.parametrize("options", [
+    dict(max_grad_norm=0.5, learning_rate=1e-3),                                   # frozen tower, clipping that clips
+    dict(train_tower=True, max_grad_norm=0.5, learning_rate=1e-3),                 # trainable tower
+    dict(bf16=True, max_grad_norm=0.5, learning_rate=2e-5),                        # bf16 autocast, fp32 master
+], ids=["frozen", "trainable", "bf16"])
+def test_mpipe_trainer_equals_plain_trainer(demo, tmp_path, options):
+    """3 steps of the pipelined script under torchrun equal the plain Trainer's on one process: every step's loss,
+    global grad norm and learning rate, and every parameter after the last step (atol 1e-4)."""
+    plain, piped = str(tmp_path / "plain"), str(tmp_path / "piped")
+    launch([sys.executable, PLAIN, *common(demo, plain, **options)])
+    proc = torchrun(PIPELINED, common(demo, piped, **options))
+    ref, got = history(plain), history(piped)
+    assert sorted(ref) == sorted(got) == [1, 2, 3]
+    tol = 1e-3 if options.get("bf16") else 1e-5
+    for step in ref:
+        assert abs(got[step]["loss"] - ref[step]["loss"]) <= tol * ref[step]["loss"], (step, got[step], ref[step])
+        assert abs(got[step]["grad_norm"] - ref[step]["grad_norm"]) <= 10 * tol * ref[step]["grad_norm"], step
+        assert got[step]["learning_rate"] == pytest.approx(ref[step]["learning_rate"], rel=1e-12)
+        assert 0.0 <= got[step]["bubble"] < 1.0 and got[step]["skipped_steps"] == 0
+        assert {f"step_s_rank{r}" for r in range(2)} <= set(got[step])
+        assert all(got[step][f"peak_activation_mib_rank{r}"] > 0 for r in range(2))
+    assert ref[1]["grad_norm"] > options["max_grad_norm"], "the clip clips"
+    a, b = final_state(plain), final_state(piped)
+    assert sorted(a) == sorted(b)
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-4, worst
+    assert "Traceback" not in proc.stderr
+
+
+def test_save_steps_resume_and_evaluate(demo, tmp_path):
+    """``save_steps`` writes a checkpoint that ``from_pretrained`` loads with each rank's optimizer state; a run
+    resumed from it continues with the uninterrupted run's losses and ends with its weights; ``evaluate()``
+    gives the one-process token-normalised eval loss."""
+    data = os.path.join(demo, "data", "train.jsonl")
+    full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
+    torchrun(PIPELINED, common(demo, full, save_steps=2, eval_data=data, max_steps=4))
+    ckpt = os.path.join(full, "checkpoint-2")
+    assert {"optimizer-rank0.pt", "optimizer-rank1.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth",
+            "trainer_state.json", "config.json", "model.safetensors.index.json",
+            "chat_template.jinja"} <= set(os.listdir(ckpt))
+    AutoModelForImageTextToText.from_pretrained(ckpt)
+    torchrun(PIPELINED, common(demo, resumed, save_steps=2, max_steps=4, resume=ckpt))
+    a, b = history(full), history(resumed)
+    assert [a[s]["loss"] for s in (3, 4)] == [b[s]["loss"] for s in (3, 4)], (a, b)
+    sa, sb = final_state(full), final_state(resumed)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa), "resumed weights equal the uninterrupted run's"
+
+    # eval_loss of the trained model, one process, over every row once: summed token loss / label tokens
+    state = json.load(open(os.path.join(full, "trainer_state.json")))
+    eval_loss = [h["eval_loss"] for h in state["log_history"] if "eval_loss" in h][-1]
+    from mpipe_hf.data import ConversationCollator, load_conversation_dataset
+    from mpipe_hf.data import load_checkpoint_processor
+    model = AutoModelForImageTextToText.from_pretrained(full).eval()
+    processor = load_checkpoint_processor(os.path.join(demo, "model"))
+    dataset = load_conversation_dataset(data, processor, 2048)
+    collate = ConversationCollator(processor, 2048)
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for i in range(len(dataset)):
+            batch = collate([dataset[i]])
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            total += float(model.loss_function(logits=logits, labels=batch["labels"],
+                                               vocab_size=model.config.get_text_config().vocab_size,
+                                               num_items_in_batch=1))
+            tokens += int((batch["labels"][..., 1:] != -100).sum())
+    assert abs(eval_loss - total / tokens) < 1e-5 * eval_loss, (eval_loss, total / tokens)
+
+
+def test_accelerate_launch_runs_the_pipelined_script(demo, tmp_path):
+    out = str(tmp_path / "acc")
+    launch([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", PIPELINED,
+            *common(demo, out, max_steps=2)])
+    assert sorted(history(out)) == [1, 2]
+    AutoModelForImageTextToText.from_pretrained(out)
+
+
+def test_arguments_a_pipeline_cannot_honour_are_named(tmp_path):
+    from transformers import TrainingArguments
+    from mpipe_hf import MPipeConfig
+    from mpipe_hf.train.hf import check_training_args
+    for options, name in ((dict(torch_compile=True), "torch_compile"), (dict(optim="adafactor"), "optim"),
+                          (dict(train_sampling_strategy="group_by_length"), "train_sampling_strategy")):
+        args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **options)
+        with pytest.raises(ValueError, match=name):
+            check_training_args(args, MPipeConfig(pp_size=1))
+    with pytest.raises(ValueError, match="preprocess"):
+        MPipeConfig(pp_size=2, preprocess="warm")
+    with pytest.raises(ValueError, match="processes for pp_size=2"):
+        check_training_args(TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
+                            MPipeConfig(pp_size=2))
