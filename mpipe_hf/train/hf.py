@@ -144,6 +144,10 @@ def _share(model, cfg, rank: int, layers_per_stage, text_layers: int, seed: int)
     return split(model, cfg, rank, counts, text_layers), getattr(config, "_name_or_path", None) or None
 
 
+def _first(batch):
+    return batch[0]
+
+
 class _Pipeline(nn.Module):
     """What the Trainer sees as the wrapped model: the rank's share (so ``zero_grad`` and ``train`` reach it),
     never wrapped by DDP."""
@@ -167,6 +171,7 @@ class MPipeCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is None or "loss" not in logs:
             return
+        before = set(logs)
         if self.window:
             world = len(self.window[0].rank_bubble)
             wall = sum(s.wall_s for s in self.window)
@@ -181,6 +186,9 @@ class MPipeCallback(TrainerCallback):
                         max(s.rank_device_bytes[r] for s in self.window) / 2 ** 20, 1)
         logs["skipped_steps"] = self.skips.total if self.skips is not None else 0
         self.window = []
+        last = state.log_history[-1] if state.log_history else {}
+        if last.get("step") == state.global_step and "loss" in last:  # the Trainer kept this log before us
+            last.update({k: v for k, v in logs.items() if k not in before})
 
 
 class MPipeTrainer(Trainer):
@@ -276,7 +284,7 @@ class MPipeTrainer(Trainer):
         self.plan = self._plan(self.train_dataset, self.args.per_device_train_batch_size,
                                self.args.train_sampling_strategy == "random")
         steps = math.ceil(len(self.train_dataset) / (self.num_micro * self.args.per_device_train_batch_size))
-        return DataLoader(range(steps), batch_size=None)
+        return DataLoader(range(steps), batch_size=1, collate_fn=_first)  # batched, so a resume can skip steps
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         return [next(epoch_iterator) for _ in range(num_batches)], None
