@@ -49,53 +49,42 @@ SAMPLING = ("random", "sequential")
 
 
 @dataclass(frozen=True, kw_only=True)
-class MPipeConfig:
-    """The pipeline of an :class:`MPipeTrainer`: the schedule (SPEC.md, "Modes") and the layout. The number of
-    micro-batches per step is the Trainer's ``gradient_accumulation_steps``.
+class MPipeConfig(ParallelSection):
+    """The pipeline of an :class:`MPipeTrainer`: the recipe's ``parallel`` section (the schedule, SPEC.md
+    "Modes", and the layout: ``pp_size``, ``vpp``, ``preprocess``, ``overflow``, ``owner_backward``,
+    ``less_memory``, ``placement``, ``text_layers``, ``layers_per_stage``, ``profile``, ``timeout_s``) and the
+    bad-sample policy of its ``data`` section. ``num_micro`` is not set here: it is the Trainer's
+    ``gradient_accumulation_steps``.
 
     Attributes:
-        pp_size, vpp, preprocess, overflow, owner_backward, less_memory, placement: the schedule, as the recipe's
-            ``parallel`` section (README, "Modes").
-        text_layers, layers_per_stage: the layout (``layers_per_stage`` ``None``: balanced by the matmul cost).
-        timeout_s: the longest any wait of a step may take, seconds.
         max_length: the token limit of the default conversation collator.
-        on_bad_sample, max_bad_steps: the bad-sample policy, as the recipe's ``data`` section.
+        on_bad_sample, max_bad_steps: as the recipe's ``data`` section.
 
     Raises:
-        ValueError: a bad value, naming the field and the allowed values.
+        ValueError: a bad value, naming the field and the allowed values; ``num_micro`` set.
     """
 
-    pp_size: int
-    vpp: int = 1
-    preprocess: str = "frozen"
-    overflow: str = "full"
-    owner_backward: bool = False
-    less_memory: bool = False
-    placement: str = "prefix"
-    text_layers: int = 0
-    layers_per_stage: list[int] | None = None
-    timeout_s: float = 300.0
     max_length: int = 2048
     on_bad_sample: str = "skip"
     max_bad_steps: int = 3
 
     def __post_init__(self):
-        self.parallel(1)
+        if self.num_micro != 1:
+            raise ValueError("MPipeConfig takes no num_micro: the micro-batches per step are "
+                             "TrainingArguments.gradient_accumulation_steps")
+        super().__post_init__()
         self.data()
 
     def parallel(self, num_micro: int) -> ParallelSection:
         """The recipe's ``parallel`` section with ``num_micro`` micro-batches per step."""
-        keys = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in PARALLEL_KEYS}
-        return ParallelSection(num_micro=num_micro, **keys)
+        return ParallelSection(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ParallelSection)
+                                  if f.name != "num_micro"}, num_micro=num_micro)
 
     def data(self, micro_batch_size: int = 1) -> DataSection:
         """The recipe's ``data`` section: the bad-sample policy and ``max_length``."""
         return DataSection(path="<the trainer's dataset>", micro_batch_size=micro_batch_size,
                            max_length=self.max_length, on_bad_sample=self.on_bad_sample,
                            max_bad_steps=self.max_bad_steps)
-
-
-PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelSection)} - {"num_micro", "profile"}
 
 
 def check_training_args(args, mpipe: MPipeConfig) -> None:
@@ -127,21 +116,28 @@ def check_training_args(args, mpipe: MPipeConfig) -> None:
         raise ValueError("MPipeTrainer cannot run with " + "; ".join(problems))
 
 
+def _layout(parallel: ParallelSection, cfg) -> list[int] | None:
+    """``layers_per_stage``, else the layout balanced by the costs of ``profile``, else ``None`` (balanced by the
+    config's matmul costs)."""
+    if parallel.layers_per_stage is not None or parallel.profile is None:
+        return parallel.layers_per_stage
+    from ..schedule.tune import Profile, profile_layers
+    return profile_layers(Profile.load(parallel.profile), cfg, parallel.text_layers)
+
+
 def _share(model, cfg, rank: int, layers_per_stage, text_layers: int, seed: int):
-    """``(SplitModel, checkpoint path or None)``: this rank's share of ``model``: a checkpoint path (read tensor by
-    tensor), a model on the meta device (initialised from its config and ``seed``, bit for bit
-    ``from_config``'s values), or a loaded model, carved in place (the modules this rank does not hold are
-    dropped from it)."""
-    if isinstance(model, (str, os.PathLike)):
-        path = str(model)
-        config = AutoConfig.from_pretrained(path)
-        counts = get_family(config.model_type).layer_counts(config, cfg, layers_per_stage, text_layers)
-        return split_from_checkpoint(path, config, cfg, rank, counts, text_layers)[0], path
-    config = model.config
+    """``(SplitModel, checkpoint path or None, decoder layers per stage)``: this rank's share of ``model``: a
+    checkpoint path (read tensor by tensor), a model on the meta device (initialised from its config and
+    ``seed``, bit for bit ``from_config``'s values), or a loaded model, carved in place (the modules this rank
+    does not hold are dropped from it)."""
+    path = str(model) if isinstance(model, (str, os.PathLike)) else None
+    config = AutoConfig.from_pretrained(path) if path is not None else model.config
     counts = get_family(config.model_type).layer_counts(config, cfg, layers_per_stage, text_layers)
+    if path is not None:
+        return split_from_checkpoint(path, config, cfg, rank, counts, text_layers)[0], path, counts
     if any(p.is_meta for p in model.parameters()):
-        return split_from_config(config, cfg, rank, counts, text_layers, seed)[0], None
-    return split(model, cfg, rank, counts, text_layers), getattr(config, "_name_or_path", None) or None
+        return split_from_config(config, cfg, rank, counts, text_layers, seed)[0], None, counts
+    return split(model, cfg, rank, counts, text_layers), getattr(config, "_name_or_path", None) or None, counts
 
 
 def _first(batch):
@@ -231,7 +227,7 @@ class MPipeTrainer(Trainer):
         self.parallel = mpipe_config.parallel(self.num_micro)
         self.cfg = self.parallel.schedule()
         self.rank = int(os.environ.get("RANK", 0))
-        self.carved, self.source = _share(model, self.cfg, self.rank, mpipe_config.layers_per_stage,
+        self.carved, self.source, counts = _share(model, self.cfg, self.rank, _layout(self.parallel, self.cfg),
                                           mpipe_config.text_layers, args.seed)
         self.params = self.carved.trainable_parameters(self.cfg, self.rank)
         if not self.params:
@@ -255,8 +251,16 @@ class MPipeTrainer(Trainer):
         self.executor = PipelineExecutor(self.cfg, self.rank, stages, preprocess, self.group, device,
                                          self.params.values(), timedelta(seconds=mpipe_config.timeout_s),
                                          self.carved.tied_parameters(self.cfg, self.rank), seed=args.seed,
-                                         measure_memory=True, loss_normalization=self.loss_normalization())
+                                         measure_memory=True, loss_normalization=self.loss_normalization(),
+                                         costs=self._costs(counts))
         self.pipeline = _Pipeline(self.model)
+
+    def _costs(self, counts: list[int]):
+        """The simulator costs of ``profile`` for this layout (placement ``fill`` places by them), or ``None``."""
+        if self.parallel.profile is None:
+            return None
+        from ..schedule.tune import Profile, costs_for
+        return costs_for(Profile.load(self.parallel.profile), self.cfg, counts, self.parallel.text_layers)
 
     def loss_normalization(self) -> str:
         """The Trainer's own: the step's summed token loss over its label tokens where it counts
