@@ -21,7 +21,7 @@ def parse_args(argv=None):
     parser.add_argument("--model", default="demo/model")
     parser.add_argument("--data", default="demo/data/train.jsonl")
     parser.add_argument("--eval-data", default=None)
-    parser.add_argument("--output-dir", default="outputs/sft")
+    parser.add_argument("--output-dir", default="outputs/sft_pipelined")
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--max-grad-norm", type=float, default=1.0)

@@ -1,7 +1,7 @@
 """mpipe_hf: exact MPipe Transpose pipeline-parallel fine-tuning of Hugging Face vision-language models.
 
 Layers (imports point down only): ``schedule`` (pure Python) -> ``runtime`` (torch.distributed)
--> ``models`` / ``data`` -> ``train``. See ../shared/SPEC.md for the method.
+-> ``models`` / ``data`` -> ``train``. The method: README.md and the MPipe Transpose design it cites.
 """
 
 __version__ = "0.1.0"

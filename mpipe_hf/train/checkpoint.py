@@ -29,7 +29,7 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
         save_extras: called by rank 0 with the temporary directory to save config/tokenizer/processor files.
         merge: ``out_dir`` holds other files that must stay (a Trainer's ``output_dir`` with its
             ``checkpoint-*`` directories): each written file is renamed into it (each file atomically), and the
-            shards of an earlier save that this one does not rewrite are removed.
+            weight files of an earlier save that this one does not rewrite are removed.
     """
     out_dir = os.path.abspath(out_dir)
     tmp = out_dir + ".tmp"
@@ -56,7 +56,8 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
         if merge:
             written = set(os.listdir(tmp))
             for name in os.listdir(out_dir):
-                if name.startswith("model-") and name.endswith(".safetensors") and name not in written:
+                stale = name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json"))
+                if stale and name not in written:  # weights of an earlier save (another world size, one file)
                     os.remove(os.path.join(out_dir, name))
             for name in written:
                 os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
