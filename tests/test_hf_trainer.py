@@ -48,7 +48,7 @@ def history(out):
 
 def common(demo, out, **options):
     args = ["--model", os.path.join(demo, "model"), "--data", os.path.join(demo, "data", "train.jsonl"),
-            "--output-dir", out, "--max-steps", "3"]
+            "--output-dir", out, "--max-steps", str(options.pop("max_steps", 3))]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         args += [flag] if value is True else [flag, str(value)]
@@ -60,23 +60,26 @@ def final_state(out):
 
 
 @pytest.mark.parametrize("options", [
-    dict(max_grad_norm=0.5, learning_rate=1e-3),                                   # frozen tower, clipping that clips
+    dict(max_grad_norm=0.5, learning_rate=1e-3, max_steps=13),  # frozen tower, clipping that clips; over the
+    # epoch's end: 89 rows, M = 8, so step 12 has one micro-batch and step 13 starts epoch 2
     dict(train_tower=True, max_grad_norm=0.5, learning_rate=1e-3),                 # trainable tower
     dict(bf16=True, max_grad_norm=0.5, learning_rate=2e-5),                        # bf16 autocast, fp32 master
 ], ids=["frozen", "trainable", "bf16"])
 def test_mpipe_trainer_equals_plain_trainer(demo, tmp_path, options):
-    """3 steps of the pipelined script under torchrun equal the plain Trainer's on one process: every step's loss,
-    global grad norm and learning rate, and every parameter after the last step (atol 1e-4)."""
+    """3 steps (13 across an epoch's end) of the pipelined script under torchrun equal the plain Trainer's on one
+    process: every step's loss, global grad norm, learning rate and epoch, and every parameter after the last step
+    (atol 1e-4)."""
     plain, piped = str(tmp_path / "plain"), str(tmp_path / "piped")
     launch([sys.executable, PLAIN, *common(demo, plain, **options)])
     proc = torchrun(PIPELINED, common(demo, piped, **options))
     ref, got = history(plain), history(piped)
-    assert sorted(ref) == sorted(got) == [1, 2, 3]
+    assert sorted(ref) == sorted(got) == list(range(1, options.get("max_steps", 3) + 1))
     tol = 1e-3 if options.get("bf16") else 1e-5
     for step in ref:
         assert abs(got[step]["loss"] - ref[step]["loss"]) <= tol * ref[step]["loss"], (step, got[step], ref[step])
         assert abs(got[step]["grad_norm"] - ref[step]["grad_norm"]) <= 10 * tol * ref[step]["grad_norm"], step
         assert got[step]["learning_rate"] == pytest.approx(ref[step]["learning_rate"], rel=1e-12)
+        assert got[step]["epoch"] == pytest.approx(ref[step]["epoch"], rel=1e-12)
         assert 0.0 <= got[step]["bubble"] < 1.0 and got[step]["skipped_steps"] == 0
         assert {f"step_s_rank{r}" for r in range(2)} <= set(got[step])
         assert all(got[step][f"peak_activation_mib_rank{r}"] > 0 for r in range(2))

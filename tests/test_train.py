@@ -475,33 +475,31 @@ def test_conversations_train_exactly_and_a_bad_step_is_skipped(demo, tmp_path):
 def test_max_bad_steps_stops_the_run_with_the_last_error():
     """``on_bad_sample: skip`` skips a failing step until ``max_bad_steps`` fail in a row; a step that runs
     resets the count; ``raise`` stops at the first."""
+    from functools import partial
+
     from mpipe_hf.data.owner import MicroBatchPlan as Plan
     from mpipe_hf.schedule import ScheduleConfig
     from mpipe_hf.train.loop import Skips, run_step
     from mpipe_hf.train.recipe import DataSection
 
-    class Executor:  # fails the steps in ``bad``, as the pipeline raises a sample's ValueError on every rank
+    class Executor:  # loads micro 0 as the pipeline's owner would; a sample's ValueError fails the step
         cfg = ScheduleConfig(2, 1, 2)
+        step_index = 0
 
-        def __init__(self, bad):
-            self.bad, self.step_index = bad, 0
-
-        def step(self, load, next_load=None):
+        def step(self, load, next_load=None, num_micro=None):
             load(0)
             return "stats"
 
-    def load_for(bad):
-        def collate(rows):
-            if rows[0] // 2 in bad:  # micro 0 of a bad step
-                raise OSError("image file is truncated")
-            return rows
-        return Plan(list(range(40)), collate, 2, 1)
-    data = DataSection(path="x.jsonl", max_bad_steps=2)
-    plan, skips = load_for({1, 3, 4}), Skips()
-    results = []
-    with pytest.raises(ValueError, match=r"2 steps in a row skipped .*max_bad_steps = 2.*OSError: image file"):
+    def collate(rows):
+        if rows[0] // 2 in {1, 3, 4}:  # micro 0 of steps 1, 3 and 4
+            raise OSError("image file is truncated")
+        return rows
+    plan = Plan(list(range(40)), collate, 2, 1)
+    data, skips, results = DataSection(path="x.jsonl", max_bad_steps=2), Skips(), []
+    with pytest.raises(ValueError, match=r"OSError: image file is truncated \(2 steps in a row skipped .*"
+                                         r"max_bad_steps = 2\)"):
         for step in range(6):
-            results.append(run_step(Executor({}), plan, step, 6, data, skips))
+            results.append(run_step(Executor(), partial(plan.load, step), data, skips, step))
     assert results == ["stats", None, "stats", None] and skips.total == 3
     with pytest.raises(ValueError, match="dataset rows \\[2\\]: OSError"):
-        run_step(Executor({}), plan, 1, 6, dataclasses.replace(data, on_bad_sample="raise"), Skips())
+        run_step(Executor(), partial(plan.load, 1), dataclasses.replace(data, on_bad_sample="raise"), Skips(), 1)

@@ -415,7 +415,12 @@ def load_conversation_dataset(jsonl_path: str, processor, max_length: int | None
             if row["images"] and not encoder.vision:
                 raise ValueError(f"{where}: the row has images but {type(processor).__name__} is a tokenizer, not a "
                                  f"vision-language processor")
-            counts = encoder.image_tokens_for_sizes([_image_size(p, where) for p in row["images"]])
+            try:
+                counts = encoder.image_tokens_for_sizes([_image_size(p, where) for p in row["images"]])
+            except ValueError as err:  # the processor's own limits (an aspect ratio past 200, say)
+                if str(err).startswith(where):
+                    raise
+                raise ValueError(f"{where}: the image processor rejects an image: {err}") from err
             enc = encoder.encode(row["messages"], counts, where)
             if max_length is not None:
                 if enc.image_spans and enc.image_spans[-1][1] > max_length:

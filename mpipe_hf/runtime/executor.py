@@ -240,7 +240,8 @@ class PipelineExecutor:
             self._orders[(own, ahead)] = build_schedule(self.cfg, self.costs, own, ahead)[self.rank]
         return self._orders[(own, ahead)]
 
-    def step(self, load: Callable[[int], Tensors], next_load: Callable[[int], Tensors] | None = None) -> StepStats:
+    def step(self, load: Callable[[int], Tensors], next_load: Callable[[int], Tensors] | None = None,
+             num_micro: int | None = None) -> StepStats:
         """Run the schedule once over the step's ``M`` micro-batches; gradients add to ``.grad``.
 
         Args:
@@ -249,6 +250,8 @@ class PipelineExecutor:
             next_load: placement ``fill`` only: the next step's ``load``. The owners then load and preprocess the
                 next step's micros in this step's idle time, and the next step starts with them (it does not call
                 its own ``load`` for them). Pass it on every rank, or on none. Ignored with placement ``prefix``.
+            num_micro: fewer micro-batches than ``cfg.num_micro`` for this step (the last step of an epoch that
+                does not fill one), run with placement ``prefix`` and no look-ahead.
 
         Raises:
             ValueError: a sample or the model rejected the inputs on some rank (the same text on every rank),
@@ -265,9 +268,19 @@ class PipelineExecutor:
         kept = {p: p.grad for p in trained}
         for p in trained:
             p.grad = None
-        ahead, num_micro = next_load is not None and self.cfg.placement == "fill", self.cfg.num_micro
         carried, self._carried = self._carried, None
-        self.order = self._order(own=carried is None, ahead=ahead)
+        cfg = self.cfg
+        if num_micro is not None and num_micro != cfg.num_micro:  # a short step: its own schedule, no look-ahead
+            if not 1 <= num_micro <= cfg.num_micro or next_load is not None or carried is not None:
+                raise ValueError(f"a step of num_micro = {num_micro} needs 1 <= num_micro <= {cfg.num_micro}, no "
+                                 f"next_load and no micro-batches carried from the step before")
+            cfg = dataclasses.replace(cfg, num_micro=num_micro, placement="prefix")
+            if ("short", num_micro) not in self._orders:
+                self._orders[("short", num_micro)] = build_schedule(cfg)[self.rank]
+            self.order = self._orders[("short", num_micro)]
+        ahead, num_micro = next_load is not None and cfg.placement == "fill", cfg.num_micro
+        if cfg is self.cfg:
+            self.order = self._order(own=carried is None, ahead=ahead)
 
         def loader(m: int) -> Tensors:
             return load(m) if m < num_micro else next_load(m - num_micro)
@@ -275,7 +288,7 @@ class PipelineExecutor:
 
         def micro_seed(m: int) -> int:  # a look-ahead micro (m >= M) belongs to the next step
             return preprocess_seed(self.seed, index + m // num_micro, m % num_micro)
-        ctx = StepContext(self.cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
+        ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
                           loader, micro_seed, per_micro=self.per_micro)
         for m, (data, feats) in (carried or {}).items():
             ctx.data[m], ctx.feats[m] = data, feats

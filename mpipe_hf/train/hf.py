@@ -8,7 +8,8 @@ the model needs are the components ``mpipe-hf train`` runs on (README, "Design n
 
 - one optimizer step is one schedule over the step's micro-batches (:func:`~.loop.run_step`): the Trainer's
   ``gradient_accumulation_steps`` is the number of micro-batches ``M`` and ``per_device_train_batch_size`` the
-  rows per micro-batch; the Trainer then counts one accumulation step per optimizer step;
+  rows per micro-batch. The Trainer's loop runs as for one process (its epochs, its last short step, its sample
+  counts); its dataloader yields row indices, and the schedule runs at each step's first micro-batch;
 - only the owner of a micro-batch reads and collates its rows, with the user's ``data_collator`` (or, for
   ``messages``/``images`` rows, :class:`~mpipe_hf.data.ConversationCollator`);
 - AdamW over the rank's own parameters in the Trainer's decay groups (:func:`~.optimizer.build_optimizer`),
@@ -23,7 +24,6 @@ the model needs are the components ``mpipe-hf train`` runs on (README, "Design n
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 from transformers import AutoConfig, Trainer, TrainerCallback
+from transformers.utils import logging
 
 from ..data import ConversationCollator, MicroBatchPlan
 from ..models import get_family, split
@@ -44,6 +45,7 @@ from .optimizer import build_optimizer, clip_grad_norm
 from .precision import autocast_modules
 from .recipe import DataSection, ParallelSection, TrainSection
 
+logger = logging.get_logger(__name__)
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 SAMPLING = ("random", "sequential")
 
@@ -140,8 +142,30 @@ def _share(model, cfg, rank: int, layers_per_stage, text_layers: int, seed: int)
     return split(model, cfg, rank, counts, text_layers), getattr(config, "_name_or_path", None) or None, counts
 
 
-def _first(batch):
-    return batch[0]
+class _EpochSampler(torch.utils.data.Sampler):
+    """Row indices ``0 .. n-1`` in file order, or (``shuffle``) in the order of ``torch.randperm`` drawn from
+    ``seed + epoch``: the same on every rank, and the same after a resume (the Trainer calls ``set_epoch``)."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool):
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.n))
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist())
+
+
+class _RowLoader(DataLoader):
+    """A ``DataLoader`` of row indices whose ``set_epoch`` reaches its sampler."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
 
 
 class _Pipeline(nn.Module):
@@ -220,7 +244,6 @@ class MPipeTrainer(Trainer):
             raise ValueError("MPipeTrainer needs args (TrainingArguments) and mpipe_config (MPipeConfig)")
         check_training_args(args, mpipe_config)
         self.num_micro = args.gradient_accumulation_steps
-        args.gradient_accumulation_steps = 1  # the Trainer counts one accumulation step per schedule
         if args.gradient_checkpointing and args.gradient_checkpointing_kwargs is None:
             args.gradient_checkpointing_kwargs = {"use_reentrant": False}
         self.mpipe = mpipe_config
@@ -276,22 +299,31 @@ class MPipeTrainer(Trainer):
         model_type = self.carved.model.config.model_type
         return ConversationCollator(self.processing_class, self.mpipe.max_length, model_type=model_type)
 
-    def _plan(self, dataset, micro_batch_size: int, shuffle: bool) -> MicroBatchPlan:
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        return MicroBatchPlan(dataset, self._collate(), self.num_micro, micro_batch_size,
-                              self.carved.validate_micro, shuffle, seed)
+    def _plan(self, dataset, micro_batch_size: int) -> MicroBatchPlan:
+        return MicroBatchPlan(dataset, self._collate(), self.num_micro, micro_batch_size, self.carved.validate_micro)
 
     def get_train_dataloader(self) -> DataLoader:
-        """One item per optimizer step (its index); the step's rows are read by their owners in the schedule."""
+        """Row indices, ``per_device_train_batch_size`` per item (one micro-batch): the Trainer takes
+        ``gradient_accumulation_steps`` items per optimizer step, as for one process, and the schedule reads the
+        rows on their owners. Every rank iterates the same indices: sequential, or each epoch in an order drawn
+        from ``data_seed`` (else ``seed``) and the epoch."""
         if self.train_dataset is None:
             raise ValueError("MPipeTrainer: training needs a train_dataset")
-        self.plan = self._plan(self.train_dataset, self.args.per_device_train_batch_size,
-                               self.args.train_sampling_strategy == "random")
-        steps = math.ceil(len(self.train_dataset) / (self.num_micro * self.args.per_device_train_batch_size))
-        return DataLoader(range(steps), batch_size=1, collate_fn=_first)  # batched, so a resume can skip steps
+        self.plan = self._plan(self.train_dataset, self.args.per_device_train_batch_size)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        sampler = _EpochSampler(len(self.train_dataset), seed, self.args.train_sampling_strategy == "random")
+        return _RowLoader(range(len(self.train_dataset)), batch_size=self.args.per_device_train_batch_size,
+                          sampler=sampler, collate_fn=list)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        return [next(epoch_iterator) for _ in range(num_batches)], None
+        """The update step's micro-batches (lists of row indices; fewer than ``M`` at the end of an epoch)."""
+        self.step_rows = []
+        for _ in range(num_batches):
+            try:
+                self.step_rows.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        return self.step_rows, None
 
     def floating_point_ops(self, inputs) -> int:
         return 0
@@ -310,13 +342,25 @@ class MPipeTrainer(Trainer):
         return self.optimizer
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
-        """One schedule over step ``global_step``'s micro-batches; the step's loss (mean over its label tokens,
-        the same on every rank), or 0 for a skipped step (no gradient: the optimizer leaves every parameter)."""
-        self.model.train()
-        stats = run_step(self.executor, self.plan, self.state.global_step, self.state.max_steps,
-                         self.mpipe.data(self.args.per_device_train_batch_size), self.skips)
-        if stats is None:
+        """At the update step's first micro-batch: one schedule over all of the step's micro-batches, returning
+        the step's loss (the same on every rank); at the others, 0, so the Trainer's sum is the step's loss. A
+        skipped step (a bad sample, ``on_bad_sample: skip``) leaves no gradient and returns NaN, which the
+        Trainer's ``logging_nan_inf_filter`` keeps out of the logged loss; the optimizer step and the LR
+        schedule's step are skipped, as for an overflowing fp16 step."""
+        if inputs is not self.step_rows[0]:
             return torch.zeros((), device=self.args.device)
+        self.model.train()
+        rows = list(self.step_rows)
+        step = self.state.global_step
+        stats = run_step(self.executor, lambda m: self.plan.load_rows(rows[m]),
+                         self.mpipe.data(self.args.per_device_train_batch_size), self.skips, step,
+                         num_micro=len(rows))
+        self.optimizer._is_overflow = stats is None  # AcceleratedOptimizer: the Trainer then skips the LR step
+        if stats is None:
+            if self.rank == 0:
+                logger.warning(f"mpipe_hf: step {step + 1} skipped ({self.skips.in_row} in a row, "
+                               f"{self.skips.total} in all): {self.skips.last}")
+            return torch.full((), float("nan"), device=self.args.device)
         self.mpipe_callback.window.append(stats)
         return torch.tensor(stats.loss, device=self.args.device)
 
@@ -370,8 +414,13 @@ class MPipeTrainer(Trainer):
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("MPipeTrainer.evaluate needs an eval_dataset")
+        if isinstance(dataset, dict):  # several eval sets, as the Trainer: eval_<name>_loss each
+            metrics = {}
+            for name, part in dataset.items():
+                metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
         start = time.perf_counter()
-        plan = self._plan(dataset, self.args.per_device_eval_batch_size, False)
+        plan = self._plan(dataset, self.args.per_device_eval_batch_size)
         mbs, n = self.args.per_device_eval_batch_size, len(dataset)
         loss_sum, tokens = 0.0, 0
         for first in range(0, n, self.num_micro * mbs):
@@ -387,3 +436,13 @@ class MPipeTrainer(Trainer):
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test"):
+        """Not supported: predictions (logits) live on the last rank only. Use ``evaluate()`` for the loss, or
+        load the saved checkpoint with ``from_pretrained`` to predict."""
+        raise NotImplementedError("MPipeTrainer.predict is not supported: the logits live on the last pipeline "
+                                  "rank; use evaluate() for the loss, or from_pretrained(checkpoint) to predict")
+
+    def _load_best_model(self) -> None:
+        """``load_best_model_at_end``: every rank reads its share from the best checkpoint."""
+        load_share_values(self.state.best_model_checkpoint, self.carved, self.cfg, self.rank)

@@ -9,9 +9,8 @@ of the step, which the executor raises on every rank with the same text) is skip
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
+from typing import Callable
 
-from ..data import MicroBatchPlan
 from ..runtime import PipelineExecutor, StepStats
 from .recipe import DataSection
 
@@ -25,37 +24,37 @@ class Skips:
     last: str | None = None
 
 
-def run_step(executor: PipelineExecutor, plan: MicroBatchPlan, step: int, steps: int, data: DataSection,
-             skips: Skips) -> StepStats | None:
-    """Run step ``step`` (0-based, of ``steps``) over its micro-batches; ``None`` when it was skipped.
+def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: DataSection, skips: Skips, step: int,
+             ahead: Callable[[int], dict] | None = None, num_micro: int | None = None) -> StepStats | None:
+    """Run step ``step`` (0-based) over its micro-batches (``load(m)``); ``None`` when it was skipped.
 
-    With placement ``fill`` the owners also load the next step's micro-batches in this step's idle time; when
-    the step fails, it is run again without them, so that a bad row of the next step skips the next step, not
-    this one.
+    With placement ``fill`` and ``ahead`` (the next step's ``load``), the owners also load the next step's
+    micro-batches in this step's idle time; when the step fails, it is run again without them, so that a bad row
+    of the next step skips the next step, not this one. ``num_micro``: a step shorter than the schedule's ``M``.
 
     Raises:
         ValueError: a bad sample with ``on_bad_sample: raise``, or the ``max_bad_steps``-th skipped step in a row
-            (with the last error's text).
+            (the last error's text, which names its rank and action, and the count).
         TimeoutError, RuntimeError: any other failure (the same text on every rank).
     """
     executor.step_index = step  # P's dropout seeds follow the data step, skipped steps included
-    load = partial(plan.load, step)
-    ahead = partial(plan.load, step + 1) if step + 1 < steps and executor.cfg.placement == "fill" else None
+    if executor.cfg.placement != "fill":
+        ahead = None
     try:
         try:
-            stats = executor.step(load, ahead)
+            stats = executor.step(load, ahead, num_micro)
         except ValueError:
             if ahead is None:
                 raise
             executor.step_index = step
-            stats = executor.step(load)
+            stats = executor.step(load, None, num_micro)
     except ValueError as err:
         if data.on_bad_sample == "raise":
             raise
         skips.in_row, skips.total, skips.last = skips.in_row + 1, skips.total + 1, str(err)
         if skips.in_row >= data.max_bad_steps:
-            raise ValueError(f"{skips.in_row} steps in a row skipped for bad samples (data.max_bad_steps = "
-                             f"{data.max_bad_steps}); the last: {err}") from err
+            raise ValueError(f"{err} ({skips.in_row} steps in a row skipped for bad samples, data.max_bad_steps = "
+                             f"{data.max_bad_steps})") from err
         return None
     skips.in_row = 0
     return stats

@@ -13,6 +13,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -64,12 +65,17 @@ def load_config(source: ModelSource):
     return AutoConfig.from_pretrained(path)
 
 
+def first_row(path: str) -> str:
+    """The first line of the JSONL at ``path`` that is not blank ("" for an empty file)."""
+    with open(path) as f:
+        return next((line for line in f if line.strip()), "")
+
+
 def _check_data(path: str, config) -> None:
     """The first row is in a form the model reads (the loader checks every row in full)."""
     forms = [CONVERSATION_FIELDS, CAPTION_FIELDS] if is_vision_language(config) else [CONVERSATION_FIELDS,
                                                                                       TEXT_FIELDS]
-    with open(path) as f:
-        first = f.readline()
+    first = first_row(path)
     try:
         row = json.loads(first)
     except json.JSONDecodeError as err:
@@ -168,13 +174,13 @@ def load_data(recipe: Recipe, config, processor, quiet: bool = False):
     dropped with one warning (none when ``quiet``)."""
     path, max_length = recipe.data.path, recipe.data.max_length
     if not is_vision_language(config):
-        with open(path) as f:
-            if "messages" not in json.loads(f.readline()):
-                return load_text_dataset(path), TextCollator(processor, max_length)
-    with warnings.catch_warnings():
-        if quiet:
-            warnings.simplefilter("ignore")
+        if "messages" not in json.loads(first_row(path)):
+            return load_text_dataset(path), TextCollator(processor, max_length)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         dataset = load_conversation_dataset(path, processor, max_length, model_type=config.model_type)
+    for warning in caught if not quiet else []:  # the dropped rows, as one line
+        print(f"mpipe_hf: warning: {warning.message}", flush=True)
     return dataset, ConversationCollator(processor, max_length, model_type=config.model_type)
 
 
@@ -239,7 +245,8 @@ def train(recipe: Recipe) -> TrainResult:
     losses, rank_bubbles, peaks, skips, start = [], [], [], Skips(), time.perf_counter()
     bar = tqdm(range(steps), disable=rank != 0, desc="train", dynamic_ncols=True)
     for step in bar:
-        stats = run_step(executor, plan, step, steps, recipe.data, skips)
+        ahead = partial(plan.load, step + 1) if step + 1 < steps else None  # placement fill loads it early
+        stats = run_step(executor, partial(plan.load, step), recipe.data, skips, step, ahead)
         if stats is None:
             if rank == 0:
                 tqdm.write(f"mpipe_hf: warning: step {step + 1} skipped ({skips.in_row} in a row, {skips.total} in "
@@ -280,7 +287,7 @@ def train(recipe: Recipe) -> TrainResult:
     if rank == 0:
         log.close()
         later = rank_bubbles[1:] or rank_bubbles  # the first step warms up
-        mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(cfg.pp_size)]
+        mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(cfg.pp_size)] if later else []
         peak = [round(max(p[r] for p in peaks) / 2 ** 20, 2) for r in range(cfg.pp_size)] if peaks else []
         trained = (f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; bubble per rank {mean} (mean of the steps after "
                    f"the first); peak saved activations per rank {peak} MiB") if losses else "no step ran"
@@ -373,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
             where = "" if shared or int(os.environ.get("WORLD_SIZE", 1)) == 1 else f"rank {rank}: "
             print(f"mpipe-hf: error: {where}{error_line(err)} (tracebacks: {os.path.dirname(path)})",
                   file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(1)  # no teardown: a failed step's helper threads would only add noise ("terminate called ...")
+    if dist.is_initialized():
+        dist.destroy_process_group()
