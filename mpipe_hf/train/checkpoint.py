@@ -13,12 +13,13 @@ import json
 import os
 import shutil
 
+import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
 
 def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dist.ProcessGroup,
-                    save_extras=None, merge: bool = False) -> None:
+                    save_extras=None, merge: bool = False, rank_files: dict | None = None) -> None:
     """Write ``state`` (this rank's ``{name: tensor}``) as shard ``rank`` of ``out_dir``.
 
     Args:
@@ -30,6 +31,8 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
         merge: ``out_dir`` holds other files that must stay (a Trainer's ``output_dir`` with its
             ``checkpoint-*`` directories): each written file is renamed into it (each file atomically), and the
             weight files of an earlier save that this one does not rewrite are removed.
+        rank_files: ``{file name: object}`` this rank also writes into the checkpoint (``torch.save``), before
+            it is renamed into place: its training state (:mod:`.state`).
     """
     out_dir = os.path.abspath(out_dir)
     tmp = out_dir + ".tmp"
@@ -40,6 +43,10 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
     shard = f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
     tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
     save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
+    _fsync(os.path.join(tmp, shard))
+    for name, obj in (rank_files or {}).items():
+        torch.save(obj, os.path.join(tmp, name))
+        _fsync(os.path.join(tmp, name))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(os.path.join(tmp, shard), 0o666 & ~umask)  # safetensors writes 0600; share like the other files
@@ -53,6 +60,10 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
             json.dump(index, f, indent=2)
         if save_extras is not None:
             save_extras(tmp)
+        for name in os.listdir(tmp):  # everything on disk before the directory appears under its name
+            if os.path.isfile(os.path.join(tmp, name)):
+                _fsync(os.path.join(tmp, name))
+        _fsync(tmp)
         if merge:
             written = set(os.listdir(tmp))
             for name in os.listdir(out_dir):
@@ -63,12 +74,52 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
                 os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
             os.rmdir(tmp)
         else:
-            old = out_dir + ".old"
-            if os.path.exists(out_dir):
-                os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
+            _swap_in(tmp, out_dir)
+        _fsync(os.path.dirname(out_dir))
     dist.barrier(group=group)
+
+
+def _fsync(path: str) -> None:
+    """Flush a file's or a directory's data and metadata to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two directories in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` where the call is not
+    there."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) != 0:
+        errno = ctypes.get_errno()
+        if errno in (38, 22, 95):  # ENOSYS, EINVAL (file system without it), EOPNOTSUPP
+            return False
+        raise OSError(errno, os.strerror(errno), b)
+    return True
+
+
+def _swap_in(tmp: str, out_dir: str) -> None:
+    """Put the complete directory ``tmp`` at ``out_dir`` with no moment at which ``out_dir`` is missing or
+    partial: a rename for a new name, else an atomic exchange with the old one (which is then removed). Where
+    the exchange is not available, the old directory is moved aside first (a short window)."""
+    if not os.path.exists(out_dir):
+        os.rename(tmp, out_dir)
+        return
+    if _exchange(tmp, out_dir):
+        shutil.rmtree(tmp)
+        return
+    old = out_dir + ".old"
+    os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_hub_files(directory: str, config, processor, source: str | None = None) -> None:

@@ -197,6 +197,12 @@ class TrainSection:
         bf16: compute in bf16 with fp32 master weights (autocast; :mod:`mpipe_hf.train.precision`).
         trace: record every action's start and end on every rank and write ``output_dir/trace.json`` (Chrome
             trace; ``mpipe-hf plot --trace`` draws it).
+        save_steps: also write ``output_dir/checkpoint-<step>/`` every this many steps (weights as
+            ``from_pretrained`` loads them, and every rank's optimizer, LR schedule, RNG states and step); 0: only
+            the final ``output_dir/checkpoint``.
+        save_total_limit: keep only this many ``checkpoint-<step>`` directories, the newest (``None``: all).
+        resume: ``auto`` (the newest complete ``checkpoint-<step>`` of ``output_dir``, or a fresh start when
+            there is none) or a checkpoint directory: continue from it, bit-exactly.
 
     Raises:
         ValueError: ``max_steps`` below 1, a negative rate, decay or norm, a beta outside ``[0, 1)``, an unknown
@@ -220,6 +226,9 @@ class TrainSection:
     gradient_checkpointing: bool = False
     bf16: bool = False
     trace: bool = False
+    save_steps: int = 0
+    save_total_limit: int | None = None
+    resume: str | None = None
 
     def total_steps(self, steps_per_epoch: float) -> int:
         """``max_steps``, or ``ceil(num_train_epochs * steps_per_epoch)`` when it is -1."""
@@ -259,6 +268,13 @@ class TrainSection:
         for key in ("gradient_checkpointing", "bf16", "trace"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"train.{key} must be true or false, got {getattr(self, key)!r}")
+        if not isinstance(self.save_steps, int) or isinstance(self.save_steps, bool) or self.save_steps < 0:
+            raise ValueError(f"train.save_steps must be an integer >= 0, got {self.save_steps!r}")
+        if self.save_total_limit is not None and (not isinstance(self.save_total_limit, int) or isinstance(
+                self.save_total_limit, bool) or self.save_total_limit < 1):
+            raise ValueError(f"train.save_total_limit must be an integer >= 1 or null, got {self.save_total_limit!r}")
+        if self.resume is not None and not isinstance(self.resume, str):
+            raise ValueError(f"train.resume must be 'auto' or a checkpoint directory, got {self.resume!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"train.seed must be an integer, got {self.seed!r}")
 

@@ -7,8 +7,10 @@ RECIPE.yaml`` or ``accelerate launch ... -m mpipe_hf.train RECIPE.yaml``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+import yaml
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText,
@@ -26,12 +29,13 @@ from ..data import (ConversationCollator, MicroBatchPlan, TextCollator, build_pr
                     load_conversation_dataset, load_text_dataset)
 from ..data.processor import QWEN_PROCESSORS
 from ..models import get_family
-from ..models.load import split_from_checkpoint, split_from_config
+from ..models.load import load_share_values, split_from_checkpoint, split_from_config
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
 from .checkpoint import save_checkpoint, save_hub_files
 from .loop import Skips, run_step
+from .state import checkpoints, load_rank_state, rank_state, rank_state_name, resolve_resume
 from .optimizer import build_optimizer, build_scheduler, clip_grad_norm
 from .precision import autocast_modules
 from .recipe import ModelSource, Recipe, load_recipe
@@ -234,25 +238,55 @@ def train(recipe: Recipe) -> TrainResult:
                                 timedelta(seconds=par.timeout_s), carved.tied_parameters(cfg, rank),
                                 trace=opt.trace, costs=placement_costs(recipe, layers_per_stage), seed=opt.seed,
                                 measure_memory=True)
-    log = open(os.path.join(opt.output_dir, "metrics.jsonl"), "w") if rank == 0 else None
+    skips, start_step = Skips(), 0
+    resume = resolve_resume(opt.resume, opt.output_dir)
+    if resume is not None:  # the weights, then every rank's optimizer, schedule, RNG and step
+        together(lambda: load_share_values(resume, carved, cfg, rank), "resume", rank, cfg.pp_size, group)
+        start_step = together(lambda: load_rank_state(resume, rank, optimizer, scheduler, skips), "resume", rank,
+                              cfg.pp_size, group)
+    metrics_path = os.path.join(opt.output_dir, "metrics.jsonl")
+    log = open(metrics_path, "a" if resume is not None else "w") if rank == 0 else None
+    history = [json.loads(line) for line in open(metrics_path)] if rank == 0 and resume is not None else []
     if rank == 0:
         print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} "
               f"preprocess={cfg.preprocess} "
               f"placement={cfg.placement} "
               f"text_layers={par.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
-              f"layers per stage={layers_per_stage}", flush=True)
-    losses, rank_bubbles, peaks, skips, start = [], [], [], Skips(), time.perf_counter()
-    bar = tqdm(range(steps), disable=rank != 0, desc="train", dynamic_ncols=True)
+              f"layers per stage={layers_per_stage}"
+              + (f"; resumed from {resume} at step {start_step}" if resume is not None else ""), flush=True)
+    losses, rank_bubbles, peaks, start = [], [], [], time.perf_counter()
+
+    def extras(directory):  # what a hub snapshot holds besides the weights
+        save_hub_files(directory, model.config, processor, recipe.model.name_or_path)
+
+    def save_state(done: int) -> None:  # checkpoint-<done>: weights, hub files, each rank's state, the run's record
+        def with_state(directory):
+            extras(directory)
+            with open(os.path.join(directory, "trainer_state.json"), "w") as f:
+                json.dump({"global_step": done, "max_steps": steps, "log_history": history}, f, indent=1)
+            with open(os.path.join(directory, "recipe.yaml"), "w") as f:
+                yaml.safe_dump(dataclasses.asdict(recipe), f)
+        path = os.path.join(opt.output_dir, f"checkpoint-{done}")
+        save_checkpoint(path, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, with_state,
+                        rank_files={rank_state_name(rank): rank_state(done, optimizer, scheduler, skips)})
+        if rank == 0 and opt.save_total_limit is not None:
+            for _, old in checkpoints(opt.output_dir)[:-opt.save_total_limit]:
+                shutil.rmtree(old, ignore_errors=True)
+    bar = tqdm(range(start_step, steps), disable=rank != 0, desc="train", dynamic_ncols=True, initial=start_step,
+               total=steps)
     for step in bar:
+        if opt.save_steps and step > start_step and step % opt.save_steps == 0:
+            save_state(step)
         ahead = partial(plan.load, step + 1) if step + 1 < steps else None  # placement fill loads it early
         stats = run_step(executor, partial(plan.load, step), recipe.data, skips, step, ahead)
         if stats is None:
             if rank == 0:
                 tqdm.write(f"mpipe_hf: warning: step {step + 1} skipped ({skips.in_row} in a row, {skips.total} in "
                            f"all): {skips.last}")
-                log.write(json.dumps({"step": step + 1, "skipped": True, "skipped_steps": skips.total,
-                                      "error": skips.last}) + "\n")
+                history.append({"step": step + 1, "skipped": True, "skipped_steps": skips.total,
+                                "error": skips.last})
+                log.write(json.dumps(history[-1]) + "\n")
                 log.flush()
             continue
         grad_norm = clip_grad_norm(list(params.values()), counted, opt.max_grad_norm, group, device)  # all ranks
@@ -274,13 +308,11 @@ def train(recipe: Recipe) -> TrainResult:
             row["peak_device_mib_per_rank"] = [round(b / 2 ** 20, 1) for b in stats.rank_device_bytes]
         bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", bubble=f"{stats.bubble:.2f}")
         if log is not None and ((step + 1) % opt.logging_steps == 0 or step + 1 == steps):
+            history.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
     wall = time.perf_counter() - start
     out = os.path.join(opt.output_dir, "checkpoint")
-
-    def extras(directory):  # what a hub snapshot holds besides the weights
-        save_hub_files(directory, model.config, processor, recipe.model.name_or_path)
     save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
     if opt.trace:
         write_trace(os.path.join(opt.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)

@@ -1,0 +1,101 @@
+"""``mpipe-hf train`` periodic checkpoints and bit-exact resume (part of issue 14).
+
+A run of 4 steps with ``save_steps: 2`` is the reference. A second run starts from a copy of its
+``checkpoint-2`` (with the first two rows of its ``metrics.jsonl``, as a run killed after step 2 leaves them) and
+``resume: auto``: steps 3 and 4 must give the same losses and gradient norms, bit for bit, and the same final
+weights, with shuffled data and a trainable tower.
+"""
+
+import json
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("demo"))
+    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([out])
+    return out
+
+
+def recipe(demo, path, output_dir, **train):
+    raw = {"model": os.path.join(demo, "model"),
+           "data": {"path": os.path.join(demo, "data", "train.jsonl"), "micro_batch_size": 1},
+           "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "trainable", "timeout_s": 120},
+           "train": {"max_steps": 4, "learning_rate": 2e-3, "save_steps": 2, "output_dir": output_dir, **train}}
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f)
+    return str(path)
+
+
+def train(path):
+    proc = subprocess.run([CLI, "train", path], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def weights(directory):
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(directory, name)))
+    return out
+
+
+def test_resume_continues_bit_exactly(demo, tmp_path):
+    full = str(tmp_path / "full")
+    train(recipe(demo, tmp_path / "full.yaml", full, save_total_limit=1))
+    ckpt = os.path.join(full, "checkpoint-2")
+    assert sorted(os.listdir(full)) == ["checkpoint", "checkpoint-2", "metrics.jsonl"]
+    held = set(os.listdir(ckpt))
+    assert {"rank0_state.pt", "rank1_state.pt", "trainer_state.json", "recipe.yaml", "config.json",
+            "model.safetensors.index.json", "chat_template.jinja"} <= held
+    assert json.load(open(os.path.join(ckpt, "trainer_state.json")))["global_step"] == 2
+
+    resumed = str(tmp_path / "resumed")  # what a run killed after step 2 leaves behind
+    os.makedirs(resumed)
+    shutil.copytree(ckpt, os.path.join(resumed, "checkpoint-2"))
+    rows = open(os.path.join(full, "metrics.jsonl")).read().splitlines()
+    with open(os.path.join(resumed, "metrics.jsonl"), "w") as f:
+        f.write("\n".join(rows[:2]) + "\n")
+    os.makedirs(os.path.join(resumed, "checkpoint-3.tmp"))  # an incomplete write is never picked up
+    proc = train(recipe(demo, tmp_path / "resumed.yaml", resumed, resume="auto"))
+    assert "resumed from" in proc.stdout and "checkpoint-2 at step 2" in proc.stdout, proc.stdout[-2000:]
+    a = [json.loads(r) for r in rows]
+    b = [json.loads(r) for r in open(os.path.join(resumed, "metrics.jsonl")).read().splitlines()]
+    assert [r["step"] for r in b] == [1, 2, 3, 4], "metrics.jsonl is appended to"
+    for x, y in zip(a, b):
+        assert (x["loss"], x["grad_norm"], x["learning_rate"]) == (y["loss"], y["grad_norm"], y["learning_rate"])
+    wa, wb = weights(os.path.join(full, "checkpoint")), weights(os.path.join(resumed, "checkpoint"))
+    assert sorted(wa) == sorted(wb) and all(wa[k].equal(wb[k]) for k in wa), "final weights differ"
+
+
+def test_resume_path_must_be_a_checkpoint(demo, tmp_path):
+    from mpipe_hf.train.state import resolve_resume
+    with pytest.raises(ValueError, match="train.resume .* is not a checkpoint-<step> directory"):
+        resolve_resume(str(tmp_path), str(tmp_path))
+    assert resolve_resume("auto", str(tmp_path / "nothing")) is None  # auto with no checkpoint: a fresh start
+
+
+def test_a_checkpoint_is_replaced_with_no_moment_without_one(tmp_path):
+    """The final directory is swapped in whole: an atomic exchange with the old one where the system has it."""
+    from mpipe_hf.train.checkpoint import _swap_in
+    old, new = tmp_path / "checkpoint", tmp_path / "checkpoint.tmp"
+    old.mkdir()
+    (old / "weights").write_text("old")
+    new.mkdir()
+    (new / "weights").write_text("new")
+    _swap_in(str(new), str(old))
+    assert (old / "weights").read_text() == "new" and not new.exists()
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint"]
