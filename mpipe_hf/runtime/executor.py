@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..schedule import ScheduleConfig, build_schedule
-from ..schedule.forward import build_forward_schedule, forward_config
 from ..schedule.actions import RECV_KINDS, Kind
+from ..schedule.forward import build_forward_schedule, forward_config
 from ..schedule.simulate import Costs, Event
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
 from .memory import SavedStorages, storage_ids
@@ -191,10 +191,9 @@ class PipelineExecutor:
         Raises:
             As :meth:`step`.
         """
-        cfg = forward_config(dataclasses.replace(self.cfg, num_micro=num_micro or self.cfg.num_micro))
-        if ("forward", cfg.num_micro) not in self._orders:
-            self._orders[("forward", cfg.num_micro)] = build_forward_schedule(cfg)[self.rank]
-        order = self._orders[("forward", cfg.num_micro)]
+        cfg = dataclasses.replace(self.cfg, num_micro=num_micro or self.cfg.num_micro)
+        order = self._order(cfg=cfg, forward=True)
+        cfg = forward_config(cfg)  # what the handlers see: P without a graph
         if self.broken:
             self._fresh_group()
         self.watchdog.start_step()
@@ -234,11 +233,17 @@ class PipelineExecutor:
             p.grad = grad + self.p2p.recv(peer, f"TIED_GRAD from {peer}")["grad"]
         self.p2p.drain()
 
-    def _order(self, own: bool, ahead: bool) -> list:
-        """This rank's action list of the schedule variant (built once; see ``build_schedule``)."""
-        if (own, ahead) not in self._orders:
-            self._orders[(own, ahead)] = build_schedule(self.cfg, self.costs, own, ahead)[self.rank]
-        return self._orders[(own, ahead)]
+    def _order(self, own: bool = True, ahead: bool = False, cfg: ScheduleConfig | None = None,
+               forward: bool = False) -> list:
+        """This rank's action list of a schedule variant, built once: of ``cfg`` (default the executor's own; a
+        short step's otherwise) with ``own``/``ahead`` as ``build_schedule`` takes them, or (``forward``) its
+        forward-only schedule."""
+        cfg = self.cfg if cfg is None else cfg
+        key = (cfg, own, ahead, forward)
+        if key not in self._orders:
+            self._orders[key] = (build_forward_schedule(cfg) if forward
+                                 else build_schedule(cfg, self.costs, own, ahead))[self.rank]
+        return self._orders[key]
 
     def step(self, load: Callable[[int], Tensors], next_load: Callable[[int], Tensors] | None = None,
              num_micro: int | None = None) -> StepStats:
@@ -275,12 +280,8 @@ class PipelineExecutor:
                 raise ValueError(f"a step of num_micro = {num_micro} needs 1 <= num_micro <= {cfg.num_micro}, no "
                                  f"next_load and no micro-batches carried from the step before")
             cfg = dataclasses.replace(cfg, num_micro=num_micro, placement="prefix")
-            if ("short", num_micro) not in self._orders:
-                self._orders[("short", num_micro)] = build_schedule(cfg)[self.rank]
-            self.order = self._orders[("short", num_micro)]
         ahead, num_micro = next_load is not None and cfg.placement == "fill", cfg.num_micro
-        if cfg is self.cfg:
-            self.order = self._order(own=carried is None, ahead=ahead)
+        self.order = self._order(own=carried is None, ahead=ahead, cfg=cfg)
 
         def loader(m: int) -> Tensors:
             return load(m) if m < num_micro else next_load(m - num_micro)
