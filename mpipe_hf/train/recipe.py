@@ -106,11 +106,15 @@ class DataSection:
             ``max_length``, or dropped with a counted warning when the cut would go through an image's tokens.
         on_bad_sample: ``skip`` (default): a step whose data load fails on any rank is skipped on every rank (no
             optimizer step), with a warning naming the rows and a count in the metrics; ``raise``: the run stops.
-        max_bad_steps: with ``skip``, the run stops with the last error after this many skipped steps in a row.
+        max_bad_steps: with ``skip``, the run stops with the last error after this many skipped steps in a row
+            (a step is skipped for a bad sample, or for a loss or gradient norm that is not finite).
+        eval_path: a JSONL file of the same form as ``path``: ``train.eval_steps`` and the end of the run report
+            ``eval_loss`` over every row of it (forward-only schedule, summed over the label tokens of the whole
+            set and divided once); ``None``: no evaluation.
 
     Raises:
         ValueError: a count below 1, ``min_pixels > max_pixels``, a ``shuffle`` that is not a boolean, an
-            ``on_bad_sample`` other than ``skip``/``raise``.
+            ``on_bad_sample`` other than ``skip``/``raise``, an ``eval_path`` that is not a string.
     """
 
     path: str
@@ -121,8 +125,14 @@ class DataSection:
     max_length: int = 2048
     on_bad_sample: str = "skip"
     max_bad_steps: int = 3
+    eval_path: str | None = None
 
     def __post_init__(self):
+        for key in ("path", "eval_path"):
+            value = getattr(self, key)
+            if not isinstance(value, str) and (key == "path" or value is not None):
+                raise ValueError(f"data.{key} must be a JSONL file path{'' if key == 'path' else ' or null'}, got "
+                                 f"{value!r}")
         for key in ("micro_batch_size", "min_pixels", "max_pixels", "max_length", "max_bad_steps"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -202,7 +212,16 @@ class TrainSection:
             the final ``output_dir/checkpoint``.
         save_total_limit: keep only this many ``checkpoint-<step>`` directories, the newest (``None``: all).
         resume: ``auto`` (the newest complete ``checkpoint-<step>`` of ``output_dir``, or a fresh start when
-            there is none) or a checkpoint directory: continue from it, bit-exactly.
+            there is none) or a checkpoint directory: continue from it, bit-exactly. A checkpoint of another
+            ``pp_size``, ``vpp`` or layout resumes too: the weights, and the optimizer state by parameter name
+            (not bit-exact: the order of the sums differs).
+        reset_optimizer: on resume, start AdamW's moments afresh instead of loading them (the step, learning rate
+            schedule and data position still continue); needed when the checkpoint's optimizer state does not
+            cover this run's trained parameters.
+        eval_steps: with ``data.eval_path``, evaluate every this many steps (0: only after the last step).
+        report_to: experiment trackers, through Accelerate's tracker API (``tensorboard``, ``wandb``, ``mlflow``,
+            ``comet_ml``, ``aim``, ``clearml``, ``dvclive``, ``swanlab``, ``trackio``) or ``[]``; they log what
+            ``metrics.jsonl`` holds, from rank 0, under ``output_dir/runs``.
 
     Raises:
         ValueError: ``max_steps`` below 1, a negative rate, decay or norm, a beta outside ``[0, 1)``, an unknown
@@ -229,6 +248,9 @@ class TrainSection:
     save_steps: int = 0
     save_total_limit: int | None = None
     resume: str | None = None
+    reset_optimizer: bool = False
+    eval_steps: int = 0
+    report_to: list[str] = dataclasses.field(default_factory=list)
 
     def total_steps(self, steps_per_epoch: float) -> int:
         """``max_steps``, or ``ceil(num_train_epochs * steps_per_epoch)`` when it is -1."""
@@ -265,7 +287,7 @@ class TrainSection:
         kinds = [k.value for k in SchedulerType]
         if self.lr_scheduler_type not in kinds:
             raise ValueError(f"train.lr_scheduler_type must be one of {kinds}, got {self.lr_scheduler_type!r}")
-        for key in ("gradient_checkpointing", "bf16", "trace"):
+        for key in ("gradient_checkpointing", "bf16", "trace", "reset_optimizer"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"train.{key} must be true or false, got {getattr(self, key)!r}")
         if not isinstance(self.save_steps, int) or isinstance(self.save_steps, bool) or self.save_steps < 0:
@@ -275,13 +297,21 @@ class TrainSection:
             raise ValueError(f"train.save_total_limit must be an integer >= 1 or null, got {self.save_total_limit!r}")
         if self.resume is not None and not isinstance(self.resume, str):
             raise ValueError(f"train.resume must be 'auto' or a checkpoint directory, got {self.resume!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"train.seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2 ** 32:
+            raise ValueError(f"train.seed must be an integer in [0, 2**32), got {self.seed!r}")
+        if not isinstance(self.eval_steps, int) or isinstance(self.eval_steps, bool) or self.eval_steps < 0:
+            raise ValueError(f"train.eval_steps must be an integer >= 0, got {self.eval_steps!r}")
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+        report_to = [self.report_to] if isinstance(self.report_to, str) else self.report_to
+        if not isinstance(report_to, (list, tuple)) or any(t not in LOGGER_TYPE_TO_CLASS for t in report_to):
+            raise ValueError(f"train.report_to must be a list of trackers from {sorted(LOGGER_TYPE_TO_CLASS)}, got "
+                             f"{self.report_to!r}")
+        object.__setattr__(self, "report_to", list(report_to))
 
 
 SECTIONS = {"model": ModelSource, "data": DataSection, "parallel": ParallelSection, "train": TrainSection}
 RENAMED = {"steps": "train.max_steps", "lr": "train.learning_rate", "adam_eps": "train.adam_epsilon",
-           "data": "data.path"}
+           "data": "data.path", "eval_data": "data.eval_path", "eval_dataset": "data.eval_path"}
 
 
 @dataclass(frozen=True)
