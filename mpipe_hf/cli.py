@@ -1,6 +1,8 @@
 """``mpipe-hf``: the command line.
 
-- ``mpipe-hf train RECIPE.yaml`` starts ``pp_size`` local processes (through torchrun) and trains;
+- ``mpipe-hf train RECIPE.yaml [--max-restarts N]`` starts ``pp_size`` local processes (through torchrun) and
+  trains; after a failure torchrun's elastic agent restarts the group up to ``N`` times, and each restart
+  resumes from the run's newest ``checkpoint-<step>``;
 - ``mpipe-hf schedule --pp 4 --vpp 2 --micro 8 [--preprocess identity|frozen|trainable] [--overflow full|min]
   [--owner-backward] [--less-memory] [--gantt]`` prints each rank's action list of the MPipe Transpose schedule,
   or its Gantt chart under unit costs (F = 1, B = 2, preprocess forward = 1, backward = 2) with the bubble and
@@ -26,6 +28,8 @@ import sys
 def _train(args) -> None:
     from .train import load_recipe
     recipe = load_recipe(args.recipe)  # fail here, before starting any process
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be an integer >= 0, got {args.max_restarts}")
     if "RANK" in os.environ:  # already under a launcher
         from .train.trainer import main
         main([args.recipe])
@@ -40,14 +44,26 @@ def _train(args) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.parallel.pp_size)))
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # the one line is the workers'
     start = time.time()
+    restarts = [f"--max-restarts={args.max_restarts}"] if args.max_restarts else []
     try:
-        torchrun(["--standalone", f"--nproc_per_node={recipe.parallel.pp_size}", "-m", "mpipe_hf.train",
+        torchrun(["--standalone", f"--nproc_per_node={recipe.parallel.pp_size}", *restarts, "-m", "mpipe_hf.train",
                   args.recipe])
     except ChildFailedError as err:
+        killed = sorted((f.local_rank, f) for f in err.failures.values() if f.exitcode < 0)
         logs = os.path.join(recipe.train.output_dir, "logs")
-        if not any(os.path.getmtime(p) >= start for p in glob.glob(os.path.join(logs, "rank*.log"))):
-            failures = "; ".join(f"rank {f.local_rank} exited with {f.signal_name() if f.exitcode < 0 else f.exitcode}"
-                                 for f in err.failures.values())  # killed: no worker could report it
+        reported = any(os.path.getmtime(p) >= start for p in glob.glob(os.path.join(logs, "rank*.log")))
+        if killed:  # no worker could report it: say which rank was lost, and how to go on
+            first_rank, first = min(killed, key=lambda k: k[1].timestamp)
+            stopped = [r for r, f in killed if f is not first]
+            resume = ("it restarts by itself with --max-restarts N" if not args.max_restarts else
+                      f"{args.max_restarts} restarts were used up")
+            print(f"mpipe-hf: error: rank {first_rank} was lost ({first.signal_name()}, pid {first.pid})"
+                  + (f"; the launcher stopped rank{'s' if len(stopped) > 1 else ''} "
+                     f"{', '.join(map(str, stopped))}" if stopped else "")
+                  + f"; continue from the newest checkpoint-<step> with train.resume: auto ({resume})",
+                  file=sys.stderr, flush=True)
+        elif not reported:
+            failures = "; ".join(f"rank {f.local_rank} exited with {f.exitcode}" for f in err.failures.values())
             print(f"mpipe-hf: error: {failures}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 
@@ -185,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train from a recipe on pp_size local processes")
     train.add_argument("recipe")
+    train.add_argument("--max-restarts", type=int, default=0,
+                       help="restart the worker group this many times after a failure (torchrun's elastic agent); "
+                            "each restart resumes from the run's newest checkpoint-<step> (train.save_steps)")
     train.set_defaults(func=_train)
     sched = sub.add_parser("schedule", help="print the MPipe Transpose schedule")
     _schedule_flags(sched)

@@ -35,9 +35,9 @@ def launch(cmd, timeout=600):
     return proc
 
 
-def torchrun(script, args, nproc=2):
+def torchrun(script, args, nproc=2, timeout=600):
     return launch([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   script, *args])
+                   script, *args], timeout=timeout)
 
 
 def history(out):
@@ -153,3 +153,124 @@ def test_arguments_a_pipeline_cannot_honour_are_named(tmp_path):
     with pytest.raises(ValueError, match="processes for pp_size=2"):
         check_training_args(TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
                             MPipeConfig(pp_size=2))
+
+
+# ---- checkpoint-<step> written whole or not at all ----------------------------------------------------------
+
+CHECKPOINT_FILES = {"optimizer-rank0.pt", "optimizer-rank1.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth",
+                    "trainer_state.json", "config.json", "generation_config.json", "model.safetensors.index.json",
+                    "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
+
+
+def checkpoint_worker(out: str, report: str, fail_step: int) -> None:
+    """Run by torchrun (this file as a script, 2 processes): 4 steps of a tiny Qwen2 LM with ``save_steps=1``,
+    ``save_total_limit=2``, an evaluation at every step and ``load_best_model_at_end``. With ``fail_step`` > 0 the
+    optimizer file of rank 1 fails half-written at that step's save (``OSError``, a full disk). Each rank writes
+    what ``train()`` raised (empty: nothing) to ``report/rank<r>.txt``."""
+    import errno
+    from transformers import Qwen2Config, Qwen2ForCausalLM, TrainingArguments
+    from mpipe_hf import MPipeConfig, MPipeTrainer
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    rows = [{"input_ids": torch.randint(0, 96, (12,)).tolist()} for _ in range(8)]
+
+    def collate(batch):
+        ids = torch.tensor([row["input_ids"] for row in batch])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+    if fail_step:
+        write = MPipeTrainer._save_optimizer_and_scheduler
+
+        def failing(self, output_dir):
+            if self.rank == 1 and self.state.global_step == fail_step:
+                with open(os.path.join(output_dir, "optimizer-rank1.pt"), "wb") as f:
+                    f.write(b"half of it")
+                raise OSError(errno.ENOSPC, "No space left on device (injected)")
+            write(self, output_dir)
+        MPipeTrainer._save_optimizer_and_scheduler = failing
+    args = TrainingArguments(output_dir=out, max_steps=4, per_device_train_batch_size=1,
+                             gradient_accumulation_steps=2, learning_rate=1e-3, logging_steps=1, save_steps=1,
+                             save_total_limit=2, eval_strategy="steps", eval_steps=1, load_best_model_at_end=True,
+                             metric_for_best_model="eval_loss", report_to="none", remove_unused_columns=False,
+                             train_sampling_strategy="sequential", use_cpu=True, seed=0)
+    trainer = MPipeTrainer(model=Qwen2ForCausalLM(config), args=args,
+                           mpipe_config=MPipeConfig(pp_size=2, preprocess="identity", timeout_s=60),
+                           train_dataset=rows, eval_dataset=rows[:2], data_collator=collate)
+    try:
+        trainer.train()
+        error = ""
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        error = f"{type(err).__name__}: {err}"
+    with open(os.path.join(report, f"rank{os.environ['RANK']}.txt"), "w") as f:
+        f.write(error)
+
+
+def run_checkpoint_worker(tmp_path, fail_step: int = 0):
+    out, report = tmp_path / "out", tmp_path / "report"
+    report.mkdir()
+    torchrun(os.path.abspath(__file__), [str(out), str(report), str(fail_step)], timeout=300)
+    return str(out), [(report / f"rank{r}.txt").read_text() for r in range(2)]
+
+
+def assert_complete(checkpoint: str, step: int):
+    files = set(os.listdir(checkpoint))
+    assert CHECKPOINT_FILES <= files, (checkpoint, sorted(CHECKPOINT_FILES - files))
+    index = json.load(open(os.path.join(checkpoint, "model.safetensors.index.json")))
+    assert set(index["weight_map"].values()) <= files
+    assert json.load(open(os.path.join(checkpoint, "trainer_state.json")))["global_step"] == step
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(checkpoint)
+
+
+def leftovers(out: str) -> list[str]:
+    return [name for name in os.listdir(out) if name.startswith("tmp-") or name.endswith((".tmp", ".old"))]
+
+
+def test_trainer_checkpoints_are_renamed_in_whole(tmp_path):
+    """Every ``checkpoint-<step>`` is written as ``tmp-checkpoint-<step>`` (a name the Trainer's resume and
+    rotation do not match) and renamed in complete: after training every kept checkpoint has every rank's files,
+    ``save_total_limit`` and ``best_model_checkpoint`` name final directories, and what a crashed save left is gone
+    at the next save."""
+    from pathlib import Path
+    from transformers.trainer_utils import _re_checkpoint, get_last_checkpoint
+    from mpipe_hf.train.hf import STAGING_PREFIX
+    staged = f"{STAGING_PREFIX}checkpoint-12"
+    assert _re_checkpoint.search(staged) is None and _re_checkpoint.search(staged + ".tmp") is None
+    stale = tmp_path / "out" / f"{STAGING_PREFIX}checkpoint-99"  # a crashed save's leftover
+    stale.mkdir(parents=True)
+    (stale / "model-00001-of-00002.safetensors").write_bytes(b"partial")
+    assert get_last_checkpoint(str(tmp_path / "out")) is None
+    assert not list(Path(tmp_path / "out").glob("checkpoint-*"))  # rotation's glob
+    out, errors = run_checkpoint_worker(tmp_path)
+    assert errors == ["", ""], errors
+    assert leftovers(out) == []
+    kept = sorted(name for name in os.listdir(out) if name.startswith("checkpoint-"))
+    assert len(kept) == 2 and "checkpoint-4" in kept, kept
+    for name in kept:
+        assert_complete(os.path.join(out, name), int(name.split("-")[1]))
+    assert get_last_checkpoint(out) == os.path.join(out, "checkpoint-4")
+    best = json.load(open(os.path.join(out, "checkpoint-4", "trainer_state.json")))["best_model_checkpoint"]
+    assert best is not None and os.path.basename(best) in kept, (best, kept)
+
+
+def test_a_failed_trainer_save_leaves_the_last_checkpoint(tmp_path):
+    """The optimizer file of rank 1 fails half-written in step 3's save: every rank raises that rank's error (none
+    waits for the other), no ``checkpoint-3`` nor temporary directory is left, and ``checkpoint-2``, complete, is
+    what ``resume_from_checkpoint=True`` would take."""
+    from transformers.trainer_utils import get_last_checkpoint
+    out, errors = run_checkpoint_worker(tmp_path, fail_step=3)
+    for error in errors:
+        assert error.startswith("RuntimeError: pipeline rank 1, saving ") and "checkpoint-3" in error, errors
+        assert "OSError: [Errno 28] No space left on device (injected)" in error, errors
+    assert sorted(name for name in os.listdir(out) if name.startswith("checkpoint-")) == ["checkpoint-1",
+                                                                                           "checkpoint-2"]
+    assert leftovers(out) == []
+    assert_complete(os.path.join(out, "checkpoint-2"), 2)
+    assert get_last_checkpoint(out) == os.path.join(out, "checkpoint-2")
+
+
+if __name__ == "__main__":
+    checkpoint_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]))

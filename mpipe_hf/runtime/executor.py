@@ -38,7 +38,7 @@ from ..schedule.simulate import Costs, Event
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
 from .memory import SavedStorages, storage_ids
 from .p2p import P2P
-from .watchdog import PeerFailed, Watchdog, describe, release_abandoned
+from .watchdog import PeerFailed, Watchdog, describe, lost_peer, release_abandoned
 
 
 # process groups of closed executors, by (pipeline ranks, timeout): [(collectives, up, down, watchdog step)]
@@ -170,8 +170,17 @@ class PipelineExecutor:
         self.broken = True
         if not isinstance(err, PeerFailed):
             where = f"pipeline rank {self.rank}" + (f", {action}" if action is not None else "")
-            self.watchdog.report(type(err)(f"{where}: {err}") if type(err) in (ValueError, TimeoutError)
-                                 else RuntimeError(f"{where}: {type(err).__name__}: {err}"))
+            if lost_peer(err):  # a peer's process is gone: no rank waits for it to settle the step
+                self.watchdog.mark_lost()
+                peer = f"pipeline rank {action.peer}" if action is not None and action.peer is not None else (
+                    "a pipeline rank")
+                shared = RuntimeError(f"{where}: lost {peer}, whose process ended (killed or crashed; see its "
+                                      f"log): {str(err).splitlines()[0]}")
+            elif type(err) in (ValueError, TimeoutError):
+                shared = type(err)(f"{where}: {err}")
+            else:
+                shared = RuntimeError(f"{where}: {type(err).__name__}: {err}")
+            self.watchdog.report(shared)
         self._stale += release_abandoned(self.watchdog, self.group, self.p2p.channel, self.rank,
                                          len(self.global_ranks), self.device)
         return self.watchdog.first_error()

@@ -14,14 +14,28 @@ def init_distributed(timeout: timedelta = timedelta(minutes=5)) -> torch.device:
     """Join the process group that ``torchrun`` or ``accelerate launch`` set up in the environment.
 
     Uses NCCL when CUDA is available, else gloo. Returns this process's device.
+
+    A worker group that torchrun's elastic agent restarted (``TORCHELASTIC_RESTART_COUNT > 0``) joins through
+    the agent's store under a prefix of its own attempt: on the agent's store the backends' connection keys of the
+    failed attempt are still there (torch 2.13, gloo: the restarted ranks dial the dead processes' addresses and
+    fail with "Connection refused").
     """
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout,
+    if dist.is_initialized():
+        return device
+    backend, restart = "nccl" if cuda else "gloo", int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if restart > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        world = int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                              timeout=timeout)
+        dist.init_process_group(backend, store=dist.PrefixStore(f"mpipe_hf/attempt{restart}", store),
+                                rank=int(os.environ["RANK"]), world_size=world, timeout=timeout,
                                 device_id=device if cuda else None)
+    else:
+        dist.init_process_group(backend, timeout=timeout, device_id=device if cuda else None)
     return device
 
 

@@ -125,6 +125,11 @@ class Watchdog:
         name, _, text = first.partition("\n")
         return name, text
 
+    def mark_lost(self) -> None:
+        """Record, before the error is published, that a peer's process is gone: :func:`release_abandoned` then
+        returns at once on every rank instead of waiting for the lost rank."""
+        self.store.set(f"{self.key}/lost", "1")
+
     def first_error(self) -> BaseException:
         """The published error as an exception of the same kind (``ValueError``, ``TimeoutError``, else
         ``RuntimeError``) and the same text."""
@@ -239,6 +244,14 @@ class Watchdog:
         return True
 
 
+LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited")
+
+
+def lost_peer(err: BaseException) -> bool:
+    """Whether ``err`` says a peer's process is gone (gloo's and NCCL's words for a closed connection)."""
+    return any(words in str(err) for words in LOST)
+
+
 def describe(kind: str, tensor: torch.Tensor, **extra) -> dict:
     """A ``pending`` description (see :meth:`Watchdog.wait`) of an operation on ``tensor``."""
     return {"kind": kind, "numel": tensor.numel(), "dtype": str(tensor.dtype).removeprefix("torch."), **extra}
@@ -264,6 +277,8 @@ def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, channel, ran
     """
     watchdog.abandon()
     store, key = watchdog.store, watchdog.key
+    if store.check([f"{key}/lost"]):  # a rank's process is gone: nothing can complete its half
+        return []
     store.set(f"{key}/abandoned/{rank}", json.dumps(watchdog.abandoned))
     try:
         store.wait([f"{key}/abandoned/{r}" for r in range(world)], watchdog.timeout)

@@ -1,8 +1,8 @@
 """Sharded safetensors checkpoints that ``from_pretrained(dir)`` loads, written atomically.
 
 Every pipeline rank writes its own share of the model into a temporary directory beside the target; rank 0 adds
-the index, config and processor files, then renames the directory into place. A crash leaves the previous
-checkpoint untouched. The shards must land on one file system (one node, or a shared one).
+the index, config and processor files, fsyncs them, then renames the directory into place. A crash leaves the
+previous checkpoint untouched, and a write that fails on one rank fails the save on every rank. The shards must land on one file system (one node, or a shared one).
 
 :func:`save_hub_files` adds what a hub snapshot holds beside the weights (:mod:`mpipe_hf.data.hub`).
 """
@@ -16,6 +16,8 @@ import shutil
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
+
+from .collective import gathered, together
 
 
 def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dist.ProcessGroup,
@@ -33,27 +35,37 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
             weight files of an earlier save that this one does not rewrite are removed.
         rank_files: ``{file name: object}`` this rank also writes into the checkpoint (``torch.save``), before
             it is renamed into place: its training state (:mod:`.state`).
+
+    Raises:
+        RuntimeError, ValueError: a write that failed on any rank (a full disk, a directory that is not
+            writable), on every rank as ``"pipeline rank R, saving DIR: OSError: ..."``
+            (:func:`~.collective.gathered`); the temporary directory is removed and ``out_dir`` is as it was.
     """
     out_dir = os.path.abspath(out_dir)
     tmp = out_dir + ".tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    dist.barrier(group=group)
-    shard = f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
-    tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
-    save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
-    _fsync(os.path.join(tmp, shard))
-    for name, obj in (rank_files or {}).items():
-        torch.save(obj, os.path.join(tmp, name))
-        _fsync(os.path.join(tmp, name))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(os.path.join(tmp, shard), 0o666 & ~umask)  # safetensors writes 0600; share like the other files
-    names = [None] * world
-    dist.all_gather_object(names, (shard, sorted(tensors), sum(t.numel() * t.element_size()
-                                                                for t in tensors.values())), group=group)
-    if rank == 0:
+    what = f"saving {out_dir}"
+
+    def fresh():
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+
+    def write_own():
+        shard = f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
+        tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
+        save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
+        _fsync(os.path.join(tmp, shard))
+        for name, obj in (rank_files or {}).items():
+            torch.save(obj, os.path.join(tmp, name))
+            _fsync(os.path.join(tmp, name))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(os.path.join(tmp, shard), 0o666 & ~umask)  # safetensors writes 0600; share like the other files
+        return shard, sorted(tensors), sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def finish(names):
+        if rank != 0:
+            return
         weight_map = {name: file for file, keys, _ in names for name in keys}
         index = {"metadata": {"total_size": sum(size for _, _, size in names)}, "weight_map": weight_map}
         with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
@@ -76,7 +88,15 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
         else:
             _swap_in(tmp, out_dir)
         _fsync(os.path.dirname(out_dir))
-    dist.barrier(group=group)
+
+    try:  # each phase's failure on any rank is raised on every rank, so none waits in the next collective
+        together(fresh, what, rank, world, group)
+        names = gathered(write_own, what, rank, world, group)
+        together(lambda: finish(names), what, rank, world, group)
+    except Exception:
+        if rank == 0:  # a failed save leaves nothing half-written; the checkpoints before it stay as they were
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _fsync(path: str) -> None:
@@ -120,6 +140,36 @@ def _swap_in(tmp: str, out_dir: str) -> None:
     os.replace(out_dir, old)
     os.replace(tmp, out_dir)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def sync_tree(directory: str) -> None:
+    """Flush every file and directory under ``directory`` (itself included, deepest first) to the disk. Each
+    process that wrote into it calls this (on a shared file system only the writer's flush is sure to reach the
+    disk).
+
+    Raises:
+        OSError: ``directory`` or an entry under it that cannot be listed, opened or flushed (one removed
+            meanwhile, a broken link).
+    """
+    def fail(err: OSError):
+        raise err
+    for root, _, files in os.walk(directory, topdown=False, onerror=fail):
+        for name in files:
+            _fsync(os.path.join(root, name))
+        _fsync(root)
+
+
+def publish(tmp: str, out_dir: str) -> None:
+    """Put the complete directory ``tmp`` at ``out_dir``: :func:`sync_tree`, then a rename (or, over an existing
+    ``out_dir``, an atomic exchange, as :func:`save_checkpoint` does), then a flush of the parent, so that
+    ``out_dir`` is either what it was or all of ``tmp``, also after a crash. Both must be on one file system.
+
+    Raises:
+        OSError: a flush or the rename failed (a failure before the rename leaves ``out_dir`` as it was).
+    """
+    sync_tree(tmp)
+    _swap_in(tmp, out_dir)
+    _fsync(os.path.dirname(os.path.abspath(out_dir)))
 
 
 def save_hub_files(directory: str, config, processor, source: str | None = None) -> None:

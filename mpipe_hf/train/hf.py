@@ -16,7 +16,9 @@ the model needs are the components ``mpipe-hf train`` runs on (README, "Design n
   clipping by the global norm over the pipeline (:func:`~.optimizer.clip_grad_norm`), bf16 autocast with fp32
   master weights (:mod:`.precision`);
 - checkpoints: every rank writes its shard (:func:`~.checkpoint.save_checkpoint`) and its optimizer state; the
-  Trainer writes the scheduler, the RNG states (per process) and ``trainer_state.json``;
+  Trainer writes the scheduler, the RNG states (per process) and ``trainer_state.json``. All of it goes into
+  ``tmp-checkpoint-<step>`` beside the checkpoint, is flushed to disk and then renamed to ``checkpoint-<step>``
+  (:meth:`MPipeTrainer._save_checkpoint`), so ``resume_from_checkpoint=True`` never picks up a half-written one;
 - ``evaluate()`` runs the forward-only schedule (:mod:`mpipe_hf.schedule.forward`) and reports ``eval_loss``
   normalised by the eval set's label tokens.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,13 +36,17 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 from transformers import AutoConfig, Trainer, TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rotate_checkpoints
 from transformers.utils import logging
 
 from ..data import ConversationCollator, MicroBatchPlan
 from ..models import get_family, split
 from ..models.load import load_share_values, split_from_checkpoint, split_from_config
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
-from .checkpoint import save_checkpoint, save_hub_files
+from .checkpoint import publish, save_checkpoint, save_hub_files, sync_tree
+from .collective import together
 from .loop import Skips, run_step
 from .optimizer import build_optimizer, clip_grad_norm
 from .precision import autocast_modules
@@ -48,6 +55,10 @@ from .recipe import DataSection, ParallelSection, TrainSection
 logger = logging.get_logger(__name__)
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 SAMPLING = ("random", "sequential")
+# A checkpoint being written is ``tmp-checkpoint-<step>``: neither the Trainer's resume (``get_last_checkpoint``,
+# ``^checkpoint-(\d+)$``) nor its rotation (the glob ``checkpoint-*``) sees it; ``save_checkpoint`` adds its own
+# ``.tmp``/``.old`` suffixes to that name, which neither sees either.
+STAGING_PREFIX = "tmp-"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,6 +385,98 @@ class MPipeTrainer(Trainer):
         return float(grad_norm)
 
     # ---- checkpoints --------------------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """``checkpoint-<step>`` of the run's output directory, whole or not at all (the Trainer's own
+        ``_save_checkpoint`` writes it in place). Every rank writes into ``tmp-checkpoint-<step>`` beside it:
+        its shard (:meth:`save_model`; rank 0 also the index, config and processor files), its optimizer state
+        and RNG state, rank 0 also the scheduler and ``trainer_state.json``; then every rank flushes the directory
+        to disk, rank 0 renames it into place (:func:`~.checkpoint.publish`), pushes it where ``push_to_hub``
+        asks, and rotates the checkpoints (``save_total_limit``, keeping ``best_model_checkpoint``). Each save
+        first removes what a save that did not finish left (``tmp-checkpoint-*``). The rest is the Trainer's: the
+        flos, the stateful callbacks' state, ``best_model_checkpoint`` (the final name, also for this step's).
+
+        Raises:
+            RuntimeError, ValueError: a write, flush or rename that failed on any rank, on every rank, as
+                ``"pipeline rank R, saving DIR/checkpoint-<step>: OSError: ..."`` (:func:`~.collective.together`;
+                a failure inside :meth:`save_model` names ``DIR/tmp-checkpoint-<step>``, as
+                :func:`~.checkpoint.save_checkpoint` raises it). The temporary directory is removed;
+                ``checkpoint-<step>`` and the checkpoints before it stay as they were.
+        """
+        if self.hp_search_backend is None and trial is None:
+            self.store_flos()  # a collective over every process, where the Trainer has it
+        run_dir = self._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        final, staging = os.path.join(run_dir, name), os.path.join(run_dir, STAGING_PREFIX + name)
+        best = self.state.best_model_checkpoint
+
+        def shared(fn):
+            return together(fn, f"saving {final}", self.rank, self.cfg.pp_size, self.group)
+        try:
+            shared(lambda: self._remove_staging(run_dir))
+            self.save_model(staging, _internal_call=True)
+            self._note_best_checkpoint(run_dir)
+            shared(lambda: self._save_training_state(staging))
+            shared(lambda: sync_tree(staging))  # each rank its own files (on a shared file system)
+            shared(lambda: publish(staging, final) if self.rank == 0 else None)
+        except Exception:
+            self.state.best_model_checkpoint = best
+            if self.rank == 0:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        shared(lambda: self._after_publish(final, run_dir))
+
+    def _remove_staging(self, run_dir: str) -> None:
+        """Rank 0: remove every ``tmp-checkpoint-*`` entry of ``run_dir``, the leftovers of saves that did not
+        finish (raises ``OSError`` where one cannot be removed)."""
+        if self.rank != 0 or not os.path.isdir(run_dir):
+            return
+        for entry in sorted(os.listdir(run_dir)):
+            path = os.path.join(run_dir, entry)
+            if entry.startswith(f"{STAGING_PREFIX}{PREFIX_CHECKPOINT_DIR}-"):
+                logger.warning(f"mpipe_hf: removing {path}, left by a checkpoint save that did not finish")
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
+
+    def _note_best_checkpoint(self, run_dir: str) -> None:
+        """``state.best_model_checkpoint``, as the Trainer sets it, under the final name: the checkpoint of
+        ``best_global_step`` when it is this step's (about to be published) or one on disk."""
+        step = self.state.best_global_step
+        if self.args.save_strategy not in (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST) or not step:
+            return
+        path = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        if step == self.state.global_step or os.path.isdir(path):
+            self.state.best_model_checkpoint = path
+
+    def _save_training_state(self, output_dir: str) -> None:
+        """Into ``output_dir``: this rank's optimizer state and RNG state, rank 0 also the scheduler (and the
+        Trainer's gradient scaler where it has one), unless ``save_only_model``; on the saving process the stateful
+        callbacks' state and ``trainer_state.json``."""
+        if not self.args.save_only_model:
+            self._save_optimizer_and_scheduler(output_dir)
+            self._save_scaler(output_dir)
+            self._save_rng_state(output_dir)
+        if not self.args.should_save:
+            return
+        for callback in self.callback_handler.callbacks + [self.control]:
+            if isinstance(callback, ExportableState):
+                kind = type(callback).__name__
+                if isinstance(self.state.stateful_callbacks.get(kind), list):
+                    self.state.stateful_callbacks[kind].append(callback.state())
+                else:
+                    self.state.stateful_callbacks[kind] = callback.state()
+        self.state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
+
+    def _after_publish(self, checkpoint: str, run_dir: str) -> None:
+        """On the saving process: the hub push of ``checkpoint`` (``push_to_hub``) and the rotation of
+        ``run_dir``'s checkpoints, as the Trainer's."""
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(checkpoint)
+        if self.args.should_save:
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Every rank writes its shard; rank 0 the index, config, processor files and generation config: a

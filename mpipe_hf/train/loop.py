@@ -8,6 +8,7 @@ of the step, which the executor raises on every rank with the same text) is skip
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,6 +23,17 @@ class Skips:
     in_row: int = 0
     total: int = 0
     last: str | None = None
+
+    def record(self, reason: str, data: DataSection) -> None:
+        """Count a skipped step.
+
+        Raises:
+            ValueError: the ``data.max_bad_steps``-th skipped step in a row: ``reason`` and the count.
+        """
+        self.in_row, self.total, self.last = self.in_row + 1, self.total + 1, reason
+        if self.in_row >= data.max_bad_steps:
+            raise ValueError(f"{reason} ({self.in_row} steps in a row skipped, data.max_bad_steps = "
+                             f"{data.max_bad_steps})")
 
 
 def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: DataSection, skips: Skips, step: int,
@@ -51,10 +63,41 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
     except ValueError as err:
         if data.on_bad_sample == "raise":
             raise
-        skips.in_row, skips.total, skips.last = skips.in_row + 1, skips.total + 1, str(err)
-        if skips.in_row >= data.max_bad_steps:
-            raise ValueError(f"{err} ({skips.in_row} steps in a row skipped for bad samples, data.max_bad_steps = "
-                             f"{data.max_bad_steps})") from err
+        skips.record(str(err), data)
         return None
-    skips.in_row = 0
     return stats
+
+
+def finite_step(stats: StepStats, grad_norm: float, params, skips: Skips, data: DataSection) -> bool:
+    """Whether the step's loss and global gradient norm (the same on every rank) are finite. When either is
+    ``nan`` or ``inf``, the step is skipped on every rank: the gradients of ``params`` are dropped (the caller
+    takes no optimizer step) and the skip is counted in ``skips``.
+
+    Raises:
+        ValueError: the ``data.max_bad_steps``-th skipped step in a row.
+    """
+    if math.isfinite(stats.loss) and math.isfinite(grad_norm):
+        skips.in_row = 0
+        return True
+    for p in params:
+        p.grad = None
+    skips.record(f"the loss ({stats.loss}) or the gradient norm ({grad_norm}) is not finite", data)
+    return False
+
+
+def evaluate_rows(executor: PipelineExecutor, load_rows: Callable[[list[int]], dict], num_rows: int,
+                  micro_batch_size: int) -> tuple[float, int]:
+    """``(eval loss, label tokens)`` over rows ``0 .. num_rows - 1`` in order, ``micro_batch_size`` rows per
+    micro-batch and ``M`` micro-batches per forward-only run (the last run shorter): the token losses summed over
+    the whole set and divided once by its label tokens, as one process computes it. The same on every rank.
+
+    Raises:
+        ValueError, TimeoutError, RuntimeError: as :meth:`PipelineExecutor.evaluate`.
+    """
+    loss_sum, tokens, per_run = 0.0, 0, executor.cfg.num_micro * micro_batch_size
+    for first in range(0, num_rows, per_run):
+        micros = [list(range(s, min(s + micro_batch_size, num_rows)))
+                  for s in range(first, min(first + per_run, num_rows), micro_batch_size)]
+        run_loss, run_tokens = executor.evaluate(lambda m: load_rows(micros[m]), len(micros))
+        loss_sum, tokens = loss_sum + run_loss, tokens + run_tokens
+    return loss_sum / max(tokens, 1), tokens

@@ -30,9 +30,10 @@ class ModelSource:
             built from the config.
 
     Raises:
-        ValueError: not exactly one of ``name_or_path`` and ``config``; a path that does not exist; a checkpoint
-            without ``config.json`` or weights; a ``tokenizer`` that is not a directory (and, from
-            :meth:`check_tokenizer`, a tokenizer directory without tokenizer files).
+        ValueError: a value that is not a non-empty string or null; not exactly one of ``name_or_path`` and
+            ``config``; a path that does not exist; a checkpoint without ``config.json`` or weights; a ``tokenizer``
+            that is not a directory (and, from :meth:`check_tokenizer`, a tokenizer directory without tokenizer
+            files).
     """
 
     name_or_path: str | None = None
@@ -40,6 +41,10 @@ class ModelSource:
     tokenizer: str | None = None
 
     def __post_init__(self):
+        for key in ("name_or_path", "config", "tokenizer"):  # before the file system: os.path takes 5 for a descriptor
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"model.{key} must be a path (a non-empty string) or null, got {value!r}")
         if (self.name_or_path is None) == (self.config is None):
             raise ValueError("model needs exactly one of name_or_path (a checkpoint directory) and config (a "
                              "config.json for random initialisation)")
@@ -113,8 +118,10 @@ class DataSection:
             set and divided once); ``None``: no evaluation.
 
     Raises:
-        ValueError: a count below 1, ``min_pixels > max_pixels``, a ``shuffle`` that is not a boolean, an
-            ``on_bad_sample`` other than ``skip``/``raise``, an ``eval_path`` that is not a string.
+        ValueError: a count that is not an integer >= 1, ``min_pixels > max_pixels``, a ``shuffle`` that is not a
+            boolean, an ``on_bad_sample`` other than ``skip``/``raise``, a ``path`` that is not a non-empty string, an
+            ``eval_path`` that is not one or null (that the files exist is checked by
+            :func:`mpipe_hf.train.trainer.check`: ``mpipe-hf plan`` needs no data).
     """
 
     path: str
@@ -130,7 +137,7 @@ class DataSection:
     def __post_init__(self):
         for key in ("path", "eval_path"):
             value = getattr(self, key)
-            if not isinstance(value, str) and (key == "path" or value is not None):
+            if (not isinstance(value, str) or not value) and (key == "path" or value is not None):
                 raise ValueError(f"data.{key} must be a JSONL file path{'' if key == 'path' else ' or null'}, got "
                                  f"{value!r}")
         for key in ("micro_batch_size", "min_pixels", "max_pixels", "max_length", "max_bad_steps"):
@@ -160,7 +167,10 @@ class ParallelSection(ScheduleConfig):
         timeout_s: the longest any transfer may wait, in seconds.
 
     Raises:
-        ValueError: as :class:`ScheduleConfig`; a ``profile`` that is not a file; ``timeout_s <= 0``.
+        ValueError: as :class:`ScheduleConfig`, the field named ``parallel.<field>``; a ``text_layers`` that is
+            not an integer >= 0, or above 0 with preprocess ``identity``; a ``layers_per_stage`` that is not
+            ``pp_size * vpp`` integers >= 1; a ``profile`` that is not a file; a ``timeout_s`` that is not a number
+            of seconds in ``(0, 1e9]`` (a numeric string included, as YAML reads ``1e3``).
     """
 
     text_layers: int = 0
@@ -169,12 +179,34 @@ class ParallelSection(ScheduleConfig):
     timeout_s: float = 300.0
 
     def __post_init__(self):
-        if self.profile is not None and not os.path.isfile(self.profile):
+        try:
+            super().__post_init__()
+        except ValueError as err:  # ScheduleConfig's messages start with the bare field name
+            raise ValueError(f"parallel.{err}") from None
+        text_layers = self.text_layers
+        if not isinstance(text_layers, int) or isinstance(text_layers, bool) or text_layers < 0:
+            raise ValueError(f"parallel.text_layers must be an integer >= 0, got {text_layers!r}")
+        if text_layers and not self.transposed:
+            raise ValueError(f"parallel.text_layers = {text_layers} needs preprocess 'frozen' or 'trainable'; "
+                             f"preprocess 'identity' is T = 0 (set text_layers: 0)")
+        layout = self.layers_per_stage
+        if layout is not None and (not isinstance(layout, (list, tuple)) or len(layout) != self.num_stages or any(
+                not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in layout)):
+            raise ValueError(f"parallel.layers_per_stage must be null or a list of {self.num_stages} integers >= 1 "
+                             f"(pp_size * vpp decoder-layer counts), got {layout!r}")
+        if self.profile is not None and (not isinstance(self.profile, str) or not os.path.isfile(self.profile)):
             raise ValueError(f"parallel.profile {self.profile!r} is not a file (mpipe-hf profile RECIPE.yaml "
-                             f"writes one)")
-        if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
-            raise ValueError(f"parallel.timeout_s must be a number > 0, got {self.timeout_s!r}")
-        super().__post_init__()
+                             f"writes one) or null")
+        timeout = math.nan
+        if isinstance(self.timeout_s, (int, float, str)) and not isinstance(self.timeout_s, bool):
+            try:
+                timeout = float(self.timeout_s)  # YAML reads 1e3 (no dot) as a string
+            except (ValueError, OverflowError):
+                pass
+        # at most 1e9 s (31 years): a queue's wait and the doubled timedelta of the executor's groups overflow above
+        if not 0 < timeout <= 1e9:  # NaN: False
+            raise ValueError(f"parallel.timeout_s must be a number of seconds in (0, 1e9], got {self.timeout_s!r}")
+        object.__setattr__(self, "timeout_s", timeout)
 
     def schedule(self) -> ScheduleConfig:
         """The schedule part alone."""
@@ -224,8 +256,13 @@ class TrainSection:
             ``metrics.jsonl`` holds, from rank 0, under ``output_dir/runs``.
 
     Raises:
-        ValueError: ``max_steps`` below 1, a negative rate, decay or norm, a beta outside ``[0, 1)``, an unknown
-            ``lr_scheduler_type``, a flag that is not a boolean.
+        ValueError: a count that is not an integer in its range (``max_steps`` >= 1 or -1, ``logging_steps`` >= 1,
+            ``warmup_steps``, ``save_steps`` and ``eval_steps`` >= 0, ``save_total_limit`` >= 1 or null, ``seed`` in
+            ``[0, 2**32)``); a rate, decay, norm or ``num_train_epochs`` that is not a finite number (a numeric
+            string included, as YAML reads ``1e-4``) >= 0 (> 0 for ``num_train_epochs``); a beta outside
+            ``[0, 1)``, a ``warmup_ratio`` outside ``[0, 1]``; an unknown ``lr_scheduler_type``; a flag that is not
+            a boolean; an ``output_dir`` that is not a non-empty string or is a file; a ``resume`` that is not
+            ``auto`` or an existing directory; a ``report_to`` that is not a list of known trackers.
     """
 
     max_steps: int = -1
@@ -261,22 +298,20 @@ class TrainSection:
                 self.max_steps < 1 and self.max_steps != -1):
             raise ValueError(f"train.max_steps must be an integer >= 1, or -1 (use num_train_epochs), got "
                              f"{self.max_steps!r}")
-        if isinstance(self.num_train_epochs, bool) or not isinstance(self.num_train_epochs, (int, float)) or (
-                self.num_train_epochs <= 0):
-            raise ValueError(f"train.num_train_epochs must be a number > 0, got {self.num_train_epochs!r}")
         if not isinstance(self.logging_steps, int) or isinstance(self.logging_steps, bool) or self.logging_steps < 1:
             raise ValueError(f"train.logging_steps must be an integer >= 1, got {self.logging_steps!r}")
-        for key in ("learning_rate", "weight_decay", "adam_epsilon", "adam_beta1", "adam_beta2", "max_grad_norm",
-                    "warmup_ratio"):
-            value = getattr(self, key)
-            if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+        for key in ("num_train_epochs", "learning_rate", "weight_decay", "adam_epsilon", "adam_beta1", "adam_beta2",
+                    "max_grad_norm", "warmup_ratio"):
+            value, number = getattr(self, key), math.nan
+            if isinstance(value, (int, float, str)) and not isinstance(value, bool):
                 try:
-                    value = float(value)
-                except ValueError:
+                    number = float(value)  # YAML reads 1e-4 (no dot) as a string
+                except (ValueError, OverflowError):  # not a number; an integer too large for a float
                     pass
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"train.{key} must be a number >= 0, got {value!r}")
-            object.__setattr__(self, key, float(value))
+            strict = key == "num_train_epochs"
+            if not math.isfinite(number) or number < 0 or (strict and number == 0):  # NaN: every comparison False
+                raise ValueError(f"train.{key} must be a finite number {'>' if strict else '>='} 0, got {value!r}")
+            object.__setattr__(self, key, number)
         for key in ("adam_beta1", "adam_beta2", "warmup_ratio"):
             if getattr(self, key) > 1 or (key != "warmup_ratio" and getattr(self, key) >= 1):
                 raise ValueError(f"train.{key} must be in [0, 1{']' if key == 'warmup_ratio' else ')'}, got "
@@ -295,15 +330,21 @@ class TrainSection:
         if self.save_total_limit is not None and (not isinstance(self.save_total_limit, int) or isinstance(
                 self.save_total_limit, bool) or self.save_total_limit < 1):
             raise ValueError(f"train.save_total_limit must be an integer >= 1 or null, got {self.save_total_limit!r}")
-        if self.resume is not None and not isinstance(self.resume, str):
-            raise ValueError(f"train.resume must be 'auto' or a checkpoint directory, got {self.resume!r}")
+        if self.resume is not None and (not isinstance(self.resume, str) or (  # its training state: resolve_resume
+                self.resume != "auto" and not os.path.isdir(self.resume))):
+            raise ValueError(f"train.resume must be null, 'auto' or an existing checkpoint directory, got "
+                             f"{self.resume!r}")
+        if not isinstance(self.output_dir, str) or not self.output_dir or os.path.isfile(self.output_dir):
+            raise ValueError(f"train.output_dir must be a directory path (a non-empty string, not a file), got "
+                             f"{self.output_dir!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2 ** 32:
             raise ValueError(f"train.seed must be an integer in [0, 2**32), got {self.seed!r}")
         if not isinstance(self.eval_steps, int) or isinstance(self.eval_steps, bool) or self.eval_steps < 0:
             raise ValueError(f"train.eval_steps must be an integer >= 0, got {self.eval_steps!r}")
         from accelerate.tracking import LOGGER_TYPE_TO_CLASS
         report_to = [self.report_to] if isinstance(self.report_to, str) else self.report_to
-        if not isinstance(report_to, (list, tuple)) or any(t not in LOGGER_TYPE_TO_CLASS for t in report_to):
+        if not isinstance(report_to, (list, tuple)) or any(not isinstance(t, str) or t not in LOGGER_TYPE_TO_CLASS
+                                                           for t in report_to):  # a list item is unhashable
             raise ValueError(f"train.report_to must be a list of trackers from {sorted(LOGGER_TYPE_TO_CLASS)}, got "
                              f"{self.report_to!r}")
         object.__setattr__(self, "report_to", list(report_to))
@@ -369,7 +410,7 @@ def parse_recipe(raw, where: str = "recipe") -> Recipe:
     sections = {"data": _build("data", DataSection, {"path": data} if isinstance(data, str) else data, where)}
     for name in ("parallel", "train"):
         if name in raw:
-            sections[name] = _build(name, SECTIONS[name], raw[name] or {}, where)
+            sections[name] = _build(name, SECTIONS[name], {} if raw[name] is None else raw[name], where)  # `train:`
     return Recipe(model=ModelSource.parse(raw["model"]), **sections)  # the file system last
 
 

@@ -7,6 +7,7 @@ the seeded :class:`~mpipe_hf.data.MicroBatchPlan`, and ``P``'s dropout from ``pr
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+RANK_STATE = re.compile(r"^rank(\d+)_state\.pt$")
 
 
 def rank_state_name(rank: int) -> str:
@@ -37,36 +39,75 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def rank_state(step: int, optimizer, scheduler, skips) -> dict:
-    """What rank-local state a checkpoint at ``step`` (steps done) holds."""
+def optimizer_names(optimizer, params: dict) -> list[str]:
+    """The parameter names of ``optimizer``'s state indices: ``params`` is ``{name: parameter}``."""
+    names = {id(p): n for n, p in params.items()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def rank_state(step: int, optimizer, scheduler, skips, params: dict) -> dict:
+    """What rank-local state a checkpoint at ``step`` (steps done) holds; ``params`` (``{name: parameter}``,
+    what the rank trains) names the optimizer's state, so that a run of another layout can find it."""
     return {"step": step, "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "param_names": optimizer_names(optimizer, params) if optimizer is not None else [],
             "scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": rng_states(),
             "skips": {"in_row": skips.in_row, "total": skips.total, "last": skips.last}}
 
 
-def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips) -> int:
+def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, params: dict,
+                    reset_optimizer: bool = False) -> int:
     """Restore this rank's state from ``directory``; return the steps done.
 
+    Saved by the same layout (this rank's file names the same parameters in the same order), everything is
+    restored as it was: the run continues bit-exactly. Saved by another ``pp_size``, ``vpp`` or layout, each
+    parameter's AdamW state is found by its name in whichever rank's file holds it (read memory-mapped, one
+    file at a time, keeping only this rank's entries); the LR schedule, skip counts and step come from rank 0's
+    file, the RNG states from this rank's file where there is one. ``reset_optimizer`` keeps AdamW's fresh
+    state instead.
+
     Raises:
-        ValueError: the checkpoint has no state for ``rank`` (saved with another ``pp_size``) or its optimizer
-            state does not fit this rank's parameters.
+        ValueError: the directory has no training state; a parameter this rank trains has no optimizer state in
+            the checkpoint (it was frozen, or another model) and ``reset_optimizer`` is off.
     """
-    path = os.path.join(directory, rank_state_name(rank))
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {directory!r} has no training state for pipeline rank {rank} "
-                         f"({rank_state_name(rank)}): was it saved with another pp_size?")
-    state = torch.load(path, weights_only=False)
-    try:
-        if optimizer is not None:
-            optimizer.load_state_dict(state["optimizer"])
-        if scheduler is not None:
-            scheduler.load_state_dict(state["scheduler"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"checkpoint {directory!r}: the optimizer state of rank {rank} does not fit this run's "
-                         f"parameters ({err}); resume with the layout it was saved with") from err
+    files = sorted(f for f in os.listdir(directory) if RANK_STATE.match(f))
+    if rank_state_name(0) not in files:
+        raise ValueError(f"checkpoint {directory!r} has no training state ({rank_state_name(0)})")
+    own = os.path.join(directory, rank_state_name(rank))
+    state = torch.load(own if os.path.isfile(own) else os.path.join(directory, rank_state_name(0)),
+                       weights_only=False)
+    names = optimizer_names(optimizer, params) if optimizer is not None else []
+    same = os.path.isfile(own) and state["param_names"] == names
+    if optimizer is not None and not reset_optimizer:
+        optimizer.load_state_dict(state["optimizer"] if same else _by_name(directory, files, optimizer, names))
+    if not same:
+        state = torch.load(os.path.join(directory, rank_state_name(0)), weights_only=False) | (
+            {"rng": state["rng"]} if os.path.isfile(own) else {})
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
     set_rng_states(state["rng"])
     skips.in_row, skips.total, skips.last = state["skips"]["in_row"], state["skips"]["total"], state["skips"]["last"]
     return int(state["step"])
+
+
+def _by_name(directory: str, files: list[str], optimizer, names: list[str]) -> dict:
+    """An AdamW ``state_dict`` for ``optimizer`` (its own param groups) whose per-parameter state is read by
+    name from the checkpoint's rank files."""
+    wanted, found = set(names), {}
+    for file in files:
+        saved = torch.load(os.path.join(directory, file), weights_only=False, mmap=True)
+        if saved["optimizer"] is None:
+            continue
+        for index, name in enumerate(saved["param_names"]):
+            if name in wanted and name not in found and index in saved["optimizer"]["state"]:
+                found[name] = {k: v.clone() if torch.is_tensor(v) else v
+                               for k, v in saved["optimizer"]["state"][index].items()}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValueError(f"checkpoint {directory!r} has no optimizer state for {len(missing)} parameters this run "
+                         f"trains ({missing[:3]}{' ...' if len(missing) > 3 else ''}): they were frozen or are "
+                         f"not in that model; set train.reset_optimizer: true to start AdamW afresh")
+    current = optimizer.state_dict()
+    return {"state": {i: found[n] for i, n in enumerate(names)}, "param_groups": current["param_groups"]}
 
 
 def checkpoints(output_dir: str) -> list[tuple[int, str]]:
@@ -79,19 +120,32 @@ def checkpoints(output_dir: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def resolve_resume(resume: str | None, output_dir: str) -> str | None:
-    """The checkpoint directory to resume from: ``None``; ``"auto"``, the newest complete checkpoint of
-    ``output_dir`` (``None`` when there is none: a fresh start); or a path.
+def resolve_resume(resume: str | None, output_dir: str, run_id: str = "", restart: int = 0) -> str | None:
+    """The checkpoint directory to resume from: ``None`` (a fresh start); ``"auto"``, the newest complete
+    checkpoint of ``output_dir`` (``None`` when there is none); or a path. A worker group that torchrun's
+    elastic agent restarted (``restart > 0``) after a failure resumes by itself, with ``resume`` unset, from the
+    newest checkpoint this run wrote (``trainer_state.json`` holds the launcher's ``run_id``), or starts afresh.
 
     Raises:
         ValueError: a path that is not a checkpoint directory with training state.
     """
+    if resume is None and restart > 0:
+        mine = [path for _, path in checkpoints(output_dir) if _run_id(path) == run_id]
+        return mine[-1] if mine else None
     if resume is None:
         return None
     if resume == "auto":
         found = checkpoints(output_dir)
         return found[-1][1] if found else None
-    if not os.path.isfile(os.path.join(resume, rank_state_name(0))):
+    if not os.path.isdir(resume) or not os.path.isfile(os.path.join(resume, rank_state_name(0))):
         raise ValueError(f"train.resume {resume!r} is not a checkpoint-<step> directory with training state "
                          f"({rank_state_name(0)}); give one, or 'auto'")
     return resume
+
+
+def _run_id(path: str) -> str | None:
+    try:
+        with open(os.path.join(path, "trainer_state.json")) as f:
+            return json.load(f).get("run_id")
+    except (OSError, ValueError):
+        return None

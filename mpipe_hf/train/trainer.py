@@ -34,7 +34,9 @@ from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
 from .checkpoint import save_checkpoint, save_hub_files
-from .loop import Skips, run_step
+from .collective import together
+from .loop import Skips, evaluate_rows, finite_step, run_step
+from .metrics import MetricsLog, available_trackers
 from .state import checkpoints, load_rank_state, rank_state, rank_state_name, resolve_resume
 from .optimizer import build_optimizer, build_scheduler, clip_grad_norm
 from .precision import autocast_modules
@@ -75,7 +77,22 @@ def first_row(path: str) -> str:
         return next((line for line in f if line.strip()), "")
 
 
-def _check_data(path: str, config) -> None:
+def check_output_dir(path: str) -> None:
+    """``train.output_dir`` can be created and written (a probe file is made and removed).
+
+    Raises:
+        ValueError: naming the field and the operating system's error.
+    """
+    import tempfile
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".mpipe_hf_probe"):
+            pass
+    except OSError as err:
+        raise ValueError(f"train.output_dir {path!r} is not writable ({err})") from err
+
+
+def _check_data(path: str, config, field: str = "data.path") -> None:
     """The first row is in a form the model reads (the loader checks every row in full)."""
     forms = [CONVERSATION_FIELDS, CAPTION_FIELDS] if is_vision_language(config) else [CONVERSATION_FIELDS,
                                                                                       TEXT_FIELDS]
@@ -83,10 +100,10 @@ def _check_data(path: str, config) -> None:
     try:
         row = json.loads(first)
     except json.JSONDecodeError as err:
-        raise ValueError(f"data.path {path!r}: the first line is not JSON ({err})") from err
+        raise ValueError(f"{field} {path!r}: the first line is not JSON ({err})") from err
     if not isinstance(row, dict) or not any(all(k in row for k in form) for form in forms):
         kind = "vision-language" if is_vision_language(config) else "decoder-only"
-        raise ValueError(f"data.path {path!r}: a {kind} model ({config.model_type!r}) reads rows with "
+        raise ValueError(f"{field} {path!r}: a {kind} model ({config.model_type!r}) reads rows with "
                          f"{' or '.join(str(list(f)) for f in forms)}; the first row has "
                          f"{sorted(row) if isinstance(row, dict) else type(row).__name__}")
 
@@ -105,6 +122,12 @@ def check(recipe: Recipe) -> list[int]:
     config = load_config(recipe.model)
     get_family(config.model_type)  # an unknown model_type fails here, naming the supported ones
     _check_data(recipe.data.path, config)
+    if recipe.data.eval_path is not None:
+        if not os.path.isfile(recipe.data.eval_path):
+            raise ValueError(f"data.eval_path {recipe.data.eval_path!r} is not a file")
+        _check_data(recipe.data.eval_path, config, "data.eval_path")
+    available_trackers(recipe.train.report_to)
+    check_output_dir(recipe.train.output_dir)
     counts = check_layout(recipe, config)
     world = int(os.environ.get("WORLD_SIZE", cfg.pp_size))
     if world != cfg.pp_size:
@@ -171,12 +194,12 @@ def load_processor(recipe: Recipe, config):
     return build_processor(config, tokenizer, image_processor)
 
 
-def load_data(recipe: Recipe, config, processor, quiet: bool = False):
-    """``(dataset, collate)``: ``messages``/``images`` conversation rows (or the older ``{image, prompt,
-    caption}`` rows) rendered with the checkpoint's chat template, else the family's; for a decoder-only LM,
-    conversation rows or ``{text}`` rows. Rows that do not fit ``data.max_length`` without cutting an image are
-    dropped with one warning (none when ``quiet``)."""
-    path, max_length = recipe.data.path, recipe.data.max_length
+def load_data(recipe: Recipe, config, processor, quiet: bool = False, path: str | None = None):
+    """``(dataset, collate)`` of ``path`` (default ``data.path``): ``messages``/``images`` conversation rows (or
+    the older ``{image, prompt, caption}`` rows) rendered with the checkpoint's chat template, else the family's;
+    for a decoder-only LM, conversation rows or ``{text}`` rows. Rows that do not fit ``data.max_length`` without
+    cutting an image are dropped with one warning (none when ``quiet``)."""
+    path, max_length = path or recipe.data.path, recipe.data.max_length
     if not is_vision_language(config):
         if "messages" not in json.loads(first_row(path)):
             return load_text_dataset(path), TextCollator(processor, max_length)
@@ -239,14 +262,29 @@ def train(recipe: Recipe) -> TrainResult:
                                 trace=opt.trace, costs=placement_costs(recipe, layers_per_stage), seed=opt.seed,
                                 measure_memory=True)
     skips, start_step = Skips(), 0
-    resume = resolve_resume(opt.resume, opt.output_dir)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    resume = resolve_resume(opt.resume, opt.output_dir, run_id, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
     if resume is not None:  # the weights, then every rank's optimizer, schedule, RNG and step
         together(lambda: load_share_values(resume, carved, cfg, rank), "resume", rank, cfg.pp_size, group)
-        start_step = together(lambda: load_rank_state(resume, rank, optimizer, scheduler, skips), "resume", rank,
-                              cfg.pp_size, group)
-    metrics_path = os.path.join(opt.output_dir, "metrics.jsonl")
-    log = open(metrics_path, "a" if resume is not None else "w") if rank == 0 else None
-    history = [json.loads(line) for line in open(metrics_path)] if rank == 0 and resume is not None else []
+        start_step = together(lambda: load_rank_state(resume, rank, optimizer, scheduler, skips, params,
+                                                      opt.reset_optimizer), "resume", rank, cfg.pp_size, group)
+    metrics = MetricsLog(opt.output_dir, opt.report_to, start_step if resume is not None else None,
+                         tracker_config(recipe), enabled=rank == 0)
+    eval_set = None
+    if recipe.data.eval_path is not None:
+        eval_set = together(lambda: load_data(recipe, config, processor, quiet=rank != 0,
+                                              path=recipe.data.eval_path)[0], "eval data load", rank, cfg.pp_size,
+                            group)
+        eval_plan = MicroBatchPlan(eval_set, collate, cfg.num_micro, recipe.data.micro_batch_size,
+                                   carved.validate_micro)
+
+    def evaluation(done: int) -> None:  # eval_loss over the whole eval set, logged at step ``done``
+        begin = time.perf_counter()
+        loss, tokens = evaluate_rows(executor, eval_plan.load_rows, len(eval_set), recipe.data.micro_batch_size)
+        metrics.log({"step": done, "eval_loss": loss, "eval_label_tokens": tokens,
+                     "eval_runtime": round(time.perf_counter() - begin, 3)})
+        if rank == 0:
+            tqdm.write(f"mpipe_hf: step {done}: eval_loss {loss:.5f} over {tokens} label tokens")
     if rank == 0:
         print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} "
               f"preprocess={cfg.preprocess} "
@@ -255,6 +293,10 @@ def train(recipe: Recipe) -> TrainResult:
               f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
               f"layers per stage={layers_per_stage}"
               + (f"; resumed from {resume} at step {start_step}" if resume is not None else ""), flush=True)
+        if restart := int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)):
+            print(f"mpipe_hf: restart {restart} of the worker group after a failure: "
+                  + (f"resumed from {resume}" if resume is not None else "no checkpoint of this run yet: from the "
+                     "start"), flush=True)
     losses, rank_bubbles, peaks, start = [], [], [], time.perf_counter()
 
     def extras(directory):  # what a hub snapshot holds besides the weights
@@ -264,60 +306,62 @@ def train(recipe: Recipe) -> TrainResult:
         def with_state(directory):
             extras(directory)
             with open(os.path.join(directory, "trainer_state.json"), "w") as f:
-                json.dump({"global_step": done, "max_steps": steps, "log_history": history}, f, indent=1)
+                json.dump({"global_step": done, "max_steps": steps, "run_id": run_id,
+                           "log_history": metrics.history}, f, indent=1)
             with open(os.path.join(directory, "recipe.yaml"), "w") as f:
                 yaml.safe_dump(dataclasses.asdict(recipe), f)
         path = os.path.join(opt.output_dir, f"checkpoint-{done}")
         save_checkpoint(path, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, with_state,
-                        rank_files={rank_state_name(rank): rank_state(done, optimizer, scheduler, skips)})
+                        rank_files={rank_state_name(rank): rank_state(done, optimizer, scheduler, skips, params)})
         if rank == 0 and opt.save_total_limit is not None:
             for _, old in checkpoints(opt.output_dir)[:-opt.save_total_limit]:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def skipped(step: int) -> None:
+        if rank == 0:
+            tqdm.write(f"mpipe_hf: warning: step {step + 1} skipped ({skips.in_row} in a row, {skips.total} in "
+                       f"all): {skips.last}")
+        metrics.log({"step": step + 1, "skipped": True, "skipped_steps": skips.total, "error": skips.last})
+
     bar = tqdm(range(start_step, steps), disable=rank != 0, desc="train", dynamic_ncols=True, initial=start_step,
                total=steps)
     for step in bar:
-        if opt.save_steps and step > start_step and step % opt.save_steps == 0:
-            save_state(step)
         ahead = partial(plan.load, step + 1) if step + 1 < steps else None  # placement fill loads it early
         stats = run_step(executor, partial(plan.load, step), recipe.data, skips, step, ahead)
         if stats is None:
-            if rank == 0:
-                tqdm.write(f"mpipe_hf: warning: step {step + 1} skipped ({skips.in_row} in a row, {skips.total} in "
-                           f"all): {skips.last}")
-                history.append({"step": step + 1, "skipped": True, "skipped_steps": skips.total,
-                                "error": skips.last})
-                log.write(json.dumps(history[-1]) + "\n")
-                log.flush()
-            continue
-        grad_norm = clip_grad_norm(list(params.values()), counted, opt.max_grad_norm, group, device)  # all ranks
-        lr = scheduler.get_last_lr()[0] if scheduler is not None else opt.learning_rate
-        if optimizer is not None:
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-        losses.append(stats.loss)
-        rank_bubbles.append(stats.rank_bubble)
-        peaks.append(stats.rank_activation_bytes)
-        row = {"step": step + 1, "loss": round(stats.loss, 5), "grad_norm": round(grad_norm, 5), "learning_rate": lr,
-               "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1),
-               "bubble": round(stats.bubble, 3), "step_s": round(stats.wall_s, 3),
-               "bubble_per_rank": stats.rank_bubble, "peak_activations_rank0": stats.peak_activations,
-               "peak_activation_mib_per_rank": [round(b / 2 ** 20, 3) for b in stats.rank_activation_bytes],
-               "skipped_steps": skips.total}
-        if stats.rank_device_bytes:
-            row["peak_device_mib_per_rank"] = [round(b / 2 ** 20, 1) for b in stats.rank_device_bytes]
-        bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", bubble=f"{stats.bubble:.2f}")
-        if log is not None and ((step + 1) % opt.logging_steps == 0 or step + 1 == steps):
-            history.append(row)
-            log.write(json.dumps(row) + "\n")
-            log.flush()
+            skipped(step)
+        else:
+            grad_norm = clip_grad_norm(list(params.values()), counted, opt.max_grad_norm, group, device)
+            lr = scheduler.get_last_lr()[0] if scheduler is not None else opt.learning_rate
+            if not finite_step(stats, grad_norm, params.values(), skips, recipe.data):
+                skipped(step)
+            else:
+                if optimizer is not None:
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                losses.append(stats.loss)
+                rank_bubbles.append(stats.rank_bubble)
+                peaks.append(stats.rank_activation_bytes)
+                row = step_row(step, stats, grad_norm, lr, skips.total)
+                bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                                bubble=f"{stats.bubble:.2f}")
+                if (step + 1) % opt.logging_steps == 0 or step + 1 == steps:
+                    metrics.log(row)
+        done = step + 1
+        if eval_set is not None and ((opt.eval_steps and done % opt.eval_steps == 0) or done == steps):
+            evaluation(done)
+        if opt.save_steps and done % opt.save_steps == 0:
+            save_state(done)
+    if eval_set is not None and start_step == steps:  # resumed at the end: nothing left but the evaluation
+        evaluation(steps)
     wall = time.perf_counter() - start
     out = os.path.join(opt.output_dir, "checkpoint")
     save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
     if opt.trace:
         write_trace(os.path.join(opt.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
+    metrics.close()
     if rank == 0:
-        log.close()
         later = rank_bubbles[1:] or rank_bubbles  # the first step warms up
         mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(cfg.pp_size)] if later else []
         peak = [round(max(p[r] for p in peaks) / 2 ** 20, 2) for r in range(cfg.pp_size)] if peaks else []
@@ -328,23 +372,29 @@ def train(recipe: Recipe) -> TrainResult:
     return TrainResult(losses, out, wall)
 
 
-def together(fn, what: str, rank: int, world: int, group: dist.ProcessGroup):
-    """``fn()`` on every rank; when it raises on any, every rank raises the first failing rank's error, as
-    ``ValueError("pipeline rank R, <what>: ...")`` for a ``ValueError`` and ``RuntimeError`` otherwise (the
-    executor's form), so no rank waits for a peer that has stopped."""
-    try:
-        value, error = fn(), None
-    except Exception as err:  # noqa: BLE001 - shared below, re-raised on every rank
-        value, error, cause = None, (type(err) is ValueError, f"{type(err).__name__}: {err}"), err
-    errors = [None] * world
-    dist.all_gather_object(errors, error, group=group)
-    for r, err in enumerate(errors):
-        if err is not None:
-            is_value, text = err
-            text = text.removeprefix("ValueError: ") if is_value else text
-            raise (ValueError if is_value else RuntimeError)(f"pipeline rank {r}, {what}: {text}") from (
-                cause if r == rank else None)
-    return value
+def step_row(step: int, stats, grad_norm: float, lr: float, skipped: int) -> dict:
+    """The metrics row of step ``step`` (0-based): loss, gradient norm, learning rate, label tokens/s, bubble,
+    step time and peak activation (and device) memory, the per-rank figures as lists."""
+    row = {"step": step + 1, "loss": stats.loss, "grad_norm": grad_norm, "learning_rate": lr,
+           "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1), "bubble": round(stats.bubble, 3),
+           "step_s": round(stats.wall_s, 3), "bubble_per_rank": stats.rank_bubble,
+           "step_s_per_rank": [round(t, 3) for t in stats.rank_wall_s],
+           "peak_activations_rank0": stats.peak_activations,
+           "peak_activation_mib_per_rank": [round(b / 2 ** 20, 3) for b in stats.rank_activation_bytes],
+           "skipped_steps": skipped}
+    if stats.rank_device_bytes:
+        row["peak_device_mib_per_rank"] = [round(b / 2 ** 20, 1) for b in stats.rank_device_bytes]
+    return row
+
+
+def tracker_config(recipe: Recipe) -> dict:
+    """The recipe as flat ``{section.key: value}`` hyperparameters for the trackers (lists as text)."""
+    flat = {}
+    for section, values in dataclasses.asdict(recipe).items():
+        for key, value in values.items():
+            flat[f"{section}.{key}"] = value if isinstance(value, (bool, int, float, str)) or value is None else str(
+                value)
+    return flat
 
 
 def placement_costs(recipe: Recipe, layers_per_stage: list[int]):
