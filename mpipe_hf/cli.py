@@ -36,6 +36,9 @@ def _train(args) -> None:
         return
     from .train.trainer import check
     check(recipe)
+    if args.max_restarts and not recipe.train.save_steps:
+        print("mpipe-hf: warning: --max-restarts without train.save_steps: a restarted run has no checkpoint to "
+              "resume from and starts again from step 0", file=sys.stderr, flush=True)
     import glob
     import logging
     import time

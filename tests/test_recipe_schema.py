@@ -135,11 +135,14 @@ def field_cases() -> list[Case]:
 
 
 EXTRA = [  # the constraints the docstrings state, beyond each field's type
-    Case("train.adam_beta1=1.0", (("train.adam_beta1", 1.0),), ("train.adam_beta1 must be in [0, 1)",), "train.adam_beta1"),
-    Case("train.adam_beta2=1", (("train.adam_beta2", 1),), ("train.adam_beta2 must be in [0, 1)",), "train.adam_beta2"),
+    Case("train.adam_beta1=1.0", (("train.adam_beta1", 1.0),), ("train.adam_beta1 must be in [0, 1)",),
+         "train.adam_beta1"),
+    Case("train.adam_beta2=1", (("train.adam_beta2", 1),), ("train.adam_beta2 must be in [0, 1)",),
+         "train.adam_beta2"),
     Case("train.warmup_ratio=1.5", (("train.warmup_ratio", 1.5),), ("train.warmup_ratio must be in [0, 1]",),
          "train.warmup_ratio"),
-    Case("train.seed=2**32", (("train.seed", 2 ** 32),), ("train.seed must be an integer in [0, 2**32)",), "train.seed"),
+    Case("train.seed=2**32", (("train.seed", 2 ** 32),), ("train.seed must be an integer in [0, 2**32)",),
+         "train.seed"),
     Case("train.max_steps=-2", (("train.max_steps", -2),), ("train.max_steps", "or -1"), "train.max_steps"),
     Case("train.learning_rate=10**400", (("train.learning_rate", 10 ** 400),), ("train.learning_rate",),
          "train.learning_rate"),

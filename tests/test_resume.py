@@ -28,10 +28,11 @@ def demo(tmp_path_factory):
     return out
 
 
-def recipe(demo, path, output_dir, **train):
+def recipe(demo, path, output_dir, parallel=None, **train):
     raw = {"model": os.path.join(demo, "model"),
            "data": {"path": os.path.join(demo, "data", "train.jsonl"), "micro_batch_size": 1},
-           "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "trainable", "timeout_s": 120},
+           "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "trainable", "timeout_s": 120,
+                        **(parallel or {})},
            "train": {"max_steps": 4, "learning_rate": 2e-3, "save_steps": 2, "output_dir": output_dir, **train}}
     with open(path, "w") as f:
         yaml.safe_dump(raw, f)
@@ -53,11 +54,17 @@ def weights(directory):
     return out
 
 
-def test_resume_continues_bit_exactly(demo, tmp_path):
-    full = str(tmp_path / "full")
-    train(recipe(demo, tmp_path / "full.yaml", full, save_total_limit=1))
+@pytest.fixture(scope="module")
+def full(demo, tmp_path_factory):
+    """The uninterrupted reference: 4 steps, checkpoints after steps 2 and 4."""
+    out = str(tmp_path_factory.mktemp("full") / "run")
+    train(recipe(demo, os.path.join(os.path.dirname(out), "full.yaml"), out, save_total_limit=2))
+    return out
+
+
+def test_resume_continues_bit_exactly(demo, full, tmp_path):
     ckpt = os.path.join(full, "checkpoint-2")
-    assert sorted(os.listdir(full)) == ["checkpoint", "checkpoint-2", "metrics.jsonl"]
+    assert sorted(os.listdir(full)) == ["checkpoint", "checkpoint-2", "checkpoint-4", "metrics.jsonl"]
     held = set(os.listdir(ckpt))
     assert {"rank0_state.pt", "rank1_state.pt", "trainer_state.json", "recipe.yaml", "config.json",
             "model.safetensors.index.json", "chat_template.jinja"} <= held
@@ -79,6 +86,43 @@ def test_resume_continues_bit_exactly(demo, tmp_path):
         assert (x["loss"], x["grad_norm"], x["learning_rate"]) == (y["loss"], y["grad_norm"], y["learning_rate"])
     wa, wb = weights(os.path.join(full, "checkpoint")), weights(os.path.join(resumed, "checkpoint"))
     assert sorted(wa) == sorted(wb) and all(wa[k].equal(wb[k]) for k in wa), "final weights differ"
+
+
+def test_resume_onto_another_layout_maps_the_optimizer_state_by_name(demo, full, tmp_path):
+    """A checkpoint of R = 2, V = 2 resumes at R = 3, V = 1 with another layout: the weights and every
+    parameter's AdamW moments are found by name, so steps 3 and 4 follow the uninterrupted R = 2 run (to the
+    rounding of a different order of sums; not bit for bit). A checkpoint whose optimizer state does not cover
+    the parameters (a frozen tower resumed with a trainable one) stops with one line naming
+    ``train.reset_optimizer``, and runs with it."""
+    a = [json.loads(r) for r in open(os.path.join(full, "metrics.jsonl"))]
+
+    moved = str(tmp_path / "moved")
+    proc = train(recipe(demo, tmp_path / "moved.yaml", moved, resume=os.path.join(full, "checkpoint-2"),
+                        parallel={"pp_size": 3, "vpp": 1, "layers_per_stage": [4, 7, 5]}))
+    assert "at step 2" in proc.stdout, proc.stdout[-2000:]
+    b = [json.loads(r) for r in open(os.path.join(moved, "metrics.jsonl"))]
+    assert [r["step"] for r in b] == [3, 4]
+    for x, y in zip(a[2:], b):
+        assert abs(x["loss"] - y["loss"]) < 1e-5 * x["loss"], (x, y)
+        assert abs(x["grad_norm"] - y["grad_norm"]) < 1e-4 * x["grad_norm"], (x, y)
+        assert x["learning_rate"] == y["learning_rate"]
+    wa, wb = weights(os.path.join(full, "checkpoint")), weights(os.path.join(moved, "checkpoint"))
+    assert sorted(wa) == sorted(wb)
+    worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)
+    assert worst < 1e-5, worst
+
+    frozen = str(tmp_path / "frozen")
+    train(recipe(demo, tmp_path / "frozen.yaml", frozen, max_steps=2, parallel={"preprocess": "frozen"}))
+    path = recipe(demo, tmp_path / "thaw.yaml", str(tmp_path / "thaw"), resume=os.path.join(frozen, "checkpoint-2"))
+    proc = subprocess.run([CLI, "train", path], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("mpipe-hf: error:")]
+    assert proc.returncode == 1 and len(lines) == 1 and "train.reset_optimizer" in lines[0], proc.stderr[-3000:]
+    assert "visual" in lines[0] and "Traceback" not in proc.stderr
+    train(recipe(demo, tmp_path / "thaw.yaml", str(tmp_path / "thaw"), resume=os.path.join(frozen, "checkpoint-2"),
+                 reset_optimizer=True))
+    rows = [json.loads(r) for r in open(os.path.join(tmp_path / "thaw", "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [3, 4] and all(r["loss"] == r["loss"] for r in rows)
 
 
 def test_resume_path_must_be_a_checkpoint(demo, tmp_path):

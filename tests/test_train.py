@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import runpy
+from shutil import copy as shutil_copy
 import subprocess
 import sys
 
@@ -503,3 +504,71 @@ def test_max_bad_steps_stops_the_run_with_the_last_error():
     assert results == ["stats", None, "stats", None] and skips.total == 3
     with pytest.raises(ValueError, match="dataset rows \\[2\\]: OSError"):
         run_step(Executor(), partial(plan.load, 1), dataclasses.replace(data, on_bad_sample="raise"), Skips(), 1)
+
+
+def test_eval_loss_equals_one_process_and_trackers_log_the_scalars(demo, tmp_path):
+    """``data.eval_path`` with ``eval_steps: 1``: after each step the forward-only schedule reports ``eval_loss``
+    over the whole eval set (2 rows per micro-batch, 11 rows: a short last micro-batch and a short last run),
+    equal to the unsplit model's token-summed loss over the same rows after the same training. With
+    ``report_to: [tensorboard]`` the event file, read back, holds every logged scalar: loss, eval loss, learning
+    rate, gradient norm, label tokens/s, bubble, step time and peak activations per rank."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    rows = open(os.path.join(demo, "data", "train.jsonl")).read().splitlines()[20:31]
+    eval_path = tmp_path / "eval.jsonl"
+    eval_path.write_text("\n".join(rows) + "\n")
+    for name in {img for r in rows for img in json.loads(r).get("images", [])}:
+        os.makedirs(os.path.dirname(tmp_path / name), exist_ok=True)
+        shutil_copy(os.path.join(demo, "data", name), tmp_path / name)
+    out = str(tmp_path / "run")
+    run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
+         write_recipe(demo, tmp_path / "eval.yaml", out, eval_path=str(eval_path), eval_steps=1, max_steps=2,
+                      micro_batch_size=2, report_to=["tensorboard"])])
+    logged = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    evals = [r for r in logged if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [1, 2], logged
+
+    model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
+    model.model.visual.requires_grad_(False)
+    plan = demo_plan(demo, micro_batch_size=2)
+    train_unsplit(model, plan, NUM_MICRO, 2, TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS))
+    held_out = demo_plan(demo, str(eval_path), micro_batch_size=2, shuffle=False)
+    model.eval()
+    loss_sum, tokens = 0.0, 0
+    with torch.no_grad():
+        for first in range(0, len(rows), 2):
+            mb = held_out.load_rows(list(range(first, min(first + 2, len(rows)))))
+            logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
+            loss_sum += model.loss_function(logits=logits, labels=mb["labels"],
+                                            vocab_size=model.config.get_text_config().vocab_size,
+                                            num_items_in_batch=1).item()
+            tokens += int((mb["labels"][..., 1:] != -100).sum())
+    assert evals[-1]["eval_label_tokens"] == tokens
+    assert abs(evals[-1]["eval_loss"] - loss_sum / tokens) < 1e-5, (evals[-1], loss_sum / tokens)
+
+    events = glob.glob(os.path.join(out, "runs", "*", "events.out.tfevents.*"))
+    assert len(events) == 1, events
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    wanted = {"loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_s", "bubble", "step_s",
+              "bubble_per_rank/rank0", "bubble_per_rank/rank1", "step_s_per_rank/rank1",
+              "peak_activation_mib_per_rank/rank0", "peak_activation_mib_per_rank/rank1"}
+    assert wanted <= tags, wanted - tags
+    steps = [r for r in logged if "loss" in r]
+    assert [e.step for e in acc.Scalars("loss")] == [r["step"] for r in steps]
+    assert [e.value for e in acc.Scalars("loss")] == pytest.approx([r["loss"] for r in steps])
+    assert [e.value for e in acc.Scalars("eval_loss")] == pytest.approx([r["eval_loss"] for r in evals])
+
+
+def test_wandb_offline_logs_the_run(demo, tmp_path):
+    """``report_to: [wandb]`` in offline mode writes a local run (where wandb is installed)."""
+    pytest.importorskip("wandb")
+    out = str(tmp_path / "run")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
+                           write_recipe(demo, tmp_path / "wandb.yaml", out, max_steps=1, report_to=["wandb"])],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
+                               "WANDB_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*")), os.listdir(tmp_path)

@@ -2,7 +2,8 @@
 
 Every pipeline rank writes its own share of the model into a temporary directory beside the target; rank 0 adds
 the index, config and processor files, fsyncs them, then renames the directory into place. A crash leaves the
-previous checkpoint untouched, and a write that fails on one rank fails the save on every rank. The shards must land on one file system (one node, or a shared one).
+previous checkpoint untouched, and a write that fails on one rank fails the save on every rank. The shards must
+land on one file system (one node, or a shared one).
 
 :func:`save_hub_files` adds what a hub snapshot holds beside the weights (:mod:`mpipe_hf.data.hub`).
 """

@@ -47,7 +47,7 @@ from ..models.load import load_share_values, split_from_checkpoint, split_from_c
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from .checkpoint import publish, save_checkpoint, save_hub_files, sync_tree
 from .collective import together
-from .loop import Skips, run_step
+from .loop import Skips, evaluate_rows, finite_step, run_step
 from .optimizer import build_optimizer, clip_grad_norm
 from .precision import autocast_modules
 from .recipe import DataSection, ParallelSection, TrainSection
@@ -367,6 +367,7 @@ class MPipeTrainer(Trainer):
                          self.mpipe.data(self.args.per_device_train_batch_size), self.skips, step,
                          num_micro=len(rows))
         self.optimizer._is_overflow = stats is None  # AcceleratedOptimizer: the Trainer then skips the LR step
+        self.step_stats = stats
         if stats is None:
             if self.rank == 0:
                 logger.warning(f"mpipe_hf: step {step + 1} skipped ({self.skips.in_row} in a row, "
@@ -380,8 +381,17 @@ class MPipeTrainer(Trainer):
                                            self.group, self.device))
 
     def _get_grad_norm(self, model, grad_norm=None):
+        """The global gradient norm; a step whose loss or norm is not finite is skipped here, on every rank
+        (its gradients dropped, no optimizer or LR step: :func:`~.loop.finite_step`)."""
         if grad_norm is None:
             grad_norm = clip_grad_norm(list(self.params.values()), self.counted, 0.0, self.group, self.device)
+        stats = getattr(self, "step_stats", None)
+        data = self.mpipe.data(self.args.per_device_train_batch_size)
+        if stats is not None and not finite_step(stats, float(grad_norm), self.params.values(), self.skips, data):
+            self.optimizer._is_overflow = True
+            if self.rank == 0:
+                logger.warning(f"mpipe_hf: step {self.state.global_step + 1} skipped ({self.skips.in_row} in a "
+                               f"row, {self.skips.total} in all): {self.skips.last}")
         return float(grad_norm)
 
     # ---- checkpoints --------------------------------------------------------------------------------------
@@ -524,15 +534,10 @@ class MPipeTrainer(Trainer):
             return metrics
         start = time.perf_counter()
         plan = self._plan(dataset, self.args.per_device_eval_batch_size)
-        mbs, n = self.args.per_device_eval_batch_size, len(dataset)
-        loss_sum, tokens = 0.0, 0
-        for first in range(0, n, self.num_micro * mbs):
-            micros = [list(range(s, min(s + mbs, n))) for s in range(first, min(first + self.num_micro * mbs, n),
-                                                                      mbs)]
-            step_loss, step_tokens = self.executor.evaluate(lambda m: plan.load_rows(micros[m]), len(micros))
-            loss_sum, tokens = loss_sum + step_loss, tokens + step_tokens
+        n = len(dataset)
+        loss, tokens = evaluate_rows(self.executor, plan.load_rows, n, self.args.per_device_eval_batch_size)
         runtime = time.perf_counter() - start
-        metrics = {f"{metric_key_prefix}_loss": loss_sum / max(tokens, 1),
+        metrics = {f"{metric_key_prefix}_loss": loss,
                    f"{metric_key_prefix}_runtime": round(runtime, 4),
                    f"{metric_key_prefix}_samples_per_second": round(n / runtime, 3),
                    f"{metric_key_prefix}_label_tokens": tokens}

@@ -32,8 +32,10 @@ class Skips:
         """
         self.in_row, self.total, self.last = self.in_row + 1, self.total + 1, reason
         if self.in_row >= data.max_bad_steps:
-            raise ValueError(f"{reason} ({self.in_row} steps in a row skipped, data.max_bad_steps = "
+            err = ValueError(f"{reason} ({self.in_row} steps in a row skipped, data.max_bad_steps = "
                              f"{data.max_bad_steps})")
+            err.shared = True  # every rank counts the same skips: one line for the run, not one per rank
+            raise err
 
 
 def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: DataSection, skips: Skips, step: int,

@@ -81,6 +81,9 @@ class MetricsLog:
             os.replace(tmp, self.path)
         self.file = open(self.path, "a" if resumed_at is not None else "w")
         from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+        if report_to:
+            from accelerate import PartialState
+            PartialState()  # the trackers' logging asks for it; it joins the process group already there
         name, logging_dir = os.path.basename(os.path.abspath(output_dir)), os.path.join(output_dir, TRACKER_DIR)
         for kind in report_to:
             cls = LOGGER_TYPE_TO_CLASS[kind]

@@ -246,7 +246,8 @@ class TrainSection:
         resume: ``auto`` (the newest complete ``checkpoint-<step>`` of ``output_dir``, or a fresh start when
             there is none) or a checkpoint directory: continue from it, bit-exactly. A checkpoint of another
             ``pp_size``, ``vpp`` or layout resumes too: the weights, and the optimizer state by parameter name
-            (not bit-exact: the order of the sums differs).
+            (not bit-exact: the order of the sums differs). A worker group restarted by ``mpipe-hf train
+            --max-restarts N`` resumes from this run's newest checkpoint by itself.
         reset_optimizer: on resume, start AdamW's moments afresh instead of loading them (the step, learning rate
             schedule and data position still continue); needed when the checkpoint's optimizer state does not
             cover this run's trained parameters.

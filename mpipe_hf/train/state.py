@@ -11,6 +11,7 @@ import json
 import os
 import random
 import re
+import warnings
 
 import numpy as np
 import torch
@@ -76,14 +77,21 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
     state = torch.load(own if os.path.isfile(own) else os.path.join(directory, rank_state_name(0)),
                        weights_only=False)
     names = optimizer_names(optimizer, params) if optimizer is not None else []
-    same = os.path.isfile(own) and state["param_names"] == names
-    if optimizer is not None and not reset_optimizer:
-        optimizer.load_state_dict(state["optimizer"] if same else _by_name(directory, files, optimizer, names))
-    if not same:
+    same = os.path.isfile(own) and state["param_names"] == names and not reset_optimizer
+    if not same:  # the step, the skips and the schedule's position are rank 0's; the RNG this rank's, if saved
         state = torch.load(os.path.join(directory, rank_state_name(0)), weights_only=False) | (
             {"rng": state["rng"]} if os.path.isfile(own) else {})
-    if scheduler is not None and state["scheduler"] is not None:
+    if optimizer is not None and same:
+        optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+    elif optimizer is not None:
+        if not reset_optimizer:
+            optimizer.load_state_dict(_by_name(directory, files, optimizer, names))
+        # the learning rate lives in the optimizer's groups: step a fresh schedule to where the saved one was
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
+            for _ in range(state["scheduler"]["last_epoch"] if state["scheduler"] is not None else 0):
+                scheduler.step()
     set_rng_states(state["rng"])
     skips.in_row, skips.total, skips.last = state["skips"]["in_row"], state["skips"]["total"], state["skips"]["last"]
     return int(state["step"])

@@ -127,11 +127,11 @@ def check(recipe: Recipe) -> list[int]:
             raise ValueError(f"data.eval_path {recipe.data.eval_path!r} is not a file")
         _check_data(recipe.data.eval_path, config, "data.eval_path")
     available_trackers(recipe.train.report_to)
-    check_output_dir(recipe.train.output_dir)
     counts = check_layout(recipe, config)
     world = int(os.environ.get("WORLD_SIZE", cfg.pp_size))
     if world != cfg.pp_size:
         raise ValueError(f"pp_size is {cfg.pp_size} but {world} processes were launched; launch pp_size processes")
+    check_output_dir(recipe.train.output_dir)  # last: it creates the directory
     return counts
 
 
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
         train(recipe)
     except Exception as err:  # noqa: BLE001 - reported as one line, the traceback in the log
         path = log_failure(err, recipe.train.output_dir, rank)
-        shared = str(err).startswith("pipeline rank")
+        shared = getattr(err, "shared", False) or str(err).startswith("pipeline rank")
         if rank == 0 or not shared:
             where = "" if shared or int(os.environ.get("WORLD_SIZE", 1)) == 1 else f"rank {rank}: "
             print(f"mpipe-hf: error: {where}{error_line(err)} (tracebacks: {os.path.dirname(path)})",

@@ -1,0 +1,451 @@
+"""The fault suite of ``mpipe-hf train``: each case breaks a real run and checks that nothing hangs and nothing is
+lost (issue 14; README, "Failures and restarts").
+
+    python scripts/fault_suite.py [--cases kill,restart,...] [--demo DIR] [--keep DIR]
+
+Every case runs the demo model (``scripts/make_demo.py``) on 2 pipeline ranks (``V = 2``, ``M = 4``, 6 steps,
+``save_steps: 2``) as ``mpipe-hf train`` or under ``torchrun``, and compares with an uninterrupted run of the same
+recipe: every step's loss and gradient norm and the final weights, bit for bit. It prints one table row per case:
+what happened, whether a process outlived the case's time limit (a hang), and how many steps or rows were lost.
+
+The faults a real run cannot be made to hit on cue (a kill in the middle of a checkpoint write, a NaN in one
+rank's loss, a full disk on one rank) are injected by this file's ``worker`` mode, which patches one function
+in the worker process and then runs the trainer's own ``main``: ``torchrun ... scripts/fault_suite.py worker
+FAULT RECIPE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+LIMIT_S = 240  # a case's process still running after this long is a hang
+PP, STEPS, SAVE = 2, 6, 2
+
+
+# ---- the worker: one injected fault, then the trainer's main ------------------------------------------------
+
+def worker(fault: str, recipe: str) -> None:
+    """Apply ``fault`` in this process, then run ``mpipe_hf.train.trainer.main([recipe])``.
+
+    Faults: ``kill-in-save:STEP`` (rank 0 kills itself with SIGKILL while it writes ``checkpoint-STEP``, after
+    every shard is on disk and before the directory is renamed into place); ``nan:STEP`` (the last stage's loss
+    is NaN at step STEP, 1-based; ``nan:all`` at every step); ``enospc:RANK:STEP`` (rank RANK's shard write of
+    ``checkpoint-STEP`` fails with ``ENOSPC``).
+    """
+    from mpipe_hf.train import checkpoint, trainer
+    from mpipe_hf.runtime import executor
+    kind, *args = fault.split(":")
+    rank = int(os.environ.get("RANK", 0))
+    if kind == "kill-in-save":
+        hub_files = trainer.save_hub_files
+
+        def dying(directory, *a, **k):
+            if directory.endswith(f"checkpoint-{args[0]}.tmp"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return hub_files(directory, *a, **k)
+        trainer.save_hub_files = dying
+    elif kind == "nan":
+        step = executor.PipelineExecutor.step
+
+        def poisoned(self, *a, **k):
+            last = self.cfg.num_stages - 1
+            if last in self.stages and (args[0] == "all" or self.step_index + 1 == int(args[0])):
+                module = self.stages[last]
+                hook = module.register_forward_hook(lambda m, i, out: {**out, "loss": out["loss"] * float("nan")})
+                try:
+                    return step(self, *a, **k)
+                finally:
+                    hook.remove()
+            return step(self, *a, **k)
+        executor.PipelineExecutor.step = poisoned
+    elif kind == "enospc":
+        save_file = checkpoint.save_file
+
+        def full(tensors, path, *a, **k):
+            if rank == int(args[0]) and f"checkpoint-{args[1]}.tmp" in path:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            return save_file(tensors, path, *a, **k)
+        checkpoint.save_file = full
+    elif kind != "none":
+        raise SystemExit(f"unknown fault {fault!r}")
+    trainer.main([recipe])
+
+
+# ---- running and comparing ----------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """A finished (or killed) run: exit status, combined output, seconds, whether it hung."""
+
+    rc: int
+    out: str
+    seconds: float
+    hung: bool
+
+
+def workers(root: int) -> dict[int, int]:
+    """``{rank: pid}`` of the torchrun workers below process ``root`` (read from ``/proc``)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+        except OSError:
+            continue
+        if b"TORCHELASTIC_RUN_ID" not in env or b"RANK" not in env:
+            continue
+        parent = int(pid)
+        while parent > 1:
+            try:
+                with open(f"/proc/{parent}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                break
+            if parent == root:
+                found[int(env[b"RANK"])] = int(pid)
+                break
+    return found
+
+
+def launch(recipe: str, fault: str | None = None, restarts: int = 0,
+           kill: Callable[[subprocess.Popen], None] | None = None) -> Run:
+    """Run the recipe (``mpipe-hf train``, or the fault worker under torchrun), optionally calling ``kill(proc)``
+    while it runs; a run still alive after ``LIMIT_S`` is killed and counts as a hang."""
+    if fault is None:
+        cmd = [os.path.join(BIN, "mpipe-hf"), "train", recipe] + ([f"--max-restarts={restarts}"] if restarts else [])
+    else:
+        cmd = [os.path.join(BIN, "torchrun"), "--standalone", f"--nproc_per_node={PP}", os.path.abspath(__file__),
+               "worker", fault, recipe]
+    log = tempfile.TemporaryFile(mode="w+")
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if kill is not None:
+        kill(proc)
+    try:
+        proc.wait(timeout=max(1.0, LIMIT_S - (time.time() - start)))
+        hung = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        hung = True
+    log.seek(0)
+    return Run(proc.returncode, log.read(), time.time() - start, hung)
+
+
+def kill_rank(rank: int, when: Callable[[], bool], delay_s: float = 0.0) -> Callable[[subprocess.Popen], None]:
+    """A ``kill`` for :func:`launch`: SIGKILL worker ``rank`` ``delay_s`` seconds after ``when()`` holds."""
+    def kill(proc):
+        while not when():
+            if proc.poll() is not None:
+                return
+            time.sleep(0.02)
+        time.sleep(delay_s)
+        pids = workers(proc.pid)
+        if rank in pids:
+            os.kill(pids[rank], signal.SIGKILL)
+    return kill
+
+
+def rows(output_dir: str) -> list[dict]:
+    path = os.path.join(output_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def weights(directory: str) -> dict:
+    from safetensors.torch import load_file
+    out = {}
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(directory, name)))
+    return out
+
+
+def lost(reference: str, output_dir: str) -> tuple[int, str]:
+    """``(steps lost, detail)``: the steps whose loss or gradient norm differ from the reference's, or are
+    missing, bit for bit; the final weights must be equal too (else every step counts as lost)."""
+    ref = {r["step"]: (r["loss"], r["grad_norm"]) for r in rows(reference) if "loss" in r}
+    got = {r["step"]: (r["loss"], r["grad_norm"]) for r in rows(output_dir) if "loss" in r}
+    bad = [s for s in ref if got.get(s) != ref[s]]
+    a, b = weights(os.path.join(reference, "checkpoint")), weights(os.path.join(output_dir, "checkpoint"))
+    same = bool(a) and sorted(a) == sorted(b) and all(a[k].equal(b[k]) for k in a)
+    if not same:
+        return len(ref), "final weights differ"
+    return len(bad), ("every step's loss and grad norm and the final weights equal the uninterrupted run's" if not bad
+                      else f"steps {bad} differ")
+
+
+# ---- the cases ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    happened: str
+    hung: int
+    lost: int
+    passed: bool
+
+
+class Suite:
+    """The recipes and the uninterrupted reference runs the cases compare with (built once)."""
+
+    def __init__(self, demo: str, work: str):
+        self.demo, self.work, self.references = demo, work, {}
+
+    def recipe(self, name: str, placement: str = "prefix", data: dict | None = None, **train) -> tuple[str, str]:
+        """``(recipe path, output_dir)`` of a small run of the demo model."""
+        import yaml
+        out = os.path.join(self.work, name)
+        raw = {"model": os.path.join(self.demo, "model"),
+               "data": {"path": os.path.join(self.demo, "data", "train.jsonl"), **(data or {})},
+               "parallel": {"pp_size": PP, "vpp": 2, "num_micro": 4, "preprocess": "frozen", "placement": placement,
+                            "timeout_s": 60},
+               "train": {"max_steps": STEPS, "learning_rate": 2e-3, "save_steps": SAVE, "output_dir": out, **train}}
+        path = os.path.join(self.work, f"{name}.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(raw, f)
+        return path, out
+
+    def reference(self, placement: str) -> str:
+        if placement not in self.references:
+            path, out = self.recipe(f"reference-{placement}", placement)
+            run = launch(path)
+            if run.rc != 0:
+                raise RuntimeError(f"the reference run failed:\n{run.out[-3000:]}")
+            self.references[placement] = out
+        return self.references[placement]
+
+
+def case_kill(suite: Suite) -> Outcome:
+    """SIGKILL rank 1 in the middle of step 4 (after ``checkpoint-2``); then ``resume: auto``."""
+    path, out = suite.recipe("kill")
+    first = launch(path, kill=kill_rank(1, lambda: any(r.get("step") == 3 for r in rows(out)), 0.3))
+    named = "rank 1 was lost (SIGKILL" in first.out
+    path, _ = suite.recipe("kill", resume="auto")
+    second = launch(path)
+    n, detail = lost(suite.reference("prefix"), out)
+    return Outcome(f"killed run exited {first.rc} after {first.seconds:.0f}s"
+                   f"{', naming the lost rank' if named else ', WITHOUT naming the lost rank'}; resume: auto exited "
+                   f"{second.rc}: {detail}", first.hung + second.hung, n,
+                   first.rc == 1 and named and second.rc == 0 and n == 0)
+
+
+def case_restart(suite: Suite) -> Outcome:
+    """SIGKILL rank 1 in the middle of step 4 under ``--max-restarts 1``, placement ``fill``."""
+    path, out = suite.recipe("restart", "fill")
+    run = launch(path, restarts=1, kill=kill_rank(1, lambda: any(r.get("step") == 3 for r in rows(out)), 0.3))
+    resumed = "restart 1 of the worker group after a failure: resumed from" in run.out
+    n, detail = lost(suite.reference("fill"), out)
+    return Outcome(f"exited {run.rc} after {run.seconds:.0f}s, "
+                   f"{'restarted and resumed by itself' if resumed else 'did NOT resume'}: {detail}", int(run.hung), n,
+                   run.rc == 0 and resumed and n == 0)
+
+
+def case_kill_in_save(suite: Suite) -> Outcome:
+    """Rank 0 killed while it writes ``checkpoint-4``; ``resume: auto`` must take ``checkpoint-2``."""
+    from mpipe_hf.train.state import checkpoints
+    path, out = suite.recipe("kill-in-save")
+    first = launch(path, fault="kill-in-save:4")
+    found = [step for step, _ in checkpoints(out)]
+    left = sorted(n for n in os.listdir(out) if n.endswith(".tmp"))
+    path, _ = suite.recipe("kill-in-save", resume="auto")
+    second = launch(path)
+    took = "checkpoint-2 at step 2" in second.out
+    n, detail = lost(suite.reference("prefix"), out)
+    return Outcome(f"killed mid-save (exit {first.rc}); complete checkpoints {found}, partial {left} ignored; resume "
+                   f"took checkpoint-2: {took}; {detail}", first.hung + second.hung, n,
+                   first.rc != 0 and found == [2] and took and second.rc == 0 and n == 0)
+
+
+def case_nan(suite: Suite) -> Outcome:
+    """The last stage's loss is NaN at step 3: skipped on every rank, no optimizer step, reported."""
+    path, out = suite.recipe("nan", save_steps=1)
+    run = launch(path, fault="nan:3")
+    row = next((r for r in rows(out) if r.get("step") == 3), {})
+    a, b = weights(os.path.join(out, "checkpoint-2")), weights(os.path.join(out, "checkpoint-3"))
+    unchanged = bool(a) and all(a[k].equal(b[k]) for k in a)
+    ran = [r["step"] for r in rows(out) if "loss" in r]
+    ok = run.rc == 0 and row.get("skipped") is True and unchanged and ran == [1, 2, 4, 5, 6]
+    return Outcome(f"exited {run.rc}; step 3 {'skipped' if row.get('skipped') else 'NOT skipped'} "
+                   f"({row.get('error', '')[:60]}); weights after step 3 {'unchanged' if unchanged else 'CHANGED'}; "
+                   f"steps that ran {ran}", int(run.hung), 0 if ok else 1, ok)
+
+
+def case_nan_always(suite: Suite) -> Outcome:
+    """Every step's loss is NaN: the run stops after ``max_bad_steps`` (2) with a clear message."""
+    path, out = suite.recipe("nan-always", data={"max_bad_steps": 2})
+    run = launch(path, fault="nan:all")
+    line = next((ln for ln in run.out.splitlines() if ln.startswith("mpipe-hf: error:")), "")
+    ok = run.rc == 1 and "not finite" in line and "max_bad_steps" in line
+    return Outcome(f"exited {run.rc}: {line[:110]}", int(run.hung), 0, ok)
+
+
+def case_disk_full(suite: Suite) -> Outcome:
+    """Rank 1's shard write of ``checkpoint-4`` fails with ENOSPC: every rank stops with that error, and
+    ``checkpoint-2`` stays complete (a resume from it is exact)."""
+    from mpipe_hf.train.state import checkpoints
+    path, out = suite.recipe("disk-full")
+    first = launch(path, fault="enospc:1:4")
+    line = next((ln for ln in first.out.splitlines() if ln.startswith("mpipe-hf: error:")), "")
+    found = [step for step, _ in checkpoints(out)]
+    left = sorted(n for n in os.listdir(out) if n.endswith(".tmp"))
+    path, _ = suite.recipe("disk-full", resume="auto")
+    second = launch(path)
+    n, detail = lost(suite.reference("prefix"), out)
+    ok = first.rc == 1 and "No space left on device" in line and found == [2] and not left and n == 0
+    return Outcome(f"exited {first.rc} after {first.seconds:.0f}s: {line[16:100]}...; checkpoints {found}, "
+                   f"partial {left}; resume: {detail}", first.hung + second.hung, n, ok)
+
+
+def case_not_writable(suite: Suite) -> Outcome:
+    """``output_dir`` below a regular file: a ValueError naming ``train.output_dir`` before any process."""
+    blocker = os.path.join(suite.work, "a-file")
+    open(blocker, "w").close()
+    path, _ = suite.recipe("not-writable", output_dir=os.path.join(blocker, "run"))
+    run = launch(path)
+    line = next((ln for ln in run.out.splitlines() if ln.startswith("mpipe-hf: error:")), "")
+    ok = run.rc != 0 and "train.output_dir" in line and "Traceback" not in run.out
+    return Outcome(f"exited {run.rc} after {run.seconds:.0f}s: {line[:110]}", int(run.hung), 0, ok)
+
+
+def bad_rows(demo: str, work: str) -> dict[str, dict]:
+    """One bad row of each kind, with the images it needs written into ``work``."""
+    from PIL import Image
+    images = os.path.join(demo, "data", "images")
+    good = sorted(os.listdir(images))[0]
+    corrupt = os.path.join(work, "corrupt.png")
+    with open(os.path.join(images, good), "rb") as f:
+        data = f.read()
+    with open(corrupt, "wb") as f:
+        f.write(data[: len(data) // 3])  # a truncated file: the header reads, the pixels do not
+    huge = os.path.join(work, "huge.png")
+    Image.new("RGB", (40000, 8), "white").save(huge)  # an aspect ratio the processor refuses
+    user = lambda text: {"role": "user", "content": text}  # noqa: E731
+    reply = {"role": "assistant", "content": "A photo."}
+    return {
+        "corrupt image": {"messages": [user("<image>Describe it."), reply], "images": [corrupt]},
+        "missing image": {"messages": [user("<image>Describe it."), reply], "images": [os.path.join(work, "no.png")]},
+        "image over the processor's limit": {"messages": [user("<image>Describe it."), reply], "images": [huge]},
+        "empty text": {"messages": [user("   "), {"role": "assistant", "content": ""}]},
+        "no assistant turn": {"messages": [user("Hello?")]},
+        "row over max_length": {"messages": [user("word " * 400), reply]},
+    }
+
+
+def case_bad_rows(suite: Suite) -> list[tuple[str, Outcome]]:
+    """Each bad row, appended to the demo's data: a clear outcome (an error naming the line before training,
+    or the row's step skipped with a warning, or the row dropped with a warning), never a hang or a traceback."""
+    results = []
+    source = os.path.join(suite.demo, "data", "train.jsonl")
+    with open(source) as f:
+        lines = [line for line in f if line.strip()]
+    for name, row in bad_rows(suite.demo, suite.work).items():
+        data = os.path.join(suite.demo, "data", f"fault-{name.replace(' ', '_')}.jsonl")
+        with open(data, "w") as f:
+            f.writelines(lines[:7] + [json.dumps(row) + "\n"])  # the bad row is line 8: step 2's last micro
+        path, out = suite.recipe(f"row-{name.replace(' ', '_')}", data={"path": data, "max_length": 256,
+                                                                         "shuffle": False}, max_steps=2,
+                                 save_steps=0)
+        run = launch(path)
+        said = [ln for ln in run.out.splitlines() if ln.startswith(("mpipe-hf: error:", "mpipe_hf: warning:"))]
+        skipped = [r["step"] for r in rows(out) if r.get("skipped")]
+        ran = [r["step"] for r in rows(out) if "loss" in r]
+        clear = bool(said) and "Traceback" not in run.out
+        named = any(":8" in ln or "line 8" in ln or "row" in ln for ln in said)
+        happened = (f"exited {run.rc}; steps ran {ran}, skipped {skipped}; " + (said[0][:100] if said else "SILENT"))
+        # nothing lost: the good rows of every step either trained, or the run stopped before any step
+        ok = clear and named and not run.hung and (ran == [1, 2] or ran == [1] and skipped == [2] or run.rc == 1
+                                                     and not ran)
+        results.append((name, Outcome(happened, int(run.hung), 0 if ok else 1, ok)))
+        os.remove(data)
+    return results
+
+
+def case_recipe_keys(suite: Suite) -> Outcome:
+    """The recipe schema table (``tests/test_recipe_schema.py``): every key with a wrong type or value."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(ROOT, "tests", "test_recipe_schema.py")], capture_output=True, text=True,
+                          timeout=LIMIT_S, cwd=ROOT)
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-200:]
+    return Outcome(f"table test: {last}", 0, 0, proc.returncode == 0)
+
+
+CASES = {"kill": case_kill, "restart": case_restart, "kill-in-save": case_kill_in_save, "nan": case_nan,
+         "nan-always": case_nan_always, "disk-full": case_disk_full, "not-writable": case_not_writable,
+         "bad-rows": case_bad_rows, "recipe-keys": case_recipe_keys}
+
+
+def run_cases(names: list[str], demo: str | None = None, work: str | None = None) -> list[tuple[str, Outcome]]:
+    """Run the named cases (every case when empty); return ``[(case, outcome)]``."""
+    work = work or tempfile.mkdtemp(prefix="mpipe_faults_")
+    if demo is None:
+        demo = os.path.join(work, "demo")
+        if not os.path.isdir(os.path.join(demo, "model")):
+            runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([demo])
+    suite = Suite(demo, work)
+    results = []
+    for name in names or list(CASES):
+        outcome = CASES[name](suite)
+        for item in outcome if isinstance(outcome, list) else [(name, outcome)]:
+            results.append(item if isinstance(outcome, list) else (name, outcome))
+            print(f"{results[-1][0]:>34}: {'PASS' if results[-1][1].passed else 'FAIL'}  {results[-1][1].happened}",
+                  flush=True)
+    return results
+
+
+def table(results: list[tuple[str, Outcome]]) -> str:
+    lines = ["| case | what happened | hangs | steps or rows lost | result |", "|---|---|---|---|---|"]
+    for name, o in results:
+        lines.append(f"| {name} | {o.happened.replace('|', '/')} | {o.hung} | {o.lost} | "
+                     f"{'pass' if o.passed else 'FAIL'} |")
+    hangs, lost_total = sum(o.hung for _, o in results), sum(o.lost for _, o in results)
+    lines.append(f"\n{len(results)} cases, {sum(o.passed for _, o in results)} passed; hangs {hangs}; "
+                 f"steps or rows lost {lost_total}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if args[:1] == ["worker"]:
+        worker(args[1], args[2])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="", help=f"comma-separated, from {list(CASES)}; all by default")
+    parser.add_argument("--demo", help="a built demo directory (scripts/make_demo.py DIR); built in a temp dir")
+    parser.add_argument("--keep", help="run in this directory and keep it (default: a temporary one, removed)")
+    opts = parser.parse_args(args)
+    names = [n for n in opts.cases.split(",") if n]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; choose from {list(CASES)}")
+    work = opts.keep or tempfile.mkdtemp(prefix="mpipe_faults_")
+    os.makedirs(work, exist_ok=True)
+    start = time.time()
+    try:
+        results = run_cases(names, opts.demo, work)
+    finally:
+        if not opts.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(table(results))
+    print(f"({time.time() - start:.0f}s)")
+    return 0 if all(o.passed for _, o in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

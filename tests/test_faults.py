@@ -1,0 +1,40 @@
+"""The CI subset of the fault suite (``scripts/fault_suite.py``, issue 14): real runs of the demo model broken
+on purpose, each checked against an uninterrupted run, bit for bit.
+
+- ``kill``: rank 1 SIGKILLed in the middle of a step; the run stops naming the lost rank, and ``resume: auto``
+  continues exactly (placement ``prefix``, shuffled data);
+- ``restart``: the same under ``--max-restarts 1`` with placement ``fill``: torchrun restarts the group, which
+  resumes by itself;
+- ``kill-in-save``: rank 0 killed while it writes a checkpoint: the previous one loads, and resume is exact;
+- ``nan``: a NaN in the last stage's loss skips that step on every rank, with no optimizer step;
+- ``disk-full``: one rank's checkpoint write fails with ENOSPC: every rank stops with that error, no partial
+  checkpoint is left, and the previous one resumes exactly.
+
+The other cases (every bad row, NaN at every step, an output directory that is not writable, the recipe table)
+run in ``python scripts/fault_suite.py``; the recipe table and the bad rows are also unit-tested
+(``tests/test_recipe_schema.py``, ``tests/test_conversation.py``).
+"""
+
+import os
+import runpy
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUITE = runpy.run_path(os.path.join(ROOT, "scripts", "fault_suite.py"))
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    work = str(tmp_path_factory.mktemp("faults"))
+    demo = os.path.join(work, "demo")
+    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([demo])
+    return SUITE["Suite"](demo, work)
+
+
+@pytest.mark.parametrize("case", ["kill", "restart", "kill-in-save", "nan", "disk-full"])
+def test_fault(suite, case):
+    outcome = SUITE["CASES"][case](suite)
+    assert outcome.hung == 0, outcome.happened
+    assert outcome.lost == 0, outcome.happened
+    assert outcome.passed, outcome.happened
