@@ -56,7 +56,9 @@ def _train(args) -> None:
         logs = os.path.join(recipe.train.output_dir, "logs")
         reported = any(os.path.getmtime(p) >= start for p in glob.glob(os.path.join(logs, "rank*.log")))
         if killed:  # no worker could report it: say which rank was lost, and how to go on
-            first_rank, first = min(killed, key=lambda k: k[1].timestamp)
+            # the agent stops the others with SIGTERM: the lost rank is the one another signal ended
+            lost = [k for k in killed if k[1].signal_name() != "SIGTERM"] or killed
+            first_rank, first = min(lost, key=lambda k: k[1].timestamp)
             stopped = [r for r, f in killed if f is not first]
             resume = ("it restarts by itself with --max-restarts N" if not args.max_restarts else
                       f"{args.max_restarts} restarts were used up")

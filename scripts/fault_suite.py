@@ -236,7 +236,7 @@ def case_kill(suite: Suite) -> Outcome:
     """SIGKILL rank 1 in the middle of step 4 (after ``checkpoint-2``); then ``resume: auto``."""
     path, out = suite.recipe("kill")
     first = launch(path, kill=kill_rank(1, lambda: any(r.get("step") == 3 for r in rows(out)), 0.3))
-    named = "rank 1 was lost (SIGKILL" in first.out
+    named = "rank 1 was lost (SIGKILL" in first.out or "lost pipeline rank 1" in first.out
     path, _ = suite.recipe("kill", resume="auto")
     second = launch(path)
     n, detail = lost(suite.reference("prefix"), out)

@@ -497,7 +497,7 @@ def test_max_bad_steps_stops_the_run_with_the_last_error():
         return rows
     plan = Plan(list(range(40)), collate, 2, 1)
     data, skips, results = DataSection(path="x.jsonl", max_bad_steps=2), Skips(), []
-    with pytest.raises(ValueError, match=r"OSError: image file is truncated \(2 steps in a row skipped .*"
+    with pytest.raises(ValueError, match=r"OSError: image file is truncated \(2 steps in a row skipped.*"
                                          r"max_bad_steps = 2\)"):
         for step in range(6):
             results.append(run_step(Executor(), partial(plan.load, step), data, skips, step))

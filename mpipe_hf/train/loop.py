@@ -23,6 +23,8 @@ class Skips:
     in_row: int = 0
     total: int = 0
     last: str | None = None
+    held: int = 0  # ``in_row`` before the last step that ran, in case it turns out not finite
+
 
     def record(self, reason: str, data: DataSection) -> None:
         """Count a skipped step.
@@ -67,6 +69,7 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
             raise
         skips.record(str(err), data)
         return None
+    skips.held, skips.in_row = skips.in_row, 0
     return stats
 
 
@@ -79,10 +82,10 @@ def finite_step(stats: StepStats, grad_norm: float, params, skips: Skips, data: 
         ValueError: the ``data.max_bad_steps``-th skipped step in a row.
     """
     if math.isfinite(stats.loss) and math.isfinite(grad_norm):
-        skips.in_row = 0
         return True
     for p in params:
         p.grad = None
+    skips.in_row = skips.held  # the step did not run after all: the skips before it are still in a row
     skips.record(f"the loss ({stats.loss}) or the gradient norm ({grad_norm}) is not finite", data)
     return False
 
