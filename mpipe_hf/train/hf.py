@@ -25,6 +25,7 @@ the model needs are the components ``mpipe-hf train`` runs on (README, "Design n
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import shutil
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 from transformers import AutoConfig, Trainer, TrainerCallback
@@ -222,6 +224,15 @@ class MPipeCallback(TrainerCallback):
             last.update({k: v for k, v in logs.items() if k not in before})
 
 
+def _release(executor: PipelineExecutor) -> None:
+    """At interpreter exit: end the executor's helper threads and destroy the process groups while Python is
+    still whole (a gloo group torn down during finalisation can abort the process after a finished run:
+    "terminate called without an active exception")."""
+    executor.watchdog.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class MPipeTrainer(Trainer):
     """A ``transformers.Trainer`` whose training step is one MPipe Transpose schedule over the step's
     ``gradient_accumulation_steps`` micro-batches of ``per_device_train_batch_size`` rows each, under
@@ -287,6 +298,7 @@ class MPipeTrainer(Trainer):
                                          self.carved.tied_parameters(self.cfg, self.rank), seed=args.seed,
                                          measure_memory=True, loss_normalization=self.loss_normalization(),
                                          costs=self._costs(counts))
+        atexit.register(_release, self.executor)
         self.pipeline = _Pipeline(self.model)
 
     def _costs(self, counts: list[int]):
