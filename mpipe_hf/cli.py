@@ -1,6 +1,7 @@
 """``mpipe-hf``: the command line.
 
-- ``mpipe-hf train RECIPE.yaml [--max-restarts N]`` starts ``pp_size`` local processes (through torchrun) and
+- ``mpipe-hf train RECIPE.yaml [--max-restarts N] [--nnodes N --node-rank I --master-addr A --master-port P]``
+  starts ``dp_size * pp_size`` processes (through torchrun; over ``--nnodes``, each node starts its share) and
   trains; after a failure torchrun's elastic agent restarts the group up to ``N`` times, and each restart
   resumes from the run's newest ``checkpoint-<step>``;
 - ``mpipe-hf schedule --pp 4 --vpp 2 --micro 8 [--preprocess identity|frozen|trainable] [--overflow full|min]
@@ -44,13 +45,16 @@ def _train(args) -> None:
     import time
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // recipe.parallel.pp_size)))
+    per_node = launch_shape(recipe, args)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // per_node)))
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # the one line is the workers'
     start = time.time()
     restarts = [f"--max-restarts={args.max_restarts}"] if args.max_restarts else []
+    nodes = (["--standalone"] if args.nnodes == 1 and args.master_addr is None else
+             [f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}", f"--master-addr={args.master_addr}",
+              f"--master-port={args.master_port}"])
     try:
-        torchrun(["--standalone", f"--nproc_per_node={recipe.parallel.pp_size}", *restarts, "-m", "mpipe_hf.train",
-                  args.recipe])
+        torchrun([*nodes, f"--nproc_per_node={per_node}", *restarts, "-m", "mpipe_hf.train", args.recipe])
     except ChildFailedError as err:
         killed = sorted((f.local_rank, f) for f in err.failures.values() if f.exitcode < 0)
         logs = os.path.join(recipe.train.output_dir, "logs")
@@ -71,6 +75,25 @@ def _train(args) -> None:
             failures = "; ".join(f"rank {f.local_rank} exited with {f.exitcode}" for f in err.failures.values())
             print(f"mpipe-hf: error: {failures}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+
+
+def launch_shape(recipe, args) -> int:
+    """Processes per node: ``dp_size * pp_size`` over ``--nnodes``.
+
+    Raises:
+        ValueError: a node count or rank out of range, processes that do not divide evenly over the nodes, or
+            several nodes without ``--master-addr``.
+    """
+    processes = recipe.parallel.pp_size * recipe.parallel.dp_size
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--nnodes must be >= 1 and --node-rank in [0, {args.nnodes}), got {args.nnodes} and "
+                         f"{args.node_rank}")
+    if processes % args.nnodes:
+        raise ValueError(f"parallel.dp_size * parallel.pp_size = {processes} processes do not divide over "
+                         f"--nnodes {args.nnodes}")
+    if args.nnodes > 1 and args.master_addr is None:
+        raise ValueError("--nnodes > 1 needs --master-addr (node 0's address) and --master-port")
+    return processes // args.nnodes
 
 
 def _config(args):
@@ -204,11 +227,15 @@ def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="mpipe-hf", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train from a recipe on pp_size local processes")
+    train = sub.add_parser("train", help="train from a recipe on dp_size * pp_size processes")
     train.add_argument("recipe")
     train.add_argument("--max-restarts", type=int, default=0,
                        help="restart the worker group this many times after a failure (torchrun's elastic agent); "
                             "each restart resumes from the run's newest checkpoint-<step> (train.save_steps)")
+    train.add_argument("--nnodes", type=int, default=1, help="nodes; each starts dp_size * pp_size / nnodes processes")
+    train.add_argument("--node-rank", type=int, default=0, help="this node's index, 0 .. nnodes - 1")
+    train.add_argument("--master-addr", help="node 0's address (several nodes)")
+    train.add_argument("--master-port", type=int, default=29500, help="node 0's port (several nodes)")
     train.set_defaults(func=_train)
     sched = sub.add_parser("schedule", help="print the MPipe Transpose schedule")
     _schedule_flags(sched)

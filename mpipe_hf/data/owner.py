@@ -31,24 +31,29 @@ class MicroBatchPlan:
         dataset: anything with ``len`` and ``__getitem__(int) -> row``.
         collate: rows -> dict of tensors.
         validate: raises ``ValueError`` on a micro-batch the model cannot take.
+        replica, num_replicas: data parallelism: step ``k`` reads ``num_replicas * num_micro`` blocks, and the
+            pipeline replica ``replica`` (its ``dp`` rank) takes the ``replica``-th run of ``num_micro`` of them;
+            within it, each micro's owner loads it (the global batch split by dp rank first, then by owner).
 
     Raises:
         ValueError: ``micro_batch_size`` below 1, or an empty dataset.
     """
 
     def __init__(self, dataset, collate: Callable, num_micro: int, micro_batch_size: int,
-                 validate: Callable[[dict], None] | None = None, shuffle: bool = False, seed: int = 0):
+                 validate: Callable[[dict], None] | None = None, shuffle: bool = False, seed: int = 0,
+                 replica: int = 0, num_replicas: int = 1):
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         if len(dataset) == 0:
             raise ValueError("the dataset has no rows")
         self.dataset, self.collate, self.num_micro, self.mbs = dataset, collate, num_micro, micro_batch_size
+        self.replica, self.num_replicas = replica, num_replicas
         self.validate, self.shuffle, self.seed = validate, shuffle, seed
         self._orders: dict[int, list[int]] = {}
 
     def steps_per_epoch(self) -> float:
         """Optimizer steps one pass over the rows takes (a fraction when the last step spans two epochs)."""
-        return len(self.dataset) / (self.num_micro * self.mbs)
+        return len(self.dataset) / (self.num_replicas * self.num_micro * self.mbs)
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
@@ -58,7 +63,8 @@ class MicroBatchPlan:
 
     def rows(self, step: int, micro: int) -> list[int]:
         """The dataset indices of micro ``micro`` of step ``step``."""
-        start, n = (step * self.num_micro + micro) * self.mbs, len(self.dataset)
+        start = ((step * self.num_replicas + self.replica) * self.num_micro + micro) * self.mbs
+        n = len(self.dataset)
         positions = [start + i for i in range(self.mbs)]
         if not self.shuffle:
             return [p % n for p in positions]

@@ -30,11 +30,13 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import RECV_KINDS, Kind
 from ..schedule.forward import build_forward_schedule, forward_config
 from ..schedule.simulate import Costs, Event
+from .data_parallel import is_sharded, local
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
 from .memory import SavedStorages, storage_ids
 from .p2p import P2P
@@ -94,6 +96,9 @@ class PipelineExecutor:
             ``num_items_in_batch``, such as Qwen2.5-VL's ``accepts_loss_kwargs = False``).
         measure_memory: count the bytes each stage forward saves for its backward (``saved_tensors_hooks``, a
             Python call per saved tensor) and report each rank's peak in :class:`StepStats`.
+        data_parallel: this rank's :class:`~.data_parallel.DataParallel` when the pipeline has replicas
+            (``dp_size > 1``): the step's loss and label tokens are summed over them, each chunk's gradients are
+            reduced once per step, and the division is by the whole global batch's tokens.
 
     Raises:
         ValueError: a tied parameter that is not in ``params``.
@@ -103,11 +108,12 @@ class PipelineExecutor:
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
                  timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = (),
                  trace: bool = False, costs: Costs | None = None, seed: int = 0, measure_memory: bool = False,
-                 loss_normalization: str = "tokens"):
+                 loss_normalization: str = "tokens", data_parallel=None):
         if loss_normalization not in ("tokens", "micro"):
             raise ValueError(f"loss_normalization must be 'tokens' or 'micro', got {loss_normalization!r}")
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
         self.per_micro = loss_normalization == "micro"
+        self.dp = data_parallel
         self.measure_memory = measure_memory
         self._weights = storage_ids([p for m in stages.values() for p in m.parameters()]
                                     + ([] if preprocess.module is None else list(preprocess.module.parameters())))
@@ -236,10 +242,12 @@ class PipelineExecutor:
         """Swap the tied copies' gradients with their peers and add them (``g_here + g_peer`` on both sides:
         addition commutes, so both copies hold the same bits)."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p, _ in self.tied]
+        for (p, peer), grad in zip(self.tied, grads):  # FSDP: both copies are sharded alike over dp
+            self.p2p.send({"grad": local(grad)}, peer, f"TIED_GRAD to {peer}", "TIED_GRAD")
         for (p, peer), grad in zip(self.tied, grads):
-            self.p2p.send({"grad": grad}, peer, f"TIED_GRAD to {peer}", "TIED_GRAD")
-        for (p, peer), grad in zip(self.tied, grads):
-            p.grad = grad + self.p2p.recv(peer, f"TIED_GRAD from {peer}")["grad"]
+            peer_grad = self.p2p.recv(peer, f"TIED_GRAD from {peer}")["grad"]
+            p.grad = grad + (DTensor.from_local(peer_grad, grad.device_mesh, grad.placements, shape=grad.shape,
+                                                stride=grad.stride()) if is_sharded(grad) else peer_grad)
         self.p2p.drain()
 
     def _order(self, own: bool = True, ahead: bool = False, cfg: ScheduleConfig | None = None,
@@ -306,10 +314,16 @@ class PipelineExecutor:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+        last_backward = {}
+        if self.dp is not None:
+            self.dp.start_step()
+            last_backward = {a.stage: i for i, a in enumerate(self.order) if a.kind is Kind.B}
         try:
             self.p2p.expect(a.peer for a in self.order if a.kind in RECV_KINDS)
-            for action in self.order:
+            for i, action in enumerate(self.order):
                 begin = time.time()
+                if last_backward.get(action.stage) == i:
+                    self.dp.before_last_backward(action.stage)
                 if self.measure_memory and action.kind is Kind.F:
                     with SavedStorages(self._weights) as saved:
                         run_action(ctx, action)
@@ -336,6 +350,8 @@ class PipelineExecutor:
             totals = totals.to(self.device)
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum",
                                describe("all_reduce", totals))
+            if self.dp is not None:  # the loss, tokens and micro means of the whole global batch
+                totals[[0, 1, 4]] = self.dp.sum(totals[[0, 1, 4]].clone())
             self._sum_tied()
             ahead_loaded = {m - num_micro: (ctx.data.pop(m), ctx.feats.pop(m)) for m in sorted(ctx.data)
                             if m >= num_micro}
@@ -358,15 +374,18 @@ class PipelineExecutor:
         if ahead:
             self._carried = ahead_loaded
         self.step_index += 1
+        replicas = self.dp.size if self.dp is not None else 1
         for p in trained:
             if p not in mine:  # a replica of P on a rank that does not own it: rank 0 optimises P
                 p.grad = kept[p]
-            elif p.grad is not None:
-                p.grad.div_(num_micro if self.per_micro else num_tokens)
-                if kept[p] is not None:
-                    p.grad = kept[p].add_(p.grad)
-            else:
-                p.grad = kept[p]
-        loss = micro_means / num_micro if self.per_micro else loss_sum / num_tokens
+            elif p.grad is not None:  # FSDP averaged its gradients over the replicas: divide the rest
+                divisor = num_micro * replicas if self.per_micro else num_tokens
+                p.grad.div_(divisor / replicas if is_sharded(p.grad) else divisor)
+        if self.dp is not None:
+            self.dp.sum_replicated([p for p in trained if p in mine])
+        for p in trained:  # gradients of earlier steps, not yet stepped on, stay and add up
+            if p in mine and kept[p] is not None:
+                p.grad = kept[p] if p.grad is None else kept[p].add_(p.grad)
+        loss = micro_means / (num_micro * replicas) if self.per_micro else loss_sum / num_tokens
         return StepStats(loss, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
                          peak, rank_bubble, activation_bytes, device_bytes, wall_r)

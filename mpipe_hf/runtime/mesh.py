@@ -40,14 +40,14 @@ def init_distributed(timeout: timedelta = timedelta(minutes=5)) -> torch.device:
 
 
 def build_mesh(pp_size: int, dp_size: int = 1) -> DeviceMesh:
-    """A ``(dp, pp)`` mesh over the whole world; ask it for ``get_group("pp")``.
+    """A ``(dp, pp)`` mesh over the whole world: global rank ``d * pp_size + p`` is stage rank ``p`` of pipeline
+    replica ``d``, so a pipeline's ranks are consecutive (one node's, where it fits). Ask it for
+    ``get_group("pp")`` and ``mesh["dp"]``.
 
     Raises:
-        ValueError: if ``dp_size * pp_size`` differs from the world size, or ``dp_size != 1`` (not yet supported).
+        ValueError: if ``dp_size * pp_size`` differs from the world size.
     """
     world = dist.get_world_size()
-    if dp_size != 1:
-        raise ValueError(f"dp_size must be 1 for now, got {dp_size}")
     if dp_size * pp_size != world:
         raise ValueError(f"pp_size ({pp_size}) * dp_size ({dp_size}) must equal the number of processes ({world}); "
                          f"launch {pp_size * dp_size} processes or set pp_size to {world // dp_size}")

@@ -57,22 +57,31 @@ def build_scheduler(optimizer, train: TrainSection, total_steps: int):
 
 
 def clip_grad_norm(params: list[nn.Parameter], counted: list[nn.Parameter], max_norm: float, group,
-                   device: torch.device) -> float:
+                   device: torch.device, data_parallel=None) -> float:
     """Scale every gradient of ``params`` (all this rank trains) so that the norm over the whole pipeline is at
     most ``max_norm`` (when ``max_norm > 0``); return that norm before clipping. The norm sums the gradients of
     ``counted`` only: every rank of ``group`` calls it with the parameters it counts, so that each tied pair and
-    each ``P`` is counted once over the pipeline, while both copies of a tied pair are scaled alike.
+    each ``P`` is counted once over the pipeline, while both copies of a tied pair are scaled alike. With data
+    parallelism (``data_parallel``), a sharded gradient's squares are summed over the replicas' shards, and a
+    replicated one (already summed over them) counts once: the norm of the global batch's gradient.
 
     The norm is ``sqrt(sum over ranks of the squared norms)`` in fp32, the scale ``max_norm / (norm + 1e-6)``
     capped at 1, as ``torch.nn.utils.clip_grad_norm_``.
     """
-    squares = [p.grad.detach().float().norm() ** 2 for p in counted if p.grad is not None]
-    total = (torch.stack(squares).sum() if squares else torch.zeros(())).to(device=device, dtype=torch.float32)
+    from ..runtime.data_parallel import is_sharded, local
+
+    def squares(sharded: bool) -> torch.Tensor:
+        parts = [local(p.grad).detach().float().norm() ** 2 for p in counted
+                 if p.grad is not None and is_sharded(p.grad) == sharded]
+        return (torch.stack(parts).sum() if parts else torch.zeros(())).to(device=device, dtype=torch.float32)
+    total = squares(False)
+    if data_parallel is not None and data_parallel.chunks:  # the same chunks on every replica of this stage
+        total = total + data_parallel.sum(squares(True))
     dist.all_reduce(total, group=group)
     norm = total.sqrt()
     if max_norm > 0:
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for p in params:
             if p.grad is not None:
-                p.grad.mul_(scale.to(p.grad.device, p.grad.dtype))
+                local(p.grad).mul_(scale.to(p.grad.device, p.grad.dtype))
     return float(norm)

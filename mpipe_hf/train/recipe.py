@@ -165,6 +165,10 @@ class ParallelSection(ScheduleConfig):
             and the default layout is balanced by its costs; unit costs and a layout balanced by the config's
             matmul sizes when ``None``.
         timeout_s: the longest any transfer may wait, in seconds.
+        dp_size: pipeline replicas (data parallelism): ``dp_size * pp_size`` processes on one ``(dp, pp)`` mesh,
+            each replica on its own share of the global batch (:mod:`mpipe_hf.runtime.data_parallel`).
+        dp_shard: with ``dp_size > 1``: ``true``, FSDP2 shards each stage chunk over the replicas; ``false``,
+            each replica keeps its stages whole and the gradients are summed by one all-reduce.
 
     Raises:
         ValueError: as :class:`ScheduleConfig`, the field named ``parallel.<field>``; a ``text_layers`` that is
@@ -177,8 +181,15 @@ class ParallelSection(ScheduleConfig):
     layers_per_stage: list[int] | None = None
     profile: str | None = None
     timeout_s: float = 300.0
+    dp_size: int = 1
+    dp_shard: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.dp_size, int) or isinstance(self.dp_size, bool) or self.dp_size < 1:
+            raise ValueError(f"parallel.dp_size must be an integer >= 1, got {self.dp_size!r}")
+        if not isinstance(self.dp_shard, bool):
+            raise ValueError(f"parallel.dp_shard must be true (FSDP2) or false (replicas with one all-reduce), got "
+                             f"{self.dp_shard!r}")
         try:
             super().__post_init__()
         except ValueError as err:  # ScheduleConfig's messages start with the bare field name

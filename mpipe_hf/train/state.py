@@ -82,11 +82,11 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
         state = torch.load(os.path.join(directory, rank_state_name(0)), weights_only=False) | (
             {"rng": state["rng"]} if os.path.isfile(own) else {})
     if optimizer is not None and same:
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(_shard_like(state["optimizer"], optimizer))
         scheduler.load_state_dict(state["scheduler"])
     elif optimizer is not None:
         if not reset_optimizer:
-            optimizer.load_state_dict(_by_name(directory, files, optimizer, names))
+            optimizer.load_state_dict(_shard_like(_by_name(directory, files, optimizer, names), optimizer))
         # the learning rate lives in the optimizer's groups: step a fresh schedule to where the saved one was
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
@@ -95,6 +95,32 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
     set_rng_states(state["rng"])
     skips.in_row, skips.total, skips.last = state["skips"]["in_row"], state["skips"]["total"], state["skips"]["last"]
     return int(state["step"])
+
+
+def _shard_like(state_dict: dict, optimizer) -> dict:
+    """``state_dict`` with each whole moment of a sharded (FSDP2, DTensor) parameter cut to this replica's shard,
+    as the parameter is cut (``Shard(0)``: ``torch.chunk`` over the ``dp`` mesh); a checkpoint holds whole
+    tensors, so it loads onto any ``dp_size``."""
+    from torch.distributed.tensor import DTensor
+
+    from ..runtime.data_parallel import is_sharded
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    out = {"state": {}, "param_groups": state_dict["param_groups"]}
+    for index, values in state_dict["state"].items():
+        p = params[index]
+        if not is_sharded(p):
+            out["state"][index] = values
+            continue
+        mesh, rank = p.device_mesh, p.device_mesh.get_local_rank()
+        sharded = {}
+        for key, v in values.items():
+            if torch.is_tensor(v) and not is_sharded(v) and v.shape == p.shape:
+                chunks = torch.chunk(v, mesh.size(), dim=0)
+                piece = chunks[rank] if rank < len(chunks) else v.new_empty((0, *v.shape[1:]))
+                v = DTensor.from_local(piece.contiguous(), mesh, p.placements, shape=p.shape, stride=p.stride())
+            sharded[key] = v
+        out["state"][index] = sharded
+    return out
 
 
 def _by_name(directory: str, files: list[str], optimizer, names: list[str]) -> dict:

@@ -31,6 +31,7 @@ from ..data.processor import QWEN_PROCESSORS
 from ..models import get_family
 from ..models.load import load_share_values, split_from_checkpoint, split_from_config
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
+from ..runtime.data_parallel import DataParallel
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
 from .checkpoint import save_checkpoint, save_hub_files
@@ -128,9 +129,11 @@ def check(recipe: Recipe) -> list[int]:
         _check_data(recipe.data.eval_path, config, "data.eval_path")
     available_trackers(recipe.train.report_to)
     counts = check_layout(recipe, config)
-    world = int(os.environ.get("WORLD_SIZE", cfg.pp_size))
-    if world != cfg.pp_size:
-        raise ValueError(f"pp_size is {cfg.pp_size} but {world} processes were launched; launch pp_size processes")
+    processes = cfg.pp_size * recipe.parallel.dp_size
+    world = int(os.environ.get("WORLD_SIZE", processes))
+    if world != processes:
+        raise ValueError(f"parallel.pp_size ({cfg.pp_size}) * parallel.dp_size ({recipe.parallel.dp_size}) = "
+                         f"{processes} processes, but {world} were launched; launch {processes}")
     check_output_dir(recipe.train.output_dir)  # last: it creates the directory
     return counts
 
@@ -222,34 +225,44 @@ def train(recipe: Recipe) -> TrainResult:
     cfg = recipe.schedule()
     os.makedirs(recipe.train.output_dir, exist_ok=True)
     device = init_distributed(timedelta(seconds=recipe.parallel.timeout_s))
-    mesh = build_mesh(cfg.pp_size)
-    group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
-    config = load_config(recipe.model)
     par, opt = recipe.parallel, recipe.train
+    mesh = build_mesh(cfg.pp_size, par.dp_size)
+    group, rank, dp_rank = mesh.get_group("pp"), mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+    every = (dist.get_rank(), dist.get_world_size(), None)  # setup errors go to every rank of every replica
+    lead = every[0] == 0  # prints, logs and trackers
+    config = load_config(recipe.model)
     carved, _ = together(lambda: load_share(recipe.model, config, cfg, rank, layers_per_stage, par.text_layers,
-                                            opt.seed), "model load", rank, cfg.pp_size, group)
+                                            opt.seed), "model load", *every)
     model = carved.model.to(device).train()  # from_pretrained leaves eval mode; the HF Trainer trains in train mode
     if opt.gradient_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     set_seed(opt.seed)
     processor = load_processor(recipe, config)
-    if rank != 0:  # rank 0 builds the datasets cache first
-        dist.barrier(group=group)
+    if every[0] != 0:  # rank 0 builds the datasets cache first
+        dist.barrier()
     try:
-        loaded = load_data(recipe, config, processor, quiet=rank != 0)
+        loaded = load_data(recipe, config, processor, quiet=not lead)
     except Exception as err:  # noqa: BLE001 - raised on every rank by together()
         loaded = err
-    if rank == 0:
-        dist.barrier(group=group)
+    if every[0] == 0:
+        dist.barrier()
 
     def data():
         if isinstance(loaded, Exception):
             raise loaded
         return loaded
-    dataset, collate = together(data, "data load", rank, cfg.pp_size, group)
+    dataset, collate = together(data, "data load", *every)
     plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, carved.validate_micro,
-                          recipe.data.shuffle, opt.seed)
+                          recipe.data.shuffle, opt.seed, dp_rank, par.dp_size)
     steps = opt.total_steps(plan.steps_per_epoch())
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    resume = resolve_resume(opt.resume, opt.output_dir, run_id, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    if resume is not None:  # the weights first, into the whole tensors (before FSDP shards them)
+        together(lambda: load_share_values(resume, carved, cfg, rank), "resume", *every)
+    data_parallel = None
+    if par.dp_size > 1:  # FSDP2 per stage chunk, before the optimizer sees the (then DTensor) parameters
+        data_parallel = DataParallel(mesh["dp"], "shard" if par.dp_shard else "replicate")
+        data_parallel.wrap(carved.stages)
     params = carved.trainable_parameters(cfg, rank)
     optimizer = build_optimizer(model, params, opt)  # None where a frozen P is all the rank holds
     scheduler = build_scheduler(optimizer, opt, steps)
@@ -260,19 +273,16 @@ def train(recipe: Recipe) -> TrainResult:
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(),
                                 timedelta(seconds=par.timeout_s), carved.tied_parameters(cfg, rank),
                                 trace=opt.trace, costs=placement_costs(recipe, layers_per_stage), seed=opt.seed,
-                                measure_memory=True)
+                                measure_memory=True, data_parallel=data_parallel)
     skips, start_step = Skips(), 0
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    resume = resolve_resume(opt.resume, opt.output_dir, run_id, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
-    if resume is not None:  # the weights, then every rank's optimizer, schedule, RNG and step
-        together(lambda: load_share_values(resume, carved, cfg, rank), "resume", rank, cfg.pp_size, group)
+    if resume is not None:  # every rank's optimizer, schedule, RNG and step
         start_step = together(lambda: load_rank_state(resume, rank, optimizer, scheduler, skips, params,
-                                                      opt.reset_optimizer), "resume", rank, cfg.pp_size, group)
+                                                      opt.reset_optimizer), "resume", *every)
     metrics = MetricsLog(opt.output_dir, opt.report_to, start_step if resume is not None else None,
-                         tracker_config(recipe), enabled=rank == 0)
+                         tracker_config(recipe), enabled=lead)
     eval_set = None
     if recipe.data.eval_path is not None:
-        eval_set = together(lambda: load_data(recipe, config, processor, quiet=rank != 0,
+        eval_set = together(lambda: load_data(recipe, config, processor, quiet=not lead,
                                               path=recipe.data.eval_path)[0], "eval data load", rank, cfg.pp_size,
                             group)
         eval_plan = MicroBatchPlan(eval_set, collate, cfg.num_micro, recipe.data.micro_batch_size,
@@ -283,9 +293,9 @@ def train(recipe: Recipe) -> TrainResult:
         loss, tokens = evaluate_rows(executor, eval_plan.load_rows, len(eval_set), recipe.data.micro_batch_size)
         metrics.log({"step": done, "eval_loss": loss, "eval_label_tokens": tokens,
                      "eval_runtime": round(time.perf_counter() - begin, 3)})
-        if rank == 0:
+        if lead:
             tqdm.write(f"mpipe_hf: step {done}: eval_loss {loss:.5f} over {tokens} label tokens")
-    if rank == 0:
+    if lead:
         print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} "
               f"preprocess={cfg.preprocess} "
               f"placement={cfg.placement} "
@@ -302,6 +312,22 @@ def train(recipe: Recipe) -> TrainResult:
     def extras(directory):  # what a hub snapshot holds besides the weights
         save_hub_files(directory, model.config, processor, recipe.model.name_or_path)
 
+    def save_share(path: str, save_extras, rank_files: dict | None = None) -> None:
+        """This pipeline's share, written by replica 0 (the replicas hold the same values; FSDP shards are
+        gathered first, on every replica); a failure is raised on every rank of every replica."""
+        state = gather_full(carved.state_dict(cfg, rank))
+        rank_files = gather_full(rank_files or {})
+        failure = None
+        if dp_rank == 0:
+            try:
+                save_checkpoint(path, state, rank, cfg.pp_size, group, save_extras, rank_files=rank_files)
+            except Exception as err:  # noqa: BLE001 - shared with the other replicas below
+                failure = err
+        if data_parallel is None and failure is not None:
+            raise failure
+        if data_parallel is not None:
+            together(lambda: raise_(failure), f"saving {path}", *every)
+
     def save_state(done: int) -> None:  # checkpoint-<done>: weights, hub files, each rank's state, the run's record
         def with_state(directory):
             extras(directory)
@@ -311,19 +337,18 @@ def train(recipe: Recipe) -> TrainResult:
             with open(os.path.join(directory, "recipe.yaml"), "w") as f:
                 yaml.safe_dump(dataclasses.asdict(recipe), f)
         path = os.path.join(opt.output_dir, f"checkpoint-{done}")
-        save_checkpoint(path, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, with_state,
-                        rank_files={rank_state_name(rank): rank_state(done, optimizer, scheduler, skips, params)})
-        if rank == 0 and opt.save_total_limit is not None:
+        save_share(path, with_state, {rank_state_name(rank): rank_state(done, optimizer, scheduler, skips, params)})
+        if lead and opt.save_total_limit is not None:
             for _, old in checkpoints(opt.output_dir)[:-opt.save_total_limit]:
                 shutil.rmtree(old, ignore_errors=True)
 
     def skipped(step: int) -> None:
-        if rank == 0:
+        if lead:
             tqdm.write(f"mpipe_hf: warning: step {step + 1} skipped ({skips.in_row} in a row, {skips.total} in "
                        f"all): {skips.last}")
         metrics.log({"step": step + 1, "skipped": True, "skipped_steps": skips.total, "error": skips.last})
 
-    bar = tqdm(range(start_step, steps), disable=rank != 0, desc="train", dynamic_ncols=True, initial=start_step,
+    bar = tqdm(range(start_step, steps), disable=not lead, desc="train", dynamic_ncols=True, initial=start_step,
                total=steps)
     for step in bar:
         ahead = partial(plan.load, step + 1) if step + 1 < steps else None  # placement fill loads it early
@@ -331,7 +356,8 @@ def train(recipe: Recipe) -> TrainResult:
         if stats is None:
             skipped(step)
         else:
-            grad_norm = clip_grad_norm(list(params.values()), counted, opt.max_grad_norm, group, device)
+            grad_norm = clip_grad_norm(list(params.values()), counted, opt.max_grad_norm, group, device,
+                                       data_parallel)
             lr = scheduler.get_last_lr()[0] if scheduler is not None else opt.learning_rate
             if not finite_step(stats, grad_norm, params.values(), skips, recipe.data):
                 skipped(step)
@@ -357,11 +383,11 @@ def train(recipe: Recipe) -> TrainResult:
         evaluation(steps)
     wall = time.perf_counter() - start
     out = os.path.join(opt.output_dir, "checkpoint")
-    save_checkpoint(out, carved.state_dict(cfg, rank), rank, cfg.pp_size, group, extras)
-    if opt.trace:
+    save_share(out, extras)
+    if opt.trace and dp_rank == 0:
         write_trace(os.path.join(opt.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
     metrics.close()
-    if rank == 0:
+    if lead:
         later = rank_bubbles[1:] or rank_bubbles  # the first step warms up
         mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(cfg.pp_size)] if later else []
         peak = [round(max(p[r] for p in peaks) / 2 ** 20, 2) for r in range(cfg.pp_size)] if peaks else []
@@ -370,6 +396,22 @@ def train(recipe: Recipe) -> TrainResult:
         print(f"mpipe_hf: {steps} steps in {wall:.1f}s ({skips.total} skipped); {trained}; checkpoint {out}",
               flush=True)
     return TrainResult(losses, out, wall)
+
+
+def raise_(err: BaseException | None) -> None:
+    if err is not None:
+        raise err
+
+
+def gather_full(tree):
+    """``tree`` (dicts, lists and tensors, as a state dict) with every DTensor replaced by its full tensor (a
+    collective over its mesh: every replica calls this with the same tree)."""
+    from ..runtime.data_parallel import is_sharded
+    if isinstance(tree, dict):
+        return {k: gather_full(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(gather_full(v) for v in tree)
+    return tree.full_tensor() if torch.is_tensor(tree) and is_sharded(tree) else tree
 
 
 def step_row(step: int, stats, grad_norm: float, lr: float, skipped: int) -> dict:

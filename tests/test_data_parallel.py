@@ -1,0 +1,96 @@
+"""Data parallel x pipeline parallel on one ``(dp, pp)`` mesh (issue 15): ``dp = 2`` replicas of an
+``R = 2``, ``V = 2`` pipeline, through ``mpipe-hf train``'s worker under torchrun (4 processes), against the
+unsplit model on one process over the same global batch: the step's ``2 M`` micro-batches, replica ``d`` taking
+the ``d``-th run of ``M`` (different lengths and image counts per replica, as the demo's rows fall). The loss is
+normalised by the label tokens of the whole global batch, the gradient norm is the global one (clipping clips:
+``max_grad_norm: 1`` and norms of 1.2 to 5), and the weights after 3 AdamW steps match (the first step's loss
+and norm to atol 1e-5, later ones and the weights to 1e-4: fp32 sums in another order, amplified by AdamW)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+from test_train import EPS, LR, NUM_MICRO, demo, demo_plan, train_unsplit, write_recipe  # noqa: F401
+from mpipe_hf.train.recipe import TrainSection
+
+STEPS = 3
+
+
+def reference(demo, freeze_visual):
+    model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
+    model.model.visual.requires_grad_(not freeze_visual)
+    plan = demo_plan(demo, num_micro=2 * NUM_MICRO)  # the global batch: both replicas' micro-batches
+    train = TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS)
+    losses, norms, _ = train_unsplit(model, plan, 2 * NUM_MICRO, STEPS, train)
+    return losses, norms, model
+
+
+@pytest.mark.parametrize("preprocess,dp_shard", [("frozen", True), ("trainable", False), ("trainable", True),
+                                                 ("frozen", False)])
+def test_dp2_pp2_equals_one_process(demo, tmp_path, preprocess, dp_shard):
+    out = str(tmp_path / "run")
+    recipe = write_recipe(demo, tmp_path / "dp.yaml", out, dp_size=2, dp_shard=dp_shard, preprocess=preprocess,
+                          max_steps=STEPS)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=4", "-m",
+           "mpipe_hf.train", recipe]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    losses, norms, model = reference(demo, preprocess == "frozen")
+    assert len(rows) == STEPS
+    for step, (row, loss, norm) in enumerate(zip(rows, losses, norms)):
+        atol = 1e-5 if step == 0 else 1e-4  # the first step exact to fp32 sums; after AdamW steps, 1e-4
+        assert abs(row["loss"] - loss) < atol, (step, row["loss"], loss)
+        assert abs(row["grad_norm"] - norm) < atol, (step, row["grad_norm"], norm)
+    assert max(norms) > 1.0  # clipping clipped
+    trained = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "checkpoint"), dtype=torch.float32)
+    expected = model.state_dict()
+    worst = max((t - expected[n]).abs().max().item() for n, t in trained.state_dict().items())
+    assert worst < 1e-4, worst
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
+    """Two ``mpipe-hf train --nnodes 2`` launchers on this machine (node 0: replica 0's two stage ranks; node 1:
+    replica 1's), joined over 127.0.0.1, train exactly as one process; then the run's ``checkpoint-2`` resumes
+    onto ``dp = 1`` with ``num_micro = 2 M`` (the same global batch): step 3 equals the uninterrupted run's, the
+    AdamW moments loaded from the checkpoint's whole tensors."""
+    cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
+    out = str(tmp_path / "run")
+    recipe = write_recipe(demo, tmp_path / "nodes.yaml", out, dp_size=2, max_steps=STEPS, save_steps=2)
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen([cli, "train", recipe, "--nnodes", "2", "--node-rank", str(i), "--master-addr",
+                               "127.0.0.1", "--master-port", str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env) for i in range(2)]
+    outputs = [node.communicate(timeout=900)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    losses, norms, model = reference(demo, True)
+    for step, (row, loss, norm) in enumerate(zip(rows, losses, norms)):
+        atol = 1e-5 if step == 0 else 1e-4
+        assert abs(row["loss"] - loss) < atol and abs(row["grad_norm"] - norm) < atol, (step, row, loss, norm)
+
+    one = str(tmp_path / "one")
+    recipe = write_recipe(demo, tmp_path / "one.yaml", one, num_micro=2 * NUM_MICRO, max_steps=STEPS,
+                          resume=os.path.join(out, "checkpoint-2"))
+    proc = subprocess.run([cli, "train", recipe], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = [json.loads(line) for line in open(os.path.join(one, "metrics.jsonl"))]
+    assert [r["step"] for r in resumed] == [3]
+    assert abs(resumed[0]["loss"] - rows[2]["loss"]) < 1e-5 and abs(resumed[0]["grad_norm"] - rows[2]["grad_norm"]) \
+        < 1e-4, (resumed[0], rows[2])  # one replica sums the gradients in another order than two
+    a = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "checkpoint"), dtype=torch.float32).state_dict()
+    b = AutoModelForImageTextToText.from_pretrained(os.path.join(one, "checkpoint"), dtype=torch.float32).state_dict()
+    assert max((a[n] - b[n]).abs().max().item() for n in a) < 1e-4
