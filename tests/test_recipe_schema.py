@@ -32,7 +32,7 @@ INT_MIN = {
     "data.micro_batch_size": 1, "data.min_pixels": 1, "data.max_pixels": 1, "data.max_length": 1,
     "data.max_bad_steps": 1, "parallel.pp_size": 1, "parallel.vpp": 1, "parallel.num_micro": 1,
     "parallel.text_layers": 0, "train.max_steps": 1, "train.logging_steps": 1, "train.warmup_steps": 0,
-    "train.seed": 0, "train.save_steps": 0, "train.save_total_limit": 1, "train.eval_steps": 0,
+    "train.seed": 0, "train.save_steps": 0, "train.save_total_limit": 1, "train.eval_steps": 0, "parallel.dp_size": 1,
 }
 FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s"}  # > 0; every other float field is >= 0
 CHOICES = {"data.on_bad_sample", "parallel.preprocess", "parallel.overflow", "parallel.placement",

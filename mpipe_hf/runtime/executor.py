@@ -69,6 +69,9 @@ class StepStats:
     rank_wall_s: list[float] = field(default_factory=list)
 
 
+_REPLICATED = 0  # executors built with data parallelism so far (names their shared error key)
+
+
 class PipelineExecutor:
     """One rank's side of the pipeline.
 
@@ -114,6 +117,10 @@ class PipelineExecutor:
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
         self.per_micro = loss_normalization == "micro"
         self.dp = data_parallel
+        global _REPLICATED
+        if data_parallel is not None:  # every replica builds its executors in the same order: one error key
+            _REPLICATED += 1
+        self._shared = f"replicas{_REPLICATED}" if data_parallel is not None else None
         self.measure_memory = measure_memory
         self._weights = storage_ids([p for m in stages.values() for p in m.parameters()]
                                     + ([] if preprocess.module is None else list(preprocess.module.parameters())))
@@ -151,7 +158,7 @@ class PipelineExecutor:
             step = self.watchdog.step if old is not None else 0
         self.group = groups[0]
         threaded = dist.get_backend(self.group) == "gloo"
-        self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded, step)
+        self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded, step, self._shared)
         self.p2p = P2P(groups[1], groups[2], self.device, self.watchdog)
         if old is not None:
             self.p2p.bytes_sent.update(old.bytes_sent)

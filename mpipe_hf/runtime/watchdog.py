@@ -96,6 +96,8 @@ class Watchdog:
     Args:
         store: a store every rank of the group reaches (the default process group's).
         namespace: unique to the group (its ``group_name``), so executors never read each other's errors.
+        shared: the error key's namespace when several pipeline replicas (data parallelism) must fail a step
+            together: the same on every rank of every replica.
         timeout: the longest any single wait may take.
         threaded: run jobs in helper threads (gloo) instead of polling ``is_completed()`` in the caller (NCCL).
         step: the step before the first one (a watchdog on groups an earlier one used goes on from its step, so
@@ -105,14 +107,22 @@ class Watchdog:
         abandoned: after a failure, the ``pending`` descriptions (see :meth:`wait`) of the waits left unfinished.
     """
 
-    def __init__(self, store: dist.Store, namespace: str, timeout: timedelta, threaded: bool, step: int = 0):
+    def __init__(self, store: dist.Store, namespace: str, timeout: timedelta, threaded: bool, step: int = 0,
+                 shared: str | None = None):
         self.store, self.namespace, self.timeout, self.step = store, namespace, timeout, step
+        self.shared = shared
         self.abandoned: list[dict] = []
         self._lanes = {lane: _Lane(f"mpipe-{lane}-{namespace}") for lane in ("wait", "recv")} if threaded else None
 
     @property
     def key(self) -> str:
-        return f"mpipe_hf/{self.namespace}/step{self.step}/error"
+        """The step's error key: the group's own, or the one every pipeline replica shares (``shared``)."""
+        return f"mpipe_hf/{self.shared or self.namespace}/step{self.step}/error"
+
+    @property
+    def local(self) -> str:
+        """The step's keys of this group alone (what its ranks abandoned)."""
+        return f"mpipe_hf/{self.namespace}/step{self.step}"
 
     def start_step(self) -> None:
         """Move to the next step's key; every rank calls this once per step, so the keys agree."""
@@ -279,13 +289,14 @@ def release_abandoned(watchdog: Watchdog, group: dist.ProcessGroup, channel, ran
     store, key = watchdog.store, watchdog.key
     if store.check([f"{key}/lost"]):  # a rank's process is gone: nothing can complete its half
         return []
-    store.set(f"{key}/abandoned/{rank}", json.dumps(watchdog.abandoned))
+    mine = watchdog.local
+    store.set(f"{mine}/abandoned/{rank}", json.dumps(watchdog.abandoned))
     try:
-        store.wait([f"{key}/abandoned/{r}" for r in range(world)], watchdog.timeout)
+        store.wait([f"{mine}/abandoned/{r}" for r in range(world)], watchdog.timeout)
     except RuntimeError:
         return []
     entries = [(peer, entry) for peer in range(world)
-               for entry in json.loads(store.get(f"{key}/abandoned/{peer}"))]
+               for entry in json.loads(store.get(f"{mine}/abandoned/{peer}"))]
     works = []
 
     def dummy(entry):

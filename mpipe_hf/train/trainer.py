@@ -387,7 +387,11 @@ def train(recipe: Recipe) -> TrainResult:
     if opt.trace and dp_rank == 0:
         write_trace(os.path.join(opt.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
     metrics.close()
+    held = [None] * dist.get_world_size()
+    dist.all_gather_object(held, state_bytes(model, optimizer))
     if lead:
+        with open(os.path.join(opt.output_dir, "memory.json"), "w") as f:
+            json.dump({"model_state_bytes_per_rank": held}, f, indent=1)
         later = rank_bubbles[1:] or rank_bubbles  # the first step warms up
         mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(cfg.pp_size)] if later else []
         peak = [round(max(p[r] for p in peaks) / 2 ** 20, 2) for r in range(cfg.pp_size)] if peaks else []
@@ -396,6 +400,21 @@ def train(recipe: Recipe) -> TrainResult:
         print(f"mpipe_hf: {steps} steps in {wall:.1f}s ({skips.total} skipped); {trained}; checkpoint {out}",
               flush=True)
     return TrainResult(losses, out, wall)
+
+
+def state_bytes(model, optimizer) -> dict:
+    """What this rank keeps across steps, in bytes of its own tensors (an FSDP2 shard's local part): the weights
+    it holds (its stages and its replica of ``P``), the gradients a step allocates (the trained weights only;
+    none for a frozen one) and the AdamW moments."""
+    from ..runtime.data_parallel import local
+
+    def size(tensors):
+        return sum(local(t).numel() * local(t).element_size() for t in tensors)
+    trained = [p for group in optimizer.param_groups for p in group["params"]] if optimizer is not None else []
+    moments = [v for state in (optimizer.state.values() if optimizer is not None else [])
+               for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
+    return {"params": size(p for p in model.parameters() if p.device.type != "meta"), "grads": size(trained),
+            "optimizer": size(moments)}
 
 
 def raise_(err: BaseException | None) -> None:
