@@ -31,11 +31,18 @@ def reference(demo, freeze_visual):
     return losses, norms, model
 
 
-@pytest.mark.parametrize("preprocess,dp_shard", [("frozen", True), ("trainable", False)])  # covers each value
-def test_dp2_pp2_equals_one_process(demo, tmp_path, preprocess, dp_shard):
+# CI runs a subset that covers every value; MPIPE_HF_DP_GRID=full runs every pair, and owner-backward
+GRID = [("frozen", True, False), ("trainable", False, False)]
+if os.environ.get("MPIPE_HF_DP_GRID") == "full":
+    GRID += [("trainable", True, False), ("frozen", False, False), ("trainable", True, True),
+             ("trainable", False, True)]
+
+
+@pytest.mark.parametrize("preprocess,dp_shard,owner_backward", GRID)
+def test_dp2_pp2_equals_one_process(demo, tmp_path, preprocess, dp_shard, owner_backward):
     out = str(tmp_path / "run")
     recipe = write_recipe(demo, tmp_path / "dp.yaml", out, dp_size=2, dp_shard=dp_shard, preprocess=preprocess,
-                          max_steps=STEPS)
+                          owner_backward=owner_backward, max_steps=STEPS)
     cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node=4", "-m",
            "mpipe_hf.train", recipe]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -64,7 +64,7 @@ def full(demo, tmp_path_factory):
 
 def test_resume_continues_bit_exactly(demo, full, tmp_path):
     ckpt = os.path.join(full, "checkpoint-2")
-    assert sorted(os.listdir(full)) == ["checkpoint", "checkpoint-2", "checkpoint-4", "metrics.jsonl"]
+    assert sorted(os.listdir(full)) == ["checkpoint", "checkpoint-2", "checkpoint-4", "memory.json", "metrics.jsonl"]
     held = set(os.listdir(ckpt))
     assert {"rank0_state.pt", "rank1_state.pt", "trainer_state.json", "recipe.yaml", "config.json",
             "model.safetensors.index.json", "chat_template.jinja"} <= held
