@@ -21,6 +21,12 @@ def load_text_dataset(jsonl_path: str) -> datasets.Dataset:
     return ds
 
 
+def epoch_order(num_rows: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled order of rows ``0 .. num_rows - 1`` in epoch ``epoch``: ``torch.randperm`` drawn from
+    ``seed + epoch`` (the same on every rank and after a resume)."""
+    return torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
 class MicroBatchPlan:
     """Which dataset rows form micro ``m`` of step ``k``: the rows are read as one stream, epoch after epoch, in
     consecutive blocks of ``micro_batch_size``, ``num_micro`` blocks per step. With ``shuffle``, each epoch reads
@@ -57,8 +63,7 @@ class MicroBatchPlan:
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
-            generator = torch.Generator().manual_seed(self.seed + epoch)
-            self._orders = {epoch: torch.randperm(len(self.dataset), generator=generator).tolist()}
+            self._orders = {epoch: epoch_order(len(self.dataset), self.seed, epoch)}
         return self._orders[epoch]
 
     def rows(self, step: int, micro: int) -> list[int]:

@@ -73,10 +73,7 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
             json.dump(index, f, indent=2)
         if save_extras is not None:
             save_extras(tmp)
-        for name in os.listdir(tmp):  # everything on disk before the directory appears under its name
-            if os.path.isfile(os.path.join(tmp, name)):
-                _fsync(os.path.join(tmp, name))
-        _fsync(tmp)
+        sync_tree(tmp)  # everything on disk before the directory appears under its name
         if merge:
             written = set(os.listdir(tmp))
             for name in os.listdir(out_dir):

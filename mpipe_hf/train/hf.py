@@ -44,6 +44,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rota
 from transformers.utils import logging
 
 from ..data import ConversationCollator, MicroBatchPlan
+from ..data.owner import epoch_order
 from ..models import get_family, split
 from ..models.load import load_share_values, split_from_checkpoint, split_from_config
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
@@ -171,7 +172,7 @@ class _EpochSampler(torch.utils.data.Sampler):
     def __iter__(self):
         if not self.shuffle:
             return iter(range(self.n))
-        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist())
+        return iter(epoch_order(self.n, self.seed, self.epoch))
 
 
 class _RowLoader(DataLoader):
@@ -382,8 +383,7 @@ class MPipeTrainer(Trainer):
         self.step_stats = stats
         if stats is None:
             if self.rank == 0:
-                logger.warning(f"mpipe_hf: step {step + 1} skipped ({self.skips.in_row} in a row, "
-                               f"{self.skips.total} in all): {self.skips.last}")
+                logger.warning(self.skips.warning(step))
             return torch.full((), float("nan"), device=self.args.device)
         self.mpipe_callback.window.append(stats)
         return torch.tensor(stats.loss, device=self.args.device)
@@ -402,8 +402,7 @@ class MPipeTrainer(Trainer):
         if stats is not None and not finite_step(stats, float(grad_norm), self.params.values(), self.skips, data):
             self.optimizer._is_overflow = True
             if self.rank == 0:
-                logger.warning(f"mpipe_hf: step {self.state.global_step + 1} skipped ({self.skips.in_row} in a "
-                               f"row, {self.skips.total} in all): {self.skips.last}")
+                logger.warning(self.skips.warning(self.state.global_step))
         return float(grad_norm)
 
     # ---- checkpoints --------------------------------------------------------------------------------------

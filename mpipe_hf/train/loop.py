@@ -26,6 +26,11 @@ class Skips:
     held: int = 0  # ``in_row`` before the last step that ran, in case it turns out not finite
 
 
+    def warning(self, step: int) -> str:
+        """The line that reports step ``step`` (0-based) as skipped."""
+        return (f"mpipe_hf: warning: step {step + 1} skipped ({self.in_row} in a row, {self.total} in all): "
+                f"{self.last}")
+
     def record(self, reason: str, data: DataSection) -> None:
         """Count a skipped step.
 

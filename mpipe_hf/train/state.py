@@ -73,14 +73,14 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
     files = sorted(f for f in os.listdir(directory) if RANK_STATE.match(f))
     if rank_state_name(0) not in files:
         raise ValueError(f"checkpoint {directory!r} has no training state ({rank_state_name(0)})")
-    own = os.path.join(directory, rank_state_name(rank))
-    state = torch.load(own if os.path.isfile(own) else os.path.join(directory, rank_state_name(0)),
-                       weights_only=False)
+    own, zero = os.path.join(directory, rank_state_name(rank)), os.path.join(directory, rank_state_name(0))
+    mine = torch.load(own, weights_only=False) if os.path.isfile(own) else None
     names = optimizer_names(optimizer, params) if optimizer is not None else []
-    same = os.path.isfile(own) and state["param_names"] == names and not reset_optimizer
-    if not same:  # the step, the skips and the schedule's position are rank 0's; the RNG this rank's, if saved
-        state = torch.load(os.path.join(directory, rank_state_name(0)), weights_only=False) | (
-            {"rng": state["rng"]} if os.path.isfile(own) else {})
+    same = mine is not None and mine["param_names"] == names and not reset_optimizer
+    if same or own == zero:
+        state = mine
+    else:  # the step, the skips and the schedule's position are rank 0's; the RNG this rank's, if saved
+        state = torch.load(zero, weights_only=False) | ({"rng": mine["rng"]} if mine is not None else {})
     if optimizer is not None and same:
         optimizer.load_state_dict(_shard_like(state["optimizer"], optimizer))
         scheduler.load_state_dict(state["scheduler"])

@@ -238,13 +238,13 @@ def train(recipe: Recipe) -> TrainResult:
         model.activation_checkpointing_enable({"use_reentrant": False})
     set_seed(opt.seed)
     processor = load_processor(recipe, config)
-    if every[0] != 0:  # rank 0 builds the datasets cache first
+    if not lead:  # rank 0 builds the datasets cache first
         dist.barrier()
     try:
         loaded = load_data(recipe, config, processor, quiet=not lead)
     except Exception as err:  # noqa: BLE001 - raised on every rank by together()
         loaded = err
-    if every[0] == 0:
+    if lead:
         dist.barrier()
 
     def data():
@@ -256,7 +256,8 @@ def train(recipe: Recipe) -> TrainResult:
                           recipe.data.shuffle, opt.seed, dp_rank, par.dp_size)
     steps = opt.total_steps(plan.steps_per_epoch())
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    resume = resolve_resume(opt.resume, opt.output_dir, run_id, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    resume = resolve_resume(opt.resume, opt.output_dir, run_id, restart)
     if resume is not None:  # the weights first, into the whole tensors (before FSDP shards them)
         together(lambda: load_share_values(resume, carved, cfg, rank), "resume", *every)
     data_parallel = None
@@ -283,8 +284,7 @@ def train(recipe: Recipe) -> TrainResult:
     eval_set = None
     if recipe.data.eval_path is not None:
         eval_set = together(lambda: load_data(recipe, config, processor, quiet=not lead,
-                                              path=recipe.data.eval_path)[0], "eval data load", rank, cfg.pp_size,
-                            group)
+                                              path=recipe.data.eval_path)[0], "eval data load", *every)
         eval_plan = MicroBatchPlan(eval_set, collate, cfg.num_micro, recipe.data.micro_batch_size,
                                    carved.validate_micro)
 
@@ -303,7 +303,7 @@ def train(recipe: Recipe) -> TrainResult:
               f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
               f"layers per stage={layers_per_stage}"
               + (f"; resumed from {resume} at step {start_step}" if resume is not None else ""), flush=True)
-        if restart := int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)):
+        if restart:
             print(f"mpipe_hf: restart {restart} of the worker group after a failure: "
                   + (f"resumed from {resume}" if resume is not None else "no checkpoint of this run yet: from the "
                      "start"), flush=True)
@@ -344,8 +344,7 @@ def train(recipe: Recipe) -> TrainResult:
 
     def skipped(step: int) -> None:
         if lead:
-            tqdm.write(f"mpipe_hf: warning: step {step + 1} skipped ({skips.in_row} in a row, {skips.total} in "
-                       f"all): {skips.last}")
+            tqdm.write(skips.warning(step))
         metrics.log({"step": step + 1, "skipped": True, "skipped_steps": skips.total, "error": skips.last})
 
     bar = tqdm(range(start_step, steps), disable=not lead, desc="train", dynamic_ncols=True, initial=start_step,
