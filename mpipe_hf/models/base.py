@@ -103,6 +103,8 @@ class SplitModel:
         validate_micro: raises ``ValueError`` when a micro-batch's raw inputs do not fit the model.
         tied: ``[(embedding weight name, lm_head weight name)]``, weights tied in the unsplit model and held as
             two copies on rank 0 and rank ``R - 1`` (see :func:`tied_lm_head`).
+        peft: the ``peft.PeftModel`` wrapping ``model`` when an adapter was put in before the split
+            (:mod:`.adapters`), else ``None``.
     """
 
     model: nn.Module
@@ -113,6 +115,7 @@ class SplitModel:
     frozen: list[str]
     validate_micro: Callable[[dict[str, torch.Tensor]], None]
     tied: list[tuple[str, str]]
+    peft: object | None = None
 
     def owned_prefixes(self, cfg: ScheduleConfig, rank: int) -> list[str]:
         """FQN prefixes whose parameters ``rank`` trains and saves; rank 0 owns ``P``."""

@@ -34,6 +34,7 @@ from transformers.core_model_loading import WeightConverter, rename_source_key
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..schedule import ScheduleConfig
+from .adapters import apply_adapter, base_name, check_adapter_placement, is_adapter_tensor, load_adapter_state
 from .base import SplitModel
 from .registry import split
 
@@ -166,48 +167,106 @@ def _full_bytes(model: nn.Module) -> int:
 
 
 def split_from_config(config, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,
-                      text_layers: int = 0, seed: int = 0) -> tuple[SplitModel, LoadReport]:
+                      text_layers: int = 0, seed: int = 0, adapter=None) -> tuple[SplitModel, LoadReport]:
     """Rank ``rank``'s share of a randomly initialised ``config`` model; its tensors equal those of
-    ``set_seed(seed); model_class(config).from_config(config, dtype=torch.float32)`` bitwise.
+    ``set_seed(seed); model_class(config).from_config(config, dtype=torch.float32)`` bitwise, and with
+    ``adapter`` (a ``peft.LoraConfig``) those of ``peft.get_peft_model`` called on that model next.
 
     The model is built twice. First on the meta device, numbering its parameters as they are registered, to
     carve it and learn which ones this rank keeps. Then as ``from_config`` builds it, with the same seed, where
     each parameter this rank does not keep moves to the meta device as it is registered and every random draw
     on it is replayed on a scratch tensor: the generator runs through the same sequence as in the unsplit
     build, and each kept parameter gets the unsplit model's values. Buffers (position ids, rotary
-    frequencies) are built for real; they are small.
+    frequencies) are built for real; they are small. The adapter's tensors are numbered and drawn the same way.
 
     Returns:
-        ``(carved model on CPU, report)``.
+        ``(carved model on CPU, report)``; ``carved.peft`` is the ``PeftModel`` with an adapter.
 
     Raises:
-        ValueError: as :func:`~.registry.split` (model type, layout).
+        ValueError: as :func:`~.registry.split` (model type, layout); an adapter peft cannot put in, or one the
+            split would freeze (:func:`~.adapters.check_adapter_placement`).
     """
     report = LoadReport()
     with _ParameterOrder() as probe:
         shadow = meta_model(config)
+        report.full_model_bytes = _full_bytes(shadow)
+        trained = _adapt_on_meta(shadow, adapter)
     number = {id(p): k for k, p in enumerate(probe.order)}
-    report.full_model_bytes = _full_bytes(shadow)
-    names = {n: number[id(p)] for n, p in shadow.named_parameters(remove_duplicate=False)}
-    keep = {names[n] for n in _kept_names(split(shadow, cfg, rank, layers_per_stage, text_layers)) if n in names}
+    names = {n: number[id(p)] for n, p in shadow.named_parameters(remove_duplicate=False) if id(p) in number}
+    keep = {names[n] for n in _kept_names(_split_checked(shadow, cfg, rank, layers_per_stage, text_layers,
+                                                         trained)) if n in names}
     del shadow
     set_seed(seed)
     with _ReplayRandomOnMeta(report), _ParameterOrder(keep, [p.shape for p in probe.order]):
         model = model_class(config).from_config(config, dtype=torch.float32)
+        peft_model = apply_adapter(model, adapter) if adapter is not None else None
     carved = split(model, cfg, rank, layers_per_stage, text_layers)
+    carved.peft = peft_model
     report.kept_bytes = _full_bytes(carved.model)
     _check_materialized(carved.model)
     return carved, report
 
 
-def _materialize(model: nn.Module) -> None:
-    """Give every meta parameter and buffer of ``model`` real CPU storage filled with NaN (integers: their
-    smallest value), keeping tied tensors tied."""
+def check_adapter(config, cfg: ScheduleConfig, adapter, layers_per_stage: list[int] | None = None,
+                  text_layers: int = 0) -> None:
+    """Put ``adapter`` into ``config``'s model on the meta device and split it (no weights, no process group):
+    the checks a run makes at load, before it starts.
+
+    Raises:
+        ValueError: as :func:`split_from_config` with the adapter.
+    """
+    model = meta_model(config)
+    _split_checked(model, cfg, 0, layers_per_stage, text_layers, _adapt_on_meta(model, adapter))
+
+
+def _adapt_on_meta(model: nn.Module, adapter) -> set[str] | None:
+    """Put ``adapter`` (or nothing, for ``None``) into the meta ``model``, its new tensors on the meta device
+    too; return the names peft left trainable (``None`` without an adapter)."""
+    if adapter is None:
+        return None
+    with torch.device("meta"):
+        apply_adapter(model, adapter)
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _split_checked(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage, text_layers: int,
+                   trained: set[str] | None) -> SplitModel:
+    """:func:`~.registry.split`, then (with an adapter: ``trained`` its trainable names) the check that the split
+    freezes none of them."""
+    carved = split(model, cfg, rank, layers_per_stage, text_layers)
+    if trained is not None:
+        check_adapter_placement(trained, carved.frozen, carved.preprocess_fqns, cfg.preprocess)
+    return carved
+
+
+def _adapt_for_rank(model: nn.Module, adapter, cfg: ScheduleConfig, rank: int, layers_per_stage,
+                    text_layers: int, seed: int, report: LoadReport):
+    """Put ``adapter`` into the meta ``model`` of a checkpoint as ``set_seed(seed); get_peft_model(model,
+    adapter)`` would into the loaded one: the base tensors this rank keeps are made real first (filled with
+    NaN, to be read from the checkpoint), so that the adapter's tensors this rank keeps are real and get the
+    unsplit draws, and every other draw is replayed on a scratch tensor. Returns the ``PeftModel``."""
+    shadow = copy.deepcopy(model)
+    with _ParameterOrder() as probe:
+        trained = _adapt_on_meta(shadow, adapter)
+    number = {id(p): k for k, p in enumerate(probe.order)}
+    carved = _split_checked(shadow, cfg, rank, layers_per_stage, text_layers, trained)
+    kept = _kept_names(carved)
+    keep = {number[id(p)] for n, p in shadow.named_parameters(remove_duplicate=False) if id(p) in number}
+    _materialize(model, {base_name(n) for n in kept})
+    del shadow, carved
+    set_seed(seed)
+    with _ReplayRandomOnMeta(report), _ParameterOrder(keep, [p.shape for p in probe.order]):
+        return apply_adapter(model, adapter)
+
+
+def _materialize(model: nn.Module, only: set[str] | None = None) -> None:
+    """Give every meta parameter and buffer of ``model`` (or those named in ``only``) real CPU storage filled with
+    NaN (integers: their smallest value), keeping tied tensors tied."""
     done: dict[int, torch.Tensor] = {}
-    for module in model.modules():
+    for prefix, module in model.named_modules(remove_duplicate=False):
         for store, is_param in ((module._parameters, True), (module._buffers, False)):
             for key, t in list(store.items()):
-                if t is None or not t.is_meta:
+                if t is None or not t.is_meta or (only is not None and f"{prefix}.{key}".lstrip(".") not in only):
                     continue
                 if id(t) not in done:
                     fill = (float("nan") if t.is_floating_point() else False if t.dtype == torch.bool
@@ -299,17 +358,20 @@ def _untie_if_saved_apart(model: nn.Module, source: dict[str, str]) -> None:
 
 
 def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
-                          layers_per_stage: list[int] | None = None,
-                          text_layers: int = 0) -> tuple[SplitModel, LoadReport]:
+                          layers_per_stage: list[int] | None = None, text_layers: int = 0, adapter=None,
+                          seed: int = 0) -> tuple[SplitModel, LoadReport]:
     """Rank ``rank``'s share of the checkpoint at ``path`` (fp32, eval mode as ``from_pretrained`` leaves it),
-    reading only the tensors it keeps, one at a time.
+    reading only the tensors it keeps, one at a time. With ``adapter`` (a ``peft.LoraConfig``), the share of
+    ``set_seed(seed); peft.get_peft_model(from_pretrained(path), adapter)``: the base tensors from the
+    checkpoint, the adapter's as peft draws them (:func:`_adapt_for_rank`).
 
     Returns:
-        ``(carved model on CPU, report)``.
+        ``(carved model on CPU, report)``; ``carved.peft`` is the ``PeftModel`` with an adapter.
 
     Raises:
         ValueError: as :func:`~.registry.split`; no safetensors weights; a tensor this rank keeps that the
-            checkpoint lacks, or whose shape differs (the message names them).
+            checkpoint lacks, or whose shape differs (the message names them); an adapter peft cannot put in, or
+            one the split would freeze.
     """
     report = LoadReport()
     model = meta_model(config)
@@ -317,18 +379,27 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
     source = _rename(model, list(files))  # the carved model's names are a subset of the whole model's
     _untie_if_saved_apart(model, source)
     report.full_model_bytes = _full_bytes(model)
+    peft_model = None
+    if adapter is not None:
+        peft_model = _adapt_for_rank(model, adapter, cfg, rank, layers_per_stage, text_layers, seed, report)
+        names = [n for n, _ in [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]]
+        source = {n: source[base_name(n)] for n in names if base_name(n) in source}
     carved = split(model, cfg, rank, layers_per_stage, text_layers)
+    carved.peft = peft_model
     model = carved.model
     for embed, head in carved.tied:  # lm_head's own copy of a tied embedding is read from the embedding
         if head not in source and embed in source:
             source[head] = source[embed]
-    missing = [n for n, t in model.named_parameters() if n not in source]
+    missing = [n for n, t in model.named_parameters() if n not in source and ".lora_" not in n]
     if missing:
         raise ValueError(f"checkpoint {path!r} lacks tensors rank {rank} holds: {missing[:5]}"
                          f"{' ...' if len(missing) > 5 else ''}")
     _materialize(model)
     report.kept_bytes = _full_bytes(model)
     state = model.state_dict(keep_vars=True)
+    for name, t in state.items():  # the adapter's drawn values: neither read nor initialised again below
+        if ".lora_" in name:
+            t._is_hf_initialized = True
     by_file: dict[str, list[str]] = {}
     seen: set[int] = set()
     for name, t in state.items():
@@ -372,3 +443,20 @@ def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: 
             _read_into(files[source[name]], source[name], live[name], report, path)
             del live[name]._is_hf_initialized
     return report
+
+
+def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: int) -> None:
+    """Copy the adapter checkpoint at ``path`` (PEFT's ``adapter_model.safetensors``) into ``carved``'s adapter
+    tensors in place, ``P``'s replica included; the base weights stay as loaded. For resuming a LoRA run.
+
+    Raises:
+        ValueError: ``path`` holds no adapter (a full fine-tuning checkpoint), or lacks an adapter tensor this
+            rank holds.
+    """
+    from safetensors.torch import load_file
+    file = os.path.join(path, "adapter_model.safetensors")
+    if not os.path.isfile(file):
+        raise ValueError(f"checkpoint {path!r} has no adapter_model.safetensors: it is not a LoRA checkpoint "
+                         f"(resume it without a lora section)")
+    owned = [n for n in carved.state_dict(cfg, rank) if is_adapter_tensor(n)]
+    load_adapter_state(carved.peft, load_file(file), owned)

@@ -10,6 +10,7 @@ land on one file system (one node, or a shared one).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -22,7 +23,8 @@ from .collective import gathered, together
 
 
 def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dist.ProcessGroup,
-                    save_extras=None, merge: bool = False, rank_files: dict | None = None) -> None:
+                    save_extras=None, merge: bool = False, rank_files: dict | None = None,
+                    single_file: str | None = None) -> None:
     """Write ``state`` (this rank's ``{name: tensor}``) as shard ``rank`` of ``out_dir``.
 
     Args:
@@ -36,6 +38,8 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
             weight files of an earlier save that this one does not rewrite are removed.
         rank_files: ``{file name: object}`` this rank also writes into the checkpoint (``torch.save``), before
             it is renamed into place: its training state (:mod:`.state`).
+        single_file: the weights are one file of this name, written by rank 0 from its ``state`` (the other
+            ranks pass ``{}``), with no index: a PEFT adapter's ``adapter_model.safetensors``, gathered first.
 
     Raises:
         RuntimeError, ValueError: a write that failed on any rank (a full disk, a directory that is not
@@ -52,25 +56,27 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
             os.makedirs(tmp)
 
     def write_own():
-        shard = f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
+        shard = single_file or f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
         tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
-        save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
-        _fsync(os.path.join(tmp, shard))
+        if single_file is None or rank == 0:
+            save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
+            _fsync(os.path.join(tmp, shard))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(os.path.join(tmp, shard), 0o666 & ~umask)  # safetensors writes 0600; share like the rest
         for name, obj in (rank_files or {}).items():
             torch.save(obj, os.path.join(tmp, name))
             _fsync(os.path.join(tmp, name))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(os.path.join(tmp, shard), 0o666 & ~umask)  # safetensors writes 0600; share like the other files
         return shard, sorted(tensors), sum(t.numel() * t.element_size() for t in tensors.values())
 
     def finish(names):
         if rank != 0:
             return
-        weight_map = {name: file for file, keys, _ in names for name in keys}
-        index = {"metadata": {"total_size": sum(size for _, _, size in names)}, "weight_map": weight_map}
-        with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
-            json.dump(index, f, indent=2)
+        if single_file is None:
+            weight_map = {name: file for file, keys, _ in names for name in keys}
+            index = {"metadata": {"total_size": sum(size for _, _, size in names)}, "weight_map": weight_map}
+            with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+                json.dump(index, f, indent=2)
         if save_extras is not None:
             save_extras(tmp)
         sync_tree(tmp)  # everything on disk before the directory appears under its name
@@ -95,6 +101,45 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
         if rank == 0:  # a failed save leaves nothing half-written; the checkpoints before it stay as they were
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's SAFETENSORS_WEIGHTS_NAME
+
+
+def save_adapter(out_dir: str, peft_model, state: dict, rank: int, world: int, group: dist.ProcessGroup,
+                 base_model: str | None = None, save_extras=None, rank_files: dict | None = None,
+                 merge: bool = False) -> None:
+    """Write the adapter of a LoRA run as PEFT's own checkpoint, which ``PeftModel.from_pretrained(base,
+    out_dir)`` loads: ``adapter_config.json`` and one ``adapter_model.safetensors``, gathered on rank 0 from
+    every rank's share (adapters are small: ``r * (in + out)`` per adapted layer), atomically as
+    :func:`save_checkpoint`.
+
+    Args:
+        peft_model: this rank's ``PeftModel`` (``SplitModel.peft``): its config and key translation.
+        state: this rank's share in HF model names (whole tensors); only its adapter tensors are saved.
+        base_model: the base checkpoint, recorded as ``base_model_name_or_path`` (``None`` for a model
+            initialised from a config).
+        save_extras, rank_files, merge: as :func:`save_checkpoint`.
+
+    Raises:
+        RuntimeError, ValueError: as :func:`save_checkpoint`, on every rank.
+    """
+    from ..models.adapters import ADAPTER, adapter_state
+    what = f"saving {os.path.abspath(out_dir)}"
+    mine = together(lambda: {k: t.detach().cpu() for k, t in adapter_state(peft_model, state).items()}, what,
+                    rank, world, group)
+    parts = [None] * world if rank == 0 else None
+    dist.gather_object(mine, parts, group=group, group_dst=0)
+    whole = {k: t for part in parts for k, t in part.items()} if rank == 0 else {}
+
+    def extras(directory):
+        config = copy.deepcopy(peft_model.peft_config[ADAPTER])
+        config.inference_mode = True
+        config.base_model_name_or_path = os.path.abspath(base_model) if base_model is not None else None
+        config.save_pretrained(directory)
+        if save_extras is not None:
+            save_extras(directory)
+    save_checkpoint(out_dir, whole, rank, world, group, extras, merge, rank_files, ADAPTER_WEIGHTS)
 
 
 def _fsync(path: str) -> None:
@@ -170,16 +215,18 @@ def publish(tmp: str, out_dir: str) -> None:
     _fsync(os.path.dirname(os.path.abspath(out_dir)))
 
 
-def save_hub_files(directory: str, config, processor, source: str | None = None) -> None:
-    """What a hub snapshot holds besides the weights, into ``directory``: the config, and for a vision-language
-    model the processor files, chat template and generation config (:func:`save_processor_files`; the source
-    checkpoint's ``generation_config.json`` and video processor settings carried over when ``source`` has them),
-    for a decoder-only LM the tokenizer (``processor``) and its generation config."""
+def save_hub_files(directory: str, config, processor, source: str | None = None, with_config: bool = True) -> None:
+    """What a hub snapshot holds besides the weights, into ``directory``: the config (unless ``with_config`` is
+    false: an adapter directory, which names its base model instead), and for a vision-language model the
+    processor files, chat template and generation config (:func:`save_processor_files`; the source checkpoint's
+    ``generation_config.json`` and video processor settings carried over when ``source`` has them), for a
+    decoder-only LM the tokenizer (``processor``) and its generation config."""
     from transformers import GenerationConfig
 
     from ..data import chat_template_for
     from ..data.hub import save_processor_files, video_processor_config
-    config.save_pretrained(directory)
+    if with_config:
+        config.save_pretrained(directory)
     generation = (GenerationConfig.from_pretrained(source) if source is not None and os.path.isfile(
         os.path.join(source, "generation_config.json")) else None)
     if not hasattr(config, "vision_config"):

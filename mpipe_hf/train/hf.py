@@ -46,9 +46,10 @@ from transformers.utils import logging
 from ..data import ConversationCollator, MicroBatchPlan
 from ..data.owner import epoch_order
 from ..models import get_family, split
-from ..models.load import load_share_values, split_from_checkpoint, split_from_config
+from ..models.adapters import ADAPTER, check_adapter_placement
+from ..models.load import load_adapter_values, load_share_values, split_from_checkpoint, split_from_config
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
-from .checkpoint import publish, save_checkpoint, save_hub_files, sync_tree
+from .checkpoint import publish, save_adapter, save_checkpoint, save_hub_files, sync_tree
 from .collective import together
 from .loop import Skips, evaluate_rows, finite_step, run_step
 from .optimizer import build_optimizer, clip_grad_norm
@@ -145,15 +146,35 @@ def _share(model, cfg, rank: int, layers_per_stage, text_layers: int, seed: int)
     """``(SplitModel, checkpoint path or None, decoder layers per stage)``: this rank's share of ``model``: a
     checkpoint path (read tensor by tensor), a model on the meta device (initialised from its config and
     ``seed``, bit for bit ``from_config``'s values), or a loaded model, carved in place (the modules this rank
-    does not hold are dropped from it)."""
+    does not hold are dropped from it). A ``peft.PeftModel`` of either of the last two is carved with its
+    adapter (a meta one drawn as ``set_seed(seed); get_peft_model(from_config(config), its LoraConfig)``)."""
+    peft_model, adapter = None, None
+    if _is_peft(model):
+        peft_model, adapter = model, model.peft_config[ADAPTER]
+        model = model.base_model.model
     path = str(model) if isinstance(model, (str, os.PathLike)) else None
     config = AutoConfig.from_pretrained(path) if path is not None else model.config
     counts = get_family(config.model_type).layer_counts(config, cfg, layers_per_stage, text_layers)
     if path is not None:
         return split_from_checkpoint(path, config, cfg, rank, counts, text_layers)[0], path, counts
+    source = getattr(config, "_name_or_path", None) or None
     if any(p.is_meta for p in model.parameters()):
-        return split_from_config(config, cfg, rank, counts, text_layers, seed)[0], None, counts
-    return split(model, cfg, rank, counts, text_layers), getattr(config, "_name_or_path", None) or None, counts
+        return split_from_config(config, cfg, rank, counts, text_layers, seed, adapter)[0], None, counts
+    if peft_model is None:
+        return split(model, cfg, rank, counts, text_layers), source, counts
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    carved = split(model, cfg, rank, counts, text_layers)
+    check_adapter_placement(trained, carved.frozen, carved.preprocess_fqns, cfg.preprocess)
+    carved.peft = peft_model
+    return carved, peft_model.peft_config[ADAPTER].base_model_name_or_path or source, counts
+
+
+def _is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft is needed only for a PeftModel, which cannot exist without it
+        return False
+    return isinstance(model, PeftModel)
 
 
 class _EpochSampler(torch.utils.data.Sampler):
@@ -243,7 +264,8 @@ class MPipeTrainer(Trainer):
         model: a model loaded with ``from_pretrained`` (each rank then keeps only its share; the rest is dropped),
             a model built on the meta device (initialised from its config and ``args.seed``), or a checkpoint path
             (each rank reads only its tensors). With the last two no rank ever holds the whole model: use them for
-            a large model.
+            a large model. A ``peft.PeftModel`` (``get_peft_model`` on a loaded or meta model) trains its adapter
+            only; checkpoints and ``save_model`` then write PEFT's adapter files.
         args: ``TrainingArguments``; ``learning_rate``, ``lr_scheduler_type``, ``warmup_*``, ``weight_decay``,
             ``adam_*``, ``max_grad_norm`` (the global norm over the pipeline), ``bf16``,
             ``gradient_checkpointing``, ``max_steps``/``num_train_epochs``, ``logging_steps``, ``save_steps``,
@@ -258,7 +280,7 @@ class MPipeTrainer(Trainer):
 
     Raises:
         ValueError: a ``TrainingArguments`` value a pipeline cannot honour, a bad ``mpipe_config`` (before any
-            collective), or a rank that would train nothing.
+            collective), or an adapter inside a module the split freezes.
     """
 
     def __init__(self, model=None, args=None, mpipe_config: MPipeConfig | None = None, train_dataset=None,
@@ -275,10 +297,7 @@ class MPipeTrainer(Trainer):
         self.rank = int(os.environ.get("RANK", 0))
         self.carved, self.source, counts = _share(model, self.cfg, self.rank, _layout(self.parallel, self.cfg),
                                           mpipe_config.text_layers, args.seed)
-        self.params = self.carved.trainable_parameters(self.cfg, self.rank)
-        if not self.params:
-            raise ValueError(f"pipeline rank {self.rank} would train no parameter (it holds only a frozen "
-                             f"preprocess); give it a stage with layers_per_stage")
+        self.params = self.carved.trainable_parameters(self.cfg, self.rank)  # none on a frozen-only rank
         self.user_collator = data_collator
         self.mpipe_callback = MPipeCallback()
         super().__init__(model=self.carved.model.train(), args=args, data_collator=data_collator,
@@ -362,7 +381,9 @@ class MPipeTrainer(Trainer):
             args = self.args
             train = TrainSection(learning_rate=args.learning_rate, weight_decay=args.weight_decay,
                                  adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon)
-            self.optimizer = build_optimizer(self.model, self.params, train)
+            # a rank that trains nothing (only a frozen P, or LoRA layers elsewhere) steps an empty AdamW: no state
+            self.optimizer = build_optimizer(self.model, self.params, train) or torch.optim.AdamW(
+                [{"params": []}], lr=args.learning_rate)
         return self.optimizer
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
@@ -502,13 +523,20 @@ class MPipeTrainer(Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Every rank writes its shard; rank 0 the index, config, processor files and generation config: a
         directory ``from_pretrained`` loads (written beside and renamed in, or merged file by file into an
-        existing directory such as ``output_dir``)."""
+        existing directory such as ``output_dir``). With an adapter: PEFT's ``adapter_config.json`` and
+        ``adapter_model.safetensors`` (gathered on rank 0) and the processor files."""
         out = output_dir or self.args.output_dir
 
         def extras(directory):
-            save_hub_files(directory, self.carved.model.config, self.processing_class, self.source)
-        save_checkpoint(out, self.carved.state_dict(self.cfg, self.rank), self.rank, self.cfg.pp_size, self.group,
-                        extras, merge=os.path.isdir(out) and bool(os.listdir(out)))
+            save_hub_files(directory, self.carved.model.config, self.processing_class, self.source,
+                           with_config=self.carved.peft is None)
+        state = self.carved.state_dict(self.cfg, self.rank)
+        into = os.path.isdir(out) and bool(os.listdir(out))  # e.g. output_dir, beside its checkpoint-* directories
+        if self.carved.peft is not None:  # PEFT's adapter files, which PeftModel.from_pretrained(base, out) loads
+            save_adapter(out, self.carved.peft, state, self.rank, self.cfg.pp_size, self.group, self.source, extras,
+                         merge=into)
+            return
+        save_checkpoint(out, state, self.rank, self.cfg.pp_size, self.group, extras, merge=into)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         os.makedirs(output_dir, exist_ok=True)
@@ -526,8 +554,13 @@ class MPipeTrainer(Trainer):
         self.optimizer.load_state_dict(torch.load(path, map_location=self.device, weights_only=True))
         self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, "scheduler.pt"), weights_only=True))
 
+    def _load_values(self, checkpoint: str) -> None:
+        """This rank's share of ``checkpoint``'s weights (a LoRA run's: the adapter) into the model, in place."""
+        load = load_adapter_values if self.carved.peft is not None else load_share_values
+        load(checkpoint, self.carved, self.cfg, self.rank)
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        load_share_values(resume_from_checkpoint, self.carved, self.cfg, self.rank)
+        self._load_values(resume_from_checkpoint)
 
     # ---- evaluation ---------------------------------------------------------------------------------------
 
@@ -564,4 +597,4 @@ class MPipeTrainer(Trainer):
 
     def _load_best_model(self) -> None:
         """``load_best_model_at_end``: every rank reads its share from the best checkpoint."""
-        load_share_values(self.state.best_model_checkpoint, self.carved, self.cfg, self.rank)
+        self._load_values(self.state.best_model_checkpoint)

@@ -29,12 +29,14 @@ from ..data import (ConversationCollator, MicroBatchPlan, TextCollator, build_pr
                     load_conversation_dataset, load_text_dataset)
 from ..data.processor import QWEN_PROCESSORS
 from ..models import get_family
-from ..models.load import load_share_values, split_from_checkpoint, split_from_config
+from ..models.adapters import merged_state
+from ..models.load import (check_adapter, load_adapter_values, load_share_values, split_from_checkpoint,
+                           split_from_config)
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
-from .checkpoint import save_checkpoint, save_hub_files
+from .checkpoint import save_adapter, save_checkpoint, save_hub_files
 from .collective import together
 from .loop import Skips, evaluate_rows, finite_step, run_step
 from .metrics import MetricsLog, available_trackers
@@ -129,6 +131,8 @@ def check(recipe: Recipe) -> list[int]:
         _check_data(recipe.data.eval_path, config, "data.eval_path")
     available_trackers(recipe.train.report_to)
     counts = check_layout(recipe, config)
+    if recipe.lora is not None:
+        check_adapter(config, cfg, recipe.lora.peft_config(), counts, recipe.parallel.text_layers)
     processes = cfg.pp_size * recipe.parallel.dp_size
     world = int(os.environ.get("WORLD_SIZE", processes))
     if world != processes:
@@ -169,13 +173,15 @@ def load_model(source: ModelSource, config, seed: int):
 
 
 def load_share(source: ModelSource, config, cfg, rank: int, layers_per_stage: list[int], text_layers: int,
-               seed: int):
+               seed: int, adapter=None):
     """``(SplitModel, LoadReport)``: this rank's share of the model, built on the meta device and materialised
     alone, from the checkpoint's safetensors (read tensor by tensor) or drawn from ``seed`` exactly as the unsplit
-    ``load_model`` would (see :mod:`mpipe_hf.models.load`)."""
+    ``load_model`` would (see :mod:`mpipe_hf.models.load`). With ``adapter`` (a ``peft.LoraConfig``), the share of
+    that model after ``set_seed(seed); peft.get_peft_model(model, adapter)``."""
     if source.name_or_path is not None:
-        return split_from_checkpoint(source.name_or_path, config, cfg, rank, layers_per_stage, text_layers)
-    return split_from_config(config, cfg, rank, layers_per_stage, text_layers, seed)
+        return split_from_checkpoint(source.name_or_path, config, cfg, rank, layers_per_stage, text_layers,
+                                     adapter, seed)
+    return split_from_config(config, cfg, rank, layers_per_stage, text_layers, seed, adapter)
 
 
 def load_processor(recipe: Recipe, config):
@@ -231,8 +237,9 @@ def train(recipe: Recipe) -> TrainResult:
     every = (dist.get_rank(), dist.get_world_size(), None)  # setup errors go to every rank of every replica
     lead = every[0] == 0  # prints, logs and trackers
     config = load_config(recipe.model)
+    adapter = recipe.lora.peft_config() if recipe.lora is not None else None
     carved, _ = together(lambda: load_share(recipe.model, config, cfg, rank, layers_per_stage, par.text_layers,
-                                            opt.seed), "model load", *every)
+                                            opt.seed, adapter), "model load", *every)
     model = carved.model.to(device).train()  # from_pretrained leaves eval mode; the HF Trainer trains in train mode
     if opt.gradient_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
@@ -259,7 +266,8 @@ def train(recipe: Recipe) -> TrainResult:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     resume = resolve_resume(opt.resume, opt.output_dir, run_id, restart)
     if resume is not None:  # the weights first, into the whole tensors (before FSDP shards them)
-        together(lambda: load_share_values(resume, carved, cfg, rank), "resume", *every)
+        load_values = load_adapter_values if carved.peft is not None else load_share_values
+        together(lambda: load_values(resume, carved, cfg, rank), "resume", *every)
     data_parallel = None
     if par.dp_size > 1:  # FSDP2 per stage chunk, before the optimizer sees the (then DTensor) parameters
         data_parallel = DataParallel(mesh["dp"], "shard" if par.dp_shard else "replicate")
@@ -302,6 +310,9 @@ def train(recipe: Recipe) -> TrainResult:
               f"text_layers={par.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
               f"layers per stage={layers_per_stage}"
+              + (f"; lora r={recipe.lora.r} alpha={recipe.lora.lora_alpha}: rank 0 trains "
+                 f"{sum(p.numel() for p in params.values())} of {sum(p.numel() for p in model.parameters())} "
+                 f"parameters it holds" if recipe.lora is not None else "")
               + (f"; resumed from {resume} at step {start_step}" if resume is not None else ""), flush=True)
         if restart:
             print(f"mpipe_hf: restart {restart} of the worker group after a failure: "
@@ -309,18 +320,24 @@ def train(recipe: Recipe) -> TrainResult:
                      "start"), flush=True)
     losses, rank_bubbles, peaks, start = [], [], [], time.perf_counter()
 
-    def extras(directory):  # what a hub snapshot holds besides the weights
-        save_hub_files(directory, model.config, processor, recipe.model.name_or_path)
+    def extras(directory, with_config=carved.peft is None):  # what a hub snapshot holds besides the weights
+        save_hub_files(directory, model.config, processor, recipe.model.name_or_path, with_config)
 
-    def save_share(path: str, save_extras, rank_files: dict | None = None) -> None:
+    def save_share(path: str, save_extras, rank_files: dict | None = None, merged: bool = False) -> None:
         """This pipeline's share, written by replica 0 (the replicas hold the same values; FSDP shards are
-        gathered first, on every replica); a failure is raised on every rank of every replica."""
+        gathered first, on every replica); a failure is raised on every rank of every replica. A LoRA run
+        writes its adapter in PEFT's format, or with ``merged`` the weights with the adapter merged in."""
         state = gather_full(carved.state_dict(cfg, rank))
         rank_files = gather_full(rank_files or {})
         failure = None
         if dp_rank == 0:
             try:
-                save_checkpoint(path, state, rank, cfg.pp_size, group, save_extras, rank_files=rank_files)
+                if carved.peft is not None and not merged:
+                    save_adapter(path, carved.peft, state, rank, cfg.pp_size, group, recipe.model.name_or_path,
+                                 save_extras, rank_files)
+                else:
+                    weights = merged_state(carved.model, state) if merged else state
+                    save_checkpoint(path, weights, rank, cfg.pp_size, group, save_extras, rank_files=rank_files)
             except Exception as err:  # noqa: BLE001 - shared with the other replicas below
                 failure = err
         if data_parallel is None and failure is not None:
@@ -383,6 +400,8 @@ def train(recipe: Recipe) -> TrainResult:
     wall = time.perf_counter() - start
     out = os.path.join(opt.output_dir, "checkpoint")
     save_share(out, extras)
+    if recipe.lora is not None and recipe.lora.merge:
+        save_share(os.path.join(opt.output_dir, "merged"), partial(extras, with_config=True), merged=True)
     if opt.trace and dp_rank == 0:
         write_trace(os.path.join(opt.output_dir, "trace.json"), executor.events, rank, cfg.pp_size, group)
     metrics.close()
@@ -451,7 +470,7 @@ def tracker_config(recipe: Recipe) -> dict:
     """The recipe as flat ``{section.key: value}`` hyperparameters for the trackers (lists as text)."""
     flat = {}
     for section, values in dataclasses.asdict(recipe).items():
-        for key, value in values.items():
+        for key, value in (values or {}).items():  # lora: None without an adapter
             flat[f"{section}.{key}"] = value if isinstance(value, (bool, int, float, str)) or value is None else str(
                 value)
     return flat

@@ -1,0 +1,152 @@
+"""PEFT adapters (LoRA) on the Hugging Face model before it is split (README, "LoRA").
+
+The adapter is put in by ``peft.get_peft_model``, the call a user makes on one process, on the whole model while
+it is still on the meta device (:func:`~.load.split_from_checkpoint`, :func:`~.load.split_from_config`); the
+split then carves the adapted model, so every stage, ``P`` included, holds its own layers' adapters. peft leaves
+the base weights with ``requires_grad=False``: they get no gradient and no optimizer state.
+
+Names: in the model, an adapted linear layer ``X`` holds ``X.base_layer.weight`` (the checkpoint's ``X.weight``)
+and ``X.lora_A.default.weight``, ``X.lora_B.default.weight``; a module of ``modules_to_save`` holds its frozen
+original under ``X.original_module`` and the trained copy under ``X.modules_to_save.default``. In PEFT's files
+(``adapter_model.safetensors``) the keys are ``base_model.model.X.lora_A.weight`` and so on: peft's own
+``get_peft_model_state_dict`` and ``set_peft_model_state_dict`` translate.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import warnings
+
+import torch
+from torch import nn
+
+ADAPTER = "default"  # the adapter's name inside the model (peft's default)
+PEFT_PREFIX = "base_model.model."  # the PeftModel's prefix of the HF model's names
+_WRAPPED = re.compile(rf"\.(base_layer|original_module|modules_to_save\.{ADAPTER})(?=\.|$)")
+
+
+def apply_adapter(model: nn.Module, peft_config):
+    """``peft.get_peft_model(model, peft_config)`` on a copy of the config: the adapter goes into ``model`` in
+    place (its linear layers become peft's ``lora.Linear``), and the returned ``PeftModel`` wraps it. The new
+    tensors follow their base layer's device (meta stays meta) and draw their initial values from the torch
+    generator, as on one process.
+
+    Raises:
+        ValueError: peft's own, as one line naming ``lora.target_modules`` (a target that matches no module, a
+            module type peft cannot adapt).
+    """
+    from peft import get_peft_model
+    try:
+        with warnings.catch_warnings():  # peft asks the model the v4 name, is_gradient_checkpointing
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return get_peft_model(model, copy.deepcopy(peft_config))
+    except ValueError as err:
+        text = " ".join(str(err).split())
+        raise ValueError(f"lora: peft cannot put the adapter into {type(model).__name__}: {text}") from err
+
+
+def base_name(name: str) -> str:
+    """The name a tensor of the adapted model has in the base checkpoint (``X.base_layer.weight`` ->
+    ``X.weight``; both copies of a ``modules_to_save`` module -> the module's own name); an adapter tensor
+    (``lora_A``, ``lora_B``) keeps its name (no checkpoint holds it)."""
+    return _WRAPPED.sub("", name)
+
+
+def is_adapter_tensor(name: str) -> bool:
+    """Whether ``name`` is a tensor the adapter trains and saves (``lora_*`` or a ``modules_to_save`` copy)."""
+    return ".lora_" in name or f".modules_to_save.{ADAPTER}." in name
+
+
+def check_adapter_placement(trained: set[str], frozen: list[str], preprocess_fqns: list[str],
+                            preprocess: str) -> None:
+    """The adapter must train where the split puts it.
+
+    Args:
+        trained: names of the tensors peft left trainable (``named_parameters`` of the adapted model), taken
+            before the split.
+        frozen: module FQNs the split froze (``SplitModel.frozen``): a frozen (or ``identity``) ``P`` runs
+            without a graph.
+        preprocess_fqns: the modules of ``P``.
+        preprocess: ``parallel.preprocess``.
+
+    Raises:
+        ValueError: an adapter tensor (or ``modules_to_save`` copy) inside a module the split freezes, which
+            would never train; or ``preprocess: trainable`` with no trainable tensor in ``P`` (its backward
+            would run for nothing). The message names the tensors and what to change.
+    """
+    def under(name, fqns):
+        return any(name.startswith(f + ".") for f in fqns)
+    inside = sorted(n for n in trained if under(n, frozen))
+    if inside:
+        raise ValueError(f"lora: {len(inside)} adapter tensors sit in modules parallel.preprocess {preprocess!r} "
+                         f"freezes ({', '.join(inside[:3])}{' ...' if len(inside) > 3 else ''}), so they would "
+                         f"never train; narrow lora.target_modules (a regex such as "
+                         f"'.*language_model.*\\.(q_proj|v_proj)', or lora.exclude_modules) and "
+                         f"lora.modules_to_save, or set parallel.preprocess: trainable")
+    if preprocess == "trainable" and preprocess_fqns and not any(under(n, preprocess_fqns) for n in trained):
+        raise ValueError(f"lora: parallel.preprocess is 'trainable', but no adapter tensor sits in P "
+                         f"({', '.join(preprocess_fqns)}); set parallel.preprocess: frozen, or target P's modules "
+                         f"with lora.target_modules or lora.modules_to_save")
+
+
+def adapter_state(peft_model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter tensors of ``state`` (a rank's share, HF model names) under the keys of PEFT's
+    ``adapter_model.safetensors`` (``base_model.model.X.lora_A.weight``), by peft's
+    ``get_peft_model_state_dict``."""
+    from peft import get_peft_model_state_dict
+    prefixed = {PEFT_PREFIX + n: t for n, t in state.items() if is_adapter_tensor(n)}
+    if not prefixed:
+        return {}
+    return get_peft_model_state_dict(peft_model, state_dict=prefixed, adapter_name=ADAPTER,
+                                     save_embedding_layers=False)
+
+
+def load_adapter_state(peft_model, weights: dict[str, torch.Tensor], owned: list[str]) -> None:
+    """Copy PEFT-format ``weights`` (``adapter_model.safetensors``) into ``peft_model``'s tensors in place (the
+    optimizer keeps its parameters), through peft's ``set_peft_model_state_dict``; a rank holds only its share,
+    so keys of layers it does not hold are left over.
+
+    Args:
+        owned: the names (HF model names) this rank must find in ``weights``.
+
+    Raises:
+        ValueError: an owned adapter tensor ``weights`` lacks (another adapter: other target modules or rank).
+    """
+    from peft import set_peft_model_state_dict
+    result = set_peft_model_state_dict(peft_model, weights, adapter_name=ADAPTER)
+    missing = sorted({k.removeprefix(PEFT_PREFIX) for k in result.missing_keys} & set(owned))
+    if missing:
+        raise ValueError(f"the adapter checkpoint lacks {len(missing)} adapter tensors this rank holds "
+                         f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); it was saved with "
+                         f"another lora section (target_modules, r or modules_to_save)")
+
+
+def merged_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (a rank's share of the adapted model, whole tensors) with the adapter merged in, under the base
+    checkpoint's names, as ``merge_and_unload`` leaves the model: ``W + scaling * B @ A`` (transposed for
+    ``fan_in_fan_out``) for each adapted linear layer, the trained copy of each ``modules_to_save`` module.
+
+    Raises:
+        ValueError: an adapted layer that is not a LoRA linear layer (peft's merge of those is not reproduced).
+    """
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+    out = {}
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    for name, module in layers.items():
+        if f"{name}.base_layer.weight" not in state:
+            continue
+        if not isinstance(module, LoraLinear) or module.use_dora.get(ADAPTER) or module.lora_bias.get(ADAPTER):
+            raise ValueError(f"lora.merge: {name} is a {type(module).__name__} adapter; merging supports plain "
+                             f"LoRA on linear layers")
+        a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]
+        delta = (b.float() @ a.float()) * module.scaling[ADAPTER]
+        base = state[f"{name}.base_layer.weight"]
+        out[f"{name}.weight"] = (base.float() + (delta.T if module.fan_in_fan_out else delta)).to(base.dtype)
+    for key, t in state.items():
+        if ".lora_" in key or ".original_module." in key:
+            continue
+        plain = base_name(key)
+        out.setdefault(plain, t)
+    return out
