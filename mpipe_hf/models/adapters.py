@@ -93,13 +93,17 @@ def check_adapter_placement(trained: set[str], frozen: list[str], preprocess_fqn
 def adapter_state(peft_model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter tensors of ``state`` (a rank's share, HF model names) under the keys of PEFT's
     ``adapter_model.safetensors`` (``base_model.model.X.lora_A.weight``), by peft's
-    ``get_peft_model_state_dict``."""
+    ``get_peft_model_state_dict``. peft reads every wrapped module the model holds, so it is given all the rank
+    holds (``P``'s replica included), with ``state``'s tensors in place of their own; only ``state``'s come
+    back."""
     from peft import get_peft_model_state_dict
-    prefixed = {PEFT_PREFIX + n: t for n, t in state.items() if is_adapter_tensor(n)}
-    if not prefixed:
+    mine = {id(t) for n, t in state.items() if is_adapter_tensor(n)}
+    if not mine:
         return {}
-    return get_peft_model_state_dict(peft_model, state_dict=prefixed, adapter_name=ADAPTER,
-                                     save_embedding_layers=False)
+    held = {**peft_model.base_model.model.state_dict(), **state}
+    out = get_peft_model_state_dict(peft_model, state_dict={PEFT_PREFIX + n: t for n, t in held.items()},
+                                    adapter_name=ADAPTER, save_embedding_layers=False)
+    return {k: t for k, t in out.items() if id(t) in mine}
 
 
 def load_adapter_state(peft_model, weights: dict[str, torch.Tensor], owned: list[str]) -> None:

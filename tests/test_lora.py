@@ -1,0 +1,224 @@
+"""LoRA under the pipeline (issue 16): the adapter is put in with peft before the split, and the pipelined run
+equals the same ``PeftModel`` trained on one process.
+
+- ``tests/dist/lora_worker.py`` (one torchrun, R = 2): every step's loss, global grad norm and every adapter
+  gradient (fp32, atol 1e-5) over 3 AdamW steps, and the adapter after them, for Qwen2.5-VL with a frozen tower
+  and decoder LoRA (clipping that clips), LoRA in the tower with ``modules_to_save`` and owner-backward, decoder
+  layers in ``P`` (``text_layers``), a rank that trains nothing (tower-only LoRA), and a decoder-only Qwen2 built
+  from its config; the adapter saved in PEFT's format reloads with ``PeftModel.from_pretrained`` and the merged
+  weights with ``from_pretrained``, both to the trained model's logits; with ``lora_dropout > 0`` two runs from
+  the same seed are identical.
+- ``recipes/qwen2_5_vl_lora.yaml`` through ``mpipe-hf train``: the shipped recipe trains, its losses equal the
+  one-process ``PeftModel``'s, and its adapter and merged outputs reload to the same logits.
+- Bad ``lora`` values and adapters the split would freeze fail before any process starts.
+"""
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
+from common import read_results, run_torchrun  # noqa: E402
+
+from mpipe_hf.train.recipe import parse_recipe  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "dist", "lora_worker.py")
+DECODER_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]  # Qwen2.5-VL's tower names its attention qkv, proj
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("demo"))
+    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([out])
+    return out
+
+
+def vl_recipe(demo, out, parallel, lora, **train):
+    return {"model": os.path.join(demo, "model"),
+            "data": {"path": os.path.join(demo, "data", "train.jsonl"), "micro_batch_size": 1},
+            "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "timeout_s": 120, **parallel},
+            "train": {"learning_rate": 2e-3, "adam_epsilon": 1e-6, "weight_decay": 0.01, "warmup_steps": 1,
+                      "output_dir": out, "seed": 3, **train},
+            "lora": lora}
+
+
+def cases(demo, out):
+    text = {"model": {"config": os.path.join(demo, "configs", "qwen3.json"), "tokenizer": os.path.join(demo, "model")},
+            "data": {"path": os.path.join(demo, "data", "text.jsonl"), "micro_batch_size": 2},
+            "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "identity", "timeout_s": 120},
+            "train": {"learning_rate": 2e-3, "adam_epsilon": 1e-6, "output_dir": out, "seed": 5},
+            "lora": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "init_lora_weights": False}}
+    return [
+        # frozen tower, LoRA on the decoder's attention; clipping that clips (max_grad_norm 0.05)
+        dict(name="vl-frozen-decoder", reload=True, recipe=vl_recipe(
+            demo, out, {"preprocess": "frozen"}, {"r": 8, "lora_alpha": 16, "target_modules": DECODER_ATTENTION,
+                                                  "init_lora_weights": False}, max_grad_norm=0.05)),
+        # LoRA in the tower and the decoder, the merger trained whole; P trained by its owners' backward
+        dict(name="vl-tower-owner-backward", reload=True, recipe=vl_recipe(
+            demo, out, {"preprocess": "trainable", "owner_backward": True, "vpp": 1},
+            {"r": 4, "lora_alpha": 8, "target_modules": r".*\.(qkv|q_proj|v_proj)",
+             "modules_to_save": ["model.visual.merger"], "init_lora_weights": False})),
+        # decoder layer 0 in P with the tower (text_layers 1): its adapters train in P
+        dict(name="vl-text-layers", recipe=vl_recipe(
+            demo, out, {"preprocess": "trainable", "text_layers": 1, "overflow": "min"},
+            {"r": 4, "lora_alpha": 4, "use_rslora": True, "target_modules": DECODER_ATTENTION,
+             "init_lora_weights": "gaussian"})),
+        # LoRA in the tower only: rank 1's stages have no trainable parameter and no optimizer
+        dict(name="vl-tower-only", recipe=vl_recipe(
+            demo, out, {"preprocess": "trainable"}, {"r": 4, "target_modules": r".*visual.*\.qkv",
+                                                     "init_lora_weights": False})),
+        # a decoder-only LM (tied embeddings), built from its config and the seed, LoRA on every linear layer
+        dict(name="qwen3-from-config", reload=True, recipe=text),
+        # dropout on the adapter: two runs from the same seed are bitwise the same
+        dict(name="vl-dropout-repeat", repeat=True, recipe=vl_recipe(
+            demo, out, {"preprocess": "frozen"}, {"r": 8, "lora_dropout": 0.3, "target_modules": DECODER_ATTENTION,
+                                                  "init_lora_weights": False})),
+    ]
+
+
+@pytest.fixture(scope="module")
+def results(demo, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("lora"))
+    run_torchrun(WORKER, 2, [out, json.dumps(cases(demo, out))], timeout=1500)
+    return read_results(out, 2)
+
+
+@pytest.mark.parametrize("name", ["vl-frozen-decoder", "vl-tower-owner-backward", "vl-text-layers",
+                                  "vl-tower-only", "qwen3-from-config"])
+def test_pipelined_lora_equals_one_process_peft_model(results, name):
+    """Every step's loss and grad norm, every adapter gradient of every step (atol 1e-5) and the adapter after 3
+    AdamW steps equal the unsplit PeftModel's; no frozen base weight has a gradient, and only adapter tensors
+    (and modules_to_save copies) train."""
+    for rank, res in enumerate(results):
+        r = res[name]
+        assert len(r["losses"]) == 3 and r["ref_has"], r
+        for got, want in zip(r["losses"], r["ref_losses"]):
+            assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), (rank, r["losses"], r["ref_losses"])
+        for got, want in zip(r["norms"], r["ref_norms"]):
+            assert abs(got - want) <= 1e-5 * max(1.0, want), (rank, r["norms"], r["ref_norms"])
+        assert all(d <= 1e-5 for d in r["grad_diff"]), (rank, r["grad_diff"])
+        assert r["grads_missing"] == [], r["grads_missing"]
+        assert r["param_diff"] <= 1e-5, (rank, r["param_diff"])
+        assert r["frozen_with_grad"] == [] and r["base_trainable"] == [], r
+        assert r["names"] == r["adapter_names"]
+        assert r["optimizer"] == bool(r["names"])
+    trained = [res[name]["names"] for res in results]
+    assert trained[0], "rank 0 trains P's or stage 0's adapter"
+    if name == "vl-tower-only":  # rank 1 holds decoder stages only, without adapters: it runs with no optimizer
+        assert trained[1] == [] and not results[1][name]["optimizer"]
+        assert all(".visual." in n for n in trained[0])
+    else:
+        assert all(trained), trained
+    if name == "vl-tower-owner-backward":
+        assert any("merger.modules_to_save" in n for n in trained[0]) and any(".visual.blocks" in n
+                                                                             for n in trained[0])
+    if name == "vl-text-layers":
+        assert any("language_model.layers.0." in n for n in trained[0])
+    if name == "vl-frozen-decoder":  # the clip clipped: max_grad_norm 0.05 against norms of
+        assert all(n > 0.05 for n in results[0][name]["norms"]), results[0][name]["norms"]
+
+
+@pytest.mark.parametrize("name", ["vl-frozen-decoder", "vl-tower-owner-backward", "qwen3-from-config"])
+def test_adapter_and_merged_checkpoints_reload_to_the_same_logits(results, name):
+    """PEFT's files, gathered from both ranks: ``PeftModel.from_pretrained(base, dir)`` gives the trained
+    model's logits, and so do the merged weights through ``from_pretrained`` (no missing or unexpected key);
+    the base alone does not."""
+    r = results[0][name]
+    assert r["adapter_files"] == ["adapter_config.json", "adapter_model.safetensors"], r["adapter_files"]
+    assert r["adapter_config"]["peft_type"] == "LORA" and r["adapter_config"]["inference_mode"] is True
+    assert r["adapter_logit_diff"] < 1e-4 and r["merged_logit_diff"] < 1e-4, r
+    assert r["base_logit_diff"] > 1e-2, r  # the adapter changed the model: the comparison above can fail
+    assert r["merged_keys"] == []
+
+
+def test_lora_dropout_runs_are_deterministic(results):
+    """``lora_dropout: 0.3``: two pipelined runs from the same seed give bitwise the same losses and adapter
+    gradients on every rank, and dropout is on (the losses differ from the same run without dropout)."""
+    for res in results:
+        r = res["vl-dropout-repeat"]
+        assert r["repeat_losses_equal"] and r["repeat_grads_equal"], r
+    assert results[0]["vl-dropout-repeat"]["losses"][0] != results[0]["vl-frozen-decoder"]["losses"][0]
+
+
+def test_the_shipped_lora_recipe_trains_like_one_process_and_reloads(demo, tmp_path):
+    """``recipes/qwen2_5_vl_lora.yaml`` as shipped (R = 4, V = 2, frozen tower, bf16) through ``mpipe-hf
+    train``, 3 steps in fp32 with dropout off (the reference cannot draw the decoder stages' masks): the losses
+    and grad norms equal the one-process PeftModel's, the adapter directory holds PEFT's files beside the
+    processor's (no config.json), and both outputs reload to the same logits."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
+    import lora_worker
+    os.symlink(demo, tmp_path / "demo")
+    raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "qwen2_5_vl_lora.yaml")))
+    raw["train"].update(max_steps=3, bf16=False, adam_epsilon=1e-6, output_dir=str(tmp_path / "out"))
+    raw["lora"]["lora_dropout"] = 0.0
+    raw["parallel"]["timeout_s"] = 120
+    with open(tmp_path / "recipe.yaml", "w") as f:
+        yaml.safe_dump(raw, f)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        recipe = parse_recipe(raw)
+        ref_model, ref_losses, _, ref_norms, micro = lora_worker.reference(recipe, 3)
+        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "recipe.yaml"],
+                              capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        for row, loss, norm in zip(rows, ref_losses, ref_norms):
+            assert abs(row["loss"] - loss) < 1e-5 * loss and abs(row["grad_norm"] - norm) < 1e-4 * norm, (rows,
+                                                                                                         ref_losses)
+        files = sorted(os.listdir(tmp_path / "out" / "checkpoint"))
+        assert "adapter_model.safetensors" in files and "adapter_config.json" in files and "config.json" not in files
+        assert "tokenizer.json" in files and "preprocessor_config.json" in files
+        from peft import PeftModel
+        from transformers import AutoModelForImageTextToText
+        base = AutoModelForImageTextToText.from_pretrained("demo/model")
+        loaded = PeftModel.from_pretrained(base, "out/checkpoint").eval()
+        merged = AutoModelForImageTextToText.from_pretrained("out/merged").eval()
+        inputs = {k: v for k, v in micro.items() if k != "labels"}
+        with torch.no_grad():
+            want = ref_model.eval()(**inputs).logits
+            assert (loaded(**inputs).logits - want).abs().max() < 1e-4
+            assert (merged(**inputs).logits - want).abs().max() < 1e-4
+        memory = json.load(open("out/memory.json"))["model_state_bytes_per_rank"]
+        adapter_bytes = os.path.getsize("out/checkpoint/adapter_model.safetensors")
+        assert sum(m["optimizer"] for m in memory) < 3 * adapter_bytes  # two AdamW moments of the adapter only
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize("lora, field", [
+    ({"r": 0}, "lora.r"), ({"r": 2.5}, "lora.r"), ({"lora_alpha": 0}, "lora.lora_alpha"),
+    ({"lora_dropout": 1.0}, "lora.lora_dropout"), ({"lora_dropout": "x"}, "lora.lora_dropout"),
+    ({"target_modules": []}, "lora.target_modules"), ({"target_modules": [3]}, "lora.target_modules"),
+    ({"modules_to_save": "merger"}, "lora.modules_to_save"), ({"init_lora_weights": "pissa"},
+                                                              "lora.init_lora_weights"),
+    ({"merge": "yes"}, "lora.merge"), ({"rank": 8}, "lora.rank"),
+])
+def test_bad_lora_values_name_the_field(demo, tmp_path, lora, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        parse_recipe(vl_recipe(demo, str(tmp_path), {}, lora))
+
+
+@pytest.mark.parametrize("parallel, lora, message", [
+    ({"preprocess": "frozen"}, {"target_modules": "all-linear"}, "freezes"),  # hits the tower's linear layers
+    ({"preprocess": "frozen"}, {"target_modules": ["q_proj"], "modules_to_save": ["model.visual.merger"]}, "freezes"),
+    ({"preprocess": "trainable"}, {"target_modules": ["q_proj"]}, "no adapter tensor sits in P"),
+    ({"preprocess": "frozen"}, {"target_modules": ["no_such_layer"]}, "no_such_layer"),
+])
+def test_an_adapter_that_would_not_train_fails_before_launch(demo, tmp_path, parallel, lora, message):
+    """``mpipe-hf train`` checks the adapter on the meta model before it starts any process."""
+    path = tmp_path / "recipe.yaml"
+    with open(path, "w") as f:
+        yaml.safe_dump(vl_recipe(demo, str(tmp_path / "out"), parallel, lora), f)
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and message in proc.stderr and "lora" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
