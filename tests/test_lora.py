@@ -222,3 +222,37 @@ def test_an_adapter_that_would_not_train_fails_before_launch(demo, tmp_path, par
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and message in proc.stderr and "lora" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_lora_run_resumes_bit_exactly(demo, tmp_path):
+    """4 steps with ``save_steps: 2`` (tower LoRA, trainable P, dropout on): ``checkpoint-2`` holds the adapter
+    in PEFT's format and every rank's state, and a run resumed from it gives steps 3 and 4 bit for bit (losses,
+    grad norms, learning rates, the final adapter); the base weights are read from ``model`` again, not saved."""
+    from safetensors.torch import load_file
+    cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
+
+    def run(out, **train):
+        raw = vl_recipe(demo, out, {"preprocess": "trainable"},
+                        {"r": 4, "lora_dropout": 0.1, "target_modules": r".*\.(qkv|q_proj|v_proj)",
+                         "modules_to_save": ["model.visual.merger"]}, max_steps=4, save_steps=2, **train)
+        path = os.path.join(os.path.dirname(out), os.path.basename(out) + ".yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(raw, f)
+        proc = subprocess.run([cli, "train", path], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    full = str(tmp_path / "full")
+    a = run(full)
+    ckpt = os.path.join(full, "checkpoint-2")
+    held = set(os.listdir(ckpt))
+    assert {"adapter_model.safetensors", "adapter_config.json", "rank0_state.pt", "rank1_state.pt",
+            "trainer_state.json"} <= held and not any(n.startswith("model") for n in held), held
+    b = run(str(tmp_path / "resumed"), resume=ckpt)
+    assert [r["step"] for r in b] == [3, 4]
+    for x, y in zip(a[2:], b):
+        assert (x["loss"], x["grad_norm"], x["learning_rate"]) == (y["loss"], y["grad_norm"], y["learning_rate"])
+    wa = load_file(os.path.join(full, "checkpoint", "adapter_model.safetensors"))
+    wb = load_file(os.path.join(tmp_path, "resumed", "checkpoint", "adapter_model.safetensors"))
+    assert sorted(wa) == sorted(wb) and all(wa[k].equal(wb[k]) for k in wa)
+    assert any("merger" in k for k in wa) and any("visual.blocks" in k for k in wa)
