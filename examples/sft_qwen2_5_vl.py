@@ -27,6 +27,8 @@ def parse_args(argv=None):
     parser.add_argument("--train-tower", action="store_true", help="train the visual tower too")
     parser.add_argument("--save-steps", type=int, default=500)
     parser.add_argument("--resume", default=None, help="a checkpoint-<step> directory to resume from")
+    parser.add_argument("--lora", type=int, default=0, help="LoRA of this rank on the decoder's attention (peft); "
+                        "0: full fine-tuning")
     return parser.parse_args(argv)
 
 
@@ -35,6 +37,11 @@ def main(argv=None):
     processor = load_checkpoint_processor(args.model)  # AutoProcessor with torchvision, image-only without
     model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32)
     model.model.visual.requires_grad_(args.train_tower)
+    if args.lora:  # only the adapter trains; the checkpoints are PEFT's adapter files
+        from peft import LoraConfig, get_peft_model
+        torch.manual_seed(0)
+        model = get_peft_model(model, LoraConfig(r=args.lora, lora_alpha=2 * args.lora,
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
     train = load_conversation_dataset(args.data, processor, max_length=2048)
     evaluation = load_conversation_dataset(args.eval_data, processor, max_length=2048) if args.eval_data else None
     training_args = TrainingArguments(

@@ -91,6 +91,30 @@ def test_mpipe_trainer_equals_plain_trainer(demo, tmp_path, options):
     assert "Traceback" not in proc.stderr
 
 
+def test_mpipe_trainer_takes_a_peft_model(demo, tmp_path):
+    """The example scripts with ``--lora 8`` (``get_peft_model`` on the loaded model, LoRA on the decoder's
+    attention): 3 pipelined steps equal the plain Trainer's with the same PeftModel (loss, grad norm, learning
+    rate), and ``save_model`` writes PEFT's adapter files whose tensors equal the plain Trainer's (atol 1e-5),
+    with no config.json."""
+    from safetensors.torch import load_file
+    plain, piped = str(tmp_path / "plain"), str(tmp_path / "piped")
+    options = dict(lora=8, learning_rate=1e-3, max_grad_norm=0.5)
+    launch([sys.executable, PLAIN, *common(demo, plain, **options)])
+    proc = torchrun(PIPELINED, common(demo, piped, **options))
+    ref, got = history(plain), history(piped)
+    assert sorted(ref) == sorted(got) == [1, 2, 3]
+    for step in ref:
+        assert abs(got[step]["loss"] - ref[step]["loss"]) <= 1e-5 * ref[step]["loss"], (step, got[step], ref[step])
+        assert abs(got[step]["grad_norm"] - ref[step]["grad_norm"]) <= 1e-4 * ref[step]["grad_norm"], step
+        assert got[step]["learning_rate"] == pytest.approx(ref[step]["learning_rate"], rel=1e-12)
+    assert "config.json" not in os.listdir(piped) and "adapter_config.json" in os.listdir(piped)
+    a, b = (load_file(os.path.join(d, "adapter_model.safetensors")) for d in (plain, piped))
+    assert sorted(a) == sorted(b) and len(a) == 4 * 2 * 16  # q, k, v, o x (A, B) x 16 decoder layers
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-5, worst
+    assert "Traceback" not in proc.stderr
+
+
 def test_save_steps_resume_and_evaluate(demo, tmp_path):
     """``save_steps`` writes a checkpoint that ``from_pretrained`` loads with each rank's optimizer state; a run
     resumed from it continues with the uninterrupted run's losses and ends with its weights; ``evaluate()``
