@@ -187,6 +187,17 @@ def test_the_shipped_lora_recipe_trains_like_one_process_and_reloads(demo, tmp_p
             want = ref_model.eval()(**inputs).logits
             assert (loaded(**inputs).logits - want).abs().max() < 1e-4
             assert (merged(**inputs).logits - want).abs().max() < 1e-4
+        # generate as a user would: the processor saved beside the adapter, greedy; adapter and merged agree
+        from mpipe_hf.data import load_checkpoint_processor
+        processor = load_checkpoint_processor("out/checkpoint")
+        messages = [{"role": "user", "content": [{"type": "image", "path": "demo/data/images/coffee.png"},
+                                                 {"type": "text", "text": "Describe the image."}]}]
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                               return_dict=True, return_tensors="pt")
+        with torch.no_grad():
+            a = loaded.generate(**prompt, max_new_tokens=6, do_sample=False)
+            b = merged.generate(**prompt, max_new_tokens=6, do_sample=False)
+        assert a.shape[1] > prompt["input_ids"].shape[1] and torch.equal(a, b)
         memory = json.load(open("out/memory.json"))["model_state_bytes_per_rank"]
         adapter_bytes = os.path.getsize("out/checkpoint/adapter_model.safetensors")
         assert sum(m["optimizer"] for m in memory) < 3 * adapter_bytes  # two AdamW moments of the adapter only

@@ -197,7 +197,9 @@ def load_checkpoint_processor(directory: str):
     ``AutoProcessor.from_pretrained(directory)`` where torchvision is installed or the family's processor has no
     video processor (LLaVA); else (the Qwen families without torchvision, whose stock processor needs it for the
     video processor) :func:`mpipe_hf.data.build_processor` over ``AutoTokenizer`` and ``AutoImageProcessor``
-    (images and text processed as by the stock class, no videos).
+    (images and text processed as by the stock class, no videos). A LoRA adapter directory (PEFT's
+    ``adapter_config.json`` and the processor files, no ``config.json``) takes the model type from the config
+    of its ``base_model_name_or_path``.
 
     Raises:
         OSError: ``directory`` lacks the config, tokenizer or image processor files (from ``transformers``).
@@ -208,7 +210,12 @@ def load_checkpoint_processor(directory: str):
 
     from .processor import QWEN_PROCESSORS, build_processor
 
-    config = AutoConfig.from_pretrained(directory)
+    adapter = os.path.join(directory, "adapter_config.json")
+    source = directory
+    if not os.path.isfile(os.path.join(directory, "config.json")) and os.path.isfile(adapter):
+        with open(adapter) as f:
+            source = json.load(f).get("base_model_name_or_path") or directory
+    config = AutoConfig.from_pretrained(source)
     if is_torchvision_available() or config.model_type not in QWEN_PROCESSORS:
         return AutoProcessor.from_pretrained(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
