@@ -33,8 +33,11 @@ INT_MIN = {
     "data.max_bad_steps": 1, "parallel.pp_size": 1, "parallel.vpp": 1, "parallel.num_micro": 1,
     "parallel.text_layers": 0, "train.max_steps": 1, "train.logging_steps": 1, "train.warmup_steps": 0,
     "train.seed": 0, "train.save_steps": 0, "train.save_total_limit": 1, "train.eval_steps": 0, "parallel.dp_size": 1,
+    "lora.r": 1,
 }
-FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s"}  # > 0; every other float field is >= 0
+FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s", "lora.lora_alpha"}  # > 0; other floats >= 0
+# module names for peft: a list of non-empty names, or (where the annotation allows a str) one regex
+MODULE_LISTS = {"lora.target_modules", "lora.exclude_modules", "lora.modules_to_save"}
 CHOICES = {"data.on_bad_sample", "parallel.preprocess", "parallel.overflow", "parallel.placement",
            "train.lr_scheduler_type"}  # a string from a fixed set
 PATHS = {"model.name_or_path", "model.config", "model.tokenizer", "data.path", "data.eval_path", "parallel.profile",
@@ -92,9 +95,17 @@ def split_optional(hint) -> tuple[object, bool]:
 def wrong_values(name: str, hint) -> list:
     """Wrong values for the field ``name`` of annotated type ``hint``; ``[]`` for a type or field this table does
     not classify (the coverage test then names it)."""
-    base, optional = split_optional(hint)
-    values = [] if optional else [None]
-    if base is bool:
+    if name in MODULE_LISTS:
+        takes_str = str in typing.get_args(hint)
+        values = [5, True, 1.5, [], [5], [""], {"a": 1}, [["q_proj"]]] + ([""] if takes_str else ["q_proj"])
+    elif name == "lora.init_lora_weights":  # true, false or "gaussian"
+        values = [None, "pissa", "", 5, 1.5, ["gaussian"]]
+    else:
+        base, optional = split_optional(hint)
+        values = [] if optional else [None]
+    if name in MODULE_LISTS or name == "lora.init_lora_weights":
+        pass
+    elif base is bool:
         values += ["yes", "true", 1, 0]
     elif base is int:
         if name not in INT_MIN:
@@ -152,6 +163,9 @@ EXTRA = [  # the constraints the docstrings state, beyond each field's type
     Case("train.resume=a-file", (("train.resume", f"{TMP}/data.jsonl"),), ("train.resume",), "train.resume"),
     Case("train.output_dir=a-file", (("train.output_dir", f"{TMP}/data.jsonl"),), ("train.output_dir",),
          "train.output_dir"),
+    Case("lora.lora_dropout=1", (("lora.lora_dropout", 1),), ("lora.lora_dropout must be a number in [0, 1)",),
+         "lora.lora_dropout"),
+    Case("lora.lora_alpha='16'", (("lora.lora_alpha", "-16"),), ("lora.lora_alpha",), "lora.lora_alpha"),
     Case("parallel.timeout_s=1e300", (("parallel.timeout_s", 1e300),), ("parallel.timeout_s",), "parallel.timeout_s"),
     Case("parallel.timeout_s='-5'", (("parallel.timeout_s", "-5"),), ("parallel.timeout_s",), "parallel.timeout_s"),
     Case("parallel.profile=a-directory", (("parallel.profile", TMP),), ("parallel.profile",), "parallel.profile"),
@@ -184,7 +198,7 @@ EXTRA = [  # the constraints the docstrings state, beyond each field's type
     Case("model=''", (("model", ""),), ("model.name_or_path",)),
     # a section of the wrong type, an unknown or moved key, an unknown or missing section
     *[Case(f"{name}={label(value)}", ((name, value),), (f"section {name!r} must be a mapping",))
-      for name in ("data", "parallel", "train") for value in (5, [], False, [{"a": 1}])],
+      for name in ("data", "parallel", "train", "lora") for value in (5, [], False, [{"a": 1}])],
     Case("data=None", (("data", None),), ("section 'data' must be a mapping",)),
     Case("train='x'", (("train", "x"),), ("section 'train' must be a mapping",)),
     *[Case(f"model={label(value)}", (("model", value),), ("model must be a checkpoint path or a mapping",))
@@ -192,7 +206,7 @@ EXTRA = [  # the constraints the docstrings state, beyond each field's type
     Case("model.bogus", (("model", {"config": f"{TMP}/config.json", "bogus": 1}),),
          ("model must be a checkpoint path or a mapping with keys",)),
     *[Case(f"{name}.bogus", ((f"{name}.bogus", 1),), (f"unknown key {name}.bogus",))
-      for name in ("data", "parallel", "train")],
+      for name in ("data", "parallel", "train", "lora")],
     Case("train.pp_size", (("train.pp_size", 2),), ("unknown key train.pp_size; it lives at parallel.pp_size",)),
     Case("parallel.lr", (("parallel.lr", 1e-4),), ("unknown key parallel.lr; it lives at train.learning_rate",)),
     Case("bogus-section", (("bogus", {}),), ("unknown section 'bogus'",)),
@@ -226,7 +240,7 @@ def build(edits, tmp: str):
             del raw[path[1:]]
         elif "." in path:
             section, key = path.split(".")
-            raw[section][key] = value
+            raw.setdefault(section, {})[key] = value  # a lora key adds the (optional) lora section
         else:
             raw[path] = value
     return raw
@@ -265,8 +279,10 @@ def test_the_minimal_recipe_parses(env):
     assert isinstance(recipe.data, DataSection) and recipe.data.path == f"{env}/data.jsonl"
     assert isinstance(recipe.parallel, ParallelSection) and recipe.parallel.pp_size == 1
     assert isinstance(recipe.train, TrainSection) and recipe.train.output_dir == f"{env}/out"
+    assert recipe.lora is None  # no lora section: full fine-tuning
+    recipe = parse_recipe(build((("lora", {}),), env))  # `lora: {}`: LoRA with every default
     for section, cls in SECTIONS.items():  # every other key keeps its default
-        given = build((), env)[section]
+        given = build((("lora", {}),), env)[section]
         for f in dataclasses.fields(cls):
             if f.name not in given:
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
