@@ -55,7 +55,16 @@ PRECISION_CASES = [make_case("vision", 2, 2, 4, "frozen", bf16=True, order="pipe
                    make_case("vl-text", 2, 2, 3, "trainable", bf16=True, order="pipeline"),
                    make_case("vision", 2, 2, 4, "frozen", order="pipeline"),
                    make_case("vision", 2, 2, 3, "frozen", bf16=True), make_case("vision", 2, 2, 3, "frozen")]
-EXTRA = {2: PIXEL_CASES + FAMILY_CASES + DROPOUT_CASES + PRECISION_CASES, 3: FILL_CASES[1:], 4: ERROR_CASES + FILL_CASES[:1]}
+# activation swap (issue 17) in every mode: frozen at the issue's R = 4, V = 2, M = 8, trainable, owner-backward,
+# identity, placement fill, a text P, gradient checkpointing, and rank 0 alone; exact, with bytes moved
+SWAP_CASES = [make_case("vision", 4, 2, 8, "frozen", swap="all", steps=3),
+              make_case("vl-text", 4, 1, 5, "trainable", owner_backward=True, swap="rank0"),
+              make_case("vision", 4, 2, 8, "frozen", placement="fill", lookahead=True, swap="rank0", steps=2),
+              make_case("vl-identity", 2, 2, 4, "identity", swap="all"),
+              make_case("vision", 2, 2, 4, "trainable", swap="all", steps=3),
+              make_case("llama-text", 2, 2, 4, "frozen", swap="all", gradient_checkpointing=True)]
+EXTRA = {2: PIXEL_CASES + FAMILY_CASES + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:],
+         3: FILL_CASES[1:], 4: ERROR_CASES + FILL_CASES[:1] + SWAP_CASES[:3]}
 
 
 def cases(pp_size):
@@ -183,3 +192,16 @@ def test_failure_on_one_rank_fails_every_rank_then_next_step_is_exact(case, resu
     assert all(res["error_after_s"] < 30 for res in per_rank), [res["error_after_s"] for res in per_rank]
     assert all(res["grads_after_error"] == [] for res in per_rank), "the failed step left gradients behind"
     assert not check_case(case, per_rank), check_case(case, per_rank)
+
+
+@pytest.mark.parametrize("case", SWAP_CASES, ids=[c["name"] for c in SWAP_CASES])
+def test_activation_swap_is_exact_and_moves_the_activations(case, results):
+    """With swap on, the loss, every gradient and the parameters after the steps equal one process's, and every
+    swapping rank moved bytes to the host in every step (only rank 0 with ``swap: rank0``)."""
+    per_rank = results(case["pp_size"])[case["name"]]
+    problems = check_case(case, per_rank)
+    assert not problems, problems
+    for rank, res in enumerate(per_rank):
+        swaps = case["swap"] == "all" or rank == 0
+        moved = res["swap_offloaded_bytes"]
+        assert all(b > 0 for b in moved) if swaps else all(b == 0 for b in moved), (rank, moved)

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from mpipe_hf.schedule import ScheduleConfig
+from mpipe_hf.schedule.swap import SwapConfig
 from mpipe_hf.train.recipe import SECTIONS, DataSection, ModelSource, ParallelSection, TrainSection, load_recipe, \
     parse_recipe
 
@@ -33,7 +34,7 @@ INT_MIN = {
     "data.max_bad_steps": 1, "parallel.pp_size": 1, "parallel.vpp": 1, "parallel.num_micro": 1,
     "parallel.text_layers": 0, "train.max_steps": 1, "train.logging_steps": 1, "train.warmup_steps": 0,
     "train.seed": 0, "train.save_steps": 0, "train.save_total_limit": 1, "train.eval_steps": 0, "parallel.dp_size": 1,
-    "lora.r": 1,
+    "lora.r": 1, "swap.min_swap_gap": 2, "swap.min_bytes": 0,
 }
 FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s", "lora.lora_alpha"}  # > 0; other floats >= 0
 # module names for peft: a list of non-empty names, or (where the annotation allows a str) one regex
@@ -117,6 +118,8 @@ def wrong_values(name: str, hint) -> list:
         values += [5, True, "bogus", "", ["bogus"]]
     elif base is str and name in PATHS:
         values += [5, True, 1.5, "", ["x"]] + ([f"{TMP}/nowhere"] if name in MUST_EXIST else [])
+    elif name == "swap.ranks":  # distinct pipeline ranks (the minimal recipe has one: rank 0)
+        values += [5, "banana", {"a": 1}, ["bogus"], [True], [1.5], [0, 0], [-1], [1]]
     elif typing.get_origin(base) is list and typing.get_args(base) == (int,):
         values += [5, "banana", {"a": 1}, ["bogus"], [0], [True], [1.5], [1, 1]]  # the minimal recipe has 1 stage
     elif typing.get_origin(base) is list and typing.get_args(base) == (str,):
@@ -198,7 +201,7 @@ EXTRA = [  # the constraints the docstrings state, beyond each field's type
     Case("model=''", (("model", ""),), ("model.name_or_path",)),
     # a section of the wrong type, an unknown or moved key, an unknown or missing section
     *[Case(f"{name}={label(value)}", ((name, value),), (f"section {name!r} must be a mapping",))
-      for name in ("data", "parallel", "train", "lora") for value in (5, [], False, [{"a": 1}])],
+      for name in ("data", "parallel", "train", "lora", "swap") for value in (5, [], False, [{"a": 1}])],
     Case("data=None", (("data", None),), ("section 'data' must be a mapping",)),
     Case("train='x'", (("train", "x"),), ("section 'train' must be a mapping",)),
     *[Case(f"model={label(value)}", (("model", value),), ("model must be a checkpoint path or a mapping",))
@@ -206,7 +209,7 @@ EXTRA = [  # the constraints the docstrings state, beyond each field's type
     Case("model.bogus", (("model", {"config": f"{TMP}/config.json", "bogus": 1}),),
          ("model must be a checkpoint path or a mapping with keys",)),
     *[Case(f"{name}.bogus", ((f"{name}.bogus", 1),), (f"unknown key {name}.bogus",))
-      for name in ("data", "parallel", "train", "lora")],
+      for name in ("data", "parallel", "train", "lora", "swap")],
     Case("train.pp_size", (("train.pp_size", 2),), ("unknown key train.pp_size; it lives at parallel.pp_size",)),
     Case("parallel.lr", (("parallel.lr", 1e-4),), ("unknown key parallel.lr; it lives at train.learning_rate",)),
     Case("bogus-section", (("bogus", {}),), ("unknown section 'bogus'",)),
@@ -280,9 +283,11 @@ def test_the_minimal_recipe_parses(env):
     assert isinstance(recipe.parallel, ParallelSection) and recipe.parallel.pp_size == 1
     assert isinstance(recipe.train, TrainSection) and recipe.train.output_dir == f"{env}/out"
     assert recipe.lora is None  # no lora section: full fine-tuning
-    recipe = parse_recipe(build((("lora", {}),), env))  # `lora: {}`: LoRA with every default
+    assert recipe.swap == SwapConfig()  # no swap section: swap off
+    edits = (("lora", {}), ("swap", {}))  # `lora: {}`: LoRA with every default; `swap: {}`: its defaults (off)
+    recipe = parse_recipe(build(edits, env))
     for section, cls in SECTIONS.items():  # every other key keeps its default
-        given = build((("lora", {}),), env)[section]
+        given = build(edits, env)[section]
         for f in dataclasses.fields(cls):
             if f.name not in given:
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -214,7 +214,11 @@ def load_checkpoint_processor(directory: str):
     source = directory
     if not os.path.isfile(os.path.join(directory, "config.json")) and os.path.isfile(adapter):
         with open(adapter) as f:
-            source = json.load(f).get("base_model_name_or_path") or directory
+            source = json.load(f).get("base_model_name_or_path")
+        if not source:
+            raise ValueError(f"{directory!r} is an adapter directory that names no base model "
+                             f"(base_model_name_or_path is null: trained from a config); pass the base model's "
+                             f"directory, or one with its config.json")
     config = AutoConfig.from_pretrained(source)
     if is_torchvision_available() or config.model_type not in QWEN_PROCESSORS:
         return AutoProcessor.from_pretrained(directory)

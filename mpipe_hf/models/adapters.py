@@ -40,10 +40,63 @@ def apply_adapter(model: nn.Module, peft_config):
     try:
         with warnings.catch_warnings():  # peft asks the model the v4 name, is_gradient_checkpointing
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            return get_peft_model(model, copy.deepcopy(peft_config))
+            peft_model = get_peft_model(model, copy.deepcopy(peft_config))
     except ValueError as err:
         text = " ".join(str(err).split())
         raise ValueError(f"lora: peft cannot put the adapter into {type(model).__name__}: {text}") from err
+    check_adapted(model, peft_config)
+    return peft_model
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """The module peft wrapped (a LoRA layer's base layer, a ``modules_to_save`` wrapper's original)."""
+    if hasattr(module, "get_base_layer"):
+        return module.get_base_layer()
+    return getattr(module, "original_module", module)
+
+
+def check_adapted(model: nn.Module, peft_config) -> None:
+    """What the pipeline needs of an adapted model (``model``: the HF model peft changed in place).
+
+    Raises:
+        ValueError: no tensor trains (an adapter in inference mode); an adapter or ``modules_to_save`` on a tied
+            input embedding or ``lm_head`` (the pipeline holds the tied weight as two copies on two ranks,
+            which a wrapped layer cannot be); a ``modules_to_save`` entry that names no module.
+    """
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import ModulesToSaveWrapper
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("lora: the adapted model trains no tensor (a PeftModel in inference mode?); load the "
+                         "adapter with is_trainable=True, or give it target_modules")
+    wrapped = {n: m for n, m in model.named_modules() if isinstance(m, (LoraLayer, ModulesToSaveWrapper))}
+    embed, head = model.get_input_embeddings(), getattr(model, "lm_head", None)
+    if head is not None and _unwrapped(embed).weight is _unwrapped(head).weight:
+        on_tied = sorted(n for n, m in wrapped.items() if m is embed or m is head)
+        if on_tied:
+            raise ValueError(f"lora: {', '.join(on_tied)} share one weight (tie_word_embeddings), which the "
+                             f"pipeline holds as two copies on two ranks; drop them from lora.target_modules and "
+                             f"lora.modules_to_save")
+    for entry in getattr(peft_config, "modules_to_save", None) or []:
+        if not any(isinstance(m, ModulesToSaveWrapper) and (n == entry or n.endswith("." + entry))
+                   for n, m in wrapped.items()):
+            raise ValueError(f"lora.modules_to_save: {entry!r} names no module of {type(model).__name__} "
+                             f"(a module name or its last parts, e.g. model.visual.merger)")
+
+
+def check_mergeable(model: nn.Module) -> None:
+    """``merge: true`` needs every adapted layer to be plain LoRA on a linear layer (what :func:`merged_state`
+    merges).
+
+    Raises:
+        ValueError: naming the first other adapted layer.
+    """
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer) and (not isinstance(module, LoraLinear) or module.use_dora.get(ADAPTER)
+                                              or module.lora_bias.get(ADAPTER)):
+            raise ValueError(f"lora.merge: {name} is a {type(module).__name__} adapter; merging supports plain "
+                             f"LoRA on linear layers (drop it from lora.target_modules, or set merge: false)")
 
 
 def base_name(name: str) -> str:
@@ -132,18 +185,15 @@ def merged_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, 
     ``fan_in_fan_out``) for each adapted linear layer, the trained copy of each ``modules_to_save`` module.
 
     Raises:
-        ValueError: an adapted layer that is not a LoRA linear layer (peft's merge of those is not reproduced).
+        ValueError: an adapted layer that is not a LoRA linear layer (:func:`check_mergeable`).
     """
-    from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
+    check_mergeable(model)
     out = {}
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
     for name, module in layers.items():
         if f"{name}.base_layer.weight" not in state:
             continue
-        if not isinstance(module, LoraLinear) or module.use_dora.get(ADAPTER) or module.lora_bias.get(ADAPTER):
-            raise ValueError(f"lora.merge: {name} is a {type(module).__name__} adapter; merging supports plain "
-                             f"LoRA on linear layers")
         a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]
         delta = (b.float() @ a.float()) * module.scaling[ADAPTER]
         base = state[f"{name}.base_layer.weight"]

@@ -34,7 +34,8 @@ from transformers.core_model_loading import WeightConverter, rename_source_key
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..schedule import ScheduleConfig
-from .adapters import apply_adapter, base_name, check_adapter_placement, is_adapter_tensor, load_adapter_state
+from .adapters import (apply_adapter, base_name, check_adapter_placement, check_mergeable, is_adapter_tensor,
+                       load_adapter_state)
 from .base import SplitModel
 from .registry import split
 
@@ -208,15 +209,20 @@ def split_from_config(config, cfg: ScheduleConfig, rank: int, layers_per_stage: 
 
 
 def check_adapter(config, cfg: ScheduleConfig, adapter, layers_per_stage: list[int] | None = None,
-                  text_layers: int = 0) -> None:
+                  text_layers: int = 0, merge: bool = False) -> None:
     """Put ``adapter`` into ``config``'s model on the meta device and split it (no weights, no process group):
-    the checks a run makes at load, before it starts.
+    the checks a run makes at load, before it starts, and with ``merge`` the one its merged save makes at the
+    end.
 
     Raises:
-        ValueError: as :func:`split_from_config` with the adapter.
+        ValueError: as :func:`split_from_config` with the adapter; with ``merge``, an adapted layer
+            :func:`~.adapters.merged_state` cannot merge.
     """
     model = meta_model(config)
-    _split_checked(model, cfg, 0, layers_per_stage, text_layers, _adapt_on_meta(model, adapter))
+    trained = _adapt_on_meta(model, adapter)
+    if merge:
+        check_mergeable(model)
+    _split_checked(model, cfg, 0, layers_per_stage, text_layers, trained)
 
 
 def _adapt_on_meta(model: nn.Module, adapter) -> set[str] | None:
@@ -244,7 +250,9 @@ def _adapt_for_rank(model: nn.Module, adapter, cfg: ScheduleConfig, rank: int, l
     """Put ``adapter`` into the meta ``model`` of a checkpoint as ``set_seed(seed); get_peft_model(model,
     adapter)`` would into the loaded one: the base tensors this rank keeps are made real first (filled with
     NaN, to be read from the checkpoint), so that the adapter's tensors this rank keeps are real and get the
-    unsplit draws, and every other draw is replayed on a scratch tensor. Returns the ``PeftModel``."""
+    unsplit draws. Each other adapter tensor moves to the meta device as ``nn.Linear`` registers it (one
+    layer's ``torch.empty`` at a time is allocated first) and its draws are replayed on a scratch tensor.
+    Returns the ``PeftModel``."""
     shadow = copy.deepcopy(model)
     with _ParameterOrder() as probe:
         trained = _adapt_on_meta(shadow, adapter)
@@ -260,13 +268,18 @@ def _adapt_for_rank(model: nn.Module, adapter, cfg: ScheduleConfig, rank: int, l
 
 
 def _materialize(model: nn.Module, only: set[str] | None = None) -> None:
-    """Give every meta parameter and buffer of ``model`` (or those named in ``only``) real CPU storage filled with
-    NaN (integers: their smallest value), keeping tied tensors tied."""
+    """Give every meta parameter and buffer of ``model`` (or those of which one name is in ``only``) real CPU
+    storage filled with NaN (integers: their smallest value), keeping tied tensors tied (a tied weight is made
+    real under all its names when one of them is kept)."""
+    wanted = None
+    if only is not None:
+        named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+        wanted = {id(t) for n, t in named if n in only}
     done: dict[int, torch.Tensor] = {}
-    for prefix, module in model.named_modules(remove_duplicate=False):
+    for module in model.modules():
         for store, is_param in ((module._parameters, True), (module._buffers, False)):
             for key, t in list(store.items()):
-                if t is None or not t.is_meta or (only is not None and f"{prefix}.{key}".lstrip(".") not in only):
+                if t is None or not t.is_meta or (wanted is not None and id(t) not in wanted):
                     continue
                 if id(t) not in done:
                     fill = (float("nan") if t.is_floating_point() else False if t.dtype == torch.bool
@@ -459,4 +472,8 @@ def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank
         raise ValueError(f"checkpoint {path!r} has no adapter_model.safetensors: it is not a LoRA checkpoint "
                          f"(resume it without a lora section)")
     owned = [n for n in carved.state_dict(cfg, rank) if is_adapter_tensor(n)]
-    load_adapter_state(carved.peft, load_file(file), owned)
+    try:
+        load_adapter_state(carved.peft, load_file(file), owned)
+    except RuntimeError as err:  # load_state_dict's size mismatch: another r, or other layers
+        raise ValueError(f"checkpoint {path!r}: its adapter does not fit this run's lora section (saved with "
+                         f"another r or target_modules?): {' '.join(str(err).split())[:300]}") from err

@@ -36,10 +36,12 @@ from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import RECV_KINDS, Kind
 from ..schedule.forward import build_forward_schedule, forward_config
 from ..schedule.simulate import Costs, Event
+from ..schedule.swap import SwapConfig, with_swaps
 from .data_parallel import is_sharded, local
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
 from .memory import SavedStorages, storage_ids
 from .p2p import P2P
+from .swap import SwapManager
 from .watchdog import PeerFailed, Watchdog, describe, lost_peer, release_abandoned
 
 
@@ -102,6 +104,9 @@ class PipelineExecutor:
         data_parallel: this rank's :class:`~.data_parallel.DataParallel` when the pipeline has replicas
             (``dp_size > 1``): the step's loss and label tokens are summed over them, each chunk's gradients are
             reduced once per step, and the division is by the whole global batch's tokens.
+        swap: activation swap (:class:`~mpipe_hf.schedule.swap.SwapConfig`): where it is on for this rank, the
+            schedule gets its swap actions and a :class:`~.swap.SwapManager` moves the saved tensors; with
+            ``measure_memory`` the peak counts the bytes on the device only.
 
     Raises:
         ValueError: a tied parameter that is not in ``params``.
@@ -111,7 +116,7 @@ class PipelineExecutor:
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
                  timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = (),
                  trace: bool = False, costs: Costs | None = None, seed: int = 0, measure_memory: bool = False,
-                 loss_normalization: str = "tokens", data_parallel=None):
+                 loss_normalization: str = "tokens", data_parallel=None, swap: SwapConfig | None = None):
         if loss_normalization not in ("tokens", "micro"):
             raise ValueError(f"loss_normalization must be 'tokens' or 'micro', got {loss_normalization!r}")
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
@@ -130,6 +135,9 @@ class PipelineExecutor:
         self.params, self.tied = list(params), list(tied)
         if any(all(p is not q for q in self.params) for p, _ in self.tied):
             raise ValueError("every tied parameter must be one of params (the parameters this rank optimises)")
+        self.swap_config = swap
+        self.swap = (SwapManager(device, self._weights, swap.min_bytes) if swap is not None and swap.swaps(rank)
+                     else None)
         self.costs, self._orders = costs, {}
         self.order = self._order(own=True, ahead=False)
         self._carried: dict | None = None  # the next step's micros, loaded ahead (rank 0: their data, features)
@@ -265,8 +273,8 @@ class PipelineExecutor:
         cfg = self.cfg if cfg is None else cfg
         key = (cfg, own, ahead, forward)
         if key not in self._orders:
-            self._orders[key] = (build_forward_schedule(cfg) if forward
-                                 else build_schedule(cfg, self.costs, own, ahead))[self.rank]
+            self._orders[key] = (build_forward_schedule(cfg)[self.rank] if forward else with_swaps(
+                build_schedule(cfg, self.costs, own, ahead)[self.rank], self.swap_config, self.rank))
         return self._orders[key]
 
     def step(self, load: Callable[[int], Tensors], next_load: Callable[[int], Tensors] | None = None,
@@ -314,7 +322,9 @@ class PipelineExecutor:
         def micro_seed(m: int) -> int:  # a look-ahead micro (m >= M) belongs to the next step
             return preprocess_seed(self.seed, index + m // num_micro, m % num_micro)
         ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
-                          loader, micro_seed, per_micro=self.per_micro)
+                          loader, micro_seed, per_micro=self.per_micro, swap=self.swap)
+        if self.swap is not None:
+            self.swap.reset()
         for m, (data, feats) in (carried or {}).items():
             ctx.data[m], ctx.feats[m] = data, feats
         action, peak, held, live, peak_bytes = None, 0, {}, 0, 0
@@ -331,16 +341,18 @@ class PipelineExecutor:
                 begin = time.time()
                 if last_backward.get(action.stage) == i:
                     self.dp.before_last_backward(action.stage)
-                if self.measure_memory and action.kind is Kind.F:
+                swapped = self.swap is not None and self.swap.current == (action.stage, action.micro)
+                if self.measure_memory and action.kind is Kind.F and not swapped:
                     with SavedStorages(self._weights) as saved:
                         run_action(ctx, action)
                     held[(action.stage, action.micro)] = saved.bytes()
                     live += held[(action.stage, action.micro)]
-                    peak_bytes = max(peak_bytes, live)
-                else:
+                else:  # a swapped forward's bytes are the swap manager's, on the device only
                     run_action(ctx, action)
                     if action.kind is Kind.B:
                         live -= held.pop((action.stage, action.micro), 0)
+                if self.measure_memory:
+                    peak_bytes = max(peak_bytes, live + (self.swap.resident_bytes if self.swap is not None else 0))
                 if self.events is not None:
                     self.events.append(Event(begin, time.time(), action))
                 peak = max(peak, len(ctx.saved))
@@ -365,6 +377,8 @@ class PipelineExecutor:
         except BaseException as err:
             for p in trained:
                 p.grad = kept[p]
+            if self.swap is not None:  # a failed step's groups go too
+                self.swap.reset()
             raise self._abandon(err, action) from (None if isinstance(err, PeerFailed) else err)
         finally:
             ctx.clear()

@@ -76,6 +76,7 @@ class StepContext:
     per_micro: bool = False   # each micro's loss divided by its own label tokens (the micro-batch mean)
     micro_mean_sum: float = 0.0
     busy_s: float = 0.0
+    swap: object = None  # this rank's SwapManager (activation swap, :mod:`.swap`), or None
 
     def clear(self) -> None:
         for store in (self.data, self.pin, self.feats, self.kept, self.feat_grad, self.act, self.grad, self.saved):
@@ -110,7 +111,12 @@ def forward(ctx: StepContext, a: Action) -> None:
         inputs = {**ctx.data.pop(m), **feats}
     else:
         inputs = ctx.act.pop((s - 1, m))
-    outputs = ctx.stages[s](inputs)
+    if ctx.swap is not None and ctx.swap.current == (s, m):  # SWAP_SET_GROUP ran: its saved tensors are filed
+        with ctx.swap.hooks():
+            outputs = ctx.stages[s](inputs)
+        ctx.swap.keep((s, m), [*inputs.values(), *outputs.values()])  # the pipeline's own: never offloaded
+    else:
+        outputs = ctx.stages[s](inputs)
     if ctx.last_stage(s):
         ctx.loss_sum += float(outputs["loss"].detach())
         ctx.num_tokens += int(outputs["num_tokens"])
@@ -131,6 +137,8 @@ def backward(ctx: StepContext, a: Action) -> None:
     else:
         _backward(outputs, ctx.grad.pop((s + 1, m)))
     grads = _input_grads(inputs)
+    if ctx.swap is not None:
+        ctx.swap.release((s, m))
     if s > 0:
         ctx.grad[(s, m)] = grads
     elif ctx.cfg.trainable:
@@ -258,6 +266,13 @@ def _receiver(store: str) -> Callable[[StepContext, Action], None]:
     return recv
 
 
+def _swap(method: str) -> Callable[[StepContext, Action], None]:
+    def run(ctx: StepContext, a: Action) -> None:
+        getattr(ctx.swap, method)((a.stage, a.micro))
+    run.__doc__ = f"``{method}`` of the rank's swap manager on the action's ``(stage, micro)`` group."
+    return run
+
+
 HANDLERS: dict[Kind, Callable[[StepContext, Action], None]] = {
     Kind.F: forward,
     Kind.B: backward,
@@ -278,6 +293,11 @@ HANDLERS: dict[Kind, Callable[[StepContext, Action], None]] = {
     Kind.GRAD_SEND: _sender("feat_grad"),
     Kind.GRAD_RECV_BWD: grad_recv_bwd,
     Kind.GRAD_REDUCE: grad_reduce,
+    Kind.SWAP_SET_GROUP: _swap("set_group"),
+    Kind.SWAP_LAUNCH_OFFLOAD: _swap("launch_offload"),
+    Kind.SWAP_WAIT_OFFLOAD: _swap("wait_offload"),
+    Kind.SWAP_LAUNCH_LOAD: _swap("launch_load"),
+    Kind.SWAP_WAIT_LOAD: _swap("wait_load"),
 }
 
 

@@ -36,6 +36,11 @@ class Kind(str, enum.Enum):
     GRAD_SEND = "GRAD_SEND"
     GRAD_RECV_BWD = "GRAD_RECV_BWD"
     GRAD_REDUCE = "GRAD_REDUCE"
+    SWAP_SET_GROUP = "SWAP_SET_GROUP"  # activation swap (:mod:`.swap`): local to the rank, no message
+    SWAP_LAUNCH_OFFLOAD = "SWAP_LAUNCH_OFFLOAD"
+    SWAP_WAIT_OFFLOAD = "SWAP_WAIT_OFFLOAD"
+    SWAP_LAUNCH_LOAD = "SWAP_LAUNCH_LOAD"
+    SWAP_WAIT_LOAD = "SWAP_WAIT_LOAD"
 
 
 BODY_KINDS = frozenset({Kind.F, Kind.B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .actions import COLLECTIVE_KINDS, COMPUTE_KINDS, RECV_KINDS, SEND_TO_RECV, Action, Kind
 from .interleaved import peak_in_flight
+from .swap import peak_resident
 
 # channel of a transfer or collective kind, as Costs.message_bytes names it
 CHANNELS = {Kind.SEND_F: "F", Kind.RECV_F: "F", Kind.SEND_B: "B", Kind.RECV_B: "B", Kind.DATA_SEND: "DATA",
@@ -98,12 +99,16 @@ class Simulation:
         makespan: when the last action ended.
         bubble: ``{rank: share of the makespan the rank spent not computing}``.
         peak_activations: ``{rank: most stage forwards held for their backward at once}`` (a memory proxy).
+        peak_resident: ``{rank: most of those whose activations are on the device at once}``: with activation
+            swap, the forwards offloaded between ``SWAP_WAIT_OFFLOAD`` and ``SWAP_LAUNCH_LOAD`` are not
+            (:func:`~.swap.peak_resident`); without, ``peak_activations``.
     """
 
     timeline: dict[int, list[Event]]
     makespan: float
     bubble: dict[int, float]
     peak_activations: dict[int, int]
+    peak_resident: dict[int, int] = field(default_factory=dict)
 
     @property
     def mean_bubble(self) -> float:
@@ -199,4 +204,5 @@ def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Sim
     makespan = max((e.end for events in timeline.values() for e in events), default=0.0)
     bubble = {r: 1.0 - sum(e.end - e.start for e in events if e.busy) / makespan if makespan else 0.0
               for r, events in timeline.items()}
-    return Simulation(timeline, makespan, bubble, {r: peak_in_flight(orders[r]) for r in orders})
+    return Simulation(timeline, makespan, bubble, {r: peak_in_flight(orders[r]) for r in orders},
+                      {r: peak_resident(orders[r]) for r in orders})

@@ -5,7 +5,9 @@ Checks, raising :class:`ScheduleError` on the first failure:
 - each rank runs ``F`` and ``B`` exactly once per (its stage, micro), every ``F`` before its ``B``;
 - per pair of ranks, the sequence of sends equals the sequence of receives;
 - a symbolic run in which sends never block, receives wait for their message, and collectives wait for every
-  rank, finishes: every action's inputs exist before it runs, and nothing hangs.
+  rank, finishes: every action's inputs exist before it runs, and nothing hangs;
+- each swapped ``(stage, micro)`` has its five swap actions once each, ``SWAP_SET_GROUP`` right before its ``F``
+  and the rest in order between ``F`` and ``B`` (:mod:`.swap`).
 """
 
 from __future__ import annotations
@@ -90,6 +92,29 @@ def _check_channels(orders: dict[int, list[Action]]) -> None:
             raise ScheduleError(f"ranks {pair[0]}->{pair[1]}: sends {sends[pair]} but receives {recvs[pair]}")
 
 
+SWAP_ORDER = (Kind.SWAP_SET_GROUP, Kind.F, Kind.SWAP_LAUNCH_OFFLOAD, Kind.SWAP_WAIT_OFFLOAD, Kind.SWAP_LAUNCH_LOAD,
+              Kind.SWAP_WAIT_LOAD, Kind.B)
+
+
+def _check_swaps(orders: dict[int, list[Action]]) -> None:
+    for rank, actions in orders.items():
+        where: dict[tuple, list[int]] = defaultdict(list)
+        for i, a in enumerate(actions):
+            where[(a.kind, a.stage, a.micro)].append(i)
+        groups = {(a.stage, a.micro) for a in actions if a.kind.value.startswith("SWAP_")}
+        for s, m in sorted(groups):
+            at = [where.get((k, s, m), []) for k in SWAP_ORDER]
+            if any(len(p) != 1 for p in at):
+                counts = {k.value: len(p) for k, p in zip(SWAP_ORDER, at)}
+                raise ScheduleError(f"rank {rank}: stage {s} micro {m} needs each swap action once, with its F and "
+                                    f"B; counts {counts}")
+            pos = [p[0] for p in at]
+            if pos != sorted(pos) or pos[1] != pos[0] + 1:
+                raise ScheduleError(f"rank {rank}: stage {s} micro {m}'s swap actions are out of order: "
+                                    f"{[str(actions[i]) for i in pos]} (SWAP_SET_GROUP right before F, the others "
+                                    f"in this order before B)")
+
+
 def run_symbolic(cfg: ScheduleConfig, orders: dict[int, list[Action]],
                  initial: dict[int, set] | None = None) -> list[tuple[int, Action]]:
     """Run the schedule symbolically from the facts ``initial`` (``{rank: {fact, ...}}``, e.g. micro-batches
@@ -145,4 +170,5 @@ def validate(cfg: ScheduleConfig, orders: dict[int, list[Action]], initial: dict
         raise ScheduleError(f"schedule has ranks {sorted(orders)}, expected 0..{cfg.pp_size - 1}")
     _check_counts(cfg, orders)
     _check_channels(orders)
+    _check_swaps(orders)
     run_symbolic(cfg, orders, initial)

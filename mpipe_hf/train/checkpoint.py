@@ -82,8 +82,10 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
         sync_tree(tmp)  # everything on disk before the directory appears under its name
         if merge:
             written = set(os.listdir(tmp))
+            other_format = {"config.json"} if single_file else {"adapter_config.json", ADAPTER_WEIGHTS}
             for name in os.listdir(out_dir):
-                stale = name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json"))
+                stale = name in other_format or (
+                    name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")))
                 if stale and name not in written:  # weights of an earlier save (another world size, one file)
                     os.remove(os.path.join(out_dir, name))
             for name in written:
@@ -135,7 +137,9 @@ def save_adapter(out_dir: str, peft_model, state: dict, rank: int, world: int, g
     def extras(directory):
         config = copy.deepcopy(peft_model.peft_config[ADAPTER])
         config.inference_mode = True
-        config.base_model_name_or_path = os.path.abspath(base_model) if base_model is not None else None
+        # a local base as an absolute path (a hub id stays as it is)
+        config.base_model_name_or_path = (os.path.abspath(base_model) if base_model is not None and
+                                          os.path.isdir(base_model) else base_model)
         config.save_pretrained(directory)
         if save_extras is not None:
             save_extras(directory)

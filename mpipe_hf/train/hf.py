@@ -46,7 +46,7 @@ from transformers.utils import logging
 from ..data import ConversationCollator, MicroBatchPlan
 from ..data.owner import epoch_order
 from ..models import get_family, split
-from ..models.adapters import ADAPTER, check_adapter_placement
+from ..models.adapters import ADAPTER, check_adapted, check_adapter_placement
 from ..models.load import load_adapter_values, load_share_values, split_from_checkpoint, split_from_config
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from .checkpoint import publish, save_adapter, save_checkpoint, save_hub_files, sync_tree
@@ -147,7 +147,9 @@ def _share(model, cfg, rank: int, layers_per_stage, text_layers: int, seed: int)
     checkpoint path (read tensor by tensor), a model on the meta device (initialised from its config and
     ``seed``, bit for bit ``from_config``'s values), or a loaded model, carved in place (the modules this rank
     does not hold are dropped from it). A ``peft.PeftModel`` of either of the last two is carved with its
-    adapter (a meta one drawn as ``set_seed(seed); get_peft_model(from_config(config), its LoraConfig)``)."""
+    adapter; a meta one is built anew by :func:`~mpipe_hf.models.load.split_from_config`, drawn as
+    ``set_seed(seed); get_peft_model(from_config(config), its LoraConfig)`` (the trainer's ``carved.peft`` is
+    then not the object the user passed)."""
     peft_model, adapter = None, None
     if _is_peft(model):
         peft_model, adapter = model, model.peft_config[ADAPTER]
@@ -162,6 +164,7 @@ def _share(model, cfg, rank: int, layers_per_stage, text_layers: int, seed: int)
         return split_from_config(config, cfg, rank, counts, text_layers, seed, adapter)[0], None, counts
     if peft_model is None:
         return split(model, cfg, rank, counts, text_layers), source, counts
+    check_adapted(model, adapter)
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
     carved = split(model, cfg, rank, counts, text_layers)
     check_adapter_placement(trained, carved.frozen, carved.preprocess_fqns, cfg.preprocess)

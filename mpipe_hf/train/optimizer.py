@@ -48,10 +48,11 @@ def warmup_steps(train: TrainSection, total_steps: int) -> int:
 
 
 def build_scheduler(optimizer, train: TrainSection, total_steps: int):
-    """``transformers.get_scheduler`` for ``train.lr_scheduler_type`` over ``total_steps`` steps, or ``None``
-    without an optimizer."""
+    """``transformers.get_scheduler`` for ``train.lr_scheduler_type`` over ``total_steps`` steps. A rank without an
+    optimizer (it trains nothing) gets the schedule over an AdamW of no parameters, which holds no state: the
+    learning rate it logs and saves is the run's."""
     if optimizer is None:
-        return None
+        optimizer = torch.optim.AdamW([{"params": []}], lr=train.learning_rate)
     return get_scheduler(train.lr_scheduler_type, optimizer, num_warmup_steps=warmup_steps(train, total_steps),
                          num_training_steps=total_steps)
 

@@ -12,6 +12,7 @@ import yaml
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..schedule import ScheduleConfig
+from ..schedule.swap import SwapConfig
 
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME)  # each rank reads its own tensors from safetensors
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -444,15 +445,15 @@ class LoraSection:
 
 
 SECTIONS = {"model": ModelSource, "data": DataSection, "parallel": ParallelSection, "train": TrainSection,
-            "lora": LoraSection}
+            "lora": LoraSection, "swap": SwapConfig}
 RENAMED = {"steps": "train.max_steps", "lr": "train.learning_rate", "adam_eps": "train.adam_epsilon",
            "data": "data.path", "eval_data": "data.eval_path", "eval_dataset": "data.eval_path"}
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """What ``mpipe-hf train RECIPE.yaml`` runs, in four sections and an optional ``lora`` (each validated on
-    construction). Paths are relative to the working directory.
+    """What ``mpipe-hf train RECIPE.yaml`` runs, in four sections and the optional ``lora`` and ``swap`` (each
+    validated on construction). Paths are relative to the working directory.
 
     Attributes:
         model: a :class:`ModelSource`; in YAML a checkpoint path, or ``{name_or_path: DIR}``, or
@@ -462,6 +463,11 @@ class Recipe:
         train: a :class:`TrainSection`: the optimisation, with ``TrainingArguments`` names.
         lora: a :class:`LoraSection` (a LoRA adapter; only it trains), or ``None`` (no ``lora:`` section, or
             ``lora: null``): full fine-tuning.
+        swap: a :class:`~mpipe_hf.schedule.swap.SwapConfig`: activation swap (off without a ``swap:`` section).
+
+    Raises:
+        ValueError: ``swap.ranks`` beyond ``parallel.pp_size``; swap with FSDP2 (``parallel.dp_shard`` and
+            ``dp_size > 1``: the gathered weights would be taken for activations).
     """
 
     model: ModelSource
@@ -469,6 +475,14 @@ class Recipe:
     parallel: ParallelSection
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
     lora: LoraSection | None = None
+    swap: SwapConfig = dataclasses.field(default_factory=SwapConfig)
+
+    def __post_init__(self):
+        self.swap.check(self.parallel.pp_size)
+        if self.swap.enabled and self.parallel.dp_size > 1 and self.parallel.dp_shard:
+            raise ValueError("swap.enabled with parallel.dp_shard (FSDP2, dp_size > 1) is not supported: FSDP2's "
+                             "gathered weights would be taken for activations; set parallel.dp_shard: false "
+                             "(replicas) or swap.enabled: false")
 
     def schedule(self) -> ScheduleConfig:
         """The schedule part alone."""
@@ -505,7 +519,7 @@ def parse_recipe(raw, where: str = "recipe") -> Recipe:
             raise ValueError(f"{where}: missing the {name!r} section")
     data = raw["data"]
     sections = {"data": _build("data", DataSection, {"path": data} if isinstance(data, str) else data, where)}
-    for name in ("parallel", "train"):
+    for name in ("parallel", "train", "swap"):
         if name in raw:
             sections[name] = _build(name, SECTIONS[name], {} if raw[name] is None else raw[name], where)  # `train:`
     if raw.get("lora") is not None:  # `lora: {}` is LoRA with peft's defaults; no section (or null) is none

@@ -81,11 +81,13 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
         state = mine
     else:  # the step, the skips and the schedule's position are rank 0's; the RNG this rank's, if saved
         state = torch.load(zero, weights_only=False) | ({"rng": mine["rng"]} if mine is not None else {})
-    if optimizer is not None and same:
-        optimizer.load_state_dict(_shard_like(state["optimizer"], optimizer))
-        scheduler.load_state_dict(state["scheduler"])
-    elif optimizer is not None:
-        if not reset_optimizer:
+    if same:
+        if optimizer is not None:
+            optimizer.load_state_dict(_shard_like(state["optimizer"], optimizer))
+        if state["scheduler"] is not None:  # None: saved by a rank without an optimizer before it had a schedule
+            scheduler.load_state_dict(state["scheduler"])
+    else:
+        if optimizer is not None and not reset_optimizer:
             optimizer.load_state_dict(_shard_like(_by_name(directory, files, optimizer, names), optimizer))
         # the learning rate lives in the optimizer's groups: step a fresh schedule to where the saved one was
         with warnings.catch_warnings():

@@ -29,7 +29,7 @@ from ..data import (ConversationCollator, MicroBatchPlan, TextCollator, build_pr
                     load_conversation_dataset, load_text_dataset)
 from ..data.processor import QWEN_PROCESSORS
 from ..models import get_family
-from ..models.adapters import merged_state
+from ..models.adapters import is_adapter_tensor, merged_state
 from ..models.load import (check_adapter, load_adapter_values, load_share_values, split_from_checkpoint,
                            split_from_config)
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
@@ -132,7 +132,7 @@ def check(recipe: Recipe) -> list[int]:
     available_trackers(recipe.train.report_to)
     counts = check_layout(recipe, config)
     if recipe.lora is not None:
-        check_adapter(config, cfg, recipe.lora.peft_config(), counts, recipe.parallel.text_layers)
+        check_adapter(config, cfg, recipe.lora.peft_config(), counts, recipe.parallel.text_layers, recipe.lora.merge)
     processes = cfg.pp_size * recipe.parallel.dp_size
     world = int(os.environ.get("WORLD_SIZE", processes))
     if world != processes:
@@ -282,7 +282,7 @@ def train(recipe: Recipe) -> TrainResult:
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(),
                                 timedelta(seconds=par.timeout_s), carved.tied_parameters(cfg, rank),
                                 trace=opt.trace, costs=placement_costs(recipe, layers_per_stage), seed=opt.seed,
-                                measure_memory=True, data_parallel=data_parallel)
+                                measure_memory=True, data_parallel=data_parallel, swap=recipe.swap)
     skips, start_step = Skips(), 0
     if resume is not None:  # every rank's optimizer, schedule, RNG and step
         start_step = together(lambda: load_rank_state(resume, rank, optimizer, scheduler, skips, params,
@@ -309,6 +309,7 @@ def train(recipe: Recipe) -> TrainResult:
               f"placement={cfg.placement} "
               f"text_layers={par.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
+              f"swap={'off' if not recipe.swap.enabled else recipe.swap.ranks or 'every rank'} "
               f"layers per stage={layers_per_stage}"
               + (f"; lora r={recipe.lora.r} alpha={recipe.lora.lora_alpha}: rank 0 trains "
                  f"{sum(p.numel() for p in params.values())} of {sum(p.numel() for p in model.parameters())} "
@@ -327,16 +328,21 @@ def train(recipe: Recipe) -> TrainResult:
         """This pipeline's share, written by replica 0 (the replicas hold the same values; FSDP shards are
         gathered first, on every replica); a failure is raised on every rank of every replica. A LoRA run
         writes its adapter in PEFT's format, or with ``merged`` the weights with the adapter merged in."""
-        state = gather_full(carved.state_dict(cfg, rank))
+        state = carved.state_dict(cfg, rank)
+        adapter_only = carved.peft is not None and not merged
+        if adapter_only:  # the frozen base is not saved again (nor gathered from its FSDP2 shards)
+            state = {n: t for n, t in state.items() if is_adapter_tensor(n)}
+        state = gather_full(state)
         rank_files = gather_full(rank_files or {})
         failure = None
         if dp_rank == 0:
             try:
-                if carved.peft is not None and not merged:
+                if adapter_only:
                     save_adapter(path, carved.peft, state, rank, cfg.pp_size, group, recipe.model.name_or_path,
                                  save_extras, rank_files)
                 else:
-                    weights = merged_state(carved.model, state) if merged else state
+                    weights = (together(lambda: merged_state(carved.model, state), f"merging {path}", rank,
+                                        cfg.pp_size, group) if merged else state)
                     save_checkpoint(path, weights, rank, cfg.pp_size, group, save_extras, rank_files=rank_files)
             except Exception as err:  # noqa: BLE001 - shared with the other replicas below
                 failure = err
@@ -374,14 +380,16 @@ def train(recipe: Recipe) -> TrainResult:
         else:
             grad_norm = clip_grad_norm(list(params.values()), counted, opt.max_grad_norm, group, device,
                                        data_parallel)
-            lr = scheduler.get_last_lr()[0] if scheduler is not None else opt.learning_rate
+            lr = scheduler.get_last_lr()[0]
             if not finite_step(stats, grad_norm, params.values(), skips, recipe.data):
                 skipped(step)
             else:
                 if optimizer is not None:
                     optimizer.step()
-                    scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
+                else:  # the schedule's AdamW of no parameters (a rank that trains nothing): a no-op, in torch's order
+                    scheduler.optimizer.step()
+                scheduler.step()  # on every rank: the learning rate rank 0 logs is the run's
                 losses.append(stats.loss)
                 rank_bubbles.append(stats.rank_bubble)
                 peaks.append(stats.rank_activation_bytes)

@@ -73,12 +73,13 @@ def pipelined(recipe, steps, rank, group, device):
         norms.append(clip_grad_norm(list(params.values()), counted, opt.max_grad_norm, group, device))
         losses.append(stats.loss)
         grads.append({n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None})
+        with_grad = sorted(n for n, p in carved.model.named_parameters() if p.grad is not None)
         if optimizer is not None:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
     executor.close()
-    return carved, params, losses, grads, norms, optimizer
+    return carved, params, losses, grads, norms, optimizer, with_grad
 
 
 def reference(recipe, steps):
@@ -161,12 +162,12 @@ def run_case(case, rank, group, device, out_dir):
     recipe = parse_recipe(case["recipe"])
     steps = case.get("steps", 3)
     runs = [pipelined(recipe, steps, rank, group, device) for _ in range(2 if case.get("repeat") else 1)]
-    carved, params, losses, grads, norms, optimizer = runs[-1]
+    carved, params, losses, grads, norms, optimizer, with_grad = runs[-1]
     result = {"losses": losses, "norms": norms, "names": sorted(params),
               "optimizer": optimizer is not None,
               "adapter_names": sorted(n for n in params if is_adapter_tensor(n)),
-              "frozen_with_grad": sorted(n for n, p in carved.model.named_parameters()
-                                         if not p.requires_grad and p.grad is not None),
+              # every tensor holding a gradient after the last backward (before zero_grad): the trained ones
+              "with_grad": with_grad,
               "base_trainable": sorted(n for n in params if not is_adapter_tensor(n))}
     if case.get("repeat"):
         first = runs[0]

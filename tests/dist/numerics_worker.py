@@ -34,6 +34,7 @@ from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.handlers import preprocess_seed
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.schedule.interleaved import peak_in_flight
+from mpipe_hf.schedule.swap import SwapConfig
 from mpipe_hf.train.checkpoint import save_checkpoint
 from mpipe_hf.train.precision import autocast_modules
 
@@ -41,6 +42,8 @@ LR = 1e-3
 EPS = 1e-6  # AdamW's eps: with 1e-8, fp32 noise on near-zero gradient elements becomes a visible part of LR
 TIMEOUT = timedelta(seconds=60)
 SEED = 7  # the executor's: P's dropout masks are drawn from it
+# activation swap cases (``case["swap"]``): every tensor of every rank, or rank 0 only
+SWAPS = {"all": SwapConfig(enabled=True, min_bytes=0), "rank0": SwapConfig(enabled=True, ranks=[0], min_bytes=0)}
 
 
 def auto_class(config):
@@ -173,8 +176,12 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     params = split.trainable_parameters(cfg, rank)
     stages, preprocess = (autocast_modules(split.stages, split.preprocess, device) if case.get("bf16")
                           else (split.stages, split.preprocess))
+    swap = SWAPS[case["swap"]] if case.get("swap") else None  # activation swap (issue 17)
+    if swap is not None and case.get("gradient_checkpointing"):
+        split.model.activation_checkpointing_enable({"use_reentrant": False})
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(), TIMEOUT,
-                                split.tied_parameters(cfg, rank), seed=SEED)
+                                split.tied_parameters(cfg, rank), seed=SEED, swap=swap,
+                                measure_memory=swap is not None)
     optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS) if params else None
     result, loads = {"reused_groups": executor.group.group_name in CLOSED_GROUPS}, []
     failing = any(k in case for k in ("bad_micro", "corrupt_owner", "mid_step_owner"))
@@ -200,6 +207,10 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             ahead = case.get("lookahead") and run + 1 < steps * accumulate  # load the next run's micros now
             stats = executor.step(loader(run), loader(run + 1) if ahead else None)
             losses.append(stats.loss)
+            if swap is not None:  # what this rank's swap manager moved, and the peak on the device
+                result.setdefault("swap_offloaded_bytes", []).append(
+                    executor.swap.offloaded_bytes if executor.swap is not None else 0)
+                result.setdefault("peak_activation_bytes", []).append(stats.rank_activation_bytes[rank])
             peaks.add(stats.peak_activations)
         if step == 0:
             grads = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
