@@ -128,10 +128,12 @@ def _simulate(args) -> None:
         return
     cfg = _config(args)
     costs, unit = _costs(args, cfg)
-    sim = simulate(build_schedule(cfg), costs)
+    sim = simulate(_swapped(args, cfg, build_schedule(cfg)), costs)
     print(f"step {sim.makespan:.4g} {unit}; bubble {sim.mean_bubble:.3f} (per rank "
           f"{[round(sim.bubble[r], 3) for r in sorted(sim.bubble)]}); peak in-flight activations per rank "
-          f"{[sim.peak_activations[r] for r in sorted(sim.peak_activations)]}")
+          f"{[sim.peak_activations[r] for r in sorted(sim.peak_activations)]}"
+          + (f"; on the device with swap {[sim.peak_resident[r] for r in sorted(sim.peak_resident)]}"
+             if args.swap else ""))
 
 
 def _plot(args) -> None:
@@ -196,17 +198,30 @@ def _schedule(args) -> None:
     from .schedule.simulate import simulate
     from .schedule.timeline import gantt
     cfg = _config(args)
-    orders = build_schedule(cfg)
+    orders = _swapped(args, cfg, build_schedule(cfg))
     if args.gantt:
         sim = simulate(orders)
         print(gantt(sim.timeline))
         print(f"bubble {sim.mean_bubble:.3f} (digits: forward of that micro; digit and '=': backward; "
               f"P/p: preprocess forward/backward; '.': idle)")
         peaks = [sim.peak_activations[r] for r in range(cfg.pp_size)]
-        print(f"peak in-flight activations per rank (stage-micro units): {peaks}")
+        print(f"peak in-flight activations per rank (stage-micro units): {peaks}"
+              + (f"; on the device with swap: {[sim.peak_resident[r] for r in range(cfg.pp_size)]}"
+                 if args.swap else ""))
         return
     for rank, actions in orders.items():
         print(f"rank {rank}: " + " ".join(map(str, actions)))
+
+
+def _swapped(args, cfg, orders: dict) -> dict:
+    """``orders`` with the swap actions of ``--swap`` (on ``--swap-ranks``, ``--min-swap-gap``)."""
+    if not args.swap:
+        return orders
+    from .schedule.swap import SwapConfig, with_swaps
+    ranks = [int(r) for r in args.swap_ranks.split(",")] if args.swap_ranks else None
+    swap = SwapConfig(enabled=True, min_swap_gap=args.min_swap_gap, ranks=ranks)
+    swap.check(cfg.pp_size)
+    return {r: with_swaps(o, swap, r) for r, o in orders.items()}
 
 
 def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> None:
@@ -217,6 +232,9 @@ def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> 
     parser.add_argument("--overflow", default="full", choices=["full", "min"])
     parser.add_argument("--owner-backward", action="store_true", help="trainable P: owners backprop P")
     parser.add_argument("--less-memory", action="store_true", help="shallow warm-up of the interleaved body")
+    parser.add_argument("--swap", action="store_true", help="activation swap (the recipe's swap section)")
+    parser.add_argument("--swap-ranks", help="comma-separated ranks that swap (default: every rank)")
+    parser.add_argument("--min-swap-gap", type=int, default=2, help="compute actions between F and B to swap")
     if cost_flags:
         parser.add_argument("--profile", help="a cost profile (mpipe-hf profile RECIPE.yaml); unit costs without")
         parser.add_argument("--text-layers", type=int, default=0, help="T: decoder layers moved into P")

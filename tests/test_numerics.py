@@ -62,8 +62,14 @@ SWAP_CASES = [make_case("vision", 4, 2, 8, "frozen", swap="all", steps=3),
               make_case("vision", 4, 2, 8, "frozen", placement="fill", lookahead=True, swap="rank0", steps=2),
               make_case("vl-identity", 2, 2, 4, "identity", swap="all"),
               make_case("vision", 2, 2, 4, "trainable", swap="all", steps=3),
-              make_case("llama-text", 2, 2, 4, "frozen", swap="all", gradient_checkpointing=True)]
-EXTRA = {2: PIXEL_CASES + FAMILY_CASES + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:],
+              # at least two layers per stage: with checkpointing only the layers' inputs are saved, the first
+              # is the stage's own input (never offloaded)
+              make_case("llama-text", 2, 2, 4, "frozen", swap="all", gradient_checkpointing=True,
+                        layers_per_stage=[3, 3, 3, 3]),
+              # swap on but no group far enough from its backward: the same actions and bytes as swap off
+              make_case("vl-identity", 2, 2, 4, "identity", swap="never"),
+              make_case("vl-identity", 2, 2, 4, "identity", swap="off")]
+EXTRA = {2: PIXEL_CASES + FAMILY_CASES + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:],  # R = 4: the first 3
          3: FILL_CASES[1:], 4: ERROR_CASES + FILL_CASES[:1] + SWAP_CASES[:3]}
 
 
@@ -202,6 +208,18 @@ def test_activation_swap_is_exact_and_moves_the_activations(case, results):
     problems = check_case(case, per_rank)
     assert not problems, problems
     for rank, res in enumerate(per_rank):
-        swaps = case["swap"] == "all" or rank == 0
+        swaps = case["swap"] == "all" or (case["swap"] == "rank0" and rank == 0)
         moved = res["swap_offloaded_bytes"]
         assert all(b > 0 for b in moved) if swaps else all(b == 0 for b in moved), (rank, moved)
+
+
+def test_swapping_zero_groups_changes_nothing_and_swapping_lowers_the_peak(results):
+    """The same case with swap off, with swap on but no forward far enough from its backward, and with every
+    group swapped: the first two run the same actions and hold the same bytes on every rank; swapping lowers
+    every rank's peak of saved bytes on the device."""
+    got = results(2)
+    every, never, off = (got[SWAP_CASES[i]["name"]] for i in (3, -2, -1))  # vl-identity R2 V2 M4 each
+    for rank in range(2):
+        assert never[rank]["order"] == off[rank]["order"]
+        assert never[rank]["peak_activation_bytes"] == off[rank]["peak_activation_bytes"]
+        assert all(a < b for a, b in zip(every[rank]["peak_activation_bytes"], off[rank]["peak_activation_bytes"]))

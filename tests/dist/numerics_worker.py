@@ -43,7 +43,8 @@ EPS = 1e-6  # AdamW's eps: with 1e-8, fp32 noise on near-zero gradient elements 
 TIMEOUT = timedelta(seconds=60)
 SEED = 7  # the executor's: P's dropout masks are drawn from it
 # activation swap cases (``case["swap"]``): every tensor of every rank, or rank 0 only
-SWAPS = {"all": SwapConfig(enabled=True, min_bytes=0), "rank0": SwapConfig(enabled=True, ranks=[0], min_bytes=0)}
+SWAPS = {"all": SwapConfig(enabled=True, min_bytes=0), "rank0": SwapConfig(enabled=True, ranks=[0], min_bytes=0),
+         "never": SwapConfig(enabled=True, min_swap_gap=10 ** 6, min_bytes=0), "off": SwapConfig()}
 
 
 def auto_class(config):
@@ -218,6 +219,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     result["loads"] = loads
+    result["order"] = [str(a) for a in executor.order]
     result["bytes_sent"] = dict(executor.p2p.bytes_sent)
     result["owned_bytes"], result["owned_image_tokens"] = {}, 0
     image_token_id = getattr(model.config, "image_token_id", None)
