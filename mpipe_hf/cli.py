@@ -215,10 +215,15 @@ def _schedule(args) -> None:
 
 def _swapped(args, cfg, orders: dict) -> dict:
     """``orders`` with the swap actions of ``--swap`` (on ``--swap-ranks``, ``--min-swap-gap``)."""
-    if not args.swap:
+    if not args.swap and not args.swap_ranks:
         return orders
     from .schedule.swap import SwapConfig, with_swaps
-    ranks = [int(r) for r in args.swap_ranks.split(",")] if args.swap_ranks else None
+    args.swap = True  # --swap-ranks alone means swap on those ranks
+    try:
+        ranks = [int(r) for r in args.swap_ranks.split(",")] if args.swap_ranks else None
+    except ValueError:
+        raise ValueError(f"--swap-ranks must be comma-separated pipeline ranks, e.g. 0 or 0,1; got "
+                         f"{args.swap_ranks!r}") from None
     swap = SwapConfig(enabled=True, min_swap_gap=args.min_swap_gap, ranks=ranks)
     swap.check(cfg.pp_size)
     return {r: with_swaps(o, swap, r) for r, o in orders.items()}

@@ -136,8 +136,12 @@ class PipelineExecutor:
         if any(all(p is not q for q in self.params) for p, _ in self.tied):
             raise ValueError("every tied parameter must be one of params (the parameters this rank optimises)")
         self.swap_config = swap
-        self.swap = (SwapManager(device, self._weights, swap.min_bytes) if swap is not None and swap.swaps(rank)
-                     else None)
+        self.swap = None
+        if swap is not None:
+            swap.check(cfg.pp_size)
+        if swap is not None and swap.swaps(rank):  # the modules' buffers stay too (copying them frees nothing)
+            held = [t for m in [*stages.values(), preprocess.module] if m is not None for t in m.buffers()]
+            self.swap = SwapManager(device, self._weights | storage_ids(held), swap.min_bytes)
         self.costs, self._orders = costs, {}
         self.order = self._order(own=True, ahead=False)
         self._carried: dict | None = None  # the next step's micros, loaded ahead (rank 0: their data, features)

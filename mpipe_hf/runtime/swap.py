@@ -31,31 +31,36 @@ from torch.autograd.graph import saved_tensors_hooks
 
 @dataclass
 class _Saved:
-    """One saved storage of a group: the whole storage as a flat tensor while on the device (``base``), its copy
-    while on the host (``host``), and the saved views with their versions at pack time (until the offload)."""
+    """One saved storage of a group: the whole storage as flat bytes while on the device (``base``, uint8), its
+    copy while on the host (``host``), and each saved view, detached (no ``grad_fn``, so no reference cycle through
+    autograd), with its version at pack time, until the offload."""
 
     base: torch.Tensor | None
     nbytes: int
     views: list = field(default_factory=list)
     host: torch.Tensor | None = None
 
+    def drop(self) -> None:
+        self.base, self.host, self.views = None, None, []
+
 
 @dataclass
 class _Group:
-    saved: dict[tuple, _Saved] = field(default_factory=dict)  # by (storage, dtype)
+    saved: dict[int, _Saved] = field(default_factory=dict)  # by storage
     kept: set[int] = field(default_factory=set)  # storages of the boundary tensors
     offloaded: list[_Saved] = field(default_factory=list)
     event: object = None  # the CUDA event of the group's last launched copies
 
 
 class _Handle:
-    """What autograd keeps for a saved tensor of a swapped forward: its entry and its view's geometry."""
+    """What autograd keeps for a saved tensor of a swapped forward: its entry, which of the entry's views it is,
+    and the view's geometry and dtype (it holds no tensor)."""
 
-    __slots__ = ("entry", "shape", "stride", "offset", "key")
+    __slots__ = ("entry", "index", "shape", "stride", "offset", "dtype", "key")
 
     def __init__(self, entry: _Saved, t: torch.Tensor, key: tuple[int, int]):
-        self.entry, self.shape, self.stride, self.offset, self.key = (entry, t.shape, t.stride(),
-                                                                      t.storage_offset(), key)
+        self.entry, self.index, self.key = entry, len(entry.views) - 1, key
+        self.shape, self.stride, self.offset, self.dtype = t.shape, t.stride(), t.storage_offset(), t.dtype
 
 
 class SwapManager:
@@ -63,7 +68,7 @@ class SwapManager:
 
     Args:
         device: the rank's device.
-        weights: storage ids (:func:`~.memory.storage_ids`) never filed: the parameters.
+        weights: storage ids (:func:`~.memory.storage_ids`) never filed: the parameters and buffers.
         min_bytes: storages smaller than this stay on the device (they are counted all the same).
 
     Attributes:
@@ -80,7 +85,11 @@ class SwapManager:
         self.resident_bytes = self.offloaded_bytes = 0
 
     def reset(self) -> None:
-        """Drop every group (a failed step leaves none behind) and the counts."""
+        """Drop every group and its tensors (a failed step leaves none behind: autograd may still hold the
+        handles of a graph that never ran backward) and the counts."""
+        for group in self.groups.values():
+            for entry in group.saved.values():
+                entry.drop()
         self.groups.clear()
         self.current = None
         self.resident_bytes = self.offloaded_bytes = 0
@@ -109,24 +118,29 @@ class SwapManager:
             return t
         key = self.current
         group = self.groups[key]
-        entry = group.saved.get((sid, t.dtype))
+        entry = group.saved.get(sid)
         if entry is None:
-            base = torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, (storage.nbytes() // t.element_size(),))
-            entry = group.saved[(sid, t.dtype)] = _Saved(base, storage.nbytes())
+            base = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),))
+            entry = group.saved[sid] = _Saved(base, storage.nbytes())
             self.resident_bytes += entry.nbytes
-        entry.views.append((t, t._version))
+        entry.views.append((t.detach(), t._version))  # detach() shares the version counter
         return _Handle(entry, t, key)
 
     def _unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
         entry = packed.entry
-        for view, version in entry.views:  # still resident (never offloaded): the version check autograd would do
+        if entry.views:  # never offloaded: the version check autograd would do, for this view
+            view, version = entry.views[packed.index]
             if view._version != version:
                 raise RuntimeError(_changed(packed.key, version, view._version))
-        if entry.base is None:  # offloaded and not loaded back by the schedule: load it now
-            entry.base = entry.host.to(self.device)
-        return entry.base.as_strided(packed.shape, packed.stride, packed.offset)
+        if entry.base is None:
+            if entry.host is None:
+                raise RuntimeError(f"activation swap: stage {packed.key[0]} micro {packed.key[1]}'s saved "
+                                   f"tensors were released before its backward (a failed step's graph?)")
+            entry.base = entry.host.to(self.device)  # offloaded, and no SWAP_LAUNCH_LOAD ran: load it now
+            self.resident_bytes += entry.nbytes
+        return entry.base.view(packed.dtype).as_strided(packed.shape, packed.stride, packed.offset)
 
     # ---- the swap actions ------------------------------------------------------------------------------
 
@@ -138,7 +152,7 @@ class SwapManager:
             RuntimeError: a saved tensor was changed in place since the forward saved it.
         """
         group = self.groups[key]
-        moving = [e for (sid, _), e in group.saved.items() if sid not in group.kept and e.nbytes >= self.min_bytes]
+        moving = [e for sid, e in group.saved.items() if sid not in group.kept and e.nbytes >= self.min_bytes]
         for entry in moving:
             for view, version in entry.views:
                 if view._version != version:
@@ -159,8 +173,8 @@ class SwapManager:
     def wait_offload(self, key: tuple[int, int]) -> None:
         """``SWAP_WAIT_OFFLOAD``: the copies are done; drop the device tensors (and the saved views)."""
         group = self.groups[key]
-        if group.event is not None:
-            group.event.synchronize()
+        if group.event is not None:  # the compute stream waits; the host does not (record_stream keeps the block)
+            torch.cuda.current_stream(self.device).wait_event(group.event)
         for entry in group.offloaded:
             entry.base, entry.views = None, []
             self.resident_bytes -= entry.nbytes
@@ -170,10 +184,14 @@ class SwapManager:
         """``SWAP_LAUNCH_LOAD``: start copying the group's offloaded storages back to the device."""
         group = self.groups[key]
         if self.cuda:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            current = torch.cuda.current_stream(self.device)
+            for entry in group.offloaded:  # allocated on the compute stream, whose pool the backward reuses
+                entry.base = torch.empty_like(entry.host, device=self.device)
+            self.stream.wait_stream(current)
             with torch.cuda.stream(self.stream):
                 for entry in group.offloaded:
-                    entry.base = entry.host.to(self.device, non_blocking=True)
+                    entry.base.copy_(entry.host, non_blocking=True)
+                    entry.base.record_stream(self.stream)
                 group.event = self.stream.record_event()
         else:
             for entry in group.offloaded:
@@ -184,10 +202,7 @@ class SwapManager:
         """``SWAP_WAIT_LOAD``: the copies back are done; the backward may read them."""
         group = self.groups[key]
         if self.cuda and group.event is not None:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_event(group.event)
-            for entry in group.offloaded:
-                entry.base.record_stream(current)
+            torch.cuda.current_stream(self.device).wait_event(group.event)
         for entry in group.offloaded:
             entry.host = None
 
@@ -196,6 +211,8 @@ class SwapManager:
         group = self.groups.pop(key, None)
         if group is not None:
             self.resident_bytes -= sum(e.nbytes for e in group.saved.values() if e.base is not None)
+            for entry in group.saved.values():
+                entry.drop()
 
 
 def _changed(key: tuple[int, int], before: int, after: int) -> str:
