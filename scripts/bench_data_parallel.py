@@ -11,17 +11,12 @@ are read from ``output_dir/memory.json`` (the local part of each tensor).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import runpy
 import statistics
-import subprocess
-import sys
 import tempfile
 
-import yaml
+from demo_run import demo_dir, train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(demo: str, work: str, shard: bool, steps: int) -> dict:
@@ -30,16 +25,7 @@ def run(demo: str, work: str, shard: bool, steps: int) -> dict:
               "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "frozen", "dp_size": 2,
                            "dp_shard": shard, "timeout_s": 120},
               "train": {"max_steps": steps, "learning_rate": 2e-3, "output_dir": out}}
-    path = out + ".yaml"
-    with open(path, "w") as f:
-        yaml.safe_dump(recipe, f)
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", path],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-3000:])
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    with open(os.path.join(out, "memory.json")) as f:
-        held = json.load(f)["model_state_bytes_per_rank"]
+    rows, held = train(recipe, out)
     return {"step_s": statistics.median(r["step_s"] for r in rows[1:]), "held": held,
             "activation_mib": rows[-1]["peak_activation_mib_per_rank"]}
 
@@ -50,9 +36,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="mpipe_dp_")
-    demo = args.demo or os.path.join(work, "demo")
-    if not args.demo:
-        runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([demo])
+    demo = demo_dir(args.demo, work)
     results = {name: run(demo, work, shard, args.steps) for name, shard in (("FSDP2", True), ("replicate", False))}
     mib = 2 ** 20
     print("| engine | step s (median) | global rank | weights MiB | gradients MiB | AdamW MiB | total MiB |")

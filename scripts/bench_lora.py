@@ -14,15 +14,12 @@ trained weight).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import runpy
 import statistics
-import subprocess
-import sys
 import tempfile
 
 import yaml
+from demo_run import demo_dir, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "qwen2_5_vl_lora.yaml")
@@ -35,16 +32,7 @@ def run(demo: str, work: str, lora: bool, steps: int, repeat: int) -> dict:
     raw["train"].update(max_steps=steps, output_dir=out)
     if not lora:
         del raw["lora"]
-    path = out + ".yaml"
-    with open(path, "w") as f:
-        yaml.safe_dump(raw, f)
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", path],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-3000:])
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    with open(os.path.join(out, "memory.json")) as f:
-        held = json.load(f)["model_state_bytes_per_rank"]
+    rows, held = train(raw, out)
     return {"step_s": [r["step_s"] for r in rows[1:]], "held": held,
             "activation_mib": rows[-1]["peak_activation_mib_per_rank"]}
 
@@ -56,10 +44,7 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
-        demo = args.demo
-        if demo is None:
-            demo = os.path.join(work, "demo")
-            runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([demo])
+        demo = demo_dir(args.demo, work)
         results = {"full": [], "lora": []}
         for repeat in range(args.repeats):
             for kind in ("full", "lora"):

@@ -15,15 +15,12 @@ first and over ``--repeats`` interleaved runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import runpy
 import statistics
-import subprocess
-import sys
 import tempfile
 
 import yaml
+from demo_run import demo_dir, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "qwen2_5_vl_demo.yaml")
@@ -39,14 +36,7 @@ def run(demo: str, work: str, name: str, steps: int, repeat: int, gap: int) -> d
     raw["train"].update(max_steps=steps, output_dir=out)
     if RUNS[name] is not None:
         raw["swap"] = {**RUNS[name], "min_swap_gap": gap}
-    path = out + ".yaml"
-    with open(path, "w") as f:
-        yaml.safe_dump(raw, f)
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", path],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-3000:])
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows, _ = train(raw, out)
     peaks = [max(r["peak_activation_mib_per_rank"][k] for r in rows) for k in range(len(rows[0]["step_s_per_rank"]))]
     return {"step_s": [r["step_s"] for r in rows[1:]], "peak_mib": peaks, "loss": [r["loss"] for r in rows]}
 
@@ -59,10 +49,7 @@ def main(argv=None) -> None:
     parser.add_argument("--min-swap-gap", type=int, default=2)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
-        demo = args.demo
-        if demo is None:
-            demo = os.path.join(work, "demo")
-            runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([demo])
+        demo = demo_dir(args.demo, work)
         results = {name: [] for name in RUNS}
         for repeat in range(args.repeats):
             for name in RUNS:
