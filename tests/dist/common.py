@@ -126,3 +126,18 @@ def run_torchrun(worker: str, nproc: int, args: list[str], timeout: int) -> None
 
 def read_results(out_dir: str, nproc: int) -> list[dict]:
     return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(nproc)]
+
+
+def run_cases(cases: list[dict], run, out_dir: str, rank: int) -> None:
+    """In a worker: ``run(case)`` for every case, timed (``wall_s``; rank 0 prints each), then this rank's
+    results as ``OUT_DIR/rank<rank>.json`` (``{case name: result}``), which :func:`read_results` reads."""
+    import time
+    results = {}
+    for case in cases:
+        start = time.perf_counter()
+        results[case["name"]] = run(case)
+        results[case["name"]]["wall_s"] = time.perf_counter() - start
+        if rank == 0:
+            print(f"{case['name']}: {results[case['name']]['wall_s']:.1f}s", flush=True)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from datetime import timedelta
 from functools import partial
 
@@ -29,6 +28,7 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import set_seed
 
+from common import run_cases
 from mpipe_hf.data import MicroBatchPlan
 from mpipe_hf.models.adapters import is_adapter_tensor, merged_state
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
@@ -206,16 +206,10 @@ def main():
     device = init_distributed()
     mesh = build_mesh(int(os.environ["WORLD_SIZE"]))
     group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
-    results = {}
-    for case in cases:
-        start = time.perf_counter()
-        with contextlib.redirect_stdout(sys.stderr):
-            results[case["name"]] = run_case(case, rank, group, device, out_dir)
-        results[case["name"]]["wall_s"] = time.perf_counter() - start
-        if rank == 0:
-            print(f"{case['name']}: {results[case['name']]['wall_s']:.1f}s", flush=True)
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
+    def run(case):
+        with contextlib.redirect_stdout(sys.stderr):  # the trainer's prints stay out of the timing lines
+            return run_case(case, rank, group, device, out_dir)
+    run_cases(cases, run, out_dir, rank)
     dist.destroy_process_group()
 
 

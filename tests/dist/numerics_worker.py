@@ -29,6 +29,7 @@ import torch.distributed as dist
 from PIL import Image
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoModelForImageTextToText
 
+from common import run_cases
 from mpipe_hf.models import split as split_model
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.handlers import preprocess_seed
@@ -285,15 +286,7 @@ def main():
     pp_size = int(os.environ["WORLD_SIZE"])
     mesh = build_mesh(pp_size)
     group, rank = mesh.get_group("pp"), mesh.get_local_rank("pp")
-    results = {}
-    for case in cases:
-        start = time.perf_counter()
-        results[case["name"]] = run_case(case, fixture, group, rank, device, pp_size, out_dir)
-        results[case["name"]]["wall_s"] = time.perf_counter() - start
-        if rank == 0:
-            print(f"{case['name']}: {results[case['name']]['wall_s']:.1f}s", flush=True)
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
+    run_cases(cases, lambda case: run_case(case, fixture, group, rank, device, pp_size, out_dir), out_dir, rank)
     dist.destroy_process_group()
 
 
