@@ -23,6 +23,7 @@ from torch import nn
 
 ADAPTER = "default"  # the adapter's name inside the model (peft's default)
 PEFT_PREFIX = "base_model.model."  # the PeftModel's prefix of the HF model's names
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's SAFETENSORS_WEIGHTS_NAME: an adapter checkpoint's one file
 _WRAPPED = re.compile(rf"\.(base_layer|original_module|modules_to_save\.{ADAPTER})(?=\.|$)")
 
 

@@ -34,8 +34,8 @@ from transformers.core_model_loading import WeightConverter, rename_source_key
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..schedule import ScheduleConfig
-from .adapters import (apply_adapter, base_name, check_adapter_placement, check_mergeable, is_adapter_tensor,
-                       load_adapter_state)
+from .adapters import (ADAPTER_WEIGHTS, apply_adapter, base_name, check_adapter_placement, check_mergeable,
+                       is_adapter_tensor, load_adapter_state)
 from .base import SplitModel
 from .registry import split
 
@@ -194,8 +194,8 @@ def split_from_config(config, cfg: ScheduleConfig, rank: int, layers_per_stage: 
         trained = _adapt_on_meta(shadow, adapter)
     number = {id(p): k for k, p in enumerate(probe.order)}
     names = {n: number[id(p)] for n, p in shadow.named_parameters(remove_duplicate=False) if id(p) in number}
-    keep = {names[n] for n in _kept_names(_split_checked(shadow, cfg, rank, layers_per_stage, text_layers,
-                                                         trained)) if n in names}
+    keep = {names[n] for n in _kept_names(split_checked(shadow, cfg, rank, layers_per_stage, text_layers,
+                                                        trained)) if n in names}
     del shadow
     set_seed(seed)
     with _ReplayRandomOnMeta(report), _ParameterOrder(keep, [p.shape for p in probe.order]):
@@ -222,7 +222,7 @@ def check_adapter(config, cfg: ScheduleConfig, adapter, layers_per_stage: list[i
     trained = _adapt_on_meta(model, adapter)
     if merge:
         check_mergeable(model)
-    _split_checked(model, cfg, 0, layers_per_stage, text_layers, trained)
+    split_checked(model, cfg, 0, layers_per_stage, text_layers, trained)
 
 
 def _adapt_on_meta(model: nn.Module, adapter) -> set[str] | None:
@@ -235,10 +235,14 @@ def _adapt_on_meta(model: nn.Module, adapter) -> set[str] | None:
     return {n for n, p in model.named_parameters() if p.requires_grad}
 
 
-def _split_checked(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage, text_layers: int,
-                   trained: set[str] | None) -> SplitModel:
-    """:func:`~.registry.split`, then (with an adapter: ``trained`` its trainable names) the check that the split
-    freezes none of them."""
+def split_checked(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage, text_layers: int,
+                  trained: set[str] | None) -> SplitModel:
+    """:func:`~.registry.split`, then (with an adapter: ``trained`` its trainable names, taken before the split)
+    :func:`~.adapters.check_adapter_placement`.
+
+    Raises:
+        ValueError: as both.
+    """
     carved = split(model, cfg, rank, layers_per_stage, text_layers)
     if trained is not None:
         check_adapter_placement(trained, carved.frozen, carved.preprocess_fqns, cfg.preprocess)
@@ -257,7 +261,7 @@ def _adapt_for_rank(model: nn.Module, adapter, cfg: ScheduleConfig, rank: int, l
     with _ParameterOrder() as probe:
         trained = _adapt_on_meta(shadow, adapter)
     number = {id(p): k for k, p in enumerate(probe.order)}
-    carved = _split_checked(shadow, cfg, rank, layers_per_stage, text_layers, trained)
+    carved = split_checked(shadow, cfg, rank, layers_per_stage, text_layers, trained)
     kept = _kept_names(carved)
     keep = {number[id(p)] for n, p in shadow.named_parameters(remove_duplicate=False) if id(p) in number}
     _materialize(model, {base_name(n) for n in kept})
@@ -467,9 +471,9 @@ def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank
             rank holds.
     """
     from safetensors.torch import load_file
-    file = os.path.join(path, "adapter_model.safetensors")
+    file = os.path.join(path, ADAPTER_WEIGHTS)
     if not os.path.isfile(file):
-        raise ValueError(f"checkpoint {path!r} has no adapter_model.safetensors: it is not a LoRA checkpoint "
+        raise ValueError(f"checkpoint {path!r} has no {ADAPTER_WEIGHTS}: it is not a LoRA checkpoint "
                          f"(resume it without a lora section)")
     owned = [n for n in carved.state_dict(cfg, rank) if is_adapter_tensor(n)]
     try:

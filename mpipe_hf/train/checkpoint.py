@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from ..models.adapters import ADAPTER_WEIGHTS
 from .collective import gathered, together
 
 
@@ -103,9 +104,6 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
         if rank == 0:  # a failed save leaves nothing half-written; the checkpoints before it stay as they were
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's SAFETENSORS_WEIGHTS_NAME
 
 
 def save_adapter(out_dir: str, peft_model, state: dict, rank: int, world: int, group: dist.ProcessGroup,

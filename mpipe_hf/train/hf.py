@@ -46,13 +46,14 @@ from transformers.utils import logging
 from ..data import ConversationCollator, MicroBatchPlan
 from ..data.owner import epoch_order
 from ..models import get_family, split
-from ..models.adapters import ADAPTER, check_adapted, check_adapter_placement
-from ..models.load import load_adapter_values, load_share_values, split_from_checkpoint, split_from_config
+from ..models.adapters import ADAPTER, check_adapted
+from ..models.load import (load_adapter_values, load_share_values, split_checked, split_from_checkpoint,
+                           split_from_config)
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from .checkpoint import publish, save_adapter, save_checkpoint, save_hub_files, sync_tree
 from .collective import together
 from .loop import Skips, evaluate_rows, finite_step, run_step
-from .optimizer import build_optimizer, clip_grad_norm
+from .optimizer import build_optimizer, clip_grad_norm, no_parameters
 from .precision import autocast_modules
 from .recipe import DataSection, ParallelSection, TrainSection
 
@@ -165,9 +166,8 @@ def _share(model, cfg, rank: int, layers_per_stage, text_layers: int, seed: int)
     if peft_model is None:
         return split(model, cfg, rank, counts, text_layers), source, counts
     check_adapted(model, adapter)
-    trained = {n for n, p in model.named_parameters() if p.requires_grad}
-    carved = split(model, cfg, rank, counts, text_layers)
-    check_adapter_placement(trained, carved.frozen, carved.preprocess_fqns, cfg.preprocess)
+    carved = split_checked(model, cfg, rank, counts, text_layers,
+                           {n for n, p in model.named_parameters() if p.requires_grad})
     carved.peft = peft_model
     return carved, peft_model.peft_config[ADAPTER].base_model_name_or_path or source, counts
 
@@ -385,8 +385,7 @@ class MPipeTrainer(Trainer):
             train = TrainSection(learning_rate=args.learning_rate, weight_decay=args.weight_decay,
                                  adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon)
             # a rank that trains nothing (only a frozen P, or LoRA layers elsewhere) steps an empty AdamW: no state
-            self.optimizer = build_optimizer(self.model, self.params, train) or torch.optim.AdamW(
-                [{"params": []}], lr=args.learning_rate)
+            self.optimizer = build_optimizer(self.model, self.params, train) or no_parameters(train)
         return self.optimizer
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:

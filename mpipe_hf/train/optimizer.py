@@ -47,12 +47,18 @@ def warmup_steps(train: TrainSection, total_steps: int) -> int:
     return train.warmup_steps if train.warmup_steps > 0 else math.ceil(train.warmup_ratio * total_steps)
 
 
+def no_parameters(train: TrainSection) -> torch.optim.AdamW:
+    """An AdamW over no parameters (it holds no state), at ``learning_rate``: what a rank that trains nothing
+    steps, so that its LR schedule (and the Trainer's) runs as everywhere else."""
+    return torch.optim.AdamW([{"params": []}], lr=train.learning_rate)
+
+
 def build_scheduler(optimizer, train: TrainSection, total_steps: int):
     """``transformers.get_scheduler`` for ``train.lr_scheduler_type`` over ``total_steps`` steps. A rank without an
     optimizer (it trains nothing) gets the schedule over an AdamW of no parameters, which holds no state: the
     learning rate it logs and saves is the run's."""
     if optimizer is None:
-        optimizer = torch.optim.AdamW([{"params": []}], lr=train.learning_rate)
+        optimizer = no_parameters(train)
     return get_scheduler(train.lr_scheduler_type, optimizer, num_warmup_steps=warmup_steps(train, total_steps),
                          num_training_steps=total_steps)
 
