@@ -5,7 +5,7 @@
   trains; after a failure torchrun's elastic agent restarts the group up to ``N`` times, and each restart
   resumes from the run's newest ``checkpoint-<step>``;
 - ``mpipe-hf schedule --pp 4 --vpp 2 --micro 8 [--preprocess identity|frozen|trainable] [--overflow full|min]
-  [--owner-backward] [--less-memory] [--gantt]`` prints each rank's action list of the MPipe Transpose schedule,
+  [--owner-backward] [--less-memory] [--zero-bubble] [--gantt]`` prints each rank's action list of the MPipe Transpose schedule,
   or its Gantt chart under unit costs (F = 1, B = 2, preprocess forward = 1, backward = 2) with the bubble and
   each rank's peak in-flight activations;
 - ``mpipe-hf simulate [schedule flags] [--profile PROFILE.yaml]`` predicts the step time, bubble and peak
@@ -99,7 +99,7 @@ def launch_shape(recipe, args) -> int:
 def _config(args):
     from .schedule import ScheduleConfig
     return ScheduleConfig(args.pp, args.vpp, args.micro, args.preprocess, args.overflow, args.owner_backward,
-                          args.less_memory)
+                          args.less_memory, zero_bubble=args.zero_bubble)
 
 
 def _costs(args, cfg):
@@ -128,7 +128,7 @@ def _simulate(args) -> None:
         return
     cfg = _config(args)
     costs, unit = _costs(args, cfg)
-    sim = simulate(_swapped(args, cfg, build_schedule(cfg)), costs)
+    sim = simulate(_swapped(args, cfg, build_schedule(cfg, costs)), costs)
     print(f"step {sim.makespan:.4g} {unit}; bubble {sim.mean_bubble:.3f} (per rank "
           f"{[round(sim.bubble[r], 3) for r in sorted(sim.bubble)]}); peak in-flight activations per rank "
           f"{[sim.peak_activations[r] for r in sorted(sim.peak_activations)]}"
@@ -146,7 +146,7 @@ def _plot(args) -> None:
         from .schedule.simulate import simulate
         cfg = _config(args)
         costs, unit = _costs(args, cfg)
-        sim = simulate(build_schedule(cfg), costs)
+        sim = simulate(build_schedule(cfg, costs), costs)
         timeline = sim.timeline
         title = (f"R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} {cfg.preprocess} overflow={cfg.overflow}"
                  f"{' owner-backward' if cfg.owner_backward else ''}: step {sim.makespan:.4g} {unit}, "
@@ -203,7 +203,7 @@ def _schedule(args) -> None:
         sim = simulate(orders)
         print(gantt(sim.timeline))
         print(f"bubble {sim.mean_bubble:.3f} (digits: forward of that micro; digit and '=': backward; "
-              f"P/p: preprocess forward/backward; '.': idle)")
+              f"digit and 'w': weight gradient (W, zero bubble); P/p: preprocess forward/backward; '.': idle)")
         peaks = [sim.peak_activations[r] for r in range(cfg.pp_size)]
         print(f"peak in-flight activations per rank (stage-micro units): {peaks}"
               + (f"; on the device with swap: {[sim.peak_resident[r] for r in range(cfg.pp_size)]}"
@@ -237,6 +237,8 @@ def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> 
     parser.add_argument("--overflow", default="full", choices=["full", "min"])
     parser.add_argument("--owner-backward", action="store_true", help="trainable P: owners backprop P")
     parser.add_argument("--less-memory", action="store_true", help="shallow warm-up of the interleaved body")
+    parser.add_argument("--zero-bubble", action="store_true",
+                        help="split each backward into B (input gradient) and W (weight gradient), W in the waits")
     parser.add_argument("--swap", action="store_true", help="activation swap (the recipe's swap section)")
     parser.add_argument("--swap-ranks", help="comma-separated ranks that swap (default: every rank)")
     parser.add_argument("--min-swap-gap", type=int, default=2, help="compute actions between F and B to swap")

@@ -5,6 +5,7 @@ Usage:
     python scripts/grad_matrix.py --ci       # the pairwise covering subset that CI runs
     python scripts/grad_matrix.py --pp 2 3   # only these pipeline sizes
     python scripts/grad_matrix.py --ci --swap all   # every case with activation swap on every rank (or rank0)
+    python scripts/grad_matrix.py --ci --zero-bubble   # every case with the backward split into B and W
 
 Each pipeline size runs as torchrun jobs of gloo CPU processes (at most --chunk cases per job). Every case checks
 the loss, every gradient (atol 1e-5), the parameters after AdamW steps where the case takes several (atol 1e-4),
@@ -33,10 +34,13 @@ def main(argv=None) -> int:
     parser.add_argument("--pp", type=int, nargs="+", default=[2, 3, 4], help="pipeline sizes to run")
     parser.add_argument("--chunk", type=int, default=40, help="cases per torchrun job")
     parser.add_argument("--swap", choices=["all", "rank0"], help="activation swap (issue 17) in every case")
+    parser.add_argument("--zero-bubble", action="store_true", help="zero-bubble schedules (B and W) in every case")
     args = parser.parse_args(argv)
     cases = [c for c in (covering_subset() if args.ci else full_grid()) if c["pp_size"] in args.pp]
     if args.swap:
         cases = [dict(case, swap=args.swap, name=f"{case['name']}-swap={args.swap}") for case in cases]
+    if args.zero_bubble:
+        cases = [dict(case, zero_bubble=True, name=f"{case['name']}-zb") for case in cases]
     start, failed = time.perf_counter(), []
     with tempfile.TemporaryDirectory() as tmp:
         fixture = os.path.join(tmp, "fixture.pt")

@@ -12,6 +12,7 @@
   step's micros loaded and preprocessed in this step's idle time.
 - Pixel policy: a frozen visual tower never ships pixels; the bytes that travel are exactly the owners' token ids,
   masks, grids and labels, and the features.
+- Load-aware owners (issue 18): owners balanced by the real micro-batches' image tokens, or reversed, per run.
 - Error path: a corrupt image, a rejected sample or a failure in the middle of a step on one rank raises the
   first error's text on every rank, quickly; no gradient of the failed step is left; the next step is exact.
 
@@ -26,6 +27,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
+from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
 from matrix import check_case, check_reload, covering_subset, family_cases, make_case  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
@@ -69,8 +71,31 @@ SWAP_CASES = [make_case("vision", 4, 2, 8, "frozen", swap="all", steps=3),
               # swap on but no group far enough from its backward: the same actions and bytes as swap off
               make_case("vl-identity", 2, 2, 4, "identity", swap="never"),
               make_case("vl-identity", 2, 2, 4, "identity", swap="off")]
-EXTRA = {2: PIXEL_CASES + FAMILY_CASES + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:],  # R = 4: the first 3
-         3: FILL_CASES[1:], 4: ERROR_CASES + FILL_CASES[:1] + SWAP_CASES[:3]}
+# zero-bubble MPipe (issue 18): the backward split into B and W in every mode, with filling, swap, gradient
+# checkpointing, and the families
+ZB_CASES = [make_case("vision", 4, 2, 8, "frozen", zero_bubble=True, steps=3),
+            make_case("vision", 4, 2, 8, "frozen", placement="fill", lookahead=True, zero_bubble=True, steps=2),
+            make_case("vl-text", 4, 1, 5, "trainable", owner_backward=True, zero_bubble=True),
+            make_case("vision", 3, 2, 5, "trainable", overflow="min", zero_bubble=True, steps=2),
+            make_case("llama-text", 3, 1, 4, "trainable", less_memory=True, zero_bubble=True, accumulate=2),
+            make_case("vision", 2, 2, 4, "trainable", zero_bubble=True, steps=3),
+            make_case("vl-identity", 2, 2, 4, "identity", zero_bubble=True),
+            make_case("llama-text", 2, 2, 4, "frozen", zero_bubble=True, gradient_checkpointing=True),
+            make_case("vision", 2, 2, 4, "frozen", zero_bubble=True, swap="all", steps=2)] + [
+    dict(case, zero_bubble=True, reload=False, name=case["name"] + "-zb") for case in FAMILY_CASES
+    if case["preprocess"] == "trainable"]
+# load-aware owners (issue 18, item 4): LPT over each run's real image-token counts (ragged photos), with prefix
+# and with filling plus look-ahead (M = 6 of the pool's 8 micros: each run's micros, and owners, differ from the
+# next's), and reversed owners, trainable with the graph shipped and with owner-backward
+OWNER_CASES = [make_case("vision", 4, 2, 8, "frozen", owners="balanced", steps=2),
+               make_case("vision", 4, 2, 6, "frozen", placement="fill", lookahead=True, owners="balanced", steps=3),
+               make_case("vl-text", 3, 1, 5, "trainable", owners="reversed"),
+               make_case("vision", 2, 2, 4, "trainable", owner_backward=True, owners="reversed", steps=2)]
+EXTRA = {2: PIXEL_CASES + FAMILY_CASES + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
+         + OWNER_CASES[3:],
+         3: FILL_CASES[1:] + ZB_CASES[3:5] + OWNER_CASES[2:3],
+         4: ERROR_CASES + FILL_CASES[:1] + SWAP_CASES[:3] + ZB_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
+         + OWNER_CASES[:2]}
 
 
 def cases(pp_size):
@@ -184,6 +209,20 @@ def test_frozen_tower_never_ships_pixels(results):
     assert not any(k.startswith(("FWD_SEND/", "GRAPH_SEND/")) for k in identity[1]["bytes_sent"])
 
 
+@pytest.mark.parametrize("case", OWNER_CASES, ids=[c["name"] for c in OWNER_CASES])
+def test_load_aware_owners_are_exact(case, results):
+    """Owners other than ``m % NT`` (LPT over the runs' image tokens, or reversed) give the one-process loss, every
+    gradient and the parameters after the AdamW steps; each rank loads exactly the micros the run's owners give
+    it; every rank computed the same owners, and they are not ``m % NT``."""
+    per_rank = results(case["pp_size"])[case["name"]]
+    problems = check_case(case, per_rank)
+    assert not problems, problems
+    owners = per_rank[0]["owners"]
+    assert all(res["owners"] == owners for res in per_rank), [res["owners"] for res in per_rank]
+    nt = min(case["pp_size"], case["num_micro"])
+    assert any(run != [m % nt for m in range(case["num_micro"])] for run in owners), owners
+
+
 @pytest.mark.parametrize("case", ERROR_CASES, ids=[c["name"] for c in ERROR_CASES])
 def test_failure_on_one_rank_fails_every_rank_then_next_step_is_exact(case, results):
     per_rank = results(4)[case["name"]]
@@ -211,6 +250,21 @@ def test_activation_swap_is_exact_and_moves_the_activations(case, results):
         swaps = case["swap"] == "all" or (case["swap"] == "rank0" and rank == 0)
         moved = res["swap_offloaded_bytes"]
         assert all(b > 0 for b in moved) if swaps else all(b == 0 for b in moved), (rank, moved)
+
+
+@pytest.mark.parametrize("case", ZB_CASES, ids=[c["name"] for c in ZB_CASES])
+def test_zero_bubble_is_exact_and_defers_weight_gradients(case, results):
+    """With the backward split into ``B`` and ``W``, the loss, every gradient and the parameters after the steps
+    equal one process's; every rank that holds a stage whose inputs take a gradient computed weight gradients
+    in its ``W`` actions from what its ``B`` kept (not the whole backward in ``B``), and each rank's order has a
+    ``W`` for every backward."""
+    got = results(case["pp_size"])[case["name"]]
+    assert not check_case(case, got)
+    for rank, res in enumerate(got):
+        order = res["order"]
+        assert sum(Action.parse(a).kind is Kind.W for a in order) == case["vpp"] * case["num_micro"], (rank, order)
+        splits = rank > 0 or case["vpp"] > 1 or case["preprocess"] == "trainable"
+        assert (res["deferred_weights"] > 0) == splits, (rank, res["deferred_weights"])
 
 
 def test_swapping_zero_groups_changes_nothing_and_swapping_lowers_the_peak(results):

@@ -40,7 +40,7 @@ FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s", "lora.lora_alp
 # module names for peft: a list of non-empty names, or (where the annotation allows a str) one regex
 MODULE_LISTS = {"lora.target_modules", "lora.exclude_modules", "lora.modules_to_save"}
 CHOICES = {"data.on_bad_sample", "parallel.preprocess", "parallel.overflow", "parallel.placement",
-           "train.lr_scheduler_type"}  # a string from a fixed set
+           "parallel.owners", "train.lr_scheduler_type"}  # a string from a fixed set
 PATHS = {"model.name_or_path", "model.config", "model.tokenizer", "data.path", "data.eval_path", "parallel.profile",
          "train.resume", "train.output_dir"}  # a string naming a file or directory
 MUST_EXIST = {"model.name_or_path", "model.config", "model.tokenizer", "parallel.profile", "train.resume"}
@@ -178,6 +178,8 @@ EXTRA = [  # the constraints the docstrings state, beyond each field's type
     Case("parallel.placement=fill,preprocess=identity",
          (("parallel.preprocess", "identity"), ("parallel.placement", "fill")), ("parallel.placement 'fill'",),
          "parallel.placement"),
+    Case("parallel.owners=balanced,overflow=min", (("parallel.overflow", "min"), ("parallel.owners", "balanced")),
+         ("parallel.owners 'balanced' needs overflow 'full'",), "parallel.owners"),
     Case("parallel.owner_backward=True,preprocess=frozen", (("parallel.owner_backward", True),),
          ("parallel.owner_backward needs preprocess 'trainable'",), "parallel.owner_backward"),
     Case("parallel.text_layers=1,preprocess=identity",

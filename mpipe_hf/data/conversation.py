@@ -341,11 +341,14 @@ class ConversationDataset:
     ``rows`` is a ``datasets.Dataset``; ``dataset[i]`` gives row ``i`` with plain parts lists. ``num_tokens[i]``
     is row ``i``'s length in tokens before truncation (images expanded). ``dropped`` maps each dropped row's JSONL
     line to the reason (``"image"``: ``max_length`` falls inside an image's tokens; ``"assistant"``: every assistant
-    token lies at or past ``max_length``)."""
+    token lies at or past ``max_length``). ``image_tokens[i]`` is the tokens row ``i``'s images take, counted from
+    their sizes in the file headers (what the vision tower's work grows with; every rank has it without decoding
+    an image, so every rank can balance the owners by it: :mod:`mpipe_hf.schedule.owners`)."""
     path: str
     rows: datasets.Dataset
     num_tokens: list[int]
     dropped: dict[int, str] = field(default_factory=dict)
+    image_tokens: list[int] = field(default_factory=list)
 
     @property
     def num_dropped(self) -> int:
@@ -401,7 +404,7 @@ def load_conversation_dataset(jsonl_path: str, processor, max_length: int | None
     path = os.path.abspath(jsonl_path)
     base = os.path.dirname(path)
     encoder = ConversationEncoder(processor, chat_template, model_type)
-    rows, num_tokens, dropped = [], [], {}
+    rows, num_tokens, dropped, image_tokens = [], [], {}, []
     with open(path, encoding="utf-8") as f:
         for line_no, raw in enumerate(f, 1):
             if not raw.strip():
@@ -431,6 +434,7 @@ def load_conversation_dataset(jsonl_path: str, processor, max_length: int | None
                     continue
             rows.append({"line": line_no, "source": path, **row})
             num_tokens.append(len(enc.ids))
+            image_tokens.append(sum(counts))
     if dropped:
         by_image = [line for line, why in dropped.items() if why == "image"]
         by_answer = [line for line, why in dropped.items() if why == "assistant"]
@@ -440,7 +444,8 @@ def load_conversation_dataset(jsonl_path: str, processor, max_length: int | None
                       f"(lines {_lines(by_answer) or '-'})", stacklevel=2)
     if not rows:
         raise ValueError(f"{jsonl_path}: no row left to train on (rows dropped: {len(dropped)})")
-    return ConversationDataset(jsonl_path, datasets.Dataset.from_list(rows, features=FEATURES), num_tokens, dropped)
+    return ConversationDataset(jsonl_path, datasets.Dataset.from_list(rows, features=FEATURES), num_tokens, dropped,
+                               image_tokens)
 
 
 # ----------------------------------------------------------------------------------------------------------------

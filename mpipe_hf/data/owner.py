@@ -75,6 +75,18 @@ class MicroBatchPlan:
             return [p % n for p in positions]
         return [self._order(p // n)[p % n] for p in positions]
 
+    def micro_costs(self, step: int, row_costs) -> list[float]:
+        """Each micro's cost in step ``step``: the sum of ``row_costs[i]`` over its rows ``i`` (e.g. a
+        :class:`~.conversation.ConversationDataset`'s ``image_tokens``). Every rank computes the same, with no
+        collective and nothing decoded: what load-aware owners are balanced by (:mod:`mpipe_hf.schedule.owners`).
+
+        Raises:
+            ValueError: ``row_costs`` does not give one cost per dataset row.
+        """
+        if len(row_costs) != len(self.dataset):
+            raise ValueError(f"row_costs gives {len(row_costs)} costs for {len(self.dataset)} dataset rows")
+        return [sum(row_costs[i] for i in self.rows(step, m)) for m in range(self.num_micro)]
+
     def load(self, step: int, micro: int) -> dict[str, torch.Tensor]:
         """Read, decode and process micro ``micro`` of step ``step``.
 

@@ -25,7 +25,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,14 +35,15 @@ from torch.distributed.tensor import DTensor
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import RECV_KINDS, Kind
 from ..schedule.forward import build_forward_schedule, forward_config
-from ..schedule.simulate import Costs, Event
+from ..schedule.owners import reassign, relabel, with_owners
+from ..schedule.simulate import Costs, Event, split_backwards
 from ..schedule.swap import SwapConfig, with_swaps
 from .data_parallel import is_sharded, local
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
 from .memory import SavedStorages, storage_ids
 from .p2p import P2P
 from .swap import SwapManager
-from .watchdog import PeerFailed, Watchdog, describe, lost_peer, release_abandoned
+from .watchdog import PeerFailed, Watchdog, lost_peer
 
 
 # process groups of closed executors, by (pipeline ranks, timeout): [(collectives, up, down, watchdog step)]
@@ -109,7 +110,8 @@ class PipelineExecutor:
             ``measure_memory`` the peak counts the bytes on the device only.
 
     Raises:
-        ValueError: a tied parameter that is not in ``params``.
+        ValueError: a tied parameter that is not in ``params``; ``cfg.zero_bubble`` with FSDP2 (an engine
+            ``shard`` data parallel over more than one replica).
     """
 
     def __init__(self, cfg: ScheduleConfig, rank: int, stages: dict[int, nn.Module], preprocess: Preprocess,
@@ -119,6 +121,11 @@ class PipelineExecutor:
                  loss_normalization: str = "tokens", data_parallel=None, swap: SwapConfig | None = None):
         if loss_normalization not in ("tokens", "micro"):
             raise ValueError(f"loss_normalization must be 'tokens' or 'micro', got {loss_normalization!r}")
+        if cfg.zero_bubble and data_parallel is not None and data_parallel.engine == "shard" and \
+                data_parallel.size > 1:
+            raise ValueError("zero_bubble with FSDP2 (parallel.dp_shard, dp_size > 1) is not supported: FSDP2 "
+                             "reduces a chunk's gradients when its inputs' gradient is ready, before W computes "
+                             "them; set parallel.dp_shard: false (replicas) or zero_bubble: false")
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
         self.per_micro = loss_normalization == "micro"
         self.dp = data_parallel
@@ -147,19 +154,21 @@ class PipelineExecutor:
         self._carried: dict | None = None  # the next step's micros, loaded ahead (rank 0: their data, features)
         self.global_ranks = dist.get_process_group_ranks(group)
         self.store = dist.distributed_c10d._get_default_store()
-        self._stale: list = []  # sends and dummies of failed steps, kept alive on their abandoned groups
+        self._stale: list = []  # a failed step's transfers, alive until its groups are broken (gloo) or aborted
         self._fresh_group()
 
     def _fresh_group(self) -> None:
         """Process groups of this executor's own: one for collectives and one per transfer direction (all
         pipeline ranks call this at the same point). A failed step's groups are aborted on NCCL, whose own
-        watchdog would otherwise end the process over the sends nobody receives."""
+        watchdog would otherwise end the process over the sends nobody receives (on gloo they were broken when the
+        step failed, :meth:`.Watchdog.break_groups`); either way the failed step's buffers go."""
         old = getattr(self, "p2p", None)
         if old is not None:
             self.watchdog.close()
             if dist.get_backend(self.group) == "nccl":
                 for group in (self.group, old.up, old.down):
                     dist.distributed_c10d._abort_process_group(group)
+            self._stale.clear()  # its groups are broken (gloo) or aborted (NCCL): nothing uses the buffers
         idle = _IDLE_GROUPS.get((tuple(self.global_ranks), self.timeout))
         if old is None and idle:  # a closed executor's clean groups, and the step its watchdog reached
             *groups, step = idle.pop()
@@ -170,7 +179,8 @@ class PipelineExecutor:
             step = self.watchdog.step if old is not None else 0
         self.group = groups[0]
         threaded = dist.get_backend(self.group) == "gloo"
-        self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded, step, self._shared)
+        self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded, step, self._shared,
+                                 groups)
         self.p2p = P2P(groups[1], groups[2], self.device, self.watchdog)
         if old is not None:
             self.p2p.bytes_sent.update(old.bytes_sent)
@@ -195,8 +205,7 @@ class PipelineExecutor:
         self.broken = True
         if not isinstance(err, PeerFailed):
             where = f"pipeline rank {self.rank}" + (f", {action}" if action is not None else "")
-            if lost_peer(err):  # a peer's process is gone: no rank waits for it to settle the step
-                self.watchdog.mark_lost()
+            if lost_peer(err):  # a peer's process is gone (a peer that broke its groups published first)
                 peer = f"pipeline rank {action.peer}" if action is not None and action.peer is not None else (
                     "a pipeline rank")
                 shared = RuntimeError(f"{where}: lost {peer}, whose process ended (killed or crashed; see its "
@@ -206,8 +215,7 @@ class PipelineExecutor:
             else:
                 shared = RuntimeError(f"{where}: {type(err).__name__}: {err}")
             self.watchdog.report(shared)
-        self._stale += release_abandoned(self.watchdog, self.group, self.p2p.channel, self.rank,
-                                         len(self.global_ranks), self.device)
+        self.watchdog.break_groups()  # nothing of the step stays pending, on any rank (see .watchdog)
         return self.watchdog.first_error()
 
     def evaluate(self, load: Callable[[int], Tensors], num_micro: int | None = None) -> tuple[float, int]:
@@ -225,7 +233,9 @@ class PipelineExecutor:
         Raises:
             As :meth:`step`.
         """
-        cfg = dataclasses.replace(self.cfg, num_micro=num_micro or self.cfg.num_micro)
+        n = num_micro or self.cfg.num_micro  # a static owners tuple fits the full run only
+        cfg = dataclasses.replace(self.cfg, num_micro=n, owners=self.cfg.owners[:n] if self.cfg.owners and n ==
+                                  self.cfg.num_micro else None)
         order = self._order(cfg=cfg, forward=True)
         cfg = forward_config(cfg)  # what the handlers see: P without a graph
         if self.broken:
@@ -245,9 +255,8 @@ class PipelineExecutor:
                     ctx.saved.pop((action.stage, action.micro), None)
                 self.p2p.drain()
                 action = None
-                totals = torch.tensor([ctx.loss_sum, ctx.num_tokens], dtype=torch.float64).to(self.device)
-                self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the eval loss sum",
-                                   describe("all_reduce", totals))
+                totals = ctx.sums(self.device)[:2]
+                self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the eval loss sum")
         except BaseException as err:
             raise self._abandon(err, action) from (None if isinstance(err, PeerFailed) else err)
         finally:
@@ -273,16 +282,25 @@ class PipelineExecutor:
                forward: bool = False) -> list:
         """This rank's action list of a schedule variant, built once: of ``cfg`` (default the executor's own; a
         short step's otherwise) with ``own``/``ahead`` as ``build_schedule`` takes them, or (``forward``) its
-        forward-only schedule."""
+        forward-only schedule. A step's own owners (``cfg.owners``) mostly relabel a schedule built before
+        (:func:`~mpipe_hf.schedule.owners.reassign`); the newest 32 variants are kept."""
         cfg = self.cfg if cfg is None else cfg
         key = (cfg, own, ahead, forward)
         if key not in self._orders:
-            self._orders[key] = (build_forward_schedule(cfg)[self.rank] if forward else with_swaps(
-                build_schedule(cfg, self.costs, own, ahead)[self.rank], self.swap_config, self.rank))
+            fast = None if forward else reassign(cfg, own, ahead)
+            if fast is not None:
+                order = relabel(self._order(own, ahead, fast[0]), fast[1])
+            else:
+                order = (build_forward_schedule(cfg)[self.rank] if forward else with_swaps(
+                    build_schedule(cfg, self.costs, own, ahead)[self.rank], self.swap_config, self.rank))
+            while len(self._orders) >= 32:  # per-step owners make many variants: drop the oldest
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[key] = order
         return self._orders[key]
 
     def step(self, load: Callable[[int], Tensors], next_load: Callable[[int], Tensors] | None = None,
-             num_micro: int | None = None) -> StepStats:
+             num_micro: int | None = None, owners: Sequence[int] | None = None,
+             next_owners: Sequence[int] | None = None) -> StepStats:
         """Run the schedule once over the step's ``M`` micro-batches; gradients add to ``.grad``.
 
         Args:
@@ -293,6 +311,12 @@ class PipelineExecutor:
                 its own ``load`` for them). Pass it on every rank, or on none. Ignored with placement ``prefix``.
             num_micro: fewer micro-batches than ``cfg.num_micro`` for this step (the last step of an epoch that
                 does not fill one), run with placement ``prefix`` and no look-ahead.
+            owners: this step's owner of each of its micro-batches (load-aware owners,
+                :func:`~mpipe_hf.schedule.owners.balance_owners`; overflow ``full`` only), instead of ``m % NT``;
+                ``None``: the config's. ``next_owners``: with ``next_load``, the owners of the next step's
+                micro-batches that this step loads ahead (``None``: ``m % NT``); pass the same ones to the next
+                step as its ``owners``. Every rank must pass the same owners (computed from data every rank
+                sees, such as each micro's image tokens); a mismatch hangs until the timeout.
 
         Raises:
             ValueError: a sample or the model rejected the inputs on some rank (the same text on every rank),
@@ -317,6 +341,13 @@ class PipelineExecutor:
                                  f"next_load and no micro-batches carried from the step before")
             cfg = dataclasses.replace(cfg, num_micro=num_micro, placement="prefix")
         ahead, num_micro = next_load is not None and cfg.placement == "fill", cfg.num_micro
+        try:  # the step's owners; bad ones fail here, before anything ran, with the step's state put back
+            cfg = with_owners(cfg, owners, next_owners if ahead else None)
+        except ValueError:
+            for p in trained:
+                p.grad = kept[p]
+            self._carried = carried
+            raise
         self.order = self._order(own=carried is None, ahead=ahead, cfg=cfg)
 
         def loader(m: int) -> Tensors:
@@ -326,23 +357,26 @@ class PipelineExecutor:
         def micro_seed(m: int) -> int:  # a look-ahead micro (m >= M) belongs to the next step
             return preprocess_seed(self.seed, index + m // num_micro, m % num_micro)
         ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
-                          loader, micro_seed, per_micro=self.per_micro, swap=self.swap)
+                          loader, micro_seed, per_micro=self.per_micro, swap=self.swap,
+                          split=frozenset(split_backwards(self.order)))
         if self.swap is not None:
             self.swap.reset()
         for m, (data, feats) in (carried or {}).items():
             ctx.data[m], ctx.feats[m] = data, feats
         action, peak, held, live, peak_bytes = None, 0, {}, 0, 0
         cuda = self.device.type == "cuda"
-        if cuda:
+        if cuda:  # compute is timed on the device (the launches are asynchronous): CUDA events
             torch.cuda.reset_peak_memory_stats(self.device)
+            ctx.gpu_events, step_begin = [], torch.cuda.Event(enable_timing=True)
+            step_begin.record()
         last_backward = {}
         if self.dp is not None:
             self.dp.start_step()
-            last_backward = {a.stage: i for i, a in enumerate(self.order) if a.kind is Kind.B}
+            last_backward = {a.stage: i for i, a in enumerate(self.order) if a.kind in (Kind.B, Kind.W)}
         try:
             self.p2p.expect(a.peer for a in self.order if a.kind in RECV_KINDS)
             for i, action in enumerate(self.order):
-                begin = time.time()
+                begin = time.time() if self.events is not None else 0.0
                 if last_backward.get(action.stage) == i:
                     self.dp.before_last_backward(action.stage)
                 swapped = self.swap is not None and self.swap.current == (action.stage, action.micro)
@@ -353,26 +387,32 @@ class PipelineExecutor:
                     live += held[(action.stage, action.micro)]
                 else:  # a swapped forward's bytes are the swap manager's, on the device only
                     run_action(ctx, action)
-                    if action.kind is Kind.B:
+                    if action.kind is Kind.W or (action.kind is Kind.B and (action.stage, action.micro)
+                                                 not in ctx.split):  # the backward's last action
                         live -= held.pop((action.stage, action.micro), 0)
                 if self.measure_memory:
                     peak_bytes = max(peak_bytes, live + (self.swap.resident_bytes if self.swap is not None else 0))
                 if self.events is not None:
                     self.events.append(Event(begin, time.time(), action))
-                peak = max(peak, len(ctx.saved))
+                peak = max(peak, len(ctx.saved) + len(ctx.weight_work))
             self.p2p.drain()
             action = None
-            world, wall = len(self.global_ranks), time.perf_counter() - start
+            world, wall, busy = len(self.global_ranks), time.perf_counter() - start, ctx.busy_s
+            if cuda:  # the device's timeline, read once per step
+                step_end = torch.cuda.Event(enable_timing=True)
+                step_end.record()
+                step_end.synchronize()
+                wall = step_begin.elapsed_time(step_end) / 1e3
+                busy = sum(a.elapsed_time(b) for a, b in ctx.gpu_events) / 1e3
             # sums, then per rank: busy, wall, saved-activation peak, device-memory peak
             totals = torch.zeros(5 + 4 * world, dtype=torch.float64)
-            totals[:5] = torch.tensor([ctx.loss_sum, ctx.num_tokens, ctx.busy_s, wall, ctx.micro_mean_sum],
-                                      dtype=torch.float64)
-            totals[5 + self.rank], totals[5 + world + self.rank] = ctx.busy_s, wall
+            totals[2], totals[3] = busy, wall
+            totals[5 + self.rank], totals[5 + world + self.rank] = busy, wall
             totals[5 + 2 * world + self.rank] = peak_bytes
             totals[5 + 3 * world + self.rank] = torch.cuda.max_memory_allocated(self.device) if cuda else 0
             totals = totals.to(self.device)
-            self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum",
-                               describe("all_reduce", totals))
+            totals[[0, 1, 4]] = ctx.sums(self.device)  # accumulated on the device: no sync per micro-batch
+            self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum")
             if self.dp is not None:  # the loss, tokens and micro means of the whole global batch
                 totals[[0, 1, 4]] = self.dp.sum(totals[[0, 1, 4]].clone())
             self._sum_tied()

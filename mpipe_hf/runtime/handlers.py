@@ -18,7 +18,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from ..schedule import Action, Kind, ScheduleConfig
 from ..schedule.actions import COMPUTE_KINDS
 from .p2p import P2P
-from .watchdog import Watchdog, describe
+from .watchdog import Watchdog
+from .zero_bubble import WeightWork, backward_input
 
 Tensors = dict[str, torch.Tensor]
 
@@ -71,16 +72,26 @@ class StepContext:
     act: dict[tuple[int, int], Tensors] = field(default_factory=dict)   # (stage, m) -> output for stage + 1
     grad: dict[tuple[int, int], Tensors] = field(default_factory=dict)  # (stage, m) -> grad of stage's inputs
     saved: dict[tuple[int, int], tuple[Tensors, Tensors]] = field(default_factory=dict)  # for the backward
-    loss_sum: float = 0.0
-    num_tokens: int = 0
+    loss_sum: float | torch.Tensor = 0.0   # summed token loss (float64, on the device once a micro added to it)
+    num_tokens: int | torch.Tensor = 0     # label tokens (on the device once a micro added to it)
     per_micro: bool = False   # each micro's loss divided by its own label tokens (the micro-batch mean)
-    micro_mean_sum: float = 0.0
-    busy_s: float = 0.0
+    micro_mean_sum: float | torch.Tensor = 0.0
+    busy_s: float = 0.0       # seconds the compute actions took on the host (perf_counter; CPU runs)
+    gpu_events: list | None = None  # CUDA: (start, end) events of every compute action, read once per step
     swap: object = None  # this rank's SwapManager (activation swap, :mod:`.swap`), or None
+    split: frozenset = frozenset()  # (stage, m) whose backward runs as a B and a W (zero bubble)
+    weight_work: dict[tuple[int, int], WeightWork] = field(default_factory=dict)  # what each split B left for W
 
     def clear(self) -> None:
-        for store in (self.data, self.pin, self.feats, self.kept, self.feat_grad, self.act, self.grad, self.saved):
+        for store in (self.data, self.pin, self.feats, self.kept, self.feat_grad, self.act, self.grad, self.saved,
+                      self.weight_work):
             store.clear()
+
+    def sums(self, device: torch.device) -> torch.Tensor:
+        """``[loss_sum, num_tokens, micro_mean_sum]`` as float64 on ``device``; reading it is the step's one host
+        synchronisation for them."""
+        return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device)
+                            for v in (self.loss_sum, self.num_tokens, self.micro_mean_sum)])
 
     def last_stage(self, stage: int) -> bool:
         return stage == self.cfg.num_stages - 1
@@ -118,47 +129,69 @@ def forward(ctx: StepContext, a: Action) -> None:
     else:
         outputs = ctx.stages[s](inputs)
     if ctx.last_stage(s):
-        ctx.loss_sum += float(outputs["loss"].detach())
-        ctx.num_tokens += int(outputs["num_tokens"])
+        # on the device, as float64 (the sum a Python float would give): no host synchronisation per micro-batch
+        ctx.loss_sum = ctx.loss_sum + outputs["loss"].detach().double()
+        ctx.num_tokens = ctx.num_tokens + torch.as_tensor(outputs["num_tokens"]).detach()
         if ctx.per_micro:  # backprop the micro's mean, as a Trainer that does not count num_items_in_batch
             outputs = {**outputs, "loss": outputs["loss"] / outputs["num_tokens"].clamp_min(1)}
-            ctx.micro_mean_sum += float(outputs["loss"].detach())
+            ctx.micro_mean_sum = ctx.micro_mean_sum + outputs["loss"].detach().double()
     else:
         ctx.act[(s, m)] = _handoff(outputs)
     ctx.saved[(s, m)] = (inputs, outputs)
 
 
 def backward(ctx: StepContext, a: Action) -> None:
-    """``B``: backprop stage ``a.stage`` for micro ``a.micro``; keep the gradient of its inputs."""
+    """``B``: backprop stage ``a.stage`` for micro ``a.micro``; keep the gradient of its inputs. Where the
+    backward is split (zero bubble), only that gradient: what the weights' needs is kept for the ``W``."""
     s, m = a.stage, a.micro
     inputs, outputs = ctx.saved.pop((s, m))
     if ctx.last_stage(s):
-        outputs["loss"].backward()
+        roots, grads = [outputs["loss"]], [None]
     else:
-        _backward(outputs, ctx.grad.pop((s + 1, m)))
+        given = ctx.grad.pop((s + 1, m))
+        keys = [k for k in given if outputs[k].requires_grad]
+        roots, grads = [outputs[k] for k in keys], [given[k] for k in keys]
+    if (s, m) in ctx.split:
+        weights = [p for p in ctx.stages[s].parameters() if p.requires_grad]
+        ctx.weight_work[(s, m)] = backward_input(roots, grads, list(inputs.values()), weights)
+    else:
+        if roots:
+            torch.autograd.backward(roots, grads)
+        if ctx.swap is not None:
+            ctx.swap.release((s, m))
     grads = _input_grads(inputs)
-    if ctx.swap is not None:
-        ctx.swap.release((s, m))
     if s > 0:
         ctx.grad[(s, m)] = grads
     elif ctx.cfg.trainable:
         ctx.feat_grad[m] = grads
 
 
+def weight(ctx: StepContext, a: Action) -> None:
+    """``W`` (zero bubble): the weight gradients of stage ``a.stage`` for micro ``a.micro``, from what its ``B``
+    kept; a ``W`` without a ``B`` (a stage whose inputs take no gradient) is the whole backward."""
+    s, m = a.stage, a.micro
+    if (s, m) in ctx.split:
+        ctx.weight_work.pop((s, m)).run()
+        if ctx.swap is not None:
+            ctx.swap.release((s, m))
+        return
+    backward(ctx, a)
+
+
 def send_f(ctx: StepContext, a: Action) -> None:
-    ctx.p2p.send(ctx.act.pop((a.stage, a.micro)), a.peer, str(a), a.kind.value)
+    ctx.p2p.send(ctx.act.pop((a.stage, a.micro)), a.peer, a, a.kind.value)
 
 
 def recv_f(ctx: StepContext, a: Action) -> None:
-    ctx.act[(a.stage - 1, a.micro)] = ctx.p2p.recv(a.peer, str(a))
+    ctx.act[(a.stage - 1, a.micro)] = ctx.p2p.recv(a.peer, a)
 
 
 def send_b(ctx: StepContext, a: Action) -> None:
-    ctx.p2p.send(ctx.grad.pop((a.stage, a.micro)), a.peer, str(a), a.kind.value)
+    ctx.p2p.send(ctx.grad.pop((a.stage, a.micro)), a.peer, a, a.kind.value)
 
 
 def recv_b(ctx: StepContext, a: Action) -> None:
-    ctx.grad[(a.stage + 1, a.micro)] = ctx.p2p.recv(a.peer, str(a))
+    ctx.grad[(a.stage + 1, a.micro)] = ctx.p2p.recv(a.peer, a)
 
 
 def param_broadcast(ctx: StepContext, a: Action) -> None:
@@ -167,8 +200,7 @@ def param_broadcast(ctx: StepContext, a: Action) -> None:
     if not params:
         return
     flat = _flatten_dense_tensors([p.data for p in params])
-    ctx.watchdog.wait(dist.broadcast(flat, group=ctx.group, group_src=0, async_op=True), str(a),
-                      describe("broadcast", flat))
+    ctx.watchdog.wait(dist.broadcast(flat, group=ctx.group, group_src=0, async_op=True), str(a))
     for p, value in zip(params, _unflatten_dense_tensors(flat, [p.data for p in params])):
         p.data.copy_(value)
 
@@ -233,7 +265,7 @@ def transpose_bwd(ctx: StepContext, a: Action) -> None:
 def grad_recv_bwd(ctx: StepContext, a: Action) -> None:
     """``GRAD_RECV_BWD`` (owner-backward): receive the micro's feature gradient from rank 0 and backprop it
     through the graph this owner kept."""
-    _backward(ctx.kept.pop(a.micro), ctx.p2p.recv(a.peer, str(a)))
+    _backward(ctx.kept.pop(a.micro), ctx.p2p.recv(a.peer, a))
 
 
 def grad_reduce(ctx: StepContext, a: Action) -> None:
@@ -246,7 +278,7 @@ def grad_reduce(ctx: StepContext, a: Action) -> None:
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     present = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=grads[0].device)
     flat = _flatten_dense_tensors(grads + [present])
-    ctx.watchdog.wait(dist.all_reduce(flat, group=ctx.group, async_op=True), str(a), describe("all_reduce", flat))
+    ctx.watchdog.wait(dist.all_reduce(flat, group=ctx.group, async_op=True), str(a))
     *summed, present = _unflatten_dense_tensors(flat, grads + [present])
     for p, value, seen in zip(params, summed, present.tolist()):
         p.grad = value if seen else None
@@ -254,14 +286,14 @@ def grad_reduce(ctx: StepContext, a: Action) -> None:
 
 def _sender(store: str) -> Callable[[StepContext, Action], None]:
     def send(ctx: StepContext, a: Action) -> None:
-        ctx.p2p.send(getattr(ctx, store).pop(a.micro), a.peer, str(a), a.kind.value)
+        ctx.p2p.send(getattr(ctx, store).pop(a.micro), a.peer, a, a.kind.value)
     send.__doc__ = f"Ship the micro's entry of ``ctx.{store}`` to the peer."
     return send
 
 
 def _receiver(store: str) -> Callable[[StepContext, Action], None]:
     def recv(ctx: StepContext, a: Action) -> None:
-        getattr(ctx, store)[a.micro] = ctx.p2p.recv(a.peer, str(a))
+        getattr(ctx, store)[a.micro] = ctx.p2p.recv(a.peer, a)
     recv.__doc__ = f"Receive the micro's entry of ``ctx.{store}`` from the peer."
     return recv
 
@@ -276,6 +308,7 @@ def _swap(method: str) -> Callable[[StepContext, Action], None]:
 HANDLERS: dict[Kind, Callable[[StepContext, Action], None]] = {
     Kind.F: forward,
     Kind.B: backward,
+    Kind.W: weight,
     Kind.SEND_F: send_f,
     Kind.RECV_F: recv_f,
     Kind.SEND_B: send_b,
@@ -302,11 +335,18 @@ HANDLERS: dict[Kind, Callable[[StepContext, Action], None]] = {
 
 
 def run_action(ctx: StepContext, a: Action) -> None:
-    """Dispatch one action; time it if it computes."""
+    """Dispatch one action; time it if it computes (on a GPU with CUDA events: the launches are asynchronous, so
+    the host's clock would time the launches, not the work)."""
     handler = HANDLERS[a.kind]
-    if a.kind in COMPUTE_KINDS:
+    if a.kind not in COMPUTE_KINDS:
+        handler(ctx, a)
+    elif ctx.gpu_events is not None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        handler(ctx, a)
+        end.record()
+        ctx.gpu_events.append((start, end))
+    else:
         start = time.perf_counter()
         handler(ctx, a)
         ctx.busy_s += time.perf_counter() - start
-    else:
-        handler(ctx, a)

@@ -19,6 +19,7 @@ class Kind(str, enum.Enum):
 
     F = "F"
     B = "B"
+    W = "W"  # zero-bubble: the weight gradient of a split backward (:mod:`.zero_bubble`)
     SEND_F = "SEND_F"
     RECV_F = "RECV_F"
     SEND_B = "SEND_B"
@@ -43,8 +44,8 @@ class Kind(str, enum.Enum):
     SWAP_WAIT_LOAD = "SWAP_WAIT_LOAD"
 
 
-BODY_KINDS = frozenset({Kind.F, Kind.B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
-COMPUTE_KINDS = frozenset({Kind.F, Kind.B, Kind.TRANSPOSE_FWD, Kind.TRANSPOSE_BWD, Kind.GRAD_RECV_BWD})
+BODY_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
+COMPUTE_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.TRANSPOSE_FWD, Kind.TRANSPOSE_BWD, Kind.GRAD_RECV_BWD})
 COLLECTIVE_KINDS = frozenset({Kind.PARAM_BROADCAST, Kind.GRAD_REDUCE})
 # Point-to-point kinds: sender kind -> (receiver kind, channel name of the message).
 SEND_TO_RECV = {

@@ -29,10 +29,10 @@ _EPS = 1e-12
 
 def _groups(cfg: ScheduleConfig, micros: list[int]) -> dict[int, list[tuple[int, list[Action]]]]:
     """``{rank: [(micro, actions), ...]}``: each rank's movable groups, ascending micro (``micro >= M``: the next
-    step's ``micro - M``)."""
+    step's ``micro - M``, owned by the next step's owner, ``cfg.owner(micro)``)."""
     out: dict[int, list[tuple[int, list[Action]]]] = {r: [] for r in range(cfg.pp_size)}
     for m in micros:
-        owner = cfg.owner(m % cfg.num_micro)
+        owner = cfg.owner(m)
         work = [Action(Kind.DATA_LOAD, m), Action(Kind.TRANSPOSE_FWD, m)]
         if owner:
             work += [Action(Kind.DATA_SEND, m, peer=0), Action(Kind.FWD_SEND, m, peer=0)]
@@ -97,7 +97,7 @@ def place_groups(cfg: ScheduleConfig, orders: dict[int, list[Action]], costs: Co
     groups = _groups(cfg, (list(range(n)) if own else []) + (list(range(n, 2 * n)) if ahead else []))
     need = {a.micro: i for i, a in enumerate(bare[0]) if a.kind is Kind.F and a.stage == 0}
     need.update({m: len(bare[0]) for m in range(n, 2 * n)})
-    pos = {m: len(bare[cfg.owner(m - n)]) for m in range(n, 2 * n)}
+    pos = {m: len(bare[cfg.owner(m)]) for m in range(n, 2 * n)}
     for actions in orders.values():  # this step's groups start where the given schedule loads them
         count = 0
         for a in actions:

@@ -23,9 +23,10 @@ BACKWARD_KINDS = frozenset({Kind.B, Kind.SEND_B, Kind.RECV_B, Kind.TRANSPOSE_BWD
 
 def forward_config(cfg: ScheduleConfig) -> ScheduleConfig:
     """``cfg`` as evaluation runs it: a trainable ``P`` treated as frozen, no owner-backward, placement
-    ``prefix``."""
+    ``prefix``, no zero bubble (there is no backward to split)."""
     preprocess = "frozen" if cfg.preprocess == "trainable" else cfg.preprocess
-    return dataclasses.replace(cfg, preprocess=preprocess, owner_backward=False, placement="prefix")
+    return dataclasses.replace(cfg, preprocess=preprocess, owner_backward=False, placement="prefix",
+                               zero_bubble=False)
 
 
 def build_forward_schedule(cfg: ScheduleConfig) -> dict[int, list[Action]]:

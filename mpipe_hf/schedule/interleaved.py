@@ -57,9 +57,11 @@ def body_order(pp_size: int, vpp: int, num_micro: int, rank: int, less_memory: b
 
 def peak_in_flight(order: list[Action]) -> int:
     """The most forwards whose backward has not run yet, at any point of ``order``: how many micro-batches'
-    activations a rank holds at its peak (a memory proxy, in units of one stage's activations)."""
+    activations a rank holds at its peak (a memory proxy, in units of one stage's activations). A backward split
+    into ``B`` and ``W`` (zero bubble) holds them until its ``W``, which still reads them."""
+    done = {(a.stage, a.micro): i for i, a in enumerate(order) if a.kind in (Kind.B, Kind.W)}
     live = peak = 0
-    for a in order:
-        live += (a.kind is Kind.F) - (a.kind is Kind.B)
+    for i, a in enumerate(order):
+        live += (a.kind is Kind.F) - (a.kind in (Kind.B, Kind.W) and done[(a.stage, a.micro)] == i)
         peak = max(peak, live)
     return peak

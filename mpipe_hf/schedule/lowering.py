@@ -23,7 +23,8 @@ def _needed_message(cfg: ScheduleConfig, rank: int, action: Action) -> tuple[int
     if action.kind is Kind.F and action.stage > 0:
         src = cfg.stage_rank(action.stage - 1)
         return (src, ("F", action.stage - 1, action.micro)) if src != rank else None
-    if action.kind is Kind.B and action.stage < cfg.num_stages - 1:
+    backward = action.kind is Kind.B or (action.kind is Kind.W and not cfg.needs_input_grad(action.stage))
+    if backward and action.stage < cfg.num_stages - 1:
         src = cfg.stage_rank(action.stage + 1)
         return (src, ("B", action.stage + 1, action.micro)) if src != rank else None
     return None

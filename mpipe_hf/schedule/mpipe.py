@@ -15,6 +15,7 @@ from .interleaved import body_order
 from .lowering import add_transfers
 from .simulate import Costs
 from .validate import validate
+from .zero_bubble import place_weights, split_backwards
 
 
 def prefix_micros(cfg: ScheduleConfig, rank: int) -> list[int]:
@@ -90,8 +91,8 @@ def build_schedule(cfg: ScheduleConfig, costs: Costs | None = None, own: bool = 
     """The full, validated MPipe Transpose schedule: ``{rank: [Action, ...]}`` with all transfers in place.
 
     Args:
-        costs: with placement ``fill``, the costs the simulator places the transposed forwards by (unit costs
-            when ``None``); unused otherwise.
+        costs: the costs the simulator places the transposed forwards (placement ``fill``) and the weight
+            gradients (``zero_bubble``) by (unit costs when ``None``); unused otherwise.
         own, ahead: placement ``fill`` only. ``own=False``: this step's micros were loaded and preprocessed by
             the previous step (rank 0 holds their data and features); ``ahead=True``: this step also loads and
             preprocesses the next step's micros (numbered ``M + m``) in its idle time (:mod:`.fill`).
@@ -105,9 +106,12 @@ def build_schedule(cfg: ScheduleConfig, costs: Costs | None = None, own: bool = 
     orders = {}
     for rank in range(cfg.pp_size):
         body = body_order(cfg.pp_size, cfg.vpp, cfg.num_micro, rank, cfg.less_memory)
+        body = split_backwards(cfg, body) if cfg.zero_bubble else body
         body = patch_rank0(cfg, body) if rank == 0 else body
         orders[rank] = prefix(cfg, rank) + body + suffix(cfg, rank)
     orders = add_transfers(cfg, orders)
+    if cfg.zero_bubble:
+        orders = place_weights(orders, costs)
     if cfg.placement == "fill":
         orders = place_groups(cfg, orders, costs, own, ahead)
     validate(cfg, orders, None if own else carried_facts(cfg))
@@ -115,5 +119,5 @@ def build_schedule(cfg: ScheduleConfig, costs: Costs | None = None, own: bool = 
 
 
 def strip_mpipe(orders: dict[int, list[Action]]) -> dict[int, list[Action]]:
-    """The plain body (``F``/``B`` only) of a schedule, for comparison with the interleaved 1F1B order."""
+    """The plain body (``F``/``B`` only; ``W`` dropped) of a schedule, for comparison with the interleaved 1F1B order."""
     return {r: [a for a in actions if a.kind in (Kind.F, Kind.B)] for r, actions in orders.items()}

@@ -45,6 +45,10 @@ class Costs:
         dispatch: how long every action holds its rank besides the above: the runtime's own work per action
             (its Python, hand-overs, bookkeeping); measured as a runtime's CPU time per action on stages that do
             nothing (``scripts/bench_schedules.py``).
+        weight: the part of ``backward`` that is the weight gradient (one number, or a tuple by stage; ``None``:
+            half, Zero Bubble PP's ``B = W``). In a zero-bubble schedule a ``B`` with its ``W`` costs
+            ``backward - weight`` and the ``W`` costs ``weight``; a ``W`` alone (stage 0, whose inputs need no
+            gradient) is the whole backward.
     """
 
     forward: float | tuple[float, ...] = 1.0
@@ -57,12 +61,19 @@ class Costs:
     message_bytes: dict[str, float] = field(default_factory=dict)
     send_overhead: float = 0.0
     dispatch: float = 0.0
+    weight: float | tuple[float, ...] | None = None
 
-    def compute(self, a: Action) -> float:
-        """Time ``a`` holds its rank computing (0 for transfers and collectives)."""
-        if a.kind in (Kind.F, Kind.B):
+    def compute(self, a: Action, split: bool = False) -> float:
+        """Time ``a`` holds its rank computing (0 for transfers and collectives); ``split``: a ``B`` or ``W`` whose
+        backward is split in two (the rank runs both)."""
+        if a.kind in (Kind.F, Kind.B, Kind.W):
             cost = self.forward if a.kind is Kind.F else self.backward
-            return cost[a.stage] if isinstance(cost, (tuple, list)) else cost
+            cost = cost[a.stage] if isinstance(cost, (tuple, list)) else cost
+            if a.kind is Kind.F or not split:
+                return cost
+            weight = self.weight[a.stage] if isinstance(self.weight, (tuple, list)) else self.weight
+            weight = cost / 2 if weight is None else min(weight, cost)
+            return weight if a.kind is Kind.W else cost - weight
         if a.kind is Kind.TRANSPOSE_FWD:
             return self.preprocess_forward
         if a.kind in (Kind.TRANSPOSE_BWD, Kind.GRAD_RECV_BWD):
@@ -139,6 +150,12 @@ def _cycle(graph: dict[int, list[int]]) -> list[int]:
     return []
 
 
+def split_backwards(order: list[Action]) -> set[tuple[int, int]]:
+    """The ``(stage, micro)`` whose backward ``order`` runs as a ``B`` and a ``W``."""
+    weights = {(a.stage, a.micro) for a in order if a.kind is Kind.W}
+    return {(a.stage, a.micro) for a in order if a.kind is Kind.B and (a.stage, a.micro) in weights}
+
+
 def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Simulation:
     """Run every rank's action list under ``costs``.
 
@@ -154,6 +171,7 @@ def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Sim
     taken: dict[tuple[int, int], int] = {}
     timeline: dict[int, list[Event]] = {r: [] for r in orders}
     left = sum(len(a) for a in orders.values())
+    split = {r: split_backwards(actions) for r, actions in orders.items()}
 
     def run(rank: int, a: Action, start: float, end: float) -> None:
         nonlocal left
@@ -182,7 +200,7 @@ def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Sim
                                                                 costs.transfer(a.kind)))
                     run(rank, a, start, end)
                 else:
-                    run(rank, a, start, start + costs.compute(a))
+                    run(rank, a, start, start + costs.compute(a, (a.stage, a.micro) in split[rank]))
                 moved = True
         heads = {r: orders[r][pc[r]] for r in orders if pc[r] < len(orders[r])}
         if heads and len(heads) == len(orders) and all(h.kind in COLLECTIVE_KINDS for h in heads.values()):

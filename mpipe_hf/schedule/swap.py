@@ -11,6 +11,8 @@ actions later, :func:`inject_swaps` inserts
 - ``SWAP_LAUNCH_LOAD`` right before the last compute action before ``B``: the copies back start;
 - ``SWAP_WAIT_LOAD`` right before ``B``: they are done.
 
+(In a zero-bubble schedule, "``B``" is the backward's first action: its ``B``, or a ``W`` alone.)
+
 With ``min_swap_gap >= 2`` the offload completes after one compute and the load starts before another, so each
 copy overlaps a compute (PipeOffload, Wan et al., ICML 2025). Pure Python, like the rest of the schedule.
 """
@@ -74,11 +76,21 @@ class SwapConfig:
         return self.enabled and (self.ranks is None or rank in self.ranks)
 
 
+def first_backward(order: list[Action]) -> dict[tuple[int, int], int]:
+    """``{(stage, micro): index}`` of each backward's first action in ``order``: its ``B``, or its ``W`` where
+    the backward is a ``W`` alone (zero bubble, stage 0)."""
+    out: dict[tuple[int, int], int] = {}
+    for i, a in enumerate(order):
+        if a.kind in (Kind.B, Kind.W):
+            out.setdefault((a.stage, a.micro), i)
+    return out
+
+
 def swap_groups(order: list[Action], min_swap_gap: int) -> list[tuple[int, int]]:
     """``[(stage, micro)]`` of the forwards in ``order`` whose backward comes at least ``min_swap_gap`` compute
     actions later (``COMPUTE_KINDS`` strictly between), in the order of their forwards."""
     computes = [i for i, a in enumerate(order) if a.kind in COMPUTE_KINDS]
-    backward = {(a.stage, a.micro): i for i, a in enumerate(order) if a.kind is Kind.B}
+    backward = first_backward(order)
     groups = []
     for i, a in enumerate(order):
         if a.kind is Kind.F and (a.stage, a.micro) in backward:
@@ -97,10 +109,11 @@ def inject_swaps(order: list[Action], groups: list[tuple[int, int]]) -> list[Act
     """
     before: dict[int, list[Action]] = {}
     after: dict[int, list[Action]] = {}
-    index = {(a.kind, a.stage, a.micro): i for i, a in enumerate(order) if a.kind in (Kind.F, Kind.B, Kind.SEND_F)}
+    index = {(a.kind, a.stage, a.micro): i for i, a in enumerate(order) if a.kind in (Kind.F, Kind.SEND_F)}
+    backward = first_backward(order)
     computes = [i for i, a in enumerate(order) if a.kind in COMPUTE_KINDS]
     for s, m in groups:
-        f, b = index[(Kind.F, s, m)], index[(Kind.B, s, m)]
+        f, b = index[(Kind.F, s, m)], backward[(s, m)]
         between = [c for c in computes if f < c < b]
         if len(between) < 2:
             raise ValueError(f"stage {s} micro {m} has {len(between)} compute actions between its F and B; a swap "
@@ -128,10 +141,12 @@ def with_swaps(order: list[Action], swap: SwapConfig | None, rank: int) -> list[
 def peak_resident(order: list[Action]) -> int:
     """The most stage forwards whose saved activations are on the device at once (in units of one stage's
     activations, as :func:`~.interleaved.peak_in_flight`): a forward adds one, its ``SWAP_WAIT_OFFLOAD`` takes it
-    away, its ``SWAP_LAUNCH_LOAD`` brings it back, its ``B`` frees it. Without swap actions this is
-    ``peak_in_flight``."""
+    away, its ``SWAP_LAUNCH_LOAD`` brings it back, its last backward action (``B``, or the ``W`` of a split one)
+    frees it. Without swap actions this is ``peak_in_flight``."""
+    done = {(a.stage, a.micro): i for i, a in enumerate(order) if a.kind in (Kind.B, Kind.W)}
     live = peak = 0
-    for a in order:
-        live += (a.kind in (Kind.F, Kind.SWAP_LAUNCH_LOAD)) - (a.kind in (Kind.B, Kind.SWAP_WAIT_OFFLOAD))
+    for i, a in enumerate(order):
+        freed = a.kind is Kind.SWAP_WAIT_OFFLOAD or (a.kind in (Kind.B, Kind.W) and done[(a.stage, a.micro)] == i)
+        live += (a.kind in (Kind.F, Kind.SWAP_LAUNCH_LOAD)) - freed
         peak = max(peak, live)
     return peak

@@ -1,7 +1,7 @@
 """A schedule's Gantt chart as text, from a :func:`~.simulate.simulate` timeline.
 
 One row per rank and one column per time unit: a forward of micro ``m`` prints ``m`` (base 36), a backward prints
-``m`` followed by ``=``, ``P``/``p`` mark the transposed preprocess's forward/backward, and ``.`` is idle time
+``m`` followed by ``=``, a weight gradient (zero bubble's ``W``) ``m`` followed by ``w``, ``P``/``p`` mark the transposed preprocess's forward/backward, and ``.`` is idle time
 (the bubble). Costs should be whole time units (the default :class:`~.simulate.Costs` are).
 """
 
@@ -27,8 +27,8 @@ def gantt(timeline: dict[int, list[Event]]) -> str:
                 continue
             if e.action.kind is Kind.F:
                 cells = _DIGITS[e.action.micro % 36] * width
-            elif e.action.kind is Kind.B:
-                cells = _DIGITS[e.action.micro % 36] + "=" * (width - 1)
+            elif e.action.kind in (Kind.B, Kind.W):
+                cells = _DIGITS[e.action.micro % 36] + ("=" if e.action.kind is Kind.B else "w") * (width - 1)
             else:
                 cells = ("P" if e.action.kind is Kind.TRANSPOSE_FWD else "p") * width
             begin = int(round(e.start))

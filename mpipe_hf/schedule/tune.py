@@ -102,7 +102,8 @@ class Candidate:
     def describe(self) -> str:
         c = self.cfg
         mode = c.preprocess + (f" T={self.text_layers}" if self.text_layers else "")
-        flags = [f for f, on in (("min", c.overflow == "min"), ("owner-backward", c.owner_backward)) if on]
+        flags = [f for f, on in (("min", c.overflow == "min"), ("owner-backward", c.owner_backward),
+                                 ("zero-bubble", c.zero_bubble)) if on]
         return f"V={c.vpp} {mode}{' ' + ' '.join(flags) if flags else ''} layers={list(self.layers_per_stage)}"
 
 
@@ -152,14 +153,15 @@ def predict(profile: Profile, cfg: ScheduleConfig, layers_per_stage: list[int] |
     """Simulate ``cfg`` on ``profile`` (layers balanced by the profile's costs when ``layers_per_stage`` is
     ``None``)."""
     layout = layers_per_stage or profile_layers(profile, cfg, text_layers)
-    sim = simulate(build_schedule(cfg), costs_for(profile, cfg, layout, text_layers))
+    costs = costs_for(profile, cfg, layout, text_layers)
+    sim = simulate(build_schedule(cfg, costs), costs)
     return Candidate(cfg, tuple(layout), text_layers, sim.makespan, sim.mean_bubble)
 
 
 def tune(profile: Profile, pp_size: int, num_micro: int, preprocess: str, vpps=(1, 2, 3, 4),
          max_text_layers: int = 2) -> list[Candidate]:
     """Every valid combination of ``V``, ``T`` (0 .. ``max_text_layers``), overflow mode, owner-backward
-    (trainable ``P``), and layout (stage 0's layer count with the rest balanced, and the layout balanced by the
+    (trainable ``P``), zero bubble (a layer's weight gradient taken as half its backward), and layout (stage 0's layer count with the rest balanced, and the layout balanced by the
     profile's costs), plus the baseline with the preprocess inside stage 0 (``identity``),
     simulated on ``profile``; fastest first.
 
@@ -178,10 +180,13 @@ def tune(profile: Profile, pp_size: int, num_micro: int, preprocess: str, vpps=(
         layouts = [stage0_layers(profile.num_layers, stages, keep) for keep in range(1, base[0])] + [base]
         for layout in layouts + ([by_cost] if by_cost not in layouts else []):
             keep = layout[0]
-            out.append(predict(profile, ScheduleConfig(pp_size, vpp, num_micro, "identity"), layout))
+            for zero_bubble in (False, True):
+                out.append(predict(profile, ScheduleConfig(pp_size, vpp, num_micro, "identity",
+                                                           zero_bubble=zero_bubble), layout))
             backward = (False, True) if preprocess == "trainable" else (False,)
-            for overflow, owner_bwd in itertools.product(("full", "min"), backward):
-                cfg = ScheduleConfig(pp_size, vpp, num_micro, preprocess, overflow, owner_bwd)
+            for overflow, owner_bwd, zero_bubble in itertools.product(("full", "min"), backward, (False, True)):
+                cfg = ScheduleConfig(pp_size, vpp, num_micro, preprocess, overflow, owner_bwd,
+                                     zero_bubble=zero_bubble)
                 for text_layers in range(0, min(max_text_layers, keep) + 1):
                     out.append(predict(profile, cfg, layout, text_layers))
     return sorted(out, key=lambda c: c.step_s)

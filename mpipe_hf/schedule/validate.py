@@ -2,7 +2,9 @@
 
 Checks, raising :class:`ScheduleError` on the first failure:
 
-- each rank runs ``F`` and ``B`` exactly once per (its stage, micro), every ``F`` before its ``B``;
+- each rank runs ``F`` and ``B`` exactly once per (its stage, micro), every ``F`` before its ``B``; in a
+  zero-bubble schedule also one ``W`` per (stage, micro), after its ``B`` (or alone, where the stage's inputs
+  need no gradient: :meth:`~.config.ScheduleConfig.needs_input_grad`);
 - per pair of ranks, the sequence of sends equals the sequence of receives;
 - a symbolic run in which sends never block, receives wait for their message, and collectives wait for every
   rank, finishes: every action's inputs exist before it runs, and nothing hangs;
@@ -17,6 +19,7 @@ from collections import defaultdict, deque
 from .actions import COLLECTIVE_KINDS, RECV_KINDS, SEND_TO_RECV, Action, Kind
 from .config import ScheduleConfig
 from .lowering import ScheduleError
+from .swap import first_backward
 
 
 def _requires(cfg: ScheduleConfig, a: Action) -> list[tuple]:
@@ -26,8 +29,10 @@ def _requires(cfg: ScheduleConfig, a: Action) -> list[tuple]:
         if s > 0:
             return [("act", s - 1, m)]
         return [("data", m)] + ([("feat", m)] if cfg.transposed else [])
-    if a.kind is Kind.B:
+    if a.kind is Kind.B or (a.kind is Kind.W and not cfg.needs_input_grad(s)):
         return [("fwd", s, m)] + ([("grad", s + 1, m)] if s < cfg.num_stages - 1 else [])
+    if a.kind is Kind.W:
+        return [("input_grad", s, m)]
     return {
         Kind.SEND_F: [("act", s, m)],
         Kind.SEND_B: [("grad", s, m)],
@@ -46,7 +51,7 @@ def _produces(cfg: ScheduleConfig, a: Action) -> list[tuple]:
     m, s = a.micro, a.stage
     return {
         Kind.F: [("act", s, m), ("fwd", s, m)],
-        Kind.B: [("grad", s, m)],
+        Kind.B: [("grad", s, m), ("input_grad", s, m)],
         Kind.RECV_F: [("act", s - 1 if s is not None else None, m)],
         Kind.RECV_B: [("grad", s + 1 if s is not None else None, m)],
         Kind.DATA_LOAD: [("data", m), ("pin", m)],
@@ -62,18 +67,24 @@ def _check_counts(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> None:
     for rank, actions in orders.items():
         seen: dict[tuple, int] = {}
         for i, a in enumerate(actions):
-            if a.kind in (Kind.F, Kind.B):
+            if a.kind in (Kind.F, Kind.B, Kind.W):
                 if cfg.stage_rank(a.stage) != rank:
                     raise ScheduleError(f"rank {rank} runs {a}, but stage {a.stage} lives on rank "
                                         f"{cfg.stage_rank(a.stage)}")
                 key = (a.kind, a.stage, a.micro)
                 if key in seen:
                     raise ScheduleError(f"rank {rank} runs {a} twice")
-                if a.kind is Kind.B and (Kind.F, a.stage, a.micro) not in seen:
+                if a.kind is not Kind.F and (Kind.F, a.stage, a.micro) not in seen:
                     raise ScheduleError(f"rank {rank} runs {a} before its forward")
                 seen[key] = i
-        expected = {(k, s, m) for k in (Kind.F, Kind.B) for s in range(rank, cfg.num_stages, cfg.pp_size)
-                    for m in range(cfg.num_micro)}
+        expected = set()
+        for s in range(rank, cfg.num_stages, cfg.pp_size):
+            kinds = [Kind.F] + ([Kind.B] if not cfg.zero_bubble or cfg.needs_input_grad(s) else []) + (
+                [Kind.W] if cfg.zero_bubble else [])
+            expected |= {(k, s, m) for k in kinds for m in range(cfg.num_micro)}
+        if set(seen) - expected:
+            extra = sorted(f"{s}{k.value}{m}" for k, s, m in set(seen) - expected)
+            raise ScheduleError(f"rank {rank} runs body actions its schedule has no place for: {extra[:8]}")
         if set(seen) != expected:
             missing = sorted(f"{s}{k.value}{m}" for k, s, m in expected - set(seen))
             raise ScheduleError(f"rank {rank} misses body actions {missing[:8]}")
@@ -93,7 +104,7 @@ def _check_channels(orders: dict[int, list[Action]]) -> None:
 
 
 SWAP_ORDER = (Kind.SWAP_SET_GROUP, Kind.F, Kind.SWAP_LAUNCH_OFFLOAD, Kind.SWAP_WAIT_OFFLOAD, Kind.SWAP_LAUNCH_LOAD,
-              Kind.SWAP_WAIT_LOAD, Kind.B)
+              Kind.SWAP_WAIT_LOAD)
 
 
 def _check_swaps(orders: dict[int, list[Action]]) -> None:
@@ -102,8 +113,9 @@ def _check_swaps(orders: dict[int, list[Action]]) -> None:
         for i, a in enumerate(actions):
             where[(a.kind, a.stage, a.micro)].append(i)
         groups = {(a.stage, a.micro) for a in actions if a.kind.value.startswith("SWAP_")}
+        backward = first_backward(actions)
         for s, m in sorted(groups):
-            at = [where.get((k, s, m), []) for k in SWAP_ORDER]
+            at = [where.get((k, s, m), []) for k in SWAP_ORDER] + [[backward[(s, m)]] if (s, m) in backward else []]
             if any(len(p) != 1 for p in at):
                 counts = {k.value: len(p) for k, p in zip(SWAP_ORDER, at)}
                 raise ScheduleError(f"rank {rank}: stage {s} micro {m} needs each swap action once, with its F and "

@@ -90,6 +90,9 @@ class MPipeConfig(ParallelSection):
         if self.num_micro != 1:
             raise ValueError("MPipeConfig takes no num_micro: the micro-batches per step are "
                              "TrainingArguments.gradient_accumulation_steps")
+        if self.owners != "modulo":  # the Trainer's dataset gives no image sizes without decoding its images
+            raise ValueError(f"MPipeConfig owners must be 'modulo' (load-aware owners, 'balanced', are "
+                             f"mpipe-hf train's: a recipe's parallel.owners), got {self.owners!r}")
         super().__post_init__()
         self.data()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..runtime import PipelineExecutor, StepStats
 from .recipe import DataSection
@@ -46,12 +46,15 @@ class Skips:
 
 
 def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: DataSection, skips: Skips, step: int,
-             ahead: Callable[[int], dict] | None = None, num_micro: int | None = None) -> StepStats | None:
+             ahead: Callable[[int], dict] | None = None, num_micro: int | None = None,
+             owners: Sequence[int] | None = None, next_owners: Sequence[int] | None = None) -> StepStats | None:
     """Run step ``step`` (0-based) over its micro-batches (``load(m)``); ``None`` when it was skipped.
 
     With placement ``fill`` and ``ahead`` (the next step's ``load``), the owners also load the next step's
     micro-batches in this step's idle time; when the step fails, it is run again without them, so that a bad row
     of the next step skips the next step, not this one. ``num_micro``: a step shorter than the schedule's ``M``.
+    ``owners``, ``next_owners``: this step's and (with ``ahead``) the next step's owners of each micro-batch
+    (load-aware owners; ``None``: ``m % NT``), the same on every rank (:meth:`PipelineExecutor.step`).
 
     Raises:
         ValueError: a bad sample with ``on_bad_sample: raise``, or the ``max_bad_steps``-th skipped step in a row
@@ -63,12 +66,12 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
         ahead = None
     try:
         try:
-            stats = executor.step(load, ahead, num_micro)
+            stats = executor.step(load, ahead, num_micro, owners, next_owners if ahead is not None else None)
         except ValueError:
             if ahead is None:
                 raise
             executor.step_index = step
-            stats = executor.step(load, None, num_micro)
+            stats = executor.step(load, None, num_micro, owners)
     except ValueError as err:
         if data.on_bad_sample == "raise":
             raise

@@ -12,6 +12,7 @@ import yaml
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..schedule import ScheduleConfig
+from ..schedule.owners import OWNER_POLICIES
 from ..schedule.swap import SwapConfig
 
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME)  # each rank reads its own tensors from safetensors
@@ -170,6 +171,11 @@ class ParallelSection(ScheduleConfig):
             each replica on its own share of the global batch (:mod:`mpipe_hf.runtime.data_parallel`).
         dp_shard: with ``dp_size > 1``: ``true``, FSDP2 shards each stage chunk over the replicas; ``false``,
             each replica keeps its stages whole and the gradients are summed by one all-reduce.
+        owners: who loads and preprocesses each micro-batch (SPEC.md, "Terms"): ``modulo`` (default), rank
+            ``m % NT``; ``balanced`` (overflow ``full`` only), each step's micro-batches spread over the owners by
+            their image tokens (LPT, :func:`~mpipe_hf.schedule.owners.balance_owners`; for a decoder-only LM by
+            their length), so that no owner draws the heavy ones. Every rank computes the same owners from the
+            image sizes the loader read from the file headers, with no collective.
 
     Raises:
         ValueError: as :class:`ScheduleConfig`, the field named ``parallel.<field>``; a ``text_layers`` that is
@@ -184,6 +190,7 @@ class ParallelSection(ScheduleConfig):
     timeout_s: float = 300.0
     dp_size: int = 1
     dp_shard: bool = True
+    owners: str = "modulo"
 
     def __post_init__(self):
         if not isinstance(self.dp_size, int) or isinstance(self.dp_size, bool) or self.dp_size < 1:
@@ -220,9 +227,24 @@ class ParallelSection(ScheduleConfig):
             raise ValueError(f"parallel.timeout_s must be a number of seconds in (0, 1e9], got {self.timeout_s!r}")
         object.__setattr__(self, "timeout_s", timeout)
 
+    def _check_owners(self) -> None:
+        """Here ``owners`` is the policy; each step's owners are chosen by the trainer (:meth:`schedule` has
+        none). Raises ``ValueError`` (``ScheduleConfig``'s validation prefixes ``parallel.``)."""
+        if not isinstance(self.owners, str) or self.owners not in OWNER_POLICIES:
+            raise ValueError(f"owners must be one of {OWNER_POLICIES}, got {self.owners!r}")
+        if self.owners == "balanced" and self.overflow != "full":
+            raise ValueError(f"owners 'balanced' needs overflow 'full' (mode 'min' fixes its owners), got overflow "
+                             f"{self.overflow!r}")
+
+    @property
+    def assignment(self) -> None:
+        """No fixed owners: :attr:`owners` names a policy, and the trainer gives each step its owners."""
+        return None
+
     def schedule(self) -> ScheduleConfig:
-        """The schedule part alone."""
-        return ScheduleConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ScheduleConfig)})
+        """The schedule part alone (``owners``: none; the policy lives on in :attr:`owners`)."""
+        return ScheduleConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ScheduleConfig)
+                                 if f.name != "owners"})
 
 
 @dataclass(frozen=True)
@@ -467,7 +489,8 @@ class Recipe:
 
     Raises:
         ValueError: ``swap.ranks`` beyond ``parallel.pp_size``; swap with FSDP2 (``parallel.dp_shard`` and
-            ``dp_size > 1``: the gathered weights would be taken for activations).
+            ``dp_size > 1``: the gathered weights would be taken for activations); ``parallel.zero_bubble`` with
+            FSDP2 (it reduces gradients before ``W`` computes them).
     """
 
     model: ModelSource
@@ -483,6 +506,10 @@ class Recipe:
             raise ValueError("swap.enabled with parallel.dp_shard (FSDP2, dp_size > 1) is not supported: FSDP2's "
                              "gathered weights would be taken for activations; set parallel.dp_shard: false "
                              "(replicas) or swap.enabled: false")
+        if self.parallel.zero_bubble and self.parallel.dp_size > 1 and self.parallel.dp_shard:
+            raise ValueError("parallel.zero_bubble with parallel.dp_shard (FSDP2, dp_size > 1) is not supported: "
+                             "FSDP2 reduces a chunk's gradients before W computes them; set parallel.dp_shard: "
+                             "false (replicas) or parallel.zero_bubble: false")
 
     def schedule(self) -> ScheduleConfig:
         """The schedule part alone."""

@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText,
                           AutoTokenizer)
 
-from ..data import (ConversationCollator, MicroBatchPlan, TextCollator, build_processor, image_processor_for,
-                    load_conversation_dataset, load_text_dataset)
+from ..data import (ConversationCollator, ConversationDataset, MicroBatchPlan, TextCollator, build_processor,
+                    image_processor_for, load_conversation_dataset, load_text_dataset)
 from ..data.processor import QWEN_PROCESSORS
 from ..models import get_family
 from ..models.adapters import is_adapter_tensor, merged_state
@@ -34,6 +34,7 @@ from ..models.load import (check_adapter, load_adapter_values, load_share_values
                            split_from_config)
 from ..runtime import PipelineExecutor, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
+from ..schedule.owners import step_owners
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
 from .checkpoint import save_adapter, save_checkpoint, save_hub_files
@@ -220,6 +221,31 @@ def load_data(recipe: Recipe, config, processor, quiet: bool = False, path: str 
     return dataset, ConversationCollator(processor, max_length, model_type=config.model_type)
 
 
+def owner_costs(dataset, config) -> list[int]:
+    """Each dataset row's preprocess cost for load-aware owners (``parallel.owners: balanced``), known on every
+    rank without decoding anything: a vision-language model's rows, their image tokens (the loader counted them
+    from the image file headers); a decoder-only LM's, their tokens (conversation rows) or characters (``text``
+    rows), which its text layers' work grows with."""
+    if isinstance(dataset, ConversationDataset):
+        return list(dataset.image_tokens if is_vision_language(config) else dataset.num_tokens)
+    return [len(text) for text in dataset["text"]]
+
+
+def owner_headroom(recipe: Recipe, cfg, layers_per_stage: list[int], row_costs: list[int]) -> list[float] | None:
+    """Placement ``fill`` with a ``profile``: each owner's idle end of a steady step
+    (:func:`~mpipe_hf.schedule.owners.fill_headroom` under the profile's costs), in the unit of ``row_costs``
+    (the profile's preprocess seconds per micro-batch over the mean cost of a micro-batch of the data); ``None``
+    otherwise (balanced owners then start even)."""
+    if cfg.placement != "fill" or recipe.parallel.profile is None or not sum(row_costs):
+        return None
+    from ..schedule.owners import fill_headroom
+    costs = placement_costs(recipe, layers_per_stage)
+    per_micro = sum(row_costs) / len(row_costs) * recipe.data.micro_batch_size
+    if costs.preprocess_forward <= 0:
+        return None
+    return [h * per_micro / costs.preprocess_forward for h in fill_headroom(cfg, costs)]
+
+
 def train(recipe: Recipe) -> TrainResult:
     """Run ``recipe.train.max_steps`` optimizer steps (or ``num_train_epochs`` passes over the data) and save a
     checkpoint to ``output_dir/checkpoint``.
@@ -262,6 +288,11 @@ def train(recipe: Recipe) -> TrainResult:
     plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, carved.validate_micro,
                           recipe.data.shuffle, opt.seed, dp_rank, par.dp_size)
     steps = opt.total_steps(plan.steps_per_epoch())
+    row_costs = owner_costs(dataset, config) if par.owners == "balanced" else None
+    room = owner_headroom(recipe, cfg, layers_per_stage, row_costs) if row_costs is not None else None
+
+    def owners_of(k: int):  # step k's owners, the same on every rank (from the rows' costs; no collective)
+        return None if row_costs is None else step_owners("balanced", plan.micro_costs(k, row_costs), cfg, room)
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     resume = resolve_resume(opt.resume, opt.output_dir, run_id, restart)
@@ -306,7 +337,7 @@ def train(recipe: Recipe) -> TrainResult:
     if lead:
         print(f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} "
               f"preprocess={cfg.preprocess} "
-              f"placement={cfg.placement} "
+              f"placement={cfg.placement} owners={par.owners} "
               f"text_layers={par.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
               f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
               f"swap={'off' if not recipe.swap.enabled else recipe.swap.ranks or 'every rank'} "
@@ -374,7 +405,8 @@ def train(recipe: Recipe) -> TrainResult:
                total=steps)
     for step in bar:
         ahead = partial(plan.load, step + 1) if step + 1 < steps else None  # placement fill loads it early
-        stats = run_step(executor, partial(plan.load, step), recipe.data, skips, step, ahead)
+        stats = run_step(executor, partial(plan.load, step), recipe.data, skips, step, ahead, owners=owners_of(step),
+                         next_owners=owners_of(step + 1) if ahead is not None else None)
         if stats is None:
             skipped(step)
         else:

@@ -8,7 +8,9 @@ A case (see matrix.py) names the model (a config of the fixture), the data pool,
 step; gradients add up), ``bad_micro`` (a micro with a wrong image-token count, rejected at load), ``corrupt_owner``
 (a rank whose load meets an undecodable image), ``mid_step_owner`` (a rank whose micro passes its load but makes
 rank 0's stage 0 raise), ``lookahead`` (placement ``fill``: each run loads the next run's micros), ``reload``
-(after the steps, save the checkpoint and load it with ``from_pretrained``).
+(after the steps, save the checkpoint and load it with ``from_pretrained``), ``owners`` (load-aware owners, issue
+18: ``"reversed"``, micro ``m`` to rank ``NT - 1 - m % NT``, or ``"balanced"``, LPT over each run's real image-token
+counts; every rank computes them from the same micro-batches).
 A failing step runs first; the measured steps follow on other micro-batches.
 
 The pipeline runs on every rank; rank 0 then runs the unsplit reference (same micro-batches, same frozen modules,
@@ -33,8 +35,10 @@ from common import run_cases
 from mpipe_hf.models import split as split_model
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.handlers import preprocess_seed
+from mpipe_hf.runtime.zero_bubble import WeightWork
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.schedule.interleaved import peak_in_flight
+from mpipe_hf.schedule.owners import balance_owners
 from mpipe_hf.schedule.swap import SwapConfig
 from mpipe_hf.train.checkpoint import save_checkpoint
 from mpipe_hf.train.precision import autocast_modules
@@ -87,6 +91,17 @@ def micro_batches(case, pool, run):
     """The micro-batches of schedule run ``run`` (0, 1, ...): consecutive, wrapping around the pool."""
     start = (case.get("offset", 0) + run * case["num_micro"]) % len(pool)
     return [pool[(start + i) % len(pool)] for i in range(case["num_micro"])]
+
+
+def run_owners(case, cfg, micros, image_token_id):
+    """The owners of one schedule run's ``micros`` under ``case["owners"]`` (``None``: ``m % NT``): ``reversed``
+    or ``balanced`` by each micro's image tokens, which every rank counts from the same micro-batches."""
+    kind, nt = case.get("owners"), cfg.num_owners
+    if kind is None:
+        return None
+    if kind == "reversed":
+        return tuple(nt - 1 - m % nt for m in range(cfg.num_micro))
+    return balance_owners([int((mb["input_ids"] == image_token_id).sum()) for mb in micros], nt)
 
 
 def reference_run(model, micros, seeds=None, bf16=False, order="hf"):
@@ -164,12 +179,22 @@ def failing_step(case, executor, split, cfg, rank, micros, image_token_id):
 
 
 CLOSED_GROUPS: set[str] = set()  # names of the groups of the executors this worker closed
+DEFERRED = [0]  # W actions that computed weight gradients their B left (zero-bubble cases), counted here
+_weight_run = WeightWork.run
+
+
+def _counted_run(self):
+    DEFERRED[0] += bool(self.groups)
+    _weight_run(self)
+
+
+WeightWork.run = _counted_run
 
 
 def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     cfg = ScheduleConfig(pp_size, case["vpp"], case["num_micro"], case["preprocess"], case.get("overflow", "full"),
                          case.get("owner_backward", False), case.get("less_memory", False),
-                         case.get("placement", "prefix"))
+                         case.get("placement", "prefix"), zero_bubble=case.get("zero_bubble", False))
     pool = fixture["pools"][case["data"]]
     steps, accumulate = case.get("steps", 1), case.get("accumulate", 1)
     model = build_model(fixture, case["family"], case.get("dropout", 0.0))
@@ -179,7 +204,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     stages, preprocess = (autocast_modules(split.stages, split.preprocess, device) if case.get("bf16")
                           else (split.stages, split.preprocess))
     swap = SWAPS[case["swap"]] if case.get("swap") else None  # activation swap (issue 17)
-    if swap is not None and case.get("gradient_checkpointing"):
+    if case.get("gradient_checkpointing"):
         split.model.activation_checkpointing_enable({"use_reentrant": False})
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(), TIMEOUT,
                                 split.tied_parameters(cfg, rank), seed=SEED, swap=swap,
@@ -193,7 +218,12 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             getattr(model.config, "image_token_id", None))
         result["grads_after_error"] = sorted(n for n, p in params.items() if p.grad is not None)
 
-    losses, grads, peaks = [], {}, set()
+    losses, grads, peaks, owned_all = [], {}, set(), []
+    token_id = getattr(model.config, "image_token_id", None)
+
+    def owners_of(run):
+        return run_owners(case, cfg, micro_batches(case, pool, run), token_id)
+    deferred = DEFERRED[0]
 
     def loader(run):
         micros = micro_batches(case, pool, run)
@@ -207,7 +237,10 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
         for a in range(accumulate):
             run = step * accumulate + a
             ahead = case.get("lookahead") and run + 1 < steps * accumulate  # load the next run's micros now
-            stats = executor.step(loader(run), loader(run + 1) if ahead else None)
+            owners = owners_of(run)
+            stats = executor.step(loader(run), loader(run + 1) if ahead else None, owners=owners,
+                                  next_owners=owners_of(run + 1) if ahead else None)
+            owned_all += [m for m in range(cfg.num_micro) if (owners[m] if owners else cfg.owner(m)) == rank]
             losses.append(stats.loss)
             if swap is not None:  # what this rank's swap manager moved, and the peak on the device
                 result.setdefault("swap_offloaded_bytes", []).append(
@@ -220,6 +253,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     result["loads"] = loads
+    result["deferred_weights"] = DEFERRED[0] - deferred
     result["order"] = [str(a) for a in executor.order]
     result["bytes_sent"] = dict(executor.p2p.bytes_sent)
     result["owned_bytes"], result["owned_image_tokens"] = {}, 0
@@ -275,7 +309,8 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     result.update(peak_activations=sorted(peaks), expected_peak=peak_in_flight(executor.order), losses=losses,
                   ref_losses=reference["losses"], max_diff=max_diff, worst=worst, grad_rel_norm=rel_norm,
                   param_diff=param_diff, names=sorted(params), ref_names=reference["names"],
-                  owned=cfg.owned(rank))
+                  owned=cfg.owned(rank), owned_all=owned_all,
+                  owners=[owners_of(r) for r in range(steps * accumulate)])
     return result
 
 

@@ -1,0 +1,174 @@
+"""Zero-bubble MPipe: each body backward split into ``B`` and ``W``, and each ``W`` run where its rank would
+otherwise wait (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024; the memory-neutral ZB-H1 of its
+section 3).
+
+A stage's backward is two computations. ``B`` is the gradient of the stage's inputs: the next rank down waits for
+it. ``W`` is the gradient of its weights: nobody waits for it until the optimizer step. :func:`split_backwards`
+turns every ``B(s, m)`` of the interleaved 1F1B body into ``B(s, m), W(s, m)``, and into a ``W(s, m)`` alone for a
+stage whose inputs need no gradient (stage 0, unless ``P`` is trainable: :meth:`.ScheduleConfig.needs_input_grad`;
+its whole backward can then wait).
+
+:func:`place_weights` then lists every rank's actions again by running the schedule under its costs, one action
+at a time in the order of the ranks' clocks: a rank that would wait for a message runs its oldest pending ``W``
+instead when the ``W`` ends before the message arrives, and so does a rank about to start a forward while it
+holds as many forwards in flight (forwards whose ``W`` has not run: ``W`` still reads their activations) as the
+unsplit schedule's peak over the ranks, so no rank holds more activations than the unsplit schedule's fullest rank
+(rank 0) does: the pipeline's peak stays that of 1F1B (ZB-H1; ranks past 0 may hold more than they did, up to
+rank 0's count). The pending ``W`` run before any collective and at the end. The other actions keep their order,
+so every pair of ranks still posts its sends and receives in one order. Where no listing is faster under the
+costs than ``W`` right after ``B``, that is kept. Only the moment a weight gradient is computed changes: the
+numerics are the unsplit schedule's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .actions import COLLECTIVE_KINDS, RECV_KINDS, SEND_TO_RECV, Action, Kind
+from .config import ScheduleConfig
+from .interleaved import peak_in_flight
+from .simulate import Costs, simulate, split_backwards as split_pairs
+
+
+def split_backwards(cfg: ScheduleConfig, order: list[Action]) -> list[Action]:
+    """``order`` (a body order, ``F``/``B``) with each ``B(s, m)`` followed by its ``W(s, m)``, or replaced by a
+    ``W(s, m)`` alone where stage ``s``'s inputs need no gradient."""
+    out = []
+    for a in order:
+        if a.kind is Kind.B:
+            out += ([a] if cfg.needs_input_grad(a.stage) else []) + [Action(Kind.W, a.micro, a.stage)]
+        else:
+            out.append(a)
+    return out
+
+
+def place_weights(orders: dict[int, list[Action]], costs: Costs | None = None,
+                  passes: int = 32) -> dict[int, list[Action]]:
+    """Move the ``W`` actions of a lowered zero-bubble schedule (each right after its ``B``) into the ranks'
+    waits, as the module docstring says, under ``costs`` (unit costs when ``None``).
+
+    A ``W`` goes into a wait only when it ends before the awaited message arrives, so it never delays a
+    message another rank waits for. A message not sent yet is expected when it arrived in the previous listing
+    (the first listing expects them as ``orders`` has them); the listings repeat until one equals the one before
+    (at most ``passes``).
+
+    Returns:
+        ``{rank: [Action, ...]}``: the same actions, ``W`` moved; the fastest (under ``costs``) of the listings
+        and ``orders``.
+    """
+    costs = costs or Costs()
+    best, best_span = orders, simulate(orders, costs).makespan
+    expected, previous = _arrivals(orders, costs), None
+    for _ in range(passes):
+        listed = _list_weights(orders, costs, expected)
+        if listed is None or listed == previous:
+            break
+        previous = listed
+        span = simulate(listed, costs).makespan
+        if span < best_span - 1e-12:
+            best, best_span = listed, span
+        expected = _arrivals(listed, costs)
+    return best
+
+
+def _arrivals(orders: dict[int, list[Action]], costs: Costs) -> dict[tuple, float]:
+    """``{(sender, receiver, message): when it arrives}`` when ``orders`` runs under ``costs``."""
+    out = {}
+    for r, events in simulate(orders, costs).timeline.items():
+        for e in events:
+            if e.action.kind in SEND_TO_RECV:
+                out[(r, e.action.peer, e.action.message())] = e.end + costs.transfer(e.action.kind)
+    return out
+
+
+def _list_weights(orders: dict[int, list[Action]], costs: Costs,
+                  expected: dict[tuple, float]) -> dict[int, list[Action]] | None:
+    """One listing of :func:`place_weights`; ``None`` if it gets stuck (never for a validated schedule)."""
+    base = {r: [a for a in actions if a.kind is not Kind.W] for r, actions in orders.items()}
+    release: dict[int, dict[int, list[Action]]] = {r: {} for r in orders}  # base index -> W it makes pending
+    for r, actions in orders.items():
+        count = 0
+        for a in actions:
+            if a.kind is Kind.W:
+                release[r].setdefault(count, []).append(a)
+            else:
+                count += 1
+    split = {r: split_pairs(actions) for r, actions in orders.items()}
+    cap = max(peak_in_flight(actions) for actions in orders.values())
+    clock = {r: 0.0 for r in orders}
+    pc = {r: 0 for r in orders}
+    pending: dict[int, deque] = {r: deque() for r in orders}
+    live = {r: 0 for r in orders}
+    out: dict[int, list[Action]] = {r: [] for r in orders}
+    sent: dict[tuple[int, int], list[tuple[tuple, float]]] = {}
+    taken: dict[tuple[int, int], int] = {}
+
+    def compute(r: int, a: Action) -> float:
+        return costs.compute(a, (a.stage, a.micro) in split[r])
+
+    def emit(r: int, a: Action, end: float) -> None:
+        out[r].append(a)
+        clock[r] = end + costs.dispatch
+        if a.kind is Kind.F:
+            live[r] += 1
+        elif a.kind is Kind.W or (a.kind is Kind.B and (a.stage, a.micro) not in split[r]):
+            live[r] -= 1
+
+    def move(r: int):
+        """The move rank ``r`` makes next: ``"W"``, ``"base"``, or ``None`` (it waits)."""
+        for a in release[r].pop(pc[r], []):
+            pending[r].append(a)
+        if pc[r] == len(base[r]):
+            return "W" if pending[r] else None
+        a = base[r][pc[r]]
+        if pending[r] and (a.kind in COLLECTIVE_KINDS or (a.kind is Kind.F and live[r] >= cap)):
+            return "W"
+        if a.kind in COLLECTIVE_KINDS:
+            return None
+        if a.kind in RECV_KINDS:
+            queue, i = sent.get((a.peer, r), []), taken.get((a.peer, r), 0)
+            arrival = queue[i][1] if i < len(queue) else expected.get((a.peer, r, a.message()), 0.0)
+            if pending[r] and clock[r] + compute(r, pending[r][0]) + costs.dispatch <= arrival + 1e-12:
+                return "W"
+            return "base" if i < len(queue) else None
+        return "base"
+
+    def run_base(r: int) -> None:
+        a, start = base[r][pc[r]], clock[r]
+        pc[r] += 1
+        if a.kind in RECV_KINDS:
+            i = taken.get((a.peer, r), 0)
+            taken[(a.peer, r)] = i + 1
+            emit(r, a, max(start, sent[(a.peer, r)][i][1]) + compute(r, a))
+        elif a.kind in SEND_TO_RECV:
+            end = start + costs.send_overhead
+            sent.setdefault((r, a.peer), []).append((a.message(), end + costs.dispatch + costs.transfer(a.kind)))
+            emit(r, a, end)
+        else:
+            emit(r, a, start + compute(r, a))
+
+    moves = {r: move(r) for r in orders}  # a rank's move changes only when it acts or a message reaches it
+    while any(m is not None for m in moves.values()) or any(pc[r] < len(base[r]) for r in orders):
+        ready = [r for r, m in moves.items() if m is not None]
+        if ready:
+            r = min(ready, key=lambda q: (clock[q], q))
+            if moves[r] == "W":
+                a = pending[r].popleft()
+                emit(r, a, clock[r] + compute(r, a))
+            else:
+                a = base[r][pc[r]]
+                run_base(r)
+                if a.kind in SEND_TO_RECV:
+                    moves[a.peer] = move(a.peer)
+            moves[r] = move(r)
+            continue
+        heads = {r: base[r][pc[r]] for r in orders if pc[r] < len(base[r])}
+        if len(heads) != len(orders) or any(h.kind not in COLLECTIVE_KINDS for h in heads.values()):
+            return None
+        start = max(clock.values())
+        for r, a in heads.items():
+            pc[r] += 1
+            clock[r] = start
+            emit(r, a, start + costs.transfer(a.kind))
+        moves = {r: move(r) for r in orders}
+    return out
