@@ -38,26 +38,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sleeping import Sleep, run_ranks  # noqa: E402
+
 R, V, F_MS, B_MS, P_MAX_MS = 4, 2, 10.0, 20.0, 40.0
 SIDES = (224, 336, 448, 560, 672, 784, 896)  # image sides, px
 TOKEN_PX = 28  # px per image token a side: 14 px patches, 2 x 2 merged
-
-
-class Sleep(torch.autograd.Function):
-    """Identity that sleeps ``fwd_s`` in forward and ``bwd_s`` in backward (``time.sleep`` frees the core)."""
-
-    @staticmethod
-    def forward(ctx, x, fwd_s, bwd_s):
-        ctx.bwd_s = bwd_s
-        if fwd_s:
-            time.sleep(fwd_s)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.bwd_s:
-            time.sleep(ctx.bwd_s)
-        return grad, None, None
 
 
 class SleepStage(nn.Module):
@@ -282,12 +268,7 @@ def main():
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--verbose", action="store_true", help="print every step's time")
     args = parser.parse_args()
-    if "RANK" in os.environ:
-        worker(args)
-        return
-    from torch.distributed.run import main as torchrun
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torchrun(["--standalone", f"--nproc_per_node={R}", os.path.abspath(__file__), *sys.argv[1:]])
+    run_ranks(__file__, R, worker, args)
 
 
 if __name__ == "__main__":

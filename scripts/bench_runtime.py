@@ -33,6 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sleeping import run_ranks  # noqa: E402
+
 R, V, M = 4, 2, 16
 SIZES = {"small 4x64 fp32": (4, 64), "large 256x1024 fp32": (256, 1024)}
 
@@ -243,12 +246,7 @@ def main() -> None:
                         "is repeated --repeats + 2 times, alternating ours and plain; the median is reported)")
     parser.add_argument("--profile", help="rank 0 writes a cProfile summary of our steps to this file")
     args = parser.parse_args()
-    if "RANK" in os.environ:
-        worker(args)
-        return
-    from torch.distributed.run import main as torchrun
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torchrun(["--standalone", f"--nproc_per_node={R}", os.path.abspath(__file__), *sys.argv[1:]])
+    run_ranks(__file__, R, worker, args)
 
 
 if __name__ == "__main__":

@@ -83,28 +83,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sleeping import Sleep, run_ranks  # noqa: E402
+
 R, V, F_MS, B_MS, LAYERS = 4, 2, 10.0, 20.0, 32
 TORCH_TIMEOUT = timedelta(seconds=60)  # a torch run's process group: how long a rank waits on a failed one
 TORCH_KINDS = {"1f1b": "ScheduleInterleaved1F1B", "zb": "ScheduleInterleavedZeroBubble",
                "zbv": "ScheduleZBVZeroBubble"}
 MPIPE_TAGS = ("(d)", "(e)", "(f)", "(g)", "(h)")
-
-
-class Sleep(torch.autograd.Function):
-    """Identity that sleeps ``fwd_s`` in forward and ``bwd_s`` in backward: one node of the autograd graph."""
-
-    @staticmethod
-    def forward(ctx, x, fwd_s, bwd_s):
-        ctx.bwd_s = bwd_s
-        if fwd_s:
-            time.sleep(fwd_s)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.bwd_s:
-            time.sleep(ctx.bwd_s)
-        return grad, None, None
 
 
 class SleepModule(nn.Module):
@@ -348,7 +334,8 @@ def timed(step, group, steps, cpu=False):
 
 
 def header_overhead(group, rank, rounds=200):
-    """Seconds per transfer rank 0 -> 1: our P2P (length, header, payload) and a plain fixed-shape send."""
+    """Seconds per transfer rank 0 -> 1: our P2P (a 4 KiB first message with the shape header and, when it fits,
+    the payload) and a plain fixed-shape send."""
     from mpipe_hf.runtime.p2p import P2P
     from mpipe_hf.runtime.watchdog import Watchdog
     store = dist.distributed_c10d._get_default_store()
@@ -607,12 +594,7 @@ def main():
     parser.add_argument("--steps", type=int, default=5, help="measured steps per schedule (median)")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args()
-    if "RANK" in os.environ:
-        worker(args)
-        return
-    from torch.distributed.run import main as torchrun
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torchrun(["--standalone", f"--nproc_per_node={R}", os.path.abspath(__file__), *sys.argv[1:]])
+    run_ranks(__file__, R, worker, args)
 
 
 if __name__ == "__main__":
