@@ -487,7 +487,7 @@ def test_max_bad_steps_stops_the_run_with_the_last_error():
         cfg = ScheduleConfig(2, 1, 2)
         step_index = 0
 
-        def step(self, load, next_load=None, num_micro=None):
+        def step(self, load, next_load=None, num_micro=None, owners=None, next_owners=None):
             load(0)
             return "stats"
 
