@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sleeping import Sleep, run_ranks  # noqa: E402
+from sleeping import Sleep, print_report, run_ranks  # noqa: E402
 
 R, V, F_MS, B_MS, P_MAX_MS = 4, 2, 10.0, 20.0, 40.0
 SIDES = (224, 336, 448, 560, 672, 784, 896)  # image sides, px
@@ -251,11 +251,7 @@ def report(args, rows, latency, dispatch):
             continue
         lines.append(f"| {pattern} | {m} | {placement} | {policy} | {step_s:.3f} | {ratio:.3f} | {pred:.3f} | "
                      f"{err:+.1%} | {pred_ratio:.3f} | {load * 1e3:.1f} |")
-    text = "\n".join(lines)
-    print(text, flush=True)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
+    print_report("\n".join(lines), args.markdown)
 
 
 def main():

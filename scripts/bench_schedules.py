@@ -84,7 +84,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sleeping import Sleep, run_ranks  # noqa: E402
+from sleeping import Sleep, print_report, run_ranks  # noqa: E402
 
 R, V, F_MS, B_MS, LAYERS = 4, 2, 10.0, 20.0, 32
 TORCH_TIMEOUT = timedelta(seconds=60)  # a torch run's process group: how long a rank waits on a failed one
@@ -546,11 +546,7 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
     lines += [f"- {note}" for note in notes]
     if failures:
         lines += ["", "Failed:", ""] + [f"- {failure}" for failure in failures]
-    text = "\n".join(lines)
-    print(text, flush=True)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
+    print_report("\n".join(lines), args.markdown)
 
 
 def main():

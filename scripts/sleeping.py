@@ -1,5 +1,5 @@
-"""What the schedule benchmarks share: an autograd node that sleeps for a set cost, and the launch of a script's
-own ranks (``bench_schedules.py``, ``bench_owners.py``, ``bench_runtime.py``).
+"""What the schedule benchmarks share (``bench_schedules.py``, ``bench_owners.py``, ``bench_runtime.py``): an
+autograd node that sleeps for a set cost, the launch of a script's own ranks, and the printing of its report.
 
 ``time.sleep`` frees the core, so 4 ranks on 2 CPU cores keep their set costs; only the runtimes' own work
 competes for the cores.
@@ -30,6 +30,14 @@ class Sleep(torch.autograd.Function):
         if ctx.bwd_s:
             time.sleep(ctx.bwd_s)
         return grad, None, None
+
+
+def print_report(text: str, markdown: str | None) -> None:
+    """Print a benchmark's report and, with ``--markdown FILE``, also write it to ``markdown``."""
+    print(text, flush=True)
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write(text + "\n")
 
 
 def run_ranks(script: str, nproc: int, worker, args) -> None:

@@ -36,7 +36,7 @@ from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import RECV_KINDS, Kind
 from ..schedule.forward import build_forward_schedule, forward_config
 from ..schedule.owners import reassign, relabel, with_owners
-from ..schedule.simulate import Costs, Event, split_backwards
+from ..schedule.simulate import Costs, Event, split_pairs
 from ..schedule.swap import SwapConfig, with_swaps
 from .data_parallel import is_sharded, local
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
@@ -358,7 +358,7 @@ class PipelineExecutor:
             return preprocess_seed(self.seed, index + m // num_micro, m % num_micro)
         ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
                           loader, micro_seed, per_micro=self.per_micro, swap=self.swap,
-                          split=frozenset(split_backwards(self.order)))
+                          split=frozenset(split_pairs(self.order)))
         if self.swap is not None:
             self.swap.reset()
         for m, (data, feats) in (carried or {}).items():

@@ -150,7 +150,7 @@ def _cycle(graph: dict[int, list[int]]) -> list[int]:
     return []
 
 
-def split_backwards(order: list[Action]) -> set[tuple[int, int]]:
+def split_pairs(order: list[Action]) -> set[tuple[int, int]]:
     """The ``(stage, micro)`` whose backward ``order`` runs as a ``B`` and a ``W``."""
     weights = {(a.stage, a.micro) for a in order if a.kind is Kind.W}
     return {(a.stage, a.micro) for a in order if a.kind is Kind.B and (a.stage, a.micro) in weights}
@@ -171,7 +171,7 @@ def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Sim
     taken: dict[tuple[int, int], int] = {}
     timeline: dict[int, list[Event]] = {r: [] for r in orders}
     left = sum(len(a) for a in orders.values())
-    split = {r: split_backwards(actions) for r, actions in orders.items()}
+    split = {r: split_pairs(actions) for r, actions in orders.items()}
 
     def run(rank: int, a: Action, start: float, end: float) -> None:
         nonlocal left

@@ -27,7 +27,7 @@ from collections import deque
 from .actions import COLLECTIVE_KINDS, RECV_KINDS, SEND_TO_RECV, Action, Kind
 from .config import ScheduleConfig
 from .interleaved import peak_in_flight
-from .simulate import Costs, simulate, split_backwards as split_pairs
+from .simulate import Costs, simulate, split_pairs
 
 
 def split_backwards(cfg: ScheduleConfig, order: list[Action]) -> list[Action]:
