@@ -206,7 +206,7 @@ def activation_peak(order, stage_bytes: list[float], p: Profile, cfg: ScheduleCo
             hold(("pixels", a.micro), p.graph_bytes)
         if k is Kind.TRANSPOSE_FWD and cfg.owner_backward:
             hold(("graph", a.micro), graph)
-        elif k is Kind.GRAD_RECV_BWD or (k is Kind.TRANSPOSE_BWD and cfg.owner_backward):
+        elif k is Kind.TRANSPOSE_BWD and cfg.owner_backward:
             drop(("graph", a.micro))
         elif k is Kind.TRANSPOSE_BWD:
             extra = graph

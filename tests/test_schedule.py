@@ -9,6 +9,7 @@ from mpipe_hf.schedule import (Action, Kind, ScheduleConfig, ScheduleError, body
                                format_schedule, parse_schedule, strip_mpipe, validate)
 from mpipe_hf.schedule.actions import RECV_KINDS, SEND_TO_RECV
 from mpipe_hf.schedule.interleaved import peak_in_flight
+from mpipe_hf.schedule.simulate import Costs, simulate
 
 GRID = list(itertools.product(range(1, 6), range(1, 4), range(1, 13)))
 
@@ -76,7 +77,7 @@ def test_every_mode_is_valid_and_keeps_the_body(R, V, M):
         for kind, micros in expected.items():
             assert sorted(a.micro for a in orders[0] if a.kind is kind) == micros, (mode, kind)
         p_backward = [a.micro for acts in orders.values() for a in acts
-                      if a.kind in (Kind.TRANSPOSE_BWD, Kind.GRAD_RECV_BWD)]
+                      if a.kind is Kind.TRANSPOSE_BWD]
         assert sorted(p_backward) == (list(range(M)) if cfg.trainable else []), mode
         if not cfg.transposed:
             assert not any(a.kind is Kind.TRANSPOSE_FWD for acts in orders.values() for a in acts)
@@ -91,14 +92,48 @@ def test_min_mode_runs_overflow_inline_before_its_stage0_forward():
     assert [a.micro for a in rank0[:rank0.index(Action(Kind.F, 0, 0))] if a.kind is Kind.DATA_LOAD] == [0]
 
 
-def test_owner_backward_suffix_order():
-    cfg = ScheduleConfig(3, 1, 7, "trainable", owner_backward=True)
-    orders = build_schedule(cfg)
-    tail0 = orders[0][orders[0].index(Action(Kind.GRAD_SEND, 1, peer=1)):]
-    assert tail0 == [Action(Kind.GRAD_SEND, m, peer=cfg.owner(m)) for m in (1, 2, 4, 5)] + [Action(Kind.GRAD_REDUCE)]
-    assert orders[1][-3:] == [Action(Kind.GRAD_RECV_BWD, 1, peer=0), Action(Kind.GRAD_RECV_BWD, 4, peer=0),
-                              Action(Kind.GRAD_REDUCE)]
+def after_the_body(cfg, orders):
+    """``orders`` with owner-backward's gradients and ``P`` backwards moved after the body, as SPEC.md ("How the
+    schedule is built", 4) had them: rank 0 sends every remote micro's gradient in ascending order, each owner
+    receives and backprops its micros, then ``GRAD_REDUCE``."""
+    moved = (Kind.GRAD_SEND, Kind.GRAD_RECV, Kind.TRANSPOSE_BWD, Kind.GRAD_REDUCE)
+    out = {}
+    for rank, actions in orders.items():
+        keep = [a for a in actions if a.kind not in moved]
+        if rank == 0:
+            own = [Action(Kind.TRANSPOSE_BWD, m) for m in cfg.owned(0)]
+            tail = own + [Action(Kind.GRAD_SEND, m, peer=cfg.owner(m)) for m in range(cfg.num_micro)
+                          if cfg.owner(m) != 0]
+        else:
+            tail = [b for m in cfg.owned(rank) for b in (Action(Kind.GRAD_RECV, m, peer=0), Action(Kind.TRANSPOSE_BWD, m))]
+        out[rank] = keep + tail + [Action(Kind.GRAD_REDUCE)]
+    return out
+
+
+@pytest.mark.parametrize("R,V,M,zero_bubble", [(3, 1, 7, False), (4, 2, 8, False), (4, 2, 16, True), (2, 3, 6, True)])
+def test_owner_backward_sends_gradients_inline_and_backprops_in_the_waits(R, V, M, zero_bubble):
+    """Rank 0 sends each gradient right after its stage-0 backward; every owner backprops a micro after its
+    gradient arrived; and that is faster than the whole owner-backward after the body (SPEC.md's placement),
+    with ``P`` as heavy as the bench's (Pf = 4 F)."""
+    cfg = ScheduleConfig(R, V, M, "trainable", owner_backward=True, zero_bubble=zero_bubble)
+    costs = Costs(forward=1.0, backward=2.0, preprocess_forward=4.0, preprocess_backward=8.0)
+    orders = build_schedule(cfg, costs)
+    rank0 = orders[0]
+    for m in range(M):
+        b = rank0.index(Action(Kind.B, m, 0))
+        if cfg.owner(m) != 0:
+            assert rank0[b + 1] == Action(Kind.GRAD_SEND, m, peer=cfg.owner(m))
+        else:
+            assert rank0.index(Action(Kind.TRANSPOSE_BWD, m)) > b
+    for rank in range(1, R):
+        actions = orders[rank]
+        for m in cfg.owned(rank):
+            assert actions.index(Action(Kind.GRAD_RECV, m, peer=0)) < actions.index(Action(Kind.TRANSPOSE_BWD, m))
+        assert actions[-1] == Action(Kind.GRAD_REDUCE)
     assert not any(a.kind is Kind.GRAPH_SEND for acts in orders.values() for a in acts)
+    suffix = after_the_body(cfg, orders)
+    validate(cfg, suffix)
+    assert simulate(orders, costs).makespan < simulate(suffix, costs).makespan
 
 
 @pytest.mark.parametrize("R,V,M", [(4, 1, 8), (4, 2, 8), (4, 2, 16), (3, 3, 9), (2, 3, 6)])

@@ -68,7 +68,7 @@ class StepContext:
     pin: dict[int, Tensors] = field(default_factory=dict)         # P's inputs per micro
     feats: dict[int, Tensors] = field(default_factory=dict)       # P's outputs per micro
     kept: dict[int, Tensors] = field(default_factory=dict)        # P's outputs with their graph (owner-backward)
-    feat_grad: dict[int, Tensors] = field(default_factory=dict)   # gradient on P's outputs (rank 0)
+    feat_grad: dict[int, Tensors] = field(default_factory=dict)   # gradient on P's outputs, for TRANSPOSE_BWD
     act: dict[tuple[int, int], Tensors] = field(default_factory=dict)   # (stage, m) -> output for stage + 1
     grad: dict[tuple[int, int], Tensors] = field(default_factory=dict)  # (stage, m) -> grad of stage's inputs
     saved: dict[tuple[int, int], tuple[Tensors, Tensors]] = field(default_factory=dict)  # for the backward
@@ -238,7 +238,7 @@ def data_load(ctx: StepContext, a: Action) -> None:
 
 def transpose_fwd(ctx: StepContext, a: Action) -> None:
     """``TRANSPOSE_FWD``: run ``P`` on the micro. Without a graph, except with owner-backward, where the owner
-    keeps it for ``GRAD_RECV_BWD``; rank 0 otherwise recomputes ``P`` in ``TRANSPOSE_BWD`` (trainable ``P``). ``P``
+    keeps it for its ``TRANSPOSE_BWD``; rank 0 otherwise recomputes ``P`` in ``TRANSPOSE_BWD`` (trainable ``P``). ``P``
     runs under the micro's own seed (:func:`preprocess_seed`)."""
     m = a.micro
     if ctx.cfg.owner_backward:
@@ -252,20 +252,15 @@ def transpose_fwd(ctx: StepContext, a: Action) -> None:
 
 
 def transpose_bwd(ctx: StepContext, a: Action) -> None:
-    """``TRANSPOSE_BWD`` (rank 0): backprop the body's feature gradient through ``P``, on the kept graph of an
-    own micro (owner-backward) or on a recompute of ``P`` from the micro's inputs."""
+    """``TRANSPOSE_BWD``: backprop the body's feature gradient through ``P``: on the graph this rank kept
+    (owner-backward: every owner, rank 0 included, after the gradient reached it, by ``GRAD_RECV`` on the others)
+    or, on rank 0 without owner-backward, on a recompute of ``P`` from the micro's inputs."""
     m, grads = a.micro, ctx.feat_grad.pop(a.micro)
     if m in ctx.kept:
         _backward(ctx.kept.pop(m), grads)
         return
     with torch.enable_grad():  # the forward's dropout masks again: the same seed
         _backward(_run_preprocess(ctx, m, ctx.pin.pop(m)), grads)
-
-
-def grad_recv_bwd(ctx: StepContext, a: Action) -> None:
-    """``GRAD_RECV_BWD`` (owner-backward): receive the micro's feature gradient from rank 0 and backprop it
-    through the graph this owner kept."""
-    _backward(ctx.kept.pop(a.micro), ctx.p2p.recv(a.peer, a))
 
 
 def grad_reduce(ctx: StepContext, a: Action) -> None:
@@ -324,7 +319,7 @@ HANDLERS: dict[Kind, Callable[[StepContext, Action], None]] = {
     Kind.GRAPH_SEND: _sender("pin"),
     Kind.GRAPH_RECV: _receiver("pin"),
     Kind.GRAD_SEND: _sender("feat_grad"),
-    Kind.GRAD_RECV_BWD: grad_recv_bwd,
+    Kind.GRAD_RECV: _receiver("feat_grad"),
     Kind.GRAD_REDUCE: grad_reduce,
     Kind.SWAP_SET_GROUP: _swap("set_group"),
     Kind.SWAP_LAUNCH_OFFLOAD: _swap("launch_offload"),

@@ -35,7 +35,7 @@ class Kind(str, enum.Enum):
     GRAPH_RECV = "GRAPH_RECV"
     TRANSPOSE_BWD = "TRANSPOSE_BWD"
     GRAD_SEND = "GRAD_SEND"
-    GRAD_RECV_BWD = "GRAD_RECV_BWD"
+    GRAD_RECV = "GRAD_RECV"  # owner-backward: the feature gradient; the owner backprops it in TRANSPOSE_BWD
     GRAD_REDUCE = "GRAD_REDUCE"
     SWAP_SET_GROUP = "SWAP_SET_GROUP"  # activation swap (:mod:`.swap`): local to the rank, no message
     SWAP_LAUNCH_OFFLOAD = "SWAP_LAUNCH_OFFLOAD"
@@ -45,7 +45,7 @@ class Kind(str, enum.Enum):
 
 
 BODY_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
-COMPUTE_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.TRANSPOSE_FWD, Kind.TRANSPOSE_BWD, Kind.GRAD_RECV_BWD})
+COMPUTE_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.TRANSPOSE_FWD, Kind.TRANSPOSE_BWD})
 COLLECTIVE_KINDS = frozenset({Kind.PARAM_BROADCAST, Kind.GRAD_REDUCE})
 # Point-to-point kinds: sender kind -> (receiver kind, channel name of the message).
 SEND_TO_RECV = {
@@ -54,7 +54,7 @@ SEND_TO_RECV = {
     Kind.DATA_SEND: Kind.DATA_RECV,
     Kind.FWD_SEND: Kind.FWD_RECV,
     Kind.GRAPH_SEND: Kind.GRAPH_RECV,
-    Kind.GRAD_SEND: Kind.GRAD_RECV_BWD,
+    Kind.GRAD_SEND: Kind.GRAD_RECV,
 }
 RECV_KINDS = frozenset(SEND_TO_RECV.values())
 

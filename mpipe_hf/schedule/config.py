@@ -22,9 +22,10 @@ class ScheduleConfig:
             dataload-only; only raw data moves, with no broadcast and no ``P`` forward or backward).
         overflow: ``"full"`` (owner of micro ``m`` is ``m % NT``) or ``"min"`` (owner is ``m`` for ``m < NT``,
             else rank 0, which runs those micros inline, right before their stage-0 forward).
-        owner_backward: trainable ``P`` only. Owners keep ``P``'s graph; after the body, rank 0 ships each
-            feature gradient back and the owner backprops it (no recompute, no ``GRAPH`` transfer), then
-            ``GRAD_REDUCE`` sums ``P``'s gradient over the pipeline group.
+        owner_backward: trainable ``P`` only. Owners keep ``P``'s graph; right after each stage-0 backward rank 0
+            ships the feature gradient back, and the owner backprops it where it would otherwise wait (no
+            recompute, no ``GRAPH`` transfer; :mod:`.mpipe`), then ``GRAD_REDUCE`` sums ``P``'s gradient over
+            the pipeline group.
         less_memory: a shallower warm-up of the interleaved body (``R-1-r`` instead of ``2(R-1-r)`` extra
             forwards on rank ``r``): fewer activations in flight, possibly more bubble.
         placement: where the transposed forwards go: ``"prefix"`` (each owner runs them before its body, as the

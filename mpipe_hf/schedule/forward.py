@@ -17,7 +17,7 @@ from .actions import Action, Kind
 from .config import ScheduleConfig
 from .mpipe import build_schedule
 
-BACKWARD_KINDS = frozenset({Kind.B, Kind.SEND_B, Kind.RECV_B, Kind.TRANSPOSE_BWD, Kind.GRAD_SEND, Kind.GRAD_RECV_BWD,
+BACKWARD_KINDS = frozenset({Kind.B, Kind.SEND_B, Kind.RECV_B, Kind.TRANSPOSE_BWD, Kind.GRAD_SEND, Kind.GRAD_RECV,
                             Kind.GRAD_REDUCE, Kind.PARAM_BROADCAST, Kind.GRAPH_SEND, Kind.GRAPH_RECV})
 
 

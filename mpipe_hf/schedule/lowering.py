@@ -4,6 +4,11 @@ Sends go right after the compute that produces them. Receives are posted in the 
 that needs a message from rank ``p``, the rank receives every message ``p`` sent it up to and including that one.
 So each pair of ranks posts its sends and receives in the same order, by construction (NCCL matches point-to-point
 operations by order per pair, never by tag), and a receive never waits longer than its consumer would have.
+
+The owner-backward feature gradients (``GRAD_SEND``, placed by :mod:`.mpipe` right after rank 0's stage-0 ``B``)
+are received the same way: an owner's ``TRANSPOSE_BWD`` of micro ``m`` needs ``("GRAD", m)`` from rank 0, and a
+gradient that rank 0 sent before a body message is received (``GRAD_RECV``) before that message. The other
+MPipe transfers are explicit in the orders and are never passed over.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ from collections import defaultdict
 
 from .actions import RECV_KINDS, SEND_TO_RECV, Action, Kind
 from .config import ScheduleConfig
+
+
+IMPLICIT = ("F", "B", "GRAD")  # the messages whose receives this module places
 
 
 class ScheduleError(ValueError):
@@ -23,6 +31,8 @@ def _needed_message(cfg: ScheduleConfig, rank: int, action: Action) -> tuple[int
     if action.kind is Kind.F and action.stage > 0:
         src = cfg.stage_rank(action.stage - 1)
         return (src, ("F", action.stage - 1, action.micro)) if src != rank else None
+    if action.kind is Kind.TRANSPOSE_BWD and rank != 0:  # owner-backward: the gradient comes from rank 0
+        return 0, ("GRAD", action.micro)
     backward = action.kind is Kind.B or (action.kind is Kind.W and not cfg.needs_input_grad(action.stage))
     if backward and action.stage < cfg.num_stages - 1:
         src = cfg.stage_rank(action.stage + 1)
@@ -31,6 +41,8 @@ def _needed_message(cfg: ScheduleConfig, rank: int, action: Action) -> tuple[int
 
 
 def _recv_for(message: tuple, src: int) -> Action:
+    if message[0] == "GRAD":
+        return Action(Kind.GRAD_RECV, message[1], peer=src)
     kind, stage, micro = message
     if kind == "F":
         return Action(Kind.RECV_F, micro, stage + 1, src)
@@ -85,7 +97,7 @@ def add_transfers(cfg: ScheduleConfig, orders: dict[int, list[Action]]) -> dict[
                 queue = channels[(src, dst)]
                 while True:
                     i = position[src]
-                    if i >= len(queue) or queue[i][0] not in ("F", "B"):
+                    if i >= len(queue) or queue[i][0] not in IMPLICIT:
                         raise ScheduleError(f"rank {dst}: {action} needs {message} from rank {src}, "
                                             f"which rank {src} never sends before {queue[i:i + 1]}")
                     out.append(_recv_for(queue[i], src))

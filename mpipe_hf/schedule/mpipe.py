@@ -2,8 +2,13 @@
 
 The preprocess ``P`` runs on the owner of each micro-batch during that rank's warm-up idle time. Each rank's
 order is: prefix (broadcast, loads, transposed forwards, type-major transfers to rank 0), then the body, with
-rank 0's patch (overflow loads in mode ``min``, ``TRANSPOSE_BWD`` after each stage-0 backward for a trainable
-``P``), then, with owner-backward, the suffix (feature gradients back to their owners, ``GRAD_REDUCE``).
+rank 0's patch (overflow loads in mode ``min``; after each stage-0 backward of a trainable ``P``, its
+``TRANSPOSE_BWD``, or with owner-backward the ``GRAD_SEND`` of the feature gradient to a remote owner), then,
+with owner-backward, the suffix (each owner's ``TRANSPOSE_BWD`` of its micros, ``GRAD_REDUCE``).
+
+Owner-backward's placement differs from SPEC.md ("How the schedule is built", 4), which sends every gradient
+after the body, as issue 18 asks: the gradients go back inline, in each pair's message order (:mod:`.lowering`
+receives them), and :func:`~.zero_bubble.place_weights` then moves every ``P`` backward into its rank's waits.
 """
 
 from __future__ import annotations
@@ -58,9 +63,9 @@ def prefix(cfg: ScheduleConfig, rank: int) -> list[Action]:
 
 
 def patch_rank0(cfg: ScheduleConfig, body: list[Action]) -> list[Action]:
-    """Rank 0's body with the inline overflow loads (mode ``min``) and ``TRANSPOSE_BWD`` after each stage-0
-    backward of a trainable ``P`` (with owner-backward, only for rank 0's own micros: it backprops its kept
-    graph; the others' gradients go back to their owners in the suffix)."""
+    """Rank 0's body with the inline overflow loads (mode ``min``) and, after each stage-0 backward of a
+    trainable ``P``, ``TRANSPOSE_BWD`` (with owner-backward: for rank 0's own micros, on its kept graph) or the
+    ``GRAD_SEND`` of the feature gradient to the micro's owner (owner-backward, remote micros)."""
     inline = set(range(cfg.num_owners, cfg.num_micro)) if cfg.overflow == "min" else set()
     out = []
     for action in body:
@@ -68,22 +73,20 @@ def patch_rank0(cfg: ScheduleConfig, body: list[Action]) -> list[Action]:
         if action.kind is Kind.F and stage0 and action.micro in inline:
             out += _load(cfg, action.micro)
         out.append(action)
-        if action.kind is Kind.B and stage0 and cfg.trainable \
-                and (not cfg.owner_backward or cfg.owner(action.micro) == 0):
-            out.append(Action(Kind.TRANSPOSE_BWD, action.micro))
+        if action.kind is Kind.B and stage0 and cfg.trainable:
+            owner = cfg.owner(action.micro) if cfg.owner_backward else 0
+            out.append(Action(Kind.TRANSPOSE_BWD, action.micro) if owner == 0 else
+                       Action(Kind.GRAD_SEND, action.micro, peer=owner))
     return out
 
 
 def suffix(cfg: ScheduleConfig, rank: int) -> list[Action]:
-    """Owner-backward only: rank 0 sends every remote micro's feature gradient to its owner (ascending), each
-    owner receives and backprops its micros (ascending), then every rank runs ``GRAD_REDUCE``."""
+    """Owner-backward only: each owner past rank 0 backprops its micros (``TRANSPOSE_BWD``, ascending; the
+    lowering receives their gradients), then every rank runs ``GRAD_REDUCE``."""
     if not cfg.owner_backward:
         return []
-    if rank == 0:
-        out = [Action(Kind.GRAD_SEND, m, peer=cfg.owner(m)) for m in range(cfg.num_micro) if cfg.owner(m) != 0]
-    else:
-        out = [Action(Kind.GRAD_RECV_BWD, m, peer=0) for m in cfg.owned(rank)]
-    return out + [Action(Kind.GRAD_REDUCE)]
+    own = [Action(Kind.TRANSPOSE_BWD, m) for m in cfg.owned(rank)] if rank != 0 else []
+    return own + [Action(Kind.GRAD_REDUCE)]
 
 
 def build_schedule(cfg: ScheduleConfig, costs: Costs | None = None, own: bool = True,
@@ -92,7 +95,8 @@ def build_schedule(cfg: ScheduleConfig, costs: Costs | None = None, own: bool = 
 
     Args:
         costs: the costs the simulator places the transposed forwards (placement ``fill``) and the weight
-            gradients (``zero_bubble``) by (unit costs when ``None``); unused otherwise.
+            gradients (``zero_bubble``'s ``W``, owner-backward's ``TRANSPOSE_BWD``) by (unit costs when
+            ``None``); unused otherwise.
         own, ahead: placement ``fill`` only. ``own=False``: this step's micros were loaded and preprocessed by
             the previous step (rank 0 holds their data and features); ``ahead=True``: this step also loads and
             preprocesses the next step's micros (numbered ``M + m``) in its idle time (:mod:`.fill`).
@@ -110,7 +114,7 @@ def build_schedule(cfg: ScheduleConfig, costs: Costs | None = None, own: bool = 
         body = patch_rank0(cfg, body) if rank == 0 else body
         orders[rank] = prefix(cfg, rank) + body + suffix(cfg, rank)
     orders = add_transfers(cfg, orders)
-    if cfg.zero_bubble:
+    if cfg.zero_bubble or cfg.owner_backward:
         orders = place_weights(orders, costs)
     if cfg.placement == "fill":
         orders = place_groups(cfg, orders, costs, own, ahead)

@@ -229,9 +229,9 @@ def with_owners(cfg: ScheduleConfig, owners: Sequence[int] | None = None,
 @dataclass(frozen=True)
 class MicroCosts(Costs):
     """:class:`~.simulate.Costs` where each micro's ``P`` has its own cost: ``preprocess_micro[m]`` for the
-    ``TRANSPOSE_FWD`` of micro ``m`` and ``preprocess_backward_micro[m]`` for its ``TRANSPOSE_BWD`` or
-    ``GRAD_RECV_BWD``. Micros ``M + m`` (placement ``fill``'s look-ahead) read index ``M + m`` when the tuple is
-    that long; a micro past the tuple's end takes the uniform ``preprocess_forward`` / ``preprocess_backward``.
+    ``TRANSPOSE_FWD`` of micro ``m`` and ``preprocess_backward_micro[m]`` for its ``TRANSPOSE_BWD``. Micros
+    ``M + m`` (placement ``fill``'s look-ahead) read index ``M + m`` when the tuple is that long; a micro past the
+    tuple's end takes the uniform ``preprocess_forward`` / ``preprocess_backward``.
     Units as :class:`~.simulate.Costs` (seconds)."""
 
     preprocess_micro: tuple[float, ...] = ()
@@ -242,7 +242,7 @@ class MicroCosts(Costs):
         :meth:`Costs.compute <.simulate.Costs.compute>` takes them, pass through)."""
         if a.kind is Kind.TRANSPOSE_FWD and a.micro is not None and a.micro < len(self.preprocess_micro):
             return self.preprocess_micro[a.micro]
-        if (a.kind in (Kind.TRANSPOSE_BWD, Kind.GRAD_RECV_BWD) and a.micro is not None
+        if (a.kind is Kind.TRANSPOSE_BWD and a.micro is not None
                 and a.micro < len(self.preprocess_backward_micro)):
             return self.preprocess_backward_micro[a.micro]
         return super().compute(a, *args, **kwargs)

@@ -1,7 +1,7 @@
 """Discrete-event simulation of a pipeline schedule: when every action of every rank starts and ends.
 
-A rank runs its actions in order. A compute action (``F``, ``B``, ``TRANSPOSE_FWD``, ``TRANSPOSE_BWD``,
-``GRAD_RECV_BWD``'s backward, ``DATA_LOAD``) holds the rank for its cost. A send holds the sender for
+A rank runs its actions in order. A compute action (``F``, ``B``, ``W``, ``TRANSPOSE_FWD``,
+``TRANSPOSE_BWD``, ``DATA_LOAD``) holds the rank for its cost. A send holds the sender for
 ``send_overhead`` and its message arrives ``latency + bytes / bandwidth`` later; a receive ends when its message
 has arrived (the wait is idle time). Every action also holds its rank for ``dispatch``, the runtime's own time
 per action. Messages between two ranks pair in order and must match (SPEC.md, "How the schedule is built": every
@@ -22,7 +22,7 @@ from .swap import peak_resident
 # channel of a transfer or collective kind, as Costs.message_bytes names it
 CHANNELS = {Kind.SEND_F: "F", Kind.RECV_F: "F", Kind.SEND_B: "B", Kind.RECV_B: "B", Kind.DATA_SEND: "DATA",
             Kind.DATA_RECV: "DATA", Kind.FWD_SEND: "FWD", Kind.FWD_RECV: "FWD", Kind.GRAPH_SEND: "GRAPH",
-            Kind.GRAPH_RECV: "GRAPH", Kind.GRAD_SEND: "GRAD", Kind.GRAD_RECV_BWD: "GRAD",
+            Kind.GRAPH_RECV: "GRAPH", Kind.GRAD_SEND: "GRAD", Kind.GRAD_RECV: "GRAD",
             Kind.PARAM_BROADCAST: "PARAM", Kind.GRAD_REDUCE: "REDUCE"}
 BUSY_KINDS = COMPUTE_KINDS | {Kind.DATA_LOAD}
 
@@ -34,8 +34,8 @@ class Costs:
     Attributes:
         forward, backward: a body ``F``/``B``; one number for every stage, or a tuple indexed by stage.
         preprocess_forward: a ``TRANSPOSE_FWD`` (``P`` on one micro-batch).
-        preprocess_backward: a ``TRANSPOSE_BWD`` (recompute and backward of ``P``) or the backward part of a
-            ``GRAD_RECV_BWD``.
+        preprocess_backward: a ``TRANSPOSE_BWD`` (the backward of ``P``, with its recompute on rank 0
+            without owner-backward).
         data_load: a ``DATA_LOAD`` (read, decode and process one micro-batch).
         latency: added to every transfer and collective.
         bandwidth: bytes per unit of time (``inf``: transfers cost only their latency).
@@ -76,7 +76,7 @@ class Costs:
             return weight if a.kind is Kind.W else cost - weight
         if a.kind is Kind.TRANSPOSE_FWD:
             return self.preprocess_forward
-        if a.kind in (Kind.TRANSPOSE_BWD, Kind.GRAD_RECV_BWD):
+        if a.kind is Kind.TRANSPOSE_BWD:
             return self.preprocess_backward
         if a.kind is Kind.DATA_LOAD:
             return self.data_load

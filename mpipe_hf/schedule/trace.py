@@ -12,7 +12,7 @@ from .actions import Action, Kind
 from .simulate import Event
 
 COLORS = {Kind.F: "#4C78A8", Kind.B: "#54A24B", Kind.W: "#9ACD6E", Kind.TRANSPOSE_FWD: "#F58518", Kind.TRANSPOSE_BWD: "#E45756",
-          Kind.GRAD_RECV_BWD: "#E45756", Kind.DATA_LOAD: "#B279A2"}
+          Kind.DATA_LOAD: "#B279A2"}
 LABELS = {Kind.F: "forward", Kind.B: "backward", Kind.W: "weight gradient (W)", Kind.TRANSPOSE_FWD: "preprocess forward",
           Kind.TRANSPOSE_BWD: "preprocess backward", Kind.DATA_LOAD: "data load"}
 

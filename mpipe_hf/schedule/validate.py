@@ -42,7 +42,6 @@ def _requires(cfg: ScheduleConfig, a: Action) -> list[tuple]:
         Kind.GRAPH_SEND: [("pin", m)],
         Kind.TRANSPOSE_BWD: [("grad", 0, m), ("kept", m) if cfg.owner_backward else ("pin", m)],
         Kind.GRAD_SEND: [("grad", 0, m)],
-        Kind.GRAD_RECV_BWD: [("kept", m)],
     }.get(a.kind, [])
 
 
@@ -54,6 +53,7 @@ def _produces(cfg: ScheduleConfig, a: Action) -> list[tuple]:
         Kind.B: [("grad", s, m), ("input_grad", s, m)],
         Kind.RECV_F: [("act", s - 1 if s is not None else None, m)],
         Kind.RECV_B: [("grad", s + 1 if s is not None else None, m)],
+        Kind.GRAD_RECV: [("grad", 0, m)],
         Kind.DATA_LOAD: [("data", m), ("pin", m)],
         Kind.TRANSPOSE_FWD: [("feat", m)] + ([("kept", m)] if cfg.owner_backward else []),
         Kind.DATA_RECV: [("data", m)],

@@ -83,21 +83,38 @@ def _arrivals(orders: dict[int, list[Action]], costs: Costs) -> dict[tuple, floa
 
 def _list_weights(orders: dict[int, list[Action]], costs: Costs,
                   expected: dict[tuple, float]) -> dict[int, list[Action]] | None:
-    """One listing of :func:`place_weights`; ``None`` if it gets stuck (never for a validated schedule)."""
-    base = {r: [a for a in actions if a.kind is not Kind.W] for r, actions in orders.items()}
-    release: dict[int, dict[int, list[Action]]] = {r: {} for r in orders}  # base index -> W it makes pending
+    """One listing of :func:`place_weights`; ``None`` if it gets stuck (never for a validated schedule).
+
+    The weight work leaves the orders: the ``W`` (pending from the position of the action before it) and the
+    ``TRANSPOSE_BWD`` (pending after its ``GRAD_RECV`` on an owner past rank 0, else from its position), and so
+    do the ``GRAD_RECV``: a rank takes its channel's next message when that is a gradient that has arrived, or
+    when it must (the rank receives a later message of the channel, or has nothing else left)."""
+    weight_kinds = (Kind.W, Kind.TRANSPOSE_BWD)
+    grads = {r: [a for a in actions if a.kind is Kind.GRAD_RECV] for r, actions in orders.items()}
+    by_grad = {r: {a.micro for a in grads[r]} for r in orders}
+    base = {r: [a for a in actions if a.kind not in weight_kinds and a.kind is not Kind.GRAD_RECV]
+            for r, actions in orders.items()}
+    release: dict[int, dict[int, list[Action]]] = {r: {} for r in orders}  # base index -> work it makes pending
+    due: dict[int, dict[Action, int]] = {r: {} for r in orders}  # GRAD_RECV -> base index it must come before
     for r, actions in orders.items():
         count = 0
         for a in actions:
-            if a.kind is Kind.W:
+            if a.kind in weight_kinds and not (a.kind is Kind.TRANSPOSE_BWD and a.micro in by_grad[r]):
                 release[r].setdefault(count, []).append(a)
-            else:
+            elif a.kind is Kind.GRAD_RECV:
+                due[r][a] = count
+            elif a.kind not in weight_kinds:
                 count += 1
+    channel: dict[tuple[int, int], list[tuple]] = {}  # every pair's messages, in the sender's order
+    for src, actions in orders.items():
+        for a in actions:
+            if a.kind in SEND_TO_RECV:
+                channel.setdefault((src, a.peer), []).append(a.message())
     split = {r: split_pairs(actions) for r, actions in orders.items()}
     cap = max(peak_in_flight(actions) for actions in orders.values())
     clock = {r: 0.0 for r in orders}
     pc = {r: 0 for r in orders}
-    pending: dict[int, deque] = {r: deque() for r in orders}
+    pending: dict[int, dict[Kind, deque]] = {r: {k: deque() for k in weight_kinds} for r in orders}
     live = {r: 0 for r in orders}
     out: dict[int, list[Action]] = {r: [] for r in orders}
     sent: dict[tuple[int, int], list[tuple[tuple, float]]] = {}
@@ -114,32 +131,67 @@ def _list_weights(orders: dict[int, list[Action]], costs: Costs,
         elif a.kind is Kind.W or (a.kind is Kind.B and (a.stage, a.micro) not in split[r]):
             live[r] -= 1
 
+    def head(r: int, peer: int) -> tuple[tuple | None, float | None]:
+        """The next message ``peer`` -> ``r``, and when it arrives (``None``: not sent yet; then its expected
+        arrival comes from the previous listing)."""
+        queue, i = channel.get((peer, r), []), taken.get((peer, r), 0)
+        if i >= len(queue):
+            return None, None
+        done = sent.get((peer, r), [])
+        return queue[i], (done[i][1] if i < len(done) else None)
+
+    def arrived_grad(r: int, ready_by: float, only_due: bool = False):
+        """A ``GRAD_RECV`` of ``r`` whose gradient is its channel's next message and arrives by ``ready_by``
+        (``only_due``: one of those the orders have before ``r``'s next action)."""
+        for g in grads[r]:
+            if only_due and due[r][g] > pc[r]:
+                continue
+            message, at = head(r, g.peer)
+            if message == g.message() and at is not None and at <= ready_by + 1e-12:
+                return g
+        return None
+
+    def fitting(r: int, arrival: float):
+        """The oldest ``W``, else the oldest ``TRANSPOSE_BWD``, that ends before ``arrival``."""
+        for kind in weight_kinds:
+            work = pending[r][kind]
+            if work and clock[r] + compute(r, work[0]) + costs.dispatch <= arrival + 1e-12:
+                return kind
+        return None
+
+    def oldest(r: int):
+        return next((kind for kind in weight_kinds if pending[r][kind]), None)
+
     def move(r: int):
-        """The move rank ``r`` makes next: ``"W"``, ``"base"``, or ``None`` (it waits)."""
+        """The move rank ``r`` makes next: a weight kind (run that pending work), ``"grad"`` (a ``GRAD_RECV``),
+        ``"base"``, or ``None`` (it waits)."""
         for a in release[r].pop(pc[r], []):
-            pending[r].append(a)
-        if pc[r] == len(base[r]):
-            return "W" if pending[r] else None
-        a = base[r][pc[r]]
-        if pending[r] and (a.kind in COLLECTIVE_KINDS or (a.kind is Kind.F and live[r] >= cap)):
-            return "W"
-        if a.kind in COLLECTIVE_KINDS:
-            return None
+            pending[r][a.kind].append(a)
+        if arrived_grad(r, clock[r]) is not None:
+            return "grad"
+        a = base[r][pc[r]] if pc[r] < len(base[r]) else None
+        if a is None or a.kind in COLLECTIVE_KINDS:  # everything local must be done first
+            if oldest(r) is not None:
+                return oldest(r)
+            return "grad" if arrived_grad(r, float("inf"), only_due=True) is not None else None
+        if a.kind is Kind.F and live[r] >= cap and pending[r][Kind.W]:
+            return Kind.W
         if a.kind in RECV_KINDS:
-            queue, i = sent.get((a.peer, r), []), taken.get((a.peer, r), 0)
-            arrival = queue[i][1] if i < len(queue) else expected.get((a.peer, r, a.message()), 0.0)
-            if pending[r] and clock[r] + compute(r, pending[r][0]) + costs.dispatch <= arrival + 1e-12:
-                return "W"
-            return "base" if i < len(queue) else None
+            message, at = head(r, a.peer)
+            arrival = at if at is not None else expected.get((a.peer, r, message), 0.0)
+            kind = fitting(r, arrival)
+            if kind is not None:
+                return kind
+            if at is None:
+                return None
+            return "grad" if message != a.message() else "base"
         return "base"
 
     def run_base(r: int) -> None:
         a, start = base[r][pc[r]], clock[r]
         pc[r] += 1
         if a.kind in RECV_KINDS:
-            i = taken.get((a.peer, r), 0)
-            taken[(a.peer, r)] = i + 1
-            emit(r, a, max(start, sent[(a.peer, r)][i][1]) + compute(r, a))
+            receive(r, a, start)
         elif a.kind in SEND_TO_RECV:
             end = start + costs.send_overhead
             sent.setdefault((r, a.peer), []).append((a.message(), end + costs.dispatch + costs.transfer(a.kind)))
@@ -147,13 +199,24 @@ def _list_weights(orders: dict[int, list[Action]], costs: Costs,
         else:
             emit(r, a, start + compute(r, a))
 
+    def receive(r: int, a: Action, start: float) -> None:
+        i = taken.get((a.peer, r), 0)
+        taken[(a.peer, r)] = i + 1
+        emit(r, a, max(start, sent[(a.peer, r)][i][1]) + compute(r, a))
+
     moves = {r: move(r) for r in orders}  # a rank's move changes only when it acts or a message reaches it
-    while any(m is not None for m in moves.values()) or any(pc[r] < len(base[r]) for r in orders):
+    while any(m is not None for m in moves.values()) or any(pc[r] < len(base[r]) or grads[r] for r in orders):
         ready = [r for r, m in moves.items() if m is not None]
         if ready:
             r = min(ready, key=lambda q: (clock[q], q))
-            if moves[r] == "W":
-                a = pending[r].popleft()
+            if moves[r] == "grad":
+                g = arrived_grad(r, float("inf"))
+                grads[r].remove(g)
+                receive(r, g, clock[r])
+                pending[r][Kind.TRANSPOSE_BWD].extend(a for a in orders[r] if a.kind is Kind.TRANSPOSE_BWD
+                                                      and a.micro == g.micro)
+            elif moves[r] in weight_kinds:
+                a = pending[r][moves[r]].popleft()
                 emit(r, a, clock[r] + compute(r, a))
             else:
                 a = base[r][pc[r]]
@@ -163,7 +226,8 @@ def _list_weights(orders: dict[int, list[Action]], costs: Costs,
             moves[r] = move(r)
             continue
         heads = {r: base[r][pc[r]] for r in orders if pc[r] < len(base[r])}
-        if len(heads) != len(orders) or any(h.kind not in COLLECTIVE_KINDS for h in heads.values()):
+        if len(heads) != len(orders) or any(h.kind not in COLLECTIVE_KINDS for h in heads.values()) \
+                or any(oldest(r) is not None or any(due[r][g] <= pc[r] for g in grads[r]) for r in orders):
             return None
         start = max(clock.values())
         for r, a in heads.items():

@@ -177,8 +177,8 @@ def _peak_activation_bytes(order, stage_bytes: list[float], graph_bytes: float =
                            keeps: bool = False) -> tuple[int, int]:
     """``(peak bytes, peak count)`` of what one rank's ``order`` holds for a backward: each stage forward until
     its ``B`` (counted), and with ``graph_bytes`` (a trainable ``P``'s graph for one micro) either each graph
-    an owner ``keeps`` from ``TRANSPOSE_FWD`` to its backward (``GRAD_RECV_BWD``, or rank 0's ``TRANSPOSE_BWD``;
-    owner-backward), or the one graph ``TRANSPOSE_BWD`` rebuilds (without it; SPEC.md, "Actions")."""
+    an owner ``keeps`` from ``TRANSPOSE_FWD`` to its ``TRANSPOSE_BWD`` (owner-backward), or the one graph
+    ``TRANSPOSE_BWD`` rebuilds (without it; SPEC.md, "Actions")."""
     live = peak = count = peak_count = 0
     for a in order:
         if a.kind is Kind.F:
@@ -187,7 +187,7 @@ def _peak_activation_bytes(order, stage_bytes: list[float], graph_bytes: float =
             live, count = live - stage_bytes[a.stage], count - 1
         elif a.kind is Kind.TRANSPOSE_FWD and keeps:
             live += graph_bytes
-        elif a.kind is Kind.GRAD_RECV_BWD or (a.kind is Kind.TRANSPOSE_BWD and keeps):
+        elif a.kind is Kind.TRANSPOSE_BWD and keeps:
             live -= graph_bytes
         elif a.kind is Kind.TRANSPOSE_BWD:
             peak = max(peak, live + graph_bytes)
