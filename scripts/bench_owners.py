@@ -1,8 +1,8 @@
 """Load-aware owners against ``m % NT`` on sleeping stages (issue 18, item 4): R = 4 ranks on gloo, V = 2, body
-F = 10 ms and B = 20 ms per chunk, a frozen preprocess ``P`` whose cost follows each micro-batch's image tokens.
+F = 10 ms and B = 20 ms per chunk, a preprocess ``P`` whose cost follows each micro-batch's image tokens.
 
-Usage: python scripts/bench_owners.py [--steps 5] [--micro 8 16] [--pattern ragged interleaved] [--seed 0]
-[--markdown FILE] [--verbose]
+Usage: python scripts/bench_owners.py [--steps 5] [--micro 8 16] [--pattern ragged interleaved]
+[--tower frozen trainable] [--seed 0] [--markdown FILE] [--verbose]
 (starts 4 local processes itself through torch.distributed.run).
 
 Each step's micro-batches hold 1 to 16 images each, every image of a size drawn from 224 to 896 px a side (fixed
@@ -14,7 +14,9 @@ micro of the whole draw costs 40 ms. The owners are ``m % NT`` (``modulo``) or
 rank from the same draw; all run in the same process group, over the same steps, with placement ``prefix`` and with
 placement ``fill`` (each step loads and preprocesses the next step's micros in its idle time, the steady state),
 where ``balanced+headroom`` also counts each owner's idle end of the step
-(:func:`~mpipe_hf.schedule.owners.fill_headroom`) as room for ``P``.
+(:func:`~mpipe_hf.schedule.owners.fill_headroom`) as room for ``P``. A ``trainable`` tower (``--tower``) sleeps
+twice its forward in its backward and runs with owner-backward and zero-bubble (placement ``prefix``): each owner
+then also runs its micros' ``P`` backward, so the owners' loads weigh three times as much in the step.
 
 The policies of one placement take turns step by step, each with its own executor. Reported: the median step
 time over ``--steps`` steps after 2 warm-up steps, the ratio of ``modulo`` to
@@ -63,11 +65,16 @@ class SleepStage(nn.Module):
 
 
 class SleepTower(nn.Module):
-    """A frozen ``P``: sleeps the micro's ``cost_s`` (seconds, a 0-d tensor in its raw inputs)."""
+    """``P``: sleeps the micro's ``cost_s`` (seconds, a 0-d tensor in its raw inputs) in forward, and twice that
+    in backward when its weight trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1))
 
     def forward(self, inputs):
-        time.sleep(float(inputs["cost_s"]))
-        return {"feat": inputs["x"].clone()}
+        cost = float(inputs["cost_s"])
+        return {"feat": Sleep.apply(inputs["x"] * self.w, cost, 2 * cost)}
 
 
 def draw_tokens(seed: int, steps: int, num_micro: int, pattern: str = "ragged") -> list[list[int]]:
@@ -106,17 +113,23 @@ def run_policies(cfg, policies, tokens, scale, steps, group, rank, costs, verbos
     of each, then step ``k + 1``), so a load that comes and goes on the machine meets every policy alike.
     ``verbose``: rank 0 prints every step's seconds."""
     from mpipe_hf.runtime import PipelineExecutor, Preprocess
+    from mpipe_hf.schedule.owners import with_owners
     fill, x = cfg.placement == "fill", torch.ones(1, 16)
     executors = {}
     for name in policies:
         stages = {s: SleepStage(s == cfg.num_stages - 1) for s in range(rank, cfg.num_stages, R)}
-        tower = SleepTower().requires_grad_(False)
+        tower = SleepTower().requires_grad_(cfg.trainable)
+        params = [p for s in stages.values() for p in s.parameters()]
+        params += list(tower.parameters()) if rank == 0 and cfg.trainable else []
         executors[name] = PipelineExecutor(cfg, rank, stages, Preprocess(tower, ("x", "cost_s"), ()), group,
-                                           torch.device("cpu"), [p for s in stages.values() for p in s.parameters()],
-                                           timedelta(seconds=300), costs=costs)
+                                           torch.device("cpu"), params, timedelta(seconds=300), costs=costs)
 
     def loader(k):
         return lambda m: {"x": x, "cost_s": torch.tensor(tokens[k][m] * scale)}
+    if cfg.owner_backward:  # built before the timed steps: owner-backward relabels no schedule (reassign), so
+        for name, owners in policies.items():  # every new owners' schedule is a build (0.5 s at M = 16)
+            for k in range(steps + 2):
+                executors[name]._order(cfg=with_owners(cfg, owners[k]))
     times = {name: [] for name in policies}
     try:
         for k in range(steps + 2):
@@ -191,13 +204,16 @@ def worker(args):
     rank, group = dist.get_rank(), dist.group.WORLD
     latency, dispatch = calibrate(group, rank, args.steps)
     rows = []
-    for pattern, num_micro in [(p, m) for p in args.pattern for m in args.micro]:
+    for tower, pattern, num_micro in [(t, p, m) for t in args.tower for p in args.pattern for m in args.micro]:
         tokens = draw_tokens(args.seed + num_micro, args.steps + 3, num_micro, pattern)
         scale = P_MAX_MS / 1e3 / max(max(t) for t in tokens)  # seconds per image token
         mean_p = scale * sum(map(sum, tokens)) / sum(map(len, tokens))
-        body = Costs(F_MS / 1e3, B_MS / 1e3, mean_p, 0.0, latency=latency, dispatch=dispatch)  # fill places by it
-        for placement in ("prefix", "fill"):
-            cfg = ScheduleConfig(R, V, num_micro, "frozen", placement=placement)
+        back = 2.0 if tower == "trainable" else 0.0  # P's backward over its forward
+        # what fill and the weight placement place by
+        body = Costs(F_MS / 1e3, B_MS / 1e3, mean_p, back * mean_p, latency=latency, dispatch=dispatch)
+        for placement in (("prefix", "fill") if tower == "frozen" else ("prefix",)):
+            trained = dict(owner_backward=True, zero_bubble=True) if tower == "trainable" else {}
+            cfg = ScheduleConfig(R, V, num_micro, tower, placement=placement, **trained)
             fill, cache, measured = placement == "fill", {}, {}
             policies = {"modulo": [None] * len(tokens),
                         "balanced": [step_owners("balanced", t, cfg) for t in tokens]}
@@ -212,7 +228,7 @@ def worker(args):
                     p = [c * scale for c in tokens[k] + (tokens[k + 1] if fill else [])]
                     if rank == 0:  # only rank 0 reports: the others do not rebuild the schedules
                         orders = executed_orders(step_cfg, not fill, fill, body, cache)
-                        predicted.append(simulate(orders, MicroCosts.of(body, p)).makespan)
+                        predicted.append(simulate(orders, MicroCosts.of(body, p, [back * c for c in p])).makespan)
                     else:
                         predicted.append(step_s)
                     # the P work of the step: this step's micros (prefix) or the next step's (fill)
@@ -222,35 +238,36 @@ def worker(args):
                     largest.append(max(owner_loads(tokens[j], mine, cfg.num_owners)) * scale)
                 measured[policy] = (step_s, statistics.median(predicted), statistics.mean(largest))
             for policy, (step_s, pred, load) in measured.items():
-                rows.append((pattern, num_micro, placement, policy, step_s, measured["modulo"][0] / step_s, pred,
-                             (pred - step_s) / step_s, measured["modulo"][1] / pred, load))
+                rows.append((tower, pattern, num_micro, placement, policy, step_s, measured["modulo"][0] / step_s,
+                             pred, (pred - step_s) / step_s, measured["modulo"][1] / pred, load * (1 + back)))
             if rank == 0:  # the bound of any owners: P free, the same schedule
-                free = MicroCosts.of(body, [0.0] * 2 * num_micro)
+                free = MicroCosts.of(body, [0.0] * 2 * num_micro, [0.0] * 2 * num_micro)
                 pred = simulate(executed_orders(cfg, not fill, fill, body, cache), free).makespan
-                rows.append((pattern, num_micro, placement, "P free (bound)", None, None, pred, None,
+                rows.append((tower, pattern, num_micro, placement, "P free (bound)", None, None, pred, None,
                              measured["modulo"][1] / pred, 0.0))
             if rank == 0:
-                print(f"{pattern} M={num_micro} {placement} done", flush=True)
+                print(f"{tower} {pattern} M={num_micro} {placement} done", flush=True)
     if rank == 0:
         report(args, rows, latency, dispatch)
     dist.destroy_process_group()
 
 
 def report(args, rows, latency, dispatch):
-    lines = [f"R = {R}, V = {V}, body F = {F_MS:g} ms and B = {B_MS:g} ms per chunk, frozen P proportional to each "
+    lines = [f"R = {R}, V = {V}, body F = {F_MS:g} ms and B = {B_MS:g} ms per chunk, P proportional to each "
              f"micro's image tokens (1 to 16 images a micro, sides {SIDES[0]}-{SIDES[-1]} px, seed {args.seed} + M; "
-             f"heaviest micro {P_MAX_MS:g} ms), gloo on CPU, median of {args.steps} steps after 2 warm-up steps. "
-             f"Simulator: latency {latency * 1e3:.3f} ms (gloo ping-pong), dispatch {dispatch * 1e3:.3f} ms per "
-             f"action (measured here).", "",
-             "| data | M | placement | owners | step s | modulo / this | predicted s | error | predicted modulo / "
-             "this | largest owner P ms |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for pattern, m, placement, policy, step_s, ratio, pred, err, pred_ratio, load in rows:
+             f"heaviest micro {P_MAX_MS:g} ms forward; a trainable P twice that backward, with owner-backward and "
+             f"zero-bubble), gloo on CPU, median of {args.steps} steps after 2 warm-up steps. Simulator: latency "
+             f"{latency * 1e3:.3f} ms (gloo ping-pong), dispatch {dispatch * 1e3:.3f} ms per action (measured here). "
+             f"\"largest owner P ms\": the busiest owner's P work of the step, forward and backward.", "",
+             "| P | data | M | placement | owners | step s | modulo / this | predicted s | error | predicted "
+             "modulo / this | largest owner P ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for tower, pattern, m, placement, policy, step_s, ratio, pred, err, pred_ratio, load in rows:
+        head = f"| {tower} | {pattern} | {m} | {placement} | {policy} |"
         if step_s is None:  # simulated only
-            lines.append(f"| {pattern} | {m} | {placement} | {policy} | - | - | {pred:.3f} | - | {pred_ratio:.3f} | "
-                         f"- |")
+            lines.append(f"{head} - | - | {pred:.3f} | - | {pred_ratio:.3f} | - |")
             continue
-        lines.append(f"| {pattern} | {m} | {placement} | {policy} | {step_s:.3f} | {ratio:.3f} | {pred:.3f} | "
-                     f"{err:+.1%} | {pred_ratio:.3f} | {load * 1e3:.1f} |")
+        lines.append(f"{head} {step_s:.3f} | {ratio:.3f} | {pred:.3f} | {err:+.1%} | {pred_ratio:.3f} | "
+                     f"{load * 1e3:.1f} |")
     print_report("\n".join(lines), args.markdown)
 
 
@@ -261,6 +278,8 @@ def main():
     parser.add_argument("--seed", type=int, default=0, help="the draw's seed (plus M)")
     parser.add_argument("--pattern", nargs="+", default=["ragged", "interleaved"], choices=["ragged", "interleaved"],
                         help="the image-count distributions (see draw_tokens)")
+    parser.add_argument("--tower", nargs="+", default=["frozen", "trainable"], choices=["frozen", "trainable"],
+                        help="P frozen, or trainable (with owner-backward and zero-bubble)")
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--verbose", action="store_true", help="print every step's time")
     args = parser.parse_args()

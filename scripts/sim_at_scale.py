@@ -348,7 +348,7 @@ def _cell(task):
     row, variant = _CONTEXT["rows"][i], VARIANTS[j]
     levels = _CONTEXT["estimates"][(row.model, row.pp, row.tower)]
     work = row.micro * row.pp
-    if (variant.zero_bubble and work > _CONTEXT["zb_max_work"]) or (
+    if ((variant.zero_bubble or variant.owner_backward) and work > _CONTEXT["zb_max_work"]) or (
             variant.placement == "fill" and work > _CONTEXT["fill_max_work"]):
         return task, {"text": "capped", "step": None, "cpu_s": 0.0}
     started = time.process_time()
@@ -458,11 +458,11 @@ def assumptions(cluster: Cluster, workload: Workload, vpp: int, measured: str | 
         "for every micro-batch without owner-backward); fill = bubble filling in its steady state (the next step's tower forwards in this step); ZB = "
         "zero_bubble=True; owner-bwd = owner-backward (trainable tower).",
         "MPipe vs best baseline = the fastest baseline's step / the fastest MPipe variant's step (> 1: MPipe faster).",
-        f"capped: placement fill is simulated up to M x pp = {fill_cap} and zero-bubble up to M x pp = {zb_cap} "
-        f"(--fill-max-work, --zb-max-work), to keep the script under two minutes: fill's greedy pass simulates the "
-        f"step once per candidate position of every micro-batch (about 12 s of CPU at M = 32, pp = 8 and 50 s at "
-        f"M = 32, pp = 16), and the zero-bubble W placement relists and resimulates the whole schedule until it "
-        f"settles (about 8 s at M = 128, pp = 8).",
+        f"capped: placement fill is simulated up to M x pp = {fill_cap}, zero-bubble and owner-backward up to "
+        f"M x pp = {zb_cap} (--fill-max-work, --zb-max-work), to keep the script under two minutes: fill's greedy "
+        f"pass simulates the step once per candidate position of every micro-batch (about 12 s of CPU at M = 32, "
+        f"pp = 8 and 50 s at M = 32, pp = 16), and the weight placement (zero-bubble's W, owner-backward's tower "
+        f"backward) relists and resimulates the whole schedule until it settles (about 8 s at M = 128, pp = 8).",
     ]
     if not HAS_ZB:
         out.append("ZB columns absent: this checkout's ScheduleConfig has no zero_bubble field.")
@@ -481,7 +481,7 @@ def main(argv=None):
     parser.add_argument("--vpp", type=int, default=2)
     parser.add_argument("--efficiency", type=float, default=Cluster.compute_efficiency)
     parser.add_argument("--fill-max-work", type=int, default=256, help="simulate placement fill up to this M x pp")
-    parser.add_argument("--zb-max-work", type=int, default=512, help="simulate zero-bubble up to this M x pp")
+    parser.add_argument("--zb-max-work", type=int, default=1024, help="simulate zero-bubble and owner-backward up to this M x pp")
     parser.add_argument("--towers", nargs="+", default=["frozen", "trainable"], choices=["frozen", "trainable"])
     parser.add_argument("--profile", help="a measured Profile YAML (mpipe-hf profile) instead of the figures")
     parser.add_argument("--config", help="with --profile: the model's HF config (a directory or config.json)")
