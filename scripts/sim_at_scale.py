@@ -481,7 +481,8 @@ def main(argv=None):
     parser.add_argument("--vpp", type=int, default=2)
     parser.add_argument("--efficiency", type=float, default=Cluster.compute_efficiency)
     parser.add_argument("--fill-max-work", type=int, default=256, help="simulate placement fill up to this M x pp")
-    parser.add_argument("--zb-max-work", type=int, default=1024, help="simulate zero-bubble and owner-backward up to this M x pp")
+    parser.add_argument("--zb-max-work", type=int, default=1024,
+                        help="simulate zero-bubble and owner-backward up to this M x pp")
     parser.add_argument("--towers", nargs="+", default=["frozen", "trainable"], choices=["frozen", "trainable"])
     parser.add_argument("--profile", help="a measured Profile YAML (mpipe-hf profile) instead of the figures")
     parser.add_argument("--config", help="with --profile: the model's HF config (a directory or config.json)")
