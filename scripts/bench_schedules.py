@@ -445,7 +445,7 @@ def worker(args):
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     rank = dist.get_rank()
     split = check_split() if rank == 0 else None
-    # the simulator's link latency: one transfer as each runtime does it (ours: shape header, then payload)
+    # the simulator's link latency: one transfer as each runtime does it (ours: the shape header and the payload)
     ours_latency, plain_latency = header_overhead(dist.group.WORLD, rank)
     # and its dispatch: each runtime's CPU time per action (the busiest rank's), on stages that do nothing
     zero_m = 16
@@ -486,7 +486,7 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
     """Print (and with ``--markdown``, write) the table, the per-point summary and the runtime overheads."""
     lines = [f"R = {R}, V = {V}, body F = {F_MS:g} ms and B = {B_MS:g} ms per chunk (B_in = B_w = B / 2), gloo on "
              f"CPU, median of {args.steps} steps after 2 warm-up steps. The simulator's costs for each runtime, "
-             f"measured in this run: link latency {ours_hdr * 1e3:.3f} ms for ours (shape header, then payload) "
+             f"measured in this run: link latency {ours_hdr * 1e3:.3f} ms for ours (shape header and payload) "
              f"and {plain * 1e3:.3f} ms for torch's fixed-shape sends; dispatch (CPU time per action) "
              f"{dispatch[1] * 1e3:.3f} ms for ours and {dispatch[0] * 1e3:.3f} ms for torch. Ratios are this "
              f"row's step / the reference's (below 1: faster).", "",
@@ -529,9 +529,9 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
     (t_ours, c_ours), n_ours = ours_zero
     split_in, split_w, split_first = split
     lines += summary + ["", "Runtime overheads:", "",
-                        f"- one transfer of a 4 x 64 fp32 tensor, rank 0 -> 1 and back, halved: ours (shape header, "
+                        f"- one transfer of a 4 x 64 fp32 tensor, rank 0 -> 1 and back, halved: ours (shape header and "
                         f"payload) {ours_hdr * 1e6:.0f} us, a plain fixed-shape send {plain * 1e6:.0f} us "
-                        f"(+{(ours_hdr - plain) * 1e6:.0f} us per transfer).",
+                        f"({(ours_hdr - plain) * 1e6:+.0f} us per transfer).",
                         f"- stages that do nothing, M = 16, rank 0: torch {t_torch * 1e3:.1f} ms per step "
                         f"({c_torch * 1e3:.1f} ms CPU) over {n_torch} compute actions; ours {t_ours * 1e3:.1f} ms "
                         f"({c_ours * 1e3:.1f} ms CPU) over {n_ours} actions (compute, send and receive). Per compute "
