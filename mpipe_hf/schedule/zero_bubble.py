@@ -18,6 +18,14 @@ rank 0's count). The pending ``W`` run before any collective and at the end. The
 so every pair of ranks still posts its sends and receives in one order. Where no listing is faster under the
 costs than ``W`` right after ``B``, that is kept. Only the moment a weight gradient is computed changes: the
 numerics are the unsplit schedule's.
+
+The preprocess's backward, ``TRANSPOSE_BWD``, is weight work of the same kind (``P``'s inputs take no gradient)
+and is listed the same way, after the pending ``W`` (it holds no stage's activations): on rank 0 from its place
+after the stage-0 ``B``, and with owner-backward on every other owner from the moment its feature gradient is
+received (``GRAD_RECV``). A rank takes a gradient as soon as it has arrived and is its pair's next message, and
+must take it before a later message of the pair (:mod:`.lowering` keeps each pair's order), so the tower's
+backward runs in the owners' waits instead of after their bodies (issue 18; SPEC.md's step 4 sent every gradient
+after the body).
 """
 
 from __future__ import annotations
@@ -44,17 +52,18 @@ def split_backwards(cfg: ScheduleConfig, order: list[Action]) -> list[Action]:
 
 def place_weights(orders: dict[int, list[Action]], costs: Costs | None = None,
                   passes: int = 32) -> dict[int, list[Action]]:
-    """Move the ``W`` actions of a lowered zero-bubble schedule (each right after its ``B``) into the ranks'
-    waits, as the module docstring says, under ``costs`` (unit costs when ``None``).
+    """Move the weight work of a lowered schedule (each ``W`` right after its ``B``; each ``TRANSPOSE_BWD``
+    after its stage-0 ``B`` or, on an owner, after the body) and the owners' ``GRAD_RECV`` into the ranks' waits,
+    as the module docstring says, under ``costs`` (unit costs when ``None``).
 
-    A ``W`` goes into a wait only when it ends before the awaited message arrives, so it never delays a
+    Weight work goes into a wait only when it ends before the awaited message arrives, so it never delays a
     message another rank waits for. A message not sent yet is expected when it arrived in the previous listing
     (the first listing expects them as ``orders`` has them); the listings repeat until one equals the one before
     (at most ``passes``).
 
     Returns:
-        ``{rank: [Action, ...]}``: the same actions, ``W`` moved; the fastest (under ``costs``) of the listings
-        and ``orders``.
+        ``{rank: [Action, ...]}``: the same actions, the weight work and gradient receives moved; the fastest
+        (under ``costs``) of the listings and ``orders``.
     """
     costs = costs or Costs()
     best, best_span = orders, simulate(orders, costs).makespan
