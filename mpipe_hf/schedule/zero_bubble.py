@@ -100,7 +100,8 @@ def _list_weights(orders: dict[int, list[Action]], costs: Costs,
     when it must (the rank receives a later message of the channel, or has nothing else left)."""
     weight_kinds = (Kind.W, Kind.TRANSPOSE_BWD)
     grads = {r: [a for a in actions if a.kind is Kind.GRAD_RECV] for r, actions in orders.items()}
-    by_grad = {r: {a.micro for a in grads[r]} for r in orders}
+    after_grad = {r: {a.micro: a for a in actions if a.kind is Kind.TRANSPOSE_BWD and a.micro in
+                      {g.micro for g in grads[r]}} for r, actions in orders.items()}  # micro -> its TRANSPOSE_BWD
     base = {r: [a for a in actions if a.kind not in weight_kinds and a.kind is not Kind.GRAD_RECV]
             for r, actions in orders.items()}
     release: dict[int, dict[int, list[Action]]] = {r: {} for r in orders}  # base index -> work it makes pending
@@ -108,7 +109,7 @@ def _list_weights(orders: dict[int, list[Action]], costs: Costs,
     for r, actions in orders.items():
         count = 0
         for a in actions:
-            if a.kind in weight_kinds and not (a.kind is Kind.TRANSPOSE_BWD and a.micro in by_grad[r]):
+            if a.kind in weight_kinds and a is not after_grad[r].get(a.micro):
                 release[r].setdefault(count, []).append(a)
             elif a.kind is Kind.GRAD_RECV:
                 due[r][a] = count
@@ -172,17 +173,18 @@ def _list_weights(orders: dict[int, list[Action]], costs: Costs,
         return next((kind for kind in weight_kinds if pending[r][kind]), None)
 
     def move(r: int):
-        """The move rank ``r`` makes next: a weight kind (run that pending work), ``"grad"`` (a ``GRAD_RECV``),
+        """The move rank ``r`` makes next: a weight kind (run that pending work), a ``GRAD_RECV`` (take it),
         ``"base"``, or ``None`` (it waits)."""
         for a in release[r].pop(pc[r], []):
             pending[r][a.kind].append(a)
-        if arrived_grad(r, clock[r]) is not None:
-            return "grad"
+        grad = arrived_grad(r, clock[r])
+        if grad is not None:
+            return grad
         a = base[r][pc[r]] if pc[r] < len(base[r]) else None
         if a is None or a.kind in COLLECTIVE_KINDS:  # everything local must be done first
             if oldest(r) is not None:
                 return oldest(r)
-            return "grad" if arrived_grad(r, float("inf"), only_due=True) is not None else None
+            return arrived_grad(r, float("inf"), only_due=True)
         if a.kind is Kind.F and live[r] >= cap and pending[r][Kind.W]:
             return Kind.W
         if a.kind in RECV_KINDS:
@@ -193,7 +195,7 @@ def _list_weights(orders: dict[int, list[Action]], costs: Costs,
                 return kind
             if at is None:
                 return None
-            return "grad" if message != a.message() else "base"
+            return "base" if message == a.message() else Action(Kind.GRAD_RECV, message[1], peer=a.peer)
         return "base"
 
     def run_base(r: int) -> None:
@@ -218,12 +220,11 @@ def _list_weights(orders: dict[int, list[Action]], costs: Costs,
         ready = [r for r, m in moves.items() if m is not None]
         if ready:
             r = min(ready, key=lambda q: (clock[q], q))
-            if moves[r] == "grad":
-                g = arrived_grad(r, float("inf"))
+            if isinstance(moves[r], Action):  # a GRAD_RECV: its TRANSPOSE_BWD becomes pending
+                g = moves[r]
                 grads[r].remove(g)
                 receive(r, g, clock[r])
-                pending[r][Kind.TRANSPOSE_BWD].extend(a for a in orders[r] if a.kind is Kind.TRANSPOSE_BWD
-                                                      and a.micro == g.micro)
+                pending[r][Kind.TRANSPOSE_BWD].append(after_grad[r][g.micro])
             elif moves[r] in weight_kinds:
                 a = pending[r][moves[r]].popleft()
                 emit(r, a, clock[r] + compute(r, a))
