@@ -1,4 +1,4 @@
-"""Build the bundled demo: a scaled-down Qwen2.5-VL checkpoint and a caption dataset of real photos.
+"""Build the bundled demo: a scaled-down Qwen2.5-VL checkpoint and a conversation dataset about real photos.
 
 Usage: python scripts/make_demo.py [OUT_DIR]   (default: demo)
 
@@ -9,7 +9,8 @@ generation config that stops at ``<|im_end|>`` and ``<|endoftext|>``: the files 
 ``mpipe_hf.data.hub.save_processor_files``),
 OUT_DIR/configs/<family>.json (scaled-down real configs of the other families, for the recipes that initialise
 a model from a config: Qwen2-VL, Qwen3-VL, LLaVA, Llama, Qwen3 with tied embeddings) and OUT_DIR/data
-(scikit-image's photos with hand-written captions, and the captions as plain text; see make_demo_data.py). The
+(conversations about scikit-image's photos whose answers are one-word labels, a held-out image, and the
+hand-written captions as plain text; see make_demo_data.py). The
 model directory is an ordinary Hugging Face checkpoint: ``from_pretrained`` loads it, exactly as it would a hub
 download.
 """
