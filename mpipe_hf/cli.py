@@ -3,11 +3,12 @@
 - ``mpipe-hf train RECIPE.yaml [--max-restarts N] [--nnodes N --node-rank I --master-addr A --master-port P]``
   starts ``dp_size * pp_size`` processes (through torchrun; over ``--nnodes``, each node starts its share) and
   trains; after a failure torchrun's elastic agent restarts the group up to ``N`` times, and each restart
-  resumes from the run's newest ``checkpoint-<step>``;
+  resumes from the run's newest ``checkpoint-<step>``. Relative paths in a recipe are relative to the recipe
+  file's folder;
 - ``mpipe-hf schedule --pp 4 --vpp 2 --micro 8 [--preprocess identity|frozen|trainable] [--overflow full|min]
-  [--owner-backward] [--less-memory] [--zero-bubble] [--gantt]`` prints each rank's action list of the MPipe Transpose schedule,
-  or its Gantt chart under unit costs (F = 1, B = 2, preprocess forward = 1, backward = 2) with the bubble and
-  each rank's peak in-flight activations;
+  [--owner-backward] [--less-memory] [--zero-bubble] [--gantt]`` prints each rank's action list of the MPipe
+  Transpose schedule, or its Gantt chart under unit costs (F = 1, B = 2, preprocess forward = 1, backward = 2)
+  with the bubble and each rank's peak in-flight activations;
 - ``mpipe-hf simulate [schedule flags] [--profile PROFILE.yaml]`` predicts the step time, bubble and peak
   activations per rank; ``--auto`` tries the knobs (``V``, ``T``, overflow, owner-backward, stage 0's layers) and
   lists them fastest first;
@@ -17,6 +18,8 @@
 - ``mpipe-hf profile RECIPE.yaml`` measures a cost profile of the recipe's model and data on one process;
 - ``mpipe-hf plot --out GANTT.png`` draws a Gantt chart of a simulated schedule ([schedule flags]) or of a
   measured run (``--trace output_dir/trace.json`` from a recipe with ``trace: true``).
+
+The parser's help is plain text of its own (:data:`DESCRIPTION`, each option's default shown), not this docstring.
 """
 
 from __future__ import annotations
@@ -157,18 +160,19 @@ def _plot(args) -> None:
 
 def _profile(args) -> None:
     from .train import load_recipe
+    recipe = load_recipe(args.recipe)  # before the trainer's imports: a bad recipe fails at once
     from .train.profile import profile_recipe
-    profile = profile_recipe(load_recipe(args.recipe))
+    profile = profile_recipe(recipe)
     profile.save(args.out)
     print(f"wrote {args.out}: " + ", ".join(f"{k}={v:.3g}" for k, v in vars(profile).items()))
 
 
 def _plan(args) -> None:
-    from .schedule.tune import Profile
     from .train import load_recipe
+    recipe = load_recipe(args.recipe)  # before the trainer's imports: a bad recipe fails at once
+    from .schedule.tune import Profile
     from .train.plan import estimate_profile, plan
     from .train.trainer import check_layout, load_config
-    recipe = load_recipe(args.recipe)
     config = load_config(recipe.model)
     path = args.profile or recipe.parallel.profile
     if path:
@@ -229,18 +233,35 @@ def _swapped(args, cfg, orders: dict) -> dict:
     return {r: with_swaps(o, swap, r) for r, o in orders.items()}
 
 
+DESCRIPTION = "mpipe-hf: pipeline-parallel fine-tuning of Hugging Face models with the MPipe Transpose schedule."
+RECIPE_HELP = ("the recipe YAML file; relative paths in it (model, data, parallel.profile, train.output_dir, "
+               "train.resume) are relative to the file's folder, not the working directory")
+PATHS_NOTE = ("Relative paths in a recipe resolve against the recipe file's folder: recipes/x.yaml names the "
+              "repository's demo/model as ../demo/model and its outputs/ as ../outputs.")
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help text with each option's default, ``(default: ...)``, except for an option whose default is ``None``
+    (none)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> None:
     parser.add_argument("--pp", type=int, required=required, help="pipeline ranks R")
     parser.add_argument("--vpp", type=int, default=1, help="chunks per rank V")
     parser.add_argument("--micro", type=int, required=required, help="micro-batches M")
-    parser.add_argument("--preprocess", default="frozen", choices=["identity", "frozen", "trainable"])
-    parser.add_argument("--overflow", default="full", choices=["full", "min"])
+    parser.add_argument("--preprocess", default="frozen", choices=["identity", "frozen", "trainable"],
+                        help="the transposed block P: identity (no P), a frozen or a trainable vision tower")
+    parser.add_argument("--overflow", default="full", choices=["full", "min"],
+                        help="the overflow policy of the transposed forwards")
     parser.add_argument("--owner-backward", action="store_true", help="trainable P: owners backprop P")
     parser.add_argument("--less-memory", action="store_true", help="shallow warm-up of the interleaved body")
     parser.add_argument("--zero-bubble", action="store_true",
                         help="split each backward into B (input gradient) and W (weight gradient), W in the waits")
     parser.add_argument("--swap", action="store_true", help="activation swap (the recipe's swap section)")
-    parser.add_argument("--swap-ranks", help="comma-separated ranks that swap (default: every rank)")
+    parser.add_argument("--swap-ranks", help="comma-separated ranks that swap; every rank when not given")
     parser.add_argument("--min-swap-gap", type=int, default=2, help="compute actions between F and B to swap")
     if cost_flags:
         parser.add_argument("--profile", help="a cost profile (mpipe-hf profile RECIPE.yaml); unit costs without")
@@ -249,11 +270,16 @@ def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> 
                             help="comma-separated layers per stage; balanced by the profile's costs without")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="mpipe-hf", description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    """The ``mpipe-hf`` parser: plain-text help (no reST), each option's default shown."""
+    fmt = DefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="mpipe-hf", description=DESCRIPTION, epilog=PATHS_NOTE,
+                                     formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train from a recipe on dp_size * pp_size processes")
-    train.add_argument("recipe")
+    train = sub.add_parser("train", help="train from a recipe on dp_size * pp_size processes", formatter_class=fmt,
+                           description="Train from a recipe on dp_size * pp_size processes (started through "
+                                       "torchrun; over --nnodes, each node starts its share).", epilog=PATHS_NOTE)
+    train.add_argument("recipe", help=RECIPE_HELP)
     train.add_argument("--max-restarts", type=int, default=0,
                        help="restart the worker group this many times after a failure (torchrun's elastic agent); "
                             "each restart resumes from the run's newest checkpoint-<step> (train.save_steps)")
@@ -262,22 +288,32 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--master-addr", help="node 0's address (several nodes)")
     train.add_argument("--master-port", type=int, default=29500, help="node 0's port (several nodes)")
     train.set_defaults(func=_train)
-    sched = sub.add_parser("schedule", help="print the MPipe Transpose schedule")
+    sched = sub.add_parser("schedule", help="print the MPipe Transpose schedule", formatter_class=fmt,
+                           description="Print each rank's action list of the MPipe Transpose schedule, or its Gantt "
+                                       "chart under unit costs (F = 1, B = 2, preprocess forward = 1, backward = 2).")
     _schedule_flags(sched)
     sched.add_argument("--gantt", action="store_true", help="print a text Gantt chart under unit costs")
     sched.set_defaults(func=_schedule)
-    sim = sub.add_parser("simulate", help="predict a schedule's step time, or rank the knobs (--auto)")
+    sim = sub.add_parser("simulate", help="predict a schedule's step time, or rank the knobs (--auto)",
+                         formatter_class=fmt, description="Predict the step time, bubble and peak activations per "
+                         "rank; --auto tries the knobs and lists them fastest first.")
     _schedule_flags(sim, cost_flags=True)
     sim.add_argument("--auto", action="store_true", help="try V, T, overflow, owner-backward and layouts")
     sim.add_argument("--top", type=int, default=20, help="candidates to print with --auto")
     sim.set_defaults(func=_simulate)
-    plot = sub.add_parser("plot", help="draw a Gantt chart (PNG) of a simulated or measured schedule")
+    plot = sub.add_parser("plot", help="draw a Gantt chart (PNG) of a simulated or measured schedule",
+                          formatter_class=fmt, description="Draw a Gantt chart of a simulated schedule (the "
+                          "schedule flags) or of a measured run (--trace).")
     _schedule_flags(plot, cost_flags=True, required=False)
     plot.add_argument("--trace", help="a Chrome trace written by a recipe with trace: true")
     plot.add_argument("--out", required=True, help="the PNG to write")
     plot.set_defaults(func=_plot)
-    plan = sub.add_parser("plan", help="every rank's memory and the predicted step time of a recipe")
-    plan.add_argument("recipe")
+    plan = sub.add_parser("plan", help="every rank's memory and the predicted step time of a recipe",
+                          formatter_class=fmt, epilog=PATHS_NOTE,
+                          description="Print every rank's parameter, gradient, optimizer-state and activation bytes "
+                                      "and the predicted step time of a recipe; exit status 1 when a rank does not "
+                                      "fit.")
+    plan.add_argument("recipe", help=RECIPE_HELP)
     plan.add_argument("--profile", help="a cost profile (mpipe-hf profile); estimated from the config without")
     plan.add_argument("--tokens", type=int, default=2048, help="tokens per micro-batch, for the estimate")
     plan.add_argument("--image-tokens", type=int, default=1024, help="image tokens per micro-batch (estimate)")
@@ -285,11 +321,19 @@ def main(argv: list[str] | None = None) -> None:
     plan.add_argument("--mfu", type=float, default=0.4, help="share of the peak reached (estimate)")
     plan.add_argument("--gpu-gib", type=float, default=80.0, help="device memory in GiB")
     plan.set_defaults(func=_plan)
-    prof = sub.add_parser("profile", help="measure a cost profile of a recipe's model on one process")
-    prof.add_argument("recipe")
-    prof.add_argument("--out", default="profile.yaml")
+    prof = sub.add_parser("profile", help="measure a cost profile of a recipe's model on one process",
+                          formatter_class=fmt, epilog=PATHS_NOTE,
+                          description="Measure a cost profile of a recipe's model and data on one process.")
+    prof.add_argument("recipe", help=RECIPE_HELP)
+    prof.add_argument("--out", default="profile.yaml", help="the profile YAML to write")
     prof.set_defaults(func=_profile)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``mpipe-hf`` with ``argv`` (default ``sys.argv[1:]``). A bad recipe or flag (a ``ValueError``) exits
+    with status 1 and one line ``mpipe-hf: error: ...`` on stderr; argparse's own errors exit with status 2."""
+    args = _parser().parse_args(argv)
     try:
         args.func(args)
     except ValueError as err:

@@ -17,6 +17,8 @@ import sys
 
 import yaml
 
+from mpipe_hf.train.recipe_paths import resolve_paths
+
 VARIANTS = {"fp32": {}, "fp32 + checkpointing": {"gradient_checkpointing": True}, "bf16": {"bf16": True},
             "bf16 + checkpointing": {"bf16": True, "gradient_checkpointing": True}}
 
@@ -30,8 +32,9 @@ def main(argv=None):
     cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
     print(f"| variant | peak saved activations per rank, MiB | loss at step {args.steps} |\n|---|---|---|")
     for name, train in VARIANTS.items():
-        raw = yaml.safe_load(open(args.recipe))
-        out = os.path.join(args.out, name.replace(" + ", "_"))
+        # the copy lives in another folder: its relative paths are made absolute (they are the recipe's folder's)
+        raw = resolve_paths(yaml.safe_load(open(args.recipe)), os.path.dirname(os.path.abspath(args.recipe)))
+        out = os.path.abspath(os.path.join(args.out, name.replace(" + ", "_")))
         raw["train"] = {**raw.get("train", {}), "bf16": False, "gradient_checkpointing": False, **train,
                         "max_steps": args.steps, "output_dir": out}
         os.makedirs(out, exist_ok=True)

@@ -27,9 +27,9 @@ QWEN25_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_hea
 
 
 RECIPE = """model:
-  config: recipes/presets/{name}/config.json
+  config: {name}/config.json
 data:
-  path: data/train.jsonl
+  path: ../../data/train.jsonl
   micro_batch_size: 1
   min_pixels: 3136
   max_pixels: 1003520
@@ -44,7 +44,7 @@ train:
   max_steps: 1000
   learning_rate: 1.0e-5
   gradient_checkpointing: {ckpt}
-  output_dir: outputs/{name}
+  output_dir: ../../outputs/{name}
 """
 
 
@@ -142,6 +142,7 @@ def main(argv=None):
         recipe = f"""# {hub}: MPipe Transpose fine-tuning preset (written by scripts/make_presets.py).
 # The architecture is {name}/config.json, the checkpoint's real sizes. To fine-tune, replace `config:` by
 # `name_or_path: /path/to/{hub.split('/')[-1]}` (the downloaded checkpoint) and point `data` at your JSONL.
+# Relative paths are relative to this file's folder (recipes/presets/), not the working directory.
 #
 # Chosen with `mpipe-hf plan` and the simulator for 80 GB GPUs, {args.tokens} tokens ({args.image_tokens} image tokens)
 # per micro-batch, fp32 weights, gradients and AdamW states (16 bytes per trained parameter). The least the fullest

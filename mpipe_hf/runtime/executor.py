@@ -17,13 +17,14 @@ aside and added back at the end, so a step's normalisation and ``GRAD_REDUCE`` t
 When any rank raises, every rank raises the first error's text (see :mod:`.watchdog`), puts the set-aside
 gradients back, drops the step's cached micro-batches and activations, and moves its transfers to a fresh
 process group, so no stale message of the failed step can reach the next one.
+
+The forward-only run of :meth:`PipelineExecutor.evaluate` is :mod:`.evaluate`; a step's figures :mod:`.step_stats`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable, Iterable, Sequence
 
@@ -34,42 +35,24 @@ from torch.distributed.tensor import DTensor
 
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import RECV_KINDS, Kind
-from ..schedule.forward import build_forward_schedule, forward_config
+from ..schedule.forward import build_forward_schedule
 from ..schedule.owners import reassign, relabel, with_owners
 from ..schedule.simulate import Costs, Event, split_pairs
 from ..schedule.swap import SwapConfig, with_swaps
 from .data_parallel import is_sharded, local
+from .evaluate import evaluate
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
 from .memory import SavedStorages, storage_ids
 from .p2p import P2P
+from .step_stats import StepStats
 from .swap import SwapManager
 from .watchdog import PeerFailed, Watchdog, lost_peer
+
+__all__ = ["PipelineExecutor", "StepStats"]
 
 
 # process groups of closed executors, by (pipeline ranks, timeout): [(collectives, up, down, watchdog step)]
 _IDLE_GROUPS: dict[tuple[tuple[int, ...], timedelta], list[tuple]] = {}
-
-
-@dataclass
-class StepStats:
-    """What one step measured. ``loss`` is the mean over the step's label tokens; ``bubble`` is the fraction of
-    the ranks' wall time spent not computing (``1 - sum busy / sum wall``), and ``rank_bubble[r]`` the same for
-    pipeline rank ``r`` alone; ``peak_activations`` is the most
-    stage forwards this rank held for their backward at once (its activation-memory peak, in stage-micro units).
-    ``rank_activation_bytes[r]``: the most bytes autograd held saved for the stage backwards of rank ``r`` at once
-    (the distinct storages its stage forwards saved, weights left out; :mod:`.memory`), when the executor
-    measures them, else empty; ``rank_device_bytes[r]``: ``torch.cuda.max_memory_allocated`` over the step on a
-    GPU, else empty; ``rank_wall_s[r]``: rank ``r``'s step time, seconds."""
-
-    loss: float
-    num_tokens: int
-    bubble: float
-    wall_s: float
-    peak_activations: int
-    rank_bubble: list[float] = field(default_factory=list)
-    rank_activation_bytes: list[int] = field(default_factory=list)
-    rank_device_bytes: list[int] = field(default_factory=list)
-    rank_wall_s: list[float] = field(default_factory=list)
 
 
 _REPLICATED = 0  # executors built with data parallelism so far (names their shared error key)
@@ -219,52 +202,10 @@ class PipelineExecutor:
         return self.watchdog.first_error()
 
     def evaluate(self, load: Callable[[int], Tensors], num_micro: int | None = None) -> tuple[float, int]:
-        """A forward-only run (:mod:`mpipe_hf.schedule.forward`) over ``num_micro`` micro-batches (default
-        ``cfg.num_micro``), in eval mode and without autograd: no backward, no graph of ``P``, nothing kept for a
-        backward. Gradients are left as they are.
-
-        Args:
-            load: ``load(m)`` returns micro ``m``'s raw inputs; called only on its owner.
-            num_micro: this run's micro-batches (the last run of an eval set may have fewer).
-
-        Returns:
-            ``(summed token loss, label tokens)`` over the run, the same on every rank.
-
-        Raises:
-            As :meth:`step`.
-        """
-        n = num_micro or self.cfg.num_micro  # a static owners tuple fits the full run only
-        cfg = dataclasses.replace(self.cfg, num_micro=n, owners=self.cfg.owners[:n] if self.cfg.owners and n ==
-                                  self.cfg.num_micro else None)
-        order = self._order(cfg=cfg, forward=True)
-        cfg = forward_config(cfg)  # what the handlers see: P without a graph
-        if self.broken:
-            self._fresh_group()
-        self.watchdog.start_step()
-        modules = list(self.stages.values()) + ([self.preprocess.module] if self.preprocess.module else [])
-        modes = [m.training for m in modules]
-        for m in modules:
-            m.eval()
-        ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog, load)
-        action = None
-        try:
-            with torch.no_grad():
-                self.p2p.expect(a.peer for a in order if a.kind in RECV_KINDS)
-                for action in order:
-                    run_action(ctx, action)
-                    ctx.saved.pop((action.stage, action.micro), None)
-                self.p2p.drain()
-                action = None
-                totals = ctx.sums(self.device)[:2]
-                self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the eval loss sum")
-        except BaseException as err:
-            raise self._abandon(err, action) from (None if isinstance(err, PeerFailed) else err)
-        finally:
-            ctx.clear()
-            for m, mode in zip(modules, modes):
-                m.train(mode)
-        loss_sum, num_tokens = totals.tolist()
-        return loss_sum, int(num_tokens)
+        """A forward-only run over ``num_micro`` micro-batches (default ``cfg.num_micro``), without autograd:
+        ``(summed token loss, label tokens)``, the same on every rank (:func:`.evaluate.evaluate` has the details
+        and the errors)."""
+        return evaluate(self, load, num_micro)
 
     def _sum_tied(self) -> None:
         """Swap the tied copies' gradients with their peers and add them (``g_here + g_peer`` on both sides:

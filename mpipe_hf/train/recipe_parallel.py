@@ -1,0 +1,106 @@
+"""The recipe's ``parallel`` section (:class:`ParallelSection`): the schedule's fields of
+:class:`~mpipe_hf.schedule.ScheduleConfig`, the layout, data parallelism and the owner policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+
+from ..schedule import ScheduleConfig
+from ..schedule.owners import OWNER_POLICIES
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSection(ScheduleConfig):
+    """``parallel:`` the schedule (the fields of :class:`ScheduleConfig`: ``pp_size``, ``vpp``, ``num_micro``,
+    ``preprocess``, ``overflow``, ``owner_backward``, ``less_memory``, ``placement``) and the layout.
+
+    Attributes:
+        text_layers: ``T``, decoder layers the transposed preprocess takes from stage 0 with the tower and the
+            embedding (0: the tower alone; must be 0 with preprocess ``identity``).
+        layers_per_stage: decoder layers per stage, ``pp_size * vpp`` entries; ``None``: balanced by cost.
+        profile: a cost profile (``mpipe-hf profile``): placement ``fill`` places the transposed forwards by it,
+            and the default layout is balanced by its costs; unit costs and a layout balanced by the config's
+            matmul sizes when ``None``.
+        timeout_s: the longest any transfer may wait, in seconds.
+        dp_size: pipeline replicas (data parallelism): ``dp_size * pp_size`` processes on one ``(dp, pp)`` mesh,
+            each replica on its own share of the global batch (:mod:`mpipe_hf.runtime.data_parallel`).
+        dp_shard: with ``dp_size > 1``: ``true``, FSDP2 shards each stage chunk over the replicas; ``false``,
+            each replica keeps its stages whole and the gradients are summed by one all-reduce.
+        owners: who loads and preprocesses each micro-batch (SPEC.md, "Terms"): ``modulo`` (default), rank
+            ``m % NT``; ``balanced`` (overflow ``full`` only), each step's micro-batches spread over the owners by
+            their image tokens (LPT, :func:`~mpipe_hf.schedule.owners.balance_owners`; for a decoder-only LM by
+            their length), so that no owner draws the heavy ones. Every rank computes the same owners from the
+            image sizes the loader read from the file headers, with no collective.
+
+    Raises:
+        ValueError: as :class:`ScheduleConfig`, the field named ``parallel.<field>``; a ``text_layers`` that is
+            not an integer >= 0, or above 0 with preprocess ``identity``; a ``layers_per_stage`` that is not
+            ``pp_size * vpp`` integers >= 1; a ``profile`` that is not a file; a ``timeout_s`` that is not a number
+            of seconds in ``(0, 1e9]`` (a numeric string included, as YAML reads ``1e3``).
+    """
+
+    text_layers: int = 0
+    layers_per_stage: list[int] | None = None
+    profile: str | None = None
+    timeout_s: float = 300.0
+    dp_size: int = 1
+    dp_shard: bool = True
+    owners: str = "modulo"
+
+    def __post_init__(self):
+        if not isinstance(self.dp_size, int) or isinstance(self.dp_size, bool) or self.dp_size < 1:
+            raise ValueError(f"parallel.dp_size must be an integer >= 1, got {self.dp_size!r}")
+        if not isinstance(self.dp_shard, bool):
+            raise ValueError(f"parallel.dp_shard must be true (FSDP2) or false (replicas with one all-reduce), got "
+                             f"{self.dp_shard!r}")
+        try:
+            super().__post_init__()
+        except ValueError as err:  # ScheduleConfig's messages start with the bare field name
+            raise ValueError(f"parallel.{err}") from None
+        text_layers = self.text_layers
+        if not isinstance(text_layers, int) or isinstance(text_layers, bool) or text_layers < 0:
+            raise ValueError(f"parallel.text_layers must be an integer >= 0, got {text_layers!r}")
+        if text_layers and not self.transposed:
+            raise ValueError(f"parallel.text_layers = {text_layers} needs preprocess 'frozen' or 'trainable'; "
+                             f"preprocess 'identity' is T = 0 (set text_layers: 0)")
+        layout = self.layers_per_stage
+        if layout is not None and (not isinstance(layout, (list, tuple)) or len(layout) != self.num_stages or any(
+                not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in layout)):
+            raise ValueError(f"parallel.layers_per_stage must be null or a list of {self.num_stages} integers >= 1 "
+                             f"(pp_size * vpp decoder-layer counts), got {layout!r}")
+        if self.profile is not None and (not isinstance(self.profile, str) or not os.path.isfile(self.profile)):
+            raise ValueError(f"parallel.profile {self.profile!r} is not a file (mpipe-hf profile RECIPE.yaml "
+                             f"writes one) or null")
+        timeout = math.nan
+        if isinstance(self.timeout_s, (int, float, str)) and not isinstance(self.timeout_s, bool):
+            try:
+                timeout = float(self.timeout_s)  # YAML reads 1e3 (no dot) as a string
+            except (ValueError, OverflowError):
+                pass
+        # at most 1e9 s (31 years): a queue's wait and the doubled timedelta of the executor's groups overflow above
+        if not 0 < timeout <= 1e9:  # NaN: False
+            raise ValueError(f"parallel.timeout_s must be a number of seconds in (0, 1e9], got {self.timeout_s!r}")
+        object.__setattr__(self, "timeout_s", timeout)
+
+    def _check_owners(self) -> None:
+        """Here ``owners`` is the policy; each step's owners are chosen by the trainer (:meth:`schedule` has
+        none). Raises ``ValueError`` (``ScheduleConfig``'s validation prefixes ``parallel.``)."""
+        if not isinstance(self.owners, str) or self.owners not in OWNER_POLICIES:
+            raise ValueError(f"owners must be one of {OWNER_POLICIES}, got {self.owners!r}")
+        if self.owners == "balanced" and self.overflow != "full":
+            raise ValueError(f"owners 'balanced' needs overflow 'full' (mode 'min' fixes its owners), got overflow "
+                             f"{self.overflow!r}")
+
+    @property
+    def assignment(self) -> None:
+        """No fixed owners: :attr:`owners` names a policy, and the trainer gives each step its owners."""
+        return None
+
+    def schedule(self) -> ScheduleConfig:
+        """The schedule part alone (``owners``: none; the policy lives on in :attr:`owners`)."""
+        return ScheduleConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ScheduleConfig)
+                                 if f.name != "owners"})
