@@ -34,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 LIMIT_S = 240  # a case's process still running after this long is a hang
 PP, STEPS, SAVE = 2, 6, 2
+PREEMPT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # as mpipe-hf train starts torchrun (docs/failures.md)
 
 
 # ---- the worker: one injected fault, then the trainer's main ------------------------------------------------
@@ -44,20 +45,30 @@ def worker(fault: str, recipe: str) -> None:
     Faults: ``kill-in-save:STEP`` (rank 0 kills itself with SIGKILL while it writes ``checkpoint-STEP``, after
     every shard is on disk and before the directory is renamed into place); ``nan:STEP`` (the last stage's loss
     is NaN at step STEP, 1-based; ``nan:all`` at every step); ``enospc:RANK:STEP`` (rank RANK's shard write of
-    ``checkpoint-STEP`` fails with ``ENOSPC``).
+    ``checkpoint-STEP`` fails with ``ENOSPC``); ``signal-in-save:STEP`` (rank 0 sends SIGUSR1 to the torchrun
+    agent while it writes ``checkpoint-STEP``, as SLURM's ``--signal`` does, and the save goes on).
     """
-    from mpipe_hf.train import checkpoint, trainer
+    from mpipe_hf.train import checkpoint, job, trainer
     from mpipe_hf.runtime import executor
     kind, *args = fault.split(":")
     rank = int(os.environ.get("RANK", 0))
     if kind == "kill-in-save":
-        hub_files = trainer.save_hub_files
+        hub_files = job.save_hub_files  # the recipe job's hub files, written last into checkpoint-STEP.tmp
 
         def dying(directory, *a, **k):
             if directory.endswith(f"checkpoint-{args[0]}.tmp"):
                 os.kill(os.getpid(), signal.SIGKILL)
             return hub_files(directory, *a, **k)
-        trainer.save_hub_files = dying
+        job.save_hub_files = dying
+    elif kind == "signal-in-save":
+        hub_files = job.save_hub_files
+
+        def signalling(directory, *a, **k):  # rank 0, inside checkpoint-STEP's write: SIGUSR1 to the agent
+            if directory.endswith(f"checkpoint-{args[0]}.tmp"):
+                os.kill(os.getppid(), signal.SIGUSR1)
+                time.sleep(1.0)  # the agent forwards it to every worker while this save is still going on
+            return hub_files(directory, *a, **k)
+        job.save_hub_files = signalling
     elif kind == "nan":
         step = executor.PipelineExecutor.step
 
@@ -128,7 +139,8 @@ def launch(recipe: str, fault: str | None = None, restarts: int = 0,
     if fault is None:
         cmd = [os.path.join(BIN, "mpipe-hf"), "train", recipe] + ([f"--max-restarts={restarts}"] if restarts else [])
     else:
-        cmd = [os.path.join(BIN, "torchrun"), "--standalone", f"--nproc_per_node={PP}", os.path.abspath(__file__),
+        cmd = [os.path.join(BIN, "torchrun"), "--standalone", f"--nproc_per_node={PP}",
+               f"--signals-to-handle={PREEMPT_SIGNALS}", "--shutdown-timeout=120", os.path.abspath(__file__),
                "worker", fault, recipe]
     log = tempfile.TemporaryFile(mode="w+")
     start = time.time()
@@ -206,7 +218,7 @@ class Suite:
     """The recipes and the uninterrupted reference runs the cases compare with (built once)."""
 
     def __init__(self, demo: str, work: str):
-        self.demo, self.work, self.references = demo, work, {}
+        self.demo, self.work, self.references = os.path.abspath(demo), os.path.abspath(work), {}
 
     def recipe(self, name: str, placement: str = "prefix", data: dict | None = None, **train) -> tuple[str, str]:
         """``(recipe path, output_dir)`` of a small run of the demo model."""
@@ -271,6 +283,56 @@ def case_kill_in_save(suite: Suite) -> Outcome:
     return Outcome(f"killed mid-save (exit {first.rc}); complete checkpoints {found}, partial {left} ignored; resume "
                    f"took checkpoint-2: {took}; {detail}", first.hung + second.hung, n,
                    first.rc != 0 and found == [2] and took and second.rc == 0 and n == 0)
+
+
+def signal_launcher(name: str, when: Callable[[], bool], delay_s: float = 0.0) -> Callable[[subprocess.Popen], None]:
+    """A ``kill`` for :func:`launch`: signal ``name`` to the launcher (``mpipe-hf train``) ``delay_s`` seconds
+    after ``when()`` holds, as a cluster's scheduler does at a job's time limit."""
+    def kill(proc):
+        while not when():
+            if proc.poll() is not None:
+                return
+            time.sleep(0.02)
+        time.sleep(delay_s)
+        if proc.poll() is None:
+            os.kill(proc.pid, getattr(signal, name))
+    return kill
+
+
+def case_preempt(suite: Suite) -> Outcome:
+    """SIGTERM to ``mpipe-hf train`` in the middle of step 4: every rank finishes the step, ``checkpoint-4`` is
+    saved, the run exits 0 with one line naming it; ``resume: auto`` then ends exactly as the uninterrupted run."""
+    from mpipe_hf.train.state import checkpoints
+    path, out = suite.recipe("preempt")
+    first = launch(path, kill=signal_launcher("SIGTERM", lambda: any(r.get("step") == 3 for r in rows(out)), 0.3))
+    line = next((ln for ln in first.out.splitlines() if "preempted by SIGTERM" in ln), "")
+    found = [step for step, _ in checkpoints(out)]
+    path, _ = suite.recipe("preempt", resume="auto")
+    second = launch(path)
+    n, detail = lost(suite.reference("prefix"), out)
+    ok = first.rc == 0 and bool(line) and found and found[-1] in (4, 5) and second.rc == 0 and n == 0
+    return Outcome(f"exited {first.rc} after {first.seconds:.0f}s: {line[:90]}; checkpoints {found}; resume: {detail}",
+                   first.hung + second.hung, n, ok)
+
+
+def case_preempt_in_save(suite: Suite) -> Outcome:
+    """SIGUSR1 (SLURM's ``--signal``) to the agent of a plain ``torchrun --signals-to-handle ...,SIGUSR1`` while rank
+    0 writes ``checkpoint-4``: the write finishes, the run stops there (no second save), every worker exits 0; the
+    resume is exact."""
+    from mpipe_hf.train.state import checkpoints
+    path, out = suite.recipe("preempt-in-save")
+    first = launch(path, fault="signal-in-save:4")
+    line = next((ln for ln in first.out.splitlines() if "preempted by SIGUSR1" in ln), "")
+    found = [step for step, _ in checkpoints(out)]
+    # the workers exit 0; torchrun's agent, itself signalled, then ends with its own SignalException (torchrun's
+    # behaviour, not the run's: ``mpipe-hf train`` exits 0 there, case ``preempt``)
+    failed = "ChildFailedError" in first.out or "exitcode" in first.out or "mpipe-hf: error" in first.out
+    path, _ = suite.recipe("preempt-in-save", resume="auto")
+    second = launch(path)
+    n, detail = lost(suite.reference("prefix"), out)
+    ok = bool(line) and found == [2, 4] and not failed and second.rc == 0 and n == 0
+    return Outcome(f"{line[:90] or 'NO preemption line'}; checkpoints {found}; resume: {detail}",
+                   first.hung + second.hung, n, ok)
 
 
 def case_nan(suite: Suite) -> Outcome:
@@ -386,7 +448,8 @@ def case_recipe_keys(suite: Suite) -> Outcome:
     return Outcome(f"table test: {last}", 0, 0, proc.returncode == 0)
 
 
-CASES = {"kill": case_kill, "restart": case_restart, "kill-in-save": case_kill_in_save, "nan": case_nan,
+CASES = {"kill": case_kill, "restart": case_restart, "kill-in-save": case_kill_in_save, "preempt": case_preempt,
+         "preempt-in-save": case_preempt_in_save, "nan": case_nan,
          "nan-always": case_nan_always, "disk-full": case_disk_full, "not-writable": case_not_writable,
          "bad-rows": case_bad_rows, "recipe-keys": case_recipe_keys}
 

@@ -6,6 +6,8 @@ Usage:
     python scripts/grad_matrix.py --pp 2 3   # only these pipeline sizes
     python scripts/grad_matrix.py --ci --swap all   # every case with activation swap on every rank (or rank0)
     python scripts/grad_matrix.py --ci --zero-bubble   # every case with the backward split into B and W
+    python scripts/grad_matrix.py --families --zero-bubble   # every model family (R = 2, V = 2, checkpoint
+                                                             # reload), each with the backward split
 
 Each pipeline size runs as torchrun jobs of gloo CPU processes (at most --chunk cases per job). Every case checks
 the loss, every gradient (atol 1e-5), the parameters after AdamW steps where the case takes several (atol 1e-4),
@@ -23,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
-from matrix import check_case, covering_subset, full_grid  # noqa: E402
+from matrix import check_case, check_reload, covering_subset, family_cases, full_grid  # noqa: E402
 
 WORKER = os.path.join(HERE, "..", "tests", "dist", "numerics_worker.py")
 
@@ -35,8 +37,12 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk", type=int, default=40, help="cases per torchrun job")
     parser.add_argument("--swap", choices=["all", "rank0"], help="activation swap (issue 17) in every case")
     parser.add_argument("--zero-bubble", action="store_true", help="zero-bubble schedules (B and W) in every case")
+    parser.add_argument("--families", action="store_true",
+                        help="the model-family cases (every family frozen and trainable at R = 2, V = 2, 2 AdamW "
+                             "steps, then a save and a from_pretrained reload) instead of the grid")
     args = parser.parse_args(argv)
-    cases = [c for c in (covering_subset() if args.ci else full_grid()) if c["pp_size"] in args.pp]
+    grid = family_cases() if args.families else covering_subset() if args.ci else full_grid()
+    cases = [c for c in grid if c["pp_size"] in args.pp]
     if args.swap:
         cases = [dict(case, swap=args.swap, name=f"{case['name']}-swap={args.swap}") for case in cases]
     if args.zero_bubble:
@@ -58,7 +64,7 @@ def main(argv=None) -> int:
                 results = read_results(out, pp_size)
                 for case in chunk:
                     per_rank = [r[case["name"]] for r in results]
-                    problems = check_case(case, per_rank)
+                    problems = check_case(case, per_rank) + (check_reload(per_rank) if case.get("reload") else [])
                     grad = max(r["max_diff"] for r in per_rank)
                     print(f"{'FAIL' if problems else 'ok  '} {case['name']:<90} grad {grad:.1e} "
                           f"{per_rank[0]['wall_s']:.1f}s", flush=True)

@@ -6,6 +6,7 @@ normalised by the label tokens of the whole global batch, the gradient norm is t
 ``max_grad_norm: 1`` and norms of 1.2 to 5), and the weights after 3 AdamW steps match (the first step's loss
 and norm to atol 1e-5, later ones and the weights to 1e-4: fp32 sums in another order, amplified by AdamW)."""
 
+import functools
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from mpipe_hf.train.recipe import TrainSection
 STEPS = 3
 
 
+@functools.lru_cache(maxsize=None)
 def reference(demo, freeze_visual):
     model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
     model.model.visual.requires_grad_(not freeze_visual)
@@ -31,11 +33,13 @@ def reference(demo, freeze_visual):
     return losses, norms, model
 
 
-# CI runs a subset that covers every value; MPIPE_HF_DP_GRID=full runs every pair, and owner-backward
-GRID = [("frozen", True, False), ("trainable", False, False)]
+# CI runs ("trainable", False) here and ("frozen", True), the recipe defaults, through two nodes
+# (test_two_nodes_train_exactly_and_resume_onto_one_replica, with the same checks); MPIPE_HF_DP_GRID=full runs
+# every pair here, and owner-backward
+GRID = [("trainable", False, False)]
 if os.environ.get("MPIPE_HF_DP_GRID") == "full":
-    GRID += [("trainable", True, False), ("frozen", False, False), ("trainable", True, True),
-             ("trainable", False, True)]
+    GRID += [("frozen", True, False), ("trainable", True, False), ("frozen", False, False),
+             ("trainable", True, True), ("trainable", False, True)]
 
 
 @pytest.mark.parametrize("preprocess,dp_shard,owner_backward", GRID)
@@ -70,12 +74,14 @@ def free_port() -> int:
 
 def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     """Two ``mpipe-hf train --nnodes 2`` launchers on this machine (node 0: replica 0's two stage ranks; node 1:
-    replica 1's), joined over 127.0.0.1, train exactly as one process; then the run's ``checkpoint-2`` resumes
-    onto ``dp = 1`` with ``num_micro = 2 M`` (the same global batch): step 3 equals the uninterrupted run's, the
-    AdamW moments loaded from the checkpoint's whole tensors."""
+    replica 1's), joined over 127.0.0.1, train exactly as one process (frozen tower, FSDP2: the grid's
+    ``("frozen", True)`` point, with its checks: losses, norms, clipping and the trained weights); then the run's
+    ``checkpoint-2`` resumes onto ``dp = 1`` with ``num_micro = 2 M`` (the same global batch): step 3 equals the
+    uninterrupted run's, the AdamW moments loaded from the checkpoint's whole tensors."""
     cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
     out = str(tmp_path / "run")
-    recipe = write_recipe(demo, tmp_path / "nodes.yaml", out, dp_size=2, max_steps=STEPS, save_steps=2)
+    recipe = write_recipe(demo, tmp_path / "nodes.yaml", out, dp_size=2, dp_shard=True, preprocess="frozen",
+                          max_steps=STEPS, save_steps=2)
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen([cli, "train", recipe, "--nnodes", "2", "--node-rank", str(i), "--master-addr",
@@ -85,9 +91,18 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     losses, norms, model = reference(demo, True)
+    assert len(rows) == STEPS
     for step, (row, loss, norm) in enumerate(zip(rows, losses, norms)):
         atol = 1e-5 if step == 0 else 1e-4
-        assert abs(row["loss"] - loss) < atol and abs(row["grad_norm"] - norm) < atol, (step, row, loss, norm)
+        # the norm (about 7 on the demo's data) to fp32's relative rounding of a sum in another order, 5e-6
+        # (measured 2.8e-6: 7.091585 against 7.091565), and never looser than atol
+        assert abs(row["loss"] - loss) < atol and abs(row["grad_norm"] - norm) < max(atol, 5e-6 * norm), (
+            step, row, loss, norm)
+    assert max(norms) > 1.0  # clipping clipped
+    trained = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "checkpoint"), dtype=torch.float32)
+    expected = model.state_dict()
+    worst = max((t - expected[n]).abs().max().item() for n, t in trained.state_dict().items())
+    assert worst < 1e-4, worst
 
     one = str(tmp_path / "one")
     recipe = write_recipe(demo, tmp_path / "one.yaml", one, num_micro=2 * NUM_MICRO, max_steps=STEPS,

@@ -6,6 +6,10 @@ on purpose, each checked against an uninterrupted run, bit for bit.
 - ``restart``: the same under ``--max-restarts 1`` with placement ``fill``: torchrun restarts the group, which
   resumes by itself;
 - ``kill-in-save``: rank 0 killed while it writes a checkpoint: the previous one loads, and resume is exact;
+- ``preempt``: SIGTERM to ``mpipe-hf train`` in the middle of step 4: every rank finishes the step, the run
+  saves ``checkpoint-4``, exits 0 with one line naming it, and ``resume: auto`` continues exactly;
+- ``preempt-in-save``: SIGUSR1 to the torchrun agent while ``checkpoint-4`` is being written: the save finishes,
+  the run stops there with no second save, and the resume is exact;
 - ``nan``: a NaN in the last stage's loss skips that step on every rank, with no optimizer step;
 - ``disk-full``: one rank's checkpoint write fails with ENOSPC: every rank stops with that error, no partial
   checkpoint is left, and the previous one resumes exactly.
@@ -32,7 +36,8 @@ def suite(tmp_path_factory):
     return SUITE["Suite"](demo, work)
 
 
-@pytest.mark.parametrize("case", ["kill", "restart", "kill-in-save", "nan", "disk-full"])
+@pytest.mark.parametrize("case", ["kill", "restart", "kill-in-save", "preempt", "preempt-in-save", "nan",
+                                  "disk-full"])
 def test_fault(suite, case):
     outcome = SUITE["CASES"][case](suite)
     assert outcome.hung == 0, outcome.happened

@@ -8,6 +8,7 @@ learning_rate of every step) and their final checkpoints must agree.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -123,7 +124,7 @@ def test_save_steps_resume_and_evaluate(demo, tmp_path):
     full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
     torchrun(PIPELINED, common(demo, full, save_steps=2, eval_data=data, max_steps=4))
     ckpt = os.path.join(full, "checkpoint-2")
-    assert {"optimizer-rank0.pt", "optimizer-rank1.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth",
+    assert {"rank0_state.pt", "rank1_state.pt", "rng_state_0.pth", "rng_state_1.pth",
             "trainer_state.json", "config.json", "model.safetensors.index.json",
             "chat_template.jinja"} <= set(os.listdir(ckpt))
     AutoModelForImageTextToText.from_pretrained(ckpt)
@@ -181,7 +182,7 @@ def test_arguments_a_pipeline_cannot_honour_are_named(tmp_path):
 
 # ---- checkpoint-<step> written whole or not at all ----------------------------------------------------------
 
-CHECKPOINT_FILES = {"optimizer-rank0.pt", "optimizer-rank1.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth",
+CHECKPOINT_FILES = {"rank0_state.pt", "rank1_state.pt", "rng_state_0.pth", "rng_state_1.pth",
                     "trainer_state.json", "config.json", "generation_config.json", "model.safetensors.index.json",
                     "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
 
@@ -189,8 +190,9 @@ CHECKPOINT_FILES = {"optimizer-rank0.pt", "optimizer-rank1.pt", "scheduler.pt", 
 def checkpoint_worker(out: str, report: str, fail_step: int) -> None:
     """Run by torchrun (this file as a script, 2 processes): 4 steps of a tiny Qwen2 LM with ``save_steps=1``,
     ``save_total_limit=2``, an evaluation at every step and ``load_best_model_at_end``. With ``fail_step`` > 0 the
-    optimizer file of rank 1 fails half-written at that step's save (``OSError``, a full disk). Each rank writes
-    what ``train()`` raised (empty: nothing) to ``report/rank<r>.txt``."""
+    training state file of rank 1 fails half-written at that step's save (``OSError``, a full disk). Each rank writes
+    what ``train()`` raised (empty: nothing) to ``report/rank<r>.txt``. With ``fail_step`` < 0, rank 1 receives
+    SIGUSR1 (preemption) in step ``-fail_step``: every rank then stops after that step."""
     import errno
     from transformers import Qwen2Config, Qwen2ForCausalLM, TrainingArguments
     from mpipe_hf import MPipeConfig, MPipeTrainer
@@ -205,12 +207,20 @@ def checkpoint_worker(out: str, report: str, fail_step: int) -> None:
         ids = torch.tensor([row["input_ids"] for row in batch])
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
-    if fail_step:
+    if fail_step < 0:
+        step = MPipeTrainer.training_step
+
+        def signalled(self, *a, **k):
+            if self.run.rank == 1 and self.state.global_step + 1 == -fail_step:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            return step(self, *a, **k)
+        MPipeTrainer.training_step = signalled
+    elif fail_step:
         write = MPipeTrainer._save_optimizer_and_scheduler
 
         def failing(self, output_dir):
-            if self.rank == 1 and self.state.global_step == fail_step:
-                with open(os.path.join(output_dir, "optimizer-rank1.pt"), "wb") as f:
+            if self.run.rank == 1 and self.state.global_step == fail_step:
+                with open(os.path.join(output_dir, "rank1_state.pt"), "wb") as f:
                     f.write(b"half of it")
                 raise OSError(errno.ENOSPC, "No space left on device (injected)")
             write(self, output_dir)
@@ -280,8 +290,19 @@ def test_trainer_checkpoints_are_renamed_in_whole(tmp_path):
     assert best is not None and os.path.basename(best) in kept, (best, kept)
 
 
+def test_a_preempted_trainer_saves_and_stops_on_every_rank(tmp_path):
+    """SIGUSR1 to rank 1 in step 2 (as SLURM's ``--signal``): both ranks finish step 2, ``checkpoint-2`` is saved
+    whole and ``train()`` returns on both, without an error and without steps 3 and 4."""
+    out, errors = run_checkpoint_worker(tmp_path, fail_step=-2)
+    assert errors == ["", ""], errors
+    kept = sorted(name for name in os.listdir(out) if name.startswith("checkpoint-"))
+    assert kept == ["checkpoint-1", "checkpoint-2"], kept
+    assert_complete(os.path.join(out, "checkpoint-2"), 2)
+    assert leftovers(out) == []
+
+
 def test_a_failed_trainer_save_leaves_the_last_checkpoint(tmp_path):
-    """The optimizer file of rank 1 fails half-written in step 3's save: every rank raises that rank's error (none
+    """The training state file of rank 1 fails half-written in step 3's save: every rank raises that rank's error (none
     waits for the other), no ``checkpoint-3`` nor temporary directory is left, and ``checkpoint-2``, complete, is
     what ``resume_from_checkpoint=True`` would take."""
     from transformers.trainer_utils import get_last_checkpoint

@@ -26,7 +26,7 @@ import yaml
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import read_results, run_torchrun  # noqa: E402
 
-from mpipe_hf.train.recipe import parse_recipe  # noqa: E402
+from mpipe_hf.train.recipe import load_recipe, parse_recipe  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "dist", "lora_worker.py")
@@ -176,19 +176,21 @@ def test_the_shipped_lora_recipe_trains_like_one_process_and_reloads(demo, tmp_p
     processor's (no config.json), and both outputs reload to the same logits."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
     import lora_worker
-    os.symlink(demo, tmp_path / "demo")
+    os.symlink(demo, tmp_path / "demo")  # the recipe names ../demo/... relative to its folder, recipes/
     raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "qwen2_5_vl_lora.yaml")))
     raw["train"].update(max_steps=3, bf16=False, adam_epsilon=1e-6, output_dir=str(tmp_path / "out"))
     raw["lora"]["lora_dropout"] = 0.0
     raw["parallel"]["timeout_s"] = 120
-    with open(tmp_path / "recipe.yaml", "w") as f:
+    (tmp_path / "recipes").mkdir()
+    with open(tmp_path / "recipes" / "recipe.yaml", "w") as f:
         yaml.safe_dump(raw, f)
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        recipe = parse_recipe(raw)
+        recipe = load_recipe("recipes/recipe.yaml")
         ref_model, ref_losses, _, ref_norms, micro = lora_worker.reference(recipe, 3)
-        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "recipe.yaml"],
+        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
+                               "recipes/recipe.yaml"],
                               capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stderr[-5000:]
         rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
@@ -246,15 +248,24 @@ def test_bad_lora_values_name_the_field(demo, tmp_path, lora, field):
     ({"preprocess": "trainable"}, {"target_modules": ["q_proj"]}, "no adapter tensor sits in P"),
     ({"preprocess": "frozen"}, {"target_modules": ["no_such_layer"]}, "no_such_layer"),
 ])
-def test_an_adapter_that_would_not_train_fails_before_launch(demo, tmp_path, parallel, lora, message):
-    """``mpipe-hf train`` checks the adapter on the meta model before it starts any process."""
+def test_an_adapter_that_would_not_train_fails_before_launch(demo, tmp_path, monkeypatch, parallel, lora, message):
+    """``mpipe-hf train`` checks the adapter on the meta model before it starts any process: its ``main``, run
+    here in-process with torchrun's launcher replaced by a failure, exits with the one ``mpipe-hf: error:``
+    line (the ``SystemExit`` the console script turns into status 1 and stderr; any other exception is a
+    traceback and fails the test)."""
+    import torch.distributed.run
+    from mpipe_hf.cli import main
+
+    def launched(*args, **kwargs):
+        raise AssertionError("mpipe-hf train started processes before it rejected the adapter")
+    monkeypatch.setattr(torch.distributed.run, "main", launched)
     path = tmp_path / "recipe.yaml"
     with open(path, "w") as f:
         yaml.safe_dump(vl_recipe(demo, str(tmp_path / "out"), parallel, lora), f)
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", str(path)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and message in proc.stderr and "lora" in proc.stderr, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
+    with pytest.raises(SystemExit) as exited:
+        main(["train", str(path)])
+    error = str(exited.value.code)
+    assert error.startswith("mpipe-hf: error: ") and message in error and "lora" in error, error[-3000:]
 
 
 def test_a_lora_run_resumes_bit_exactly(demo, tmp_path):

@@ -51,12 +51,14 @@ DROPOUT_CASES = [dict(case, dropout=0.5, name=case["name"] + "-dropout" + ("-ob"
                  for case in FAMILY_CASES if case["family"] == "llava" for ob in (False, True)
                  if not ob or case["preprocess"] == "trainable"]
 # bf16 autocast (fp32 master weights) and fp32, against one process in the pipeline's order of operations
-# (summed loss, gradients divided once): bitwise; against the HF Trainer's order (num_items_in_batch): close
+# (summed loss, gradients divided once): bitwise; against the HF Trainer's order (num_items_in_batch): close.
+# fp32 in the HF Trainer's order at R = 2, V = 2, M = 3 (frozen tower, ragged photos) is the first step of
+# family-vl-frozen-T0 (FAMILY_CASES): the same model, seed and micro-batches, checked the same way
 PRECISION_CASES = [make_case("vision", 2, 2, 4, "frozen", bf16=True, order="pipeline"),
                    make_case("vision", 2, 1, 3, "trainable", bf16=True, order="pipeline"),
                    make_case("vl-text", 2, 2, 3, "trainable", bf16=True, order="pipeline"),
                    make_case("vision", 2, 2, 4, "frozen", order="pipeline"),
-                   make_case("vision", 2, 2, 3, "frozen", bf16=True), make_case("vision", 2, 2, 3, "frozen")]
+                   make_case("vision", 2, 2, 3, "frozen", bf16=True)]
 # activation swap (issue 17) in every mode: frozen at the issue's R = 4, V = 2, M = 8, trainable, owner-backward,
 # identity, placement fill, a text P, gradient checkpointing, and rank 0 alone; exact, with bytes moved
 SWAP_CASES = [make_case("vision", 4, 2, 8, "frozen", swap="all", steps=3),
@@ -166,9 +168,10 @@ def test_tower_dropout_is_replayed_exactly(case, results):
 def test_precision_policy_equals_one_process(case, results):
     """fp32 master weights with bf16 autocast, and fp32: in the pipeline's order of operations (summed loss, the
     gradients divided once) the loss and every gradient are bitwise the one-process run's. In the HF Trainer's
-    order (each micro's loss divided by the step's tokens before its backward) fp32 agrees to 2e-6 and bf16 to
-    its rounding of differently scaled gradients: measured 1.2e-2 relative norm on the worst parameter, 1e-8
-    relative on the loss."""
+    order (each micro's loss divided by the step's tokens before its backward) fp32 agrees to 2e-6 (that case
+    is family-vl-frozen-T0's first step: test_model_families) and bf16 to
+    its rounding of differently scaled gradients: measured 1.0e-2 relative norm on the worst parameter, 6e-9
+    relative on the loss (1.2e-2 and 1e-8 with the full Qwen2 vocabulary)."""
     per_rank = results(2)[case["name"]]
     rel = max(r["grad_rel_norm"] for r in per_rank)
     loss_rel = max(abs(a - b) / b for a, b in zip(per_rank[0]["losses"], per_rank[0]["ref_losses"]))

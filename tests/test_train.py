@@ -206,8 +206,8 @@ def test_unknown_model_type_is_a_value_error(demo, tmp_path):
 
 
 @pytest.mark.parametrize("model,field", [
-    ({"name_or_path": "nowhere"}, "model.name_or_path 'nowhere' is not a checkpoint directory"),
-    ({"config": "nowhere.json"}, "model.config 'nowhere.json' does not exist"),
+    ({"name_or_path": "nowhere"}, "model.name_or_path '[^']*/nowhere' is not a checkpoint directory"),  # resolved
+    ({"config": "nowhere.json"}, "model.config '[^']*/nowhere.json' does not exist"),  # against the recipe's folder
     ({}, "model needs exactly one of name_or_path"),
     ({"path": "x"}, "model must be a checkpoint path or a mapping with keys"),
     ({"name_or_path": "CONFIG_ONLY"}, "has no weights .*; for random weights use model.config"),
@@ -235,11 +235,12 @@ def test_config_without_model_type_is_a_value_error(demo, tmp_path):
 def test_a_rank_holding_only_a_frozen_preprocess_trains(demo, tmp_path):
     """Llama with stage 0's only layer moved into a frozen P: rank 0 has nothing to optimise, and the run
     still trains (rank 1 does)."""
-    os.symlink(demo, tmp_path / "demo")
+    os.symlink(demo, tmp_path / "demo")  # the recipe names ../demo/... relative to its folder, recipes/
     raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "llama.yaml")))
     set_keys(raw, vpp=1, layers_per_stage=[1, 7], text_layers=1, max_steps=2, output_dir=str(tmp_path / "out"))
-    (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "r.yaml"],
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "r.yaml").write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "recipes/r.yaml"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -272,19 +273,21 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
     """Each family recipe as shipped (its model, schedule and data; 2 steps, eps 1e-6) through ``mpipe-hf
     train``: the losses equal the unsplit model's, and the checkpoint loads with ``from_pretrained`` (no missing
     or unexpected key) and gives the one-process model's logits."""
-    os.symlink(demo, tmp_path / "demo")  # the recipes name demo/... relative to the working directory
+    os.symlink(demo, tmp_path / "demo")  # the recipes name ../demo/... relative to their folder, recipes/
     raw = yaml.safe_load(open(path))
     set_keys(raw, max_steps=2, adam_epsilon=EPS, output_dir=str(tmp_path / "out"), timeout_s=120)
-    with open(tmp_path / "recipe.yaml", "w") as f:
+    (tmp_path / "recipes").mkdir()
+    with open(tmp_path / "recipes" / "recipe.yaml", "w") as f:
         yaml.safe_dump(raw, f)
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        recipe = load_recipe("recipe.yaml")
+        recipe = load_recipe("recipes/recipe.yaml")
         ref_losses, ref_norms, ref_model, micro = recipe_reference(recipe, 2)
         processor = load_processor(recipe, load_config(recipe.model))
-        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", "recipe.yaml"],
-                              capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
+                               "recipes/recipe.yaml"], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
     finally:
         os.chdir(cwd)
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -331,9 +334,11 @@ def test_profile_then_simulate_auto_ranks_the_knobs(demo, tmp_path):
     """``mpipe-hf profile`` measures the recipe's model on one process; ``simulate --auto`` ranks candidates by
     the step time the simulator predicts from that profile, fastest first."""
     from mpipe_hf.schedule.tune import Profile
-    os.symlink(demo, tmp_path / "demo")
+    os.symlink(demo, tmp_path / "demo")  # the recipe names ../demo/... relative to its folder, recipes/
+    (tmp_path / "recipes").mkdir()
+    shutil_copy(os.path.join(ROOT, "recipes", "qwen2_vl.yaml"), tmp_path / "recipes")
     cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
-    proc = subprocess.run([cli, "profile", os.path.join(ROOT, "recipes", "qwen2_vl.yaml"), "--out", "p.yaml"],
+    proc = subprocess.run([cli, "profile", "recipes/qwen2_vl.yaml", "--out", "p.yaml"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     profile = Profile.load(str(tmp_path / "p.yaml"))
@@ -387,12 +392,18 @@ def test_bf16_training_equals_one_process_bf16(demo, tmp_path):
     train = TrainSection(max_steps=3, learning_rate=LR, adam_epsilon=EPS, bf16=True)
     losses, norms, _ = train_unsplit(copy.deepcopy(model), plan, NUM_MICRO, 3, train)
     fp32, _, _ = train_unsplit(model, plan, NUM_MICRO, 1, dataclasses.replace(train, bf16=False))
-    for row, loss, norm in zip(rows, losses, norms):
-        assert abs(row["loss"] - loss) <= 1e-4 * loss, (row, loss)  # measured: 3e-7, 6e-6, 2e-5
-        assert abs(row["grad_norm"] - norm) <= 5e-3 * norm, (row, norm)  # measured: 3e-4, 9e-4, 1e-4
-    assert abs(rows[0]["loss"] - fp32[0]) > 1e-5, "bf16 computes in bf16"
     print("bf16 loss rel diff", [abs(r["loss"] - x) / x for r, x in zip(rows, losses)],
-          "grad-norm rel diff", [abs(r["grad_norm"] - n) / n for r, n in zip(rows, norms)])
+          "grad-norm rel diff", [abs(r["grad_norm"] - n) / n for r, n in zip(rows, norms)],
+          "bf16 against fp32", abs(rows[0]["loss"] - fp32[0]) / fp32[0])
+    # the first step's loss to fp32's rounding (bf16 rounds each product the same way on both sides; only the
+    # sums' order differs): measured 7.8e-9. The later steps take AdamW steps on gradients that differ by bf16's
+    # rounding (the norm: measured 2.0e-3, 3.6e-3, 2.4e-4 on the demo's one-word answers), so their losses
+    # differ more: measured 1.2e-4, 6.8e-5
+    assert abs(rows[0]["loss"] - losses[0]) <= 1e-6 * losses[0], (rows[0], losses[0])
+    for row, loss, norm in zip(rows, losses, norms):
+        assert abs(row["loss"] - loss) <= 3e-4 * loss, (row, loss)
+        assert abs(row["grad_norm"] - norm) <= 5e-3 * norm, (row, norm)
+    assert abs(rows[0]["loss"] - fp32[0]) > 1e-5, "bf16 computes in bf16"
 
 
 def conversation_rows(images):

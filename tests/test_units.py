@@ -110,18 +110,24 @@ def _wait_on(store, threaded):
     dog.wait(FakeWork(), "blocked receive")  # another rank failed: raises within CHECK_S, not after 30 s
 
 
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The Qwen2 BPE cut to 1,024 ranks, built once for the module (the layer counts do not read the
+    vocabulary)."""
+    from mpipe_hf.data import qwen2_tokenizer
+    return qwen2_tokenizer(1024)
+
+
 @pytest.mark.parametrize("family,kwargs,match", [
     ("qwen2_5_vl", dict(text_layers=2), "text_layers = 2 exceeds stage 0's first chunk of 1"),
     ("qwen2_5_vl", dict(text_layers=-1), "text_layers must be an integer >= 0"),
     ("qwen2", dict(text_layers=0), "text_layers must be >= 1 with preprocess 'trainable'"),
     ("llama", dict(layers_per_stage=[3, 1, 2, 2], text_layers=4), "exceeds stage 0's first chunk of 3"),
 ])
-def test_text_layers_are_checked_against_stage0(family, kwargs, match):
-    from mpipe_hf.data import qwen2_tokenizer
+def test_text_layers_are_checked_against_stage0(tokenizer, family, kwargs, match):
     from mpipe_hf.models import get_family
     from mpipe_hf.models.tiny import tiny_causal_lm_config, tiny_qwen2_5_vl_config
     from mpipe_hf.schedule import ScheduleConfig
-    tokenizer = qwen2_tokenizer()
     config = tiny_qwen2_5_vl_config(tokenizer) if family == "qwen2_5_vl" else tiny_causal_lm_config(tokenizer, family)
     cfg = ScheduleConfig(4, 2 if "layers_per_stage" not in kwargs else 1, 4, "trainable")
     with pytest.raises(ValueError, match=match):

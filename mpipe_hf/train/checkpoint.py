@@ -50,60 +50,65 @@ def save_checkpoint(out_dir: str, state: dict, rank: int, world: int, group: dis
     out_dir = os.path.abspath(out_dir)
     tmp = out_dir + ".tmp"
     what = f"saving {out_dir}"
-
-    def fresh():
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-
-    def write_own():
-        shard = single_file or f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
-        tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
-        if single_file is None or rank == 0:
-            save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
-            _fsync(os.path.join(tmp, shard))
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(os.path.join(tmp, shard), 0o666 & ~umask)  # safetensors writes 0600; share like the rest
-        for name, obj in (rank_files or {}).items():
-            torch.save(obj, os.path.join(tmp, name))
-            _fsync(os.path.join(tmp, name))
-        return shard, sorted(tensors), sum(t.numel() * t.element_size() for t in tensors.values())
-
-    def finish(names):
-        if rank != 0:
-            return
-        if single_file is None:
-            weight_map = {name: file for file, keys, _ in names for name in keys}
-            index = {"metadata": {"total_size": sum(size for _, _, size in names)}, "weight_map": weight_map}
-            with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
-                json.dump(index, f, indent=2)
-        if save_extras is not None:
-            save_extras(tmp)
-        sync_tree(tmp)  # everything on disk before the directory appears under its name
-        if merge:
-            written = set(os.listdir(tmp))
-            other_format = {"config.json"} if single_file else {"adapter_config.json", ADAPTER_WEIGHTS}
-            for name in os.listdir(out_dir):
-                stale = name in other_format or (
-                    name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")))
-                if stale and name not in written:  # weights of an earlier save (another world size, one file)
-                    os.remove(os.path.join(out_dir, name))
-            for name in written:
-                os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
-            os.rmdir(tmp)
-        else:
-            _swap_in(tmp, out_dir)
-        _fsync(os.path.dirname(out_dir))
-
     try:  # each phase's failure on any rank is raised on every rank, so none waits in the next collective
-        together(fresh, what, rank, world, group)
-        names = gathered(write_own, what, rank, world, group)
-        together(lambda: finish(names), what, rank, world, group)
+        together(lambda: _fresh(tmp) if rank == 0 else None, what, rank, world, group)
+        names = gathered(lambda: _write_own(tmp, state, rank, world, rank_files, single_file), what, rank, world,
+                         group)
+        together(lambda: _finish(tmp, out_dir, names, save_extras, merge, single_file) if rank == 0 else None,
+                 what, rank, world, group)
     except Exception:
         if rank == 0:  # a failed save leaves nothing half-written; the checkpoints before it stay as they were
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _fresh(tmp: str) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+
+
+def _write_own(tmp: str, state: dict, rank: int, world: int, rank_files: dict | None, single_file: str | None):
+    """This rank's shard (and ``rank_files``) into ``tmp``; returns ``(file, tensor names, bytes)``."""
+    shard = single_file or f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
+    tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
+    if single_file is None or rank == 0:
+        save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
+        _fsync(os.path.join(tmp, shard))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(os.path.join(tmp, shard), 0o666 & ~umask)  # safetensors writes 0600; share like the rest
+    for name, obj in (rank_files or {}).items():
+        torch.save(obj, os.path.join(tmp, name))
+        _fsync(os.path.join(tmp, name))
+    return shard, sorted(tensors), sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _finish(tmp: str, out_dir: str, names: list, save_extras, merge: bool, single_file: str | None) -> None:
+    """Rank 0: the index and the extras into ``tmp``, everything flushed, then ``tmp`` renamed to ``out_dir``
+    (or, with ``merge``, its files renamed into it one by one, the stale weight files of an earlier save
+    removed)."""
+    if single_file is None:
+        weight_map = {name: file for file, keys, _ in names for name in keys}
+        index = {"metadata": {"total_size": sum(size for _, _, size in names)}, "weight_map": weight_map}
+        with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+    if save_extras is not None:
+        save_extras(tmp)
+    sync_tree(tmp)  # everything on disk before the directory appears under its name
+    if merge:
+        written = set(os.listdir(tmp))
+        other_format = {"config.json"} if single_file else {"adapter_config.json", ADAPTER_WEIGHTS}
+        for name in os.listdir(out_dir):
+            stale = name in other_format or (
+                name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")))
+            if stale and name not in written:  # weights of an earlier save (another world size, one file)
+                os.remove(os.path.join(out_dir, name))
+        for name in written:
+            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+        os.rmdir(tmp)
+    else:
+        _swap_in(tmp, out_dir)
+    _fsync(os.path.dirname(out_dir))
 
 
 def save_adapter(out_dir: str, peft_model, state: dict, rank: int, world: int, group: dist.ProcessGroup,

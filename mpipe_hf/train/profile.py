@@ -26,7 +26,7 @@ from ..schedule import ScheduleConfig
 from ..schedule.tune import Profile
 from ..runtime.memory import SavedStorages, saved_bytes, storage_ids
 from .recipe import Recipe
-from .trainer import is_vision_language, load_config, load_data, load_model, load_processor
+from .sources import is_vision_language, load_config, load_data, load_model, load_processor
 
 
 def _nbytes(tensors) -> int:
@@ -72,6 +72,70 @@ class _SavedBytes(SavedStorages):
         self.head = self.bytes("head")
 
 
+class _Probe:
+    """The clocks and hooks on one stage and ``P`` that split a micro-batch's time into the profile's parts:
+    each decoder layer's forward and backward, the head's and the front's (embedding), and the stamps of when the
+    backward reaches the head's input and the front's output; ``saved`` counts the bytes saved for backward."""
+
+    def __init__(self, stage, pre, model, device: torch.device):
+        self.stage, self.pre, self.device = stage, pre, device
+        self.clock = _LayerClock(list(stage.layers) + list(getattr(pre.module, "layers", [])))
+        self.head_clock = _LayerClock([stage.head])
+        self.front_clock = _LayerClock([stage.front] if stage.front is not None else [])
+        self.stamps = {}  # when the backward reaches the head's input, and the front's output
+        self.saved = _SavedBytes(list(stage.layers), stage.head, storage_ids(model.parameters()))
+        stage.head.register_forward_pre_hook(lambda m, args: [args[0].register_hook(self._stamp("head")), None][1])
+        if stage.front is not None:
+            stage.front.register_forward_hook(
+                lambda m, a, out: [out["hidden_states"].register_hook(self._stamp("front")), None][1])
+
+    def _stamp(self, key):
+        return lambda grad: self.stamps.__setitem__(key, time.perf_counter())
+
+    def _sync(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def time(self, raw: dict):
+        """One micro-batch's forward and backward through ``P`` and the stage: ``(t0 .. t4, P's features)``, the
+        clocks reading the same micro-batch."""
+        pre, stage = self.pre, self.stage
+        for c in (self.clock, self.head_clock, self.front_clock):
+            c.forward.clear()
+            c.backward.clear()
+        t0 = self._sync()
+        feats = pre.module(pre.inputs(raw))
+        t1 = self._sync()
+        inputs = {**pre.stage0_inputs(raw), **{k: v.detach().requires_grad_(v.is_floating_point())
+                                              for k, v in feats.items()}}
+        with self.saved:
+            out = stage(inputs)
+        t2 = self._sync()
+        out["loss"].backward()
+        t3 = self._sync()
+        floats = [k for k, v in feats.items() if v.is_floating_point()]
+        torch.autograd.backward([feats[k] for k in floats], [inputs[k].grad for k in floats])
+        t4 = self._sync()
+        return (t0, t1, t2, t3, t4), feats
+
+    def record(self, rows: dict[str, list[float]], times) -> None:
+        """Add one micro-batch's parts to ``rows``, from its ``times`` and the clocks."""
+        t0, t1, t2, t3, t4 = times
+        clock, n_stage = self.clock, len(self.stage.layers)
+        lf = clock.forward[-n_stage:] if n_stage else []
+        rows["pf"].append(t1 - t0 - sum(clock.forward[:-n_stage] if n_stage else clock.forward))
+        rows["pb"].append(t4 - t3 - sum(clock.backward[n_stage:]))
+        head_f, front_f = sum(self.head_clock.forward), sum(self.front_clock.forward)
+        rows["hf"].append(head_f)
+        rows["hb"].append(self.stamps["head"] - t2)
+        rows["ef"].append(front_f)
+        rows["sf"].append(t2 - t1 - sum(lf) - head_f - front_f)
+        rows["eb"].append(t3 - self.stamps["front"] if "front" in self.stamps else 0.0)
+        rows["lf"] += clock.forward
+        rows["lb"] += clock.backward
+
+
 def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     """Time ``num_micro`` micro-batches (after one warm-up) of ``recipe`` on this process (CPU, or the first
     GPU when there is one).
@@ -83,73 +147,29 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     config = load_config(recipe.model)
     model = load_model(recipe.model, config, recipe.train.seed).to(device)
     vision = is_vision_language(config)
-    text_layers = 0 if vision else 1
-    cfg = ScheduleConfig(1, 1, num_micro + 1, "trainable")
-    carved = split(model, cfg, 0, None, text_layers)
+    carved = split(model, ScheduleConfig(1, 1, num_micro + 1, "trainable"), 0, None, 0 if vision else 1)
     pre, stage = carved.preprocess, carved.stages[0]
     dataset, collate = load_data(recipe, config, load_processor(recipe, config))
     plan = MicroBatchPlan(dataset, collate, num_micro + 1, recipe.data.micro_batch_size, None,
                           recipe.data.shuffle, recipe.train.seed)
-    clock = _LayerClock(list(stage.layers) + list(getattr(pre.module, "layers", [])))
-    head_clock, front_clock = _LayerClock([stage.head]), _LayerClock([stage.front] if stage.front is not None else [])
-    stamps = {}  # when the backward reaches the head's input, and the front's output
-    saved = _SavedBytes(list(stage.layers), stage.head, storage_ids(model.parameters()))
-
-    def stamp(key):
-        return lambda grad: stamps.__setitem__(key, time.perf_counter())
-    stage.head.register_forward_pre_hook(lambda m, args: [args[0].register_hook(stamp("head")), None][1])
-    if stage.front is not None:
-        stage.front.register_forward_hook(
-            lambda m, a, out: [out["hidden_states"].register_hook(stamp("front")), None][1])
+    probe = _Probe(stage, pre, model, device)
     rows: dict[str, list[float]] = {k: [] for k in ("pf", "pb", "sf", "lf", "lb", "hf", "hb", "ef", "eb")}
-    sizes = {}
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    sizes, tower_saved = {}, 0
     for m in range(num_micro + 1):
         raw = {k: v.to(device) for k, v in plan.load(0, m).items()}
-        for c in (clock, head_clock, front_clock):
-            c.forward.clear()
-            c.backward.clear()
-        sync()
-        t0 = time.perf_counter()
-        feats = pre.module(pre.inputs(raw))
-        sync()
-        t1 = time.perf_counter()
-        inputs = {**pre.stage0_inputs(raw), **{k: v.detach().requires_grad_(v.is_floating_point())
-                                              for k, v in feats.items()}}
-        with saved:
-            out = stage(inputs)
-        sync()
-        t2 = time.perf_counter()
-        out["loss"].backward()
-        sync()
-        t3 = time.perf_counter()
-        floats = [k for k, v in feats.items() if v.is_floating_point()]
-        torch.autograd.backward([feats[k] for k in floats], [inputs[k].grad for k in floats])
-        sync()
-        t4 = time.perf_counter()
+        times, feats = probe.time(raw)
         if m == 0:
             tower_saved = saved_bytes(lambda: pre.module(pre.inputs(raw)),
                                       storage_ids(pre.module.parameters())) if vision else 0
             sizes = dict(feature=_nbytes(feats), data=_nbytes(pre.stage0_inputs(raw)), graph=_nbytes(pre.inputs(raw)))
             continue
-        n_stage = len(stage.layers)
-        lf = clock.forward[-n_stage:] if n_stage else []
-        rows["pf"].append(t1 - t0 - sum(clock.forward[:-n_stage] if n_stage else clock.forward))
-        rows["pb"].append(t4 - t3 - sum(clock.backward[n_stage:]))
-        head_f, front_f = sum(head_clock.forward), sum(front_clock.forward)
-        head_b = stamps["head"] - t2
-        front_b = t3 - stamps["front"] if "front" in stamps else 0.0
-        rows["hf"].append(head_f)
-        rows["hb"].append(head_b)
-        rows["ef"].append(front_f)
-        rows["sf"].append(t2 - t1 - sum(lf) - head_f - front_f)
-        rows["eb"].append(front_b)
-        rows["lf"] += clock.forward
-        rows["lb"] += clock.backward
+        probe.record(rows, times)
         sizes["activation"] = raw["input_ids"].numel() * config.get_text_config().hidden_size * 4  # fp32 hidden
+    return _profile(config, rows, sizes, tower_saved, stage, pre, probe.saved, vision)
+
+
+def _profile(config, rows, sizes, tower_saved, stage, pre, saved, vision: bool) -> Profile:
+    """The :class:`Profile` of the medians of ``rows`` and the byte counts."""
     med = {k: statistics.median(v) if v else 0.0 for k, v in rows.items()}
     layer = next(iter(stage.layers))
     p_params = sum(p.numel() * p.element_size() for p in pre.module.parameters()) if vision else 0

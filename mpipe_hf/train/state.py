@@ -56,7 +56,7 @@ def rank_state(step: int, optimizer, scheduler, skips, params: dict) -> dict:
 
 
 def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, params: dict,
-                    reset_optimizer: bool = False) -> int:
+                    reset_optimizer: bool = False, map_location="cpu") -> int:
     """Restore this rank's state from ``directory``; return the steps done.
 
     Saved by the same layout (this rank's file names the same parameters in the same order), everything is
@@ -64,7 +64,8 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
     parameter's AdamW state is found by its name in whichever rank's file holds it (read memory-mapped, one
     file at a time, keeping only this rank's entries); the LR schedule, skip counts and step come from rank 0's
     file, the RNG states from this rank's file where there is one. ``reset_optimizer`` keeps AdamW's fresh
-    state instead.
+    state instead. Every file is read onto ``map_location`` (the CPU: the RNG states must be CPU tensors, and the
+    optimizer moves each moment to its parameter's device), never onto the device it was saved from.
 
     Raises:
         ValueError: the directory has no training state; a parameter this rank trains has no optimizer state in
@@ -74,13 +75,14 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
     if rank_state_name(0) not in files:
         raise ValueError(f"checkpoint {directory!r} has no training state ({rank_state_name(0)})")
     own, zero = os.path.join(directory, rank_state_name(rank)), os.path.join(directory, rank_state_name(0))
-    mine = torch.load(own, weights_only=False) if os.path.isfile(own) else None
+    mine = torch.load(own, map_location=map_location, weights_only=False) if os.path.isfile(own) else None
     names = optimizer_names(optimizer, params) if optimizer is not None else []
     same = mine is not None and mine["param_names"] == names and not reset_optimizer
     if same or own == zero:
         state = mine
     else:  # the step, the skips and the schedule's position are rank 0's; the RNG this rank's, if saved
-        state = torch.load(zero, weights_only=False) | ({"rng": mine["rng"]} if mine is not None else {})
+        state = torch.load(zero, map_location=map_location, weights_only=False) | (
+            {"rng": mine["rng"]} if mine is not None else {})
     if same:
         if optimizer is not None:
             optimizer.load_state_dict(_shard_like(state["optimizer"], optimizer))
@@ -119,7 +121,8 @@ def _shard_like(state_dict: dict, optimizer) -> dict:
             if torch.is_tensor(v) and not is_sharded(v) and v.shape == p.shape:
                 chunks = torch.chunk(v, mesh.size(), dim=0)
                 piece = chunks[rank] if rank < len(chunks) else v.new_empty((0, *v.shape[1:]))
-                v = DTensor.from_local(piece.contiguous(), mesh, p.placements, shape=p.shape, stride=p.stride())
+                piece = piece.to(p.to_local().device).contiguous()  # a state read onto the CPU
+                v = DTensor.from_local(piece, mesh, p.placements, shape=p.shape, stride=p.stride())
             sharded[key] = v
         out["state"][index] = sharded
     return out
@@ -130,7 +133,7 @@ def _by_name(directory: str, files: list[str], optimizer, names: list[str]) -> d
     name from the checkpoint's rank files."""
     wanted, found = set(names), {}
     for file in files:
-        saved = torch.load(os.path.join(directory, file), weights_only=False, mmap=True)
+        saved = torch.load(os.path.join(directory, file), map_location="cpu", weights_only=False, mmap=True)
         if saved["optimizer"] is None:
             continue
         for index, name in enumerate(saved["param_names"]):

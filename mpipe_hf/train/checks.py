@@ -1,0 +1,99 @@
+"""What ``mpipe-hf train`` checks before any process group exists: the recipe's schedule, model type, layer
+layout, world size, data files and output directory (``mpipe-hf check`` runs the same)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..models import get_family
+from ..models.load import check_adapter
+from .metrics import available_trackers
+from .recipe import Recipe
+from .sources import first_row, is_vision_language, load_config
+
+CONVERSATION_FIELDS, CAPTION_FIELDS, TEXT_FIELDS = ("messages",), ("image", "prompt", "caption"), ("text",)
+
+
+def check_output_dir(path: str) -> None:
+    """``train.output_dir`` can be created and written (a probe file is made and removed).
+
+    Raises:
+        ValueError: naming the field and the operating system's error.
+    """
+    import tempfile
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".mpipe_hf_probe"):
+            pass
+    except OSError as err:
+        raise ValueError(f"train.output_dir {path!r} is not writable ({err})") from err
+
+
+def _check_data(path: str, config, field: str = "data.path") -> None:
+    """The first row is in a form the model reads (the loader checks every row in full)."""
+    forms = [CONVERSATION_FIELDS, CAPTION_FIELDS] if is_vision_language(config) else [CONVERSATION_FIELDS,
+                                                                                      TEXT_FIELDS]
+    first = first_row(path)
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{field} {path!r}: the first line is not JSON ({err})") from err
+    if not isinstance(row, dict) or not any(all(k in row for k in form) for form in forms):
+        kind = "vision-language" if is_vision_language(config) else "decoder-only"
+        raise ValueError(f"{field} {path!r}: a {kind} model ({config.model_type!r}) reads rows with "
+                         f"{' or '.join(str(list(f)) for f in forms)}; the first row has "
+                         f"{sorted(row) if isinstance(row, dict) else type(row).__name__}")
+
+
+def check(recipe: Recipe) -> list[int]:
+    """Every check that needs no process group: schedule, model type, layer layout, world size, data file.
+
+    Returns the decoder layers per stage: ``layers_per_stage``, else balanced by the costs of the recipe's
+    ``profile``, else by the layers' and the LM head's matmul cost estimated from the config. Raises
+    ``ValueError`` naming the field.
+    """
+    cfg = recipe.schedule()
+    recipe.model.check_tokenizer()
+    if not os.path.isfile(recipe.data.path):
+        raise ValueError(f"data.path {recipe.data.path!r} is not a file")
+    config = load_config(recipe.model)
+    get_family(config.model_type)  # an unknown model_type fails here, naming the supported ones
+    _check_data(recipe.data.path, config)
+    if recipe.data.eval_path is not None:
+        if not os.path.isfile(recipe.data.eval_path):
+            raise ValueError(f"data.eval_path {recipe.data.eval_path!r} is not a file")
+        _check_data(recipe.data.eval_path, config, "data.eval_path")
+    available_trackers(recipe.train.report_to)
+    counts = check_layout(recipe, config)
+    if recipe.lora is not None:
+        check_adapter(config, cfg, recipe.lora.peft_config(), counts, recipe.parallel.text_layers, recipe.lora.merge)
+    processes = cfg.pp_size * recipe.parallel.dp_size
+    world = int(os.environ.get("WORLD_SIZE", processes))
+    if world != processes:
+        raise ValueError(f"parallel.pp_size ({cfg.pp_size}) * parallel.dp_size ({recipe.parallel.dp_size}) = "
+                         f"{processes} processes, but {world} were launched; launch {processes}")
+    check_output_dir(recipe.train.output_dir)  # last: it creates the directory
+    return counts
+
+
+def check_layout(recipe: Recipe, config, profile=None) -> list[int]:
+    """Decoder layers per stage: ``layers_per_stage``, else balanced by the costs of ``profile`` (default: the
+    recipe's ``profile``), else by the layers' and the LM head's matmul cost from the config; checked against the
+    model. Raises ``ValueError`` naming the field."""
+    cfg = recipe.schedule()
+    layout = recipe.parallel.layers_per_stage
+    if profile is None and recipe.parallel.profile is not None:
+        from ..schedule.tune import Profile
+        profile = Profile.load(recipe.parallel.profile)
+    layers = config.get_text_config().num_hidden_layers
+    if profile is not None and profile.num_layers != layers:
+        raise ValueError(f"the profile measures a model of {profile.num_layers} decoder layers, but "
+                         f"{config.model_type!r} here has {layers}; profile this recipe's model (mpipe-hf profile "
+                         f"RECIPE.yaml) or set parallel.layers_per_stage")
+    if layout is None and profile is not None:
+        from ..schedule.tune import profile_layers
+        layout = profile_layers(profile, cfg, recipe.parallel.text_layers)
+    return get_family(config.model_type).layer_counts(config, cfg, layout, recipe.parallel.text_layers)
+
+

@@ -1,0 +1,209 @@
+"""The parts of the pipelined HF Trainer (:mod:`.hf`) that are not the Trainer itself: its configuration
+(:class:`MPipeConfig`), the check of the ``TrainingArguments`` a pipeline cannot honour, the row-index loader
+its loop iterates, :class:`MPipeCallback`, which puts the pipeline's figures into the Trainer's logs, and
+:class:`PreemptionCallback`, which ends ``train()`` with a checkpoint on SIGTERM or SIGUSR1."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from transformers import TrainerCallback
+
+from ..data.owner import epoch_order
+from ..schedule.swap import SwapConfig
+from .preempt import Preemption
+from .recipe import DataSection, ParallelSection
+
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
+SAMPLING = ("random", "sequential")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MPipeConfig(ParallelSection):
+    """The pipeline of an :class:`MPipeTrainer`: the recipe's ``parallel`` section (the schedule, SPEC.md
+    "Modes", and the layout: ``pp_size``, ``vpp``, ``preprocess``, ``overflow``, ``owner_backward``,
+    ``less_memory``, ``placement``, ``text_layers``, ``layers_per_stage``, ``profile``, ``timeout_s``) and the
+    bad-sample policy of its ``data`` section. ``num_micro`` is not set here: it is the Trainer's
+    ``gradient_accumulation_steps``.
+
+    ``zero_bubble`` works as in a recipe.
+
+    Attributes:
+        max_length: the token limit of the default conversation collator.
+        on_bad_sample, max_bad_steps: as the recipe's ``data`` section.
+        swap: activation swap, as a recipe's ``swap`` section (:class:`~mpipe_hf.schedule.swap.SwapConfig`;
+            ``None``: off).
+        trace: record every action on every rank and write ``output_dir/trace.json`` when ``train()`` ends (as
+            a recipe's ``train.trace``).
+
+    Raises:
+        ValueError: a bad value, naming the field and the allowed values; ``num_micro`` set; ``dp_size`` other
+            than 1 or ``owners: balanced`` (both are ``mpipe-hf train``'s, where the rows are known to the
+            run: the Trainer's loop hands every process the same rows, and its dataset gives no image sizes
+            without decoding the images).
+    """
+
+    max_length: int = 2048
+    on_bad_sample: str = "skip"
+    max_bad_steps: int = 3
+    swap: SwapConfig | None = None
+    trace: bool = False
+
+    def __post_init__(self):
+        if self.num_micro != 1:
+            raise ValueError("MPipeConfig takes no num_micro: the micro-batches per step are "
+                             "TrainingArguments.gradient_accumulation_steps")
+        if self.owners != "modulo":  # the Trainer's dataset gives no image sizes without decoding its images
+            raise ValueError(f"MPipeConfig owners must be 'modulo' (load-aware owners, 'balanced', are "
+                             f"mpipe-hf train's: a recipe's parallel.owners), got {self.owners!r}")
+        if self.dp_size != 1:  # the Trainer's loop gives every process the same rows: one pipeline's view
+            raise ValueError(f"MPipeConfig dp_size must be 1 (data parallel over pipelines is mpipe-hf train's: a "
+                             f"recipe's parallel.dp_size), got {self.dp_size!r}")
+        if self.swap is not None and not isinstance(self.swap, SwapConfig):
+            raise ValueError(f"MPipeConfig swap must be a SwapConfig or None, got {type(self.swap).__name__}")
+        if not isinstance(self.trace, bool):
+            raise ValueError(f"MPipeConfig trace must be True or False, got {self.trace!r}")
+        super().__post_init__()
+        self.data()
+
+    def parallel(self, num_micro: int) -> ParallelSection:
+        """The recipe's ``parallel`` section with ``num_micro`` micro-batches per step."""
+        return ParallelSection(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ParallelSection)
+                                  if f.name != "num_micro"}, num_micro=num_micro)
+
+    def data(self, micro_batch_size: int = 1) -> DataSection:
+        """The recipe's ``data`` section: the bad-sample policy and ``max_length``."""
+        return DataSection(path="<the trainer's dataset>", micro_batch_size=micro_batch_size,
+                           max_length=self.max_length, on_bad_sample=self.on_bad_sample,
+                           max_bad_steps=self.max_bad_steps)
+
+
+def check_training_args(args, mpipe: MPipeConfig) -> None:
+    """Every ``TrainingArguments`` value a pipeline cannot honour, before any collective.
+
+    Raises:
+        ValueError: naming the argument and what to use instead.
+    """
+    problems = []
+    if args.torch_compile:
+        problems.append("torch_compile=True (compile each stage yourself; the pipeline runs the stages eagerly)")
+    if args.deepspeed:
+        problems.append("deepspeed (the pipeline holds one share of the model per rank; drop the DeepSpeed config)")
+    if args.fsdp or args.fsdp_config and args.fsdp_config.get("fsdp_version"):
+        problems.append("fsdp (data parallelism over pipelines is mpipe-hf train's, a recipe's parallel.dp_size; "
+                        "drop fsdp)")
+    if args.fp16:
+        problems.append("fp16=True (use bf16=True: fp32 master weights with bf16 autocast)")
+    if args.optim not in OPTIMIZERS:
+        problems.append(f"optim={args.optim!r} (one of {list(OPTIMIZERS)}: AdamW over each rank's parameters)")
+    if args.train_sampling_strategy not in SAMPLING:
+        problems.append(f"train_sampling_strategy={args.train_sampling_strategy!r} (one of {list(SAMPLING)})")
+    if args.gradient_accumulation_steps < 1:
+        problems.append(f"gradient_accumulation_steps={args.gradient_accumulation_steps} (the micro-batches per "
+                        f"step, >= 1)")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world != mpipe.pp_size:
+        problems.append(f"{world} processes for pp_size={mpipe.pp_size} (launch pp_size processes)")
+    if problems:
+        raise ValueError("MPipeTrainer cannot run with " + "; ".join(problems))
+
+
+class _EpochSampler(torch.utils.data.Sampler):
+    """Row indices ``0 .. n-1`` in file order, or (``shuffle``) in the order of ``torch.randperm`` drawn from
+    ``seed + epoch``: the same on every rank, and the same after a resume (the Trainer calls ``set_epoch``)."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool):
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.n))
+        return iter(epoch_order(self.n, self.seed, self.epoch))
+
+
+class _RowLoader(DataLoader):
+    """A ``DataLoader`` of row indices whose ``set_epoch`` reaches its sampler."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+
+class _Pipeline(nn.Module):
+    """What the Trainer sees as the wrapped model: the rank's share (so ``zero_grad`` and ``train`` reach it),
+    never wrapped by DDP."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+
+class MPipeCallback(TrainerCallback):
+    """Puts the pipeline's figures into every training log of the Trainer (so they reach every ``report_to``
+    backend), over the steps since the last log: ``bubble`` (the ranks' share of time not computing),
+    ``tokens_per_s`` (label tokens), ``step_s_rank<r>`` (mean step time of each rank, seconds),
+    ``peak_activation_mib_rank<r>`` (most bytes saved for backward at once), ``peak_device_mib_rank<r>`` (on a GPU,
+    ``max_memory_allocated``) and ``skipped_steps`` (in all). :class:`MPipeTrainer` adds it first, so the reporting
+    callbacks see the figures."""
+
+    def __init__(self):
+        self.window, self.skips = [], None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs:
+            return
+        before = set(logs)
+        if self.window:
+            world = len(self.window[0].rank_bubble)
+            wall = sum(s.wall_s for s in self.window)
+            logs["bubble"] = round(sum(s.bubble for s in self.window) / len(self.window), 4)
+            logs["tokens_per_s"] = round(sum(s.num_tokens for s in self.window) / wall, 1) if wall else 0.0
+            for r in range(world):
+                logs[f"step_s_rank{r}"] = round(sum(s.rank_wall_s[r] for s in self.window) / len(self.window), 4)
+                logs[f"peak_activation_mib_rank{r}"] = round(
+                    max(s.rank_activation_bytes[r] for s in self.window) / 2 ** 20, 3)
+                if self.window[0].rank_device_bytes:
+                    logs[f"peak_device_mib_rank{r}"] = round(
+                        max(s.rank_device_bytes[r] for s in self.window) / 2 ** 20, 1)
+        logs["skipped_steps"] = self.skips.total if self.skips is not None else 0
+        self.window = []
+        last = state.log_history[-1] if state.log_history else {}
+        if last.get("step") == state.global_step and "loss" in last:  # the Trainer kept this log before us
+            last.update({k: v for k, v in logs.items() if k not in before})
+
+
+
+
+class PreemptionCallback(TrainerCallback):
+    """SIGTERM or SIGUSR1 (preemption, :mod:`.preempt`) during ``MPipeTrainer.train()``: every rank finishes the
+    step, the Trainer saves ``checkpoint-<step>`` (whole or not at all) and ends ``train()``; rank 0 prints one
+    line naming the checkpoint. ``resume_from_checkpoint=True`` continues from it. ``device``: where the
+    agreement's all-reduce runs (the executor's device)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.preemption, self.received = device, Preemption(), None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.preemption.install()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.received = self.preemption.agreed(self.device)  # the same on every rank
+        if self.received is not None:
+            control.should_save = control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.preemption.uninstall()
+        if self.received is not None and state.is_world_process_zero:
+            path = os.path.abspath(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+            print(f"mpipe_hf: preempted by {self.received} after step {state.global_step} of {state.max_steps}: "
+                  f"saved {path}; continue with resume_from_checkpoint=True (or that path)", flush=True)

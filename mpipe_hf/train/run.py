@@ -1,0 +1,323 @@
+"""One pipelined run: the object both trainers drive (``mpipe-hf train``, :mod:`.trainer` through :mod:`.job`, and
+:class:`~.hf.MPipeTrainer`).
+
+As torchtitan's ``Trainer``, :class:`PipelineRun` owns the state a step needs and the loop calls it: the
+``(dp, pp)`` mesh, this rank's share of the model (read from a checkpoint or drawn from a config as a recipe
+asks, or carved from the user's model object, meta model or ``PeftModel``), the data parallel wrapping (FSDP2 or
+replicas, :mod:`mpipe_hf.runtime.data_parallel`), the precision policy (bf16 autocast, :mod:`.precision`), the
+layout and the placement costs, the load-aware owners and the executor. Its methods are the pieces of a step and
+of a checkpoint:
+
+- :meth:`PipelineRun.step`: one schedule over the step's micro-batches, the gradients clipped by the global norm
+  over the pipeline and the step's loss and norm checked finite (the bad-sample policy, :mod:`.loop`). The
+  optimizer and LR scheduler step is the caller's (the HF Trainer steps its own);
+- :meth:`PipelineRun.evaluate`: the forward-only schedule over an eval set;
+- :meth:`PipelineRun.save` / :meth:`PipelineRun.save_weights` / :meth:`PipelineRun.write_state` and
+  :meth:`PipelineRun.load_weights` / :meth:`PipelineRun.load_state`: one checkpoint format for both trainers, the
+  weights as ``from_pretrained`` (or PEFT) loads them and each rank's ``rank<r>_state.pt`` (:mod:`.state`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..models.adapters import is_adapter_tensor, merged_state
+from ..models.load import load_adapter_values, load_share_values
+from ..runtime import PipelineExecutor, StepStats, build_mesh, init_distributed
+from ..runtime.data_parallel import DataParallel
+from ..schedule.owners import step_owners
+from .checkpoint import save_adapter, save_checkpoint
+from .collective import together
+from .loop import Skips, evaluate_rows, finite_step, run_step
+from .optimizer import clip_grad_norm
+from .precision import autocast_modules
+from .recipe import DataSection, ModelSource, ParallelSection
+from .report import write_trace
+from .sources import load_share, model_share, profile_layout
+from .state import load_rank_state, rank_state, rank_state_name
+
+
+@dataclass
+class StepResult:
+    """What :meth:`PipelineRun.step` did: ``stats`` (``None``: the step's data was bad and it was skipped before
+    it ran), the global gradient norm before clipping, and whether the loss and the norm were finite (when not,
+    the gradients are dropped and the step counts as skipped)."""
+
+    stats: StepStats | None
+    grad_norm: float | None = None
+    finite: bool = False
+
+    @property
+    def ran(self) -> bool:
+        """The step ran and is finite: the caller takes its optimizer step."""
+        return self.stats is not None and self.finite
+
+
+class PipelineRun:
+    """The state of one pipelined run on this process, built in three steps so that each trainer keeps its order:
+
+    1. a share of the model: :meth:`connect` then :meth:`carve` (a recipe's checkpoint or config), or
+       :meth:`adopt` (a model object, before the process group exists) then :meth:`connect`;
+    2. :meth:`load_weights` (resuming: into the whole tensors, before FSDP2 shards them);
+    3. :meth:`start`: data parallel, the trained parameters, the precision policy and the executor.
+
+    Args:
+        parallel: the recipe's ``parallel`` section (the schedule, the layout, ``dp_size``, ``timeout_s``).
+        seed: the seed of a drawn model, of ``P``'s dropout and of anything random.
+        data: the bad-sample policy (``on_bad_sample``, ``max_bad_steps``) of :meth:`step`.
+    """
+
+    def __init__(self, parallel: ParallelSection, seed: int = 0, data: DataSection | None = None):
+        self.parallel, self.cfg, self.seed = parallel, parallel.schedule(), seed
+        self.data = data if data is not None else DataSection(path="<the trainer's dataset>")
+        self.rank, self.dp_rank = int(os.environ.get("RANK", 0)) % self.cfg.pp_size, 0  # mesh rank d * pp + p
+        self.device = self.mesh = self.group = self.every = None
+        self.carved = self.source = self.counts = None
+        self.data_parallel = self.executor = None
+        self.params, self.counted, self.skips = {}, [], Skips()
+        self._owner_costs = None  # (plan, row costs, headroom) of load-aware owners
+
+    # ---- the share of the model ---------------------------------------------------------------------------
+
+    def connect(self) -> torch.device:
+        """Join the process group, build the ``(dp, pp)`` mesh and return this process's device.
+
+        Raises:
+            ValueError: a world size other than ``pp_size * dp_size``.
+        """
+        self.device = init_distributed(timedelta(seconds=self.parallel.timeout_s))
+        self.mesh = build_mesh(self.cfg.pp_size, self.parallel.dp_size)
+        self.group = self.mesh.get_group("pp")
+        self.rank, self.dp_rank = self.mesh.get_local_rank("pp"), self.mesh.get_local_rank("dp")
+        self.every = (dist.get_rank(), dist.get_world_size(), None)  # setup errors reach every rank of every replica
+        return self.device
+
+    @property
+    def lead(self) -> bool:
+        """Global rank 0: the process that prints, logs and reports."""
+        return self.every is None or self.every[0] == 0
+
+    def carve(self, source: ModelSource, config, counts: list[int], adapter=None) -> None:
+        """This rank's share of ``source`` (read tensor by tensor, or drawn from ``seed`` as the unsplit model
+        would be; with ``adapter``, a ``peft.LoraConfig``, with that adapter), on :meth:`connect`'s device in
+        train mode. ``counts``: the decoder layers per stage. A failure on any rank is raised on every rank."""
+        self.carved, _ = together(lambda: load_share(source, config, self.cfg, self.rank, counts,
+                                                     self.parallel.text_layers, self.seed, adapter),
+                                  "model load", *self.every)
+        self.source, self.counts = source.name_or_path, counts
+        self.carved.model.to(self.device).train()  # from_pretrained leaves eval mode; the HF Trainer trains
+
+    def adopt(self, model) -> None:
+        """This rank's share of a user's ``model`` (a checkpoint path, a meta model, a loaded model or a
+        ``PeftModel`` of either: :func:`~.sources.model_share`), laid out by ``layers_per_stage``, else the
+        ``profile``, else the config's costs. Needs no process group; :meth:`connect` moves it to the device."""
+        self.carved, self.source, self.counts = model_share(model, self.cfg, self.rank,
+                                                            profile_layout(self.parallel, self.cfg),
+                                                            self.parallel.text_layers, self.seed)
+
+    def load_weights(self, path: str) -> None:
+        """This rank's share of ``path``'s weights (a LoRA run's: its adapter) into the model, in place; a
+        failure on any rank is raised on every rank."""
+        load = load_adapter_values if self.carved.peft is not None else load_share_values
+        together(lambda: load(path, self.carved, self.cfg, self.rank), "resume", *self.every)
+
+    # ---- the executor -------------------------------------------------------------------------------------
+
+    def start(self, *, bf16: bool = False, trace: bool = False, swap=None, loss_normalization: str = "tokens"
+              ) -> PipelineExecutor:
+        """Wrap the stages for data parallelism (``dp_size > 1``), collect the parameters this rank trains (and
+        those its gradient norm counts: the head copy of a tied pair not), put the stages and ``P`` under bf16
+        autocast (``bf16``) and build the executor (``trace``: record every action; ``swap``: a
+        :class:`~mpipe_hf.schedule.swap.SwapConfig`; ``loss_normalization``: ``"tokens"`` or ``"micro"``, as
+        :class:`~mpipe_hf.runtime.PipelineExecutor`).
+
+        Raises:
+            ValueError: as :class:`~mpipe_hf.runtime.PipelineExecutor` (a bad ``loss_normalization``,
+                ``zero_bubble`` with FSDP2).
+        """
+        par, carved = self.parallel, self.carved
+        if par.dp_size > 1:  # FSDP2 per stage chunk, before the optimizer sees the (then DTensor) parameters
+            self.data_parallel = DataParallel(self.mesh["dp"], "shard" if par.dp_shard else "replicate")
+            self.data_parallel.wrap(carved.stages)
+        self.params = carved.trainable_parameters(self.cfg, self.rank)  # none where a frozen P is all it holds
+        tied = carved.tied_parameters(self.cfg, self.rank)
+        heads = {id(p) for p, peer in tied if peer == 0}  # the head copy of a tied pair
+        self.counted = [p for p in self.params.values() if id(p) not in heads]
+        stages, preprocess = (autocast_modules(carved.stages, carved.preprocess, self.device) if bf16
+                              else (carved.stages, carved.preprocess))
+        self.executor = PipelineExecutor(self.cfg, self.rank, stages, preprocess, self.group, self.device,
+                                         self.params.values(), timedelta(seconds=par.timeout_s), tied, trace=trace,
+                                         costs=self.placement_costs(), seed=self.seed, measure_memory=True,
+                                         loss_normalization=loss_normalization, data_parallel=self.data_parallel,
+                                         swap=swap)
+        return self.executor
+
+    def placement_costs(self):
+        """The simulator costs of ``parallel.profile`` for this layout (placement ``fill`` places by them), or
+        ``None``."""
+        if self.parallel.profile is None:
+            return None
+        from ..schedule.tune import Profile, costs_for
+        return costs_for(Profile.load(self.parallel.profile), self.cfg, self.counts, self.parallel.text_layers)
+
+    def use_owners(self, plan, row_costs: list[int], micro_batch_size: int) -> None:
+        """Load-aware owners (``parallel.owners: balanced``): each step's owners from its rows' costs
+        (``row_costs``, one per dataset row, :func:`~.sources.owner_costs`) through ``plan``'s micro-batches, with
+        placement ``fill`` and a ``profile`` starting from each owner's idle end of a steady step."""
+        self._owner_costs = (plan, row_costs, self._owner_headroom(row_costs, micro_batch_size))
+
+    def _owner_headroom(self, row_costs: list[int], micro_batch_size: int) -> list[float] | None:
+        """Placement ``fill`` with a ``profile``: each owner's idle end of a steady step
+        (:func:`~mpipe_hf.schedule.owners.fill_headroom` under the profile's costs), in the unit of ``row_costs``
+        (the profile's preprocess seconds per micro-batch over the mean cost of a micro-batch of the data);
+        ``None`` otherwise (balanced owners then start even)."""
+        if self.cfg.placement != "fill" or self.parallel.profile is None or not sum(row_costs):
+            return None
+        from ..schedule.owners import fill_headroom
+        costs = self.placement_costs()
+        per_micro = sum(row_costs) / len(row_costs) * micro_batch_size
+        if costs.preprocess_forward <= 0:
+            return None
+        return [h * per_micro / costs.preprocess_forward for h in fill_headroom(self.cfg, costs)]
+
+    def owners_of(self, step: int):
+        """Step ``step``'s owner of each micro-batch, the same on every rank (no collective); ``None``: ``m %
+        NT``."""
+        if self._owner_costs is None:
+            return None
+        plan, row_costs, room = self._owner_costs
+        return step_owners("balanced", plan.micro_costs(step, row_costs), self.cfg, room)
+
+    # ---- a step -------------------------------------------------------------------------------------------
+
+    def step(self, step: int, load: Callable[[int], dict], max_grad_norm: float,
+             ahead: Callable[[int], dict] | None = None, num_micro: int | None = None) -> StepResult:
+        """Step ``step`` (0-based) over its micro-batches (``load(m)``; ``ahead``: the next step's, which
+        placement ``fill`` loads early; ``num_micro``: a step shorter than ``M``), then the gradients clipped to
+        ``max_grad_norm`` by their global norm over the pipeline (0: not clipped) and the loss and the norm
+        checked finite (:func:`~.loop.run_step`, :func:`~.optimizer.clip_grad_norm`,
+        :func:`~.loop.finite_step`). The optimizer and LR scheduler step is the caller's, when the result
+        :attr:`~StepResult.ran`.
+
+        Raises:
+            ValueError: a bad sample with ``on_bad_sample: raise``, or the ``max_bad_steps``-th skipped step in
+                a row.
+            TimeoutError, RuntimeError: any other failure of the step (the same text on every rank).
+        """
+        owners = self.owners_of(step)
+        next_owners = self.owners_of(step + 1) if ahead is not None else None
+        stats = run_step(self.executor, load, self.data, self.skips, step, ahead, num_micro, owners, next_owners)
+        if stats is None:
+            return StepResult(None)
+        norm = clip_grad_norm(list(self.params.values()), self.counted, max_grad_norm, self.group, self.device,
+                              self.data_parallel)
+        return StepResult(stats, norm, finite_step(stats, norm, self.params.values(), self.skips, self.data))
+
+    def evaluate(self, load_rows: Callable[[list[int]], dict], num_rows: int, micro_batch_size: int
+                 ) -> tuple[float, int]:
+        """``(eval loss, label tokens)`` of the forward-only schedule over rows ``0 .. num_rows - 1`` once
+        (:func:`~.loop.evaluate_rows`): the token losses summed over the set over its label tokens."""
+        return evaluate_rows(self.executor, load_rows, num_rows, micro_batch_size)
+
+    def write_trace(self, path: str) -> None:
+        """Every rank's action events (``trace``) as one Chrome trace at ``path``, by replica 0's rank 0 (every
+        rank calls this)."""
+        if self.dp_rank == 0:
+            write_trace(path, self.executor.events, self.rank, self.cfg.pp_size, self.group)
+
+    def close(self) -> None:
+        """End the executor's helper threads and destroy the process groups while Python is still whole (a gloo
+        group torn down during interpreter finalisation can abort a finished run: "terminate called without an
+        active exception")."""
+        if self.executor is not None:
+            self.executor.watchdog.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+
+    def save_weights(self, path: str, extras: Callable[[str], None] | None, rank_files: dict | None = None,
+                     merged: bool = False, merge: bool = False) -> None:
+        """This pipeline's share of the weights into ``path`` (:func:`~.checkpoint.save_checkpoint`, atomically;
+        ``merge``: into an existing directory, file by file), written by replica 0 (the replicas hold the same
+        values; FSDP2 shards are gathered first, on every replica). ``extras(directory)``: rank 0 adds the hub
+        files. ``rank_files``: ``{name: object}`` each rank also writes there. A LoRA run writes its adapter in
+        PEFT's format, or with ``merged`` the weights with the adapter merged in.
+
+        Raises:
+            RuntimeError, ValueError: a write that failed on any rank, on every rank (``"pipeline rank R, saving
+                DIR: ..."``); ``path`` is as it was.
+        """
+        state = self.carved.state_dict(self.cfg, self.rank)
+        adapter_only = self.carved.peft is not None and not merged
+        if adapter_only:  # the frozen base is not saved again (nor gathered from its FSDP2 shards)
+            state = {n: t for n, t in state.items() if is_adapter_tensor(n)}
+        state, rank_files = gather_full(state), gather_full(rank_files or {})
+        failure = None
+        if self.dp_rank == 0:
+            try:
+                self._write(path, state, extras, rank_files, adapter_only, merged, merge)
+            except Exception as err:  # noqa: BLE001 - shared with the other replicas below
+                failure = err
+        if self.data_parallel is None and failure is not None:
+            raise failure
+        if self.data_parallel is not None:
+            together(lambda: raise_(failure), f"saving {path}", *self.every)
+
+    def _write(self, path, state, extras, rank_files, adapter_only, merged, merge) -> None:
+        world = self.cfg.pp_size
+        if adapter_only:
+            save_adapter(path, self.carved.peft, state, self.rank, world, self.group, self.source, extras,
+                         rank_files, merge=merge)
+            return
+        if merged:
+            state = together(lambda: merged_state(self.carved.model, state), f"merging {path}", self.rank, world,
+                             self.group)
+        save_checkpoint(path, state, self.rank, world, self.group, extras, merge=merge, rank_files=rank_files)
+
+    def rank_files(self, done: int, optimizer, scheduler) -> dict:
+        """``{rank<r>_state.pt: this rank's training state after ``done`` steps}`` (:func:`~.state.rank_state`:
+        the optimizer, the LR schedule, the RNG states, the skips and the step)."""
+        return {rank_state_name(self.rank): rank_state(done, optimizer, scheduler, self.skips, self.params)}
+
+    def save(self, path: str, done: int, optimizer, scheduler, extras: Callable[[str], None] | None) -> None:
+        """A resumable checkpoint at ``path`` after ``done`` steps, whole or not at all: the weights (as
+        :meth:`save_weights`) and every rank's ``rank<r>_state.pt``."""
+        self.save_weights(path, extras, self.rank_files(done, optimizer, scheduler))
+
+    def write_state(self, directory: str, done: int, optimizer, scheduler) -> None:
+        """This rank's ``rank<r>_state.pt`` into ``directory`` (a checkpoint being written beside its weights,
+        as the HF Trainer writes a checkpoint's parts one by one)."""
+        os.makedirs(directory, exist_ok=True)
+        for name, state in gather_full(self.rank_files(done, optimizer, scheduler)).items():
+            torch.save(state, os.path.join(directory, name))
+
+    def load_state(self, path: str, optimizer, scheduler, reset_optimizer: bool = False) -> int:
+        """Restore this rank's optimizer, LR schedule, RNG states and skips from ``path``
+        (:func:`~.state.load_rank_state`, onto this run's device); return the steps done. A failure on any rank
+        is raised on every rank."""
+        return together(lambda: load_rank_state(path, self.rank, optimizer, scheduler, self.skips, self.params,
+                                                reset_optimizer), "resume", *self.every)
+
+
+def raise_(err: BaseException | None) -> None:
+    """Raise ``err`` when there is one."""
+    if err is not None:
+        raise err
+
+
+def gather_full(tree):
+    """``tree`` (dicts, lists and tensors, as a state dict) with every DTensor replaced by its full tensor (a
+    collective over its mesh: every replica calls this with the same tree)."""
+    from ..runtime.data_parallel import is_sharded
+    if isinstance(tree, dict):
+        return {k: gather_full(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(gather_full(v) for v in tree)
+    return tree.full_tensor() if torch.is_tensor(tree) and is_sharded(tree) else tree

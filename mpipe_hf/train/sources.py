@@ -1,0 +1,164 @@
+"""Where a run's model, processor and rows come from: the HF config of a recipe's source, the rank's share of the
+model (from a checkpoint, drawn from a config, or carved from a user's model object), the processor and the
+datasets. Used by ``mpipe-hf train`` (:mod:`.job`), :class:`~.hf.MPipeTrainer`, ``mpipe-hf profile`` and the
+benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import torch
+from accelerate.utils import set_seed
+from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText,
+                          AutoTokenizer)
+
+from ..data import (ConversationCollator, ConversationDataset, TextCollator, build_processor, image_processor_for,
+                    load_conversation_dataset, load_text_dataset)
+from ..data.processor import QWEN_PROCESSORS
+from ..models import get_family, split
+from ..models.adapters import ADAPTER, check_adapted
+from ..models.load import split_checked, split_from_checkpoint, split_from_config
+from .recipe import ModelSource, ParallelSection, Recipe
+
+
+def is_vision_language(config) -> bool:
+    """Whether ``config`` is a vision-language model's (it has a ``vision_config``)."""
+    return hasattr(config, "vision_config")
+
+
+def load_config(source: ModelSource):
+    """The HF config of ``source`` (a checkpoint directory, a config directory or a ``config.json`` file)."""
+    path = source.name_or_path or source.config
+    if os.path.isfile(path):
+        with open(path) as f:
+            raw = json.load(f)
+        if not isinstance(raw, dict) or "model_type" not in raw:
+            raise ValueError(f"model.config {path!r} has no model_type; write a config with save_pretrained or "
+                             f"copy a checkpoint's config.json")
+        return AutoConfig.for_model(raw.pop("model_type"), **raw)
+    return AutoConfig.from_pretrained(path)
+
+
+def first_row(path: str) -> str:
+    """The first line of the JSONL at ``path`` that is not blank ("" for an empty file)."""
+    with open(path) as f:
+        return next((line for line in f if line.strip()), "")
+
+
+def load_model(source: ModelSource, config, seed: int):
+    """The HF model: ``from_pretrained`` on a checkpoint, or ``from_config`` with weights drawn from ``seed`` (the
+    same on every rank)."""
+    cls = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+    if source.name_or_path is not None:
+        return cls.from_pretrained(source.name_or_path, dtype=torch.float32)
+    set_seed(seed)
+    return cls.from_config(config, dtype=torch.float32)  # as from_pretrained above, whatever the config's dtype
+
+
+def load_share(source: ModelSource, config, cfg, rank: int, layers_per_stage: list[int], text_layers: int,
+               seed: int, adapter=None):
+    """``(SplitModel, LoadReport)``: this rank's share of the model, built on the meta device and materialised
+    alone, from the checkpoint's safetensors (read tensor by tensor) or drawn from ``seed`` exactly as the unsplit
+    ``load_model`` would (see :mod:`mpipe_hf.models.load`). With ``adapter`` (a ``peft.LoraConfig``), the share of
+    that model after ``set_seed(seed); peft.get_peft_model(model, adapter)``."""
+    if source.name_or_path is not None:
+        return split_from_checkpoint(source.name_or_path, config, cfg, rank, layers_per_stage, text_layers,
+                                     adapter, seed)
+    return split_from_config(config, cfg, rank, layers_per_stage, text_layers, seed, adapter)
+
+
+def load_processor(recipe: Recipe, config):
+    """The tokenizer (decoder-only LM) or the family's processor (vision-language). A checkpoint's own image
+    processor is used when it has one; a config-initialised model gets one built from its config. Qwen families
+    resize images to ``min_pixels .. max_pixels``."""
+    tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer_dir)
+    if not is_vision_language(config):
+        return tokenizer
+    saved = recipe.model.name_or_path is not None and os.path.isfile(
+        os.path.join(recipe.model.name_or_path, "preprocessor_config.json"))
+    if saved:  # the recipe's pixel bounds win over the checkpoint's (size, and min/max_pixels where it has them)
+        size = ({"size": {"shortest_edge": recipe.data.min_pixels, "longest_edge": recipe.data.max_pixels},
+                 "min_pixels": recipe.data.min_pixels, "max_pixels": recipe.data.max_pixels}
+                if config.model_type in QWEN_PROCESSORS else {})
+        image_processor = AutoImageProcessor.from_pretrained(recipe.model.name_or_path, **size)
+    else:
+        image_processor = image_processor_for(config, recipe.data.min_pixels, recipe.data.max_pixels)
+    return build_processor(config, tokenizer, image_processor)
+
+
+def load_data(recipe: Recipe, config, processor, quiet: bool = False, path: str | None = None):
+    """``(dataset, collate)`` of ``path`` (default ``data.path``): ``messages``/``images`` conversation rows (or
+    the older ``{image, prompt, caption}`` rows) rendered with the checkpoint's chat template, else the family's;
+    for a decoder-only LM, conversation rows or ``{text}`` rows. Rows that do not fit ``data.max_length`` without
+    cutting an image are dropped with one warning (none when ``quiet``)."""
+    path, max_length = path or recipe.data.path, recipe.data.max_length
+    if not is_vision_language(config):
+        if "messages" not in json.loads(first_row(path)):
+            return load_text_dataset(path), TextCollator(processor, max_length)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dataset = load_conversation_dataset(path, processor, max_length, model_type=config.model_type)
+    for warning in caught if not quiet else []:  # the dropped rows, as one line
+        print(f"mpipe_hf: warning: {warning.message}", flush=True)
+    return dataset, ConversationCollator(processor, max_length, model_type=config.model_type)
+
+
+def owner_costs(dataset, config) -> list[int]:
+    """Each dataset row's preprocess cost for load-aware owners (``parallel.owners: balanced``), known on every
+    rank without decoding anything: a vision-language model's rows, their image tokens (the loader counted them
+    from the image file headers); a decoder-only LM's, their tokens (conversation rows) or characters (``text``
+    rows), which its text layers' work grows with."""
+    if isinstance(dataset, ConversationDataset):
+        return list(dataset.image_tokens if is_vision_language(config) else dataset.num_tokens)
+    return [len(text) for text in dataset["text"]]
+
+
+def profile_layout(parallel: ParallelSection, cfg) -> list[int] | None:
+    """``layers_per_stage``, else the layout balanced by the costs of ``profile``, else ``None`` (balanced by the
+    config's matmul costs)."""
+    if parallel.layers_per_stage is not None or parallel.profile is None:
+        return parallel.layers_per_stage
+    from ..schedule.tune import Profile, profile_layers
+    return profile_layers(Profile.load(parallel.profile), cfg, parallel.text_layers)
+
+
+def model_share(model, cfg, rank: int, layers_per_stage, text_layers: int, seed: int):
+    """``(SplitModel, checkpoint path or None, decoder layers per stage)``: this rank's share of ``model``: a
+    checkpoint path (read tensor by tensor), a model on the meta device (initialised from its config and
+    ``seed``, bit for bit ``from_config``'s values), or a loaded model, carved in place (the modules this rank
+    does not hold are dropped from it). A ``peft.PeftModel`` of either of the last two is carved with its
+    adapter; a meta one is built anew by :func:`~mpipe_hf.models.load.split_from_config`, drawn as
+    ``set_seed(seed); get_peft_model(from_config(config), its LoraConfig)`` (the trainer's ``carved.peft`` is
+    then not the object the user passed)."""
+    peft_model, adapter = None, None
+    if is_peft(model):
+        peft_model, adapter = model, model.peft_config[ADAPTER]
+        model = model.base_model.model
+    path = str(model) if isinstance(model, (str, os.PathLike)) else None
+    config = AutoConfig.from_pretrained(path) if path is not None else model.config
+    counts = get_family(config.model_type).layer_counts(config, cfg, layers_per_stage, text_layers)
+    if path is not None:
+        return split_from_checkpoint(path, config, cfg, rank, counts, text_layers)[0], path, counts
+    source = getattr(config, "_name_or_path", None) or None
+    if any(p.is_meta for p in model.parameters()):
+        return split_from_config(config, cfg, rank, counts, text_layers, seed, adapter)[0], None, counts
+    if peft_model is None:
+        return split(model, cfg, rank, counts, text_layers), source, counts
+    check_adapted(model, adapter)
+    carved = split_checked(model, cfg, rank, counts, text_layers,
+                           {n for n, p in model.named_parameters() if p.requires_grad})
+    carved.peft = peft_model
+    return carved, peft_model.peft_config[ADAPTER].base_model_name_or_path or source, counts
+
+
+def is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft is needed only for a PeftModel, which cannot exist without it
+        return False
+    return isinstance(model, PeftModel)
+
+
