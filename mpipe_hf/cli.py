@@ -301,12 +301,8 @@ def _schedule_flags(parser, cost_flags: bool = False, required: bool = True) -> 
                             help="comma-separated layers per stage; balanced by the profile's costs without")
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The ``mpipe-hf`` parser: plain-text help (no reST), each option's default shown."""
-    fmt = DefaultsHelpFormatter
-    parser = argparse.ArgumentParser(prog="mpipe-hf", description=DESCRIPTION, epilog=PATHS_NOTE,
-                                     formatter_class=fmt)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _train_parser(sub, fmt) -> None:
+    """The ``train`` subcommand of :func:`_parser`."""
     train = sub.add_parser("train", help="train from a recipe on dp_size * pp_size processes", formatter_class=fmt,
                            description="Train from a recipe on dp_size * pp_size processes (started through "
                                        "torchrun; over --nnodes, each node starts its share).", epilog=PATHS_NOTE)
@@ -322,6 +318,15 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--master-addr", help="node 0's address (several nodes)")
     train.add_argument("--master-port", type=int, default=29500, help="node 0's port (several nodes)")
     train.set_defaults(func=_train)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``mpipe-hf`` parser: plain-text help (no reST), each option's default shown."""
+    fmt = DefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="mpipe-hf", description=DESCRIPTION, epilog=PATHS_NOTE,
+                                     formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _train_parser(sub, fmt)
     sched = sub.add_parser("schedule", help="print the MPipe Transpose schedule", formatter_class=fmt,
                            description="Print each rank's action list of the MPipe Transpose schedule, or its Gantt "
                                        "chart under unit costs (F = 1, B = 2, preprocess forward = 1, backward = 2).")

@@ -133,10 +133,16 @@ def workers(root: int) -> dict[int, int]:
 
 
 def launch(recipe: str, fault: str | None = None, restarts: int = 0,
-           kill: Callable[[subprocess.Popen], None] | None = None) -> Run:
+           kill: Callable[[subprocess.Popen], None] | None = None, accelerate: bool = False) -> Run:
     """Run the recipe (``mpipe-hf train``, or the fault worker under torchrun), optionally calling ``kill(proc)``
     while it runs; a run still alive after ``LIMIT_S`` is killed and counts as a hang."""
-    if fault is None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if accelerate:  # accelerate hands torchrun's PET_* settings to its launcher (docs/failures.md, "Preemption")
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(PP),
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "mpipe_hf.train",
+               recipe]
+        env.update(ACCELERATE_USE_CPU="1", PET_SIGNALS_TO_HANDLE=PREEMPT_SIGNALS, PET_SHUTDOWN_TIMEOUT="120")
+    elif fault is None:
         cmd = [os.path.join(BIN, "mpipe-hf"), "train", recipe] + ([f"--max-restarts={restarts}"] if restarts else [])
     else:
         cmd = [os.path.join(BIN, "torchrun"), "--standalone", f"--nproc_per_node={PP}",
@@ -144,8 +150,7 @@ def launch(recipe: str, fault: str | None = None, restarts: int = 0,
                "worker", fault, recipe]
     log = tempfile.TemporaryFile(mode="w+")
     start = time.time()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     if kill is not None:
         kill(proc)
     try:
@@ -159,18 +164,27 @@ def launch(recipe: str, fault: str | None = None, restarts: int = 0,
     return Run(proc.returncode, log.read(), time.time() - start, hung)
 
 
-def kill_rank(rank: int, when: Callable[[], bool], delay_s: float = 0.0) -> Callable[[subprocess.Popen], None]:
-    """A ``kill`` for :func:`launch`: SIGKILL worker ``rank`` ``delay_s`` seconds after ``when()`` holds."""
+def once(when: Callable[[], bool], act: Callable[[subprocess.Popen], None],
+         delay_s: float = 0.0) -> Callable[[subprocess.Popen], None]:
+    """A ``kill`` for :func:`launch`: ``act(proc)`` ``delay_s`` seconds after ``when()`` holds (nothing when the
+    run ended before)."""
     def kill(proc):
         while not when():
             if proc.poll() is not None:
                 return
             time.sleep(0.02)
         time.sleep(delay_s)
+        act(proc)
+    return kill
+
+
+def kill_rank(rank: int, when: Callable[[], bool], delay_s: float = 0.0) -> Callable[[subprocess.Popen], None]:
+    """SIGKILL worker ``rank`` ``delay_s`` seconds after ``when()`` holds (:func:`once`)."""
+    def act(proc):
         pids = workers(proc.pid)
         if rank in pids:
             os.kill(pids[rank], signal.SIGKILL)
-    return kill
+    return once(when, act, delay_s)
 
 
 def rows(output_dir: str) -> list[dict]:
@@ -286,17 +300,12 @@ def case_kill_in_save(suite: Suite) -> Outcome:
 
 
 def signal_launcher(name: str, when: Callable[[], bool], delay_s: float = 0.0) -> Callable[[subprocess.Popen], None]:
-    """A ``kill`` for :func:`launch`: signal ``name`` to the launcher (``mpipe-hf train``) ``delay_s`` seconds
-    after ``when()`` holds, as a cluster's scheduler does at a job's time limit."""
-    def kill(proc):
-        while not when():
-            if proc.poll() is not None:
-                return
-            time.sleep(0.02)
-        time.sleep(delay_s)
+    """Signal ``name`` to the launcher (``mpipe-hf train``) ``delay_s`` seconds after ``when()`` holds, as a
+    cluster's scheduler does at a job's time limit (:func:`once`)."""
+    def act(proc):
         if proc.poll() is None:
             os.kill(proc.pid, getattr(signal, name))
-    return kill
+    return once(when, act, delay_s)
 
 
 def case_preempt(suite: Suite) -> Outcome:
@@ -331,6 +340,24 @@ def case_preempt_in_save(suite: Suite) -> Outcome:
     second = launch(path)
     n, detail = lost(suite.reference("prefix"), out)
     ok = bool(line) and found == [2, 4] and not failed and second.rc == 0 and n == 0
+    return Outcome(f"{line[:90] or 'NO preemption line'}; checkpoints {found}; resume: {detail}",
+                   first.hung + second.hung, n, ok)
+
+
+def case_preempt_accelerate(suite: Suite) -> Outcome:
+    """SIGTERM to ``accelerate launch -m mpipe_hf.train`` in the middle of step 4: the workers finish the step,
+    save ``checkpoint-4`` and exit 0; the resume is exact."""
+    from mpipe_hf.train.state import checkpoints
+    path, out = suite.recipe("preempt-accelerate")
+    first = launch(path, accelerate=True,
+                   kill=signal_launcher("SIGTERM", lambda: any(r.get("step") == 3 for r in rows(out)), 0.3))
+    line = next((ln for ln in first.out.splitlines() if "preempted by SIGTERM" in ln), "")
+    found = [step for step, _ in checkpoints(out)]
+    failed = "ChildFailedError" in first.out or "exitcode" in first.out or "mpipe-hf: error" in first.out
+    path, _ = suite.recipe("preempt-accelerate", resume="auto")
+    second = launch(path)
+    n, detail = lost(suite.reference("prefix"), out)
+    ok = bool(line) and not failed and found and found[-1] in (4, 5) and second.rc == 0 and n == 0
     return Outcome(f"{line[:90] or 'NO preemption line'}; checkpoints {found}; resume: {detail}",
                    first.hung + second.hung, n, ok)
 
@@ -449,7 +476,7 @@ def case_recipe_keys(suite: Suite) -> Outcome:
 
 
 CASES = {"kill": case_kill, "restart": case_restart, "kill-in-save": case_kill_in_save, "preempt": case_preempt,
-         "preempt-in-save": case_preempt_in_save, "nan": case_nan,
+         "preempt-in-save": case_preempt_in_save, "preempt-accelerate": case_preempt_accelerate, "nan": case_nan,
          "nan-always": case_nan_always, "disk-full": case_disk_full, "not-writable": case_not_writable,
          "bad-rows": case_bad_rows, "recipe-keys": case_recipe_keys}
 

@@ -28,7 +28,7 @@ def test_a_signal_is_recorded_and_the_previous_action_comes_back(name):
 
 def _agree(rank: int, world: int, store: str, results) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    preemption = Preemption().install()
+    preemption = Preemption().install().connect()
     first = preemption.agreed(torch.device("cpu"))  # nobody signalled yet
     if rank == world - 1:
         os.kill(os.getpid(), signal.SIGUSR1)

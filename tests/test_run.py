@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
+from test_resume import weights  # a checkpoint's tensors, by name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
@@ -83,12 +83,6 @@ def run(cmd, timeout=600):
     return proc
 
 
-def weights(directory):
-    out = {}
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(directory, name)))
-    return out
 
 
 def assert_same_weights(a_dir, b_dir):

@@ -191,7 +191,7 @@ class PreemptionCallback(TrainerCallback):
     agreement's all-reduce runs (the executor's device)."""
 
     def __init__(self, device: torch.device):
-        self.device, self.preemption, self.received = device, Preemption(), None
+        self.device, self.preemption, self.received = device, Preemption().connect(), None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.preemption.install()

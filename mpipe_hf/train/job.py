@@ -60,6 +60,7 @@ class RecipeJob:
         os.makedirs(opt.output_dir, exist_ok=True)
         self.run = run = PipelineRun(recipe.parallel, opt.seed, recipe.data)
         run.connect()
+        self.preemption.connect()
         self.config = load_config(recipe.model)
         run.carve(recipe.model, self.config, layers_per_stage,
                   recipe.lora.peft_config() if recipe.lora is not None else None)

@@ -30,12 +30,22 @@ class Preemption:
     """Records SIGTERM and SIGUSR1 in this process, and lets every rank agree to stop after the same step.
 
     Use: :meth:`install` before the first step (main thread only; elsewhere it is a no-op and the signal keeps
-    its previous action), :meth:`agreed` after each step on every rank of ``group``, :meth:`uninstall` at the end.
+    its previous action), :meth:`connect` once the process group exists, :meth:`agreed` after each step on every
+    rank, :meth:`uninstall` at the end.
     """
 
     def __init__(self):
         self.received: str | None = None
+        self.group: dist.ProcessGroup | None = None
         self._previous: dict[int, object] = {}
+
+    def connect(self) -> "Preemption":
+        """A process group of the whole world for :meth:`agreed` alone (every rank calls this, in the same order
+        as its other group creations): a step that failed may leave the groups it used with messages no one will
+        take, and the agreement after a skipped step must not meet them. Returns ``self``."""
+        if dist.is_initialized():
+            self.group = dist.new_group()
+        return self
 
     def install(self) -> "Preemption":
         """Handle :data:`SIGNALS` by recording them; returns ``self``."""
@@ -55,9 +65,10 @@ class Preemption:
             signal.signal(number, previous)
         self._previous = {}
 
-    def agreed(self, device: torch.device, group: dist.ProcessGroup | None = None) -> str | None:
-        """The signal any rank of ``group`` (default: the world) has received so far, or ``None``; the same on
-        every rank. One int64 all-reduce (MAX) on ``device``, read once on the host: call it once per step.
+    def agreed(self, device: torch.device) -> str | None:
+        """The signal any rank of the world has received so far, or ``None``; the same on every rank. One int64
+        all-reduce (MAX) on ``device`` over :meth:`connect`'s group (the default group without it), read once on
+        the host: call it once per step.
 
         Raises:
             RuntimeError: as ``all_reduce`` (a lost peer, a timeout).
@@ -66,6 +77,6 @@ class Preemption:
         if not dist.is_initialized():
             return self.received
         flag = torch.tensor([code], dtype=torch.int64, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         code = int(flag.item())
         return SIGNALS[code - 1] if code else None
