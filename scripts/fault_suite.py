@@ -45,8 +45,8 @@ def worker(fault: str, recipe: str) -> None:
     Faults: ``kill-in-save:STEP`` (rank 0 kills itself with SIGKILL while it writes ``checkpoint-STEP``, after
     every shard is on disk and before the directory is renamed into place); ``nan:STEP`` (the last stage's loss
     is NaN at step STEP, 1-based; ``nan:all`` at every step); ``enospc:RANK:STEP`` (rank RANK's shard write of
-    ``checkpoint-STEP`` fails with ``ENOSPC``); ``signal-in-save:STEP`` (rank 0 sends SIGUSR1 to the torchrun
-    agent while it writes ``checkpoint-STEP``, as SLURM's ``--signal`` does, and the save goes on).
+    ``checkpoint-STEP`` fails with ``ENOSPC``); ``signal-in-save:STEP`` (rank 0 sends SIGTERM to the torchrun
+    agent while it writes ``checkpoint-STEP``, as a scheduler does at a job's time limit, and the save goes on).
     """
     from mpipe_hf.train import checkpoint, job, trainer
     from mpipe_hf.runtime import executor
@@ -63,9 +63,9 @@ def worker(fault: str, recipe: str) -> None:
     elif kind == "signal-in-save":
         hub_files = job.save_hub_files
 
-        def signalling(directory, *a, **k):  # rank 0, inside checkpoint-STEP's write: SIGUSR1 to the agent
+        def signalling(directory, *a, **k):  # rank 0, inside checkpoint-STEP's write: SIGTERM to the agent
             if directory.endswith(f"checkpoint-{args[0]}.tmp"):
-                os.kill(os.getppid(), signal.SIGUSR1)
+                os.kill(os.getppid(), signal.SIGTERM)
                 time.sleep(1.0)  # the agent forwards it to every worker while this save is still going on
             return hub_files(directory, *a, **k)
         job.save_hub_files = signalling
@@ -325,13 +325,12 @@ def case_preempt(suite: Suite) -> Outcome:
 
 
 def case_preempt_in_save(suite: Suite) -> Outcome:
-    """SIGUSR1 (SLURM's ``--signal``) to the agent of a plain ``torchrun --signals-to-handle ...,SIGUSR1`` while rank
-    0 writes ``checkpoint-4``: the write finishes, the run stops there (no second save), every worker exits 0; the
-    resume is exact."""
+    """SIGTERM to the agent of a plain ``torchrun`` while rank 0 writes ``checkpoint-4``: the write finishes, the
+    run stops there (no second save), every worker exits 0; the resume is exact."""
     from mpipe_hf.train.state import checkpoints
     path, out = suite.recipe("preempt-in-save")
     first = launch(path, fault="signal-in-save:4")
-    line = next((ln for ln in first.out.splitlines() if "preempted by SIGUSR1" in ln), "")
+    line = next((ln for ln in first.out.splitlines() if "preempted by SIGTERM" in ln), "")
     found = [step for step, _ in checkpoints(out)]
     # the workers exit 0; torchrun's agent, itself signalled, then ends with its own SignalException (torchrun's
     # behaviour, not the run's: ``mpipe-hf train`` exits 0 there, case ``preempt``)
@@ -345,13 +344,13 @@ def case_preempt_in_save(suite: Suite) -> Outcome:
 
 
 def case_preempt_accelerate(suite: Suite) -> Outcome:
-    """SIGTERM to ``accelerate launch -m mpipe_hf.train`` in the middle of step 4: the workers finish the step,
-    save ``checkpoint-4`` and exit 0; the resume is exact."""
+    """SIGUSR1 (SLURM's ``--signal=USR1@N``) to ``accelerate launch -m mpipe_hf.train`` in the middle of step 4:
+    the workers finish the step, save ``checkpoint-4`` and exit 0; the resume is exact."""
     from mpipe_hf.train.state import checkpoints
     path, out = suite.recipe("preempt-accelerate")
     first = launch(path, accelerate=True,
-                   kill=signal_launcher("SIGTERM", lambda: any(r.get("step") == 3 for r in rows(out)), 0.3))
-    line = next((ln for ln in first.out.splitlines() if "preempted by SIGTERM" in ln), "")
+                   kill=signal_launcher("SIGUSR1", lambda: any(r.get("step") == 3 for r in rows(out)), 0.3))
+    line = next((ln for ln in first.out.splitlines() if "preempted by SIGUSR1" in ln), "")
     found = [step for step, _ in checkpoints(out)]
     failed = "ChildFailedError" in first.out or "exitcode" in first.out or "mpipe-hf: error" in first.out
     path, _ = suite.recipe("preempt-accelerate", resume="auto")

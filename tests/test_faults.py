@@ -8,7 +8,7 @@ on purpose, each checked against an uninterrupted run, bit for bit.
 - ``kill-in-save``: rank 0 killed while it writes a checkpoint: the previous one loads, and resume is exact;
 - ``preempt``: SIGTERM to ``mpipe-hf train`` in the middle of step 4: every rank finishes the step, the run
   saves ``checkpoint-4``, exits 0 with one line naming it, and ``resume: auto`` continues exactly;
-- ``preempt-in-save``: SIGUSR1 to the torchrun agent while ``checkpoint-4`` is being written: the save finishes,
+- ``preempt-in-save``: SIGTERM to the torchrun agent while ``checkpoint-4`` is being written: the save finishes,
   the run stops there with no second save, and the resume is exact;
 - ``nan``: a NaN in the last stage's loss skips that step on every rank, with no optimizer step;
 - ``disk-full``: one rank's checkpoint write fails with ENOSPC: every rank stops with that error, no partial

@@ -38,7 +38,7 @@ def _agree(rank: int, world: int, store: str, results) -> None:
 
 
 def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step():
-    world = 3
+    world = 2
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
         results = manager.dict()
         mp.start_processes(_agree, args=(world, os.path.join(tmp, "store"), results), nprocs=world,

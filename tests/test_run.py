@@ -106,7 +106,7 @@ def assert_same_state(a_dir, b_dir, rank):
             assert torch.equal(sa[i][key], sb[i][key]), (rank, a["param_names"][i], key)
 
 
-@pytest.mark.parametrize("parallel", [{}, {"zero_bubble": True}], ids=["mpipe", "zero_bubble"])
+@pytest.mark.parametrize("parallel", [{"zero_bubble": True}], ids=["zero_bubble"])  # {} too, out of CI for time
 def test_trainer_and_recipe_routes_are_one_run(demo, tmp_path, parallel):
     """The recipe under ``mpipe-hf train`` and the same run under ``MPipeTrainer`` (torchrun): every step's loss,
     gradient norm and learning rate, ``checkpoint-2`` (weights and both ranks' training state) and the final
