@@ -106,7 +106,11 @@ def assert_same_state(a_dir, b_dir, rank):
             assert torch.equal(sa[i][key], sb[i][key]), (rank, a["param_names"][i], key)
 
 
-@pytest.mark.parametrize("parallel", [{"zero_bubble": True}], ids=["zero_bubble"])  # {} too, out of CI for time
+# CI runs the routes with zero-bubble (the B/W split on both sides); MPIPE_HF_FULL=1 adds the plain schedule
+ROUTES = [{"zero_bubble": True}] + ([{}] if os.environ.get("MPIPE_HF_FULL") == "1" else [])
+
+
+@pytest.mark.parametrize("parallel", ROUTES, ids=[("zero_bubble" if p else "mpipe") for p in ROUTES])
 def test_trainer_and_recipe_routes_are_one_run(demo, tmp_path, parallel):
     """The recipe under ``mpipe-hf train`` and the same run under ``MPipeTrainer`` (torchrun): every step's loss,
     gradient norm and learning rate, ``checkpoint-2`` (weights and both ranks' training state) and the final

@@ -123,6 +123,7 @@ class RecipeJob:
         step takes neither and is logged as skipped."""
         ahead = partial(self.plan.load, step + 1) if step + 1 < self.steps else None  # placement fill loads it early
         result = self.run.step(step, partial(self.plan.load, step), self.recipe.train.max_grad_norm, ahead)
+        self.step_ran = result.ran
         if not result.ran:
             return self._skipped(step)
         lr = self.scheduler.get_last_lr()[0]
@@ -172,7 +173,13 @@ class RecipeJob:
 
     def stop_requested(self) -> bool:
         """Whether any rank has received SIGTERM or SIGUSR1 (preemption, :mod:`.preempt`): the same answer on
-        every rank, from one all-reduce over the world. Call it once after each step."""
+        every rank, from one all-reduce over the world. Call it once after each step.
+
+        Not after a skipped step (every rank skips the same steps): a failed step can leave a data-parallel
+        collective of FSDP2 pending on one replica, which only the next step's matches; an all-reduce first would
+        wait on it for ever. The signal is then taken after the next step."""
+        if not getattr(self, "step_ran", True):
+            return False
         self.stopped_by = self.preemption.agreed(self.run.device)
         return self.stopped_by is not None
 
