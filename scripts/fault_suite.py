@@ -308,57 +308,69 @@ def signal_launcher(name: str, when: Callable[[], bool], delay_s: float = 0.0) -
     return once(when, act, delay_s)
 
 
+@dataclass
+class Preempted:
+    """A preempted run and its resume: the first run, its one preemption line ("" when none), the complete
+    checkpoints it left, whether a worker failed, the resumed run, and the steps lost against the reference."""
+
+    first: Run
+    line: str
+    found: list[int]
+    failed: bool
+    second: Run
+    lost: int
+    detail: str
+
+    def outcome(self, ok: bool, said: str) -> Outcome:
+        return Outcome(f"{said}{self.line[:90] or 'NO preemption line'}; checkpoints {self.found}; resume: "
+                       f"{self.detail}", self.first.hung + self.second.hung, self.lost, ok)
+
+
+def preempt_and_resume(suite: Suite, name: str, signal_name: str, **how) -> Preempted:
+    """Run recipe ``name`` as ``launch(**how)`` sends ``signal_name``, then ``resume: auto``; compare with the
+    uninterrupted run. A worker failure is a ``ChildFailedError``, an ``exitcode`` line or an ``mpipe-hf: error``
+    (a signalled torchrun agent then ends with its own SignalException: torchrun's behaviour, not the run's)."""
+    from mpipe_hf.train.state import checkpoints
+    path, out = suite.recipe(name)
+    if "kill" in how:
+        how["kill"] = how["kill"](out)
+    first = launch(path, **how)
+    line = next((ln for ln in first.out.splitlines() if f"preempted by {signal_name}" in ln), "")
+    found = [step for step, _ in checkpoints(out)]
+    failed = any(words in first.out for words in ("ChildFailedError", "exitcode", "mpipe-hf: error"))
+    path, _ = suite.recipe(name, resume="auto")
+    second = launch(path)
+    n, detail = lost(suite.reference("prefix"), out)
+    return Preempted(first, line, found, failed, second, n, detail)
+
+
+def mid_step_four(name: str):
+    """``kill`` for :func:`preempt_and_resume`: signal ``name`` to the launcher in the middle of step 4."""
+    return lambda out: signal_launcher(name, lambda: any(r.get("step") == 3 for r in rows(out)), 0.3)
+
+
 def case_preempt(suite: Suite) -> Outcome:
     """SIGTERM to ``mpipe-hf train`` in the middle of step 4: every rank finishes the step, ``checkpoint-4`` is
     saved, the run exits 0 with one line naming it; ``resume: auto`` then ends exactly as the uninterrupted run."""
-    from mpipe_hf.train.state import checkpoints
-    path, out = suite.recipe("preempt")
-    first = launch(path, kill=signal_launcher("SIGTERM", lambda: any(r.get("step") == 3 for r in rows(out)), 0.3))
-    line = next((ln for ln in first.out.splitlines() if "preempted by SIGTERM" in ln), "")
-    found = [step for step, _ in checkpoints(out)]
-    path, _ = suite.recipe("preempt", resume="auto")
-    second = launch(path)
-    n, detail = lost(suite.reference("prefix"), out)
-    ok = first.rc == 0 and bool(line) and found and found[-1] in (4, 5) and second.rc == 0 and n == 0
-    return Outcome(f"exited {first.rc} after {first.seconds:.0f}s: {line[:90]}; checkpoints {found}; resume: {detail}",
-                   first.hung + second.hung, n, ok)
+    p = preempt_and_resume(suite, "preempt", "SIGTERM", kill=mid_step_four("SIGTERM"))
+    ok = p.first.rc == 0 and bool(p.line) and p.found and p.found[-1] in (4, 5) and p.second.rc == 0 and p.lost == 0
+    return p.outcome(ok, f"exited {p.first.rc} after {p.first.seconds:.0f}s: ")
 
 
 def case_preempt_in_save(suite: Suite) -> Outcome:
     """SIGTERM to the agent of a plain ``torchrun`` while rank 0 writes ``checkpoint-4``: the write finishes, the
     run stops there (no second save), every worker exits 0; the resume is exact."""
-    from mpipe_hf.train.state import checkpoints
-    path, out = suite.recipe("preempt-in-save")
-    first = launch(path, fault="signal-in-save:4")
-    line = next((ln for ln in first.out.splitlines() if "preempted by SIGTERM" in ln), "")
-    found = [step for step, _ in checkpoints(out)]
-    # the workers exit 0; torchrun's agent, itself signalled, then ends with its own SignalException (torchrun's
-    # behaviour, not the run's: ``mpipe-hf train`` exits 0 there, case ``preempt``)
-    failed = "ChildFailedError" in first.out or "exitcode" in first.out or "mpipe-hf: error" in first.out
-    path, _ = suite.recipe("preempt-in-save", resume="auto")
-    second = launch(path)
-    n, detail = lost(suite.reference("prefix"), out)
-    ok = bool(line) and found == [2, 4] and not failed and second.rc == 0 and n == 0
-    return Outcome(f"{line[:90] or 'NO preemption line'}; checkpoints {found}; resume: {detail}",
-                   first.hung + second.hung, n, ok)
+    p = preempt_and_resume(suite, "preempt-in-save", "SIGTERM", fault="signal-in-save:4")
+    ok = bool(p.line) and p.found == [2, 4] and not p.failed and p.second.rc == 0 and p.lost == 0
+    return p.outcome(ok, "")
 
 
 def case_preempt_accelerate(suite: Suite) -> Outcome:
     """SIGUSR1 (SLURM's ``--signal=USR1@N``) to ``accelerate launch -m mpipe_hf.train`` in the middle of step 4:
     the workers finish the step, save ``checkpoint-4`` and exit 0; the resume is exact."""
-    from mpipe_hf.train.state import checkpoints
-    path, out = suite.recipe("preempt-accelerate")
-    first = launch(path, accelerate=True,
-                   kill=signal_launcher("SIGUSR1", lambda: any(r.get("step") == 3 for r in rows(out)), 0.3))
-    line = next((ln for ln in first.out.splitlines() if "preempted by SIGUSR1" in ln), "")
-    found = [step for step, _ in checkpoints(out)]
-    failed = "ChildFailedError" in first.out or "exitcode" in first.out or "mpipe-hf: error" in first.out
-    path, _ = suite.recipe("preempt-accelerate", resume="auto")
-    second = launch(path)
-    n, detail = lost(suite.reference("prefix"), out)
-    ok = bool(line) and not failed and found and found[-1] in (4, 5) and second.rc == 0 and n == 0
-    return Outcome(f"{line[:90] or 'NO preemption line'}; checkpoints {found}; resume: {detail}",
-                   first.hung + second.hung, n, ok)
+    p = preempt_and_resume(suite, "preempt-accelerate", "SIGUSR1", accelerate=True, kill=mid_step_four("SIGUSR1"))
+    ok = bool(p.line) and not p.failed and p.found and p.found[-1] in (4, 5) and p.second.rc == 0 and p.lost == 0
+    return p.outcome(ok, "")
 
 
 def case_nan(suite: Suite) -> Outcome:

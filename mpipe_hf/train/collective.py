@@ -38,3 +38,11 @@ def together(fn: Callable, what: str, rank: int, world: int, group: dist.Process
     value = []
     gathered(lambda: value.append(fn()), what, rank, world, group)
     return value[0]
+
+
+def raise_or(value):
+    """``value``, or raise it when it is an exception (a result a rank hands to :func:`together`, whose ``fn``
+    must raise on the rank that failed)."""
+    if isinstance(value, Exception):
+        raise value
+    return value

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..data import MicroBatchPlan
 from .checkpoint import save_hub_files
-from .collective import together
+from .collective import raise_or, together
 from .metrics import MetricsLog
 from .optimizer import build_optimizer, build_scheduler
 from .preempt import MARKER, Preemption
@@ -93,6 +93,7 @@ class RecipeJob:
             self.eval_plan = MicroBatchPlan(self.eval_set, self.collate, run.cfg.num_micro,
                                             recipe.data.micro_batch_size, run.carved.validate_micro)
         self.losses, self.bubbles, self.peaks, self.bar = [], [], [], None
+        self.step_ran, self.stopped_by = True, None  # the last step ran; the signal that stopped the run
 
     def _read(self, path: str, what: str, first: bool = True):
         """``(dataset, collate)`` of ``path`` on every rank (:func:`~.sources.load_data`); the first read builds
@@ -178,7 +179,7 @@ class RecipeJob:
         Not after a skipped step (every rank skips the same steps): a failed step can leave a data-parallel
         collective of FSDP2 pending on one replica, which only the next step's matches; an all-reduce first would
         wait on it for ever. The signal is then taken after the next step."""
-        if not getattr(self, "step_ran", True):
+        if not self.step_ran:
             return False
         self.stopped_by = self.preemption.agreed(self.run.device)
         return self.stopped_by is not None
@@ -261,10 +262,3 @@ class RecipeJob:
                 json.dump({"model_state_bytes_per_rank": held}, f, indent=1)
             print(summary_line(self, wall_s, out), flush=True)
         return TrainResult(self.losses, out, wall_s)
-
-
-def raise_or(value):
-    """``value``, or raise it when it is an exception."""
-    if isinstance(value, Exception):
-        raise value
-    return value

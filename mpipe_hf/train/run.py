@@ -33,7 +33,7 @@ from ..runtime import PipelineExecutor, StepStats, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
 from ..schedule.owners import step_owners
 from .checkpoint import save_adapter, save_checkpoint
-from .collective import together
+from .collective import raise_or, together
 from .loop import Skips, evaluate_rows, finite_step, run_step
 from .optimizer import clip_grad_norm
 from .precision import autocast_modules
@@ -268,7 +268,7 @@ class PipelineRun:
         if self.data_parallel is None and failure is not None:
             raise failure
         if self.data_parallel is not None:
-            together(lambda: raise_(failure), f"saving {path}", *self.every)
+            together(lambda: raise_or(failure), f"saving {path}", *self.every)
 
     def _write(self, path, state, extras, rank_files, adapter_only, merged, merge) -> None:
         world = self.cfg.pp_size
@@ -304,12 +304,6 @@ class PipelineRun:
         is raised on every rank."""
         return together(lambda: load_rank_state(path, self.rank, optimizer, scheduler, self.skips, self.params,
                                                 reset_optimizer), "resume", *self.every)
-
-
-def raise_(err: BaseException | None) -> None:
-    """Raise ``err`` when there is one."""
-    if err is not None:
-        raise err
 
 
 def gather_full(tree):
