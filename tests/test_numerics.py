@@ -38,6 +38,7 @@ PIXEL_CASES = [make_case("vision", 2, 1, 4, "frozen", data="images"),
 ERROR_CASES = [
     make_case("vision", 4, 2, 4, "frozen", corrupt_owner=2),
     make_case("vision", 4, 1, 5, "trainable", mid_step_owner=3),
+    make_case("vision", 4, 1, 4, "frozen", mid_step_owner=3, recover=False),
     make_case("vl-text", 4, 1, 4, "trainable", owner_backward=True, bad_micro=3),
 ]
 FAMILY_CASES = family_cases()
@@ -236,8 +237,19 @@ def test_failure_on_one_rank_fails_every_rank_then_next_step_is_exact(case, resu
                 "mid_step_owner": ("ValueError: ", "image tokens and features differ", "pipeline rank 0, 0F"),
                 "bad_micro": ("ValueError: ", "image-token count", "pipeline rank 3, DATA_LOAD3")}
     kind = next(k for k in expected if k in case)
+    if case.get("recover") is False:
+        expected[kind] = ("image tokens and features differ", "pipeline rank 0, 0F", "cannot be recovered "
+                          "in-process", "torchrun --max-restarts")
     assert all(text in error for text in expected[kind]), error
     assert all(res["error_after_s"] < 30 for res in per_rank), [res["error_after_s"] for res in per_rank]
+    if kind != "mid_step_owner":  # a bad sample fails every rank before the step's first transfer (issue 27)
+        assert all(res["failed_step_sent_bytes"] == 0 for res in per_rank), per_rank
+        assert not any(res["failed_step_broke_groups"] for res in per_rank), "a bad sample broke the groups"
+    else:  # a failure mid-transfer: gloo recovers on fresh groups; without recovery (NCCL) the executor ends
+        assert all(res["failed_step_broke_groups"] for res in per_rank)
+        refused = [res.get("next_step_refused", "") for res in per_rank]
+        ended = case.get("recover") is False
+        assert all(("executor ended" in text) == ended for text in refused), refused
     assert all(res["grads_after_error"] == [] for res in per_rank), "the failed step left gradients behind"
     assert not check_case(case, per_rank), check_case(case, per_rank)
 

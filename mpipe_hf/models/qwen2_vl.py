@@ -59,7 +59,7 @@ class QwenVLFront(ImageFront):
             return torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, ids.shape[0], -1)
         position_ids, _ = self._rope_index(ids, mm_token_type_ids=inputs["mm_token_type_ids"],
                                            image_grid_thw=inputs["image_grid_thw"],
-                                           attention_mask=inputs["attention_mask"])
+                                           attention_mask=inputs.get("attention_mask"))
         return position_ids
 
 

@@ -63,14 +63,27 @@ class ImageFront(nn.Module):
         else:
             feats = {k: inputs[k] for k in self.feature_keys if k in inputs}
         image_mask = ids == self.image_token_id
-        n_tokens, n_feats = int(image_mask.sum()), feats["image_features"].shape[0] if feats else 0
-        if n_tokens != n_feats:
-            raise ValueError(f"image tokens and features differ: {n_tokens} image tokens (id {self.image_token_id}) "
-                             f"in input_ids, {n_feats} image features")
-        if n_tokens:
+        n_feats = feats["image_features"].shape[0] if feats else 0
+        check_count(image_mask, n_feats, self.image_token_id)
+        if n_feats:
             mask = image_mask.unsqueeze(-1).expand_as(hidden)
             hidden = hidden.masked_scatter(mask, feats["image_features"].to(hidden.device, hidden.dtype))
         return {"hidden_states": hidden, "position_ids": self.positions(inputs), **self.extras(feats, image_mask)}
+
+
+def check_count(image_mask: torch.Tensor, n_feats: int, image_token_id: int) -> None:
+    """Check that ``image_mask`` (the image-token positions of ``input_ids``) holds ``n_feats`` tokens. On the host
+    exactly (``ValueError``); on a device without reading the count back (a device-side assert, which ends the
+    run: a host read here would stall the device once per micro-batch, and the loaders check the same count on
+    the host before the step, ``validate_micro``)."""
+    message = f"image tokens and features differ: {{}} image tokens (id {image_token_id}) in input_ids, {n_feats} " \
+              f"image features"
+    if image_mask.device == torch.device("cpu"):
+        n_tokens = int(image_mask.sum())
+        if n_tokens != n_feats:
+            raise ValueError(message.format(n_tokens))
+    else:
+        torch._assert_async(image_mask.sum() == n_feats, message.format("a different number of"))
 
 
 @dataclass

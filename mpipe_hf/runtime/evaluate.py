@@ -39,15 +39,13 @@ def evaluate(executor, load: Callable[[int], Tensors], num_micro: int | None = N
                               else None)
     order = executor._order(cfg=cfg, forward=True)
     cfg = forward_config(cfg)  # what the handlers see: P without a graph
-    if executor.broken:
-        executor._fresh_group()
-    executor.watchdog.start_step()
+    loaded = executor._begin(order, load)  # every micro this rank loads, before the first transfer
     modules = list(executor.stages.values()) + ([executor.preprocess.module] if executor.preprocess.module else [])
     modes = [m.training for m in modules]
     for m in modules:
         m.eval()
     ctx = StepContext(cfg, executor.rank, executor.stages, executor.preprocess, executor.p2p, executor.group,
-                      executor.watchdog, load)
+                      executor.watchdog, loaded.pop)
     action = None
     try:
         with torch.no_grad():

@@ -14,15 +14,19 @@ micro-batches in this step's idle time; rank 0 keeps their data and features, an
 Each step starts from a fresh gradient: gradients already in ``.grad`` (accumulated by earlier steps) are set
 aside and added back at the end, so a step's normalisation and ``GRAD_REDUCE`` touch only that step's share.
 
-When any rank raises, every rank raises the first error's text (see :mod:`.watchdog`), puts the set-aside
-gradients back, drops the step's cached micro-batches and activations, and moves its transfers to a fresh
-process group, so no stale message of the failed step can reach the next one.
+Every owner loads (decodes, validates) its micro-batches before the step's first transfer, and one vote says
+whether any rank failed (:mod:`.preload`): a bad sample skips the step on every rank with its text, no transfer
+posted. When a rank raises later, every rank raises the first error's text (see :mod:`.watchdog`), puts the
+set-aside gradients back and drops the step's cached micro-batches and activations; on gloo it moves its
+transfers to fresh process groups, so no stale message of the failed step can reach the next one, and on NCCL
+the run ends, to restart from its last checkpoint (:mod:`.groups`).
 
 The forward-only run of :meth:`PipelineExecutor.evaluate` is :mod:`.evaluate`; a step's figures :mod:`.step_stats`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from datetime import timedelta
@@ -43,16 +47,13 @@ from .data_parallel import is_sharded, local
 from .evaluate import evaluate
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
 from .memory import SavedStorages, storage_ids
-from .p2p import P2P
+from .groups import abandon, close, fresh_groups, in_process_recovery
+from .preload import control_group, load_owned, vote
 from .step_stats import StepStats
 from .swap import SwapManager
-from .watchdog import PeerFailed, Watchdog, lost_peer
+from .watchdog import PeerFailed
 
 __all__ = ["PipelineExecutor", "StepStats"]
-
-
-# process groups of closed executors, by (pipeline ranks, timeout): [(collectives, up, down, watchdog step)]
-_IDLE_GROUPS: dict[tuple[tuple[int, ...], timedelta], list[tuple]] = {}
 
 
 _REPLICATED = 0  # executors built with data parallelism so far (names their shared error key)
@@ -91,6 +92,8 @@ class PipelineExecutor:
         swap: activation swap (:class:`~mpipe_hf.schedule.swap.SwapConfig`): where it is on for this rank, the
             schedule gets its swap actions and a :class:`~.swap.SwapManager` moves the saved tensors; with
             ``measure_memory`` the peak counts the bytes on the device only.
+        strict: strict device mode: every tensor handed to a transfer or a collective is checked to be on
+            ``device`` (a ``RuntimeError`` names the first that is not; issue 27's CPU harness runs with it).
 
     Raises:
         ValueError: a tied parameter that is not in ``params``; ``cfg.zero_bubble`` with FSDP2 (an engine
@@ -101,7 +104,8 @@ class PipelineExecutor:
                  group: dist.ProcessGroup, device: torch.device, params: Iterable[nn.Parameter],
                  timeout: timedelta = timedelta(seconds=120), tied: Iterable[tuple[nn.Parameter, int]] = (),
                  trace: bool = False, costs: Costs | None = None, seed: int = 0, measure_memory: bool = False,
-                 loss_normalization: str = "tokens", data_parallel=None, swap: SwapConfig | None = None):
+                 loss_normalization: str = "tokens", data_parallel=None, swap: SwapConfig | None = None,
+                 strict: bool = False):
         if loss_normalization not in ("tokens", "micro"):
             raise ValueError(f"loss_normalization must be 'tokens' or 'micro', got {loss_normalization!r}")
         if cfg.zero_bubble and data_parallel is not None and data_parallel.engine == "shard" and \
@@ -116,7 +120,7 @@ class PipelineExecutor:
         if data_parallel is not None:  # every replica builds its executors in the same order: one error key
             _REPLICATED += 1
         self._shared = f"replicas{_REPLICATED}" if data_parallel is not None else None
-        self.measure_memory = measure_memory
+        self.measure_memory, self.strict = measure_memory, strict
         self._weights = storage_ids([p for m in stages.values() for p in m.parameters()]
                                     + ([] if preprocess.module is None else list(preprocess.module.parameters())))
         self.seed, self.step_index = seed, 0
@@ -125,6 +129,9 @@ class PipelineExecutor:
         self.params, self.tied = list(params), list(tied)
         if any(all(p is not q for q in self.params) for p, _ in self.tied):
             raise ValueError("every tied parameter must be one of params (the parameters this rank optimises)")
+        # the stages' autocast dtype (``autocast_dtype`` of a wrapper such as train.precision.Autocast), or None
+        self.autocast = next((m.autocast_dtype for m in stages.values() if getattr(m, "autocast_dtype", None)),
+                             None)
         self.swap_config = swap
         self.swap = None
         if swap is not None:
@@ -137,69 +144,41 @@ class PipelineExecutor:
         self._carried: dict | None = None  # the next step's micros, loaded ahead (rank 0: their data, features)
         self.global_ranks = dist.get_process_group_ranks(group)
         self.store = dist.distributed_c10d._get_default_store()
-        self._stale: list = []  # a failed step's transfers, alive until its groups are broken (gloo) or aborted
+        self._stale: list = []  # a failed step's transfers, alive until its groups are broken (gloo)
+        self.recover = in_process_recovery(group)  # a step failed mid-transfer: recovered (gloo) or the end (NCCL)
+        self.ended: str | None = None  # why the executor refuses steps (a failed step without recovery)
+        everyone = self.global_ranks if data_parallel is None else list(range(dist.get_world_size()))
+        self.control = control_group(everyone, timeout)  # the step's vote (:mod:`.preload`), over every replica
         self._fresh_group()
 
     def _fresh_group(self) -> None:
-        """Process groups of this executor's own: one for collectives and one per transfer direction (all
-        pipeline ranks call this at the same point). A failed step's groups are aborted on NCCL, whose own
-        watchdog would otherwise end the process over the sends nobody receives (on gloo they were broken when the
-        step failed, :meth:`.Watchdog.break_groups`); either way the failed step's buffers go."""
-        old = getattr(self, "p2p", None)
-        if old is not None:
-            self.watchdog.close()
-            if dist.get_backend(self.group) == "nccl":
-                for group in (self.group, old.up, old.down):
-                    dist.distributed_c10d._abort_process_group(group)
-            self._stale.clear()  # its groups are broken (gloo) or aborted (NCCL): nothing uses the buffers
-        idle = _IDLE_GROUPS.get((tuple(self.global_ranks), self.timeout))
-        if old is None and idle:  # a closed executor's clean groups, and the step its watchdog reached
-            *groups, step = idle.pop()
-        else:
-            groups = [dist.new_group(self.global_ranks, timeout=2 * self.timeout, use_local_synchronization=True)
-                      for _ in range(3)]
-            # on from the old watchdog's step: an aborted NCCL group's name can come back, and with it its keys
-            step = self.watchdog.step if old is not None else 0
-        self.group = groups[0]
-        threaded = dist.get_backend(self.group) == "gloo"
-        self.watchdog = Watchdog(self.store, self.group.group_name, self.timeout, threaded, step, self._shared,
-                                 groups)
-        self.p2p = P2P(groups[1], groups[2], self.device, self.watchdog)
-        if old is not None:
-            self.p2p.bytes_sent.update(old.bytes_sent)
-        self.broken = False
+        fresh_groups(self)
 
     def close(self) -> None:
         """End this executor's helper threads and hand its process groups to the next executor built over the
         same ranks and timeout (every pipeline rank calls it at the same point; the executor is not used
-        afterwards). Idle gloo groups slow a process down (each keeps its sockets and a thread, and the
-        benchmark's steps got 1.7x slower over 40 executors), and destroyed ones cannot be safely remade: their
-        hashed names come back. A failed step's groups are never handed on."""
-        self.watchdog.close()
-        if not self.broken:
-            _IDLE_GROUPS.setdefault((tuple(self.global_ranks), self.timeout), []).append(
-                (self.group, self.p2p.up, self.p2p.down, self.watchdog.step))
-        self.broken = True
+        afterwards; :func:`.groups.close`)."""
+        close(self)
 
     def _abandon(self, err: BaseException, action) -> BaseException:
-        """After ``err`` on this rank (at ``action``) or a peer's: publish it unless a peer did first, drop this
-        step's transfers, and return the first error, to raise on every rank."""
-        self._stale += self.p2p.discard()
-        self.broken = True
-        if not isinstance(err, PeerFailed):
-            where = f"pipeline rank {self.rank}" + (f", {action}" if action is not None else "")
-            if lost_peer(err):  # a peer's process is gone (a peer that broke its groups published first)
-                peer = f"pipeline rank {action.peer}" if action is not None and action.peer is not None else (
-                    "a pipeline rank")
-                shared = RuntimeError(f"{where}: lost {peer}, whose process ended (killed or crashed; see its "
-                                      f"log): {str(err).splitlines()[0]}")
-            elif type(err) in (ValueError, TimeoutError):
-                shared = type(err)(f"{where}: {err}")
-            else:
-                shared = RuntimeError(f"{where}: {type(err).__name__}: {err}")
-            self.watchdog.report(shared)
-        self.watchdog.break_groups()  # nothing of the step stays pending, on any rank (see .watchdog)
-        return self.watchdog.first_error()
+        return abandon(self, err, action)
+
+    def _begin(self, order: list, load: Callable[[int], Tensors]) -> dict[int, Tensors]:
+        """Start a step or an evaluation over this rank's ``order``: fresh groups after a failed step (gloo),
+        then every micro it loads, loaded before the first transfer, and the vote (:mod:`.preload`).
+
+        Raises:
+            RuntimeError: the executor ended (a failed step on NCCL, :mod:`.groups`).
+            ValueError, TimeoutError, RuntimeError: a load failed on some rank (its text, on every rank).
+        """
+        if self.ended is not None:
+            raise RuntimeError(f"this pipeline executor ended after a failed step: {self.ended}")
+        if self.broken:
+            self._fresh_group()
+        self.watchdog.start_step()
+        loaded, error = load_owned(order, load, self.rank)
+        vote(self.control, self.watchdog, error)
+        return loaded
 
     def evaluate(self, load: Callable[[int], Tensors], num_micro: int | None = None) -> tuple[float, int]:
         """A forward-only run over ``num_micro`` micro-batches (default ``cfg.num_micro``), without autograd:
@@ -265,9 +244,6 @@ class PipelineExecutor:
             TimeoutError: a transfer did not arrive in time (on some rank).
             RuntimeError: any other failure on some rank, with its text.
         """
-        if self.broken:
-            self._fresh_group()
-        self.watchdog.start_step()
         start = time.perf_counter()
         mine = set(self.params)
         trained = self.params + [p for p in self.preprocess.trainable_parameters() if p not in mine]
@@ -297,47 +273,34 @@ class PipelineExecutor:
 
         def micro_seed(m: int) -> int:  # a look-ahead micro (m >= M) belongs to the next step
             return preprocess_seed(self.seed, index + m // num_micro, m % num_micro)
+        try:  # every micro this rank loads, before the step's first transfer: a bad one skips it on every rank
+            loaded = self._begin(self.order, loader)
+        except BaseException:
+            for p in trained:
+                p.grad = kept[p]
+            raise
         ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
-                          loader, micro_seed, per_micro=self.per_micro, swap=self.swap,
-                          split=frozenset(split_pairs(self.order)))
+                          loaded.pop, micro_seed, per_micro=self.per_micro, swap=self.swap,
+                          split=frozenset(split_pairs(self.order)), strict=self.strict)
         if self.swap is not None:
             self.swap.reset()
         for m, (data, feats) in (carried or {}).items():
             ctx.data[m], ctx.feats[m] = data, feats
-        action, peak, held, live, peak_bytes = None, 0, {}, 0, 0
         cuda = self.device.type == "cuda"
         if cuda:  # compute is timed on the device (the launches are asynchronous): CUDA events
             torch.cuda.reset_peak_memory_stats(self.device)
             ctx.gpu_events, step_begin = [], torch.cuda.Event(enable_timing=True)
             step_begin.record()
-        last_backward = {}
         if self.dp is not None:
             self.dp.start_step()
-            last_backward = {a.stage: i for i, a in enumerate(self.order) if a.kind in (Kind.B, Kind.W)}
+        run = _OrderRun(self, ctx)
         try:
-            self.p2p.expect(a.peer for a in self.order if a.kind in RECV_KINDS)
-            for i, action in enumerate(self.order):
-                begin = time.time() if self.events is not None else 0.0
-                if last_backward.get(action.stage) == i:
-                    self.dp.before_last_backward(action.stage)
-                swapped = self.swap is not None and self.swap.current == (action.stage, action.micro)
-                if self.measure_memory and action.kind is Kind.F and not swapped:
-                    with SavedStorages(self._weights) as saved:
-                        run_action(ctx, action)
-                    held[(action.stage, action.micro)] = saved.bytes()
-                    live += held[(action.stage, action.micro)]
-                else:  # a swapped forward's bytes are the swap manager's, on the device only
-                    run_action(ctx, action)
-                    if action.kind is Kind.W or (action.kind is Kind.B and (action.stage, action.micro)
-                                                 not in ctx.split):  # the backward's last action
-                        live -= held.pop((action.stage, action.micro), 0)
-                if self.measure_memory:
-                    peak_bytes = max(peak_bytes, live + (self.swap.resident_bytes if self.swap is not None else 0))
-                if self.events is not None:
-                    self.events.append(Event(begin, time.time(), action))
-                peak = max(peak, len(ctx.saved) + len(ctx.weight_work))
+            region = (torch.autocast(self.device.type, dtype=self.autocast) if self.autocast is not None
+                      else contextlib.nullcontext())
+            with region:  # one cast of each trained weight per step, shared by the micros (train.precision)
+                run()
             self.p2p.drain()
-            action = None
+            run.action = None
             world, wall, busy = len(self.global_ranks), time.perf_counter() - start, ctx.busy_s
             if cuda:  # the device's timeline, read once per step
                 step_end = torch.cuda.Event(enable_timing=True)
@@ -349,10 +312,11 @@ class PipelineExecutor:
             totals = torch.zeros(5 + 4 * world, dtype=torch.float64)
             totals[2], totals[3] = busy, wall
             totals[5 + self.rank], totals[5 + world + self.rank] = busy, wall
-            totals[5 + 2 * world + self.rank] = peak_bytes
+            totals[5 + 2 * world + self.rank] = run.peak_bytes
             totals[5 + 3 * world + self.rank] = torch.cuda.max_memory_allocated(self.device) if cuda else 0
-            totals = totals.to(self.device)
+            totals = totals.to(self.device, non_blocking=True)
             totals[[0, 1, 4]] = ctx.sums(self.device)  # accumulated on the device: no sync per micro-batch
+            ctx.check({"totals": totals}, "the step's loss sum")
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum")
             if self.dp is not None:  # the loss, tokens and micro means of the whole global batch
                 totals[[0, 1, 4]] = self.dp.sum(totals[[0, 1, 4]].clone())
@@ -364,7 +328,7 @@ class PipelineExecutor:
                 p.grad = kept[p]
             if self.swap is not None:  # a failed step's groups go too
                 self.swap.reset()
-            raise self._abandon(err, action) from (None if isinstance(err, PeerFailed) else err)
+            raise self._abandon(err, run.action) from (None if isinstance(err, PeerFailed) else err)
         finally:
             ctx.clear()
         values = totals.tolist()
@@ -394,4 +358,42 @@ class PipelineExecutor:
                 p.grad = kept[p] if p.grad is None else kept[p].add_(p.grad)
         loss = micro_means / (num_micro * replicas) if self.per_micro else loss_sum / num_tokens
         return StepStats(loss, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
-                         peak, rank_bubble, activation_bytes, device_bytes, wall_r)
+                         run.peak, rank_bubble, activation_bytes, device_bytes, wall_r)
+
+
+class _OrderRun:
+    """One pass over the executor's action list for a step: each action through the handler table, with the
+    step's figures (``peak``: the most stage forwards held at once; ``peak_bytes``: with ``measure_memory``, the
+    most bytes their saved tensors held, :mod:`.memory`) and ``action``, the one running (it names a failure)."""
+
+    def __init__(self, ex: PipelineExecutor, ctx: StepContext):
+        self.ex, self.ctx, self.action, self.peak, self.peak_bytes = ex, ctx, None, 0, 0
+
+    def __call__(self) -> None:
+        ex, ctx = self.ex, self.ctx
+        order, held, live = ex.order, {}, 0
+        last_backward = {} if ex.dp is None else {a.stage: i for i, a in enumerate(order)
+                                                  if a.kind in (Kind.B, Kind.W)}
+        ex.p2p.expect(a.peer for a in order if a.kind in RECV_KINDS)
+        for i, action in enumerate(order):
+            self.action = action
+            begin = time.time() if ex.events is not None else 0.0
+            if last_backward.get(action.stage) == i:
+                ex.dp.before_last_backward(action.stage)
+            swapped = ex.swap is not None and ex.swap.current == (action.stage, action.micro)
+            if ex.measure_memory and action.kind is Kind.F and not swapped:
+                with SavedStorages(ex._weights) as saved:
+                    run_action(ctx, action)
+                held[(action.stage, action.micro)] = saved.bytes()
+                live += held[(action.stage, action.micro)]
+            else:  # a swapped forward's bytes are the swap manager's, on the device only
+                run_action(ctx, action)
+                if action.kind is Kind.W or (action.kind is Kind.B and (action.stage, action.micro)
+                                             not in ctx.split):  # the backward's last action
+                    live -= held.pop((action.stage, action.micro), 0)
+            if ex.measure_memory:
+                resident = ex.swap.resident_bytes if ex.swap is not None else 0
+                self.peak_bytes = max(self.peak_bytes, live + resident)
+            if ex.events is not None:
+                ex.events.append(Event(begin, time.time(), action))
+            self.peak = max(self.peak, len(ctx.saved) + len(ctx.weight_work))

@@ -22,6 +22,7 @@ from .watchdog import Watchdog
 from .zero_bubble import WeightWork, backward_input
 
 Tensors = dict[str, torch.Tensor]
+BACKWARD_KINDS = frozenset({Kind.B, Kind.W, Kind.TRANSPOSE_BWD})
 
 
 @dataclass
@@ -81,6 +82,16 @@ class StepContext:
     swap: object = None  # this rank's SwapManager (activation swap, :mod:`.swap`), or None
     split: frozenset = frozenset()  # (stage, m) whose backward runs as a B and a W (zero bubble)
     weight_work: dict[tuple[int, int], WeightWork] = field(default_factory=dict)  # what each split B left for W
+    strict: bool = False  # strict device mode: every tensor a transfer or collective is handed must be on the device
+
+    def check(self, tensors: Tensors, what) -> Tensors:
+        """``tensors``, after checking (strict device mode) that each is on this rank's device.
+
+        Raises:
+            RuntimeError: one is elsewhere (NCCL would fail on it or copy it through the host); names it."""
+        if self.strict:
+            on_device(tensors, self.p2p.device, what)
+        return tensors
 
     def clear(self) -> None:
         for store in (self.data, self.pin, self.feats, self.kept, self.feat_grad, self.act, self.grad, self.saved,
@@ -95,6 +106,14 @@ class StepContext:
 
     def last_stage(self, stage: int) -> bool:
         return stage == self.cfg.num_stages - 1
+
+
+def on_device(tensors: Tensors, device: torch.device, what) -> None:
+    """Raise ``RuntimeError`` naming the first of ``tensors`` not on ``device`` (strict device mode)."""
+    for key, t in tensors.items():
+        if t.device != device:
+            raise RuntimeError(f"{what}: {key!r} is on {t.device}, not on this rank's device {device} (strict "
+                               f"device mode: every tensor a transfer or collective is handed is on the device)")
 
 
 def _handoff(outputs: Tensors) -> Tensors:
@@ -179,7 +198,7 @@ def weight(ctx: StepContext, a: Action) -> None:
 
 
 def send_f(ctx: StepContext, a: Action) -> None:
-    ctx.p2p.send(ctx.act.pop((a.stage, a.micro)), a.peer, a, a.kind.value)
+    ctx.p2p.send(ctx.check(ctx.act.pop((a.stage, a.micro)), a), a.peer, a, a.kind.value)
 
 
 def recv_f(ctx: StepContext, a: Action) -> None:
@@ -187,7 +206,7 @@ def recv_f(ctx: StepContext, a: Action) -> None:
 
 
 def send_b(ctx: StepContext, a: Action) -> None:
-    ctx.p2p.send(ctx.grad.pop((a.stage, a.micro)), a.peer, a, a.kind.value)
+    ctx.p2p.send(ctx.check(ctx.grad.pop((a.stage, a.micro)), a), a.peer, a, a.kind.value)
 
 
 def recv_b(ctx: StepContext, a: Action) -> None:
@@ -199,7 +218,7 @@ def param_broadcast(ctx: StepContext, a: Action) -> None:
     params = ctx.preprocess.trainable_parameters()
     if not params:
         return
-    flat = _flatten_dense_tensors([p.data for p in params])
+    flat = ctx.check({"flat": _flatten_dense_tensors([p.data for p in params])}, a)["flat"]
     ctx.watchdog.wait(dist.broadcast(flat, group=ctx.group, group_src=0, async_op=True), str(a))
     for p, value in zip(params, _unflatten_dense_tensors(flat, [p.data for p in params])):
         p.data.copy_(value)
@@ -227,10 +246,23 @@ def _run_preprocess(ctx: StepContext, m: int, inputs: Tensors) -> Tensors:
         return ctx.preprocess.module(inputs)
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without a host wait: from pinned memory on CUDA (a copy from pageable memory would be
+    staged by the host), ``non_blocking`` everywhere."""
+    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
 def data_load(ctx: StepContext, a: Action) -> None:
-    """``DATA_LOAD``: this rank's raw inputs of the micro, on this rank's device. The loader validates them and
-    raises ``ValueError`` on a bad sample."""
-    raw = {k: v.to(ctx.p2p.device) for k, v in ctx.load(a.micro).items()}
+    """``DATA_LOAD``: this rank's raw inputs of the micro (the loader validated them before the step,
+    :mod:`.preload`), on this rank's device. A padding mask of all ones is dropped here, on the host: to
+    transformers' mask builders an absent ``attention_mask`` means no padding, the same masks, and they would
+    otherwise read the mask back from the device once per stage and micro-batch."""
+    raw = ctx.load(a.micro)
+    if "attention_mask" in raw and bool(raw["attention_mask"].all()):  # read on the host, where the loader made it
+        raw = {k: v for k, v in raw.items() if k != "attention_mask"}  # HF's "no padding": nothing to read back
+    raw = {k: to_device(v, ctx.p2p.device) for k, v in raw.items()}
     ctx.data[a.micro] = ctx.preprocess.stage0_inputs(raw)
     if ctx.cfg.transposed:
         ctx.pin[a.micro] = ctx.preprocess.inputs(raw)
@@ -272,7 +304,7 @@ def grad_reduce(ctx: StepContext, a: Action) -> None:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     present = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=grads[0].device)
-    flat = _flatten_dense_tensors(grads + [present])
+    flat = ctx.check({"flat": _flatten_dense_tensors(grads + [present])}, a)["flat"]
     ctx.watchdog.wait(dist.all_reduce(flat, group=ctx.group, async_op=True), str(a))
     *summed, present = _unflatten_dense_tensors(flat, grads + [present])
     for p, value, seen in zip(params, summed, present.tolist()):
@@ -281,7 +313,7 @@ def grad_reduce(ctx: StepContext, a: Action) -> None:
 
 def _sender(store: str) -> Callable[[StepContext, Action], None]:
     def send(ctx: StepContext, a: Action) -> None:
-        ctx.p2p.send(getattr(ctx, store).pop(a.micro), a.peer, a, a.kind.value)
+        ctx.p2p.send(ctx.check(getattr(ctx, store).pop(a.micro), a), a.peer, a, a.kind.value)
     send.__doc__ = f"Ship the micro's entry of ``ctx.{store}`` to the peer."
     return send
 
@@ -333,6 +365,15 @@ def run_action(ctx: StepContext, a: Action) -> None:
     """Dispatch one action; time it if it computes (on a GPU with CUDA events: the launches are asynchronous, so
     the host's clock would time the launches, not the work)."""
     handler = HANDLERS[a.kind]
+    device = ctx.p2p.device.type
+    if a.kind in BACKWARD_KINDS and torch.is_autocast_enabled(device):  # a backward replays the forward's casts
+        with torch.autocast(device, enabled=False):  # inside the step's region: its weight casts stay cached
+            _timed(ctx, handler, a)
+    else:
+        _timed(ctx, handler, a)
+
+
+def _timed(ctx: StepContext, handler, a: Action) -> None:
     if a.kind not in COMPUTE_KINDS:
         handler(ctx, a)
     elif ctx.gpu_events is not None:

@@ -7,7 +7,13 @@ checkpointed region's inputs are what is kept, and the hook sees those.
 
 from __future__ import annotations
 
+import torch
+from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
+
+# autograd nodes of a single-input view or cast: a saved tensor made by them from a parameter is the parameter's
+_VIEWS_AND_CASTS = frozenset({"ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0",
+                              "ViewBackward0", "UnsafeViewBackward0", "ExpandBackward0", "AliasBackward0"})
 
 
 def storage_ids(tensors) -> set[int]:
@@ -15,17 +21,37 @@ def storage_ids(tensors) -> set[int]:
     return {t.untyped_storage()._cdata for t in tensors}
 
 
+def weight_copy(t: torch.Tensor) -> bool:
+    """Whether a saved tensor is a parameter or a view or cast of one: autocast's bf16 copy of a trained
+    weight (cached for the whole step and shared by every micro-batch, so not a micro's activation), or FSDP2's
+    unsharded parameter. Walks ``t``'s autograd history through single-input views and casts to the
+    ``AccumulateGrad`` of a parameter; a frozen parameter has no history, so ``t`` or its view base must be one."""
+    if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+        return True
+    fn = t.grad_fn
+    for _ in range(4):
+        if fn is None:
+            return False
+        name = type(fn).__name__
+        if name == "AccumulateGrad":
+            return isinstance(fn.variable, nn.Parameter)
+        if name not in _VIEWS_AND_CASTS or not fn.next_functions:
+            return False
+        fn = fn.next_functions[0][0]
+    return False
+
+
 class SavedStorages:
     """While active (``with``), the distinct storages autograd saves for a backward, by the caller's current
     ``region`` (any hashable; ``None`` at first), the storages in ``params`` (parameters, :func:`storage_ids`)
-    left out. Sizes in bytes."""
+    and the weights' copies (:func:`weight_copy`) left out. Sizes in bytes."""
 
     def __init__(self, params: set[int]):
         self.params, self.region, self.by_region = params, None, {}
 
     def _pack(self, t):
         key = t.untyped_storage()._cdata
-        if key not in self.params:
+        if key not in self.params and not weight_copy(t):
             self.by_region.setdefault(self.region, {})[key] = t.untyped_storage().nbytes()
         return t
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from .memory import weight_copy
+
 
 @dataclass
 class _Saved:
@@ -114,7 +116,7 @@ class SwapManager:
     def _pack(self, t: torch.Tensor):
         storage = t.untyped_storage()
         sid = storage._cdata
-        if sid in self.weights:
+        if sid in self.weights or weight_copy(t):  # a weight's bf16 copy is one per step, not the micro's
             return t
         key = self.current
         group = self.groups[key]

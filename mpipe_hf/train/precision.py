@@ -22,13 +22,22 @@ from ..runtime import Preprocess
 
 class Autocast(nn.Module):
     """``module``'s forward under ``torch.autocast(device_type, dtype)``; the same parameters (``module`` is a
-    submodule, so a wrapped ``P`` still lists its trainable parameters)."""
+    submodule, so a wrapped ``P`` still lists its trainable parameters).
+
+    ``autocast_dtype`` tells the executor to hold one autocast region open over the whole step, so autocast's
+    cache casts each trained weight once per step and every micro-batch in flight shares that copy (issue 27: a
+    region per stage call cast, and saved, a copy per micro-batch). An input that is a leaf taking a gradient
+    (an activation received from the previous stage) goes in as a view, which autocast does not cache: its cast
+    then lives only as long as the micro-batch's graph, not the whole step."""
 
     def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         self.module, self.device_type, self.dtype = module, device_type, dtype
+        self.autocast_dtype = dtype
 
     def forward(self, inputs):
+        inputs = {k: v.view_as(v) if isinstance(v, torch.Tensor) and v.is_leaf and v.requires_grad else v
+                  for k, v in inputs.items()}
         with torch.autocast(self.device_type, dtype=self.dtype):
             return self.module(inputs)
 

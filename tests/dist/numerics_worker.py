@@ -170,12 +170,23 @@ def failing_step(case, executor, split, cfg, rank, micros, image_token_id):
         if "mid_step_owner" not in case:
             split.validate_micro(mb)
         return mb
-    start = time.perf_counter()
+    start, sent = time.perf_counter(), sum(executor.p2p.bytes_sent.values())
+    after = {}
     try:
         executor.step(load)
     except Exception as err:  # noqa: BLE001 - the text is the result
-        return f"{type(err).__name__}: {err}", time.perf_counter() - start
-    return None, time.perf_counter() - start
+        error = f"{type(err).__name__}: {err}"
+    else:
+        error = None
+    after["error_after_s"] = time.perf_counter() - start
+    after["failed_step_sent_bytes"] = sum(executor.p2p.bytes_sent.values()) - sent
+    after["failed_step_broke_groups"] = executor.broken
+    if executor.ended is not None:  # no in-process recovery (NCCL's policy): later steps are refused
+        try:
+            executor.step(load)
+        except RuntimeError as err:
+            after["next_step_refused"] = str(err)
+    return error, after
 
 
 CLOSED_GROUPS: set[str] = set()  # names of the groups of the executors this worker closed
@@ -209,13 +220,20 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(), TIMEOUT,
                                 split.tied_parameters(cfg, rank), seed=SEED, swap=swap,
                                 measure_memory=swap is not None)
+    if case.get("recover") is False:  # NCCL's policy, on gloo: a step failed mid-transfer ends the executor
+        executor.recover = False
     optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS) if params else None
     result, loads = {"reused_groups": executor.group.group_name in CLOSED_GROUPS}, []
     failing = any(k in case for k in ("bad_micro", "corrupt_owner", "mid_step_owner"))
     if failing:
-        result["error"], result["error_after_s"] = failing_step(
+        result["error"], after = failing_step(
             case, executor, split, cfg, rank, micro_batches(case, pool, steps * accumulate),
             getattr(model.config, "image_token_id", None))
+        result.update(after)
+        if executor.ended is not None:  # the run would restart: the measured steps run on a new executor
+            executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(), TIMEOUT,
+                                        split.tied_parameters(cfg, rank), seed=SEED, swap=swap,
+                                        measure_memory=swap is not None)
         result["grads_after_error"] = sorted(n for n, p in params.items() if p.grad is not None)
 
     losses, grads, peaks, owned_all = [], {}, set(), []

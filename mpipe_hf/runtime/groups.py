@@ -1,0 +1,95 @@
+"""The process groups an executor talks on, and what a failed step does to them (SPEC.md, "Runtime rules";
+issue 27).
+
+An executor owns three groups over its pipeline ranks: one for collectives and one per transfer direction
+(:class:`~.p2p.P2P`). A step whose data a rank cannot load never reaches them (:mod:`.preload` skips it before
+its first transfer). A step that fails later, mid-transfer:
+
+- on gloo, is recovered in-process: every rank breaks the step's groups (:meth:`.Watchdog.break_groups`, which
+  fails whatever is pending on them), and the next step runs on fresh groups;
+- on NCCL, ends the run. Aborting communicators one by one can hang while another communicator (the data-parallel
+  group's, a pending FSDP2 all-gather) has work in flight, and nothing else can free an NCCL operation its peer
+  never matches. The executor refuses further steps; the trainer exits with one line, and torchrun's
+  ``--max-restarts`` restarts the workers, which resume from the last checkpoint (``train.resume: auto``).
+
+Closed executors hand their clean groups to the next executor over the same ranks (idle gloo groups slow a
+process down, and destroyed ones cannot be safely remade: their hashed names come back).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from .p2p import P2P
+from .preload import shared_error
+from .watchdog import PeerFailed, Watchdog, lost_peer
+
+# process groups of closed executors, by (pipeline ranks, timeout): [(collectives, up, down, watchdog step)]
+IDLE_GROUPS: dict[tuple[tuple[int, ...], timedelta], list[tuple]] = {}
+
+RESTART = ("a step that fails mid-transfer on NCCL cannot be recovered in-process; the run ends here, and "
+           "torchrun --max-restarts restarts it from the last checkpoint (train.resume: auto)")
+
+
+def in_process_recovery(group: dist.ProcessGroup) -> bool:
+    """Whether a step that failed mid-transfer can be recovered without ending the process: gloo only."""
+    return dist.get_backend(group) == "gloo"
+
+
+def fresh_groups(ex) -> None:
+    """Give executor ``ex`` groups of its own (all pipeline ranks call this at the same point): a closed
+    executor's clean ones when there are any, else new ones; after a failed step (gloo: its groups are broken)
+    always new ones, and the failed step's buffers go."""
+    old = getattr(ex, "p2p", None)
+    if old is not None:
+        ex.watchdog.close()
+        ex._stale.clear()  # its groups are broken: nothing uses the buffers
+    idle = IDLE_GROUPS.get((tuple(ex.global_ranks), ex.timeout))
+    if old is None and idle:
+        *groups, step = idle.pop()
+    else:
+        groups = [dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, use_local_synchronization=True)
+                  for _ in range(3)]
+        step = ex.watchdog.step if old is not None else 0  # on from the old watchdog's step: its keys are used
+    ex.group = groups[0]
+    threaded = dist.get_backend(ex.group) == "gloo"
+    ex.watchdog = Watchdog(ex.store, ex.group.group_name, ex.timeout, threaded, step, ex._shared, groups)
+    ex.p2p = P2P(groups[1], groups[2], ex.device, ex.watchdog)
+    if old is not None:
+        ex.p2p.bytes_sent.update(old.bytes_sent)
+    ex.broken = False
+
+
+def close(ex) -> None:
+    """End ``ex``'s helper threads and hand its groups on (never a failed step's)."""
+    ex.watchdog.close()
+    if not ex.broken:
+        IDLE_GROUPS.setdefault((tuple(ex.global_ranks), ex.timeout), []).append(
+            (ex.group, ex.p2p.up, ex.p2p.down, ex.watchdog.step))
+    ex.broken = True
+
+
+def abandon(ex, err: BaseException, action) -> BaseException:
+    """After ``err`` on this rank (at ``action``) or a peer's: publish it unless a peer did first, drop the step's
+    transfers, and return the first error, to raise on every rank. On NCCL (no in-process recovery) the error is
+    a ``RuntimeError`` that says the run ends, and ``ex`` refuses every later step."""
+    ex._stale += ex.p2p.discard()
+    ex.broken = True
+    if not isinstance(err, PeerFailed):
+        where = f"pipeline rank {ex.rank}" + (f", {action}" if action is not None else "")
+        if lost_peer(err):  # a peer's process is gone (a peer that broke its groups published first)
+            peer = f"pipeline rank {action.peer}" if action is not None and action.peer is not None else (
+                "a pipeline rank")
+            shared = RuntimeError(f"{where}: lost {peer}, whose process ended (killed or crashed; see its log): "
+                                  f"{str(err).splitlines()[0]}")
+        else:
+            shared = shared_error(err, where)
+        ex.watchdog.report(shared)
+    ex.watchdog.break_groups()  # gloo: nothing of the step stays pending, on any rank (see .watchdog)
+    first = ex.watchdog.first_error()
+    if not ex.recover:
+        ex.ended = f"{first}; {RESTART}"
+        return RuntimeError(ex.ended)
+    return first

@@ -1,0 +1,125 @@
+"""A device emulated on the CPU, for counting what would stall a GPU (issue 27).
+
+:class:`DeviceModel` is a ``TorchFunctionMode`` that tracks which tensors live "on the device": the modules'
+parameters and buffers, whatever is moved or created on :data:`DEVICE` (``cpu:0``, a device that is the host's
+memory but compares unequal to ``cpu``), and every result of an op that reads one. Such a tensor reports
+``cpu:0`` as its ``.device``, as a CUDA tensor reports ``cuda:0``, so code that places tensors "on the same device
+as x" places them there too. While the mode is on it counts host synchronisations: every ``.item()``,
+``.tolist()``, ``int()``, ``float()``, ``bool()`` or ``.numpy()`` of a device tensor, every copy from the device to
+the host, and every copy from the host to the device that is not ``non_blocking`` (from pageable memory such a
+copy waits for the device). Point-to-point transfers are the device's own (NCCL): :meth:`transport` wraps a
+``P2P`` so that its sends and receives are not counted and what it receives is on the device.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+DEVICE = torch.device("cpu", 0)
+HOST = torch.device("cpu")
+_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
+          torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy}
+_DEVICE_PROPERTY = torch._C.TensorBase.__dict__["device"]
+
+
+def on_device(t) -> bool:
+    return isinstance(t, torch.Tensor) and getattr(t, "_on_emulated_device", False)
+
+
+def _mark(out):
+    for t in tree_leaves(out):
+        if isinstance(t, torch.Tensor):
+            t._on_emulated_device = True
+    return out
+
+
+def _target(args, kwargs):
+    """The device a ``Tensor.to`` call names, if any."""
+    for a in (*args[1:], kwargs.get("device")):
+        if isinstance(a, torch.device):
+            return a
+        if isinstance(a, str) and a.startswith("cpu"):
+            return torch.device(a)
+        if isinstance(a, torch.Tensor):
+            return DEVICE if on_device(a) else HOST
+    return None
+
+
+class DeviceModel(TorchFunctionMode):
+    """Counts host synchronisations on an emulated device (see the module docstring).
+
+    Attributes:
+        syncs: ``Counter`` of ``"kind at file:line"`` (the innermost frame outside torch and this file).
+        paused: while > 0 nothing is counted (a transport's internals).
+    """
+
+    def __init__(self, modules=()):
+        super().__init__()
+        self.syncs: Counter = Counter()
+        self.paused = 0
+        for module in modules:
+            for t in [*module.parameters(), *module.buffers()]:
+                t._on_emulated_device = True
+
+    def total(self) -> int:
+        return sum(self.syncs.values())
+
+    def _count(self, kind: str) -> None:
+        if self.paused:
+            return
+        where = "?"
+        for frame in reversed(traceback.extract_stack()[:-2]):
+            if "/torch/" not in frame.filename and not frame.filename.endswith("device_model.py"):
+                where = f"{frame.filename.rsplit('/', 2)[-2]}/{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
+                break
+        self.syncs[f"{kind} at {where}"] += 1
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__self__", None) is _DEVICE_PROPERTY:  # ``t.device``
+            return DEVICE if on_device(args[0]) else func(*args)
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        reads_device = any(on_device(t) for t in tensors)
+        if func in _READS:
+            if reads_device:
+                self._count(func.__name__)
+            return func(*args, **kwargs)
+        if func in (torch.Tensor.to, torch.Tensor.cpu):
+            target = HOST if func is torch.Tensor.cpu else _target(args, kwargs)
+            if target is not None and target.index is None and reads_device:  # device -> host
+                self._count("copy to host")
+                return func(*args, **kwargs).clone()
+            if target == DEVICE and not reads_device:  # host -> device
+                if not kwargs.get("non_blocking", False):
+                    self._count("blocking copy to device")
+                return _mark(func(*args, **kwargs).clone())
+        out = func(*args, **kwargs)
+        if reads_device or kwargs.get("device") in (DEVICE, "cpu:0"):
+            _mark(out)
+        return out
+
+    def transport(self, p2p):
+        """Wrap ``p2p`` (a :class:`~mpipe_hf.runtime.P2P`) as the device's own channel: its calls are not
+        counted, and what it receives is on the device."""
+        model = self
+        send, recv = p2p.send, p2p.recv
+
+        def quiet_send(*args, **kwargs):
+            model.paused += 1
+            try:
+                return send(*args, **kwargs)
+            finally:
+                model.paused -= 1
+
+        def device_recv(*args, **kwargs):
+            model.paused += 1
+            try:
+                return _mark(recv(*args, **kwargs))
+            finally:
+                model.paused -= 1
+        p2p.send, p2p.recv = quiet_send, device_recv

@@ -1,0 +1,131 @@
+"""Issue 27: properties a GPU run depends on, proven on CPU in one process (a world of one rank, gloo).
+
+- bf16 memory: each trained weight is cast to bf16 once per step and every micro-batch in flight shares that
+  copy, so with weights dominating a micro saves no more in bf16 than in fp32 (a region per stage call saved a
+  copy per micro), and the step is still exact: the same loss and gradients as the region-per-call policy.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from mpipe_hf.models import split as split_model
+from mpipe_hf.runtime import PipelineExecutor
+from mpipe_hf.schedule import ScheduleConfig
+from mpipe_hf.train.precision import autocast_modules
+
+VOCAB, HIDDEN, TOKENS = 512, 256, 8  # weights (about 0.9 MB of bf16 per layer) dominate a micro's activations
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A gloo world of this one process (the executor needs process groups)."""
+    started = not dist.is_initialized()
+    if started:
+        store = tmp_path_factory.mktemp("world") / "store"
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    if started:
+        dist.destroy_process_group()
+
+
+def qwen2(layers: int = 2) -> Qwen2ForCausalLM:
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config)
+
+
+def micros(count: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(count):
+        ids = torch.randint(0, VOCAB, (1, TOKENS), generator=gen)
+        out.append({"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)})
+    return out
+
+
+def executor_for(model, group, bf16: bool, num_micro: int, measure_memory: bool = True):
+    cfg = ScheduleConfig(1, 2, num_micro, "identity")
+    split = split_model(model, cfg, 0)
+    stages, preprocess = split.stages, split.preprocess
+    if bf16:
+        stages, preprocess = autocast_modules(stages, preprocess, torch.device("cpu"))
+    params = split.trainable_parameters(cfg, 0)
+    ex = PipelineExecutor(cfg, 0, stages, preprocess, group, torch.device("cpu"), params.values(),
+                          measure_memory=measure_memory)
+    return ex, params
+
+
+def test_bf16_saves_no_more_per_micro_than_fp32_when_weights_dominate(world):
+    """The saved bytes at the step's peak, per micro-batch in flight, in bf16 and fp32: a weight's bf16 copy is
+    one per step, not one per micro. With a copy per micro (the old policy) bf16 saved several times fp32."""
+    data = micros(4)
+    peaks = {}
+    for bf16 in (False, True):
+        ex, _ = executor_for(qwen2(), world, bf16, num_micro=4)
+        stats = ex.step(lambda m: data[m])
+        peaks[bf16] = stats.rank_activation_bytes[0] / stats.peak_activations
+        ex.close()
+    assert peaks[True] <= peaks[False], f"bf16 {peaks[True]:.0f} B per micro vs fp32 {peaks[False]:.0f} B"
+
+
+def test_one_weight_cast_per_step_is_exact_against_a_region_per_call(world):
+    """The same loss and the same gradients, bit for bit, as each stage call in a region of its own (the cached
+    cast is the same rounding of the same fp32 weight)."""
+    data = micros(3)
+    results = []
+    for one_region in (True, False):
+        model = qwen2()
+        ex, params = executor_for(model, world, True, num_micro=3, measure_memory=False)
+        if not one_region:
+            ex.autocast = None  # each stage call opens and closes its own region: a cast per call
+        stats = ex.step(lambda m: data[m])
+        results.append((stats.loss, {n: p.grad.clone() for n, p in params.items()}))
+        ex.close()
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_a == loss_b
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        assert torch.equal(grads_a[name], grads_b[name]), name
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def syncs_per_step(model, group, num_micro: int, bf16: bool = False):
+    """Host synchronisations of the second step (the first builds caches) on an emulated device."""
+    from device_model import DEVICE, DeviceModel
+    cfg = ScheduleConfig(1, 2, num_micro, "identity")
+    split = split_model(model, cfg, 0)
+    stages, preprocess = split.stages, split.preprocess
+    if bf16:
+        stages, preprocess = autocast_modules(stages, preprocess, DEVICE)
+    params = split.trainable_parameters(cfg, 0)
+    data = micros(num_micro)
+    with DeviceModel(list(stages.values())) as counter:
+        ex = PipelineExecutor(cfg, 0, stages, preprocess, group, DEVICE, params.values(), strict=True)
+        counter.transport(ex.p2p)
+        ex.step(lambda m: data[m])
+        counter.syncs.clear()
+        ex.step(lambda m: data[m])
+    ex.close()
+    return counter.syncs
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_host_syncs_per_step_are_a_fixed_few_and_none_per_action(world, bf16):
+    """Every read of a device tensor on the host and every blocking copy, counted on an emulated device: the
+    same count for 2 and 6 micro-batches (none per action), and at most two per step (the step's sums)."""
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    few = syncs_per_step(qwen2(), world, 2, bf16)
+    many = syncs_per_step(qwen2(), world, 6, bf16)
+    assert sum(many.values()) == sum(few.values()), f"per action: {many - few}"
+    assert sum(few.values()) <= 2, few
