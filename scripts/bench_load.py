@@ -32,7 +32,7 @@ def largest_disk_tensor(checkpoint: str) -> int:
     index = json.load(open(os.path.join(checkpoint, "model.safetensors.index.json")))["weight_map"]
     largest = 0
     for file in sorted(set(index.values())):
-        with safe_open(os.path.join(checkpoint, file), "pt") as f:
+        with safe_open(os.path.join(checkpoint, file), "pt", device="cpu") as f:
             for key in f.keys():
                 largest = max(largest, f.get_tensor(key).nbytes)
     return largest

@@ -200,7 +200,7 @@ def weights(directory: str) -> dict:
     out = {}
     for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
         if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(directory, name)))
+            out.update(load_file(os.path.join(directory, name), device="cpu"))
     return out
 
 

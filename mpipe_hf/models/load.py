@@ -246,7 +246,7 @@ def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank
                          f"(resume it without a lora section)")
     owned = [n for n in carved.state_dict(cfg, rank) if is_adapter_tensor(n)]
     try:
-        load_adapter_state(carved.peft, load_file(file), owned)
+        load_adapter_state(carved.peft, load_file(file, device="cpu"), owned)
     except RuntimeError as err:  # load_state_dict's size mismatch: another r, or other layers
         raise ValueError(f"checkpoint {path!r}: its adapter does not fit this run's lora section (saved with "
                          f"another r or target_modules?): {' '.join(str(err).split())[:300]}") from err

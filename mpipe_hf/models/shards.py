@@ -36,7 +36,7 @@ def checkpoint_files(path: str) -> dict[str, str]:
     if not os.path.isfile(single):
         raise ValueError(f"model.name_or_path {path!r} has no safetensors weights ({SAFE_WEIGHTS_NAME} or "
                          f"{SAFE_WEIGHTS_INDEX_NAME}); convert it with save_pretrained(safe_serialization=True)")
-    with safe_open(single, "pt") as f:
+    with safe_open(single, "pt", device="cpu") as f:
         return {k: single for k in f.keys()}
 
 
@@ -68,14 +68,14 @@ def read_into(file: str, key: str, target: torch.Tensor, report: LoadReport, pat
     Raises:
         ValueError: the checkpoint's shape differs from the model's.
     """
-    with safe_open(file, "pt") as f:
+    with safe_open(file, "pt", device="cpu") as f:
         shape = tuple(f.get_slice(key).get_shape())
     if shape != tuple(target.shape):
         raise ValueError(f"checkpoint {path!r}: {key} has shape {shape}, the model's tensor {tuple(target.shape)}")
     rows = shape[0] if shape else 1
     step = max(1, READ_BLOCK_BYTES * rows // max(1, nbytes(target)))
     for start in range(0, rows, step):
-        with safe_open(file, "pt") as f:
+        with safe_open(file, "pt", device="cpu") as f:
             piece = f.get_slice(key)[start:start + step] if shape else f.get_tensor(key)
             (target[start:start + step] if shape else target).copy_(piece)
             report.read_bytes += nbytes(piece)
