@@ -292,3 +292,14 @@ def test_swapping_zero_groups_changes_nothing_and_swapping_lowers_the_peak(resul
         assert never[rank]["order"] == off[rank]["order"]
         assert never[rank]["peak_activation_bytes"] == off[rank]["peak_activation_bytes"]
         assert all(a < b for a, b in zip(every[rank]["peak_activation_bytes"], off[rank]["peak_activation_bytes"]))
+
+
+@pytest.mark.parametrize("pp_size", [3, 4])
+def test_every_pair_is_connected_before_the_step_in_one_global_order(pp_size, results):
+    """Issue 27: NCCL sets a pair's communicator up at its first send or receive, blocking until both ranks
+    make it. Every first use of a (group, peer) in every case (fill, owners, tied weights, failures) is the
+    executor's connect prologue, in one global order (tests/test_connect.py proves that order cannot
+    deadlock), never a transfer of the schedule."""
+    stray = {name: [res["stray_first_uses"] for res in per_rank]
+             for name, per_rank in results(pp_size).items() if any(res["stray_first_uses"] for res in per_rank)}
+    assert not stray, stray

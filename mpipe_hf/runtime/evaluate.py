@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..schedule.actions import RECV_KINDS
+from ..schedule.connect import step_pairs
 from ..schedule.forward import forward_config
 from .handlers import StepContext, Tensors, run_action
 from .watchdog import PeerFailed
@@ -49,6 +50,7 @@ def evaluate(executor, load: Callable[[int], Tensors], num_micro: int | None = N
     action = None
     try:
         with torch.no_grad():
+            executor.p2p.connect(step_pairs(executor.rank, order))  # in one global order (:mod:`.p2p`)
             executor.p2p.expect(a.peer for a in order if a.kind in RECV_KINDS)
             for action in order:
                 run_action(ctx, action)

@@ -26,7 +26,6 @@ The forward-only run of :meth:`PipelineExecutor.evaluate` is :mod:`.evaluate`; a
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from datetime import timedelta
@@ -39,6 +38,7 @@ from torch.distributed.tensor import DTensor
 
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import RECV_KINDS, Kind
+from ..schedule.connect import step_pairs
 from ..schedule.forward import build_forward_schedule
 from ..schedule.owners import reassign, relabel, with_owners
 from ..schedule.simulate import Costs, Event, split_pairs
@@ -295,9 +295,8 @@ class PipelineExecutor:
             self.dp.start_step()
         run = _OrderRun(self, ctx)
         try:
-            region = (torch.autocast(self.device.type, dtype=self.autocast) if self.autocast is not None
-                      else contextlib.nullcontext())
-            with region:  # one cast of each trained weight per step, shared by the micros (train.precision)
+            # one cast of each trained weight per step, shared by the micros (train.precision); fp32: no region
+            with torch.autocast(self.device.type, self.autocast or torch.bfloat16, self.autocast is not None):
                 run()
             self.p2p.drain()
             run.action = None
@@ -374,6 +373,8 @@ class _OrderRun:
         order, held, live = ex.order, {}, 0
         last_backward = {} if ex.dp is None else {a.stage: i for i, a in enumerate(order)
                                                   if a.kind in (Kind.B, Kind.W)}
+        # every pair this step talks over, connected first in one global order (NCCL sets them up lazily)
+        ex.p2p.connect(step_pairs(ex.rank, order, [peer for _, peer in ex.tied]))
         ex.p2p.expect(a.peer for a in order if a.kind in RECV_KINDS)
         for i, action in enumerate(order):
             self.action = action

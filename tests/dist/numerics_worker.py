@@ -274,6 +274,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
     result["deferred_weights"] = DEFERRED[0] - deferred
     result["order"] = [str(a) for a in executor.order]
     result["bytes_sent"] = dict(executor.p2p.bytes_sent)
+    result["stray_first_uses"] = [list(map(str, use)) for use in executor.p2p.stray_first_uses()]
     result["owned_bytes"], result["owned_image_tokens"] = {}, 0
     image_token_id = getattr(model.config, "image_token_id", None)
     for m in (cfg.owned(rank) if rank else []):  # raw bytes of this rank's micros, counted from the data itself
