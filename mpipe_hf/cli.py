@@ -209,9 +209,10 @@ def _plan(args) -> None:
     if path:
         profile, source = Profile.load(path), f"profile {path}"
     else:
-        profile = estimate_profile(config, args.tokens, args.image_tokens, args.tflops, args.mfu)
+        profile = estimate_profile(config, args.tokens, args.image_tokens, args.tflops, args.mfu,
+                                   bf16=recipe.train.bf16)
         source = (f"estimated: {args.tokens} tokens ({args.image_tokens} image tokens) per micro-batch, "
-                  f"{args.tflops:g} TFLOP/s at {args.mfu:g} MFU")
+                  f"{args.tflops:g} TFLOP/s at {args.mfu:g} MFU, {'bf16' if recipe.train.bf16 else 'fp32'} activations")
     cfg = recipe.schedule()
     layers = check_layout(recipe, config)  # the layout training will run
     if args.profile and not recipe.parallel.profile:

@@ -139,13 +139,22 @@ def decoder_layer_activation_bytes(text: TextShape, tokens: int, dtype_bytes: in
     - the MLP: ``gate`` and ``up`` outputs, SiLU's output and the product (``down``'s input), ``4 * b * I``.
 
     With ``dtype_bytes = 4`` this is exactly what ``mpipe_hf.train.plan.meta_activation_bytes`` counts on the
-    meta device (``tests/test_at_scale.py``); in bf16 it is the same list at 2 bytes, the norms' float32 copies
-    kept (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models", count the
-    same way for GPT: ``34 * s * b * h`` with dropout masks and a 4h MLP).
+    meta device (``tests/test_at_scale.py``; Korthikanti et al., 2022, "Reducing Activation Recomputation in
+    Large Transformer Models", count the same way for GPT: ``34 * s * b * h`` with dropout masks and a 4h MLP).
+    With ``dtype_bytes = 2`` it is the list under this project's bf16 policy (autocast over fp32 weights and an
+    fp32 residual stream), exactly what ``meta_activation_bytes(..., bf16=True)`` counts: each norm keeps its
+    fp32 input, ``rsqrt`` and normalised output (``8h + 4``) and every matmul reading that output its own bf16
+    cast (three after the attention norm, two after the MLP norm); q and k are bf16 casts of fp32 rotary
+    products, v and the kernel's output bf16, ``cos`` and ``sin`` fp32; the MLP as above at 2 bytes. The
+    weights' bf16 copies are one per step, not per micro-batch, and are not counted here.
     """
     h, d, b = text.hidden, text.dim, dtype_bytes
-    norms = 2 * (4 * h + 4 + 2 * b * h)
-    attention = b * (text.heads * d + 2 * text.kv_heads * d + 2 * d + text.heads * d) + 4 * text.heads
+    if b == 4:
+        norms = 2 * (4 * h + 4 + 2 * b * h)
+        attention = b * (text.heads * d + 2 * text.kv_heads * d + 2 * d + text.heads * d) + 4 * text.heads
+    else:  # bf16 autocast on the fp32 residual stream: fp32 norms, a bf16 cast per matmul reading one (3 + 2)
+        norms = (8 * h + 4 + 3 * b * h) + (8 * h + 4 + 2 * b * h)
+        attention = b * (2 * text.heads * d + 2 * text.kv_heads * d) + 8 * d + 4 * text.heads  # fp32 cos, sin
     return float(tokens * (norms + attention + 4 * b * text.intermediate))
 
 
@@ -153,9 +162,10 @@ def head_activation_bytes(text: TextShape, tokens: int, dtype_bytes: int = 2) ->
     """What the final norm, the LM head and the loss save on ``tokens`` tokens: the norm's (as in a layer), the
     float32 log-softmax over the vocabulary that the cross-entropy keeps (HF's loss upcasts the logits), its int64
     targets, and three float32 scalars (the reduction's); exact against ``meta_activation_bytes`` at
-    ``dtype_bytes = 4``."""
+    ``dtype_bytes = 4`` and, in bf16 (the fp32 norm and one bf16 cast for the head), with ``bf16=True``."""
     h, b = text.hidden, dtype_bytes
-    return float(tokens * (4 * h + 4 + 2 * b * h + 4 * text.vocab + 8) + 12)
+    norm = 4 * h + 4 + 2 * b * h if b == 4 else 8 * h + 4 + b * h  # bf16: the fp32 norm and the head's cast
+    return float(tokens * (norm + 4 * text.vocab + 8) + 12)
 
 
 def vision_activation_bytes(vision: VisionShape, patches: int, dtype_bytes: int = 2) -> float:

@@ -15,6 +15,7 @@ runs, before any GPU is booked.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from dataclasses import dataclass
@@ -81,15 +82,19 @@ class Plan:
         return "\n".join(lines)
 
 
+FUSED_ATTENTION = "mpipe_meta_fused"  # the stand-in's name in transformers' AttentionInterface
+
+
 class _FusedAttention(torch.autograd.Function):
-    """A stand-in for a fused attention kernel (FlashAttention, SDPA's efficient kernels) when counting on the
-    meta device: its output has the query's shape, and it saves what such kernels keep for their backward,
-    the query, key, value, output and the log-sum-exp per row, never the ``L x L`` probabilities."""
+    """A stand-in for a fused attention kernel (FlashAttention, SDPA's efficient kernels) when counting: its
+    output has the query's shape (zeros, so a real run through it stays finite), and it saves what such kernels
+    keep for their backward, the query, key, value, output and the fp32 log-sum-exp per row, never the
+    ``L x L`` probabilities. Its backward passes zero gradients (it is for counting memory, not training)."""
 
     @staticmethod
     def forward(ctx, query, key, value):
-        out = torch.empty_like(query)
-        lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
+        out = torch.zeros_like(query)
+        lse = query.new_zeros(query.shape[:-1], dtype=torch.float32)
         ctx.save_for_backward(query, key, value, out, lse)
         return out
 
@@ -100,44 +105,75 @@ class _FusedAttention(torch.autograd.Function):
 
 
 def _meta_attention(module, query, key, value, attention_mask, **kwargs):
-    """``(B, heads, L, d)`` query -> ``(B, L, heads, d)`` output, as transformers' attention functions return."""
+    """``(B, heads, L, d)`` query -> ``(B, L, heads, d)`` output, as transformers' attention functions return.
+    Under autocast the inputs go in as casts to its dtype, as autocast casts SDPA's (and FlashAttention takes)."""
+    kind = query.device.type
+    if kind != "meta" and torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     return _FusedAttention.apply(query, key, value).transpose(1, 2), None
 
 
-def meta_activation_bytes(config, tokens: int) -> tuple[int, int]:
-    """``(one decoder layer, the LM head with its loss)``: bytes saved for backward for one micro-batch of
-    ``tokens`` tokens in fp32, counted on the meta device with a fused attention kernel."""
+def register_fused_attention() -> str:
+    """Register the counting stand-in (:class:`_FusedAttention`) with transformers' ``AttentionInterface``;
+    returns its name, for ``config._attn_implementation`` (a run that should save what the plan counts)."""
     from transformers import AttentionInterface
-    AttentionInterface.register("mpipe_meta_fused", _meta_attention)
+    AttentionInterface.register(FUSED_ATTENTION, _meta_attention)
+    return FUSED_ATTENTION
+
+
+def meta_activation_bytes(config, tokens: int, bf16: bool = False) -> tuple[int, int]:
+    """``(one decoder layer, the LM head with its loss)``: bytes saved for backward for one micro-batch of
+    ``tokens`` tokens with a fused attention kernel. In fp32 counted on the meta device; with ``bf16`` under
+    ``train.bf16``'s policy (fp32 weights, bf16 autocast, :mod:`.precision`), counted on fake CPU tensors
+    (``FakeTensorMode``: shapes, dtypes and storages, no memory; meta tensors see no autocast) at full size
+    under ``torch.autocast("cpu", torch.bfloat16)``, whose casts of these ops (matmuls to bf16; norms on the
+    fp32 residual stream and the loss's upcast logits in fp32) are CUDA's. Parameters, and their casts
+    (:func:`~mpipe_hf.runtime.memory.weight_copy`: one per step, not a micro's), are left out, as the
+    executor's ``measure_memory`` leaves them out."""
+    register_fused_attention()
     counted = copy.deepcopy(config)
     text = counted.get_text_config()
     text.num_hidden_layers = 1
     if getattr(text, "layer_types", None):
         text.layer_types = text.layer_types[:1]
     model = meta_model(counted)
+    model.get_decoder().config._attn_implementation = FUSED_ATTENTION
+    if not bf16:
+        return _count(model, text, tokens, "meta", contextlib.nullcontext())
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True):  # meta parameters in, fake CPU ones out
+        model.to_empty(device="cpu")
+        return _count(model, text, tokens, "cpu", torch.autocast("cpu", dtype=torch.bfloat16))
+
+
+def _count(model, text, tokens: int, device: str, region) -> tuple[int, int]:
+    """:func:`meta_activation_bytes`'s count of ``model`` (one layer) on ``device`` inside ``region``."""
     inner = model.get_decoder()
-    inner.config._attn_implementation = "mpipe_meta_fused"
     params = storage_ids(model.parameters())
-    hidden = torch.empty(1, tokens, text.hidden_size, device="meta", requires_grad=True)
-    positions = torch.arange(tokens, device="meta").unsqueeze(0)
+    hidden = torch.empty(1, tokens, text.hidden_size, device=device, requires_grad=True)
+    positions = torch.arange(tokens, device=device).unsqueeze(0)
     if "mrope_section" in (getattr(text, "rope_parameters", None) or {}):
         positions = positions.expand(3, 1, tokens)
-    rope = inner.rotary_emb(hidden, positions)
-    layer = saved_bytes(lambda: inner.layers[0](hidden, attention_mask=None, position_embeddings=rope,
-                                                position_ids=None), params)
-    labels = torch.zeros(1, tokens, dtype=torch.long, device="meta")
-    head = saved_bytes(lambda: model.loss_function(logits=model.lm_head(inner.norm(hidden)), labels=labels,
-                                                   vocab_size=text.vocab_size), params)
+    labels = torch.zeros(1, tokens, dtype=torch.long, device=device)
+    with region:
+        rope = inner.rotary_emb(hidden, positions)
+        layer = saved_bytes(lambda: inner.layers[0](hidden, attention_mask=None, position_embeddings=rope,
+                                                    position_ids=None), params)
+        head = saved_bytes(lambda: model.loss_function(logits=model.lm_head(inner.norm(hidden)), labels=labels,
+                                                       vocab_size=text.vocab_size), params)
     return layer, head
 
 
 def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float = 989.0, mfu: float = 0.4,
-                     bandwidth_gbps: float = 400.0) -> Profile:
+                     bandwidth_gbps: float = 400.0, bf16: bool = False) -> Profile:
     """A :class:`~mpipe_hf.schedule.tune.Profile` from the config alone, for sizing before any hardware runs:
     compute times from the matmul FLOPs (``2 * weights * tokens`` forward, twice that backward) at ``tflops``
     peak and ``mfu`` utilisation, the tower's from its weights over ``image_tokens * spatial_merge_size**2``
     patches, activation bytes counted on the meta device (:func:`meta_activation_bytes`; the tower's scaled from a
-    text layer's per token and hidden unit, a rough figure), and links at ``bandwidth_gbps`` GB/s.
+    text layer's per token and hidden unit, a rough figure), and links at ``bandwidth_gbps`` GB/s. With ``bf16``
+    (``train.bf16``) the activation bytes are those saved under bf16 autocast (``meta_activation_bytes(...,
+    bf16=True)``); the hidden states between stages stay fp32 (the residual stream is fp32 under autocast).
 
     Raises:
         ValueError: ``tokens`` below 1.
@@ -154,7 +190,7 @@ def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float =
         vision_w = float(sum(p.numel() for p in vision.parameters()))
         merge = getattr(config.vision_config, "spatial_merge_size", 1)
         patches = image_tokens * merge * merge
-    layer_act, head_act = meta_activation_bytes(config, tokens)
+    layer_act, head_act = meta_activation_bytes(config, tokens, bf16)
     tower_act = 0.0
     if patches:  # as many bytes per element and block as a text layer saves per token and hidden unit (rough)
         per_unit = layer_act / (tokens * text.hidden_size)
