@@ -3,8 +3,15 @@
 - bf16 memory: each trained weight is cast to bf16 once per step and every micro-batch in flight shares that
   copy, so with weights dominating a micro saves no more in bf16 than in fp32 (a region per stage call saved a
   copy per micro), and the step is still exact: the same loss and gradients as the region-per-call policy.
+- Host syncs: on a device emulated on the CPU (tests/device_model.py), every read of a device tensor on the
+  host and every blocking copy during a step is counted: one per step (the step's sums), none per action, for a
+  decoder-only model in fp32 and bf16 and for Qwen2.5-VL (before issue 27: 2 + 5 per micro-batch, and about 23
+  more per micro-batch for Qwen2.5-VL).
+- Strict device mode: every one of those steps runs with ``strict=True``, so every tensor handed to a transfer
+  or a collective is on the (emulated) device.
 """
 
+import copy
 import os
 
 import pytest
@@ -129,3 +136,46 @@ def test_host_syncs_per_step_are_a_fixed_few_and_none_per_action(world, bf16):
     many = syncs_per_step(qwen2(), world, 6, bf16)
     assert sum(many.values()) == sum(few.values()), f"per action: {many - few}"
     assert sum(few.values()) <= 2, few
+
+
+@pytest.fixture(scope="module")
+def qwen_vl():
+    """A tiny real Qwen2.5-VL config and micro-batches its own processor made from real photos."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
+    from common import VOCAB_RANKS, collator, make_vl_pools, qwen2_tokenizer, tiny_configs
+    tokenizer = qwen2_tokenizer(VOCAB_RANKS)
+    configs = tiny_configs(tokenizer)
+    return configs["vl"], make_vl_pools(collator(configs["vl"], tokenizer))["images"]
+
+
+def test_a_vision_language_step_reads_nothing_back_per_micro(world, qwen_vl):
+    """Qwen2.5-VL's rope index, vision positions, windows and attention boundaries are computed on the host at
+    load (transformers reads them back about 23 times per micro-batch otherwise): the same few syncs for 2 and
+    3 micro-batches. ``P`` trains on its owner (its backward reads nothing back either)."""
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from device_model import DEVICE, DeviceModel
+    from transformers import AutoModelForImageTextToText
+    config, pool = qwen_vl
+    counts = {}
+    torch.manual_seed(0)
+    built = AutoModelForImageTextToText.from_config(config)
+    for num_micro in (2, 3):
+        model = copy.deepcopy(built)
+        cfg = ScheduleConfig(1, 2, num_micro, "trainable")
+        split = split_model(model, cfg, 0)
+        params = split.trainable_parameters(cfg, 0)
+        modules = [*split.stages.values(), split.preprocess.module]
+        data = [pool[m % len(pool)] for m in range(num_micro)]
+        with DeviceModel(modules) as counter:
+            ex = PipelineExecutor(cfg, 0, split.stages, split.preprocess, world, DEVICE, params.values(),
+                                  strict=True)
+            counter.transport(ex.p2p)
+            ex.step(lambda m: data[m])
+            counter.syncs.clear()
+            ex.step(lambda m: data[m])
+        ex.close()
+        counts[num_micro] = counter.syncs
+    assert sum(counts[3].values()) == sum(counts[2].values()), f"per micro: {counts[3] - counts[2]}"
+    assert sum(counts[2].values()) <= 2, counts[2]

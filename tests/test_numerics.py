@@ -204,12 +204,19 @@ def test_frozen_tower_never_ships_pixels(results):
     assert not any(k.startswith("GRAPH_SEND/") for k in sent)
     shipped = {k.split("/", 1)[1]: v for k, v in sent.items() if k.startswith("DATA_SEND/")}
     assert "pixel_values" in raw and "pixel_values" not in shipped
-    assert shipped == {k: v for k, v in raw.items() if k != "pixel_values"}, "exactly the raw keys stage 0 reads"
+    # the M-RoPE positions are computed on the owner's host at load (issue 27): stage 0 reads them, not the grid
+    # and token types they come from
+    assert shipped.pop("position_ids") == 3 * raw["input_ids"], "(3, B, L) int64 positions"
+    host_only = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+    assert shipped == {k: v for k, v in raw.items() if k not in host_only}, "exactly the raw keys stage 0 reads"
     assert owner["owned_image_tokens"] > 0
     assert sent["FWD_SEND/image_features"] == owner["owned_image_tokens"] * HIDDEN * 4, "one fp32 row per image token"
     # identity (T = 0): only raw data moves, the pixels included, and no features
     shipped = {k.split("/", 1)[1]: v for k, v in identity[1]["bytes_sent"].items() if k.startswith("DATA_SEND/")}
-    assert shipped == identity[1]["owned_bytes"]
+    computed = {k for k in shipped if k == "position_ids" or k.startswith("vision_meta.")}  # on the owner's host
+    assert "position_ids" in computed and "vision_meta.cu_seqlens" in computed
+    owned = {k: v for k, v in identity[1]["owned_bytes"].items() if k != "mm_token_type_ids"}
+    assert {k: v for k, v in shipped.items() if k not in computed} == owned
     assert not any(k.startswith(("FWD_SEND/", "GRAPH_SEND/")) for k in identity[1]["bytes_sent"])
 
 

@@ -16,12 +16,14 @@ from torch import nn
 
 from ..schedule import ScheduleConfig
 from .base import SplitModel
+from .host_metadata import VISION_META_KEYS, host_keys, qwen_host_inputs, vision_kwargs
 from .vision_language import ImageFront, VisionLanguageParts, layer_counts, split_vision_language
 
 __all__ = ["layer_counts", "split"]  # the family protocol (registry.py); layer_counts is the shared one
 
-STAGE0_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "image_grid_thw", "labels")
-VISION_KEYS = ("pixel_values", "image_grid_thw")
+# the M-RoPE position ids are computed on the host at load (:mod:`.host_metadata`): stage 0 reads them, not the grid
+STAGE0_KEYS = ("input_ids", "attention_mask", "position_ids", "labels")
+VISION_KEYS = ("pixel_values", "image_grid_thw", *VISION_META_KEYS)
 LM = "model.language_model"
 
 
@@ -41,7 +43,8 @@ class QwenVisionPreprocess(nn.Module):
     def forward(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if "pixel_values" not in inputs:
             return {"image_features": self.empty()}
-        out = self._image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
+        out = self._image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True,
+                                   **vision_kwargs(inputs))
         return {"image_features": torch.cat(out.pooler_output, dim=0)}
 
 
@@ -54,6 +57,8 @@ class QwenVLFront(ImageFront):
         self.__dict__["_rope_index"] = model.model.get_rope_index  # reads only the config; not a submodule
 
     def positions(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if "position_ids" in inputs:  # computed on the host at load, as below (:mod:`.host_metadata`)
+            return inputs["position_ids"]
         ids = inputs["input_ids"]
         if "image_grid_thw" not in inputs:
             return torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, ids.shape[0], -1)
@@ -99,5 +104,6 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
         vision_fqns=["model.visual"], text_prefix=LM, text_model=model.model.language_model,
         text_config=model.config.text_config, vision=QwenVisionPreprocess(model),
         front=lambda vision: QwenVLFront(model, vision), stage0_keys=STAGE0_KEYS, vision_keys=VISION_KEYS,
-        validate_micro=validate_qwen_micro(model))
+        validate_micro=validate_qwen_micro(model), host=qwen_host_inputs(model),
+        host_keys=host_keys(model.model.visual))
     return split_vision_language(model, cfg, rank, layers_per_stage, text_layers, parts)

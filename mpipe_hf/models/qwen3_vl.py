@@ -18,6 +18,7 @@ from torch import nn
 from ..schedule import ScheduleConfig
 from .base import SplitModel
 from .decoder import DecoderStage
+from .host_metadata import host_keys, qwen_host_inputs, vision_kwargs
 from .qwen2_vl import LM, STAGE0_KEYS, VISION_KEYS, QwenVisionPreprocess, QwenVLFront, validate_qwen_micro
 from .vision_language import VisionLanguageParts, layer_counts, split_vision_language
 
@@ -39,7 +40,8 @@ class DeepStackVisionPreprocess(QwenVisionPreprocess):
             empty = self.empty()
             return {"image_features": empty, "deepstack_features": empty.new_zeros(self.num_deepstack, 0,
                                                                                       self.hidden_size)}
-        out = self._image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
+        out = self._image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True,
+                                   **vision_kwargs(inputs))
         return {"image_features": torch.cat(out.pooler_output, dim=0),
                 "deepstack_features": torch.stack([torch.cat(f, dim=0) for f in out.deepstack_features])}
 
@@ -87,5 +89,6 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
         text_config=model.config.text_config, vision=DeepStackVisionPreprocess(model),
         front=lambda vision: DeepStackFront(model, vision, ("image_features", "deepstack_features")),
         stage0_keys=STAGE0_KEYS, vision_keys=VISION_KEYS, validate_micro=validate_qwen_micro(model),
-        stage_cls=DeepStackStage, carry=lambda last: DEEPSTACK_KEYS if last < num_deepstack - 1 else ())
+        stage_cls=DeepStackStage, carry=lambda last: DEEPSTACK_KEYS if last < num_deepstack - 1 else (),
+        host=qwen_host_inputs(model), host_keys=host_keys(model.model.visual))
     return split_vision_language(model, cfg, rank, layers_per_stage, text_layers, parts)

@@ -101,6 +101,8 @@ class VisionLanguageParts:
         stage_cls: the :class:`DecoderStage` class (a subclass feeds the residual stream between layers).
         carry: ``carry(last layer id) -> keys`` a stage whose layers end there passes on besides
             ``CARRIED_KEYS`` (features a later layer still reads).
+        host, host_keys: metadata computed on the host at load and the raw keys kept there for the owner's own
+            ``P`` (:class:`~mpipe_hf.runtime.Preprocess`; Qwen-VL's :mod:`.host_metadata`).
     """
 
     vision_fqns: list[str]
@@ -114,6 +116,8 @@ class VisionLanguageParts:
     validate_micro: Callable[[Tensors], None]
     stage_cls: type[DecoderStage] = DecoderStage
     carry: Callable[[int], tuple[str, ...]] = field(default=lambda last: ())
+    host: Callable[[Tensors], Tensors] | None = None
+    host_keys: frozenset[str] = frozenset()
 
 
 def layer_counts(config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
@@ -146,16 +150,16 @@ def split_vision_language(model: nn.Module, cfg: ScheduleConfig, rank: int, laye
     if not cfg.transposed:
         layout[0][:0] = parts.vision_fqns + [embed]
         p_fqns, frozen, front = [], list(parts.vision_fqns), parts.front(parts.vision)
-        preprocess = Preprocess(None, (), tuple(dict.fromkeys(parts.stage0_keys + parts.vision_keys)))
+        preprocess = Preprocess(None, (), tuple(dict.fromkeys(parts.stage0_keys + parts.vision_keys)), parts.host)
     elif not text_layers:
         layout[0].insert(0, embed)
         p_fqns, front = list(parts.vision_fqns), parts.front(None)
-        preprocess = Preprocess(parts.vision, parts.vision_keys, parts.stage0_keys)
+        preprocess = Preprocess(parts.vision, parts.vision_keys, parts.stage0_keys, parts.host, parts.host_keys)
     else:
         p_fqns, front = parts.vision_fqns + [embed] + [f"{prefix}.layers.{i}" for i in p_ids], None
         block = decoder_stage(lm, text, p_ids, parts.front(parts.vision), carry=parts.carry(text_layers - 1),
                               cls=parts.stage_cls)
-        preprocess = Preprocess(block, front_keys, CARRIED_KEYS)
+        preprocess = Preprocess(block, front_keys, CARRIED_KEYS, parts.host, parts.host_keys)
     if cfg.transposed:
         frozen = list(p_fqns) if cfg.preprocess == "frozen" else []
     head = LMHead(model, lm.norm, text.vocab_size)

@@ -2,8 +2,9 @@
 issue 27).
 
 An executor owns three groups over its pipeline ranks: one for collectives and one per transfer direction
-(:class:`~.p2p.P2P`). A step whose data a rank cannot load never reaches them (:mod:`.preload` skips it before
-its first transfer). A step that fails later, mid-transfer:
+(:class:`~.p2p.P2P`); on NCCL two more, gloo's, one per direction, for the transfers' headers (so the host reads
+no device memory to learn a transfer's shapes). A step whose data a rank cannot load never reaches them
+(:mod:`.preload` skips it before its first transfer). A step that fails later, mid-transfer:
 
 - on gloo, is recovered in-process: every rank breaks the step's groups (:meth:`.Watchdog.break_groups`, which
   fails whatever is pending on them), and the next step runs on fresh groups;
@@ -26,7 +27,8 @@ from .p2p import P2P
 from .preload import shared_error
 from .watchdog import PeerFailed, Watchdog, lost_peer
 
-# process groups of closed executors, by (pipeline ranks, timeout): [(collectives, up, down, watchdog step)]
+# process groups of closed executors, by (pipeline ranks, timeout):
+# [(collectives, up, down, watchdog step)], or on NCCL [(collectives, up, down, header up, header down, step)]
 IDLE_GROUPS: dict[tuple[tuple[int, ...], timedelta], list[tuple]] = {}
 
 RESTART = ("a step that fails mid-transfer on NCCL cannot be recovered in-process; the run ends here, and "
@@ -41,7 +43,9 @@ def in_process_recovery(group: dist.ProcessGroup) -> bool:
 def fresh_groups(ex) -> None:
     """Give executor ``ex`` groups of its own (all pipeline ranks call this at the same point): a closed
     executor's clean ones when there are any, else new ones; after a failed step (gloo: its groups are broken)
-    always new ones, and the failed step's buffers go."""
+    always new ones, and the failed step's buffers go. When the groups are NCCL's, two gloo groups over the same
+    ranks carry the transfers' headers (:mod:`.p2p`); their waits block in the caller, so the watchdog is threaded
+    and breaks them (with every other gloo group) when the step fails."""
     old = getattr(ex, "p2p", None)
     if old is not None:
         ex.watchdog.close()
@@ -52,11 +56,15 @@ def fresh_groups(ex) -> None:
     else:
         groups = [dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, use_local_synchronization=True)
                   for _ in range(3)]
+        if dist.get_backend(groups[0]) != "gloo":  # the header groups (up, down)
+            groups += [dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, backend="gloo",
+                                      use_local_synchronization=True) for _ in range(2)]
         step = ex.watchdog.step if old is not None else 0  # on from the old watchdog's step: its keys are used
     ex.group = groups[0]
-    threaded = dist.get_backend(ex.group) == "gloo"
-    ex.watchdog = Watchdog(ex.store, ex.group.group_name, ex.timeout, threaded, step, ex._shared, groups)
-    ex.p2p = P2P(groups[1], groups[2], ex.device, ex.watchdog)
+    headers = tuple(groups[3:5]) or None
+    # threaded: every P2P wait that blocks is on a gloo group (the data groups on gloo, the header groups on NCCL)
+    ex.watchdog = Watchdog(ex.store, ex.group.group_name, ex.timeout, True, step, ex._shared, groups)
+    ex.p2p = P2P(groups[1], groups[2], ex.device, ex.watchdog, headers)
     if old is not None:
         ex.p2p.bytes_sent.update(old.bytes_sent)
     ex.broken = False
@@ -67,7 +75,7 @@ def close(ex) -> None:
     ex.watchdog.close()
     if not ex.broken:
         IDLE_GROUPS.setdefault((tuple(ex.global_ranks), ex.timeout), []).append(
-            (ex.group, ex.p2p.up, ex.p2p.down, ex.watchdog.step))
+            (ex.group, ex.p2p.up, ex.p2p.down, *(ex.p2p.headers or ()), ex.watchdog.step))
     ex.broken = True
 
 

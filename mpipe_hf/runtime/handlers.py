@@ -18,6 +18,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from ..schedule import Action, Kind, ScheduleConfig
 from ..schedule.actions import COMPUTE_KINDS
 from .p2p import P2P
+from .placement import on_device, to_device
 from .watchdog import Watchdog
 from .zero_bubble import WeightWork, backward_input
 
@@ -35,11 +36,18 @@ class Preprocess:
         input_keys: raw keys ``P`` reads; ``GRAPH_SEND`` ships these (trainable ``P`` only).
         stage0_keys: raw keys stage 0 reads; ``DATA_SEND`` ships only these, so keys read by ``P`` alone (pixels)
             never reach rank 0 when ``P`` is frozen.
+        host: ``host(raw) -> more raw inputs``, run by ``DATA_LOAD`` on the host copy of a micro: the metadata
+            library code would otherwise read back from the device (e.g. Qwen-VL's rope index and grids,
+            :mod:`mpipe_hf.models.host_metadata`); ``None``: nothing.
+        host_keys: raw keys that stay on the host for this rank's own ``P`` (a transfer still carries them,
+            on the device).
     """
 
     module: nn.Module | None
     input_keys: tuple[str, ...]
     stage0_keys: tuple[str, ...]
+    host: Callable[[Tensors], Tensors] | None = None
+    host_keys: frozenset[str] = frozenset()
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """``P``'s parameters that take a gradient (none for a frozen or identity ``P``)."""
@@ -106,14 +114,6 @@ class StepContext:
 
     def last_stage(self, stage: int) -> bool:
         return stage == self.cfg.num_stages - 1
-
-
-def on_device(tensors: Tensors, device: torch.device, what) -> None:
-    """Raise ``RuntimeError`` naming the first of ``tensors`` not on ``device`` (strict device mode)."""
-    for key, t in tensors.items():
-        if t.device != device:
-            raise RuntimeError(f"{what}: {key!r} is on {t.device}, not on this rank's device {device} (strict "
-                               f"device mode: every tensor a transfer or collective is handed is on the device)")
 
 
 def _handoff(outputs: Tensors) -> Tensors:
@@ -246,14 +246,6 @@ def _run_preprocess(ctx: StepContext, m: int, inputs: Tensors) -> Tensors:
         return ctx.preprocess.module(inputs)
 
 
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device`` without a host wait: from pinned memory on CUDA (a copy from pageable memory would be
-    staged by the host), ``non_blocking`` everywhere."""
-    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
-        t = t.pin_memory()
-    return t.to(device, non_blocking=True)
-
-
 def data_load(ctx: StepContext, a: Action) -> None:
     """``DATA_LOAD``: this rank's raw inputs of the micro (the loader validated them before the step,
     :mod:`.preload`), on this rank's device. A padding mask of all ones is dropped here, on the host: to
@@ -262,7 +254,10 @@ def data_load(ctx: StepContext, a: Action) -> None:
     raw = ctx.load(a.micro)
     if "attention_mask" in raw and bool(raw["attention_mask"].all()):  # read on the host, where the loader made it
         raw = {k: v for k, v in raw.items() if k != "attention_mask"}  # HF's "no padding": nothing to read back
-    raw = {k: to_device(v, ctx.p2p.device) for k, v in raw.items()}
+    if ctx.preprocess.host is not None:
+        raw = {**raw, **ctx.preprocess.host(raw)}
+    keep = ctx.preprocess.host_keys
+    raw = {k: v if k in keep else to_device(v, ctx.p2p.device) for k, v in raw.items()}
     ctx.data[a.micro] = ctx.preprocess.stage0_inputs(raw)
     if ctx.cfg.transposed:
         ctx.pin[a.micro] = ctx.preprocess.inputs(raw)
@@ -313,7 +308,8 @@ def grad_reduce(ctx: StepContext, a: Action) -> None:
 
 def _sender(store: str) -> Callable[[StepContext, Action], None]:
     def send(ctx: StepContext, a: Action) -> None:
-        ctx.p2p.send(ctx.check(getattr(ctx, store).pop(a.micro), a), a.peer, a, a.kind.value)
+        payload = {k: to_device(v, ctx.p2p.device) for k, v in getattr(ctx, store).pop(a.micro).items()}
+        ctx.p2p.send(ctx.check(payload, a), a.peer, a, a.kind.value)
     send.__doc__ = f"Ship the micro's entry of ``ctx.{store}`` to the peer."
     return send
 

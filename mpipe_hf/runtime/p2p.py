@@ -12,7 +12,8 @@ So before a step's first transfer the executor calls :meth:`P2P.connect` with ev
 uses: it connects the ones not connected yet, one at a time, in one global order (sorted pairs), which cannot
 deadlock (the argument is in :mod:`mpipe_hf.schedule.connect`). It runs on every backend, so CPU tests take the
 same path; :attr:`P2P.first_uses` records what made each first use, so a test can check that every one was a
-connect.
+connect. The header groups (below) are gloo's, whose pairs are connected when the group is made: neither the
+prologue nor ``first_uses`` covers them.
 
 On gloo, :meth:`P2P.expect` posts, for each peer the step receives from, the first message of its first transfer
 ahead, and every receive posts the next one from that peer as soon as its own messages are posted (a gloo channel
@@ -20,12 +21,19 @@ matches messages in the order receives are posted, so one first message ahead pe
 A message whose receive is already posted is written by the sender at once and lands while this rank computes.
 Every wait runs in the caller; :class:`~.watchdog.Watchdog` ends it on a timeout or on another rank's failure.
 
-On NCCL nothing is posted ahead (a receive posted early would hold up the sends behind it on the stream). Every
-receive is issued on a side stream, so NCCL's stream waits only for that stream, not for the compute queued on the
-current one: the transfer overlaps it. The first message is read by the host (the one host synchronisation of a
-transfer: its shapes); a second message is not: the side stream waits for it, records an event, and the current
-(consumer) stream waits on that event when the tensors are handed out; the buffer is marked as used by the
-consumer stream (``record_stream``), so the allocator does not hand it to the side stream while it is read.
+On NCCL the headers travel on the host: :func:`~.groups.fresh_groups` adds two gloo groups over the same ranks,
+one per direction (``headers``). A sender writes the header words on the host (the shapes are the host's already)
+and sends them over gloo, then sends every tensor's bytes as one buffer, packed on the device, over NCCL (never
+inline: copying a payload into a host message would wait for the device). A receiver posts its header receives
+ahead over gloo by the rules above (a header group is a gloo channel), waits for the header on the host (in the
+caller, bounded and breakable as any gloo wait: :meth:`~.watchdog.Watchdog.block`), and only then issues the
+payload's receive, on a side stream, so NCCL's stream waits only for that stream, not for the compute queued on
+the current one: the transfer overlaps it. The side stream waits for the receive, records an event, and the
+current (consumer) stream waits on that event when the tensors are handed out; the buffer is marked as used by the
+consumer stream (``record_stream``), so the allocator does not hand it to the side stream while it is read. No
+device memory is read by the host, on either side. Nothing else is posted ahead on NCCL (a receive posted early
+would hold up the sends behind it on the stream). A P2P on CUDA built without header groups receives its first
+messages on the device and reads them on the host: one host synchronisation per transfer.
 """
 
 from __future__ import annotations
@@ -80,14 +88,19 @@ class P2P:
         first_uses: ``[(group, peer, what)]``: the first operation on each (group, peer), in order; ``group`` is
             ``"up"`` or ``"down"``, ``what`` is ``CONNECT`` for :meth:`connect`'s, else the transfer's name.
         cuda: receives go through CUDA streams (NCCL): ``device`` is a CUDA device.
+        headers: the header groups ``(up, down)`` (gloo, over the same ranks as ``up``/``down``) that carry every
+            transfer's header when the data groups are NCCL's; ``None`` on gloo (a header travels with its payload).
     """
 
-    def __init__(self, up: dist.ProcessGroup, down: dist.ProcessGroup, device: torch.device, watchdog: Watchdog):
-        self.up, self.down, self.device, self.watchdog = up, down, device, watchdog
+    def __init__(self, up: dist.ProcessGroup, down: dist.ProcessGroup, device: torch.device, watchdog: Watchdog,
+                 headers: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None):
+        self.up, self.down, self.device, self.watchdog, self.headers = up, down, device, watchdog, headers
         self.rank = up.rank()
         self.cuda = device.type == "cuda"
-        self.ahead = not self.cuda and dist.get_backend(up) == "gloo"  # post first messages ahead (gloo)
+        # post first messages ahead: on gloo, and on the header groups (gloo too)
+        self.ahead = headers is not None or (not self.cuda and dist.get_backend(up) == "gloo")
         self.pending: deque[tuple[dist.Work, torch.Tensor, int, object]] = deque()  # posted sends
+        self._held: deque[tuple[dist.Work, torch.Tensor, int, object]] = deque()  # header sends (gloo)
         self._order: deque[int] = deque()   # the source of each receive the step still expects, in order
         self._left: Counter = Counter()     # expected receives per source whose first message is not posted
         self._posted: dict[int, tuple] = {}  # (work, buffer, host array) of the first message posted ahead
@@ -98,30 +111,41 @@ class P2P:
         self.first_uses: list[tuple[str, int, str]] = []
         self.bytes_sent: Counter = Counter()
 
-    def channel(self, src: int, dst: int) -> dist.ProcessGroup:
-        """The group that carries transfers from ``src`` to ``dst``."""
-        return self.up if src < dst else self.down
+    def channel(self, src: int, dst: int, lead: bool = False) -> dist.ProcessGroup:
+        """The group that carries transfers from ``src`` to ``dst`` (``lead``: their first messages and long
+        headers' rests, which go over the header groups when there are any)."""
+        up, down = self.headers if lead and self.headers is not None else (self.up, self.down)
+        return up if src < dst else down
 
-    def _post(self, tensor: torch.Tensor, src: int, dst: int, what, tag: int = 0) -> dist.Work:
-        """Issue this rank's side of one message from ``src`` to ``dst`` on their group; note a first use."""
+    def _post(self, tensor: torch.Tensor, src: int, dst: int, what, tag: int = 0, lead: bool = False) -> dist.Work:
+        """Issue this rank's side of one message from ``src`` to ``dst`` on their group; note a data group's first
+        use (a header group is gloo's, connected when made)."""
         sending, pair = src == self.rank, (src, dst)
-        if pair not in self._used:
+        if pair not in self._used and not (lead and self.headers is not None):
             self._used.add(pair)
             self.first_uses.append(("up" if src < dst else "down", dst if sending else src, str(what)))
         try:  # the group's own call: dist.isend's checks cost more than the send on small messages
-            group = self.channel(src, dst)
+            group = self.channel(src, dst, lead)
             return group.send([tensor], dst, tag) if sending else group.recv([tensor], src, tag)
         except RuntimeError as err:
             raise self.watchdog.failure(err, str(_Named(what, dst if sending else src, sending))) from err
 
-    def _isend(self, tensor: torch.Tensor, dst: int, what) -> None:
+    def _isend(self, tensor: torch.Tensor, dst: int, what, lead: bool = False) -> None:
+        if lead and self.headers is not None:  # gloo: complete only in wait (drain)
+            self._held.append((self._post(tensor, self.rank, dst, what, lead=True), tensor, dst, what))
+            return
         if self.cuda:  # NCCL reports completion: free the finished sends, oldest first
             while self.pending and self.pending[0][0].is_completed():
                 self.pending.popleft()
         self.pending.append((self._post(tensor, self.rank, dst, what), tensor, dst, what))
 
-    def _irecv(self, tensor: torch.Tensor, src: int, what) -> dist.Work:
-        return self._post(tensor, src, self.rank, what)
+    def _irecv(self, tensor: torch.Tensor, src: int, what, lead: bool = False) -> dist.Work:
+        return self._post(tensor, src, self.rank, what, lead=lead)
+
+    def _on_device(self, lead: bool) -> bool:
+        """Whether a message goes through device memory: a payload on CUDA, a first message on CUDA without
+        header groups."""
+        return self.cuda and not (lead and self.headers is not None)
 
     def connect(self, pairs: Iterable[tuple[int, int]]) -> None:
         """Set up the communicator of every directed pair ``(src, dst)`` of ``pairs`` that has this rank in it and
@@ -165,11 +189,13 @@ class P2P:
         tensors = [t for t in payload.values() if t.numel()]
         starts, size = layout([t.numel() * t.element_size() for t in tensors])
         offset = inline_start(n)
-        inline = n < WORDS and offset + size <= FIRST_BYTES
+        # header groups: no payload inline (its copy to the host would wait for the device)
+        inline = n < WORDS and offset + size <= FIRST_BYTES and self.headers is None
         words = np.zeros(WORDS, dtype=np.int64)
         k = min(n, WORDS - 1)
         struct.pack_into(f"={1 + k}q", words, 0, n, *header[:k])  # one C call (a NumPy assignment costs more)
-        if self.cuda:  # the header from pinned memory (the copy does not wait on the host), the payload on device
+        lead_device = self._on_device(lead=True)
+        if lead_device:  # the header from pinned memory (the copy does not wait on the host), the payload on device
             first = torch.empty(FIRST_BYTES, dtype=torch.uint8, device=self.device)
             head = torch.from_numpy(words[:1 + k].view(np.uint8)).pin_memory()
             first[:head.numel()].copy_(head, non_blocking=True)
@@ -182,10 +208,11 @@ class P2P:
                 raw = host_bytes(t)
                 buf[offset + start:offset + start + raw.size] = raw
             first = torch.from_numpy(buf)
-        self._isend(first, dst, what)
+        self._isend(first, dst, what, lead=True)
         if n > WORDS - 1:
-            self._isend(torch.tensor(header[WORDS - 1:], dtype=torch.int64, device=self.device), dst, what)
-        if tensors and not inline:
+            rest = torch.tensor(header[WORDS - 1:], dtype=torch.int64, device=self.device if lead_device else None)
+            self._isend(rest, dst, what, lead=True)
+        if tensors and not inline:  # one buffer, packed on the device (it goes by the data group)
             self._isend(pack([t.to(self.device) for t in tensors]), dst, what)
         for key, tensor in payload.items():
             self.bytes_sent[f"{channel}/{key}"] += tensor.numel() * tensor.element_size()
@@ -204,7 +231,7 @@ class P2P:
 
     def _post_first(self, src: int, what) -> tuple:
         """Post a first message from ``src``: ``(work, buffer, host array)``."""
-        if self.cuda:
+        if self._on_device(lead=True):
             with torch.cuda.stream(self._side_stream()):  # the stream this waits on holds nothing but the receive
                 first = torch.empty(FIRST_BYTES, dtype=torch.uint8, device=self.device)
                 return self._irecv(first, src, what), first, None
@@ -214,7 +241,7 @@ class P2P:
             self._left[src] -= 1
             if not self._left[src]:
                 del self._left[src]
-        return self._irecv(first, src, what), first, host
+        return self._irecv(first, src, what, lead=True), first, host
 
     def recv(self, src: int, what) -> dict[str, torch.Tensor]:
         """Receive the next transfer from ``src`` (the next one :meth:`expect` named, if any); ``what`` names it in
@@ -233,13 +260,19 @@ class P2P:
         label = _Named(what, src, sending=False)
         posted = self._posted.pop(src, None)
         work, first, host = posted if posted is not None else self._post_first(src, what)
-        self._wait(work, label)
-        if self.cuda:  # the shapes: the one host synchronisation, and only with this copy
+        self._wait(work, label, lead=True)
+        if host is None:  # CUDA without header groups: the shapes, one host synchronisation (this copy)
             with torch.cuda.stream(self._side):
                 host = first.cpu().numpy()
             first.record_stream(torch.cuda.current_stream(self.device))
         length, plan = self._header(host, src, what, label)
         size, offset = plan[3], inline_start(length)
+        if self.headers is not None:  # the header came on the host; the payload, if any, by the data group
+            if src in self._left:  # the next first message, after this one's rest: the channel's order
+                self._posted[src] = self._post_first(src, what)
+            if not size:
+                return device_unpack(plan, torch.empty(0, dtype=torch.uint8, device=self.device))
+            return self._device_payload(plan, src, what)
         if length <= WORDS - 1 and offset + size <= FIRST_BYTES:  # the payload came with the header
             if self.ahead and src in self._left:  # the next first message, in the channel's order
                 self._posted[src] = self._post_first(src, what)
@@ -261,10 +294,11 @@ class P2P:
         words = host.view(np.int64)
         length = int(words[0])
         header = words[1:1 + min(length, WORDS - 1)].tolist()
-        if length > WORDS - 1:  # a long header's rest (a dictionary of many tensors)
-            with torch.cuda.stream(self._side_stream()) if self.cuda else contextlib.nullcontext():
-                rest = torch.empty(length - WORDS + 1, dtype=torch.int64, device=self.device)
-                self._wait(self._irecv(rest, src, what), label)
+        if length > WORDS - 1:  # a long header's rest (a dictionary of many tensors), where the first message was
+            on_device = self._on_device(lead=True)
+            with torch.cuda.stream(self._side_stream()) if on_device else contextlib.nullcontext():
+                rest = torch.empty(length - WORDS + 1, dtype=torch.int64, device=self.device if on_device else None)
+                self._wait(self._irecv(rest, src, what, lead=True), label, lead=True)
                 header += rest.tolist()
         key = tuple(header)
         plan = self._plans.get(key)
@@ -275,7 +309,7 @@ class P2P:
         return length, plan
 
     def _device_payload(self, plan: Plan, src: int, what) -> dict[str, torch.Tensor]:
-        """NCCL: a transfer's second message, issued on the side stream (NCCL's stream waits for that stream, not
+        """NCCL: a transfer's payload message, issued on the side stream (NCCL's stream waits for that stream, not
         for the compute queued on the current one); the current stream waits for it on the device, by an event
         the side stream records after it: the host goes on."""
         side, consumer = self._side_stream(), torch.cuda.current_stream(self.device)
@@ -295,10 +329,11 @@ class P2P:
             self._side = torch.cuda.Stream(self.device)
         return self._side
 
-    def _wait(self, work: dist.Work, what) -> None:
-        """A host wait for one of this rank's receives or sends: gloo's complete only inside ``wait`` (the caller
-        blocks, and the watchdog breaks the channel to end it), NCCL's report completion (polled)."""
-        if self.cuda:
+    def _wait(self, work: dist.Work, what, lead: bool = False) -> None:
+        """A host wait for one of this rank's receives or sends (``lead``: a first message or a header's rest):
+        gloo's complete only inside ``wait`` (the caller blocks, and the watchdog breaks the channel to end it),
+        NCCL's report completion (polled)."""
+        if self._on_device(lead):
             self.watchdog.wait(work, what)
         else:
             self.watchdog.block(work, what)
@@ -315,13 +350,16 @@ class P2P:
         pending, self.pending = list(self.pending), deque()
         for work, tensor, dst, what in pending:
             self._wait(work, _Named(what, dst, sending=True))
+        held, self._held = list(self._held), deque()
+        for work, tensor, dst, what in held:
+            self.watchdog.block(work, _Named(what, dst, sending=True))
         self._landing.clear()
 
     def discard(self) -> list:
         """Forget a failed step's transfers and hand over what is still posted (sends, and receives on their
         way), which must stay alive until the step's channels are broken (gloo) or aborted (NCCL)."""
-        held = list(self.pending) + self._landing + list(self._posted.values())
-        self.pending, self._landing, self._posted = deque(), [], {}
+        held = list(self.pending) + list(self._held) + self._landing + list(self._posted.values())
+        self.pending, self._held, self._landing, self._posted = deque(), deque(), [], {}
         self._order.clear()
         self._left.clear()
         return held
