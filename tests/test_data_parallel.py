@@ -73,15 +73,18 @@ def free_port() -> int:
 
 
 def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
-    """Two ``mpipe-hf train --nnodes 2`` launchers on this machine (node 0: replica 0's two stage ranks; node 1:
-    replica 1's), joined over 127.0.0.1, train exactly as one process (frozen tower, FSDP2: the grid's
-    ``("frozen", True)`` point, with its checks: losses, norms, clipping and the trained weights); then the run's
-    ``checkpoint-2`` resumes onto ``dp = 1`` with ``num_micro = 2 M`` (the same global batch): step 3 equals the
-    uninterrupted run's, the AdamW moments loaded from the checkpoint's whole tensors."""
+    """Two ``mpipe-hf train --nnodes 2`` launchers on this machine, joined over 127.0.0.1, with
+    ``parallel.mesh_order: dp_inner`` (global rank ``p * dp + d``: node 0 holds stage rank 0 of both replicas,
+    node 1 stage rank 1, so every pipeline transfer crosses the nodes and each FSDP2 group stays in one; rank 0
+    prints the mesh's pipelines), train exactly as one process (frozen tower, FSDP2:
+    the grid's ``("frozen", True)`` point in ``pp_inner``, with its checks: losses, norms, clipping and the
+    trained weights); then the run's ``checkpoint-2`` (its ``rank<r>_state.pt`` by stage rank, written by
+    replica 0 on both nodes) resumes onto ``dp = 1`` with ``num_micro = 2 M`` (the same global batch): step 3
+    equals the uninterrupted run's, the AdamW moments loaded from the checkpoint's whole tensors."""
     cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
     out = str(tmp_path / "run")
     recipe = write_recipe(demo, tmp_path / "nodes.yaml", out, dp_size=2, dp_shard=True, preprocess="frozen",
-                          max_steps=STEPS, save_steps=2)
+                          max_steps=STEPS, save_steps=2, mesh_order="dp_inner")
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen([cli, "train", recipe, "--nnodes", "2", "--node-rank", str(i), "--master-addr",
@@ -89,6 +92,7 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
                               stderr=subprocess.STDOUT, text=True, env=env) for i in range(2)]
     outputs = [node.communicate(timeout=900)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert "mesh_order dp_inner; the pipelines' global ranks [[0, 2], [1, 3]]" in outputs[0], outputs[0][-3000:]
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     losses, norms, model = reference(demo, True)
     assert len(rows) == STEPS

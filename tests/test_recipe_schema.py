@@ -44,7 +44,8 @@ FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s", "lora.lora_alp
 # module names for peft: a list of non-empty names, or (where the annotation allows a str) one regex
 MODULE_LISTS = {"lora.target_modules", "lora.exclude_modules", "lora.modules_to_save"}
 CHOICES = {"data.on_bad_sample", "parallel.preprocess", "parallel.overflow", "parallel.placement",
-           "parallel.owners", "train.lr_scheduler_type", "train.loss_normalization"}  # a string from a fixed set
+           "parallel.mesh_order", "parallel.owners", "train.lr_scheduler_type",
+           "train.loss_normalization"}  # a string from a fixed set
 PATHS = {"model.name_or_path", "model.config", "model.tokenizer", "data.path", "data.eval_path", "parallel.profile",
          "train.resume", "train.output_dir"}  # a string naming a file or directory
 MUST_EXIST = {"model.name_or_path", "model.config", "model.tokenizer", "parallel.profile", "train.resume"}

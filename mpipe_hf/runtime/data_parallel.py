@@ -16,12 +16,27 @@ Two engines, chosen by ``parallel.dp_shard``:
 
 The executor then divides once by the label tokens of the whole global batch, over every dp and pp rank (a
 sharded gradient, which FSDP averaged over the replicas, by that count over ``dp_size``; a divide factor of 1
-would need ``PREMUL_SUM``, which gloo lacks), so the step equals one process's over the global batch. ``P`` stays replicated in both engines (every pipeline rank holds a replica; rank 0 trains it):
-its gradient is all-reduced over ``dp`` with the replicated ones.
+would need ``PREMUL_SUM``, which gloo lacks), so the step equals one process's over the global batch. ``P`` stays
+replicated in both engines (every pipeline rank holds a replica; rank 0 trains it): its gradient is all-reduced
+over ``dp`` with the replicated ones.
+
+Precision of ``shard`` under ``train.bf16`` (fp32 master weights, bf16 autocast; :mod:`mpipe_hf.train.precision`):
+autocast computes every ``nn.Linear`` and ``nn.Conv1d/2d/3d`` on a bf16 cast of its fp32 weight and bias, and their
+gradient in bf16, which it casts back to fp32 before the fp32 accumulation over the micro-batches; every other
+weight (norms, embeddings) it uses in fp32. So each such matmul module whose parameters no other module shares (and
+that is not a LoRA adapter's own layer: :func:`bf16_units`) is a nested FSDP2 unit of its own with
+``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``: its all-gather moves bf16 (the cast autocast
+would make, made per shard before the gather), its unsharded bf16 gradients are upcast into an fp32 accumulator
+after each backward (FSDP2's ``unsharded_accumulated_grad``: the same fp32 sums as autocast's) and reduce-scattered
+in fp32. The rest of the chunk is the root unit, in fp32 as without bf16. A whole-chunk bf16 ``param_dtype`` would
+not be exact: it would run the norms and the embedding on bf16 weights, which autocast keeps in fp32.
+``cast_forward_inputs`` is off: autocast casts the inputs, as on one process. ``tests/test_fsdp_bf16.py`` checks the
+gradients bitwise against one process under autocast, and the collectives' dtypes.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Iterable
 
 import torch
@@ -30,6 +45,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 ENGINES = ("shard", "replicate")
+# the modules autocast runs in bf16 on a bf16 cast of their weights (torch's CUDA and CPU lower-precision op lists
+# hold linear and conv1d/2d/3d); exact types: a subclass may use its weight elsewhere (MultiheadAttention's
+# out_proj is an nn.Linear subclass whose forward never runs)
+AUTOCAST_MATMULS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
@@ -43,31 +62,73 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if is_sharded(tensor) else tensor
 
 
+def bf16_units(stages: dict[int, nn.Module]) -> list[nn.Module]:
+    """The modules of ``stages`` that FSDP2 gathers in bf16 under ``train.bf16``: every ``nn.Linear`` and
+    ``nn.Conv1d/2d/3d`` (exact types, :data:`AUTOCAST_MATMULS`) with floating parameters of its own that no other
+    module of any chunk holds too (a tied LM head shares the embedding's weight, which the embedding uses in
+    fp32). Each is called through its own ``forward`` (where FSDP2's hooks gather it); code that reads only its
+    weight's dtype sees bf16 once gathered, and casts to the dtype autocast would cast to. Not a PEFT adapter's
+    own layers (LoRA's ``lora_A`` and ``lora_B``): PEFT casts the adapter's input to ``lora_A``'s weight dtype
+    before its dropout, which in bf16 would round the input before the dropout's scaling instead of after; the
+    adapted layer's ``base_layer`` is a unit."""
+    owners: dict[int, int] = {}
+    adapters: set[int] = set()
+    for module in stages.values():
+        for sub in module.modules():
+            for p in sub.parameters(recurse=False):
+                owners[id(p)] = owners.get(id(p), 0) + 1
+            if any(c.__name__ == "BaseTunerLayer" for c in type(sub).__mro__):  # a PEFT layer, without importing peft
+                base = getattr(sub, "base_layer", None)
+                adapters |= {id(m) for m in sub.modules() if m is not sub and m is not base}
+    units = []
+    for module in stages.values():
+        for sub in module.modules():
+            own = list(sub.parameters(recurse=False))
+            if type(sub) in AUTOCAST_MATMULS and own and id(sub) not in adapters and all(
+                    p.is_floating_point() and owners[id(p)] == 1 for p in own):
+                units.append(sub)
+    return units
+
+
 class DataParallel:
     """The ``dp`` side of one rank: wraps its stage chunks, and reduces their gradients once per step.
 
     Args:
         mesh: the 1-D ``dp`` sub-mesh of the ``(dp, pp)`` mesh (``mesh["dp"]``).
         engine: ``"shard"`` (FSDP2) or ``"replicate"``.
+        bf16: the run computes under bf16 autocast (``train.bf16``): with ``shard``, the matmul modules
+            (:func:`bf16_units`) are gathered in bf16 and reduced in fp32 (the module docstring says why this is
+            exact); no effect with ``replicate``, whose all-reduce sums the fp32 gradients.
 
     Raises:
         ValueError: an unknown engine.
     """
 
-    def __init__(self, mesh: DeviceMesh, engine: str = "shard"):
+    def __init__(self, mesh: DeviceMesh, engine: str = "shard", bf16: bool = False):
         if engine not in ENGINES:
             raise ValueError(f"parallel.dp_shard: the data-parallel engine must be one of {ENGINES}, got {engine!r}")
-        self.mesh, self.engine = mesh, engine
+        self.mesh, self.engine, self.bf16 = mesh, engine, bf16
         self.group, self.size = mesh.get_group(), mesh.size()
         self.rank = mesh.get_local_rank()
         self.chunks: dict[int, nn.Module] = {}
 
     def wrap(self, stages: dict[int, nn.Module]) -> None:
-        """``fully_shard`` each stage chunk over ``dp`` (engine ``shard``; nothing with ``replicate``). Call
-        before the optimizer and the executor are built: the parameters become DTensors."""
+        """``fully_shard`` each stage chunk over ``dp`` (engine ``shard``; nothing with ``replicate``), with
+        ``bf16`` its matmul modules first, each a nested unit in bf16 with fp32 reduction. Call before the
+        optimizer and the executor are built: the parameters become DTensors."""
         if self.engine != "shard" or self.size == 1:
             return
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        if self.bf16:  # bottom-up: the nested units first, then each chunk takes what is left
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                          cast_forward_inputs=False)
+            for module in bf16_units(stages):
+                fully_shard(module, mesh=self.mesh, reshard_after_forward=False, mp_policy=policy)
+            # a Linear on a 3-D input returns a view, and FSDP2 warns that an in-place op on it would drop the
+            # unit's pre-backward hook; that hook only re-gathers, which weights kept gathered through the step
+            # (reshard_after_forward=False) do not need
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP(Linear|Conv[123]d)\) returned "
+                                    r"a view tensor")
         for stage, module in stages.items():
             fully_shard(module, mesh=self.mesh, reshard_after_forward=False)
             self.chunks[stage] = module

@@ -43,6 +43,7 @@ from ..schedule.forward import build_forward_schedule
 from ..schedule.owners import reassign, relabel, with_owners
 from ..schedule.simulate import Costs, Event, split_pairs
 from ..schedule.swap import SwapConfig, with_swaps
+from .casts import frozen_weight_casts
 from .data_parallel import is_sharded, local
 from .evaluate import evaluate
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
@@ -108,8 +109,8 @@ class PipelineExecutor:
                  strict: bool = False):
         if loss_normalization not in ("tokens", "micro"):
             raise ValueError(f"loss_normalization must be 'tokens' or 'micro', got {loss_normalization!r}")
-        if cfg.zero_bubble and data_parallel is not None and data_parallel.engine == "shard" and \
-                data_parallel.size > 1:
+        sharded = data_parallel is not None and data_parallel.engine == "shard" and data_parallel.size > 1
+        if cfg.zero_bubble and sharded:
             raise ValueError("zero_bubble with FSDP2 (parallel.dp_shard, dp_size > 1) is not supported: FSDP2 "
                              "reduces a chunk's gradients when its inputs' gradient is ready, before W computes "
                              "them; set parallel.dp_shard: false (replicas) or zero_bubble: false")
@@ -123,17 +124,15 @@ class PipelineExecutor:
         self.measure_memory, self.strict = measure_memory, strict
         self._weights = storage_ids([p for m in stages.values() for p in m.parameters()]
                                     + ([] if preprocess.module is None else list(preprocess.module.parameters())))
-        self.seed, self.step_index = seed, 0
-        self.device, self.timeout = device, timeout
+        self.seed, self.step_index, self.device, self.timeout = seed, 0, device, timeout
         self.events: list[Event] | None = [] if trace else None
         self.params, self.tied = list(params), list(tied)
         if any(all(p is not q for q in self.params) for p, _ in self.tied):
             raise ValueError("every tied parameter must be one of params (the parameters this rank optimises)")
-        # the stages' autocast dtype (``autocast_dtype`` of a wrapper such as train.precision.Autocast), or None
-        self.autocast = next((m.autocast_dtype for m in stages.values() if getattr(m, "autocast_dtype", None)),
-                             None)
-        self.swap_config = swap
-        self.swap = None
+        # the stages' autocast dtype (a wrapper's ``autocast_dtype``) for the step region; not under FSDP2 (.casts)
+        self.autocast = None if sharded else next(
+            (m.autocast_dtype for m in stages.values() if getattr(m, "autocast_dtype", None)), None)
+        self.swap_config, self.swap = swap, None
         if swap is not None:
             swap.check(cfg.pp_size)
         if swap is not None and swap.swaps(rank):  # the modules' buffers stay too (copying them frees nothing)
@@ -151,7 +150,7 @@ class PipelineExecutor:
         self.control = control_group(everyone, timeout)  # the step's vote (:mod:`.preload`), over every replica
         self._fresh_group()
 
-    def _fresh_group(self) -> None:
+    def _fresh_group(self) -> None:  # :func:`.groups.fresh_groups`
         fresh_groups(self)
 
     def close(self) -> None:
@@ -295,8 +294,9 @@ class PipelineExecutor:
             self.dp.start_step()
         run = _OrderRun(self, ctx)
         try:
-            # one cast of each trained weight per step, shared by the micros (train.precision); fp32: no region
-            with torch.autocast(self.device.type, self.autocast or torch.bfloat16, self.autocast is not None):
+            # one bf16 copy of each weight per step, shared by the micros (:mod:`.casts`); fp32: no region
+            with torch.autocast(self.device.type, self.autocast or torch.bfloat16, self.autocast is not None), \
+                    frozen_weight_casts(self.stages.values(), self.autocast):
                 run()
             self.p2p.drain()
             run.action = None

@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..schedule.mesh_order import ORDERS
+
 
 def init_distributed(timeout: timedelta = timedelta(minutes=5)) -> torch.device:
     """Join the process group that ``torchrun`` or ``accelerate launch`` set up in the environment.
@@ -39,17 +41,25 @@ def init_distributed(timeout: timedelta = timedelta(minutes=5)) -> torch.device:
     return device
 
 
-def build_mesh(pp_size: int, dp_size: int = 1) -> DeviceMesh:
-    """A ``(dp, pp)`` mesh over the whole world: global rank ``d * pp_size + p`` is stage rank ``p`` of pipeline
-    replica ``d``, so a pipeline's ranks are consecutive (one node's, where it fits). Ask it for
-    ``get_group("pp")`` and ``mesh["dp"]``.
+def build_mesh(pp_size: int, dp_size: int = 1, order: str = "pp_inner") -> DeviceMesh:
+    """The ``(dp, pp)`` mesh over the whole world, numbered by ``order``
+    (:mod:`mpipe_hf.schedule.mesh_order`): ``pp_inner``, global rank ``d * pp_size + p`` is stage rank ``p`` of
+    pipeline replica ``d``, so a pipeline's ranks are consecutive (one node's, where it fits); ``dp_inner``,
+    global rank ``p * dp_size + d``, so the replicas of a stage rank are (its data-parallel group within a node).
+    Ask it, by name, for ``get_group("pp")``, ``get_local_rank("pp")`` and ``mesh["dp"]``; in either order a
+    pipeline's group lists its ranks in stage order and global rank 0 is replica 0's stage rank 0.
 
     Raises:
-        ValueError: if ``dp_size * pp_size`` differs from the world size.
+        ValueError: if ``dp_size * pp_size`` differs from the world size, or ``order`` is not ``pp_inner`` or
+            ``dp_inner`` (resolve ``auto`` first: ``mpipe_hf.train.recipe_parallel.resolve_mesh_order``).
     """
+    if order not in ORDERS:
+        raise ValueError(f"parallel.mesh_order: the mesh order must be one of {ORDERS}, got {order!r}")
     world = dist.get_world_size()
     if dp_size * pp_size != world:
         raise ValueError(f"pp_size ({pp_size}) * dp_size ({dp_size}) must equal the number of processes ({world}); "
                          f"launch {pp_size * dp_size} processes or set pp_size to {world // dp_size}")
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if order == "dp_inner":  # the mesh's last dimension varies fastest over the global ranks
+        return init_device_mesh(device_type, (pp_size, dp_size), mesh_dim_names=("pp", "dp"))
     return init_device_mesh(device_type, (dp_size, pp_size), mesh_dim_names=("dp", "pp"))

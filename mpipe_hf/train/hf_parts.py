@@ -31,7 +31,8 @@ class MPipeConfig(ParallelSection):
     bad-sample policy of its ``data`` section. ``num_micro`` is not set here: it is the Trainer's
     ``gradient_accumulation_steps``.
 
-    ``zero_bubble`` works as in a recipe.
+    ``zero_bubble`` works as in a recipe. ``mesh_order`` is checked as in a recipe and changes nothing here:
+    with one pipeline (``dp_size`` 1) every order numbers the ranks alike.
 
     Attributes:
         max_length: the token limit of the default conversation collator.

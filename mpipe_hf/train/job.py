@@ -59,9 +59,9 @@ class RecipeJob:
         self.preemption = Preemption().install()  # first: a signal during the set-up stops after the first step
         os.makedirs(opt.output_dir, exist_ok=True)
         self.run = run = PipelineRun(recipe.parallel, opt.seed, recipe.data)
-        run.connect()
+        self.config = load_config(recipe.model)  # before the mesh: parallel.mesh_order auto weighs its sizes
+        run.connect(self.config, opt.bf16)
         self.preemption.connect()
-        self.config = load_config(recipe.model)
         run.carve(recipe.model, self.config, layers_per_stage,
                   recipe.lora.peft_config() if recipe.lora is not None else None)
         if opt.gradient_checkpointing:

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from ..schedule import ScheduleConfig
+from ..schedule.mesh_order import MESH_ORDERS
 from ..schedule.owners import OWNER_POLICIES
 
 
@@ -30,6 +31,11 @@ class ParallelSection(ScheduleConfig):
             each replica on its own share of the global batch (:mod:`mpipe_hf.runtime.data_parallel`).
         dp_shard: with ``dp_size > 1``: ``true``, FSDP2 shards each stage chunk over the replicas; ``false``,
             each replica keeps its stages whole and the gradients are summed by one all-reduce.
+        mesh_order: how the ``(dp, pp)`` mesh numbers the processes (:mod:`mpipe_hf.schedule.mesh_order`):
+            ``pp_inner``, global rank ``d * pp_size + p``, a pipeline within a node; ``dp_inner``,
+            ``p * dp_size + d``, the replicas of a stage within a node; ``auto`` (default), the faster of the two
+            by the at-scale simulator (:func:`resolve_mesh_order`), ``pp_inner`` when every process is on one
+            node. The same run either way, but for which traffic crosses the nodes.
         owners: who loads and preprocesses each micro-batch (SPEC.md, "Terms"): ``modulo`` (default), rank
             ``m % NT``; ``balanced`` (overflow ``full`` only), each step's micro-batches spread over the owners by
             their image tokens (LPT, :func:`~mpipe_hf.schedule.owners.balance_owners`; for a decoder-only LM by
@@ -49,6 +55,7 @@ class ParallelSection(ScheduleConfig):
     timeout_s: float = 300.0
     dp_size: int = 1
     dp_shard: bool = True
+    mesh_order: str = "auto"
     owners: str = "modulo"
 
     def __post_init__(self):
@@ -57,6 +64,10 @@ class ParallelSection(ScheduleConfig):
         if not isinstance(self.dp_shard, bool):
             raise ValueError(f"parallel.dp_shard must be true (FSDP2) or false (replicas with one all-reduce), got "
                              f"{self.dp_shard!r}")
+        if not isinstance(self.mesh_order, str) or self.mesh_order not in MESH_ORDERS:
+            raise ValueError(f"parallel.mesh_order must be one of {MESH_ORDERS} (pp_inner: a pipeline within a "
+                             f"node; dp_inner: a stage's replicas within a node; auto: the faster by the "
+                             f"simulator), got {self.mesh_order!r}")
         try:
             super().__post_init__()
         except ValueError as err:  # ScheduleConfig's messages start with the bare field name
@@ -104,3 +115,54 @@ class ParallelSection(ScheduleConfig):
         """The schedule part alone (``owners``: none; the policy lives on in :attr:`owners`)."""
         return ScheduleConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ScheduleConfig)
                                  if f.name != "owners"})
+
+
+def resolve_mesh_order(parallel: ParallelSection, config, data, world: int, gpus_per_node: int,
+                       bf16: bool = True):
+    """``(order, choice)``: ``parallel.mesh_order``, with ``auto`` resolved to ``pp_inner`` or ``dp_inner`` by
+    :func:`~mpipe_hf.schedule.mesh_order.choose_mesh_order` (``choice``, its ``OrderChoice``; ``None`` when
+    nothing was simulated: an explicit order, one replica, or ``world`` processes on one node of
+    ``gpus_per_node``). Every rank computes the same choice from the same inputs, with no collective.
+
+    ``config``: the model's HF config (its sizes); ``data``: the recipe's ``data`` section. The costs are
+    :func:`~mpipe_hf.schedule.hardware.figures_estimate`'s on the published H100 figures of
+    :class:`~mpipe_hf.schedule.cluster.Cluster` with ``gpus_per_node`` GPUs per node, for micro-batches of
+    ``data.micro_batch_size`` samples of ``data.max_length`` tokens, a vision-language model's with one
+    448 x 448 image each where its tokens fit (a tower other than Qwen2.5-VL's is left out). Assumptions: the
+    choice weighs links, which the real lengths scale alike in both orders. With ``parallel.profile``, that
+    measured profile's compute and message bytes instead. The messages between stages are fp32 hidden states
+    (the residual stream stays fp32 under bf16).
+
+    Raises:
+        ValueError: ``auto`` must simulate (several replicas over several nodes) and ``config`` is ``None``.
+    """
+    order = parallel.mesh_order
+    if order != "auto":
+        return order, None
+    if parallel.dp_size == 1 or world <= gpus_per_node:
+        return "pp_inner", None
+    if config is None:
+        raise ValueError("parallel.mesh_order 'auto' across nodes needs the model's config (its sizes)")
+    from ..schedule.cluster import Cluster
+    from ..schedule.hardware import figures_estimate
+    from ..schedule.shapes import Workload, shapes_from_config
+    from ..schedule.tune import Profile, profile_layers
+    cfg = parallel.schedule()
+    try:
+        text, vision = shapes_from_config(config)
+    except AttributeError:  # a tower the closed forms do not know (they count Qwen2.5-VL's): the decoder alone
+        text, vision = shapes_from_config(config.get_text_config())[0], None
+    cluster = Cluster(gpus_per_node=gpus_per_node)
+    images = 1 if vision is not None and 448 * 448 // (vision.patch * vision.merge) ** 2 <= data.max_length else 0
+    workload = Workload(tokens=data.max_length, images=images, micro_batch=data.micro_batch_size)
+    estimate = figures_estimate(text, vision, workload, cluster, cfg.pp_size)
+    hidden_bytes = 4.0 * workload.tokens * workload.micro_batch * text.hidden
+    profile = dataclasses.replace(estimate.profile, activation_bytes=hidden_bytes)
+    if parallel.profile is not None:
+        profile = Profile.load(parallel.profile)
+    estimate = dataclasses.replace(estimate, profile=profile)
+    layout = parallel.layers_per_stage or profile_layers(profile, cfg, parallel.text_layers)
+    from ..schedule.mesh_order import choose_mesh_order
+    choice = choose_mesh_order(cfg, parallel.dp_size, estimate, cluster, list(layout), parallel.text_layers,
+                               "shard" if parallel.dp_shard else "replicate", bf16)
+    return choice.order, choice

@@ -31,6 +31,7 @@ from ..models.adapters import is_adapter_tensor, merged_state
 from ..models.load import load_adapter_values, load_share_values
 from ..runtime import PipelineExecutor, StepStats, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
+from ..schedule.mesh_order import ORDERS, position
 from ..schedule.owners import step_owners
 from .checkpoint import save_adapter, save_checkpoint
 from .collective import raise_or, together
@@ -38,6 +39,7 @@ from .loop import Skips, evaluate_rows, finite_step, run_step
 from .optimizer import clip_grad_norm
 from .precision import autocast_modules
 from .recipe import DataSection, ModelSource, ParallelSection
+from .recipe_parallel import resolve_mesh_order
 from .report import write_trace
 from .sources import load_share, model_share, profile_layout
 from .state import load_rank_state, rank_state, rank_state_name
@@ -76,7 +78,12 @@ class PipelineRun:
     def __init__(self, parallel: ParallelSection, seed: int = 0, data: DataSection | None = None):
         self.parallel, self.cfg, self.seed = parallel, parallel.schedule(), seed
         self.data = data if data is not None else DataSection(path="<the trainer's dataset>")
-        self.rank, self.dp_rank = int(os.environ.get("RANK", 0)) % self.cfg.pp_size, 0  # mesh rank d * pp + p
+        # before the process group (adopt): dp_size 1, where every order agrees; connect() reads the mesh
+        order = parallel.mesh_order if parallel.mesh_order in ORDERS else "pp_inner"
+        world = self.cfg.pp_size * parallel.dp_size  # a launch of another size fails in connect(), not here
+        self.dp_rank, self.rank = position(order, int(os.environ.get("RANK", 0)) % world, self.cfg.pp_size,
+                                           parallel.dp_size)
+        self.mesh_order = None
         self.device = self.mesh = self.group = self.every = None
         self.carved = self.source = self.counts = None
         self.data_parallel = self.executor = None
@@ -85,14 +92,24 @@ class PipelineRun:
 
     # ---- the share of the model ---------------------------------------------------------------------------
 
-    def connect(self) -> torch.device:
-        """Join the process group, build the ``(dp, pp)`` mesh and return this process's device.
+    def connect(self, config=None, bf16: bool = True) -> torch.device:
+        """Join the process group, build the ``(dp, pp)`` mesh in ``parallel.mesh_order`` (``auto``: chosen by
+        the simulator from the model's HF ``config`` and ``bf16``, :func:`~.recipe_parallel.resolve_mesh_order`;
+        global rank 0 prints the choice) and return this process's device.
 
         Raises:
-            ValueError: a world size other than ``pp_size * dp_size``.
+            ValueError: a world size other than ``pp_size * dp_size``; ``auto`` across nodes without ``config``.
         """
         self.device = init_distributed(timedelta(seconds=self.parallel.timeout_s))
-        self.mesh = build_mesh(self.cfg.pp_size, self.parallel.dp_size)
+        world = dist.get_world_size()
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun's and accelerate's processes per node
+        self.mesh_order, choice = resolve_mesh_order(self.parallel, config, self.data, world, per_node, bf16)
+        self.mesh = build_mesh(self.cfg.pp_size, self.parallel.dp_size, self.mesh_order)
+        if self.parallel.dp_size > 1 and dist.get_rank() == 0:  # each replica's global ranks, by stage rank
+            layout = self.mesh.mesh if self.mesh.mesh_dim_names[0] == "dp" else self.mesh.mesh.t()
+            print(f"mpipe_hf: mesh_order {self.mesh_order}"
+                  + (f" (auto: {choice.describe()})" if choice is not None else "")
+                  + f"; the pipelines' global ranks {layout.tolist()}", flush=True)
         self.group = self.mesh.get_group("pp")
         self.rank, self.dp_rank = self.mesh.get_local_rank("pp"), self.mesh.get_local_rank("dp")
         self.every = (dist.get_rank(), dist.get_world_size(), None)  # setup errors reach every rank of every replica
@@ -143,7 +160,7 @@ class PipelineRun:
         """
         par, carved = self.parallel, self.carved
         if par.dp_size > 1:  # FSDP2 per stage chunk, before the optimizer sees the (then DTensor) parameters
-            self.data_parallel = DataParallel(self.mesh["dp"], "shard" if par.dp_shard else "replicate")
+            self.data_parallel = DataParallel(self.mesh["dp"], "shard" if par.dp_shard else "replicate", bf16=bf16)
             self.data_parallel.wrap(carved.stages)
         self.params = carved.trainable_parameters(self.cfg, self.rank)  # none where a frozen P is all it holds
         tied = carved.tied_parameters(self.cfg, self.rank)

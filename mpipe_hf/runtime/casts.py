@@ -1,0 +1,48 @@
+"""One bf16 copy of each weight per step (issue 27).
+
+Under bf16 autocast a matmul casts its fp32 weight to bf16, and the backward needs that copy, so each micro-batch
+in flight saved a copy of its stage's weights. Autocast's own cache shares one copy per step for the weights it
+caches, the trained ones (leaves that take a gradient), as long as one autocast region spans the step (the
+executor holds it). A frozen weight (a LoRA base layer, a frozen embedding's tied head) is not cached, so
+:func:`frozen_weight_casts` casts each frozen ``nn.Linear`` weight and bias once when the step starts and puts the
+copy in its place until the step ends. ``F.linear`` under autocast casts weight, bias and input to bf16 anyway:
+the same values reach the kernel, and the step is unchanged bit for bit.
+
+Under FSDP2 (``dp_shard``) the executor keeps a region per stage call instead: FSDP2's ``MixedPrecisionPolicy``
+gathers the Linear weights in bf16 once per step already, and with a step-long region the bf16 copy of any other
+weight would be cached at the first micro-batch, whose old autograd node runs after FSDP2's post-backward hook
+has reduce-scattered the chunk's gradient in its last backward: that micro's gradient would be lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+@contextlib.contextmanager
+def frozen_weight_casts(modules: Iterable[nn.Module], dtype: torch.dtype | None) -> Iterator[int]:
+    """While active, every frozen fp32 ``weight``/``bias`` of an ``nn.Linear`` in ``modules`` is a bf16 (``dtype``)
+    parameter holding its cast; the originals are back on exit, also when the step fails. Yields the bytes of the
+    copies. ``dtype`` ``None``: nothing changes."""
+    swapped = []
+    if dtype is not None:
+        for module in modules:
+            for layer in module.modules():
+                if not isinstance(layer, nn.Linear):
+                    continue
+                for name in ("weight", "bias"):
+                    p = layer._parameters.get(name)
+                    if p is not None and not p.requires_grad and p.dtype == torch.float32 and \
+                            not isinstance(p, DTensor):
+                        layer._parameters[name] = nn.Parameter(p.detach().to(dtype), requires_grad=False)
+                        swapped.append((layer, name, p))
+    try:
+        yield sum(layer._parameters[name].nbytes for layer, name, _ in swapped)
+    finally:
+        for layer, name, p in reversed(swapped):
+            layer._parameters[name] = p
