@@ -35,6 +35,11 @@ RESTART = ("a step that fails mid-transfer on NCCL cannot be recovered in-proces
            "torchrun --max-restarts restarts it from the last checkpoint (train.resume: auto)")
 
 
+def alive(group: dist.ProcessGroup) -> bool:
+    """Whether ``group`` belongs to the current default process group (not one destroyed since it was made)."""
+    return group in dist.distributed_c10d._world.pg_map
+
+
 def in_process_recovery(group: dist.ProcessGroup) -> bool:
     """Whether a step that failed mid-transfer can be recovered without ending the process: gloo only."""
     return dist.get_backend(group) == "gloo"
@@ -50,7 +55,8 @@ def fresh_groups(ex) -> None:
     if old is not None:
         ex.watchdog.close()
         ex._stale.clear()  # its groups are broken: nothing uses the buffers
-    idle = IDLE_GROUPS.get((tuple(ex.global_ranks), ex.timeout))
+    idle = [g for g in IDLE_GROUPS.get((tuple(ex.global_ranks), ex.timeout), []) if alive(g[0])]
+    IDLE_GROUPS[(tuple(ex.global_ranks), ex.timeout)] = idle  # a destroyed world's groups go
     if old is None and idle:
         *groups, step = idle.pop()
     else:

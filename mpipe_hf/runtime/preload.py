@@ -30,7 +30,7 @@ def control_group(ranks: Sequence[int], timeout: timedelta) -> dist.ProcessGroup
     """The gloo group the vote runs on, over global ``ranks`` (made once per rank set and reused by every
     executor over it; every rank in ``ranks`` must call this at the same point the first time)."""
     key = (tuple(ranks), timeout)
-    if key not in _CONTROL:
+    if key not in _CONTROL or _CONTROL[key] not in dist.distributed_c10d._world.pg_map:  # a destroyed world's
         _CONTROL[key] = dist.new_group(list(ranks), timeout=timeout, backend="gloo",
                                        use_local_synchronization=True)
     return _CONTROL[key]
