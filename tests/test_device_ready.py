@@ -16,7 +16,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from mpipe_hf.models import split as split_model
@@ -25,18 +24,6 @@ from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.precision import autocast_modules
 
 VOCAB, HIDDEN, TOKENS = 512, 256, 8  # weights (about 0.9 MB of bf16 per layer) dominate a micro's activations
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A gloo world of this one process (the executor needs process groups)."""
-    started = not dist.is_initialized()
-    if started:
-        store = tmp_path_factory.mktemp("world") / "store"
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield dist.group.WORLD
-    if started:
-        dist.destroy_process_group()
 
 
 def qwen2(layers: int = 2, lora: bool = False) -> Qwen2ForCausalLM:

@@ -47,15 +47,21 @@ def test_the_two_numberings():
         position("auto", 0, 2, 2)
 
 
+def chosen(cfg, text, tokens: int, cluster):
+    """The estimate of ``text`` at ``tokens`` tokens per micro-batch on 4 replicas, and the order chosen."""
+    est = figures_estimate(text, None, Workload(tokens=tokens, images=0), cluster, 4)
+    choice = choose_mesh_order(cfg, 4, est, cluster)
+    print(choice.describe())
+    return est, choice
+
+
 def test_auto_picks_dp_inner_where_the_gradient_exchange_dominates():
     """Qwen2.5-VL-7B's decoder, ``pp = dp = 4`` on two nodes of 8, micro-batches of 1,024 tokens: a rank's
     data-parallel exchange (its 1.9 B parameters' bf16 gather and fp32 reduce-scatter) takes InfiniBand in
     ``pp_inner`` and NVLink in ``dp_inner``; the pipeline's transfers over InfiniBand cost ``dp_inner`` far
     less than that saves."""
     cluster, cfg = Cluster(), ScheduleConfig(4, 2, 8, "frozen")
-    est = figures_estimate(preset_text("qwen2_5_vl_7b"), None, Workload(tokens=1024, images=0), cluster, 4)
-    choice = choose_mesh_order(cfg, 4, est, cluster)
-    print(choice.describe())
+    est, choice = chosen(cfg, preset_text("qwen2_5_vl_7b"), 1024, cluster)
     pp, dp = "pp_inner", "dp_inner"
     assert choice.order == dp and choice.step_s[dp] < choice.step_s[pp]
     saved = choice.exchange_s[pp] - choice.exchange_s[dp]
@@ -75,9 +81,7 @@ def test_auto_picks_pp_inner_where_the_pipeline_traffic_dominates():
     pipeline by more than ``dp_inner``'s faster exchange saves."""
     cluster, cfg = Cluster(), ScheduleConfig(4, 2, 32, "identity")
     text = TextShape(hidden=256, intermediate=704, layers=8, heads=4, kv_heads=4, vocab=1000)
-    est = figures_estimate(text, None, Workload(tokens=8192, images=0), cluster, 4)
-    choice = choose_mesh_order(cfg, 4, est, cluster)
-    print(choice.describe())
+    _, choice = chosen(cfg, text, 8192, cluster)
     pp, dp = "pp_inner", "dp_inner"
     assert choice.order == pp and choice.step_s[pp] < choice.step_s[dp]
     saved = choice.exchange_s[pp] - choice.exchange_s[dp]

@@ -1,9 +1,7 @@
 """Issue 27: the memory plan's bf16 figure (``train.bf16``: fp32 weights, bf16 autocast) is what a bf16 run of the
 executor measures (``measure_memory``), in one process (a world of one gloo rank, R=1, V=2)."""
 
-import pytest
 import torch
-import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from mpipe_hf.models import split as split_model
@@ -14,18 +12,6 @@ from mpipe_hf.train.plan import (_peak_activation_bytes, estimate_profile, meta_
 from mpipe_hf.train.precision import autocast_modules
 
 VOCAB, HIDDEN, TOKENS, MICROS = 512, 256, 64, 3
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A gloo world of this one process (the executor needs process groups)."""
-    started = not dist.is_initialized()
-    if started:
-        store = tmp_path_factory.mktemp("world") / "store"
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield dist.group.WORLD
-    if started:
-        dist.destroy_process_group()
 
 
 def small_config(layers: int = 2) -> Qwen2Config:
