@@ -59,13 +59,7 @@ def main():
         few, many = (syncs(qwen2(), ScheduleConfig(1, 2, m, "identity"), micros(m), bf16) for m in (2, 6))
         print(f"decoder {'bf16' if bf16 else 'fp32'}: host syncs per step M=2 {few}, M=6 {many} "
               f"({(many - few) / 4:g} per micro)")
-    from common import VOCAB_RANKS, collator, make_vl_pools, qwen2_tokenizer, tiny_configs
-    from transformers import AutoModelForImageTextToText
-    tokenizer = qwen2_tokenizer(VOCAB_RANKS)
-    config = tiny_configs(tokenizer)["vl"]
-    pool = make_vl_pools(collator(config, tokenizer))["images"]
-    torch.manual_seed(0)
-    vl = AutoModelForImageTextToText.from_config(config)
+    vl, pool = tiny_vl()
     counts = [syncs(copy.deepcopy(vl), ScheduleConfig(1, 2, m, "frozen"), [pool[i % len(pool)] for i in range(m)])
               for m in (2, 4)]
     print(f"Qwen2.5-VL frozen tower: host syncs per step M=2 {counts[0]}, M=4 {counts[1]} "
@@ -81,6 +75,18 @@ def main():
             row[bf16] = stats.rank_activation_bytes[0] / stats.peak_activations / 2 ** 20
             ex.close()
         print(f"{'LoRA' if lora else 'full'}: saved per micro fp32 {row[False]:.3f} MiB, bf16 {row[True]:.3f} MiB")
+
+
+def tiny_vl():
+    """A tiny real Qwen2.5-VL (random weights, seed 0) and micro-batches its processor made from real photos."""
+    import torch
+    from common import VOCAB_RANKS, collator, make_vl_pools, qwen2_tokenizer, tiny_configs
+    from transformers import AutoModelForImageTextToText
+    tokenizer = qwen2_tokenizer(VOCAB_RANKS)
+    config = tiny_configs(tokenizer)["vl"]
+    pool = make_vl_pools(collator(config, tokenizer))["images"]
+    torch.manual_seed(0)
+    return AutoModelForImageTextToText.from_config(config), pool
 
 
 if __name__ == "__main__":
