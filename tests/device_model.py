@@ -5,10 +5,13 @@ parameters and buffers, whatever is moved or created on :data:`DEVICE` (``cpu:0`
 memory but compares unequal to ``cpu``), and every result of an op that reads one. Such a tensor reports
 ``cpu:0`` as its ``.device``, as a CUDA tensor reports ``cuda:0``, so code that places tensors "on the same device
 as x" places them there too. While the mode is on it counts host synchronisations: every ``.item()``,
-``.tolist()``, ``int()``, ``float()``, ``bool()`` or ``.numpy()`` of a device tensor, every copy from the device to
-the host, and every copy from the host to the device that is not ``non_blocking`` (from pageable memory such a
-copy waits for the device). Point-to-point transfers are the device's own (NCCL): :meth:`transport` wraps a
-``P2P`` so that its sends and receives are not counted and what it receives is on the device.
+``.tolist()``, ``int()``, ``float()``, ``bool()`` or ``.numpy()`` of a device tensor, every op whose output size
+or value the host needs (``nonzero``, ``unique``, ``masked_select``, ``equal``, ``allclose``, a boolean index,
+``repeat_interleave`` by a tensor), every copy from the device to the host (``.cpu()``, ``.to``, ``copy_``), and
+every copy from the host to the device that is not ``non_blocking`` (from pageable memory such a copy waits for
+the device). What runs inside autograd's C++ backward is not seen. Point-to-point transfers are the device's
+own (NCCL): :meth:`transport` wraps a ``P2P`` so that its sends and receives are not counted and what it receives
+is on the device.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from torch.utils._pytree import tree_leaves
 DEVICE = torch.device("cpu", 0)
 HOST = torch.device("cpu")
 _READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
-          torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy}
+          torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.is_nonzero,
+          # ops whose result's size or value the host needs: CUDA reads the device back for them
+          torch.equal, torch.Tensor.equal, torch.allclose, torch.Tensor.allclose, torch.nonzero, torch.Tensor.nonzero,
+          torch.argwhere, torch.Tensor.argwhere, torch.unique, torch.Tensor.unique, torch.masked_select,
+          torch.Tensor.masked_select, torch.unique_consecutive, torch.Tensor.unique_consecutive}
+_INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.index_put, torch.Tensor.index_put_}
 _DEVICE_PROPERTY = torch._C.TensorBase.__dict__["device"]
 
 
@@ -75,7 +83,7 @@ class DeviceModel(TorchFunctionMode):
         where = "?"
         for frame in reversed(traceback.extract_stack()[:-2]):
             if "/torch/" not in frame.filename and not frame.filename.endswith("device_model.py"):
-                where = f"{frame.filename.rsplit('/', 2)[-2]}/{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
+                where = f"{'/'.join(frame.filename.split('/')[-2:])}:{frame.lineno}"
                 break
         self.syncs[f"{kind} at {where}"] += 1
 
@@ -89,6 +97,17 @@ class DeviceModel(TorchFunctionMode):
             if reads_device:
                 self._count(func.__name__)
             return func(*args, **kwargs)
+        if func in _INDEXING and any(t.dtype == torch.bool and on_device(t) for t in tree_leaves(args[1:2])
+                                     if isinstance(t, torch.Tensor)):
+            self._count("boolean index")  # its nonzero() reads the count back
+        if func in (torch.repeat_interleave, torch.Tensor.repeat_interleave) and reads_device and \
+                isinstance(args[1] if len(args) > 1 else kwargs.get("repeats"), torch.Tensor) and \
+                kwargs.get("output_size") is None:
+            self._count("repeat_interleave")
+        if func in (torch.Tensor.copy_, torch.Tensor.__setitem__) and not on_device(args[0]) and \
+                on_device(args[-1]):
+            self._count("copy to host")
+            return func(*args, **kwargs)  # the destination stays on the host
         if func in (torch.Tensor.to, torch.Tensor.cpu):
             target = HOST if func is torch.Tensor.cpu else _target(args, kwargs)
             if target is not None and target.index is None and reads_device:  # device -> host

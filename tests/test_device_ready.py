@@ -26,8 +26,9 @@ from mpipe_hf.train.precision import autocast_modules
 VOCAB, HIDDEN, TOKENS = 512, 256, 8  # weights (about 0.9 MB of bf16 per layer) dominate a micro's activations
 
 
-def qwen2(layers: int = 2, lora: bool = False) -> Qwen2ForCausalLM:
-    """A real Qwen2 (random weights, seed 0); ``lora``: peft's LoRA on every projection, the base frozen."""
+def qwen2(layers: int = 2, lora: bool | str = False) -> Qwen2ForCausalLM:
+    """A real Qwen2 (random weights, seed 0); ``lora``: peft's LoRA on every projection, the base frozen
+    (``"dora"``: with DoRA, whose layers also read their base weight's norm)."""
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                          tie_word_embeddings=False)
@@ -37,7 +38,7 @@ def qwen2(layers: int = 2, lora: bool = False) -> Qwen2ForCausalLM:
     if lora:
         from peft import LoraConfig
         from mpipe_hf.models.adapters import apply_adapter
-        apply_adapter(model, LoraConfig(r=4, lora_dropout=0.0, target_modules=[
+        apply_adapter(model, LoraConfig(r=4, lora_dropout=0.0, use_dora=lora == "dora", target_modules=[
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     return model
 
@@ -79,7 +80,7 @@ def test_bf16_saves_no_more_per_micro_than_fp32_when_weights_dominate(world, lor
     assert peaks[True] <= peaks[False], f"bf16 {peaks[True]:.0f} B per micro vs fp32 {peaks[False]:.0f} B"
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, True, "dora"], ids=["full", "lora", "dora"])
 def test_one_weight_cast_per_step_is_exact_against_a_region_per_call(world, lora):
     """The same loss and the same gradients, bit for bit, as each stage call in a region of its own (the cached
     or precast copy is the same rounding of the same fp32 weight)."""
@@ -137,34 +138,37 @@ def test_host_syncs_per_step_are_a_fixed_few_and_none_per_action(world, bf16):
 
 
 @pytest.fixture(scope="module")
-def qwen_vl():
-    """A tiny real Qwen2.5-VL config and micro-batches its own processor made from real photos."""
+def vl_models():
+    """Tiny real Qwen2.5-VL and Qwen3-VL configs, and micro-batches their own processors made from real photos
+    (some with an image per row, some without)."""
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
-    from common import VOCAB_RANKS, collator, make_vl_pools, qwen2_tokenizer, tiny_configs
+    from common import VOCAB_RANKS, collator, make_ragged_pool, qwen2_tokenizer, tiny_configs
     tokenizer = qwen2_tokenizer(VOCAB_RANKS)
     configs = tiny_configs(tokenizer)
-    return configs["vl"], make_vl_pools(collator(configs["vl"], tokenizer))["images"]
+    return {name: (configs[name], make_ragged_pool(collator(configs[name], tokenizer))) for name in ("vl", "qwen3_vl")}
 
 
-def test_a_vision_language_step_reads_nothing_back_per_micro(world, qwen_vl):
-    """Qwen2.5-VL's rope index, vision positions, windows and attention boundaries are computed on the host at
-    load (transformers reads them back about 23 times per micro-batch otherwise): the same few syncs for 2 and
-    3 micro-batches. ``P`` trains on its owner (its backward reads nothing back either)."""
+@pytest.mark.parametrize("family, preprocess", [("vl", "trainable"), ("vl", "identity"), ("qwen3_vl", "frozen")])
+def test_a_vision_language_step_reads_nothing_back_per_micro(world, vl_models, family, preprocess):
+    """Qwen-VL's rope index, vision positions, windows and attention boundaries are computed on the host at load
+    (transformers reads them back about 23 times per micro-batch otherwise), and Qwen3-VL's DeepStack adds at
+    image positions computed there: the same few syncs for 2 and 3 micro-batches, with ``P`` trained on its
+    owner, frozen, or in stage 0 (identity)."""
     import sys
     sys.path.insert(0, os.path.dirname(__file__))
     from device_model import DEVICE, DeviceModel
     from transformers import AutoModelForImageTextToText
-    config, pool = qwen_vl
+    config, pool = vl_models[family]
     counts = {}
     torch.manual_seed(0)
     built = AutoModelForImageTextToText.from_config(config)
     for num_micro in (2, 3):
         model = copy.deepcopy(built)
-        cfg = ScheduleConfig(1, 2, num_micro, "trainable")
+        cfg = ScheduleConfig(1, 2, num_micro, preprocess)
         split = split_model(model, cfg, 0)
         params = split.trainable_parameters(cfg, 0)
-        modules = [*split.stages.values(), split.preprocess.module]
+        modules = [*split.stages.values(), *([split.preprocess.module] if split.preprocess.module else [])]
         data = [pool[m % len(pool)] for m in range(num_micro)]
         with DeviceModel(modules) as counter:
             ex = PipelineExecutor(cfg, 0, split.stages, split.preprocess, world, DEVICE, params.values(),

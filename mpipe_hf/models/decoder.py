@@ -84,7 +84,8 @@ class DecoderStage(nn.Module):
                 hidden = self.after_layer(layer_id, hidden, state)
         if self.head is not None:
             return self.head(hidden, inputs["labels"])
-        return {"hidden_states": hidden, "position_ids": position_ids, **{k: state[k] for k in self.carry if k in state}}
+        carried = {k: state[k] for k in self.carry if k in state}  # an all-ones mask was dropped at load
+        return {"hidden_states": hidden, "position_ids": position_ids, **carried}
 
 
 def matmul_costs(text_config) -> tuple[float, float]:

@@ -4,7 +4,8 @@ stages (see :mod:`.vision_language` for the three choices of ``P``).
 DeepStack (Meng et al. 2024, arXiv:2406.04334) adds features taken from ``K = len(deepstack_visual_indexes)``
 layers of the vision tower to the residual stream at the image-token positions, after decoder layers
 ``0 .. K-1``. Here ``P``'s vision part returns them as ``deepstack_features`` ``(K, n_image_tokens, H)`` next to
-``image_features``; stage 0 adds the image-token mask ``visual_pos_mask`` ``(B, L)``, and both are *relayed*:
+``image_features``; the owner's host adds the image tokens' flat positions ``visual_pos_index`` ``(n,)`` at load
+(a boolean mask on the device would read its count back at every use), and both are *relayed*:
 every stage whose last layer is below ``K - 1`` passes them on with the hidden states, so the layers that consume
 them may sit in any stage (or in ``P``, with ``text_layers``), and their gradient flows back along the same
 path to ``P``. The code mirrors ``Qwen3VLModel.forward`` and ``Qwen3VLTextModel._deepstack_process``.
@@ -24,7 +25,7 @@ from .vision_language import VisionLanguageParts, layer_counts, split_vision_lan
 
 __all__ = ["layer_counts", "split"]  # the family protocol (registry.py); layer_counts is the shared one
 
-DEEPSTACK_KEYS = ("deepstack_features", "visual_pos_mask")
+DEEPSTACK_KEYS = ("deepstack_features", "visual_pos_index")
 
 
 class DeepStackVisionPreprocess(QwenVisionPreprocess):
@@ -46,11 +47,23 @@ class DeepStackVisionPreprocess(QwenVisionPreprocess):
                 "deepstack_features": torch.stack([torch.cat(f, dim=0) for f in out.deepstack_features])}
 
 
+def deepstack_host_inputs(model: nn.Module):
+    """:func:`~.host_metadata.qwen_host_inputs`, and ``visual_pos_index``: the flat positions ``(n,)`` of the
+    image tokens in ``(B * L)``, computed on the host (a boolean index on the device reads its count back)."""
+    qwen, image_token_id = qwen_host_inputs(model), model.config.image_token_id
+
+    def host(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        index = (raw["input_ids"] == image_token_id).flatten().nonzero().squeeze(1)
+        return {**qwen(raw), "visual_pos_index": index}
+    return host
+
+
 class DeepStackFront(QwenVLFront):
     """:class:`~.qwen2_vl.QwenVLFront` that also hands on the DeepStack features and the image-token mask."""
 
-    def extras(self, feats: dict[str, torch.Tensor], image_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"deepstack_features": feats["deepstack_features"], "visual_pos_mask": image_mask}
+    def extras(self, feats: dict[str, torch.Tensor], image_mask: torch.Tensor,
+               inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"deepstack_features": feats["deepstack_features"], "visual_pos_index": inputs["visual_pos_index"]}
 
 
 class DeepStackStage(DecoderStage):
@@ -61,10 +74,10 @@ class DeepStackStage(DecoderStage):
         features = state.get("deepstack_features")  # carried up to the stage that holds layer K - 1
         if features is None or layer_id >= features.shape[0]:
             return hidden
-        mask = state["visual_pos_mask"]
-        hidden = hidden.clone()
-        hidden[mask, :] = hidden[mask, :] + features[layer_id].to(hidden.device, hidden.dtype)
-        return hidden
+        index = state["visual_pos_index"]  # the image tokens' flat positions, from the host: a mask would sync
+        flat = hidden.clone().view(-1, hidden.shape[-1])
+        flat[index] = flat[index] + features[layer_id].to(hidden.device, hidden.dtype)
+        return flat.view_as(hidden)
 
 
 
@@ -88,7 +101,8 @@ def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: li
         vision_fqns=["model.visual"], text_prefix=LM, text_model=model.model.language_model,
         text_config=model.config.text_config, vision=DeepStackVisionPreprocess(model),
         front=lambda vision: DeepStackFront(model, vision, ("image_features", "deepstack_features")),
-        stage0_keys=STAGE0_KEYS, vision_keys=VISION_KEYS, validate_micro=validate_qwen_micro(model),
+        stage0_keys=STAGE0_KEYS + ("visual_pos_index",), vision_keys=VISION_KEYS,
+        validate_micro=validate_qwen_micro(model),
         stage_cls=DeepStackStage, carry=lambda last: DEEPSTACK_KEYS if last < num_deepstack - 1 else (),
-        host=qwen_host_inputs(model), host_keys=host_keys(model.model.visual))
+        host=deepstack_host_inputs(model), host_keys=host_keys(model.model.visual))
     return split_vision_language(model, cfg, rank, layers_per_stage, text_layers, parts)

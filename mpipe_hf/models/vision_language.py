@@ -51,7 +51,7 @@ class ImageFront(nn.Module):
         ids = inputs["input_ids"]
         return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
 
-    def extras(self, feats: Tensors, image_mask: torch.Tensor) -> Tensors:
+    def extras(self, feats: Tensors, image_mask: torch.Tensor, inputs: Tensors) -> Tensors:
         """Keys the later layers read besides the hidden states (Qwen3-VL's DeepStack features)."""
         return {}
 
@@ -68,7 +68,8 @@ class ImageFront(nn.Module):
         if n_feats:
             mask = image_mask.unsqueeze(-1).expand_as(hidden)
             hidden = hidden.masked_scatter(mask, feats["image_features"].to(hidden.device, hidden.dtype))
-        return {"hidden_states": hidden, "position_ids": self.positions(inputs), **self.extras(feats, image_mask)}
+        return {"hidden_states": hidden, "position_ids": self.positions(inputs),
+                **self.extras(feats, image_mask, inputs)}
 
 
 def check_count(image_mask: torch.Tensor, n_feats: int, image_token_id: int) -> None:
@@ -150,7 +151,8 @@ def split_vision_language(model: nn.Module, cfg: ScheduleConfig, rank: int, laye
     if not cfg.transposed:
         layout[0][:0] = parts.vision_fqns + [embed]
         p_fqns, frozen, front = [], list(parts.vision_fqns), parts.front(parts.vision)
-        preprocess = Preprocess(None, (), tuple(dict.fromkeys(parts.stage0_keys + parts.vision_keys)), parts.host)
+        preprocess = Preprocess(None, (), tuple(dict.fromkeys(parts.stage0_keys + parts.vision_keys)), parts.host,
+                                parts.host_keys)
     elif not text_layers:
         layout[0].insert(0, embed)
         p_fqns, front = list(parts.vision_fqns), parts.front(None)

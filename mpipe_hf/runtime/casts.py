@@ -6,7 +6,9 @@ caches, the trained ones (leaves that take a gradient), as long as one autocast 
 executor holds it). A frozen weight (a LoRA base layer, a frozen embedding's tied head) is not cached, so
 :func:`frozen_weight_casts` casts each frozen ``nn.Linear`` weight and bias once when the step starts and puts the
 copy in its place until the step ends. ``F.linear`` under autocast casts weight, bias and input to bf16 anyway:
-the same values reach the kernel, and the step is unchanged bit for bit.
+the same values reach the kernel, and the step is unchanged bit for bit. Only where ``F.linear`` is the weight's
+one reader: the base layer of a DoRA adapter (peft's ``use_dora``), which also takes the norm of its weight, is
+left to autocast.
 
 Under FSDP2 (``dp_shard``) the executor keeps a region per stage call instead: FSDP2's ``MixedPrecisionPolicy``
 gathers the Linear weights in bf16 once per step already, and with a step-long region the bf16 copy of any other
@@ -32,8 +34,10 @@ def frozen_weight_casts(modules: Iterable[nn.Module], dtype: torch.dtype | None)
     swapped = []
     if dtype is not None:
         for module in modules:
+            # a DoRA layer reads its base weight outside F.linear (the weight norm): that one stays fp32
+            dora = {id(m.get_base_layer()) for m in module.modules() if any(getattr(m, "use_dora", {}).values())}
             for layer in module.modules():
-                if not isinstance(layer, nn.Linear):
+                if not isinstance(layer, nn.Linear) or id(layer) in dora:
                     continue
                 for name in ("weight", "bias"):
                     p = layer._parameters.get(name)

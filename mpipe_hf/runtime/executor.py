@@ -115,8 +115,7 @@ class PipelineExecutor:
                              "reduces a chunk's gradients when its inputs' gradient is ready, before W computes "
                              "them; set parallel.dp_shard: false (replicas) or zero_bubble: false")
         self.cfg, self.rank, self.stages, self.preprocess = cfg, rank, stages, preprocess
-        self.per_micro = loss_normalization == "micro"
-        self.dp = data_parallel
+        self.per_micro, self.dp = loss_normalization == "micro", data_parallel
         global _REPLICATED
         if data_parallel is not None:  # every replica builds its executors in the same order: one error key
             _REPLICATED += 1
@@ -277,6 +276,7 @@ class PipelineExecutor:
         except BaseException:
             for p in trained:
                 p.grad = kept[p]
+            self._carried = carried  # nothing ran: a retry without look-ahead starts from them too
             raise
         ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
                           loaded.pop, micro_seed, per_micro=self.per_micro, swap=self.swap,
