@@ -224,6 +224,7 @@ def test_fresh_groups_add_gloo_header_groups_on_nccl_only(monkeypatch, backend):
                         FakeNew(backend or default, use_local_synchronization))
     monkeypatch.setattr(dist, "get_backend", lambda group: group.backend)
     monkeypatch.setattr(groups_module, "IDLE_GROUPS", {})
+    monkeypatch.setattr(groups_module, "alive", lambda group: True)  # the fakes are in no world
     ex = types.SimpleNamespace(global_ranks=[0, 1], timeout=timedelta(seconds=5), store=dist.HashStore(),
                                _shared=None, device=torch.device("cpu"), _stale=[])
     groups_module.fresh_groups(ex)
