@@ -9,6 +9,7 @@
   more per micro-batch for Qwen2.5-VL).
 - Strict device mode: every one of those steps runs with ``strict=True``, so every tensor handed to a transfer
   or a collective is on the (emulated) device.
+- The peak-activation metric leaves FSDP2's gathered weights out, as it leaves the weights out.
 """
 
 import copy
@@ -181,3 +182,22 @@ def test_a_vision_language_step_reads_nothing_back_per_micro(world, vl_models, f
         counts[num_micro] = counter.syncs
     assert sum(counts[3].values()) == sum(counts[2].values()), f"per micro: {counts[3] - counts[2]}"
     assert sum(counts[2].values()) <= 2, counts[2]
+
+
+def test_fsdp_gathered_weights_are_not_counted_as_activations(world):
+    """Issue 27: with FSDP2 a forward saves the unsharded weight, a tensor of a storage of its own: the saved
+    activation bytes of a stage chunk must be the same with and without FSDP2 (a world of one rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from mpipe_hf.runtime.memory import SavedStorages, storage_ids
+    counts = []
+    for shard in (False, True):
+        torch.manual_seed(0)
+        chunk = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        if shard:
+            fully_shard(chunk, mesh=init_device_mesh("cpu", (1,)), reshard_after_forward=False)
+        x = torch.randn(4, 64, requires_grad=True)
+        with SavedStorages(storage_ids(chunk.parameters())) as saved:
+            chunk(x).sum().backward()
+        counts.append(saved.bytes())
+    assert counts[1] == counts[0], f"FSDP2 {counts[1]} B saved against {counts[0]} B without"
