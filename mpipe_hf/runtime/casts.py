@@ -27,10 +27,10 @@ from torch.distributed.tensor import DTensor
 
 
 @contextlib.contextmanager
-def frozen_weight_casts(modules: Iterable[nn.Module], dtype: torch.dtype | None) -> Iterator[int]:
+def frozen_weight_casts(modules: Iterable[nn.Module], dtype: torch.dtype | None) -> Iterator[None]:
     """While active, every frozen fp32 ``weight``/``bias`` of an ``nn.Linear`` in ``modules`` is a bf16 (``dtype``)
-    parameter holding its cast; the originals are back on exit, also when the step fails. Yields the bytes of the
-    copies. ``dtype`` ``None``: nothing changes."""
+    parameter holding its cast; the originals are back on exit, also when the step fails. ``dtype`` ``None``:
+    nothing changes."""
     swapped = []
     if dtype is not None:
         for module in modules:
@@ -46,7 +46,7 @@ def frozen_weight_casts(modules: Iterable[nn.Module], dtype: torch.dtype | None)
                         layer._parameters[name] = nn.Parameter(p.detach().to(dtype), requires_grad=False)
                         swapped.append((layer, name, p))
     try:
-        yield sum(layer._parameters[name].nbytes for layer, name, _ in swapped)
+        yield
     finally:
         for layer, name, p in reversed(swapped):
             layer._parameters[name] = p

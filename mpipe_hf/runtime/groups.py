@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from .p2p import P2P
-from .preload import shared_error
+from .preload import alive, shared_error
 from .watchdog import PeerFailed, Watchdog, lost_peer
 
 # process groups of closed executors, by (pipeline ranks, timeout):
@@ -33,11 +33,6 @@ IDLE_GROUPS: dict[tuple[tuple[int, ...], timedelta], list[tuple]] = {}
 
 RESTART = ("a step that fails mid-transfer on NCCL cannot be recovered in-process; the run ends here, and "
            "torchrun --max-restarts restarts it from the last checkpoint (train.resume: auto)")
-
-
-def alive(group: dist.ProcessGroup) -> bool:
-    """Whether ``group`` belongs to the current default process group (not one destroyed since it was made)."""
-    return group in dist.distributed_c10d._world.pg_map
 
 
 def in_process_recovery(group: dist.ProcessGroup) -> bool:

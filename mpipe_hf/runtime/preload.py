@@ -26,11 +26,17 @@ Tensors = dict[str, torch.Tensor]
 _CONTROL: dict[tuple[tuple[int, ...], timedelta], dist.ProcessGroup] = {}  # one vote group per rank set
 
 
+def alive(group: dist.ProcessGroup) -> bool:
+    """Whether ``group`` belongs to the current default process group (not one destroyed since it was made): the
+    check before a cached group (:func:`control_group`'s, :mod:`.groups`' idle ones) is used again."""
+    return group in dist.distributed_c10d._world.pg_map
+
+
 def control_group(ranks: Sequence[int], timeout: timedelta) -> dist.ProcessGroup:
     """The gloo group the vote runs on, over global ``ranks`` (made once per rank set and reused by every
     executor over it; every rank in ``ranks`` must call this at the same point the first time)."""
     key = (tuple(ranks), timeout)
-    if key not in _CONTROL or _CONTROL[key] not in dist.distributed_c10d._world.pg_map:  # a destroyed world's
+    if key not in _CONTROL or not alive(_CONTROL[key]):  # not a destroyed world's
         _CONTROL[key] = dist.new_group(list(ranks), timeout=timeout, backend="gloo",
                                        use_local_synchronization=True)
     return _CONTROL[key]

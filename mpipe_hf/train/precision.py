@@ -32,13 +32,12 @@ class Autocast(nn.Module):
 
     def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
-        self.module, self.device_type, self.dtype = module, device_type, dtype
-        self.autocast_dtype = dtype
+        self.module, self.device_type, self.autocast_dtype = module, device_type, dtype
 
     def forward(self, inputs):
         inputs = {k: v.view_as(v) if isinstance(v, torch.Tensor) and v.is_leaf and v.requires_grad else v
                   for k, v in inputs.items()}
-        with torch.autocast(self.device_type, dtype=self.dtype):
+        with torch.autocast(self.device_type, dtype=self.autocast_dtype):
             return self.module(inputs)
 
 
