@@ -388,11 +388,12 @@ def case_nan(suite: Suite) -> Outcome:
 
 
 def case_nan_always(suite: Suite) -> Outcome:
-    """Every step's loss is NaN: the run stops after ``max_bad_steps`` (2) with a clear message."""
-    path, out = suite.recipe("nan-always", data={"max_bad_steps": 2})
+    """Every step's loss is NaN: the run stops after ``max_bad_rows`` (2) skipped steps in a row with a clear
+    message."""
+    path, out = suite.recipe("nan-always", data={"max_bad_rows": 2})
     run = launch(path, fault="nan:all")
     line = next((ln for ln in run.out.splitlines() if ln.startswith("mpipe-hf: error:")), "")
-    ok = run.rc == 1 and "not finite" in line and "max_bad_steps" in line
+    ok = run.rc == 1 and "not finite" in line and "max_bad_rows" in line
     return Outcome(f"exited {run.rc}: {line[:110]}", int(run.hung), 0, ok)
 
 
@@ -450,7 +451,8 @@ def bad_rows(demo: str, work: str) -> dict[str, dict]:
 
 def case_bad_rows(suite: Suite) -> list[tuple[str, Outcome]]:
     """Each bad row, appended to the demo's data: a clear outcome (an error naming the line before training,
-    or the row's step skipped with a warning, or the row dropped with a warning), never a hang or a traceback."""
+    or the row dropped with a warning, before training or from its step, which trains on the rest), never a hang
+    or a traceback."""
     results = []
     source = os.path.join(suite.demo, "data", "train.jsonl")
     with open(source) as f:

@@ -214,7 +214,7 @@ BAD_ROWS = {
     "no_assistant": (with_messages(U), "no assistant"),
     "unknown_role": (with_messages(U, {"role": "bot", "content": "Answer."}), "unknown role"),
     "malformed_json": ('{"messages": [{"role": "user", "content": "Hi"}', "malformed JSON"),
-    "neither_form": ({"question": "Hi", "answer": "Hello"}, "needs 'messages'"),
+    "neither_form": ({"question": "Hi", "answer": "Hello"}, "no known row layout has the keys"),
 }
 
 
@@ -264,8 +264,10 @@ def test_max_length_drops_rows_cut_through_an_image_and_truncates_the_rest(folde
         ds = load_conversation_dataset(path, processor, max_length)
     messages = [str(w.message) for w in caught if "dropped" in str(w.message)]
     assert len(messages) == 1
-    assert "dropped 2 of 3" in messages[0] and "lines 2" in messages[0] and "lines 3" in messages[0]
-    assert ds.num_dropped == 2 and ds.dropped == {2: "image", 3: "assistant"} and len(ds) == 1
+    assert "dropped 2 of 3" in messages[0] and "long.jsonl:2 (" in messages[0] and "long.jsonl:3 (" in messages[0]
+    assert ds.num_dropped == 2 and len(ds) == 1
+    assert [(w.rsplit(":", 1)[1], why.split()[0]) for w, why in ds.dropped.items()] == [("2", f"max_length={max_length}"),
+                                                                                       ("3", "every")]
     batch = ConversationCollator(processor, max_length)([ds[0]])
     assert batch["input_ids"].shape == (1, max_length)
     assert torch.equal(batch["input_ids"][0], full["input_ids"][0, :max_length])

@@ -122,9 +122,10 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     assert max((a[n] - b[n]).abs().max().item() for n in a) < 1e-4
 
 
-def test_a_bad_sample_on_one_replica_skips_the_step_on_every_rank(demo, tmp_path):
-    """An image that cannot be decoded in replica 1's share of step 1: the step is skipped on every rank of both
-    replicas (they share the step's error key), and steps 2 and 3 equal one process's that skips step 1 too."""
+def test_a_bad_row_on_one_replica_costs_that_row_on_every_rank(demo, tmp_path):
+    """An image that cannot be decoded in replica 1's share of step 1: its owner drops the row (a null micro-batch
+    stands in for its one-row micro-batch), every rank of both replicas counts it (the step's vote spans the
+    replicas), and every step equals one process's trained without that row."""
     import shutil
     rows = [json.loads(line) for line in open(os.path.join(demo, "data", "train.jsonl")) if line.strip()]
     shutil.copytree(os.path.join(demo, "data", "images"), tmp_path / "images")
@@ -141,11 +142,13 @@ def test_a_bad_sample_on_one_replica_skips_the_step_on_every_rank(demo, tmp_path
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert logged[0]["skipped"] and "train.jsonl:" in logged[0]["error"], logged[0]
+    assert not any(r.get("skipped") for r in logged) and logged[0]["bad_rows"] == 1, logged
+    assert f"train.jsonl:{bad + 1} (cannot decode image" in proc.stdout, proc.stdout[-3000:]
     model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
     model.model.visual.requires_grad_(False)
-    plan = demo_plan(demo, str(data), num_micro=2 * NUM_MICRO, shuffle=False)
+    plan = demo_plan(demo, str(data), num_micro=2 * NUM_MICRO, shuffle=False)  # it drops the bad row too
     losses, norms, _ = train_unsplit(model, plan, 2 * NUM_MICRO, STEPS,
-                                     TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS), skipped={0})
-    for row, loss, norm in zip(logged[1:], losses, norms):
+                                     TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS))
+    assert len(losses) == len(logged) == STEPS
+    for row, loss, norm in zip(logged, losses, norms):
         assert abs(row["loss"] - loss) < 1e-4 and abs(row["grad_norm"] - norm) < 1e-4, (row, loss, norm)

@@ -15,6 +15,9 @@
 - Load-aware owners (issue 18): owners balanced by the real micro-batches' image tokens, or reversed, per run.
 - Error path: a corrupt image, a rejected sample or a failure in the middle of a step on one rank raises the
   first error's text on every rank, quickly; no gradient of the failed step is left; the next step is exact.
+- A bad row (issue 28): an image that does not decode costs its row, not the step: the owner drops it (or, alone
+  in its micro-batch, a null micro-batch stands in), every rank learns the count, and the step equals one process
+  trained without that row.
 
 One torchrun per world size runs all its cases in one process group.
 """
@@ -35,12 +38,17 @@ HIDDEN = 64  # the tiny config's hidden size
 
 PIXEL_CASES = [make_case("vision", 2, 1, 4, "frozen", data="images"),
                make_case("vl-identity", 2, 1, 4, "identity", data="images")]
+# corrupt_owner and bad_micro load without a MicroBatchPlan (a loader that raises, as one over a user's collator
+# without null_batch does): the step is still skipped through the vote; a bad row a plan drops is ROW_CASES'
 ERROR_CASES = [
     make_case("vision", 4, 2, 4, "frozen", corrupt_owner=2),
     make_case("vision", 4, 1, 5, "trainable", mid_step_owner=3),
     make_case("vision", 4, 1, 4, "frozen", mid_step_owner=3, recover=False),
     make_case("vl-text", 4, 1, 4, "trainable", owner_backward=True, bad_micro=3),
 ]
+# rows collated on their owners, one row's PNG truncated after its header (tests/dist/row_cases.py): two schedule
+# runs accumulated, the bad row one of three in run 0's micro 2, alone in run 1's micro 3
+ROW_CASES = [make_case("vision", 4, 1, 4, "trainable", bad_rows=True, accumulate=2)]
 FAMILY_CASES = family_cases()
 FILL_CASES = [make_case("vision", 4, 2, 8, "frozen", placement="fill", steps=3, lookahead=True),
               make_case("vl-text", 3, 1, 5, "frozen", placement="fill", overflow="min", accumulate=2,
@@ -97,8 +105,8 @@ OWNER_CASES = [make_case("vision", 4, 2, 8, "frozen", owners="balanced", steps=2
 EXTRA = {2: PIXEL_CASES + FAMILY_CASES + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
          + OWNER_CASES[3:],
          3: FILL_CASES[1:] + ZB_CASES[3:5] + OWNER_CASES[2:3],
-         4: ERROR_CASES + FILL_CASES[:1] + SWAP_CASES[:3] + ZB_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
-         + OWNER_CASES[:2]}
+         4: ERROR_CASES + ROW_CASES + FILL_CASES[:1] + SWAP_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
+         + ZB_CASES[:3] + OWNER_CASES[:2]}
 
 
 def cases(pp_size):
@@ -259,6 +267,26 @@ def test_failure_on_one_rank_fails_every_rank_then_next_step_is_exact(case, resu
         assert all(("executor ended" in text) == ended for text in refused), refused
     assert all(res["grads_after_error"] == [] for res in per_rank), "the failed step left gradients behind"
     assert not check_case(case, per_rank), check_case(case, per_rank)
+
+
+def test_a_bad_row_costs_that_row_not_the_step(results):
+    """A row whose image does not decode (a PNG truncated after its header), one of three in a micro-batch of run
+    0 and alone in a micro-batch of run 1: both runs train, and the loss and every gradient (accumulated over the
+    two runs) equal one process trained on the same micro-batches without those rows, each run normalised by its
+    remaining label tokens. The owner (rank 2, then rank 3) dropped the row; every rank counts one bad row per run,
+    with the owner's text."""
+    case = ROW_CASES[0]
+    per_rank = results(4)[case["name"]]
+    problems = check_case(case, per_rank)
+    assert not problems, problems
+    for rank, res in enumerate(per_rank):
+        assert [count for count, _ in res["bad_rows"]] == [1, 1], (rank, res["bad_rows"])
+        for run, line in enumerate((14, 15)):  # the owner's text: the row's line and PIL's reason
+            text = res["bad_rows"][run][1]
+            assert text.startswith(f"rows.jsonl:{line} (") and "image file is truncated" in text, res["bad_rows"]
+        owner = {0: 2, 1: 3}
+        assert [len(d) for d in res["dropped_here"]] == [int(owner[run] == rank) for run in (0, 1)], \
+            (rank, res["dropped_here"])
 
 
 @pytest.mark.parametrize("case", SWAP_CASES, ids=[c["name"] for c in SWAP_CASES])

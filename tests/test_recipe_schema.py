@@ -35,9 +35,9 @@ from mpipe_hf.train.recipe import SECTIONS, DataSection, ModelSource, ParallelSe
 # What the annotations leave out. The least value of each integer field (train.max_steps also takes -1):
 INT_MIN = {
     "data.micro_batch_size": 1, "data.min_pixels": 1, "data.max_pixels": 1, "data.max_length": 1,
-    "data.max_bad_steps": 1, "parallel.pp_size": 1, "parallel.vpp": 1, "parallel.num_micro": 1,
-    "parallel.text_layers": 0, "train.max_steps": 1, "train.logging_steps": 1, "train.warmup_steps": 0,
-    "train.seed": 0, "train.save_steps": 0, "train.save_total_limit": 1, "train.eval_steps": 0, "parallel.dp_size": 1,
+    "data.max_bad_rows": 1, "data.max_bad_steps": 1, "data.num_proc": 1, "parallel.pp_size": 1, "parallel.vpp": 1,
+    "parallel.num_micro": 1, "parallel.text_layers": 0, "train.max_steps": 1, "train.logging_steps": 1,
+    "train.warmup_steps": 0, "train.seed": 0, "train.save_steps": 0, "train.save_total_limit": 1, "train.eval_steps": 0, "parallel.dp_size": 1,
     "lora.r": 1, "swap.min_swap_gap": 2, "swap.min_bytes": 0,
 }
 FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s", "lora.lora_alpha"}  # > 0; other floats >= 0
@@ -45,10 +45,13 @@ FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s", "lora.lora_alp
 MODULE_LISTS = {"lora.target_modules", "lora.exclude_modules", "lora.modules_to_save"}
 CHOICES = {"data.on_bad_sample", "parallel.preprocess", "parallel.overflow", "parallel.placement",
            "parallel.mesh_order", "parallel.owners", "train.lr_scheduler_type",
-           "train.loss_normalization"}  # a string from a fixed set
+           "train.loss_normalization", "data.format", "data.mix_stopping"}  # a string from a fixed set
 PATHS = {"model.name_or_path", "model.config", "model.tokenizer", "data.path", "data.eval_path", "parallel.profile",
-         "train.resume", "train.output_dir"}  # a string naming a file or directory
+         "train.resume", "train.output_dir", "data.images", "data.clean_rows"}  # a string naming a file or directory
+NAMES = {"data.split"}  # a non-empty string of the user's choosing
 MUST_EXIST = {"model.name_or_path", "model.config", "model.tokenizer", "parallel.profile", "train.resume"}
+# a deprecated key: its value goes to the new key (with a FutureWarning), whose name the error gives
+ALIASES = {"data.max_bad_steps": "data.max_bad_rows"}
 
 # Paths resolved in the test's temporary directory (see ``env``), and how a test id shows them.
 TMP = "{tmp}"
@@ -121,6 +124,11 @@ def wrong_values(name: str, hint) -> list:
         values += ["banana", True, [1.0], {"a": 1}, math.nan, math.inf, -5] + ([0] if name in FLOAT_POSITIVE else [])
     elif base is str and name in CHOICES:
         values += [5, True, "bogus", "", ["bogus"]]
+    elif base is str and name in NAMES:
+        values += [5, True, 1.5, "", ["x"]]
+    elif name == "data.sources":  # a list of mappings with a path (the whole data mapping is replaced)
+        values += [5, "x.jsonl", [], {"path": "x"}, [5], [{"pth": "x"}], [{"path": ""}], [{"path": "x", "weight": 0}],
+                   [{"path": "x", "format": "bogus"}], [{"path": "x", "split": ""}]]
     elif base is str and name in PATHS:
         values += [5, True, 1.5, "", ["x"]] + ([f"{TMP}/nowhere"] if name in MUST_EXIST else [])
     elif name == "swap.ranks":  # distinct pipeline ranks (the minimal recipe has one: rank 0)
@@ -141,6 +149,8 @@ def field_edit(name: str, value) -> tuple:
     """The edits that give field ``name`` the value ``value``: a model key replaces the whole model mapping (one of
     ``name_or_path`` and ``config``, so the error is about the key itself)."""
     section, key = name.split(".")
+    if name == "data.sources":  # data.path and data.sources exclude each other
+        return (("data", {"sources": value}),)
     if section != "model":
         return ((name, value),)
     if key == "tokenizer":
@@ -149,7 +159,7 @@ def field_edit(name: str, value) -> tuple:
 
 
 def field_cases() -> list[Case]:
-    return [Case(f"{name}={text}", field_edit(name, value), (name,), name)
+    return [Case(f"{name}={text}", field_edit(name, value), (ALIASES.get(name, name),), name)
             for name, hint in schema() for text, value in wrong_values(name, hint)]
 
 

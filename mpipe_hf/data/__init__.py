@@ -2,8 +2,8 @@
 loading."""
 
 from .collate import TextCollator
-from .conversation import (ConversationCollator, ConversationDataset, ConversationEncoder,
-                           load_conversation_dataset)
+from .conversation import (ConversationCollator, ConversationDataset, ConversationEncoder, Source,
+                           load_conversation_dataset, load_sources)
 from .hub import load_checkpoint_processor
 from .owner import MicroBatchPlan, load_text_dataset
 from .processor import build_processor, image_processor_for, qwen2_5_vl_processor
@@ -11,6 +11,6 @@ from .templates import chat_template_for, default_chat_template
 from .tokenizer import qwen2_tokenizer
 
 __all__ = ["ConversationCollator", "ConversationDataset", "ConversationEncoder",
-           "MicroBatchPlan", "TextCollator", "build_processor", "chat_template_for", "default_chat_template",
-           "image_processor_for", "load_checkpoint_processor", "load_conversation_dataset", "load_text_dataset",
+           "MicroBatchPlan", "Source", "TextCollator", "build_processor", "chat_template_for", "default_chat_template",
+           "image_processor_for", "load_checkpoint_processor", "load_conversation_dataset", "load_sources", "load_text_dataset",
            "qwen2_5_vl_processor", "qwen2_tokenizer"]

@@ -19,3 +19,17 @@ class TextCollator:
                                max_length=self.max_length, return_tensors="pt")
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE)
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": labels}
+
+    def null_batch(self) -> dict[str, torch.Tensor]:
+        """A micro-batch that trains nothing: one short text row whose labels are all ``-100`` (``(1, L)``
+        tensors). It adds 0 to the step's loss sum and label tokens and exactly zero gradients; what stands in
+        for a micro-batch none of whose rows could be loaded (:meth:`~.owner.MicroBatchPlan.load_rows`)."""
+        return nothing_to_learn(self([{"text": NULL_TEXT}]))
+
+
+NULL_TEXT = "Nothing to learn here."
+
+
+def nothing_to_learn(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with every label ``-100`` (a null micro-batch: no label token)."""
+    return {**batch, "labels": torch.full_like(batch["labels"], IGNORE)}

@@ -1,24 +1,12 @@
-"""Conversation data as the HF fine-tuning tools write it (TRL's ``messages``, LLaMA-Factory's and ms-swift's
-``messages`` + ``images``): loading and validating a JSONL, and the collator that renders each conversation with
-the chat template and puts labels on the assistant turns only.
+"""Training rows from any source and layout (docs/data.md): each source read (:mod:`.containers`), checked and
+counted once (:mod:`.prepare`), its kept rows mixed with the other sources' by weight
+(``datasets.interleave_datasets``), as one :class:`ConversationDataset`.
 
-Accepted JSONL rows (one JSON object a line; blank lines are skipped, line numbers still count them):
-
-- ``{"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...], "images": [path, ...]}``, where
-  ``content`` is a string with ``<image>`` placeholders or a list of parts ``{"type": "image"}`` /
-  ``{"type": "text", "text": str}``; the ``images`` (optional) fill the image placeholders in order;
-- the older caption form ``{"image": path (optional), "prompt": str, "caption": str}``: one user turn with the image
-  (where the prompt writes ``<image>``, else before the prompt) and the prompt, and one assistant turn with the
-  caption.
-
-Image paths are relative to the JSONL's directory (or absolute). Every row is normalised to one canonical form,
-``{"line": int, "source": str, "messages": [{"role", "content": [parts]}], "images": [absolute paths]}``; images
-stay on disk until the collator of the micro-batch that holds them opens them, so only a micro-batch's owner decodes
-its images (SPEC.md, "DATA_LOAD").
-
-This module loads a JSONL (:func:`load_conversation_dataset`); one row's parsing is :mod:`.conversation_rows`, the
-rendering, tokens and labels :mod:`.conversation_encoder`, the micro-batch :mod:`.conversation_collator` (their
-public names are importable from here too).
+Every row becomes ``{"messages": [{"role", "content": [parts]}], "images": [references]}`` (or ``{"text"}`` in the
+``text`` layout); images stay where they are until the collator of the micro-batch that holds them opens them, so
+only a micro-batch's owner decodes its images (SPEC.md, "DATA_LOAD"). The rendering, tokens and labels are
+:mod:`.conversation_encoder`'s, the micro-batch :mod:`.conversation_collator`'s (their public names are importable
+from here too).
 """
 
 from __future__ import annotations
@@ -27,43 +15,53 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import datasets
-import PIL.Image
 
-from .collate import IGNORE
+from .containers import as_container, read_container
 from .conversation_collator import ConversationCollator
 from .conversation_encoder import ConversationEncoder, Encoded
-from .conversation_rows import PLACEHOLDER, ROLES, canonical_row, plain_messages
+from .conversation_rows import PLACEHOLDER, ROLES, plain_messages
+from .layouts import open_image
+from .prepare import FEATURES, RowCheck, cache_key, detect_layout, prepare
 
 __all__ = ["FEATURES", "PLACEHOLDER", "ROLES", "ConversationCollator", "ConversationDataset", "ConversationEncoder",
-           "Encoded", "load_conversation_dataset"]
+           "Encoded", "Prepared", "Source", "dropped_warning", "load_conversation_dataset", "load_sources", "read_source"]
+KEPT = ("ok", "cut")
 
-FEATURES = datasets.Features({
-    "line": datasets.Value("int64"),
-    "source": datasets.Value("string"),
-    "messages": datasets.List({"role": datasets.Value("string"),
-                               "content": datasets.List({"type": datasets.Value("string"),
-                                                         "text": datasets.Value("string")})}),
-    "images": datasets.List(datasets.Value("string")),
-})
+
+@dataclass(frozen=True)
+class Source:
+    """One source of rows, as a recipe's ``data`` names it (:class:`mpipe_hf.train.recipe_data.DataSource`);
+    ``path`` may also be a dataset object (:func:`~.containers.as_container`)."""
+
+    path: object
+    format: str = "auto"
+    images: str | None = None
+    weight: float = 1.0
+    split: str = "train"
 
 
 @dataclass
 class ConversationDataset:
-    """The kept rows of a conversation JSONL (canonical form, module docstring) with what the loader dropped.
+    """The rows a run trains on, mixed from its sources (module docstring).
 
-    ``rows`` is a ``datasets.Dataset``; ``dataset[i]`` gives row ``i`` with plain parts lists. ``num_tokens[i]``
-    is row ``i``'s length in tokens before truncation (images expanded). ``dropped`` maps each dropped row's JSONL
-    line to the reason (``"image"``: ``max_length`` falls inside an image's tokens; ``"assistant"``: every assistant
-    token lies at or past ``max_length``). ``image_tokens[i]`` is the tokens row ``i``'s images take, counted from
-    their sizes in the file headers (what the vision tower's work grows with; every rank has it without decoding
-    an image, so every rank can balance the owners by it: :mod:`mpipe_hf.schedule.owners`)."""
+    ``rows`` is a ``datasets.Dataset`` of :data:`~.prepare.FEATURES`; ``dataset[i]`` gives row ``i`` ready for
+    the collator, ``where(i)`` its file and line (or row index). ``num_tokens[i]`` is row ``i``'s length in tokens
+    before truncation (images expanded); ``image_tokens[i]`` the tokens its images take, counted from the image
+    headers (every rank has them without decoding an image: what load-aware owners balance,
+    :mod:`mpipe_hf.schedule.owners`). ``dropped`` maps each row left out for ``max_length`` to the reason;
+    ``bad`` lists ``(where, reason)`` of each row that failed the check, left out too. ``layout`` is the rows'
+    layout (``text``: ``{"text"}`` rows of a decoder-only LM)."""
+
     path: str
     rows: datasets.Dataset
     num_tokens: list[int]
-    dropped: dict[int, str] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
     image_tokens: list[int] = field(default_factory=list)
+    bad: list[tuple[str, str]] = field(default_factory=list)
+    layout: str = "messages"
 
     @property
     def num_dropped(self) -> int:
@@ -72,92 +70,129 @@ class ConversationDataset:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def where(self, index: int) -> str:
+        """Row ``index``'s file and 1-based line (or row index)."""
+        return self.rows[int(index)]["where"]
+
     def __getitem__(self, index: int) -> dict:
         row = self.rows[int(index)]
-        return {**row, "messages": plain_messages(row["messages"])}
+        if self.layout == "text":
+            return {"where": row["where"], "text": row["text"]}
+        return {"where": row["where"], "messages": plain_messages(row["messages"]),
+                "images": [open_image(ref) for ref in row["images"]]}
 
 
-def _image_size(path: str, where: str) -> tuple[int, int]:
-    """``(height, width)`` of an image from its file header (nothing is decoded); ``ValueError`` when the header
-    cannot be read."""
-    try:
-        with PIL.Image.open(path) as image:
-            width, height = image.size
-    except Exception as err:  # PIL raises several kinds (UnidentifiedImageError, OSError, SyntaxError)
-        raise ValueError(f"{where}: cannot read image {path}: {err}") from err
-    return height, width
+@dataclass
+class Prepared:
+    """One source's rows after the check (:func:`~.prepare.prepare`): ``rows``, their ``layout``, the raw rows'
+    ``datasets`` ``fingerprint`` (what a clean row list is tied to) and the source's ``label``."""
+
+    rows: datasets.Dataset
+    layout: str
+    fingerprint: str
+    label: str
 
 
-def _lines(lines: list[int], limit: int = 20) -> str:
-    shown = ", ".join(map(str, lines[:limit]))
-    return shown + (f", ... ({len(lines) - limit} more)" if len(lines) > limit else "")
-
-
-def load_conversation_dataset(jsonl_path: str, processor, max_length: int | None, chat_template: str | None = None,
-                              model_type: str | None = None) -> ConversationDataset:
-    """Read, validate and normalise a conversation JSONL (module docstring for the accepted rows) and count each
-    row's tokens, without decoding any image.
-
-    Each row is rendered with the chat template (as :class:`ConversationCollator` renders it) and tokenized; each
-    image's tokens are counted from its size in the file header (:meth:`ConversationEncoder.image_tokens_for_sizes`).
-    With ``max_length``, a row whose image tokens reach past position ``max_length`` (truncation would cut through
-    an image) and a row whose assistant tokens all lie at or past it are dropped, with one ``UserWarning`` giving
-    the count and the lines; a longer row that is neither is kept and cut by the collator.
-
-    Args:
-        jsonl_path: the JSONL; image paths are relative to its directory.
-        processor: the HF processor, or a tokenizer (rows without images only).
-        max_length: the collator's ``max_length``; ``None``: no row is dropped for length.
-        chat_template, model_type: as :class:`ConversationEncoder`.
+def read_source(source, processor, max_length: int | None, model_type: str | None = None, *,
+                chat_template: str | None = None, decode: bool = False, num_proc: int | None = None
+                ) -> Prepared:
+    """The prepared rows of one ``source`` (:class:`Source`-like): read, the layout told
+    (``format: auto``), every row checked and counted (:func:`~.prepare.prepare`; with ``decode`` every image is
+    decoded). A training start reuses the rows ``mpipe-hf check-data`` decoded.
 
     Raises:
-        ValueError: naming the file and line: malformed JSON; a row in neither form; an unknown role; an empty
-            assistant turn or an empty text (whitespace only); no assistant turn; image placeholders that do not
-            match the images; an image file missing or with an unreadable header; images given to a tokenizer.
-            Also when no row is left.
+        ValueError: the container cannot be read, or its layout cannot be told (naming the file and row).
     """
-    path = os.path.abspath(jsonl_path)
-    base = os.path.dirname(path)
-    encoder = ConversationEncoder(processor, chat_template, model_type)
-    rows, num_tokens, dropped, image_tokens = [], [], {}, []
-    with open(path, encoding="utf-8") as f:
-        for line_no, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            where = f"{jsonl_path}:{line_no}"
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: malformed JSON: {err}") from err
-            row = canonical_row(obj, base, where)
-            if row["images"] and not encoder.vision:
-                raise ValueError(f"{where}: the row has images but {type(processor).__name__} is a tokenizer, not a "
-                                 f"vision-language processor")
-            try:
-                counts = encoder.image_tokens_for_sizes([_image_size(p, where) for p in row["images"]])
-            except ValueError as err:  # the processor's own limits (an aspect ratio past 200, say)
-                if str(err).startswith(where):
-                    raise
-                raise ValueError(f"{where}: the image processor rejects an image: {err}") from err
-            enc = encoder.encode(row["messages"], counts, where)
-            if max_length is not None:
-                if enc.image_spans and enc.image_spans[-1][1] > max_length:
-                    dropped[line_no] = "image"
-                    continue
-                if all(label == IGNORE for label in enc.labels[:max_length]):
-                    dropped[line_no] = "assistant"
-                    continue
-            rows.append({"line": line_no, "source": path, **row})
-            num_tokens.append(len(enc.ids))
-            image_tokens.append(sum(counts))
-    if dropped:
-        by_image = [line for line, why in dropped.items() if why == "image"]
-        by_answer = [line for line, why in dropped.items() if why == "assistant"]
-        warnings.warn(f"{jsonl_path}: dropped {len(dropped)} of {len(dropped) + len(rows)} rows that do not fit "
-                      f"max_length={max_length}: {len(by_image)} where it would cut through an image's tokens "
-                      f"(lines {_lines(by_image) or '-'}), {len(by_answer)} with every assistant token past it "
-                      f"(lines {_lines(by_answer) or '-'})", stacklevel=2)
-    if not rows:
-        raise ValueError(f"{jsonl_path}: no row left to train on (rows dropped: {len(dropped)})")
-    return ConversationDataset(jsonl_path, datasets.Dataset.from_list(rows, features=FEATURES), num_tokens, dropped,
-                               image_tokens)
+    if isinstance(source.path, str):
+        container = read_container(source.path, source.split)
+        base = source.images or (source.path if os.path.isdir(source.path) else os.path.dirname(source.path))
+    else:  # a dataset object (MPipeTrainer's train_dataset): image paths relative to the working directory
+        container, base = as_container(source.path), source.images or os.getcwd()
+    layout = detect_layout(container) if source.format == "auto" else source.format
+    per_row = "auto" if source.format == "auto" and layout != "text" else layout  # a file may mix layouts
+    check = RowCheck(container, per_row, os.path.abspath(base), processor, max_length, model_type, chat_template,
+                     decode)
+    stricter = () if decode else (cache_key(container, RowCheck(container, per_row, os.path.abspath(base),
+                                                                processor, max_length, model_type,
+                                                                chat_template, True)),)
+    return Prepared(prepare(container, check, num_proc, stricter), layout, container.rows._fingerprint,
+                    container.label)
+
+
+def _clean_list(path: str | None, source, key_rows: str) -> set[int] | None:
+    """The row indices ``mpipe-hf check-data --write-clean`` kept of ``source`` (``None``: no list)."""
+    if path is None:
+        return None
+    with open(path) as f:
+        listed = json.load(f).get("sources", {})
+    entry = listed.get(os.path.abspath(source.path))
+    if entry is None:
+        raise ValueError(f"data.clean_rows {path} has no row list for {source.path}; run mpipe-hf check-data again")
+    if entry.get("rows_fingerprint") != key_rows:
+        raise ValueError(f"{source.path} changed since mpipe-hf check-data wrote data.clean_rows {path}; run it "
+                         f"again")
+    return set(entry["keep"])
+
+
+def load_sources(sources: Sequence, processor, max_length: int | None, model_type: str | None = None, *,
+                 seed: int = 0, stopping: str = "first_exhausted", clean_rows: str | None = None,
+                 num_proc: int | None = None, chat_template: str | None = None) -> ConversationDataset:
+    """The kept rows of ``sources`` (each :func:`read_source`; with ``clean_rows``, only the rows that list
+    keeps), mixed by weight when there are several (``interleave_datasets``, ``probabilities`` the weights
+    normalised, seeded by ``seed``, ``stopping_strategy`` ``stopping``). Rows that fail the check are left out and
+    listed in ``bad``; the caller decides what they cost (:func:`mpipe_hf.train.sources.load_data`).
+
+    Raises:
+        ValueError: a source cannot be read; sources of different layouts where one is ``text``; no row left.
+    """
+    parts, layouts, bad, dropped = [], set(), [], {}
+    for source in sources:
+        done = read_source(source, processor, max_length, model_type, chat_template=chat_template,
+                           num_proc=num_proc)
+        prepared = done.rows
+        layouts.add("text" if done.layout == "text" else "conversation")
+        listed = _clean_list(clean_rows, source, done.fingerprint)
+        status, wheres, errors = prepared["status"], prepared["where"], prepared["error"]
+        keep = [i for i, s in enumerate(status) if s in KEPT and (listed is None or i in listed)]
+        bad += [(wheres[i], errors[i]) for i, s in enumerate(status) if s == "bad" and (listed is None or i in listed)]
+        dropped.update({wheres[i]: errors[i] for i, s in enumerate(status) if s == "dropped"})
+        parts.append(prepared.select(keep, keep_in_memory=True))
+    if len(layouts) > 1:
+        raise ValueError("data sources mix text rows with conversations; a run reads one or the other")
+    weights = [float(s.weight) for s in sources]
+    rows = parts[0] if len(parts) == 1 else datasets.interleave_datasets(
+        parts, probabilities=[w / sum(weights) for w in weights], seed=seed, stopping_strategy=stopping)
+    label = str(sources[0].path) if len(sources) == 1 and isinstance(sources[0].path, str) else (
+        "the dataset" if len(sources) == 1 else f"{len(sources)} sources")
+    if len(rows) == 0:
+        raise ValueError(f"{label}: no row left to train on (rows that failed the check: {len(bad)}, dropped for "
+                         f"max_length: {len(dropped)})")
+    return ConversationDataset(label, rows, list(rows["num_tokens"]), dropped, list(rows["image_tokens"]), bad,
+                               "text" if layouts == {"text"} else "messages")
+
+
+def dropped_warning(dataset: ConversationDataset, max_length: int | None, limit: int = 20) -> str:
+    """One line: how many rows ``max_length`` left out, and where (at most ``limit`` named)."""
+    shown = [f"{where} ({why})" for where, why in list(dataset.dropped.items())[:limit]]
+    more = f", ... ({dataset.num_dropped - limit} more)" if dataset.num_dropped > limit else ""
+    return (f"{dataset.path}: dropped {dataset.num_dropped} of {dataset.num_dropped + len(dataset)} rows that do "
+            f"not fit max_length={max_length}: {'; '.join(shown)}{more}")
+
+
+def load_conversation_dataset(path: str, processor, max_length: int | None, chat_template: str | None = None,
+                              model_type: str | None = None, format: str = "auto") -> ConversationDataset:
+    """The rows of one file or folder (:func:`load_sources` of one :class:`Source`), refusing any bad row.
+
+    Raises:
+        ValueError: the first bad row's text (``file:LINE: reason``), with the count of the others; as
+            :func:`load_sources`.
+    """
+    dataset = load_sources([Source(path, format)], processor, max_length, model_type, chat_template=chat_template)
+    if dataset.dropped:
+        warnings.warn(dropped_warning(dataset, max_length), stacklevel=2)
+    if dataset.bad:
+        where, reason = dataset.bad[0]
+        more = f" (and {len(dataset.bad) - 1} more bad rows: mpipe-hf check-data lists them)" if len(
+            dataset.bad) > 1 else ""
+        raise ValueError(f"{where}: {reason}{more}")
+    return dataset

@@ -9,9 +9,9 @@ import os
 import PIL.Image
 import torch
 
-from .collate import IGNORE
+from .collate import IGNORE, NULL_TEXT, nothing_to_learn
 from .conversation_encoder import ConversationEncoder
-from .conversation_rows import canonical_row, plain_messages
+from .conversation_rows import canonical_row
 
 
 class ConversationCollator:
@@ -45,18 +45,21 @@ class ConversationCollator:
         self.processor, self.max_length = processor, max_length
 
     def _open(self, row: dict, where: str) -> list:
-        """The row's images as RGB PIL images: each path opened and decoded here (an image already in memory, a
-        ``PIL.Image.Image``, is used as it is)."""
+        """The row's images as RGB PIL images: each path opened and decoded here, as is an image already opened (a
+        ``PIL.Image.Image``, lazily read). Raises ``ValueError`` naming ``where`` and the file when one does not
+        decode."""
         images = []
-        for path in row.get("images") or []:
-            if isinstance(path, PIL.Image.Image):
-                images.append(path.convert("RGB"))
-                continue
+        for image in row.get("images") or []:
             try:
-                with PIL.Image.open(path) as image:
+                if isinstance(image, PIL.Image.Image):  # opened lazily by the dataset: decoded here
                     images.append(image.convert("RGB"))
+                    continue
+                with PIL.Image.open(image) as opened:
+                    images.append(opened.convert("RGB"))
             except Exception as err:  # a corrupt file fails only here, when it is decoded
-                raise ValueError(f"{where}: cannot decode image {path}: {err}") from err
+                name = getattr(image, "filename", "") or ("an image in memory" if isinstance(
+                    image, PIL.Image.Image) else image)
+                raise ValueError(f"{where}: cannot decode image {name}: {err}") from err
         return images
 
     def _image_tokens(self, batch, rows: list[dict], ids: torch.Tensor) -> list[list[int]]:
@@ -78,9 +81,8 @@ class ConversationCollator:
         return out
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        rows = [{**r, "messages": plain_messages(r["messages"])} if "source" in r
-                else canonical_row(r, os.getcwd(), f"row {i} of the micro-batch") for i, r in enumerate(rows)]
-        wheres = [f"{r.get('source', '?')}:{r.get('line', '?')}" for r in rows]
+        wheres = [r.get("where") or f"row {i} of the micro-batch" for i, r in enumerate(rows)]
+        rows = [r if "where" in r else canonical_row(r, os.getcwd(), where) for r, where in zip(rows, wheres)]
         texts = [self.encoder.render(r["messages"]) for r in rows]
         images = [im for r, where in zip(rows, wheres) for im in self._open(r, where)]
         special = self.encoder.add_special_tokens(texts[0])
@@ -108,3 +110,13 @@ class ConversationCollator:
                if isinstance(v, torch.Tensor)}
         out["labels"] = labels
         return out
+
+    def null_batch(self) -> dict[str, torch.Tensor]:
+        """A micro-batch that trains nothing: one text-only conversation row, collated as any other (the model's
+        keys, ``(1, L)``, no image), with every label ``-100``. It adds 0 to the step's loss sum and label tokens
+        and exactly zero gradients; what stands in for a micro-batch none of whose rows could be loaded
+        (:meth:`~.owner.MicroBatchPlan.load_rows`)."""
+        text = [{"type": "text", "text": NULL_TEXT}]
+        row = {"where": "<null micro-batch>", "images": [],
+               "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": text}]}
+        return nothing_to_learn(self([row]))

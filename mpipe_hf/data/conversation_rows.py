@@ -1,13 +1,13 @@
-"""Conversation rows (the accepted JSONL forms: :mod:`.conversation`): parse, validate and normalise one row to
-the canonical form ``{"messages": [{"role", "content": [parts]}], "images": [absolute paths]}``, and turn the
-messages read back from the Arrow table into plain parts lists.
+"""Conversation rows: check and normalise one conversation (of any layout, :mod:`.layouts`) to the canonical form
+``{"messages": [{"role", "content": [parts]}], "images": [...]}``, and turn the messages read back from the Arrow
+table into plain parts lists.
 """
 
 from __future__ import annotations
 
-import os
-
 import PIL.Image
+
+from .layouts import conversation, detect, image_ref, open_image
 
 ROLES = ("system", "user", "assistant")
 PLACEHOLDER = "<image>"
@@ -56,63 +56,23 @@ def _parts(content, role: str, where: str) -> list[dict]:
     return parts
 
 
-def _resolve(paths, base: str, where: str) -> list[str]:
-    """Absolute paths of a row's images (relative ones are taken from ``base``; PIL images pass through); raises
-    ``ValueError`` on a path that is not a string or a file that does not exist."""
-    out = []
-    for path in paths:
-        if isinstance(path, PIL.Image.Image):  # an image in memory (a datasets.Image column), kept as it is
-            out.append(path)
-            continue
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"{where}: an image path must be a non-empty string, got {path!r}")
-        full = os.path.normpath(os.path.join(base, path))
-        if not os.path.isfile(full):
-            raise ValueError(f"{where}: image file {path!r} not found (looked for {full})")
-        out.append(full)
-    return out
-
-
-def canonical_row(obj, base: str, where: str) -> dict:
-    """One parsed JSONL object (either accepted form, :mod:`.conversation`) as ``{"messages": [...], "images":
-    [...]}`` with every content a list of parts and every image path absolute.
+def canonical_messages(messages, num_images: int, where: str) -> list[dict]:
+    """``messages`` (each ``{"role", "content": str | parts}``, :mod:`.layouts`) checked and with every content a
+    list of parts (:func:`_parts`).
 
     Raises:
-        ValueError: any of the load-time checks of :func:`~.conversation.load_conversation_dataset` fails (the
-            message starts with ``where``, the file and line).
+        ValueError: naming ``where``: a message that is not ``{role, content}``, an unknown role, an empty text, no
+            assistant turn, a conversation that does not open with a user turn (after an optional system turn), an
+            image in an assistant turn, or image placeholders that differ from ``num_images``.
     """
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where}: a row must be a JSON object, got {type(obj).__name__}")
-    if "messages" in obj:
-        messages = obj["messages"]
-        images = obj.get("images") or []
-        if isinstance(images, str):
-            images = [images]
-        if not isinstance(messages, list) or not messages:
-            raise ValueError(f"{where}: 'messages' must be a non-empty list of messages")
-        if not isinstance(images, list):
-            raise ValueError(f"{where}: 'images' must be a list of paths, got {type(images).__name__}")
-        canonical = []
-        for message in messages:
-            if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                raise ValueError(f"{where}: a message must be an object with 'role' and 'content', got {message!r}")
-            role = message["role"]
-            if role not in ROLES:
-                raise ValueError(f"{where}: unknown role {role!r}; roles are {list(ROLES)}")
-            canonical.append({"role": role, "content": _parts(message["content"], role, where)})
-    elif "prompt" in obj and "caption" in obj:
-        image = obj.get("image")
-        images = [] if image is None else [image]
-        prompt, caption = obj["prompt"], obj["caption"]
-        if not isinstance(prompt, str) or not isinstance(caption, str):
-            raise ValueError(f"{where}: 'prompt' and 'caption' must be strings")
-        if images and PLACEHOLDER not in prompt:
-            prompt = PLACEHOLDER + prompt
-        canonical = [{"role": "user", "content": _parts(prompt, "user", where)},
-                     {"role": "assistant", "content": _parts(caption, "assistant", where)}]
-    else:
-        raise ValueError(f"{where}: a row needs 'messages' (and optional 'images') or the caption form 'image', "
-                         f"'prompt', 'caption'; got the keys {sorted(obj)}")
+    canonical = []
+    for message in messages:
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise ValueError(f"{where}: a message must be an object with 'role' and 'content', got {message!r:.80}")
+        role = message["role"]
+        if role not in ROLES:
+            raise ValueError(f"{where}: unknown role {role!r}; roles are {list(ROLES)}")
+        canonical.append({"role": role, "content": _parts(message["content"], role, where)})
     roles = [m["role"] for m in canonical]
     if "assistant" not in roles:
         raise ValueError(f"{where}: the conversation has no assistant turn (nothing to learn)")
@@ -122,9 +82,25 @@ def canonical_row(obj, base: str, where: str) -> dict:
         if message["role"] == "assistant" and any(p["type"] == "image" for p in message["content"]):
             raise ValueError(f"{where}: an image in an assistant turn is not supported")
     placeholders = sum(p["type"] == "image" for m in canonical for p in m["content"])
-    if placeholders != len(images):
-        raise ValueError(f"{where}: {placeholders} image placeholder(s) but {len(images)} image(s)")
-    return {"messages": canonical, "images": _resolve(images, base, where)}
+    if placeholders != num_images:
+        raise ValueError(f"{where}: {placeholders} image placeholder(s) but {num_images} image(s)")
+    return canonical
+
+
+def canonical_row(obj, base: str, where: str, layout: str = "auto") -> dict:
+    """One row of any layout (:mod:`.layouts`; ``auto``: detected from its keys) as ``{"messages": [...],
+    "images": [...]}`` with every content a list of parts; each image a path (absolute) or a lazily opened
+    ``PIL.Image.Image`` (one given as bytes or in memory).
+
+    Raises:
+        ValueError: the row's layout is unknown, or a check of :func:`canonical_messages` or
+            :func:`~.layouts.image_ref` fails (the message starts with ``where``).
+    """
+    layout = detect(obj, where) if layout == "auto" else layout
+    messages, images = conversation(obj, layout, where)
+    canonical = canonical_messages(messages, len(images), where)
+    return {"messages": canonical, "images": [im if isinstance(im, PIL.Image.Image)  # in memory: as it is
+                                              else open_image(image_ref(im, base, where)) for im in images]}
 
 
 def plain_messages(messages) -> list[dict]:

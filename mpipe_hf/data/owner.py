@@ -40,6 +40,11 @@ class MicroBatchPlan:
         replica, num_replicas: data parallelism: step ``k`` reads ``num_replicas * num_micro`` blocks, and the
             pipeline replica ``replica`` (its ``dp`` rank) takes the ``replica``-th run of ``num_micro`` of them;
             within it, each micro's owner loads it (the global batch split by dp rank first, then by owner).
+        drop_bad_rows: a row that fails to load is dropped from its micro-batch (:meth:`load_rows`); else the
+            whole micro-batch fails (``on_bad_sample: raise``).
+
+    Attributes:
+        dropped: the rows dropped and not yet taken (:meth:`take_dropped`), each ``"WHERE (WHY)"``.
 
     Raises:
         ValueError: ``micro_batch_size`` below 1, or an empty dataset.
@@ -47,7 +52,7 @@ class MicroBatchPlan:
 
     def __init__(self, dataset, collate: Callable, num_micro: int, micro_batch_size: int,
                  validate: Callable[[dict], None] | None = None, shuffle: bool = False, seed: int = 0,
-                 replica: int = 0, num_replicas: int = 1):
+                 replica: int = 0, num_replicas: int = 1, drop_bad_rows: bool = True):
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         if len(dataset) == 0:
@@ -56,6 +61,7 @@ class MicroBatchPlan:
         self.replica, self.num_replicas = replica, num_replicas
         self.validate, self.shuffle, self.seed = validate, shuffle, seed
         self._orders: dict[int, list[int]] = {}
+        self.drop_bad_rows, self.dropped = drop_bad_rows, []
 
     def steps_per_epoch(self) -> float:
         """Optimizer steps one pass over the rows takes (a fraction when the last step spans two epochs)."""
@@ -88,21 +94,100 @@ class MicroBatchPlan:
         return [sum(row_costs[i] for i in self.rows(step, m)) for m in range(self.num_micro)]
 
     def load(self, step: int, micro: int) -> dict[str, torch.Tensor]:
-        """Read, decode and process micro ``micro`` of step ``step``.
+        """Read, decode and process micro ``micro`` of step ``step`` (:meth:`load_rows`).
 
         Raises:
-            ValueError: any failure to read, decode, process or validate the rows (an undecodable image is an
-                ``OSError`` in PIL), naming the rows and the error's type.
+            ValueError: as :meth:`load_rows`.
         """
         return self.load_rows(self.rows(step, micro))
 
     def load_rows(self, rows: list[int]) -> dict[str, torch.Tensor]:
-        """Read, decode and process the dataset rows ``rows`` as one micro-batch (raises as :meth:`load`)."""
+        """Read, decode and process the dataset rows ``rows`` as one micro-batch.
+
+        With :attr:`drop_bad_rows` (default), a row that fails (to read, to decode an image, to be processed, or
+        the model's ``validate``) costs that row: when the whole micro-batch fails, each row is collated alone to
+        find the bad ones, which are dropped (one warning line each, ``mpipe_hf: warning: dropped WHERE (WHY);
+        the step trains on the rest``, and an entry in :attr:`dropped`) and the rest collated again. When every
+        row fails, the collator's ``null_batch()`` stands in (one text-only row, every label ``-100``: no loss, no
+        label token, zero gradients), if it has one.
+
+        Raises:
+            ValueError: the rows fail, naming them and the error's type (an undecodable image is an ``OSError``
+                in PIL), and either :attr:`drop_bad_rows` is off, no single row is to blame (the rows fail together
+                only), or every row fails and the collator has no ``null_batch`` (a user's ``data_collator``).
+        """
         try:
-            batch = self.collate([self.dataset[i] for i in rows])
-            if self.validate is not None:
-                self.validate(batch)
+            return self._checked(rows)
         except Exception as err:  # noqa: BLE001 - every failure of a sample is a bad sample
-            kind = "" if isinstance(err, ValueError) else f"{type(err).__name__}: "
-            raise ValueError(f"dataset rows {rows}: {kind}{err}") from err
+            failure = _bad_rows_error(rows, err)
+            if not self.drop_bad_rows:
+                raise failure from err
+        bad = {rows[0]: failure.__cause__} if len(rows) == 1 else {}
+        for i in rows if len(rows) > 1 else []:
+            try:
+                self._checked([i])
+            except Exception as err:  # noqa: BLE001 - as above, one row at a time
+                bad[i] = err
+        if not bad:
+            raise failure
+        kept = [i for i in rows if i not in bad]
+        null = getattr(self.collate, "null_batch", None)
+        if not kept and null is None:
+            raise failure
+        try:  # a null micro-batch the model rejects, or good rows that fail together: the rows' error stands
+            batch = self._checked(kept) if kept else self._checked_null(null)
+        except Exception:  # noqa: BLE001
+            raise failure from failure.__cause__
+        for i, err in bad.items():
+            self._drop(i, err)
         return batch
+
+    def _checked(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The collated, validated micro-batch of ``rows`` (raises what the read, collator or check raises)."""
+        batch = self.collate([self.dataset[i] for i in rows])
+        if self.validate is not None:
+            self.validate(batch)
+        return batch
+
+    def _checked_null(self, null: Callable[[], dict]) -> dict[str, torch.Tensor]:
+        """The collator's null micro-batch, validated."""
+        batch = null()
+        if self.validate is not None:
+            self.validate(batch)
+        return batch
+
+    def where(self, i: int) -> str:
+        """Where dataset row ``i`` comes from: the dataset's ``where(i)`` (a file and 1-based line, or a row of a
+        parquet file), else the row's ``where``, else its ``source:line``, else ``dataset row i``."""
+        if callable(getattr(self.dataset, "where", None)):
+            return str(self.dataset.where(i))
+        try:
+            row = self.dataset[i]
+        except Exception:  # noqa: BLE001 - a row that cannot even be read is named by its index
+            row = None
+        if isinstance(row, dict) and row.get("where"):
+            return str(row["where"])
+        if isinstance(row, dict) and "source" in row and "line" in row:
+            return f"{row['source']}:{row['line']}"
+        return f"dataset row {i}"
+
+    def _drop(self, i: int, err: BaseException) -> None:
+        """Record and report the dropped row ``i``."""
+        where = self.where(i)
+        reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+        reason = reason[len(where) + 2:] if reason.startswith(f"{where}: ") else reason
+        self.dropped.append(f"{where} ({reason})")
+        print(f"mpipe_hf: warning: dropped {where} ({reason}); the step trains on the rest", flush=True)
+
+    def take_dropped(self) -> list[str]:
+        """The rows dropped since the last call, each ``WHERE (WHY)``, oldest first; the list starts empty again
+        (what the executor reads after a step's loads: ``PipelineExecutor.step(bad_rows=...)``)."""
+        taken, self.dropped = self.dropped, []
+        return taken
+
+
+def _bad_rows_error(rows: list[int], err: BaseException) -> ValueError:
+    kind = "" if isinstance(err, ValueError) else f"{type(err).__name__}: "
+    failure = ValueError(f"dataset rows {rows}: {kind}{err}")
+    failure.__cause__ = err
+    return failure

@@ -15,13 +15,15 @@ Each step starts from a fresh gradient: gradients already in ``.grad`` (accumula
 aside and added back at the end, so a step's normalisation and ``GRAD_REDUCE`` touch only that step's share.
 
 Every owner loads (decodes, validates) its micro-batches before the step's first transfer, and one vote says
-whether any rank failed (:mod:`.preload`): a bad sample skips the step on every rank with its text, no transfer
-posted. When a rank raises later, every rank raises the first error's text (see :mod:`.watchdog`), puts the
-set-aside gradients back and drops the step's cached micro-batches and activations; on gloo it moves its
-transfers to fresh process groups, so no stale message of the failed step can reach the next one, and on NCCL
-the run ends, to restart from its last checkpoint (:mod:`.groups`).
+whether any rank failed (:mod:`.preload`): a micro-batch that fails to load skips the step on every rank with its
+text, no transfer posted (a loader that drops its bad rows instead reports them, and the vote sums them into
+:attr:`StepStats.bad_rows`). When a rank raises later, every rank raises the first error's text (see
+:mod:`.watchdog`), puts the set-aside gradients back and drops the step's cached micro-batches and activations; on
+gloo it moves its transfers to fresh process groups, so no stale message of the failed step can reach the next
+one, and on NCCL the run ends, to restart from its last checkpoint (:mod:`.groups`).
 
-The forward-only run of :meth:`PipelineExecutor.evaluate` is :mod:`.evaluate`; a step's figures :mod:`.step_stats`.
+The forward-only run of :meth:`PipelineExecutor.evaluate` is :mod:`.evaluate`; a step's figures :mod:`.step_stats`;
+the pass over the action list :mod:`.order_run`.
 """
 
 from __future__ import annotations
@@ -37,8 +39,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..schedule import ScheduleConfig, build_schedule
-from ..schedule.actions import RECV_KINDS, Kind
-from ..schedule.connect import step_pairs
 from ..schedule.forward import build_forward_schedule
 from ..schedule.owners import reassign, relabel, with_owners
 from ..schedule.simulate import Costs, Event, split_pairs
@@ -46,9 +46,10 @@ from ..schedule.swap import SwapConfig, with_swaps
 from .casts import frozen_weight_casts
 from .data_parallel import is_sharded, local
 from .evaluate import evaluate
-from .handlers import Preprocess, StepContext, Tensors, preprocess_seed, run_action
-from .memory import SavedStorages, storage_ids
+from .handlers import Preprocess, StepContext, Tensors, preprocess_seed
+from .memory import storage_ids
 from .groups import abandon, close, fresh_groups, in_process_recovery
+from .order_run import OrderRun
 from .preload import control_group, load_owned, vote
 from .step_stats import StepStats
 from .swap import SwapManager
@@ -140,6 +141,7 @@ class PipelineExecutor:
         self.costs, self._orders = costs, {}
         self.order = self._order(own=True, ahead=False)
         self._carried: dict | None = None  # the next step's micros, loaded ahead (rank 0: their data, features)
+        self.dropped: tuple[int, str | None] = (0, None)  # the last step's rows dropped at load, on every rank
         self.global_ranks = dist.get_process_group_ranks(group)
         self.store = dist.distributed_c10d._get_default_store()
         self._stale: list = []  # a failed step's transfers, alive until its groups are broken (gloo)
@@ -161,9 +163,12 @@ class PipelineExecutor:
     def _abandon(self, err: BaseException, action) -> BaseException:
         return abandon(self, err, action)
 
-    def _begin(self, order: list, load: Callable[[int], Tensors]) -> dict[int, Tensors]:
+    def _begin(self, order: list, load: Callable[[int], Tensors],
+               bad_rows: Callable[[], Sequence[str]] | None = None) -> dict[int, Tensors]:
         """Start a step or an evaluation over this rank's ``order``: fresh groups after a failed step (gloo),
-        then every micro it loads, loaded before the first transfer, and the vote (:mod:`.preload`).
+        then every micro it loads, loaded before the first transfer, and the vote (:mod:`.preload`), which also
+        sums the rows the loads dropped (``bad_rows()``, read after the loads) over every rank into
+        :attr:`dropped` (``(count, one of their texts)``).
 
         Raises:
             RuntimeError: the executor ended (a failed step on NCCL, :mod:`.groups`).
@@ -175,7 +180,7 @@ class PipelineExecutor:
             self._fresh_group()
         self.watchdog.start_step()
         loaded, error = load_owned(order, load, self.rank)
-        vote(self.control, self.watchdog, error)
+        self.dropped = vote(self.control, self.watchdog, error, bad_rows() if bad_rows is not None else ())
         return loaded
 
     def evaluate(self, load: Callable[[int], Tensors], num_micro: int | None = None) -> tuple[float, int]:
@@ -218,7 +223,8 @@ class PipelineExecutor:
 
     def step(self, load: Callable[[int], Tensors], next_load: Callable[[int], Tensors] | None = None,
              num_micro: int | None = None, owners: Sequence[int] | None = None,
-             next_owners: Sequence[int] | None = None) -> StepStats:
+             next_owners: Sequence[int] | None = None, bad_rows: Callable[[], Sequence[str]] | None = None
+             ) -> StepStats:
         """Run the schedule once over the step's ``M`` micro-batches; gradients add to ``.grad``.
 
         Args:
@@ -235,10 +241,13 @@ class PipelineExecutor:
                 micro-batches that this step loads ahead (``None``: ``m % NT``); pass the same ones to the next
                 step as its ``owners``. Every rank must pass the same owners (computed from data every rank
                 sees, such as each micro's image tokens); a mismatch hangs until the timeout.
+            bad_rows: the rows this rank's loads dropped since it was last called (each ``"WHERE (WHY)"``;
+                :meth:`~mpipe_hf.data.owner.MicroBatchPlan.take_dropped`), read after the step's loads (look-ahead
+                loads count in this step); their sum over every rank is :attr:`StepStats.bad_rows`.
 
         Raises:
             ValueError: a sample or the model rejected the inputs on some rank (the same text on every rank),
-                or the step has no label token.
+                or the step has no label token (its ``bad_rows``: the rows its loads dropped).
             TimeoutError: a transfer did not arrive in time (on some rank).
             RuntimeError: any other failure on some rank, with its text.
         """
@@ -272,7 +281,7 @@ class PipelineExecutor:
         def micro_seed(m: int) -> int:  # a look-ahead micro (m >= M) belongs to the next step
             return preprocess_seed(self.seed, index + m // num_micro, m % num_micro)
         try:  # every micro this rank loads, before the step's first transfer: a bad one skips it on every rank
-            loaded = self._begin(self.order, loader)
+            loaded = self._begin(self.order, loader, bad_rows)
         except BaseException:
             for p in trained:
                 p.grad = kept[p]
@@ -292,7 +301,7 @@ class PipelineExecutor:
             step_begin.record()
         if self.dp is not None:
             self.dp.start_step()
-        run = _OrderRun(self, ctx)
+        run = OrderRun(self, ctx)
         try:
             # one bf16 copy of each weight per step, shared by the micros (:mod:`.casts`); fp32: no region
             with torch.autocast(self.device.type, self.autocast or torch.bfloat16, self.autocast is not None), \
@@ -339,7 +348,11 @@ class PipelineExecutor:
         if num_tokens == 0:
             for p in trained:
                 p.grad = kept[p]
-            raise ValueError("the step has no label tokens (every label is -100); check the collator's labels")
+            err = ValueError("the step has no label tokens (every label is -100)" + (
+                f"; {self.dropped[0]} bad rows dropped, e.g. {self.dropped[1]}" if self.dropped[0] else
+                "; check the collator's labels"))
+            err.bad_rows = self.dropped[0]
+            raise err
         if ahead:
             self._carried = ahead_loaded
         self.step_index += 1
@@ -357,44 +370,4 @@ class PipelineExecutor:
                 p.grad = kept[p] if p.grad is None else kept[p].add_(p.grad)
         loss = micro_means / (num_micro * replicas) if self.per_micro else loss_sum / num_tokens
         return StepStats(loss, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
-                         run.peak, rank_bubble, activation_bytes, device_bytes, wall_r)
-
-
-class _OrderRun:
-    """One pass over the executor's action list for a step: each action through the handler table, with the
-    step's figures (``peak``: the most stage forwards held at once; ``peak_bytes``: with ``measure_memory``, the
-    most bytes their saved tensors held, :mod:`.memory`) and ``action``, the one running (it names a failure)."""
-
-    def __init__(self, ex: PipelineExecutor, ctx: StepContext):
-        self.ex, self.ctx, self.action, self.peak, self.peak_bytes = ex, ctx, None, 0, 0
-
-    def __call__(self) -> None:
-        ex, ctx = self.ex, self.ctx
-        order, held, live = ex.order, {}, 0
-        last_backward = {} if ex.dp is None else {a.stage: i for i, a in enumerate(order)
-                                                  if a.kind in (Kind.B, Kind.W)}
-        # every pair this step talks over, connected first in one global order (NCCL sets them up lazily)
-        ex.p2p.connect(step_pairs(ex.rank, order, [peer for _, peer in ex.tied]))
-        ex.p2p.expect(a.peer for a in order if a.kind in RECV_KINDS)
-        for i, action in enumerate(order):
-            self.action = action
-            begin = time.time() if ex.events is not None else 0.0
-            if last_backward.get(action.stage) == i:
-                ex.dp.before_last_backward(action.stage)
-            swapped = ex.swap is not None and ex.swap.current == (action.stage, action.micro)
-            if ex.measure_memory and action.kind is Kind.F and not swapped:
-                with SavedStorages(ex._weights) as saved:
-                    run_action(ctx, action)
-                held[(action.stage, action.micro)] = saved.bytes()
-                live += held[(action.stage, action.micro)]
-            else:  # a swapped forward's bytes are the swap manager's, on the device only
-                run_action(ctx, action)
-                if action.kind is Kind.W or (action.kind is Kind.B and (action.stage, action.micro)
-                                             not in ctx.split):  # the backward's last action
-                    live -= held.pop((action.stage, action.micro), 0)
-            if ex.measure_memory:
-                resident = ex.swap.resident_bytes if ex.swap is not None else 0
-                self.peak_bytes = max(self.peak_bytes, live + resident)
-            if ex.events is not None:
-                ex.events.append(Event(begin, time.time(), action))
-            self.peak = max(self.peak, len(ctx.saved) + len(ctx.weight_work))
+                         run.peak, rank_bubble, activation_bytes, device_bytes, wall_r, *self.dropped)

@@ -3,11 +3,12 @@
 
 Every owner calls ``load(m)`` (which decodes and validates the micro-batch's rows and raises ``ValueError`` on a bad
 one) for each ``DATA_LOAD`` of its action list, the next step's look-ahead micros included, before the step sends
-or receives anything. Then one ``int64`` all-reduce (``MAX``) over a gloo group of every rank of the pipeline and
-its replicas says whether any rank failed. The failing ranks publish their error first (the watchdog's key, the
-first writer wins), so every rank raises the same text, and the step is skipped without one transfer posted: no
-communicator is left with half a step, and nothing has to be aborted or rebuilt. The vote runs on the host (gloo,
-CPU tensors), so on NCCL it costs no device synchronisation.
+or receives anything. Then one all-reduce of two ``int64`` (``SUM``) over a gloo group of every rank of the
+pipeline and its replicas says whether any rank failed, and how many rows the loads dropped (a bad row costs that
+row, not the step: :meth:`~mpipe_hf.data.owner.MicroBatchPlan.load_rows`). The failing ranks publish their error
+first (the watchdog's key, the first writer wins), so every rank raises the same text, and the step is skipped
+without one transfer posted: no communicator is left with half a step, and nothing has to be aborted or rebuilt.
+The vote runs on the host (gloo, CPU tensors), so on NCCL it costs no device synchronisation.
 """
 
 from __future__ import annotations
@@ -66,16 +67,30 @@ def load_owned(order: Sequence[Action], load: Callable[[int], Tensors], rank: in
     return loaded, None
 
 
-def vote(group: dist.ProcessGroup, watchdog: Watchdog, error: BaseException | None) -> None:
-    """Every rank of ``group`` learns whether any failed to load: one all-reduce of one ``int64``. A failing rank
-    publishes ``error`` first; then every rank raises the first published error.
+def vote(group: dist.ProcessGroup, watchdog: Watchdog, error: BaseException | None,
+         dropped: Sequence[str] = ()) -> tuple[int, str | None]:
+    """Every rank of ``group`` learns whether any failed to load, and how many rows the ranks' loads dropped (a
+    bad row costs that row, :meth:`~mpipe_hf.data.owner.MicroBatchPlan.load_rows`): one all-reduce (``SUM``) of
+    two ``int64``, ``[failed, rows dropped]``. A failing rank publishes ``error`` first; then every rank raises the
+    first published error. A rank that dropped rows publishes the last one's text (the first such rank wins).
+
+    Args:
+        dropped: the rows this rank's loads of the step dropped, each ``"WHERE (WHY)"``.
+
+    Returns:
+        ``(rows dropped on every rank together, one of their texts or None)``: the same on every rank.
 
     Raises:
         ValueError, TimeoutError, RuntimeError: the first rank's load error (the same text on every rank).
     """
     if error is not None:
         watchdog.report(error)
-    flag = torch.tensor([int(error is not None)], dtype=torch.int64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    key = f"{watchdog.key}/dropped"
+    if dropped:
+        watchdog.store.compare_set(key, "", dropped[-1])
+    flag = torch.tensor([int(error is not None), len(dropped)], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=group)
     if int(flag[0]):
         raise watchdog.first_error()
+    count = int(flag[1])
+    return count, (watchdog.store.get(key).decode() if count else None)

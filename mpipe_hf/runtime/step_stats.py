@@ -14,7 +14,9 @@ class StepStats:
     ``rank_activation_bytes[r]``: the most bytes autograd held saved for the stage backwards of rank ``r`` at once
     (the distinct storages its stage forwards saved, weights left out; :mod:`.memory`), when the executor
     measures them, else empty; ``rank_device_bytes[r]``: ``torch.cuda.max_memory_allocated`` over the step on a
-    GPU, else empty; ``rank_wall_s[r]``: rank ``r``'s step time, seconds."""
+    GPU, else empty; ``rank_wall_s[r]``: rank ``r``'s step time, seconds. ``bad_rows``: the rows the step's loads
+    dropped on every rank together (a row that failed to load costs that row, not the step; look-ahead loads count
+    in the step that made them), ``bad_row``: one of their texts, ``"WHERE (WHY)"``, the same on every rank."""
 
     loss: float
     num_tokens: int
@@ -25,3 +27,5 @@ class StepStats:
     rank_activation_bytes: list[int] = field(default_factory=list)
     rank_device_bytes: list[int] = field(default_factory=list)
     rank_wall_s: list[float] = field(default_factory=list)
+    bad_rows: int = 0
+    bad_row: str | None = None

@@ -1,18 +1,16 @@
 """What ``mpipe-hf train`` checks before any process group exists: the recipe's schedule, model type, layer
-layout, world size, data files and output directory (``mpipe-hf check`` runs the same)."""
+layout, world size, data files and output directory (``mpipe-hf check`` runs the same). The rows themselves are checked by :mod:`.data_check`.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..models import get_family
 from ..models.load import check_adapter
 from .metrics import available_trackers
 from .recipe import Recipe
-from .sources import first_row, is_vision_language, load_config
-
-CONVERSATION_FIELDS, CAPTION_FIELDS, TEXT_FIELDS = ("messages",), ("image", "prompt", "caption"), ("text",)
+from .sources import load_config
 
 
 def check_output_dir(path: str) -> None:
@@ -30,24 +28,27 @@ def check_output_dir(path: str) -> None:
         raise ValueError(f"train.output_dir {path!r} is not writable ({err})") from err
 
 
-def _check_data(path: str, config, field: str = "data.path") -> None:
-    """The first row is in a form the model reads (the loader checks every row in full)."""
-    forms = [CONVERSATION_FIELDS, CAPTION_FIELDS] if is_vision_language(config) else [CONVERSATION_FIELDS,
-                                                                                      TEXT_FIELDS]
-    first = first_row(path)
-    try:
-        row = json.loads(first)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{field} {path!r}: the first line is not JSON ({err})") from err
-    if not isinstance(row, dict) or not any(all(k in row for k in form) for form in forms):
-        kind = "vision-language" if is_vision_language(config) else "decoder-only"
-        raise ValueError(f"{field} {path!r}: a {kind} model ({config.model_type!r}) reads rows with "
-                         f"{' or '.join(str(list(f)) for f in forms)}; the first row has "
-                         f"{sorted(row) if isinstance(row, dict) else type(row).__name__}")
+def check_sources(recipe: Recipe) -> None:
+    """Every data file or folder of the recipe exists (reading and checking its rows is
+    :func:`~.data_check.check_data`'s, before the launch).
+
+    Raises:
+        ValueError: naming the field and the path.
+    """
+    for i, source in enumerate(recipe.data.all_sources):
+        field = "data.path" if recipe.data.sources is None else f"data.sources[{i}].path"
+        if not os.path.exists(source.path):
+            raise ValueError(f"{field} {source.path!r} is neither a file nor a folder")
+        if source.images is not None and not os.path.isdir(source.images):
+            raise ValueError(f"{field.replace('path', 'images')} {source.images!r} is not a folder")
+    for field in ("eval_path", "clean_rows"):
+        value = getattr(recipe.data, field)
+        if value is not None and not os.path.isfile(value):
+            raise ValueError(f"data.{field} {value!r} is not a file")
 
 
 def check(recipe: Recipe) -> list[int]:
-    """Every check that needs no process group: schedule, model type, layer layout, world size, data file.
+    """Every check that needs no process group: schedule, model type, layer layout, world size, data paths.
 
     Returns the decoder layers per stage: ``layers_per_stage``, else balanced by the costs of the recipe's
     ``profile``, else by the layers' and the LM head's matmul cost estimated from the config. Raises
@@ -55,15 +56,9 @@ def check(recipe: Recipe) -> list[int]:
     """
     cfg = recipe.schedule()
     recipe.model.check_tokenizer()
-    if not os.path.isfile(recipe.data.path):
-        raise ValueError(f"data.path {recipe.data.path!r} is not a file")
+    check_sources(recipe)
     config = load_config(recipe.model)
     get_family(config.model_type)  # an unknown model_type fails here, naming the supported ones
-    _check_data(recipe.data.path, config)
-    if recipe.data.eval_path is not None:
-        if not os.path.isfile(recipe.data.eval_path):
-            raise ValueError(f"data.eval_path {recipe.data.eval_path!r} is not a file")
-        _check_data(recipe.data.eval_path, config, "data.eval_path")
     available_trackers(recipe.train.report_to)
     counts = check_layout(recipe, config)
     if recipe.lora is not None:

@@ -44,6 +44,7 @@ from .hf_parts import (MPipeCallback, MPipeConfig, PreemptionCallback, _EpochSam
 from .optimizer import build_optimizer, no_parameters
 from .recipe import TrainSection
 from .run import PipelineRun
+from .sources import node_first, trainer_rows
 
 __all__ = ["MPipeTrainer", "MPipeConfig", "MPipeCallback", "check_training_args", "STAGING_PREFIX"]
 logger = logging.get_logger(__name__)
@@ -90,7 +91,7 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         self.run = PipelineRun(mpipe_config.parallel(self.num_micro), args.seed,
                                mpipe_config.data(args.per_device_train_batch_size))
         self.run.adopt(model)  # before the process group: a rank never holds more than its share
-        self.user_collator = data_collator
+        self.user_collator, self._loaded = data_collator, {}
         self.mpipe_callback = MPipeCallback()
         super().__init__(model=self.run.carved.model.train(), args=args, data_collator=data_collator,
                          train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class,
@@ -127,9 +128,23 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         model_type = self.run.carved.model.config.model_type
         return ConversationCollator(self.processing_class, self.mpipe.max_length, model_type=model_type)
 
+    def _rows(self, dataset):
+        """``dataset`` through the loader ``mpipe-hf train`` uses (any layout, a ``datasets.Dataset``, a list of
+        rows or a path: :func:`~.sources.trainer_rows`), each node's first process first; as it is with a user's
+        ``data_collator``. The loaded rows are kept, so a dataset is checked once."""
+        if self.user_collator is not None:
+            return dataset
+        loaded = self._loaded.get(id(dataset))
+        if loaded is None or loaded[0] is not dataset:
+            rows = node_first(lambda: trainer_rows(dataset, self.processing_class, self.mpipe.data(),
+                                                   self.run.carved.model.config.model_type, self.args.seed),
+                              "data load", self.run.every)
+            loaded = self._loaded[id(dataset)] = (dataset, rows)
+        return loaded[1]
+
     def _plan(self, dataset, micro_batch_size: int) -> MicroBatchPlan:
         return MicroBatchPlan(dataset, self._collate(), self.num_micro, micro_batch_size,
-                              self.run.carved.validate_micro)
+                              self.run.carved.validate_micro, drop_bad_rows=self.mpipe.on_bad_sample == "skip")
 
     def get_train_dataloader(self) -> DataLoader:
         """Row indices, ``per_device_train_batch_size`` per item (one micro-batch): the Trainer takes
@@ -138,6 +153,7 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         from ``data_seed`` (else ``seed``) and the epoch."""
         if self.train_dataset is None:
             raise ValueError("MPipeTrainer: training needs a train_dataset")
+        self.train_dataset = self._rows(self.train_dataset)
         self.plan = self._plan(self.train_dataset, self.args.per_device_train_batch_size)
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         sampler = _EpochSampler(len(self.train_dataset), seed, self.args.train_sampling_strategy == "random")
@@ -174,16 +190,18 @@ class MPipeTrainer(CheckpointMixin, Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """At the update step's first micro-batch: one schedule over all of the step's micro-batches, clipped by
         ``max_grad_norm`` and checked finite (:meth:`.PipelineRun.step`), returning the step's loss (the same on
-        every rank); at the others, 0, so the Trainer's sum is the step's loss. A skipped step (a bad sample,
-        ``on_bad_sample: skip``, or a loss or gradient norm that is not finite) leaves no gradient, and the
-        optimizer step and the LR schedule's step are skipped, as for an overflowing fp16 step; a bad sample's
-        step returns NaN, which the Trainer's ``logging_nan_inf_filter`` keeps out of the logged loss."""
+        every rank); at the others, 0, so the Trainer's sum is the step's loss. With ``on_bad_sample: skip`` a
+        row that fails to load is dropped and the step trains on the rest. A skipped step (a micro-batch the
+        user's collator cannot load, no row left, or a loss or gradient norm that is not finite) leaves no
+        gradient, and the optimizer step and the LR schedule's step are skipped, as for an overflowing fp16
+        step; a step skipped for its data returns NaN, which the Trainer's ``logging_nan_inf_filter`` keeps out
+        of the logged loss."""
         if inputs is not self.step_rows[0]:
             return torch.zeros((), device=self.args.device)
         self.model.train()
         rows, step = list(self.step_rows), self.state.global_step
         result = self.run.step(step, lambda m: self.plan.load_rows(rows[m]), self.args.max_grad_norm or 0.0,
-                               num_micro=len(rows))
+                               num_micro=len(rows), bad_rows=self.plan.take_dropped)
         self.step_result = result
         self.optimizer._is_overflow = not result.ran  # AcceleratedOptimizer: the Trainer then skips the LR step
         if not result.ran and self.run.rank == 0:
@@ -217,9 +235,11 @@ class MPipeTrainer(CheckpointMixin, Trainer):
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         start = time.perf_counter()
+        dataset = self._rows(dataset)
         plan = self._plan(dataset, self.args.per_device_eval_batch_size)
         n = len(dataset)
         loss, tokens = self.run.evaluate(plan.load_rows, n, self.args.per_device_eval_batch_size)
+        plan.take_dropped()  # each was reported by its owner; eval rows count towards no limit
         runtime = time.perf_counter() - start
         metrics = {f"{metric_key_prefix}_loss": loss,
                    f"{metric_key_prefix}_runtime": round(runtime, 4),

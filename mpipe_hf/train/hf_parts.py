@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,10 @@ class MPipeConfig(ParallelSection):
 
     Attributes:
         max_length: the token limit of the default conversation collator.
-        on_bad_sample, max_bad_steps: as the recipe's ``data`` section.
+        on_bad_sample, max_bad_rows: as the recipe's ``data`` section (with ``skip``, a row that fails to load
+            is dropped from its step; the run stops once more than ``max_bad_rows`` rows failed, or that many
+            steps in a row were skipped). ``max_bad_steps`` is ``max_bad_rows``'s old name (deprecated: a
+            ``FutureWarning``).
         swap: activation swap, as a recipe's ``swap`` section (:class:`~mpipe_hf.schedule.swap.SwapConfig`;
             ``None``: off).
         trace: record every action on every rank and write ``output_dir/trace.json`` when ``train()`` ends (as
@@ -51,11 +55,17 @@ class MPipeConfig(ParallelSection):
 
     max_length: int = 2048
     on_bad_sample: str = "skip"
-    max_bad_steps: int = 3
+    max_bad_rows: int = 10
+    max_bad_steps: int | None = None  # the old name of max_bad_rows
     swap: SwapConfig | None = None
     trace: bool = False
 
     def __post_init__(self):
+        if self.max_bad_steps is not None:
+            warnings.warn("MPipeConfig(max_bad_steps=...) is deprecated: a bad row now costs that row, not its "
+                          "step; pass max_bad_rows", FutureWarning, stacklevel=3)
+            object.__setattr__(self, "max_bad_rows", self.max_bad_steps)
+            object.__setattr__(self, "max_bad_steps", None)
         if self.num_micro != 1:
             raise ValueError("MPipeConfig takes no num_micro: the micro-batches per step are "
                              "TrainingArguments.gradient_accumulation_steps")
@@ -81,7 +91,7 @@ class MPipeConfig(ParallelSection):
         """The recipe's ``data`` section: the bad-sample policy and ``max_length``."""
         return DataSection(path="<the trainer's dataset>", micro_batch_size=micro_batch_size,
                            max_length=self.max_length, on_bad_sample=self.on_bad_sample,
-                           max_bad_steps=self.max_bad_steps)
+                           max_bad_rows=self.max_bad_rows)
 
 
 def check_training_args(args, mpipe: MPipeConfig) -> None:
@@ -154,8 +164,9 @@ class MPipeCallback(TrainerCallback):
     backend), over the steps since the last log: ``bubble`` (the ranks' share of time not computing),
     ``tokens_per_s`` (label tokens), ``step_s_rank<r>`` (mean step time of each rank, seconds),
     ``peak_activation_mib_rank<r>`` (most bytes saved for backward at once), ``peak_device_mib_rank<r>`` (on a GPU,
-    ``max_memory_allocated``) and ``skipped_steps`` (in all). :class:`MPipeTrainer` adds it first, so the reporting
-    callbacks see the figures."""
+    ``max_memory_allocated``), ``skipped_steps`` (in all), ``bad_rows`` (rows dropped at load since the last log)
+    and ``bad_rows_total`` (in all). :class:`MPipeTrainer` adds it first, so the reporting callbacks see the
+    figures."""
 
     def __init__(self):
         self.window, self.skips = [], None
@@ -177,6 +188,8 @@ class MPipeCallback(TrainerCallback):
                     logs[f"peak_device_mib_rank{r}"] = round(
                         max(s.rank_device_bytes[r] for s in self.window) / 2 ** 20, 1)
         logs["skipped_steps"] = self.skips.total if self.skips is not None else 0
+        logs["bad_rows"] = sum(s.bad_rows for s in self.window)
+        logs["bad_rows_total"] = self.skips.bad_rows if self.skips is not None else 0
         self.window = []
         last = state.log_history[-1] if state.log_history else {}
         if last.get("step") == state.global_step and "loss" in last:  # the Trainer kept this log before us

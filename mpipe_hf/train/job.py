@@ -20,14 +20,13 @@ from tqdm.auto import tqdm
 
 from ..data import MicroBatchPlan
 from .checkpoint import save_hub_files
-from .collective import raise_or, together
 from .metrics import MetricsLog
 from .optimizer import build_optimizer, build_scheduler
 from .preempt import MARKER, Preemption
 from .recipe import Recipe
 from .report import setup_line, state_bytes, step_row, summary_line, tracker_config
 from .run import PipelineRun
-from .sources import load_config, load_data, load_processor, owner_costs
+from .sources import load_config, load_data, load_processor, node_first, owner_costs
 from .state import checkpoints, resolve_resume
 
 
@@ -68,10 +67,10 @@ class RecipeJob:
             run.carved.model.activation_checkpointing_enable({"use_reentrant": False})
         set_seed(opt.seed)
         self.processor = load_processor(recipe, self.config)
-        dataset, self.collate = self._read(recipe.data.path, "data load")
+        dataset, self.collate = self._read(None, "data load")
         self.plan = MicroBatchPlan(dataset, self.collate, run.cfg.num_micro, recipe.data.micro_batch_size,
                                    run.carved.validate_micro, recipe.data.shuffle, opt.seed, run.dp_rank,
-                                   recipe.parallel.dp_size)
+                                   recipe.parallel.dp_size, drop_bad_rows=recipe.data.on_bad_sample == "skip")
         self.steps = opt.total_steps(self.plan.steps_per_epoch())
         if recipe.parallel.owners == "balanced":
             run.use_owners(self.plan, owner_costs(dataset, self.config), recipe.data.micro_batch_size)
@@ -89,26 +88,20 @@ class RecipeJob:
                                   tracker_config(recipe), enabled=run.lead)
         self.eval_set = None
         if recipe.data.eval_path is not None:
-            self.eval_set = self._read(recipe.data.eval_path, "eval data load", first=False)[0]
+            self.eval_set = self._read(recipe.data.eval_path, "eval data load")[0]
             self.eval_plan = MicroBatchPlan(self.eval_set, self.collate, run.cfg.num_micro,
                                             recipe.data.micro_batch_size, run.carved.validate_micro)
         self.losses, self.bubbles, self.peaks, self.bar = [], [], [], None
         self.step_ran, self.stopped_by = True, None  # the last step ran; the signal that stopped the run
 
-    def _read(self, path: str, what: str, first: bool = True):
-        """``(dataset, collate)`` of ``path`` on every rank (:func:`~.sources.load_data`); the first read builds
-        the datasets cache on rank 0 before the other ranks read it. A failure on any rank is raised on every
-        rank."""
-        lead = self.run.lead
-        if first and not lead:  # rank 0 builds the datasets cache first
-            dist.barrier()
-        try:
-            loaded = load_data(self.recipe, self.config, self.processor, quiet=not lead, path=path)
-        except Exception as err:  # noqa: BLE001 - raised on every rank by together()
-            loaded = err
-        if first and lead:
-            dist.barrier()
-        return together(lambda: raise_or(loaded), what, *self.run.every)
+    def _read(self, path: str | None, what: str):
+        """``(dataset, collate)`` of the recipe's data (``path``: that file alone, the eval set) on every rank
+        (:func:`~.sources.load_data`). The first read checks and tokenises the rows on each node's first process
+        (``LOCAL_RANK`` 0) while the node's others wait, then they read its cache (``mpipe-hf train`` built it
+        before the launch, so this is quick). A failure on any rank is raised on every rank."""
+        quiet = not self.run.lead or os.environ.get("MPIPE_HF_DATA_CHECKED") == "1"  # the launcher printed them
+        return node_first(lambda: load_data(self.recipe, self.config, self.processor, quiet=quiet, path=path), what,
+                          self.run.every)
 
     # ---- the loop's steps ---------------------------------------------------------------------------------
 
@@ -120,10 +113,12 @@ class RecipeJob:
 
     def train_step(self, step: int) -> None:
         """Step ``step`` (0-based): the schedule, clipping and the finite check (:meth:`.PipelineRun.step`), then
-        AdamW's and the LR schedule's step and the metrics row (every ``logging_steps`` and the last); a skipped
-        step takes neither and is logged as skipped."""
+        AdamW's and the LR schedule's step and the metrics row (every ``logging_steps`` and the last, with the
+        rows the step dropped at load, ``bad_rows``, and the run's, ``bad_rows_total``); a skipped step takes
+        neither and is logged as skipped."""
         ahead = partial(self.plan.load, step + 1) if step + 1 < self.steps else None  # placement fill loads it early
-        result = self.run.step(step, partial(self.plan.load, step), self.recipe.train.max_grad_norm, ahead)
+        result = self.run.step(step, partial(self.plan.load, step), self.recipe.train.max_grad_norm, ahead,
+                               bad_rows=self.plan.take_dropped)
         self.step_ran = result.ran
         if not result.ran:
             return self._skipped(step)
@@ -139,6 +134,7 @@ class RecipeJob:
         self.bubbles.append(stats.rank_bubble)
         self.peaks.append(stats.rank_activation_bytes)
         row = step_row(step, stats, result.grad_norm, lr, self.run.skips.total)
+        row["bad_rows"], row["bad_rows_total"] = stats.bad_rows, self.run.skips.bad_rows  # rows dropped at load
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
                                  bubble=f"{stats.bubble:.2f}")
@@ -149,7 +145,8 @@ class RecipeJob:
         skips = self.run.skips
         if self.run.lead:
             tqdm.write(skips.warning(step))
-        self.metrics.log({"step": step + 1, "skipped": True, "skipped_steps": skips.total, "error": skips.last})
+        self.metrics.log({"step": step + 1, "skipped": True, "skipped_steps": skips.total,
+                          "bad_rows_total": skips.bad_rows, "error": skips.last})
 
     def eval_due(self, done: int) -> bool:
         """An evaluation after step ``done`` (1-based): every ``eval_steps`` and after the last step."""
@@ -162,6 +159,7 @@ class RecipeJob:
         begin = time.perf_counter()
         loss, tokens = self.run.evaluate(self.eval_plan.load_rows, len(self.eval_set),
                                          self.recipe.data.micro_batch_size)
+        self.eval_plan.take_dropped()  # each was reported by its owner; eval rows count towards no limit
         self.metrics.log({"step": done, "eval_loss": loss, "eval_label_tokens": tokens,
                           "eval_runtime": round(time.perf_counter() - begin, 3)})
         if self.run.lead:

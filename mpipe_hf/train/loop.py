@@ -1,9 +1,14 @@
 """One training step of the pipeline with the bad-sample policy: the piece of the loop that ``mpipe-hf train``
 and the HF Trainer integration share (README, "Design notes").
 
-A step whose data a rank cannot load (an undecodable image, a sample the model rejects: any ``ValueError``
-of the step, which the executor raises on every rank with the same text) is skipped on every rank with
-``on_bad_sample: skip``: no gradient is left, the caller takes no optimizer step, and the next step runs exact.
+With ``on_bad_sample: skip``, a row that fails at load (an undecodable image, a sample the model rejects) costs
+that row: its owner drops it from the micro-batch and the step trains on the rest
+(:meth:`~mpipe_hf.data.owner.MicroBatchPlan.load_rows`); the vote before the step's first transfer tells every rank
+how many rows were dropped (:attr:`~mpipe_hf.runtime.StepStats.bad_rows`). A step that cannot run (a micro-batch a
+user's collator cannot load, a step with no row left, a loss or gradient norm that is not finite: any
+``ValueError`` of the step, which the executor raises on every rank with the same text) is skipped on every rank:
+no gradient is left, the caller takes no optimizer step, and the next step runs exact. The run stops once more
+than ``data.max_bad_rows`` rows failed in all, or that many steps in a row were skipped.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from .recipe import DataSection
 
 @dataclass
 class Skips:
-    """The skipped steps so far: ``in_row`` (since the last step that ran), ``total``, and the last error."""
+    """The bad data so far: the skipped steps, ``in_row`` (since the last step that ran) and ``total``, the last
+    error, and ``bad_rows``, the rows dropped at load over the run (saved with the rank's state)."""
 
     in_row: int = 0
     total: int = 0
     last: str | None = None
     held: int = 0  # ``in_row`` before the last step that ran, in case it turns out not finite
-
+    bad_rows: int = 0
 
     def warning(self, step: int) -> str:
         """The line that reports step ``step`` (0-based) as skipped."""
@@ -35,19 +41,35 @@ class Skips:
         """Count a skipped step.
 
         Raises:
-            ValueError: the ``data.max_bad_steps``-th skipped step in a row: ``reason`` and the count.
+            ValueError: the ``data.max_bad_rows``-th skipped step in a row: ``reason`` and the count.
         """
         self.in_row, self.total, self.last = self.in_row + 1, self.total + 1, reason
-        if self.in_row >= data.max_bad_steps:
-            err = ValueError(f"{reason} ({self.in_row} steps in a row skipped, data.max_bad_steps = "
-                             f"{data.max_bad_steps})")
-            err.shared = True  # every rank counts the same skips: one line for the run, not one per rank
-            raise err
+        if self.in_row >= data.max_bad_rows:
+            raise _shared(f"{reason} ({self.in_row} steps in a row skipped, data.max_bad_rows = "
+                          f"{data.max_bad_rows})")
+
+    def drop_rows(self, count: int, reason: str | None, data: DataSection) -> None:
+        """Count ``count`` rows a step dropped at load (``reason``: one of them, ``"WHERE (WHY)"``).
+
+        Raises:
+            ValueError: more than ``data.max_bad_rows`` rows dropped in all: ``reason`` and the count.
+        """
+        self.bad_rows += count
+        if count and self.bad_rows > data.max_bad_rows:
+            raise _shared(f"a row failed to load: {reason} ({self.bad_rows} rows failed in all, more than "
+                          f"data.max_bad_rows = {data.max_bad_rows})")
+
+
+def _shared(text: str) -> ValueError:
+    err = ValueError(text)
+    err.shared = True  # every rank counts the same skips: one line for the run, not one per rank
+    return err
 
 
 def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: DataSection, skips: Skips, step: int,
              ahead: Callable[[int], dict] | None = None, num_micro: int | None = None,
-             owners: Sequence[int] | None = None, next_owners: Sequence[int] | None = None) -> StepStats | None:
+             owners: Sequence[int] | None = None, next_owners: Sequence[int] | None = None,
+             bad_rows: Callable[[], Sequence[str]] | None = None) -> StepStats | None:
     """Run step ``step`` (0-based) over its micro-batches (``load(m)``); ``None`` when it was skipped.
 
     With placement ``fill`` and ``ahead`` (the next step's ``load``), the owners also load the next step's
@@ -55,10 +77,14 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
     of the next step skips the next step, not this one. ``num_micro``: a step shorter than the schedule's ``M``.
     ``owners``, ``next_owners``: this step's and (with ``ahead``) the next step's owners of each micro-batch
     (load-aware owners; ``None``: ``m % NT``), the same on every rank (:meth:`PipelineExecutor.step`).
+    ``bad_rows``: the rows the loads dropped since it was last called
+    (:meth:`~mpipe_hf.data.owner.MicroBatchPlan.take_dropped`); the step's count over every rank adds to
+    ``skips.bad_rows``.
 
     Raises:
-        ValueError: a bad sample with ``on_bad_sample: raise``, or the ``max_bad_steps``-th skipped step in a row
-            (the last error's text, which names its rank and action, and the count).
+        ValueError: a bad sample with ``on_bad_sample: raise``, more than ``data.max_bad_rows`` rows dropped in all,
+            or the ``max_bad_rows``-th skipped step in a row (the last error's text, which names its rank and
+            action or its row, and the count).
         TimeoutError, RuntimeError: any other failure (the same text on every rank).
     """
     executor.step_index = step  # P's dropout seeds follow the data step, skipped steps included
@@ -66,17 +92,22 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
         ahead = None
     try:
         try:
-            stats = executor.step(load, ahead, num_micro, owners, next_owners if ahead is not None else None)
+            stats = executor.step(load, ahead, num_micro, owners, next_owners if ahead is not None else None,
+                                  bad_rows)
         except ValueError:
             if ahead is None:
                 raise
             executor.step_index = step
-            stats = executor.step(load, None, num_micro, owners)
+            stats = executor.step(load, None, num_micro, owners, None, bad_rows)
     except ValueError as err:
         if data.on_bad_sample == "raise":
             raise
+        skips.drop_rows(getattr(err, "bad_rows", 0), str(err), data)  # a step with no row left
         skips.record(str(err), data)
         return None
+    if stats.bad_rows and data.on_bad_sample == "raise":  # a loader that dropped rows all the same
+        raise ValueError(f"a row failed to load: {stats.bad_row}")
+    skips.drop_rows(stats.bad_rows, stats.bad_row, data)
     skips.held, skips.in_row = skips.in_row, 0
     return stats
 
@@ -87,7 +118,7 @@ def finite_step(stats: StepStats, grad_norm: float, params, skips: Skips, data: 
     takes no optimizer step) and the skip is counted in ``skips``.
 
     Raises:
-        ValueError: the ``data.max_bad_steps``-th skipped step in a row.
+        ValueError: the ``data.max_bad_rows``-th skipped step in a row.
     """
     if math.isfinite(stats.loss) and math.isfinite(grad_norm):
         return True

@@ -1,10 +1,51 @@
-"""The recipe's ``data`` section (:class:`DataSection`): the JSONL files, the micro-batch size, image bounds,
-truncation and what a bad sample does.
+"""The recipe's ``data`` section (:class:`DataSection`): where the rows come from (one file or folder, or several
+sources mixed by weight, each in any layout :mod:`mpipe_hf.data.layouts` knows), the micro-batch size, image
+bounds, truncation and what a bad row does.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+
+FORMATS = ("auto", "messages", "trl", "llava", "sharegpt", "caption", "text")
+STOPPING = ("first_exhausted", "all_exhausted")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """One source of rows (``data.path``, or an item of ``data.sources``).
+
+    Attributes:
+        path: a JSON file (a list of rows, or one row per line), a JSONL, a parquet or arrow file, a folder written
+            by ``Dataset.save_to_disk``, or a local folder in the hub's layout (``load_dataset(folder)``).
+        format: the row layout (:data:`FORMATS`; ``auto``: detected from the first row's keys).
+        images: the folder the rows' relative image paths are taken from; ``None``: the file's own folder.
+        weight: the source's share of the mixed stream (``datasets.interleave_datasets`` probabilities, after
+            normalising the weights to sum to 1).
+        split: the split of a ``DatasetDict`` or hub folder.
+
+    Raises:
+        ValueError: a ``path`` or ``split`` that is not a non-empty string, a ``format`` outside :data:`FORMATS`,
+            an ``images`` that is not a string or null, a ``weight`` that is not a number > 0.
+    """
+
+    path: str
+    format: str = "auto"
+    images: str | None = None
+    weight: float = 1.0
+    split: str = "train"
+
+    def __post_init__(self):
+        for key in ("path", "split"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise ValueError(f"data.{key} must be a non-empty string, got {getattr(self, key)!r}")
+        if self.format not in FORMATS:
+            raise ValueError(f"data.format must be one of {list(FORMATS)}, got {self.format!r}")
+        if self.images is not None and (not isinstance(self.images, str) or not self.images):
+            raise ValueError(f"data.images must be a folder path or null, got {self.images!r}")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not self.weight > 0:
+            raise ValueError(f"data.sources[i].weight must be a number > 0, got {self.weight!r}")
 
 
 @dataclass(frozen=True)
@@ -12,52 +53,110 @@ class DataSection:
     """``data:`` what the model reads.
 
     Attributes:
-        path: a JSONL file: ``{"image", "prompt", "caption"}`` rows for a vision-language model (image paths
-            relative to the file), ``{"text"}`` rows for a decoder-only LM.
+        path: one source (:class:`DataSource`'s ``path``), read with ``format``, ``images`` and ``split``; or
+            ``None`` with ``sources``.
+        sources: several sources, each a mapping with the keys of :class:`DataSource`, mixed by their weights
+            with ``datasets.interleave_datasets`` (seeded by ``train.seed``); ``None``: ``path`` alone.
+        format, images, split: as :class:`DataSource`, for ``path``.
+        mix_stopping: ``first_exhausted`` (the mix ends when one source runs out) or ``all_exhausted`` (the
+            smaller sources repeat until every source has been read once), as ``interleave_datasets``.
+        clean_rows: a row list written by ``mpipe-hf check-data --write-clean``: only its rows are read.
+        num_proc: processes for the data check and the tokenisation (``datasets.map``); ``None``: up to 8,
+            at most the machine's cores.
         micro_batch_size: rows per micro-batch.
         min_pixels, max_pixels: image resize bounds of the processor, in pixels.
         shuffle: read each epoch's rows in an order drawn from ``train.seed`` and the epoch (default); else in
             file order.
         max_length: the most tokens a row may take (text and image tokens); a longer row is cut at
             ``max_length``, or dropped with a counted warning when the cut would go through an image's tokens.
-        on_bad_sample: ``skip`` (default): a step whose data load fails on any rank is skipped on every rank (no
-            optimizer step), with a warning naming the rows and a count in the metrics; ``raise``: the run stops.
-        max_bad_steps: with ``skip``, the run stops with the last error after this many skipped steps in a row
-            (a step is skipped for a bad sample, or for a loss or gradient norm that is not finite).
-        eval_path: a JSONL file of the same form as ``path``: ``train.eval_steps`` and the end of the run report
-            ``eval_loss`` over every row of it (forward-only schedule, summed over the label tokens of the whole
-            set and divided once); ``None``: no evaluation.
+        on_bad_sample: ``skip`` (default): a row that fails at run time (an image that does not decode) is
+            dropped from its step, which trains on the rest, with a warning naming the file and line; a step with
+            no row left, or a loss or gradient norm that is not finite, is skipped; ``raise``: the run stops.
+        max_bad_rows: with ``skip``, the run stops with the last error once more than this many rows failed in
+            all, or this many steps in a row were skipped. ``max_bad_steps`` is its old name (deprecated).
+        eval_path: a file of the same layouts as ``path``: ``train.eval_steps`` and the end of the run report
+            ``eval_loss`` over every row of it; ``None``: no evaluation.
 
     Raises:
         ValueError: a count that is not an integer >= 1, ``min_pixels > max_pixels``, a ``shuffle`` that is not a
-            boolean, an ``on_bad_sample`` other than ``skip``/``raise``, a ``path`` that is not a non-empty string, an
-            ``eval_path`` that is not one or null (that the files exist is checked by
-            :func:`mpipe_hf.train.trainer.check`: ``mpipe-hf plan`` needs no data).
+            boolean, an ``on_bad_sample`` other than ``skip``/``raise``, neither or both of ``path`` and
+            ``sources``, a bad source (:class:`DataSource`), a ``mix_stopping`` outside :data:`STOPPING` (that the
+            files exist is checked when the data loads: ``mpipe-hf plan`` needs no data).
     """
 
-    path: str
+    path: str | None = None
+    sources: tuple | None = None
+    format: str = "auto"
+    images: str | None = None
+    split: str = "train"
+    mix_stopping: str = "first_exhausted"
+    clean_rows: str | None = None
+    num_proc: int | None = None
     micro_batch_size: int = 1
     min_pixels: int = 56 * 56
     max_pixels: int = 112 * 112
     shuffle: bool = True
     max_length: int = 2048
     on_bad_sample: str = "skip"
-    max_bad_steps: int = 3
+    max_bad_rows: int = 10
+    max_bad_steps: int | None = None  # the old name of max_bad_rows
     eval_path: str | None = None
 
     def __post_init__(self):
-        for key in ("path", "eval_path"):
+        if self.max_bad_steps is not None:
+            warnings.warn("data.max_bad_steps is deprecated: a bad row now costs that row, not its step; write "
+                          "data.max_bad_rows", FutureWarning, stacklevel=3)
+            object.__setattr__(self, "max_bad_rows", self.max_bad_steps)
+            object.__setattr__(self, "max_bad_steps", None)
+        if (self.path is None) == (self.sources is None):
+            raise ValueError("section 'data' needs data.path (one source) or data.sources (several), not "
+                             f"{'both' if self.path is not None else 'neither'}")
+        if self.path is not None and (not isinstance(self.path, str) or not self.path):
+            raise ValueError(f"data.path must be a file or folder path, got {self.path!r}")
+        if self.sources is not None:
+            object.__setattr__(self, "sources", self._parsed())
+        self.all_sources  # noqa: B018 - validates format, images and split with path
+        for key in ("eval_path", "clean_rows"):
             value = getattr(self, key)
-            if (not isinstance(value, str) or not value) and (key == "path" or value is not None):
-                raise ValueError(f"data.{key} must be a JSONL file path{'' if key == 'path' else ' or null'}, got "
-                                 f"{value!r}")
-        for key in ("micro_batch_size", "min_pixels", "max_pixels", "max_length", "max_bad_steps"):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"data.{key} must be a path or null, got {value!r}")
+        for key in ("micro_batch_size", "min_pixels", "max_pixels", "max_length", "max_bad_rows", "num_proc"):
             value = getattr(self, key)
+            if key == "num_proc" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"data.{key} must be an integer >= 1, got {value!r}")
         if not isinstance(self.shuffle, bool):
             raise ValueError(f"data.shuffle must be true or false, got {self.shuffle!r}")
         if self.on_bad_sample not in ("skip", "raise"):
             raise ValueError(f"data.on_bad_sample must be 'skip' or 'raise', got {self.on_bad_sample!r}")
+        if self.mix_stopping not in STOPPING:
+            raise ValueError(f"data.mix_stopping must be one of {list(STOPPING)}, got {self.mix_stopping!r}")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"data.min_pixels ({self.min_pixels}) exceeds data.max_pixels ({self.max_pixels})")
+
+    @property
+    def all_sources(self) -> tuple[DataSource, ...]:
+        """The sources to read: ``sources``, or ``path`` with ``format``, ``images`` and ``split``."""
+        if self.sources is not None:
+            return self.sources
+        return (DataSource(self.path, self.format, self.images, 1.0, self.split),)
+
+    def _parsed(self) -> tuple[DataSource, ...]:
+        if isinstance(self.sources, (list, tuple)) and self.sources and all(
+                isinstance(s, DataSource) for s in self.sources):
+            return tuple(self.sources)
+        if not isinstance(self.sources, (list, tuple)) or not self.sources:
+            raise ValueError(f"data.sources must be a non-empty list of sources (mappings with 'path'), got "
+                             f"{self.sources!r}")
+        keys = set(DataSource.__dataclass_fields__)
+        out = []
+        for i, item in enumerate(self.sources):
+            if not isinstance(item, dict) or "path" not in item or set(item) - keys:
+                raise ValueError(f"data.sources[{i}] must be a mapping with 'path' and any of {sorted(keys)}, got "
+                                 f"{item!r}")
+            try:
+                out.append(DataSource(**item))
+            except ValueError as err:
+                raise ValueError(f"data.sources[{i}]: {err}") from None
+        return tuple(out)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 
 # Every recipe field that names a file or a directory, by section; a value in NOT_PATHS is a keyword, not a path.
-PATH_FIELDS = {"model": ("name_or_path", "config", "tokenizer"), "data": ("path", "eval_path"),
+PATH_FIELDS = {"model": ("name_or_path", "config", "tokenizer"),
+               "data": ("path", "eval_path", "images", "clean_rows"),
                "parallel": ("profile",), "train": ("output_dir", "resume")}
 NOT_PATHS = {("train", "resume"): ("auto",)}
 SHORTHANDS = {"model": "name_or_path", "data": "path"}  # `model: DIR` and `data: FILE` name one path alone
@@ -49,5 +50,9 @@ def resolve_paths(raw, folder: str):
             for key in keys:
                 if key in values and values[key] not in NOT_PATHS.get((section, key), ()):
                     values[key] = resolve_path(values[key], folder)
+            if section == "data" and isinstance(values.get("sources"), list):  # each source's path and images
+                values["sources"] = [{k: resolve_path(v, folder) if k in ("path", "images") else v
+                                      for k, v in item.items()} if isinstance(item, dict) else item
+                                     for item in values["sources"]]
             out[section] = values
     return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -72,7 +72,7 @@ class PipelineRun:
     Args:
         parallel: the recipe's ``parallel`` section (the schedule, the layout, ``dp_size``, ``timeout_s``).
         seed: the seed of a drawn model, of ``P``'s dropout and of anything random.
-        data: the bad-sample policy (``on_bad_sample``, ``max_bad_steps``) of :meth:`step`.
+        data: the bad-sample policy (``on_bad_sample``, ``max_bad_rows``) of :meth:`step`.
     """
 
     def __init__(self, parallel: ParallelSection, seed: int = 0, data: DataSection | None = None):
@@ -214,22 +214,26 @@ class PipelineRun:
     # ---- a step -------------------------------------------------------------------------------------------
 
     def step(self, step: int, load: Callable[[int], dict], max_grad_norm: float,
-             ahead: Callable[[int], dict] | None = None, num_micro: int | None = None) -> StepResult:
+             ahead: Callable[[int], dict] | None = None, num_micro: int | None = None,
+             bad_rows: Callable[[], Sequence[str]] | None = None) -> StepResult:
         """Step ``step`` (0-based) over its micro-batches (``load(m)``; ``ahead``: the next step's, which
         placement ``fill`` loads early; ``num_micro``: a step shorter than ``M``), then the gradients clipped to
         ``max_grad_norm`` by their global norm over the pipeline (0: not clipped) and the loss and the norm
         checked finite (:func:`~.loop.run_step`, :func:`~.optimizer.clip_grad_norm`,
-        :func:`~.loop.finite_step`). The optimizer and LR scheduler step is the caller's, when the result
-        :attr:`~StepResult.ran`.
+        :func:`~.loop.finite_step`). ``bad_rows``: the rows the loads dropped since it was last called (the
+        plan's :meth:`~mpipe_hf.data.owner.MicroBatchPlan.take_dropped`); they count towards
+        ``data.max_bad_rows`` (:attr:`skips`). The optimizer and LR scheduler step is the caller's, when the
+        result :attr:`~StepResult.ran`.
 
         Raises:
-            ValueError: a bad sample with ``on_bad_sample: raise``, or the ``max_bad_steps``-th skipped step in
-                a row.
+            ValueError: a bad sample with ``on_bad_sample: raise``, more than ``max_bad_rows`` rows dropped in
+                all, or the ``max_bad_rows``-th skipped step in a row.
             TimeoutError, RuntimeError: any other failure of the step (the same text on every rank).
         """
         owners = self.owners_of(step)
         next_owners = self.owners_of(step + 1) if ahead is not None else None
-        stats = run_step(self.executor, load, self.data, self.skips, step, ahead, num_micro, owners, next_owners)
+        stats = run_step(self.executor, load, self.data, self.skips, step, ahead, num_micro, owners, next_owners,
+                         bad_rows)
         if stats is None:
             return StepResult(None)
         norm = clip_grad_norm(list(self.params.values()), self.counted, max_grad_norm, self.group, self.device,

@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 
 import torch
 from accelerate.utils import set_seed
 from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText,
                           AutoTokenizer)
 
-from ..data import (ConversationCollator, ConversationDataset, TextCollator, build_processor, image_processor_for,
-                    load_conversation_dataset, load_text_dataset)
+from ..data import ConversationCollator, ConversationDataset, TextCollator, build_processor, image_processor_for
+from ..data.conversation import Source, dropped_warning, load_sources
 from ..data.processor import QWEN_PROCESSORS
 from ..models import get_family, split
 from ..models.adapters import ADAPTER, check_adapted
 from ..models.load import split_checked, split_from_checkpoint, split_from_config
-from .recipe import ModelSource, ParallelSection, Recipe
+from .recipe import DataSection, ModelSource, ParallelSection, Recipe
 
 
 def is_vision_language(config) -> bool:
@@ -40,12 +39,6 @@ def load_config(source: ModelSource):
                              f"copy a checkpoint's config.json")
         return AutoConfig.for_model(raw.pop("model_type"), **raw)
     return AutoConfig.from_pretrained(path)
-
-
-def first_row(path: str) -> str:
-    """The first line of the JSONL at ``path`` that is not blank ("" for an empty file)."""
-    with open(path) as f:
-        return next((line for line in f if line.strip()), "")
 
 
 def load_model(source: ModelSource, config, seed: int):
@@ -89,21 +82,91 @@ def load_processor(recipe: Recipe, config):
     return build_processor(config, tokenizer, image_processor)
 
 
-def load_data(recipe: Recipe, config, processor, quiet: bool = False, path: str | None = None):
-    """``(dataset, collate)`` of ``path`` (default ``data.path``): ``messages``/``images`` conversation rows (or
-    the older ``{image, prompt, caption}`` rows) rendered with the checkpoint's chat template, else the family's;
-    for a decoder-only LM, conversation rows or ``{text}`` rows. Rows that do not fit ``data.max_length`` without
-    cutting an image are dropped with one warning (none when ``quiet``)."""
-    path, max_length = path or recipe.data.path, recipe.data.max_length
-    if not is_vision_language(config):
-        if "messages" not in json.loads(first_row(path)):
-            return load_text_dataset(path), TextCollator(processor, max_length)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        dataset = load_conversation_dataset(path, processor, max_length, model_type=config.model_type)
-    for warning in caught if not quiet else []:  # the dropped rows, as one line
-        print(f"mpipe_hf: warning: {warning.message}", flush=True)
-    return dataset, ConversationCollator(processor, max_length, model_type=config.model_type)
+def load_data(recipe: Recipe, config, processor, quiet: bool = False, path: str | None = None,
+              num_proc: int | None = None):
+    """``(dataset, collate)``: the rows of ``data.path`` or ``data.sources`` (``path``: that one file instead, as
+    the eval set), in any layout (:func:`~mpipe_hf.data.conversation.load_sources`), checked and tokenised once
+    and cached, rendered with the checkpoint's chat template, else the family's; ``text`` rows for a decoder-only
+    LM. Rows that do not fit ``data.max_length`` without cutting an image are dropped with one warning; rows that
+    fail the check cost themselves (:func:`bad_rows_policy`). Nothing is printed when ``quiet``.
+
+    Raises:
+        ValueError: a source that cannot be read; bad rows past the policy; no row left.
+    """
+    data = recipe.data
+    sources = [Source(path)] if path is not None else [Source(s.path, s.format, s.images, s.weight, s.split)
+                                                      for s in data.all_sources]
+    dataset = load_sources(sources, processor, data.max_length, config.model_type, seed=recipe.train.seed,
+                           stopping=data.mix_stopping, clean_rows=None if path is not None else data.clean_rows,
+                           num_proc=num_proc or data.num_proc)
+    bad_rows_policy(dataset, data, quiet)
+    if dataset.dropped and not quiet:
+        print(f"mpipe_hf: warning: {dropped_warning(dataset, data.max_length)}", flush=True)
+    if dataset.layout == "text":
+        return dataset, TextCollator(processor, data.max_length)
+    return dataset, ConversationCollator(processor, data.max_length, model_type=config.model_type)
+
+
+def node_first(fn, what: str, every):
+    """``fn()`` on every rank, on each node's first process (``LOCAL_RANK`` 0) before the node's others, so that
+    they read the ``datasets`` cache it wrote; a failure on any rank is raised on every rank (``every``: the
+    ``(rank, world, group)`` of :func:`~.collective.together`)."""
+    import torch.distributed as dist
+
+    from .collective import raise_or, together
+    first = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    if not first:
+        dist.barrier()
+    try:
+        value = fn()
+    except Exception as err:  # noqa: BLE001 - raised on every rank by together()
+        value = err
+    if first:
+        dist.barrier()
+    return together(lambda: raise_or(value), what, *every)
+
+
+def trainer_rows(dataset, processor, data: DataSection, model_type: str, seed: int = 0):
+    """``MPipeTrainer``'s rows: a user's dataset (a ``datasets.Dataset`` of any layout, a list of rows, a file or
+    folder path, or :class:`~mpipe_hf.data.conversation.Source` items mixed by weight, seeded by ``seed``)
+    through the loader ``mpipe-hf train`` uses (:func:`load_sources`), under the bad-row policy of ``data``; a
+    :class:`ConversationDataset` as it is."""
+    if isinstance(dataset, ConversationDataset):
+        return dataset
+    if isinstance(dataset, Source):
+        dataset = [dataset]
+    sources = dataset if isinstance(dataset, list) and dataset and all(isinstance(s, Source) for s in dataset) \
+        else [Source(dataset)]
+    rows = load_sources(sources, processor, data.max_length, model_type, seed=seed, stopping=data.mix_stopping)
+    bad_rows_policy(rows, data, quiet=int(os.environ.get("RANK", 0)) != 0)
+    return rows
+
+
+SHOWN_BAD_ROWS = 20  # the bad rows one message names; mpipe-hf check-data lists them all
+
+
+def bad_rows_policy(dataset, data: DataSection, quiet: bool = False) -> None:
+    """What the rows that failed the check at the start cost: with ``on_bad_sample: skip`` and at most
+    ``max_bad_rows`` of them, each is left out with one warning naming at most :data:`SHOWN_BAD_ROWS`; else the
+    run stops before its first step.
+
+    Raises:
+        ValueError: any bad row with ``on_bad_sample: raise``, or more than ``data.max_bad_rows``: the count,
+            the first :data:`SHOWN_BAD_ROWS` (file and line, and the reason) and how to list and leave out all.
+    """
+    if not dataset.bad:
+        return
+    shown = "\n  ".join(f"{where}: {why}" for where, why in dataset.bad[:SHOWN_BAD_ROWS])
+    more = f"\n  ... and {len(dataset.bad) - SHOWN_BAD_ROWS} more" if len(dataset.bad) > SHOWN_BAD_ROWS else ""
+    head = f"{len(dataset.bad)} bad row(s) in {dataset.path}"
+    if data.on_bad_sample == "raise" or len(dataset.bad) > data.max_bad_rows:
+        why = ("data.on_bad_sample is raise" if data.on_bad_sample == "raise"
+               else f"more than data.max_bad_rows = {data.max_bad_rows}")
+        raise ValueError(f"{head} ({why}):\n  {shown}{more}\nList them all with `mpipe-hf check-data RECIPE`, and "
+                         f"train on the rest with its --write-clean FILE and data.clean_rows: FILE")
+    if not quiet:
+        print(f"mpipe_hf: warning: {head}, left out (data.max_bad_rows = {data.max_bad_rows}):\n  {shown}{more}",
+              flush=True)
 
 
 def owner_costs(dataset, config) -> list[int]:
@@ -113,7 +176,7 @@ def owner_costs(dataset, config) -> list[int]:
     rows), which its text layers' work grows with."""
     if isinstance(dataset, ConversationDataset):
         return list(dataset.image_tokens if is_vision_language(config) else dataset.num_tokens)
-    return [len(text) for text in dataset["text"]]
+    return [len(text) for text in dataset["text"]]  # a user's dataset of {"text"} rows
 
 
 def profile_layout(parallel: ParallelSection, cfg) -> list[int] | None:

@@ -52,7 +52,8 @@ def rank_state(step: int, optimizer, scheduler, skips, params: dict) -> dict:
     return {"step": step, "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "param_names": optimizer_names(optimizer, params) if optimizer is not None else [],
             "scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": rng_states(),
-            "skips": {"in_row": skips.in_row, "total": skips.total, "last": skips.last}}
+            "skips": {"in_row": skips.in_row, "total": skips.total, "last": skips.last,
+                      "bad_rows": skips.bad_rows}}
 
 
 def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, params: dict,
@@ -97,7 +98,9 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
             for _ in range(state["scheduler"]["last_epoch"] if state["scheduler"] is not None else 0):
                 scheduler.step()
     set_rng_states(state["rng"])
-    skips.in_row, skips.total, skips.last = state["skips"]["in_row"], state["skips"]["total"], state["skips"]["last"]
+    saved = state["skips"]
+    skips.in_row, skips.total, skips.last = saved["in_row"], saved["total"], saved["last"]
+    skips.bad_rows = saved.get("bad_rows", 0)  # not in a checkpoint from before rows were dropped one by one
     return int(state["step"])
 
 

@@ -20,10 +20,10 @@ from .checks import check, check_layout, check_output_dir  # cli.py, the tests a
 from .job import RecipeJob, TrainResult
 from .recipe import Recipe, load_recipe
 from .report import error_line, log_failure
-from .sources import (first_row, is_vision_language, load_config, load_data, load_model,
+from .sources import (is_vision_language, load_config, load_data, load_model,
                       load_processor, load_share, owner_costs)
 
-__all__ = ["TrainResult", "train", "main", "check", "check_layout", "check_output_dir", "first_row",
+__all__ = ["TrainResult", "train", "main", "check", "check_layout", "check_output_dir",
            "is_vision_language", "load_config", "load_data", "load_model", "load_processor", "load_share",
            "owner_costs"]
 

@@ -10,7 +10,8 @@ step; gradients add up), ``bad_micro`` (a micro with a wrong image-token count, 
 rank 0's stage 0 raise), ``lookahead`` (placement ``fill``: each run loads the next run's micros), ``reload``
 (after the steps, save the checkpoint and load it with ``from_pretrained``), ``owners`` (load-aware owners, issue
 18: ``"reversed"``, micro ``m`` to rank ``NT - 1 - m % NT``, or ``"balanced"``, LPT over each run's real image-token
-counts; every rank computes them from the same micro-batches).
+counts; every rank computes them from the same micro-batches), ``bad_rows`` (issue 28: the micro-batches are
+collated from rows on their owners, two rows with an image that does not decode: row_cases.py).
 A failing step runs first; the measured steps follow on other micro-batches.
 
 The pipeline runs on every rank; rank 0 then runs the unsplit reference (same micro-batches, same frozen modules,
@@ -32,6 +33,7 @@ from PIL import Image
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from common import run_cases
+from row_cases import RowCase
 from mpipe_hf.models import split as split_model
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.handlers import preprocess_seed
@@ -236,6 +238,10 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
                                         measure_memory=swap is not None)
         result["grads_after_error"] = sorted(n for n, p in params.items() if p.grad is not None)
 
+    rows = RowCase(model.config, out_dir, rank, cfg.num_micro, split.validate_micro) if case.get("bad_rows") else None
+
+    def micros_of(run):  # the reference's micro-batches of schedule run ``run``
+        return rows.reference(run) if rows is not None else micro_batches(case, pool, run)
     losses, grads, peaks, owned_all = [], {}, set(), []
     token_id = getattr(model.config, "image_token_id", None)
 
@@ -248,6 +254,8 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
 
         def load(m):
             loads.append(m)
+            if rows is not None:  # read from the rows: a bad one is dropped (issue 28)
+                return rows.load(run, m)
             split.validate_micro(micros[m])
             return micros[m]
         return load
@@ -257,7 +265,9 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             ahead = case.get("lookahead") and run + 1 < steps * accumulate  # load the next run's micros now
             owners = owners_of(run)
             stats = executor.step(loader(run), loader(run + 1) if ahead else None, owners=owners,
-                                  next_owners=owners_of(run + 1) if ahead else None)
+                                  next_owners=owners_of(run + 1) if ahead else None,
+                                  bad_rows=rows.take if rows is not None else None)
+            result.setdefault("bad_rows", []).append([stats.bad_rows, stats.bad_row])
             owned_all += [m for m in range(cfg.num_micro) if (owners[m] if owners else cfg.owner(m)) == rank]
             losses.append(stats.loss)
             if swap is not None:  # what this rank's swap manager moved, and the peak on the device
@@ -271,6 +281,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     result["loads"] = loads
+    result["dropped_here"] = rows.dropped if rows is not None else []
     result["deferred_weights"] = DEFERRED[0] - deferred
     result["order"] = [str(a) for a in executor.order]
     result["bytes_sent"] = dict(executor.p2p.bytes_sent)
@@ -295,7 +306,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             for a in range(accumulate):
                 run = step * accumulate + a
                 seeds = (ref.model.vision_tower, SEED, run) if case.get("dropout") else None
-                ref_losses.append(reference_run(ref, micro_batches(case, pool, run), seeds, case.get("bf16", False),
+                ref_losses.append(reference_run(ref, micros_of(run), seeds, case.get("bf16", False),
                                                 case.get("order", "hf")))
             if step == 0:
                 ref_grads = {n: p.grad.clone() for n, p in trainable.items() if p.grad is not None}
