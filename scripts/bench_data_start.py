@@ -3,12 +3,12 @@
 again with the cache the first run left.
 
 The run is the demo model at ``R = 2`` for one step (``max_steps: 1``); what differs between the two runs is only
-the data work: the first run checks, renders and tokenises every row once, on the launching process with
+the data work (a third run on 100 rows gives the floor: the launch, the model and the step alone): the first run checks, renders and tokenises every row once, on the launching process with
 ``data.num_proc`` processes, and the workers read its cache; the second finds the cache and starts at once. The
 old loader (every rank rendering and tokenising every row itself, one process each) is timed on the first
 ``--old-rows`` rows for scale.
 
-Usage: python scripts/bench_data_start.py [--rows 100000] [--demo demo] [--num-proc 2]
+Usage: python scripts/bench_data_start.py [--rows 100000] [--demo demo] [--num-proc 2] [--old-tree DIR]
 """
 
 from __future__ import annotations
@@ -45,11 +45,15 @@ def write_rows(path: str, rows: int, image_share: float, images: list[str], seed
             f.write(json.dumps(row) + "\n")
 
 
-def timed_run(recipe: str, cache: str) -> float:
+def timed_run(recipe: str, cache: str, tree: str | None = None) -> float:
+    """Seconds of ``mpipe-hf train recipe`` with ``cache`` as ``HF_DATASETS_CACHE`` (``tree``: the package of
+    another checkout, put first on ``PYTHONPATH`` and run from a neutral folder)."""
     env = {**os.environ, "HF_DATASETS_CACHE": cache, "OMP_NUM_THREADS": "1"}
+    if tree is not None:
+        env["PYTHONPATH"] = tree
     start = time.perf_counter()
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", recipe],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", "mpipe_hf.cli", "train", recipe], capture_output=True, text=True,
+                          env=env, cwd=os.path.dirname(recipe))
     if proc.returncode:
         raise SystemExit(proc.stdout[-2000:] + proc.stderr[-4000:])
     return time.perf_counter() - start
@@ -78,6 +82,8 @@ def main(argv=None) -> None:
     parser.add_argument("--demo", default=os.path.join(ROOT, "demo"))
     parser.add_argument("--num-proc", type=int, default=2)
     parser.add_argument("--old-rows", type=int, default=2000)
+    parser.add_argument("--old-tree", help="a checkout of the previous loader (git worktree add DIR 351c14f): its "
+                                           "mpipe-hf train on the same rows is timed too")
     args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="bench_data_")
     images = sorted(os.path.join(args.demo, "data", "images", n)
@@ -93,14 +99,26 @@ def main(argv=None) -> None:
     cache = os.path.join(work, "hf_datasets_cache")
     first = timed_run(recipe, cache)
     cached = timed_run(recipe, cache)
+    small = os.path.join(work, "small.jsonl")  # the floor: the same run on 100 rows, cached
+    write_rows(small, 100, args.image_share, images)
+    small_recipe = os.path.join(work, "small.yaml")
+    with open(recipe) as f, open(small_recipe, "w") as g:
+        g.write(f.read().replace(data, small))
+    timed_run(small_recipe, cache)
+    floor = timed_run(small_recipe, cache)
+    old = timed_run(recipe, os.path.join(work, "old_cache"), args.old_tree) if args.old_tree else None
     from mpipe_hf.data import load_checkpoint_processor
     rate = old_loader_rate(data, load_checkpoint_processor(os.path.join(args.demo, "model")), args.old_rows)
     print(f"rows: {args.rows} ({args.image_share:.0%} with an image), data.num_proc {args.num_proc}, "
           f"{os.cpu_count()} cores")
     print(f"mpipe-hf train to the end of step 1, first run (empty cache): {first:.1f} s")
     print(f"mpipe-hf train to the end of step 1, cached run: {cached:.1f} s")
+    print(f"the same run on 100 rows, cached (launch, model and step alone): {floor:.1f} s")
     print(f"the old loader: {rate:.0f} rows/s on each rank, so {args.rows / rate:.0f} s of data work on every "
           f"rank before step 1, every run")
+    if old is not None:
+        print(f"the previous loader's mpipe-hf train to the end of step 1 ({args.old_tree}): {old:.1f} s, every run; "
+              f"{old / first:.1f}x the first run, {old / cached:.1f}x the cached run")
     print(f"first / cached: {first / cached:.1f}x")
 
 

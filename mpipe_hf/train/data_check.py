@@ -11,7 +11,7 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-from ..data.conversation import Source, read_source
+from ..data.conversation import Source, column, read_source
 from .recipe import Recipe
 from .sources import load_config, load_data, load_processor
 
@@ -47,7 +47,7 @@ def check_source(source: Source, processor, recipe: Recipe, config, decode: bool
     decoded in full) and summed up."""
     done = read_source(source, processor, recipe.data.max_length, config.model_type, decode=decode,
                        num_proc=num_proc)
-    table = done.rows.select_columns(["where", "status", "error", "num_images", "num_tokens"]).to_dict()
+    table = {name: column(done.rows, name) for name in ("where", "status", "error", "num_images", "num_tokens")}
     status = table["status"]
     report = SourceReport(source.path, done.layout, {s: status.count(s) for s in STATUSES},
                           fingerprint=done.fingerprint)
