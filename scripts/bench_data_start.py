@@ -106,7 +106,12 @@ def main(argv=None) -> None:
         g.write(f.read().replace(data, small))
     timed_run(small_recipe, cache)
     floor = timed_run(small_recipe, cache)
-    old = timed_run(recipe, os.path.join(work, "old_cache"), args.old_tree) if args.old_tree else None
+    old = None
+    if args.old_tree:  # the previous recipe schema has no data.num_proc
+        old_recipe = os.path.join(work, "old.yaml")
+        with open(recipe) as f, open(old_recipe, "w") as g:
+            g.write(f.read().replace(f"num_proc: {args.num_proc}", "shuffle: true"))
+        old = timed_run(old_recipe, os.path.join(work, "old_cache"), args.old_tree)
     from mpipe_hf.data import load_checkpoint_processor
     rate = old_loader_rate(data, load_checkpoint_processor(os.path.join(args.demo, "model")), args.old_rows)
     print(f"rows: {args.rows} ({args.image_share:.0%} with an image), data.num_proc {args.num_proc}, "
