@@ -171,18 +171,19 @@ def check_data_config(demo):
 
 def trainer_worker(model_dir: str, out: str, sources: str) -> None:
     """Run by torchrun (this file as a script, 2 processes): ``MPipeTrainer`` for 2 steps on the sources (a JSON
-    list of ``[path, image folder]``) mixed with equal weights, with the recipe route's settings."""
+    list of ``[path, image folder, weight]``) mixed by weight, with the recipe route's settings."""
     from transformers import AutoModelForImageTextToText, TrainingArguments
     from mpipe_hf import MPipeConfig, MPipeTrainer
     from mpipe_hf.data import Source, load_checkpoint_processor
     processor = load_checkpoint_processor(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     model.model.visual.requires_grad_(False)
-    args = TrainingArguments(output_dir=out, max_steps=2, per_device_train_batch_size=2,
+    args = TrainingArguments(output_dir=out, max_steps=2, per_device_train_batch_size=3,
                              gradient_accumulation_steps=2, learning_rate=1e-3, logging_steps=1, report_to="none",
                              remove_unused_columns=False, train_sampling_strategy="sequential", use_cpu=True, seed=0)
     trainer = MPipeTrainer(model=model, args=args, mpipe_config=MPipeConfig(pp_size=2, vpp=2, timeout_s=120),
-                           train_dataset=[Source(path, images=images) for path, images in json.loads(sources)],
+                           train_dataset=[Source(path, images=images, weight=weight)
+                                          for path, images, weight in json.loads(sources)],
                            processing_class=processor)
     trainer.train()
     trainer.save_state()
@@ -192,12 +193,18 @@ def test_mpipe_hf_train_and_mpipe_trainer_read_the_same_mix(demo, cases, tmp_pat
     """The six cases mixed by weight: 2 steps through ``mpipe-hf train`` and through ``MPipeTrainer`` under
     torchrun, with the same first loss (fp32; both normalise by the micro-batches' means, the Trainer's for
     Qwen2.5-VL)."""
-    sources = [[c["path"], c["images"]] for c in cases.values()]
+    # weights: TRL's case twice the others' (with the seed 0 mix, every case then has rows in the first 2 steps)
+    sources = [[c["path"], c["images"], 2 if name.startswith("trl") else 1] for name, c in cases.items()]
+    from mpipe_hf.data import Source, load_checkpoint_processor, load_sources
+    mixed = load_sources([Source(p, images=i, weight=w) for p, i, w in sources],
+                         load_checkpoint_processor(os.path.join(demo, "model")), 2048, "qwen2_5_vl")
+    first_steps = [mixed.where(i) for i in range(2 * 2 * 3)]  # 2 steps of M = 2 micro-batches of 3 rows
+    assert all(any(w.startswith(p) for w in first_steps) for p, _, _ in sources), first_steps  # every case trains
     recipe = tmp_path / "mix.yaml"
     recipe.write_text(yaml.safe_dump({
         "model": os.path.join(demo, "model"),
-        "data": {"sources": [{"path": p, **({"images": i} if i else {})} for p, i in sources],
-                 "micro_batch_size": 2, "shuffle": False},
+        "data": {"sources": [{"path": p, "weight": w, **({"images": i} if i else {})} for p, i, w in sources],
+                 "micro_batch_size": 3, "shuffle": False},
         "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 2, "timeout_s": 120},
         "train": {"max_steps": 2, "learning_rate": 1e-3, "loss_normalization": "micro",
                   "output_dir": str(tmp_path / "cli")}}))

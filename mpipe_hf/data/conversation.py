@@ -12,6 +12,7 @@ from here too).
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -101,8 +102,11 @@ def read_source(source, processor, max_length: int | None, model_type: str | Non
     decoded). A training start reuses the rows ``mpipe-hf check-data`` decoded.
 
     Raises:
-        ValueError: the container cannot be read, or its layout cannot be told (naming the file and row).
+        ValueError: the container cannot be read, its image folder is not a folder, or its layout cannot be told
+            (naming the file and row).
     """
+    if source.images is not None and not os.path.isdir(source.images):
+        raise ValueError(f"{source.path}: its image folder (data.images) {source.images!r} is not a folder")
     if isinstance(source.path, str):
         container = read_container(source.path, source.split)
         base = source.images or (source.path if os.path.isdir(source.path) else os.path.dirname(source.path))
@@ -128,9 +132,16 @@ def _clean_list(path: str | None, source, key_rows: str) -> set[int] | None:
     """The row indices ``mpipe-hf check-data --write-clean`` kept of ``source`` (``None``: no list)."""
     if path is None:
         return None
-    with open(path) as f:
-        listed = json.load(f).get("sources", {})
-    entry = listed.get(os.path.abspath(source.path))
+    try:
+        with open(path) as f:
+            listed = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"data.clean_rows {path}: cannot read it ({type(err).__name__}: {err}); write it with "
+                         f"mpipe-hf check-data RECIPE --write-clean {path}") from err
+    if not isinstance(listed, dict) or not isinstance(listed.get("sources"), dict):
+        raise ValueError(f"data.clean_rows {path} is not a row list of mpipe-hf check-data --write-clean (no "
+                         f"'sources' mapping)")
+    entry = listed["sources"].get(os.path.abspath(source.path))
     if entry is None:
         raise ValueError(f"data.clean_rows {path} has no row list for {source.path}; run mpipe-hf check-data again")
     if entry.get("rows_fingerprint") != key_rows:
@@ -148,10 +159,14 @@ def load_sources(sources: Sequence, processor, max_length: int | None, model_typ
     listed in ``bad``; the caller decides what they cost (:func:`mpipe_hf.train.sources.load_data`).
 
     Raises:
-        ValueError: a source cannot be read; sources of different layouts where one is ``text``; no row left.
+        ValueError: a source cannot be read, or its weight is not a finite number > 0; sources of different
+            layouts where one is ``text``; no row left (naming the first bad or dropped row).
     """
     parts, layouts, bad, dropped = [], set(), [], {}
     for source in sources:
+        weight = source.weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+            raise ValueError(f"{source.path}: a source's weight must be a finite number > 0, got {weight!r}")
         done = read_source(source, processor, max_length, model_type, chat_template=chat_template,
                            num_proc=num_proc)
         prepared = done.rows
@@ -170,8 +185,9 @@ def load_sources(sources: Sequence, processor, max_length: int | None, model_typ
     label = str(sources[0].path) if len(sources) == 1 and isinstance(sources[0].path, str) else (
         "the dataset" if len(sources) == 1 else f"{len(sources)} sources")
     if len(rows) == 0:
+        first = [f"{where}: {why}" for where, why in (bad or list(dropped.items()))[:1]]
         raise ValueError(f"{label}: no row left to train on (rows that failed the check: {len(bad)}, dropped for "
-                         f"max_length: {len(dropped)})")
+                         f"max_length: {len(dropped)}" + (f"; the first: {first[0]}" if first else "") + ")")
     return ConversationDataset(label, rows, column(rows, "num_tokens"), dropped, column(rows, "image_tokens"), bad,
                                "text" if layouts == {"text"} else "messages")
 

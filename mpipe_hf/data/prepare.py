@@ -25,7 +25,7 @@ import uuid
 import datasets
 
 from .collate import IGNORE
-from .containers import JSON_COLUMN, Container
+from .containers import JSON_COLUMN, MEMORY_COLUMN, Container, restore_images
 from .conversation_encoder import ConversationEncoder
 from .conversation_rows import canonical_messages
 from .layouts import conversation, detect, image_ref, read_image
@@ -59,13 +59,14 @@ def raw_row(container: Container, row: dict, index: int) -> dict:
     """
     if JSON_COLUMN not in row:
         return {key: row[key] for key in row.keys()}  # datasets' map hands a lazy row, not a dict
-    text = row[JSON_COLUMN]
+    text = row[JSON_COLUMN].removeprefix("\ufeff")  # a byte order mark (a file's, or one of files joined)
     if not text.strip():
         return None
     try:
-        return json.loads(text)
+        obj = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{container.where(index)}: malformed JSON: {err}") from err
+    return restore_images(obj, row[MEMORY_COLUMN]) if MEMORY_COLUMN in row.keys() else obj
 
 
 def detect_layout(container: Container, limit: int = 100) -> str:
@@ -129,6 +130,8 @@ class RowCheck:
             if not isinstance(text, str) or not text.strip():
                 raise ValueError(f"{where}: a text row needs a non-empty string 'text'")
             out.update(text=text, num_tokens=len(self.processor(text)["input_ids"]))
+            if self.max_length is not None and out["num_tokens"] > self.max_length:
+                out["status"] = "cut"  # the text collator cuts it at max_length
             return
         layout = detect(obj, where) if self.layout == "auto" else self.layout
         if layout == "text":

@@ -126,7 +126,7 @@ def check_data_main(recipe_path: str, decode: bool, num_proc: int | None, clean:
     bad = sum(r.counts["bad"] for r in reports)
     if clean is not None:
         write_clean(clean, reports)
-        print(f"wrote the {sum(len(r.keep) for r in reports)} kept rows to {clean}: set data.clean_rows: {clean} "
-              f"to train on them", flush=True)
+        print(f"wrote the {sum(len(r.keep) for r in reports)} kept rows to {os.path.abspath(clean)}: set "
+              f"data.clean_rows: {os.path.abspath(clean)} to train on them", flush=True)
     print(f"{bad} bad row(s)" if bad else "no bad row", flush=True)
     return 1 if bad else 0

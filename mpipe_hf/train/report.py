@@ -118,5 +118,5 @@ def summary_line(job, wall_s: float, out: str) -> str:
     losses = job.losses
     trained = (f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; bubble per rank {mean} (mean of the steps after the "
                f"first); peak saved activations per rank {peak} MiB") if losses else "no step ran"
-    return (f"mpipe_hf: {job.steps} steps in {wall_s:.1f}s ({job.run.skips.total} skipped); {trained}; "
+    return (f"mpipe_hf: {job.steps} steps in {wall_s:.1f}s ({job.run.skips.total} skipped, {job.run.skips.bad_rows} bad rows dropped); {trained}; "
             f"checkpoint {out}")
