@@ -23,6 +23,7 @@ import torch
 import yaml
 
 sys.path.insert(0, os.path.dirname(__file__))
+import data_layouts  # noqa: E402
 from data_layouts import build_all  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,6 +108,122 @@ def test_unknown_layout_names_the_file_the_row_and_the_layouts(tmp_path, process
     with pytest.raises(ValueError, match=r"odd\.json row 0: no known row layout has the keys \['answer', "
                                          r"'question'\].*llava \(conversations \+ image\)"):
         load_conversation_dataset(str(path), processor, 2048)
+
+
+def demo_rows(demo, n=4):
+    """The first ``n`` demo rows with absolute image paths (as the loader gives them back)."""
+    rows = [json.loads(line) for line in open(os.path.join(demo, "data", "train.jsonl")) if line.strip()][:n]
+    return [{**r, "images": [os.path.join(demo, "data", p) for p in r.get("images", [])]} for r in rows]
+
+
+def loaded_batches(loaded, collate):
+    return batches(collate, [loaded[i] for i in range(len(loaded))])
+
+
+def test_odd_json_files_load_or_are_refused_naming_the_file(demo, tmp_path, processor):
+    """A byte order mark (JSONL and JSON list) and CRLF line ends load as the plain file; an empty list, an empty
+    file, one pretty-printed object and a byte that is not UTF-8 deep in a JSONL are refused naming the file."""
+    from mpipe_hf.data import ConversationCollator, Source, load_sources
+    collate, rows = ConversationCollator(processor, 2048), demo_rows(demo)
+    want = batches(collate, reference(rows))
+    files = {"bom.jsonl": ("utf-8-sig", "".join(json.dumps(r) + "\n" for r in rows)),
+             "crlf.jsonl": ("utf-8", "".join(json.dumps(r) + "\r\n" for r in rows)),
+             "bom.json": ("utf-8-sig", json.dumps(rows, indent=2))}
+    for name, (encoding, text) in files.items():
+        (tmp_path / name).write_bytes(text.encode(encoding))
+        loaded = load_sources([Source(str(tmp_path / name))], processor, 2048, "qwen2_5_vl")
+        assert not loaded.bad and len(loaded) == len(rows), (name, loaded.bad)
+        assert_same_batches(loaded_batches(loaded, collate), want, name)
+    (tmp_path / "latin1.jsonl").write_bytes(("".join(json.dumps(r) + "\n" for r in rows * 600) + json.dumps(
+        {"text": "caf\u00e9"}, ensure_ascii=False) + "\n").encode("latin-1"))
+    refused = {"empty.json": ("[]", "an empty JSON list"), "empty.jsonl": ("\n \n", "the file is empty"),
+               "one.json": (json.dumps(rows[0], indent=2), "one JSON object over several lines"),
+               "latin1.jsonl": (None, f"line {len(rows) * 600 + 1} .* is not UTF-8")}
+    for name, (text, reason) in refused.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=f"{tmp_path / name}: .*{reason}"):
+            load_sources([Source(str(tmp_path / name))], processor, 2048, "qwen2_5_vl")
+
+
+def test_a_list_of_rows_with_pil_images_and_both_content_forms(demo, processor):
+    """MPipeTrainer's list of rows holding PIL images and bytes, a user turn of parts and an answer string (not
+    one Arrow schema), or a pathlib path: the batches of the canonical rows; a streaming or split dataset is
+    refused naming what to pass."""
+    import pathlib
+    import datasets
+    from PIL import Image
+    from mpipe_hf.data import ConversationCollator, Source, load_sources
+    from mpipe_hf.train.hf_parts import MPipeConfig
+    from mpipe_hf.train.sources import trainer_rows
+    collate, data = ConversationCollator(processor, 2048), MPipeConfig(pp_size=2).data()
+    rows = demo_rows(demo, 3)
+    pil = [Image.open(r["images"][0]).convert("RGB") for r in rows]  # in memory, no file name
+    user = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"Row {i}?"}]} for i in range(3)]
+    given = [{"messages": [user[0], {"role": "assistant", "content": "A."}], "images": [pil[0]]},
+             {"messages": [user[1], {"role": "assistant", "content": [{"type": "text", "text": "B."}]}],
+              "images": [open(rows[1]["images"][0], "rb").read()]},
+             {"messages": [user[2], {"role": "assistant", "content": "C."}], "images": [pil[2]]}]
+    canonical = [{"messages": [user[i], {"role": "assistant", "content": [{"type": "text", "text": f"{t}."}]}],
+                  "images": [im]} for i, (t, im) in enumerate(zip("ABC", [pil[0], Image.open(rows[1]["images"][0]),
+                                                                         pil[2]]))]
+    loaded = trainer_rows(given, processor, data, "qwen2_5_vl")
+    assert_same_batches(loaded_batches(loaded, collate), batches(collate, canonical), "pil list")
+    path = load_sources([Source(pathlib.Path(demo, "data", "train.jsonl"))], processor, 2048, "qwen2_5_vl")
+    assert path.path == os.path.join(demo, "data", "train.jsonl") and len(path) == 89
+    stream = datasets.Dataset.from_list([{"text": "x"}]).to_iterable_dataset()
+    for obj, reason in ((stream, "IterableDataset"), (datasets.DatasetDict(), "pass one split")):
+        with pytest.raises(ValueError, match=reason):
+            trainer_rows(obj, processor, data, "qwen2_5_vl")
+
+
+def test_sharegpt_speakers_in_any_case_and_role_content_turns(demo, tmp_path, processor):
+    """ShareGPT turns written ``{from: Human/GPT}``, ``{from: user/assistant}`` or ``{role, content}`` give the
+    batches of the same rows written as ``messages``."""
+    from mpipe_hf.data import ConversationCollator, Source, load_sources
+    collate = ConversationCollator(processor, 2048)
+    rows = [r for r in demo_rows(demo, 12) if all(isinstance(m["content"], str) for m in r["messages"])][:3]
+    names = [{"system": "system", "user": "Human", "assistant": "GPT"}, {"system": "SYSTEM", "user": "user",
+                                                                         "assistant": "assistant"}]
+    turns = [lambda m, n=n: {"from": n[m["role"]], "value": m["content"]} for n in names]
+    turns.append(lambda m: {"role": m["role"], "content": m["content"]})
+    for k, turn in enumerate(turns):
+        path = tmp_path / f"sharegpt{k}.jsonl"
+        path.write_text("".join(json.dumps({"conversations": [turn(m) for m in r["messages"]], "images": r["images"]})
+                                + "\n" for r in rows))
+        loaded = load_sources([Source(str(path))], processor, 2048, "qwen2_5_vl")
+        assert not loaded.bad and len(loaded) == len(rows) == 3, loaded.bad
+        assert_same_batches(loaded_batches(loaded, collate), batches(collate, reference(rows)), path.name)
+
+
+def test_a_fixed_image_is_seen_by_the_next_check_and_source_errors_name_the_cause(demo, tmp_path, processor):
+    """The cache keeps a row that failed for a missing image only while it still fails: the file added, the next
+    load (same rows, same cache key) reads the row. A weight of 0, an image folder that is not one, a clean row
+    list that is missing, a forced layout that fits no row, a source of a mix with no row left, and text rows for
+    a vision-language processor are refused naming the cause."""
+    from mpipe_hf.data import Source, load_sources
+    rows = demo_rows(demo, 2)
+    os.makedirs(tmp_path / "images")
+    shutil.copy(rows[0]["images"][0], tmp_path / "images" / "a.png")
+    given = [{**rows[0], "images": ["images/a.png"]}, {**rows[1], "images": ["images/b.png"]}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in given))
+    source = Source(str(tmp_path / "d.jsonl"))
+    first = load_sources([source], processor, 2048, "qwen2_5_vl")
+    assert len(first) == 1 and "images/b.png' not found" in first.bad[0][1]
+    shutil.copy(rows[1]["images"][0], tmp_path / "images" / "b.png")
+    again = load_sources([source], processor, 2048, "qwen2_5_vl")
+    assert len(again) == 2 and not again.bad and again[1]["images"] == [str(tmp_path / "images" / "b.png")]
+    errors = [([source, Source(source.path, weight=0)], {}, "weight must be a finite number > 0, got 0"),
+              ([Source(source.path, images=str(tmp_path / "no"))], {}, "is not a folder"),
+              ([source], {"clean_rows": str(tmp_path / "none.json")}, "data.clean_rows .*none.json: cannot read"),
+              ([Source(source.path, "sharegpt")], {}, "no row left.*the first: .*d.jsonl:1: a sharegpt row needs"),
+              ([source, Source(str(tmp_path / "bad.jsonl"))], {}, r"bad.jsonl \(one of the data sources\): no row "
+                                                                 r"left.*bad.jsonl:1: .*no assistant turn"),
+              ([Source(os.path.join(demo, "data", "text.jsonl"))], {}, "text rows .* train a decoder-only LM")]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+    for sources, extra, reason in errors:
+        with pytest.raises(ValueError, match=reason):
+            load_sources(sources, processor, 2048, "qwen2_5_vl", **extra)
 
 
 def write_bad_rows(demo, folder):
@@ -225,3 +342,25 @@ def test_mpipe_hf_train_and_mpipe_trainer_read_the_same_mix(demo, cases, tmp_pat
 
 if __name__ == "__main__":
     trainer_worker(*sys.argv[1:4])
+
+
+def test_images_named_inside_their_parts_load_as_an_images_column(cases, processor, tmp_path):
+    """``{"type": "image", "image": "file://..."}`` parts (apply_chat_template's form) give the same micro-batches
+    as the ``images`` column; a row naming its images both ways is a bad row."""
+    from mpipe_hf.data import ConversationCollator, Source, load_sources
+    rows = cases["llava-json"]["rows"]
+    inline = []
+    for row in rows:
+        images = iter(row["images"])
+        inline.append({"messages": [{"role": m["role"], "content": [
+            {"type": "image", "image": "file://" + next(images)} if p["type"] == "image" else p
+            for p in data_layouts.parts_of(m["content"])]} for m in row["messages"]]})
+    both = dict(inline[1], images=rows[1]["images"])
+    path = tmp_path / "inline.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in inline + [both]))
+    loaded = load_sources([Source(str(path))], processor, 2048, "qwen2_5_vl")
+    assert loaded.bad == [(f"{path}:{len(inline) + 1}", "images named both inside the message parts and in "
+                                                         "'images'; give them once")]
+    collate = ConversationCollator(processor, 2048)
+    assert_same_batches(batches(collate, [loaded[i] for i in range(len(loaded))]),
+                        batches(collate, reference(rows)), "inline")

@@ -209,6 +209,17 @@ def _object_rows(rows, label: str) -> list:
     return [rows[i] for i in range(len(rows))]
 
 
+def _plain(value):
+    """A numpy (or torch) scalar or array as the Python value JSON writes (a pandas frame's rows hold them).
+
+    Raises:
+        TypeError: ``value`` has no ``tolist``.
+    """
+    if callable(getattr(value, "tolist", None)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def as_container(rows, label: str = "train_dataset") -> Container:
     """The rows of a dataset object as a container: a ``datasets.Dataset`` as it is (its image columns read
     without decoding), or a list of row mappings (or anything with ``len`` and indexing) as a dataset of their
@@ -225,8 +236,9 @@ def as_container(rows, label: str = "train_dataset") -> Container:
     listed = _object_rows(rows, label)
     images = [[] for _ in listed]
     try:
-        texts = [json.dumps(_lift_images(row, images[i]), ensure_ascii=False) for i, row in enumerate(listed)]
-    except TypeError:  # values JSON cannot write (numpy, dates): the rows go into Arrow as they are
+        texts = [json.dumps(_lift_images(row, images[i]), ensure_ascii=False, default=_plain)
+                 for i, row in enumerate(listed)]
+    except TypeError:  # values JSON cannot write (dates, ...): the rows go into Arrow as they are
         try:
             return Container(_decode_free(datasets.Dataset.from_list(listed)), "dataset", label)
         except Exception as err:  # noqa: BLE001 - pyarrow's type errors

@@ -25,7 +25,7 @@ from .conversation_collator import ConversationCollator
 from .conversation_encoder import ConversationEncoder, Encoded
 from .conversation_rows import PLACEHOLDER, ROLES, plain_messages
 from .layouts import open_image
-from .prepare import FEATURES, RowCheck, cache_key, detect_layout, prepare
+from .prepare import FEATURES, RowCheck, detect_layout, prepare
 
 __all__ = ["FEATURES", "PLACEHOLDER", "ROLES", "ConversationCollator", "ConversationDataset", "ConversationEncoder",
            "Encoded", "Prepared", "Source", "dropped_warning", "load_conversation_dataset", "load_sources", "read_source"]
@@ -103,22 +103,26 @@ def read_source(source, processor, max_length: int | None, model_type: str | Non
 
     Raises:
         ValueError: the container cannot be read, its image folder is not a folder, or its layout cannot be told
-            (naming the file and row).
+            (naming the file and row); text rows for a vision-language processor.
     """
     if source.images is not None and not os.path.isdir(source.images):
         raise ValueError(f"{source.path}: its image folder (data.images) {source.images!r} is not a folder")
-    if isinstance(source.path, str):
-        container = read_container(source.path, source.split)
-        base = source.images or (source.path if os.path.isdir(source.path) else os.path.dirname(source.path))
+    if isinstance(source.path, (str, os.PathLike)):
+        path = os.fspath(source.path)
+        container = read_container(path, source.split)
+        base = source.images or (path if os.path.isdir(path) else os.path.dirname(path))
     else:  # a dataset object (MPipeTrainer's train_dataset): image paths relative to the working directory
         container, base = as_container(source.path), source.images or os.getcwd()
     layout = detect_layout(container) if source.format == "auto" else source.format
+    if layout == "text" and getattr(processor, "image_processor", None) is not None:
+        raise ValueError(f"{container.label}: text rows ({{'text': ...}}) train a decoder-only LM; a vision-language "
+                         f"model reads conversations: write each row as {{'messages': [user turn, assistant turn]}} "
+                         f"(data.format: {source.format})")
     per_row = "auto" if source.format == "auto" and layout != "text" else layout  # a file may mix layouts
     check = RowCheck(container, per_row, os.path.abspath(base), processor, max_length, model_type, chat_template,
                      decode)
-    stricter = () if decode else (cache_key(container, RowCheck(container, per_row, os.path.abspath(base),
-                                                                processor, max_length, model_type,
-                                                                chat_template, True)),)
+    stricter = () if decode else (RowCheck(container, per_row, os.path.abspath(base), processor, max_length,
+                                           model_type, chat_template, True),)
     return Prepared(prepare(container, check, num_proc, stricter), layout, container.rows._fingerprint,
                     container.label)
 
@@ -150,6 +154,13 @@ def _clean_list(path: str | None, source, key_rows: str) -> set[int] | None:
     return set(entry["keep"])
 
 
+def _no_rows(label: str, bad: list, dropped: dict) -> ValueError:
+    """The error for a source (or a mix) with no row left: the counts, and the first bad (else dropped) row."""
+    first = [f"{where}: {why}" for where, why in (bad or list(dropped.items()))[:1]]
+    return ValueError(f"{label}: no row left to train on (rows that failed the check: {len(bad)}, dropped for "
+                      f"max_length: {len(dropped)}" + (f"; the first: {first[0]}" if first else "") + ")")
+
+
 def load_sources(sources: Sequence, processor, max_length: int | None, model_type: str | None = None, *,
                  seed: int = 0, stopping: str = "first_exhausted", clean_rows: str | None = None,
                  num_proc: int | None = None, chat_template: str | None = None) -> ConversationDataset:
@@ -174,20 +185,22 @@ def load_sources(sources: Sequence, processor, max_length: int | None, model_typ
         listed = _clean_list(clean_rows, source, done.fingerprint)
         status, wheres, errors = (column(prepared, name) for name in ("status", "where", "error"))
         keep = [i for i, s in enumerate(status) if s in KEPT and (listed is None or i in listed)]
-        bad += [(wheres[i], errors[i]) for i, s in enumerate(status) if s == "bad" and (listed is None or i in listed)]
-        dropped.update({wheres[i]: errors[i] for i, s in enumerate(status) if s == "dropped"})
+        own_bad = [(wheres[i], errors[i]) for i, s in enumerate(status)
+                   if s == "bad" and (listed is None or i in listed)]
+        own_dropped = {wheres[i]: errors[i] for i, s in enumerate(status) if s == "dropped"}
+        if not keep and len(sources) > 1:  # interleave_datasets would refuse it naming only its index
+            raise _no_rows(f"{source.path} (one of the data sources)", own_bad, own_dropped)
+        bad, dropped = bad + own_bad, {**dropped, **own_dropped}
         parts.append(prepared.select(keep, keep_in_memory=True))
     if len(layouts) > 1:
         raise ValueError("data sources mix text rows with conversations; a run reads one or the other")
     weights = [float(s.weight) for s in sources]
     rows = parts[0] if len(parts) == 1 else datasets.interleave_datasets(
         parts, probabilities=[w / sum(weights) for w in weights], seed=seed, stopping_strategy=stopping)
-    label = str(sources[0].path) if len(sources) == 1 and isinstance(sources[0].path, str) else (
+    label = str(sources[0].path) if len(sources) == 1 and isinstance(sources[0].path, (str, os.PathLike)) else (
         "the dataset" if len(sources) == 1 else f"{len(sources)} sources")
     if len(rows) == 0:
-        first = [f"{where}: {why}" for where, why in (bad or list(dropped.items()))[:1]]
-        raise ValueError(f"{label}: no row left to train on (rows that failed the check: {len(bad)}, dropped for "
-                         f"max_length: {len(dropped)}" + (f"; the first: {first[0]}" if first else "") + ")")
+        raise _no_rows(label, bad, dropped)
     return ConversationDataset(label, rows, column(rows, "num_tokens"), dropped, column(rows, "image_tokens"), bad,
                                "text" if layouts == {"text"} else "messages")
 

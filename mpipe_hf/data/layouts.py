@@ -67,12 +67,14 @@ def _conversations(row: dict, where: str) -> tuple[list[dict], list]:
     messages = []
     if isinstance(row.get("system"), str) and row["system"].strip():
         messages.append({"role": "system", "content": row["system"]})
-    for turn in turns:
-        if not isinstance(turn, dict) or "from" not in turn:
-            raise ValueError(f"{where}: a turn must be an object with 'from' and 'value', got {turn!r:.80}")
-        role = FROM_ROLES.get(turn["from"])
+    for turn in turns:  # {from, value}, or {role, content} (LLaMA-Factory's sharegpt tags set to those)
+        speaker = turn.get("from", turn.get("role")) if isinstance(turn, dict) else None
+        if speaker is None:
+            raise ValueError(f"{where}: a turn must be an object with 'from' and 'value' (or 'role' and 'content'), "
+                             f"got {turn!r:.80}")
+        role = FROM_ROLES.get(speaker.lower() if isinstance(speaker, str) else speaker)
         if role is None:
-            raise ValueError(f"{where}: unknown speaker 'from': {turn['from']!r}; speakers are {sorted(FROM_ROLES)}")
+            raise ValueError(f"{where}: unknown speaker 'from': {speaker!r}; speakers are {sorted(FROM_ROLES)}")
         messages.append({"role": role, "content": turn.get("value", turn.get("content"))})
     images = row.get("images") if row.get("images") is not None else row.get("image")
     return messages, _listed(images)
@@ -102,6 +104,27 @@ def _caption(row: dict, where: str) -> tuple[list[dict], list]:
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": caption}], images
 
 
+INLINE_KEYS = ("image", "path", "url")  # an image part that names its image: {"type": "image", "image": ...}
+
+
+def _inline_images(messages: list, images: list, where: str) -> tuple[list, list]:
+    """Images named inside their parts (``{"type": "image", "image" | "path" | "url": ...}``, the form of
+    ``apply_chat_template`` and Qwen's examples; a ``file://`` prefix is dropped), in order, when the row has no
+    ``images``; the messages as they are otherwise.
+
+    Raises:
+        ValueError: a row that names images both inside its parts and in ``images``.
+    """
+    inline = [part.get(k) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+              for part in m["content"] if isinstance(part, dict) and part.get("type") == "image"
+              for k in INLINE_KEYS if part.get(k) is not None]
+    if not inline:
+        return messages, images
+    if images:
+        raise ValueError(f"{where}: images named both inside the message parts and in 'images'; give them once")
+    return messages, [v.removeprefix("file://") if isinstance(v, str) else v for v in inline]
+
+
 def conversation(row, layout: str, where: str) -> tuple[list[dict], list]:
     """``(messages, images)`` of ``row`` in ``layout`` (not ``text``): messages ``{"role": system|user|assistant,
     "content": str | parts}`` as the row writes them, and the raw images in order.
@@ -120,9 +143,9 @@ def conversation(row, layout: str, where: str) -> tuple[list[dict], list]:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError(f"{where}: 'messages' must be a non-empty list of messages")
         images = row.get("images") if row.get("images") is not None else row.get("image")
-        return list(messages), _listed(images)
+        return _inline_images(list(messages), _listed(images), where)
     if layout == "trl":
-        return _prompt_completion(row, where)
+        return _inline_images(*_prompt_completion(row, where), where)
     if layout in ("llava", "sharegpt"):
         return _conversations(row, where)
     if layout == "caption":

@@ -5,11 +5,13 @@
 result under the ``datasets`` cache (``HF_DATASETS_CACHE/mpipe_hf/<key>``), written to a temporary folder and
 renamed: the key is a hash of the raw rows' ``datasets`` fingerprint, the settings (layout, image folder,
 ``max_length``, the processor's tokenizer, template and image processor, whether images are decoded) and this
-package's data code, so a second run, or a second rank of the node, reads the result at once. Each row gets:
+package's data code, so a second run, or a second rank of the node, reads the result at once. The key does not
+see the image files, so a cached row that failed for an image is checked again on each read
+(:func:`_still_holds`). Each row gets:
 
 - ``where``: the file and 1-based line, or the file and row index (:meth:`~.containers.Container.where`);
-- ``status``: ``blank`` (a blank line), ``ok``, ``cut`` (longer than ``max_length``, cut there), ``dropped`` (the cut would go through an
-  image's tokens, or leave no assistant token) or ``bad``, with ``error`` the reason;
+- ``status``: ``blank`` (a blank line), ``ok``, ``cut`` (longer than ``max_length``, cut there), ``dropped`` (the
+  cut would go through an image's tokens, or leave no assistant token) or ``bad``, with ``error`` the reason;
 - ``messages``, ``images`` (references, :func:`~.layouts.image_ref`), ``text`` (the ``text`` layout), and
   ``num_images``, ``num_tokens`` (before the cut, images expanded) and ``image_tokens`` (from the image headers).
 """
@@ -193,23 +195,46 @@ def cache_root() -> str:
     return os.path.join(str(datasets.config.HF_DATASETS_CACHE), "mpipe_hf")
 
 
-def prepare(container: Container, check: RowCheck, num_proc: int | None = None, reuse: tuple[str, ...] = ()
+IMAGE_ERRORS = ("image file ", "cannot decode image", "cannot read image", "the image processor rejects")
+
+
+def _still_holds(container: Container, check: RowCheck, done: datasets.Dataset) -> bool:
+    """Whether the cached rows ``done`` still hold: the key sees the rows, not their image files, so each row that
+    failed for an image (a file missing, undecodable, rejected: since added or replaced, perhaps) is checked
+    again and must fail the same way. Rows that passed are not read again (an image broken since costs its row
+    at run time, :mod:`.owner`)."""
+    table = done.with_format("arrow")
+    status, errors = table["status"].to_pylist(), table["error"].to_pylist()
+    for index, (state, error) in enumerate(zip(status, errors)):
+        if state == "bad" and any(mark in error for mark in IMAGE_ERRORS):
+            again = check(container.rows[index], index)
+            if again["status"] != "bad" or again["error"] != error:
+                return False
+    return True
+
+
+def prepare(container: Container, check: RowCheck, num_proc: int | None = None, reuse: tuple[RowCheck, ...] = ()
             ) -> datasets.Dataset:
     """Every row of ``container`` through ``check`` (module docstring), read from the cache when it is there
-    (under ``check``'s key, or any key of ``reuse``: a stricter check of the same rows), else computed with
-    ``num_proc`` processes (``None``: up to 8, at most the machine's cores) and cached.
+    (under ``check``'s key, or that of a check in ``reuse``: a stricter check of the same rows) and still holds
+    (:func:`_still_holds`), else computed with ``num_proc`` processes (``None``: up to 8, at most the machine's
+    cores) and cached.
 
     Returns:
         a ``datasets.Dataset`` with the columns of :data:`FEATURES`, one row per raw row, in order.
     """
     key = cache_key(container, check)
-    for name in (key,) + tuple(reuse):
-        folder = os.path.join(cache_root(), name)
-        if os.path.isfile(os.path.join(folder, "state.json")):
-            return datasets.load_from_disk(folder)
+    folder = os.path.join(cache_root(), key)
+    for checker in (check,) + tuple(reuse):
+        cached = os.path.join(cache_root(), cache_key(container, checker))
+        if os.path.isfile(os.path.join(cached, "state.json")):
+            done = datasets.load_from_disk(cached)
+            if _still_holds(container, checker, done):
+                return done
+            if cached == folder:  # out of date: set aside, so that the new rows can take its place
+                _set_aside(folder)
     procs = num_proc or max(1, min(8, os.cpu_count() or 1))
     procs = max(1, min(procs, len(container.rows) // 256 or 1))  # at least 256 rows a process
-    folder = os.path.join(cache_root(), key)
     staging = f"{folder}.tmp-{uuid.uuid4().hex}"
     on_disk = bool(container.rows.cache_files)  # else rows in memory (a list given to the trainer): no cache
     try:
@@ -229,6 +254,16 @@ def prepare(container: Container, check: RowCheck, num_proc: int | None = None, 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return datasets.load_from_disk(folder)
+
+
+def _set_aside(folder: str) -> None:
+    """Remove the cache ``folder`` (renamed first, so that no process finds it half removed)."""
+    trash = f"{folder}.old-{uuid.uuid4().hex}"
+    try:
+        os.replace(folder, trash)
+    except OSError:  # another process set it aside first
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 class _quiet:

@@ -5,6 +5,7 @@ bounds, truncation and what a bad row does.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -44,8 +45,8 @@ class DataSource:
             raise ValueError(f"data.format must be one of {list(FORMATS)}, got {self.format!r}")
         if self.images is not None and (not isinstance(self.images, str) or not self.images):
             raise ValueError(f"data.images must be a folder path or null, got {self.images!r}")
-        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not self.weight > 0:
-            raise ValueError(f"data.sources[i].weight must be a number > 0, got {self.weight!r}")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not 0 < self.weight < math.inf:
+            raise ValueError(f"data.sources[i].weight must be a finite number > 0, got {self.weight!r}")
 
 
 @dataclass(frozen=True)
