@@ -28,10 +28,9 @@ The parser's help is plain text of its own (:data:`DESCRIPTION`, each option's d
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from .cli_train import PREEMPT_SIGNALS, launch_shape, train_parsers  # noqa: F401 - launch_shape: the tests'
+from .cli_train import train_parsers
 
 
 def _config(args):

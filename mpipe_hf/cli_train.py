@@ -135,7 +135,8 @@ def train_parsers(sub, fmt, recipe_help: str, paths_note: str) -> None:
                            description="Read every row of the recipe's data (data.path or data.sources, and "
                                        "data.eval_path) on this machine, in parallel, and list every bad row with its "
                                        "file and line (or row index) and the reason, then the counts; exit status 1 "
-                                       "when a row is bad. mpipe-hf train runs the same check before it launches.")
+                                       "when a row is bad, 2 when the data cannot be read. mpipe-hf train runs the "
+                                       "same check before it launches.")
     check.add_argument("recipe", help=recipe_help)
     check.add_argument("--num-proc", type=int, help="processes for the check (default: data.num_proc, else up to 8)")
     check.add_argument("--headers-only", action="store_true",
@@ -149,5 +150,10 @@ def _check_data(args) -> None:
     from .train.data_check import check_data_main
     if args.num_proc is not None and args.num_proc < 1:
         raise ValueError(f"--num-proc must be an integer >= 1, got {args.num_proc}")
-    sys.exit(check_data_main(args.recipe, not args.headers_only, args.num_proc, args.write_clean))
+    try:
+        status = check_data_main(args.recipe, not args.headers_only, args.num_proc, args.write_clean)
+    except ValueError as err:  # the data could not be checked at all: 2, apart from 1 (bad rows found)
+        print(f"mpipe-hf: error: {err}", file=sys.stderr, flush=True)
+        status = 2
+    sys.exit(status)
 

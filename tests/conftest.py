@@ -1,7 +1,21 @@
 """Fixtures shared by the test files."""
 
+import os
+import runpy
+
 import pytest
 import torch.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """The demo (``scripts/make_demo.py``: the tiny Qwen2.5-VL checkpoint and its conversation rows), built once
+    for the whole session: tests read it and write elsewhere (about 10 s a build)."""
+    out = str(tmp_path_factory.mktemp("demo"))
+    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([out])
+    return out
 
 
 @pytest.fixture(scope="module")

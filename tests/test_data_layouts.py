@@ -30,14 +30,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    import runpy
-    out = str(tmp_path_factory.mktemp("demo"))
-    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([out])
-    return out
-
-
-@pytest.fixture(scope="module")
 def cases(demo, tmp_path_factory):
     return build_all(os.path.join(demo, "data", "train.jsonl"), str(tmp_path_factory.mktemp("layouts")))
 

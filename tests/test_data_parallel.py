@@ -16,7 +16,6 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText
 
-from test_train import demo  # noqa: F401 - the module's demo fixture
 from test_train import EPS, LR, NUM_MICRO, demo_plan, train_unsplit, write_recipe
 from mpipe_hf.train.recipe import TrainSection
 

@@ -77,17 +77,14 @@ def test_fsdp_bf16_gathers_in_bf16_reduces_in_fp32_and_equals_one_process(tmp_pa
 
 
 @pytest.mark.skipif(os.environ.get("MPIPE_HF_DP_GRID") != "full", reason="the full data-parallel grid only")
-def test_dp2_pp2_fsdp_bf16_equals_the_replicas_bf16(tmp_path):
+def test_dp2_pp2_fsdp_bf16_equals_the_replicas_bf16(demo, tmp_path):
     """``mpipe-hf train`` at ``dp = 2 x pp = 2`` under ``bf16`` (frozen tower): FSDP2 (bf16 gathers, fp32
     reduction) against the replicas' fp32 all-reduce, whose replicas run autocast as one process does. The first
     step's loss is the same bit for bit and its gradient norm the same to the rounding of its sum over shards in
     another order (measured 2.6e-6 relative; FSDP2 gathering in fp32 under one autocast region per step gave 6.516
     against 7.066: a micro-batch's gradients lost). Later steps differ by bf16's rounding of AdamW's updates."""
-    import runpy
     sys.path.insert(0, os.path.dirname(__file__))
-    from test_train import ROOT, write_recipe
-    demo = str(tmp_path / "demo")
-    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([demo])
+    from test_train import write_recipe
     rows = {}
     for shard in (True, False):
         out = str(tmp_path / f"shard{shard}")

@@ -21,14 +21,6 @@ PLAIN = os.path.join(ROOT, "examples", "sft_qwen2_5_vl.py")
 PIPELINED = os.path.join(ROOT, "examples", "sft_qwen2_5_vl_pipelined.py")
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    import runpy
-    out = str(tmp_path_factory.mktemp("demo"))
-    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([out])
-    return out
-
-
 def launch(cmd, timeout=600):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)

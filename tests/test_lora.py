@@ -15,7 +15,6 @@ equals the same ``PeftModel`` trained on one process.
 
 import json
 import os
-import runpy
 import subprocess
 import sys
 
@@ -31,13 +30,6 @@ from mpipe_hf.train.recipe import load_recipe, parse_recipe  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "dist", "lora_worker.py")
 DECODER_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]  # Qwen2.5-VL's tower names its attention qkv, proj
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("demo"))
-    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([out])
-    return out
 
 
 def vl_recipe(demo, out, parallel, lora, **train):

@@ -8,7 +8,6 @@ weights, with shuffled data and a trainable tower.
 
 import json
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -19,13 +18,6 @@ from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("demo"))
-    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([out])
-    return out
 
 
 def recipe(demo, path, output_dir, parallel=None, **train):

@@ -6,7 +6,6 @@ rank's ``rank<r>_state.pt``), bit for bit. fp32, the demo Qwen2.5-VL checkpoint,
 
 import json
 import os
-import runpy
 import subprocess
 import sys
 
@@ -19,13 +18,6 @@ from test_resume import weights  # a checkpoint's tensors, by name
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
 STEPS = 3
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("demo"))
-    runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([out])
-    return out
 
 
 def write_recipe(demo, path, output_dir, **parallel):

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.distributed.pipelining._backward import (_get_grad_fn_or_grad_acc, construct_reverse_graph,
-                                                    get_param_groups, stage_backward_weight)
 
 
 @dataclass
@@ -30,6 +28,7 @@ class WeightWork:
     def run(self) -> None:
         """Accumulate the weight gradients into ``.grad``; the work is dropped afterwards."""
         if self.groups:
+            from torch.distributed.pipelining._backward import stage_backward_weight  # imported when used: ~0.9 s
             stage_backward_weight(iter(self.weights), self.groups)
         self.weights, self.groups = [], []
 
@@ -46,6 +45,9 @@ def backward_input(outputs: list[torch.Tensor], grads: list[torch.Tensor | None]
     roots = [o.grad_fn for o in outputs]
     wanted = [x for x in inputs if x.requires_grad]
     weights = [w for w in weights if w.requires_grad]
+    # torch's pipelining package imports torch._dynamo (~0.9 s a process): only runs that split B and W pay it
+    from torch.distributed.pipelining._backward import (_get_grad_fn_or_grad_acc, construct_reverse_graph,
+                                                        get_param_groups)
     reverse = construct_reverse_graph([r for r in roots if r is not None])
     input_nodes = [_get_grad_fn_or_grad_acc(x) for x in wanted]
     weight_nodes = {_get_grad_fn_or_grad_acc(w): w for w in weights}
