@@ -206,6 +206,8 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         self.optimizer._is_overflow = not result.ran  # AcceleratedOptimizer: the Trainer then skips the LR step
         if not result.ran and self.run.rank == 0:
             logger.warning(self.run.skips.warning(step))
+        elif result.stats.bad_rows and self.run.rank == 0:  # the owners printed theirs, on their own output
+            logger.warning(self.run.skips.dropped_warning(step, result.stats))
         if result.stats is None:
             return torch.full((), float("nan"), device=self.args.device)
         self.mpipe_callback.window.append(result.stats)

@@ -130,6 +130,8 @@ class RecipeJob:
             self.scheduler.optimizer.step()
         self.scheduler.step()  # on every rank: the learning rate rank 0 logs is the run's
         stats = result.stats
+        if stats.bad_rows and self.run.lead:  # the owners printed theirs, on their own output
+            tqdm.write(self.run.skips.dropped_warning(step, stats))
         self.losses.append(stats.loss)
         self.bubbles.append(stats.rank_bubble)
         self.peaks.append(stats.rank_activation_bytes)

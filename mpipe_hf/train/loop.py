@@ -48,6 +48,14 @@ class Skips:
             raise _shared(f"{reason} ({self.in_row} steps in a row skipped, data.max_bad_rows = "
                           f"{data.max_bad_rows})")
 
+    @staticmethod
+    def dropped_warning(step: int, stats) -> str:
+        """The line the lead rank prints for step ``step`` (0-based) whose loads dropped ``stats.bad_rows`` rows
+        (each owner also prints its own, on its own output): the count and one row's place and reason."""
+        others = f" and {stats.bad_rows - 1} more" if stats.bad_rows > 1 else ""
+        return (f"mpipe_hf: warning: step {step + 1}: {stats.bad_rows} bad row(s) dropped, {stats.bad_row}{others}; "
+                f"the step trained on the rest")
+
     def drop_rows(self, count: int, reason: str | None, data: DataSection) -> None:
         """Count ``count`` rows a step dropped at load (``reason``: one of them, ``"WHERE (WHY)"``).
 
