@@ -5,12 +5,12 @@ from .collate import TextCollator
 from .conversation import (ConversationCollator, ConversationDataset, ConversationEncoder, Source,
                            load_conversation_dataset, load_sources)
 from .hub import load_checkpoint_processor
-from .owner import MicroBatchPlan, load_text_dataset
+from .owner import MicroBatchPlan
 from .processor import build_processor, image_processor_for, qwen2_5_vl_processor
 from .templates import chat_template_for, default_chat_template
 from .tokenizer import qwen2_tokenizer
 
 __all__ = ["ConversationCollator", "ConversationDataset", "ConversationEncoder",
            "MicroBatchPlan", "Source", "TextCollator", "build_processor", "chat_template_for", "default_chat_template",
-           "image_processor_for", "load_checkpoint_processor", "load_conversation_dataset", "load_sources", "load_text_dataset",
+           "image_processor_for", "load_checkpoint_processor", "load_conversation_dataset", "load_sources",
            "qwen2_5_vl_processor", "qwen2_tokenizer"]

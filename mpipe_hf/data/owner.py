@@ -1,24 +1,12 @@
 """All-rank data loading: the owner of micro ``m`` reads, decodes and processes only micro ``m``'s rows
-(SPEC.md, "DATA_LOAD"). Images are decoded lazily by ``datasets.Image``, so no other rank decodes them."""
+(SPEC.md, "DATA_LOAD"). Images stay unopened in the rows until the owner's collator opens them, so no other
+rank decodes them."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-import datasets
 import torch
-
-
-def load_text_dataset(jsonl_path: str) -> datasets.Dataset:
-    """Read a JSONL of ``{"text": str}`` rows with ``datasets``.
-
-    Raises:
-        ValueError: the rows have no ``text`` column.
-    """
-    ds = datasets.load_dataset("json", data_files=jsonl_path, split="train")
-    if "text" not in ds.column_names:
-        raise ValueError(f"{jsonl_path}: a text dataset needs a 'text' field per row, got {ds.column_names}")
-    return ds
 
 
 def epoch_order(num_rows: int, seed: int, epoch: int) -> list[int]:

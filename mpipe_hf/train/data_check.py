@@ -68,7 +68,7 @@ def check_data(recipe: Recipe, decode: bool = True, num_proc: int | None = None)
     processes ``datasets.map`` uses; ``None``: ``data.num_proc``, else up to 8)."""
     config = load_config(recipe.model)
     processor = load_processor(recipe, config)
-    sources = [Source(s.path, s.format, s.images, s.weight, s.split) for s in recipe.data.all_sources]
+    sources = list(recipe.data.all_sources)  # DataSource has Source's fields
     if recipe.data.eval_path is not None:
         sources.append(Source(recipe.data.eval_path))
     return [check_source(s, processor, recipe, config, decode, num_proc or recipe.data.num_proc) for s in sources]

@@ -94,8 +94,7 @@ def load_data(recipe: Recipe, config, processor, quiet: bool = False, path: str 
         ValueError: a source that cannot be read; bad rows past the policy; no row left.
     """
     data = recipe.data
-    sources = [Source(path)] if path is not None else [Source(s.path, s.format, s.images, s.weight, s.split)
-                                                      for s in data.all_sources]
+    sources = [Source(path)] if path is not None else list(data.all_sources)  # DataSource has Source's fields
     dataset = load_sources(sources, processor, data.max_length, config.model_type, seed=recipe.train.seed,
                            stopping=data.mix_stopping, clean_rows=None if path is not None else data.clean_rows,
                            num_proc=num_proc or data.num_proc)
@@ -172,11 +171,8 @@ def bad_rows_policy(dataset, data: DataSection, quiet: bool = False) -> None:
 def owner_costs(dataset, config) -> list[int]:
     """Each dataset row's preprocess cost for load-aware owners (``parallel.owners: balanced``), known on every
     rank without decoding anything: a vision-language model's rows, their image tokens (the loader counted them
-    from the image file headers); a decoder-only LM's, their tokens (conversation rows) or characters (``text``
-    rows), which its text layers' work grows with."""
-    if isinstance(dataset, ConversationDataset):
-        return list(dataset.image_tokens if is_vision_language(config) else dataset.num_tokens)
-    return [len(text) for text in dataset["text"]]  # a user's dataset of {"text"} rows
+    from the image file headers); a decoder-only LM's, their tokens, which its text layers' work grows with."""
+    return list(dataset.image_tokens if is_vision_language(config) else dataset.num_tokens)
 
 
 def profile_layout(parallel: ParallelSection, cfg) -> list[int] | None:
