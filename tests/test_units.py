@@ -136,14 +136,18 @@ def test_text_layers_are_checked_against_stage0(tokenizer, family, kwargs, match
 
 
 def test_split_is_one_entry_point_that_names_the_supported_model_types():
+    import re
+
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from mpipe_hf.models import FAMILIES, split
     from mpipe_hf.schedule import ScheduleConfig
-    assert {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llama", "qwen2", "qwen3"} <= set(FAMILIES)
+    assert {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llama", "qwen2", "qwen3", "qwen3_5", "qwen3_5_moe",
+            "qwen3_vl_moe", "glm4v", "glm4v_moe", "internvl", "gemma3", "paligemma", "mistral3", "llava_next",
+            "llava_onevision", "idefics3", "smolvlm"} <= set(FAMILIES)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16))
     with pytest.raises(ValueError, match=r"model_type 'gpt2' has no splitter; supported model_type values: "
-                                         r"\['llama', 'llava', 'qwen2', 'qwen2_5_vl', 'qwen2_vl', 'qwen3', 'qwen3_vl'\]"):
+                                         + re.escape(str(sorted(FAMILIES)))):
         split(model, ScheduleConfig(2, 1, 2), 0)
 
 
@@ -153,13 +157,13 @@ def test_a_family_registered_from_its_own_file_is_what_split_uses():
     from transformers import MistralConfig, MistralForCausalLM
 
     from mpipe_hf.models import FAMILIES, register, split
-    from mpipe_hf.models import causal_lm
     from mpipe_hf.schedule import ScheduleConfig
     calls = []
-    family = SimpleNamespace(layer_counts=causal_lm.layer_counts,
-                             split=lambda *args: calls.append(args) or causal_lm.split(*args))
+    decoder_only = FAMILIES["llama"]  # a declaration: Family(text="model")
+    family = SimpleNamespace(layer_counts=decoder_only.layer_counts,
+                             split=lambda *args: calls.append(args) or decoder_only.split(*args))
     with pytest.raises(ValueError, match="needs callables layer_counts and split; .* lacks \\['split'\\]"):
-        register("mistral", SimpleNamespace(layer_counts=causal_lm.layer_counts))
+        register("mistral", SimpleNamespace(layer_counts=decoder_only.layer_counts))
     register("mistral", family)
     try:
         model = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=16, intermediate_size=32,

@@ -78,12 +78,13 @@ def assemble(model: nn.Module, cfg: ScheduleConfig, rank: int, layout: list[list
     """The part of a split every family shares: freeze ``frozen``, build ``stage(s)`` for this rank's stages,
     and replace every module of ``layout`` and ``preprocess_fqns`` that this rank never runs by ``nn.Identity``
     (``P`` stays everywhere: every rank holds a replica)."""
-    for fqn in frozen:
-        model.get_submodule(fqn).requires_grad_(False)
+    params = dict(model.named_parameters())
+    for fqn in frozen:  # a module, or a bare parameter (LLaVA-Next's image_newline)
+        (params[fqn] if fqn in params else model.get_submodule(fqn)).requires_grad_(False)
     stages = {s: stage(s) for s in range(rank, cfg.num_stages, cfg.pp_size)}
     keep = {fqn for s in stages for fqn in layout[s]} | set(preprocess_fqns)
     for fqn in [fqn for fqns in layout for fqn in fqns]:
-        if fqn not in keep:
+        if fqn not in keep and fqn not in params:  # a bare parameter is small: it stays
             model.set_submodule(fqn, nn.Identity())
     return SplitModel(model, stages, preprocess, layout, preprocess_fqns, frozen, validate_micro, tied)
 

@@ -1,103 +1,162 @@
 """The decoder part every family shares: a run of HF decoder layers, and the LM head with the summed loss.
 
 A :class:`DecoderStage` mirrors the loop of a Hugging Face text model's ``forward`` (``LlamaModel``,
-``Qwen2Model``, ``Qwen2_5_VLTextModel``): causal masks per layer type from the padding mask, rotary embeddings
-from the position ids, then the layers. A family supplies the *front* (what turns raw inputs into the first hidden
-states and position ids: embedding, image features, M-RoPE ids) and decides which layers go where.
+``Qwen3_5TextModel``, ``Gemma3TextModel``, ...): masks per layer type from the padding mask (transformers' own
+builder for each type, ``LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING``: full, sliding, chunked, linear attention), or
+the family's own builder where the model overlays token types (Gemma 3's bidirectional image blocks,
+PaliGemma's prefix); rotary embeddings from the position ids, one per layer type where the rotary module takes
+one (Gemma 3); then the layers. A family supplies the *front* (what turns raw inputs into the first hidden states
+and position ids: embedding, image features, M-RoPE ids) and decides which layers go where.
 """
 
 from __future__ import annotations
 
+import inspect
+from contextlib import nullcontext
+from typing import Callable
+
 import torch
 from torch import nn
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
+
+from .costs import matmul_costs  # noqa: F401  (the layout's cost model, re-exported for the families)
+from .moe import ROUTER_KEYS, RouterSums, aux_loss
 
 Tensors = dict[str, torch.Tensor]
 CARRIED_KEYS = ("attention_mask", "labels")   # raw keys that travel with the hidden states to the last stage
+MaskBuilder = Callable[..., dict]
 
 
 class LMHead(nn.Module):
     """Final norm, ``lm_head`` and the token loss summed over the micro-batch (the executor divides by the step's
-    label-token count). ``hidden`` ``(B, L, H)``, ``labels`` ``(B, L)`` -> ``{"loss": (), "num_tokens": ()}``."""
+    label-token count). ``hidden`` ``(B, L, H)``, ``labels`` ``(B, L)`` -> ``{"loss": (), "num_tokens": ()}``,
+    and ``"aux_loss"`` ``()`` (``router_aux_loss_coef`` times the load-balancing loss, :mod:`.moe`) when the
+    model adds one. ``softcap``: the logits pass ``tanh(x / c) * c`` first with ``c =
+    final_logit_softcapping`` (PaliGemma's head does; Gemma 3's conditional model does not)."""
 
-    def __init__(self, model: nn.Module, norm: nn.Module, vocab_size: int):
+    def __init__(self, model: nn.Module, norm: nn.Module, vocab_size: int, softcap: float | None = None,
+                 router: tuple[int, float] | None = None):
         super().__init__()
-        self.norm, self.lm_head, self.vocab_size = norm, model.lm_head, vocab_size
+        self.norm, self.lm_head, self.vocab_size, self.softcap = norm, model.lm_head, vocab_size, softcap
+        self.router = router  # (E, coefficient)
         self.__dict__["_loss_function"] = model.loss_function  # reads only the config; not a submodule
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> Tensors:
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, sums: Tensors | None = None) -> Tensors:
         logits = self.lm_head(self.norm(hidden))
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
         loss = self._loss_function(logits=logits, labels=labels, vocab_size=self.vocab_size,
                                    num_items_in_batch=1)  # reduction "sum"
-        return {"loss": loss, "num_tokens": (labels[..., 1:] != -100).sum()}
+        out = {"loss": loss, "num_tokens": (labels[..., 1:] != -100).sum()}
+        if self.router is not None and sums:
+            out["aux_loss"] = self.router[1] * aux_loss(sums, self.router[0])
+        return out
+
+
+def split_positions(position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(rotary positions, text positions)``, as the HF text models split them: ``(4, B, L)`` ids are text
+    positions then 3 M-RoPE axes (Qwen3.5, GLM-4.xV); ``(3, B, L)`` M-RoPE ids have no text row (``None``);
+    ``(B, L)``-like ids are both."""
+    if position_ids.dim() == 3 and position_ids.shape[0] == 4:
+        return position_ids[1:], position_ids[0]
+    return position_ids, (position_ids if position_ids.dim() == 2 else None)
+
+
+def layer_type_masks(text_config, hidden: torch.Tensor, padding: torch.Tensor | None,
+                     text_positions: torch.Tensor | None, state: Tensors, types: set[str]) -> dict:
+    """``{layer type: mask}`` for ``types``, each from transformers' builder for that type. Without padding the
+    builders may skip the mask (SDPA's ``is_causal``); with padding their skip test would read the mask back to
+    the host once per stage and micro-batch, so it is off. ``text_positions``: the text row of ``(4, B, L)``
+    ids, which the HF models hand to their builders; ``None`` otherwise (a model's 1-D ``arange`` positions say
+    nothing a builder needs, and would be searched for packed sequences on the device).
+
+    Raises:
+        ValueError: a layer type transformers has no single mask builder for.
+    """
+    masks = {}
+    for layer_type in sorted(types):
+        build = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.get(layer_type)
+        if build is None or isinstance(build, dict):
+            raise ValueError(f"layer type {layer_type!r} has no mask builder in transformers' "
+                             f"LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING; supported: "
+                             f"{sorted(k for k, v in LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.items() if callable(v))}")
+        kwargs = dict(config=text_config, inputs_embeds=hidden, attention_mask=padding, cache=None,
+                      position_ids=text_positions)
+        if "allow_is_causal_skip" in inspect.signature(getattr(build, "func", build)).parameters:
+            kwargs["allow_is_causal_skip"] = padding is None
+        masks[layer_type] = build(**kwargs)
+    return masks
 
 
 class DecoderStage(nn.Module):
     """Decoder layers with an optional front and an optional head: one pipeline stage, or a text preprocess.
 
     Inputs: the front's raw keys when ``front`` is set, else ``hidden_states`` ``(B, L, H)`` and
-    ``position_ids`` (``(B, L)``-like, or ``(3, B, L)`` for M-RoPE); always ``attention_mask`` ``(B, L)``, and
-    ``labels`` ``(B, L)`` on a stage. Outputs: ``{"loss", "num_tokens"}`` with a head, else ``hidden_states``,
-    ``position_ids`` and the ``carry`` keys (read from the inputs, or from what the front returned).
+    ``position_ids`` (``(B, L)``-like, ``(3, B, L)`` M-RoPE or ``(4, B, L)`` text + M-RoPE); always
+    ``attention_mask`` ``(B, L)`` (absent: no padding), ``labels`` ``(B, L)`` on a stage, and the family's
+    mask inputs (``token_type_ids``). Outputs: ``{"loss", "num_tokens"}`` (and ``"aux_loss"``) with a head, else
+    ``hidden_states``, ``position_ids``, the ``carry`` keys and the MoE running sums (:mod:`.moe`).
 
     A family that feeds something into the residual stream between layers (Qwen3-VL's DeepStack) overrides
     :meth:`after_layer`.
 
     Args:
         front: ``front(inputs) -> {"hidden_states": (B, L, H), "position_ids": ..., **extra keys}``, or ``None``.
-        layers: the HF decoder layers of this stage, in order.
-        layer_ids: their indices in the text model (``after_layer`` reads them).
-        layer_types: ``"full_attention"`` or ``"sliding_attention"`` per layer.
-        rotary_emb: the text model's rotary embedding module.
-        text_config: the text model's config (masks read it).
-        head: the :class:`LMHead` on the last stage, else ``None``.
-        carry: input keys passed on unchanged to the next stage.
+        layers: the HF decoder layers of this stage, in order; layer_ids: their indices in the text model.
+        layer_types: each layer's attention type (``config.layer_types``: ``full_attention``,
+            ``sliding_attention``, ``linear_attention``, ...).
+        rotary_emb: the text model's rotary embedding module; text_config: the text model's config.
+        head: the :class:`LMHead` on the last stage, else ``None``; carry: input keys passed on unchanged.
+        masks: ``masks(text_config, hidden, padding, text_positions, state, types) -> {type: mask}``
+            (:func:`layer_type_masks`, or the family's builder).
+        router: the stage's :class:`~.moe.RouterSums` when the model adds the load-balancing loss.
     """
 
     def __init__(self, front: nn.Module | None, layers: list[nn.Module], layer_ids: list[int],
                  layer_types: list[str], rotary_emb: nn.Module, text_config, head: LMHead | None = None,
-                 carry: tuple[str, ...] = CARRIED_KEYS):
+                 carry: tuple[str, ...] = CARRIED_KEYS, masks: MaskBuilder = layer_type_masks,
+                 router: RouterSums | None = None):
         super().__init__()
         self.front, self.layers, self.layer_ids, self.layer_types = front, nn.ModuleList(layers), layer_ids, layer_types
         self.rotary_emb, self.text_config, self.head, self.carry = rotary_emb, text_config, head, carry
+        self.masks, self.router = masks, router
+        self.per_type_rotary = "layer_type" in inspect.signature(rotary_emb.forward).parameters
 
     def after_layer(self, layer_id: int, hidden: torch.Tensor, state: Tensors) -> torch.Tensor:
         """What enters the residual stream after decoder layer ``layer_id``; nothing by default."""
         return hidden
 
+    def run_layers(self, hidden: torch.Tensor, state: Tensors, padding: torch.Tensor | None) -> torch.Tensor:
+        """The layers over ``hidden`` ``(B, L, H)``, as the HF text model's loop."""
+        rope_positions, text_positions = split_positions(state["position_ids"])
+        types = set(self.layer_types)
+        text_row = text_positions if state["position_ids"].dim() == 3 else None
+        masks = self.masks(self.text_config, hidden, padding, text_row, state, types)
+        if self.per_type_rotary:
+            rotary = {t: self.rotary_emb(hidden, rope_positions, t) for t in sorted(types)}
+        else:
+            shared = self.rotary_emb(hidden, rope_positions)
+            rotary = {t: shared for t in types}
+        for layer_id, layer, layer_type in zip(self.layer_ids, self.layers, self.layer_types):
+            hidden = layer(hidden, attention_mask=masks[layer_type], position_embeddings=rotary[layer_type],
+                           position_ids=text_positions, cache=None, use_cache=False)
+            hidden = self.after_layer(layer_id, hidden, state)
+        return hidden
+
     def forward(self, inputs: Tensors) -> Tensors:
         state = {**inputs, **self.front(inputs)} if self.front is not None else inputs
-        hidden, position_ids = state["hidden_states"], state["position_ids"]
+        hidden = state["hidden_states"]
+        padding = inputs.get("attention_mask")  # absent: no padding (the loader's host knew; see handlers)
+        sums = {k: state[k] for k in ROUTER_KEYS if k in state}
         if self.layers:
-            padding = inputs.get("attention_mask")  # absent: no padding (the loader's host knew; see handlers)
-            # with padding HF's skip test would read the mask back to the host once per stage and micro-batch
-            mask_kwargs = dict(config=self.text_config, inputs_embeds=hidden, attention_mask=padding, cache=None,
-                               position_ids=None, allow_is_causal_skip=padding is None)
-            masks = {"full_attention": create_causal_mask(**mask_kwargs)}
-            if "sliding_attention" in self.layer_types:
-                masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
-            position_embeddings = self.rotary_emb(hidden, position_ids)
-            layer_positions = position_ids if position_ids.dim() == 2 else None  # M-RoPE ids stay out, as in HF
-            for layer_id, layer, layer_type in zip(self.layer_ids, self.layers, self.layer_types):
-                hidden = layer(hidden, attention_mask=masks[layer_type], position_embeddings=position_embeddings,
-                               position_ids=layer_positions, cache=None, use_cache=False)
-                hidden = self.after_layer(layer_id, hidden, state)
+            collect = self.router.collect(state, padding, hidden) if self.router is not None else nullcontext({})
+            with collect as new_sums:
+                hidden = self.run_layers(hidden, state, padding)
+            sums = {**sums, **new_sums}
         if self.head is not None:
-            return self.head(hidden, inputs["labels"])
+            return self.head(hidden, inputs["labels"], sums)
         carried = {k: state[k] for k in self.carry if k in state}  # an all-ones mask was dropped at load
-        return {"hidden_states": hidden, "position_ids": position_ids, **carried}
-
-
-def matmul_costs(text_config) -> tuple[float, float]:
-    """``(decoder layer, LM head)`` cost per token, as the weights each multiplies by (proportional to its FLOPs):
-    attention projections plus the gated MLP (``3 * hidden * intermediate``) for a layer, ``hidden * vocab``
-    for the head. Attention scores, norms and the loss's softmax are left out; a profile measures them."""
-    h = text_config.hidden_size
-    heads = text_config.num_attention_heads
-    head_dim = getattr(text_config, "head_dim", None) or h // heads
-    kv = getattr(text_config, "num_key_value_heads", None) or heads
-    layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * text_config.intermediate_size
-    return float(layer), float(h * text_config.vocab_size)
+        return {"hidden_states": hidden, "position_ids": state["position_ids"], **carried, **sums}
 
 
 def layer_types(text_config) -> list[str]:
@@ -114,9 +173,12 @@ def layer_types(text_config) -> list[str]:
 
 def decoder_stage(text_model: nn.Module, text_config, layer_ids: list[int], front: nn.Module | None = None,
                   head: LMHead | None = None, carry: tuple[str, ...] = CARRIED_KEYS,
-                  cls: type[DecoderStage] = DecoderStage) -> DecoderStage:
+                  cls: type[DecoderStage] = DecoderStage, masks: MaskBuilder = layer_type_masks,
+                  router: tuple | None = None) -> DecoderStage:
     """A :class:`DecoderStage` (or subclass ``cls``) over layers ``layer_ids`` of ``text_model`` (an HF text model
-    with ``layers`` and ``rotary_emb``)."""
+    with ``layers`` and ``rotary_emb``); ``router``: :func:`~.moe.router_spec`'s tuple, or ``None``."""
     types = layer_types(text_config)
-    return cls(front, [text_model.layers[i] for i in layer_ids], list(layer_ids), [types[i] for i in layer_ids],
-               text_model.rotary_emb, text_config, head, carry)
+    layers = [text_model.layers[i] for i in layer_ids]
+    sums = RouterSums(layers, *router[:4]) if router is not None else None
+    return cls(front, layers, list(layer_ids), [types[i] for i in layer_ids], text_model.rotary_emb, text_config,
+               head, carry + (ROUTER_KEYS if router is not None and head is None else ()), masks, sums)

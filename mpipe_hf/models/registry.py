@@ -2,7 +2,10 @@
 
 Adding a family
 ---------------
-A family is one module (one file, as ``transformers/models/*``) with two functions:
+A family is a :class:`~.family.Family` declaration (see :mod:`.families`): where the model keeps its vision
+part and text model, the keys its ``get_image_features`` takes, its positions and masks. Add it to
+:data:`FAMILIES` there, or call ``mpipe_hf.models.register("my_model_type", Family(...))``; :func:`split` and
+``mpipe-hf train`` pick it up by ``model_type``. Any object with these two methods also serves:
 
 ``layer_counts(config, cfg, layers_per_stage=None, text_layers=0) -> list[int]``
     Decoder layers per stage for the HF ``config``; raises ``ValueError`` naming the field when the layout,
@@ -12,34 +15,23 @@ A family is one module (one file, as ``transformers/models/*``) with two functio
     Carve the HF ``model`` for pipeline rank ``rank``: say which modules form ``P`` and each stage, and give
     each stage a module mapping a dict of tensors to a dict of tensors (the last one returns
     ``{"loss": summed token loss, "num_tokens": label tokens}``).
-
-Most families need only a few lines on top of the shared parts: :func:`~.vision_language.split_vision_language`
-for a vision tower in front of a decoder (fill a :class:`~.vision_language.VisionLanguageParts`; see ``llava.py``),
-or ``causal_lm.split`` for a decoder-only LM whose text model has ``embed_tokens``, ``layers``, ``norm`` and
-``rotary_emb``. Then, from that same file, call ``mpipe_hf.models.register("my_model_type", sys.modules[__name__])``
-(or add it to :data:`FAMILIES` here); :func:`split` and ``mpipe-hf train`` pick it up by ``model_type``.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Iterable
 
 from torch import nn
 
 from ..schedule import ScheduleConfig
-from . import causal_lm, llava, qwen2_vl, qwen3_vl
 from .base import SplitModel
-
-FAMILIES: dict[str, ModuleType] = {
-    "qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_vl, "qwen3_vl": qwen3_vl, "llava": llava,
-    "llama": causal_lm, "qwen2": causal_lm, "qwen3": causal_lm,
-}
+from .families import FAMILIES
+from .family import Family
 
 
 def register(model_types: str | Iterable[str], family) -> None:
-    """Make ``family`` (a module, or any object with ``layer_counts`` and ``split`` as above) the splitter of
-    ``model_types``, replacing any earlier one.
+    """Make ``family`` (a :class:`~.family.Family`, or any object with ``layer_counts`` and ``split`` as above)
+    the splitter of ``model_types``, replacing any earlier one.
 
     Raises:
         ValueError: ``family`` lacks ``layer_counts`` or ``split``.
@@ -51,8 +43,8 @@ def register(model_types: str | Iterable[str], family) -> None:
         FAMILIES[model_type] = family
 
 
-def get_family(model_type: str) -> ModuleType:
-    """The family module for ``model_type``.
+def get_family(model_type: str) -> Family:
+    """The family of ``model_type`` (its declaration, or a registered splitter).
 
     Raises:
         ValueError: ``model_type`` has no family; the message lists the supported ones.

@@ -91,3 +91,75 @@ def tiny_causal_lm_config(tokenizer, model_type: str = "qwen2", num_layers: int 
         raise ValueError(f"model_type must be one of {sorted(classes)}, got {model_type!r}")
     extra = {"head_dim": hidden_size // HEADS} if model_type == "qwen3" else {}
     return classes[model_type](**_text(tokenizer, num_layers, hidden_size, tie_word_embeddings, **extra))
+
+
+def _qwen_vision(hidden_size: int, depth: int = 2, **extra) -> dict:
+    """A 2-block Qwen3-style vision tower (16-px patches, an 8 x 8 learned position grid) feeding ``hidden_size``."""
+    return dict(depth=depth, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, temporal_patch_size=2,
+                spatial_merge_size=2, out_hidden_size=hidden_size, num_position_embeddings=64, **extra)
+
+
+def _moe(num_experts: int = 4, top_k: int = 2, hidden_size: int = 64) -> dict:
+    return dict(moe_intermediate_size=hidden_size, num_experts_per_tok=top_k, router_aux_loss_coef=0.01,
+                output_router_logits=True, num_experts=num_experts)
+
+
+def tiny_qwen3_5_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, moe: bool = False):
+    """A ``Qwen3_5Config`` (``moe``: ``Qwen3_5MoeConfig``): hybrid Gated DeltaNet / full attention layers (three
+    ``linear_attention`` to one ``full_attention``, as the real checkpoints), gated full attention with a partial
+    rotary of half the 32-wide head, interleaved M-RoPE, a Qwen3-style tower; ``moe``: 4 experts, 2 active per
+    token, a shared expert, the router's load-balancing loss weighted 0.01."""
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig
+    head_dim = 2 * hidden_size // HEADS
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "mrope_section": [head_dim // 8, head_dim // 16, head_dim // 16], "mrope_interleaved": True}
+    types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(num_layers)]
+    text = _text(tokenizer, num_layers, hidden_size, head_dim=head_dim, rope_parameters=rope, layer_types=types,
+                 linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                 linear_num_value_heads=4)
+    if moe:
+        text.update(_moe(hidden_size=hidden_size), shared_expert_intermediate_size=hidden_size)
+        text.pop("intermediate_size")
+    cls = Qwen3_5MoeConfig if moe else Qwen3_5Config
+    return cls(text_config=text, vision_config=_qwen_vision(hidden_size), tie_word_embeddings=False,
+               **_qwen_specials(tokenizer))
+
+
+def tiny_qwen3_vl_moe_config(tokenizer, num_layers: int = 8, hidden_size: int = 64,
+                             deepstack_visual_indexes: tuple[int, ...] = (0, 1)):
+    """A ``Qwen3VLMoeConfig``: :func:`tiny_qwen3_vl_config`'s shape with sparse MoE blocks (4 experts, 2 active,
+    ``decoder_sparse_step`` 1), DeepStack features from 2 vision blocks, the load-balancing loss weighted 0.01."""
+    from transformers import Qwen3VLMoeConfig
+    rope = {**_mrope(hidden_size), "mrope_interleaved": True}
+    moe = _moe(hidden_size=hidden_size)
+    moe["num_local_experts"] = moe.pop("num_experts")
+    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // HEADS, rope_parameters=rope,
+                 decoder_sparse_step=1, mlp_only_layers=[], **moe)
+    return Qwen3VLMoeConfig(text_config=text, tie_word_embeddings=False, **_qwen_specials(tokenizer),
+                            vision_config=_qwen_vision(hidden_size, depth=2,
+                                                       deepstack_visual_indexes=list(deepstack_visual_indexes)))
+
+
+def tiny_glm4v_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, moe: bool = False):
+    """A ``Glm4vConfig`` (``moe``: ``Glm4vMoeConfig``, GLM-4.5V: the first layer dense, then 4 routed experts, 2
+    active, one shared): 14-px patches on a 56-px position grid, M-RoPE sections ``(2, 3, 3)`` of the 16-wide
+    heads' half, the image markers mapped onto the Qwen2 vision tokens."""
+    from transformers import Glm4vConfig, Glm4vMoeConfig
+    head_dim = hidden_size // HEADS
+    half = head_dim // (4 if moe else 2)  # GLM-4.5V rotates half of each head (partial_rotary_factor 0.5)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * (half // 3), half // 3,
+                                                                              half // 3]}
+    if moe:
+        rope["partial_rotary_factor"] = 0.5
+    text = _text(tokenizer, num_layers, hidden_size, rope_parameters=rope)
+    if moe:
+        text.update(moe_intermediate_size=hidden_size, num_experts_per_tok=2, n_routed_experts=4, n_shared_experts=1,
+                    first_k_dense_replace=1, n_group=1, topk_group=1, router_aux_loss_coef=0.01, head_dim=head_dim)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, image_size=56,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden_size)
+    ids = tokenizer.convert_tokens_to_ids
+    return (Glm4vMoeConfig if moe else Glm4vConfig)(
+        text_config=text, vision_config=vision, tie_word_embeddings=False, image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"), image_start_token_id=ids("<|vision_start|>"),
+        image_end_token_id=ids("<|vision_end|>"), video_start_token_id=ids("<|box_start|>"),
+        video_end_token_id=ids("<|box_end|>"))

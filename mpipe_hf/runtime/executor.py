@@ -58,6 +58,8 @@ from .watchdog import PeerFailed
 __all__ = ["PipelineExecutor", "StepStats"]
 
 
+FIXED = 6  # totals' step-wide slots: loss sum, label tokens, busy, wall, micro means, MoE aux sum
+SUMS = [0, 1, 4, 5]  # the slots the last stage accumulates (StepContext.sums)
 _REPLICATED = 0  # executors built with data parallelism so far (names their shared error key)
 
 
@@ -317,17 +319,17 @@ class PipelineExecutor:
                 wall = step_begin.elapsed_time(step_end) / 1e3
                 busy = sum(a.elapsed_time(b) for a, b in ctx.gpu_events) / 1e3
             # sums, then per rank: busy, wall, saved-activation peak, device-memory peak
-            totals = torch.zeros(5 + 4 * world, dtype=torch.float64)
+            totals = torch.zeros(FIXED + 4 * world, dtype=torch.float64)
             totals[2], totals[3] = busy, wall
-            totals[5 + self.rank], totals[5 + world + self.rank] = busy, wall
-            totals[5 + 2 * world + self.rank] = run.peak_bytes
-            totals[5 + 3 * world + self.rank] = torch.cuda.max_memory_allocated(self.device) if cuda else 0
+            totals[FIXED + self.rank], totals[FIXED + world + self.rank] = busy, wall
+            totals[FIXED + 2 * world + self.rank] = run.peak_bytes
+            totals[FIXED + 3 * world + self.rank] = torch.cuda.max_memory_allocated(self.device) if cuda else 0
             totals = totals.to(self.device, non_blocking=True)
-            totals[[0, 1, 4]] = ctx.sums(self.device)  # accumulated on the device: no sync per micro-batch
+            totals[SUMS] = ctx.sums(self.device)  # accumulated on the device: no sync per micro-batch
             ctx.check({"totals": totals}, "the step's loss sum")
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum")
             if self.dp is not None:  # the loss, tokens and micro means of the whole global batch
-                totals[[0, 1, 4]] = self.dp.sum(totals[[0, 1, 4]].clone())
+                totals[SUMS] = self.dp.sum(totals[SUMS].clone())
             self._sum_tied()
             ahead_loaded = {m - num_micro: (ctx.data.pop(m), ctx.feats.pop(m)) for m in sorted(ctx.data)
                             if m >= num_micro}
@@ -340,8 +342,8 @@ class PipelineExecutor:
         finally:
             ctx.clear()
         values = totals.tolist()
-        loss_sum, num_tokens, busy, wall_sum, micro_means = values[:5]
-        busy_r, wall_r, saved_r, device_r = (values[5 + k * world:5 + (k + 1) * world] for k in range(4))
+        loss_sum, num_tokens, busy, wall_sum, micro_means, aux_sum = values[:FIXED]
+        busy_r, wall_r, saved_r, device_r = (values[FIXED + k * world:FIXED + (k + 1) * world] for k in range(4))
         rank_bubble = [round(1.0 - b / w, 4) if w else 0.0 for b, w in zip(busy_r, wall_r)]
         activation_bytes = [int(v) for v in saved_r] if self.measure_memory else []
         device_bytes = [int(v) for v in device_r] if cuda else []
@@ -369,5 +371,7 @@ class PipelineExecutor:
             if p in mine and kept[p] is not None:
                 p.grad = kept[p] if p.grad is None else kept[p].add_(p.grad)
         loss = micro_means / (num_micro * replicas) if self.per_micro else loss_sum / num_tokens
+        aux = aux_sum / (num_micro * replicas) if self.per_micro else aux_sum / num_tokens
         return StepStats(loss, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
-                         run.peak, rank_bubble, activation_bytes, device_bytes, wall_r, *self.dropped)
+                         run.peak, rank_bubble, activation_bytes, device_bytes, wall_r, *self.dropped,
+                         aux_loss=aux if aux_sum else None)  # no router: no sum

@@ -85,6 +85,7 @@ class StepContext:
     num_tokens: int | torch.Tensor = 0     # label tokens (on the device once a micro added to it)
     per_micro: bool = False   # each micro's loss divided by its own label tokens (the micro-batch mean)
     micro_mean_sum: float | torch.Tensor = 0.0
+    aux_sum: float | torch.Tensor = 0.0    # the MoE load-balancing loss, weighted as it is backpropagated
     busy_s: float = 0.0       # seconds the compute actions took on the host (perf_counter; CPU runs)
     gpu_events: list | None = None  # CUDA: (start, end) events of every compute action, read once per step
     swap: object = None  # this rank's SwapManager (activation swap, :mod:`.swap`), or None
@@ -107,10 +108,10 @@ class StepContext:
             store.clear()
 
     def sums(self, device: torch.device) -> torch.Tensor:
-        """``[loss_sum, num_tokens, micro_mean_sum]`` as float64 on ``device``; reading it is the step's one host
-        synchronisation for them."""
+        """``[loss_sum, num_tokens, micro_mean_sum, aux_sum]`` as float64 on ``device``; reading it is the step's
+        one host synchronisation for them."""
         return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device)
-                            for v in (self.loss_sum, self.num_tokens, self.micro_mean_sum)])
+                            for v in (self.loss_sum, self.num_tokens, self.micro_mean_sum, self.aux_sum)])
 
     def last_stage(self, stage: int) -> bool:
         return stage == self.cfg.num_stages - 1
@@ -148,15 +149,35 @@ def forward(ctx: StepContext, a: Action) -> None:
     else:
         outputs = ctx.stages[s](inputs)
     if ctx.last_stage(s):
+        outputs, aux = _with_aux(ctx, outputs)
         # on the device, as float64 (the sum a Python float would give): no host synchronisation per micro-batch
         ctx.loss_sum = ctx.loss_sum + outputs["loss"].detach().double()
         ctx.num_tokens = ctx.num_tokens + torch.as_tensor(outputs["num_tokens"]).detach()
         if ctx.per_micro:  # backprop the micro's mean, as a Trainer that does not count num_items_in_batch
-            outputs = {**outputs, "loss": outputs["loss"] / outputs["num_tokens"].clamp_min(1)}
+            outputs = {**outputs, "loss": outputs["loss"] / outputs["num_tokens"].clamp_min(1) + aux}
             ctx.micro_mean_sum = ctx.micro_mean_sum + outputs["loss"].detach().double()
     else:
         ctx.act[(s, m)] = _handoff(outputs)
     ctx.saved[(s, m)] = (inputs, outputs)
+
+
+def _with_aux(ctx: StepContext, outputs: Tensors) -> tuple[Tensors, torch.Tensor | float]:
+    """``(outputs, term)``: the last stage's outputs with the MoE load-balancing loss folded in
+    (:mod:`mpipe_hf.models.moe`), and the term to add to a micro's mean (``"micro"``; else 0).
+    ``"micro"`` normalisation: each micro's loss is its token mean plus its ``aux_loss``, as the HF Trainer
+    computes a model's loss without ``num_items_in_batch`` (the MoE families' ``accepts_loss_kwargs = False``);
+    the summed ``"loss"`` is left alone here and the term added after the division. ``"tokens"``: ``aux_loss``
+    weighted by the micro's label tokens, so the step's loss is ``sum(token loss + aux * n) / N``: each micro's
+    aux counts by its share of the step's tokens. Without an ``aux_loss`` nothing changes."""
+    aux = outputs.pop("aux_loss", None)
+    if aux is None:
+        return outputs, 0.0
+    if ctx.per_micro:
+        ctx.aux_sum = ctx.aux_sum + aux.detach().double()
+        return outputs, aux
+    weighted = aux * outputs["num_tokens"]
+    ctx.aux_sum = ctx.aux_sum + weighted.detach().double()
+    return {**outputs, "loss": outputs["loss"] + weighted}, 0.0
 
 
 def backward(ctx: StepContext, a: Action) -> None:

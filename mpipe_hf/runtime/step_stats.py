@@ -16,7 +16,9 @@ class StepStats:
     measures them, else empty; ``rank_device_bytes[r]``: ``torch.cuda.max_memory_allocated`` over the step on a
     GPU, else empty; ``rank_wall_s[r]``: rank ``r``'s step time, seconds. ``bad_rows``: the rows the step's loads
     dropped on every rank together (a row that failed to load costs that row, not the step; look-ahead loads count
-    in the step that made them), ``bad_row``: one of their texts, ``"WHERE (WHY)"``, the same on every rank."""
+    in the step that made them), ``bad_row``: one of their texts, ``"WHERE (WHY)"``, the same on every rank.
+    ``aux_loss``: the MoE load-balancing term inside ``loss`` (``router_aux_loss_coef`` times the loss; the
+    micro-batches' mean, or token-weighted as ``loss`` is), ``None`` for a model without one."""
 
     loss: float
     num_tokens: int
@@ -29,3 +31,4 @@ class StepStats:
     rank_wall_s: list[float] = field(default_factory=list)
     bad_rows: int = 0
     bad_row: str | None = None
+    aux_loss: float | None = None

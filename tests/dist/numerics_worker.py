@@ -126,9 +126,13 @@ def reference_run(model, micros, seeds=None, bf16=False, order="hf"):
             hook = tower.register_forward_pre_hook(
                 lambda *_, s=preprocess_seed(seed, run, m): torch.default_generator.manual_seed(s) and None)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
-            loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab,
-                                       num_items_in_batch=total_tokens if order == "hf" else 1)
+            if order == "micro":  # HF's own loss of the micro (token mean + its MoE aux term), as the Trainer
+                loss = model(**mb).loss / len(micros)
+            else:
+                out = model(**{k: v for k, v in mb.items() if k != "labels"})
+                loss = model.loss_function(logits=out.logits, labels=mb["labels"], vocab_size=vocab,
+                                           num_items_in_batch=total_tokens if order == "hf" else 1)
+                loss = loss + aux_term(model, out, mb, total_tokens if order == "hf" else 1)
         loss.backward()
         loss_total += loss.detach().item()
         if seeds is not None:
@@ -143,6 +147,17 @@ def reference_run(model, micros, seeds=None, bf16=False, order="hf"):
                 p.grad = before
         return loss_total / total_tokens
     return loss_total
+
+
+def aux_term(model, out, mb, divisor):
+    """HF's MoE load-balancing term (``router_aux_loss_coef * out.aux_loss``, transformers'
+    ``load_balancing_loss_func``) weighted by the micro's label tokens over ``divisor``, as the pipeline's
+    ``"tokens"`` normalisation counts it; 0 for a model without one."""
+    aux = getattr(out, "aux_loss", None)
+    if aux is None:
+        return 0.0
+    tokens = int((mb["labels"][..., 1:] != -100).sum())
+    return model.config.get_text_config().router_aux_loss_coef * aux * tokens / divisor
 
 
 def corrupt_tokens(mb, image_token_id):
@@ -221,7 +236,8 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
         split.model.activation_checkpointing_enable({"use_reentrant": False})
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(), TIMEOUT,
                                 split.tied_parameters(cfg, rank), seed=SEED, swap=swap,
-                                measure_memory=swap is not None)
+                                measure_memory=swap is not None,
+                                loss_normalization="micro" if case.get("order") == "micro" else "tokens")
     if case.get("recover") is False:  # NCCL's policy, on gloo: a step failed mid-transfer ends the executor
         executor.recover = False
     optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS) if params else None
@@ -270,6 +286,7 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             result.setdefault("bad_rows", []).append([stats.bad_rows, stats.bad_row])
             owned_all += [m for m in range(cfg.num_micro) if (owners[m] if owners else cfg.owner(m)) == rank]
             losses.append(stats.loss)
+            result.setdefault("aux_losses", []).append(stats.aux_loss)
             if swap is not None:  # what this rank's swap manager moved, and the peak on the device
                 result.setdefault("swap_offloaded_bytes", []).append(
                     executor.swap.offloaded_bytes if executor.swap is not None else 0)

@@ -1,0 +1,51 @@
+"""Qwen3-VL's DeepStack across pipeline stages (Qwen3-VL, Qwen3-VL-MoE).
+
+DeepStack (Meng et al. 2024, arXiv:2406.04334) adds features taken from ``K = len(deepstack_visual_indexes)``
+layers of the vision tower to the residual stream at the image-token positions, after decoder layers
+``0 .. K-1``. ``P``'s vision part returns them as ``deepstack_features`` ``(K, n_image_tokens, H)`` next to
+``image_features``; the owner's host adds the image tokens' flat positions ``visual_pos_index`` ``(n,)`` at load
+(a boolean mask on the device would read its count back at every use), and both are *relayed*: every stage whose
+last layer is below ``K - 1`` passes them on with the hidden states, so the layers that consume them may sit in
+any stage (or in ``P``, with ``text_layers``), and their gradient flows back along the same path to ``P``. The
+code mirrors ``Qwen3VLModel.forward`` and ``Qwen3VLTextModel._deepstack_process``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .decoder import DecoderStage
+from .host_metadata import qwen_host_inputs
+
+DEEPSTACK_KEYS = ("deepstack_features", "visual_pos_index")
+
+
+def deepstack_layers(config) -> int:
+    """``K``: the decoder layers that take DeepStack features (0 when the tower has none)."""
+    return len(getattr(config.vision_config, "deepstack_visual_indexes", None) or ())
+
+
+def deepstack_host_inputs(model: nn.Module):
+    """:func:`~.host_metadata.qwen_host_inputs`, and ``visual_pos_index``: the flat positions ``(n,)`` of the
+    image tokens in ``(B * L)``, computed on the host (a boolean index on the device reads its count back)."""
+    qwen, image_token_id = qwen_host_inputs(model), model.config.image_token_id
+
+    def host(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        index = (raw["input_ids"] == image_token_id).flatten().nonzero().squeeze(1)
+        return {**qwen(raw), "visual_pos_index": index}
+    return host
+
+
+class DeepStackStage(DecoderStage):
+    """A :class:`~.decoder.DecoderStage` that adds ``deepstack_features[i]`` at the image-token positions after
+    decoder layer ``i < K``, as ``Qwen3VLTextModel._deepstack_process``."""
+
+    def after_layer(self, layer_id: int, hidden: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        features = state.get("deepstack_features")  # carried up to the stage that holds layer K - 1
+        if features is None or layer_id >= features.shape[0]:
+            return hidden
+        index = state["visual_pos_index"]  # the image tokens' flat positions, from the host: a mask would sync
+        flat = hidden.clone().view(-1, hidden.shape[-1])
+        flat[index] = flat[index] + features[layer_id].to(hidden.device, hidden.dtype)
+        return flat.view_as(hidden)

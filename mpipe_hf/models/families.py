@@ -1,0 +1,123 @@
+"""Every model family the splitter takes, as a short declaration (:class:`~.family.Family`; issue 29).
+
+Paths and keys are read from transformers' own surface: where each ``...Model`` keeps its parts (``visual``,
+``vision_tower``, ``multi_modal_projector``, ``image_newline``, ``vision_model``/``connector``,
+``language_model``/``text_model``), the argument names of its ``get_image_features``, and the extra inputs its
+``forward`` reads (``mm_token_type_ids`` for the M-RoPE index, ``token_type_ids`` for the bidirectional image
+blocks of Gemma 3 and PaliGemma's prefix). What differs beyond data lives in small functions here (the load-time
+checks, the two token-type mask builders) or in its own module (:mod:`.host_metadata`, :mod:`.deepstack`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+from .deepstack import deepstack_host_inputs
+from .family import Family
+from .host_metadata import VISION_META_KEYS, host_keys, qwen_host_inputs
+
+Tensors = dict[str, torch.Tensor]
+
+
+def validate_qwen_micro(model: nn.Module):
+    """``validate_micro(raw)``: raises ``ValueError`` when the ``<|image_pad|>`` count differs from the features
+    ``image_grid_thw`` gives."""
+    merge = model.config.vision_config.spatial_merge_size
+    image_token_id = model.config.image_token_id
+
+    def validate_micro(raw: Tensors) -> None:
+        n_tokens = int((raw["input_ids"] == image_token_id).sum())
+        grid = raw.get("image_grid_thw")
+        n_feats = 0 if grid is None else int(grid.prod(-1).sum()) // merge ** 2
+        if n_tokens != n_feats:
+            raise ValueError(f"image-token count {n_tokens} (<|image_pad|> id {image_token_id} in input_ids) "
+                             f"differs from the {n_feats} image features that image_grid_thw gives")
+    return validate_micro
+
+
+def tokens_per_image(config, vision_tower: nn.Module) -> int | None:
+    """Image tokens one LLaVA image expands to (``num_positions`` of the tower's embeddings, less the CLS token
+    with strategy ``"default"``); ``None`` when the tower does not say."""
+    embeddings = getattr(getattr(vision_tower, "vision_model", vision_tower), "embeddings", None)
+    positions = getattr(embeddings, "num_positions", None)
+    if positions is None:
+        return None
+    return positions - (1 if config.vision_feature_select_strategy == "default" else 0)
+
+
+def validate_llava_micro(model: nn.Module):
+    """``validate_micro(raw)``: raises ``ValueError`` when the image-token count differs from images x tokens
+    per image."""
+    image_token_id = model.config.image_token_id
+    per_image = tokens_per_image(model.config, model.model.vision_tower)
+
+    def validate_micro(raw: Tensors) -> None:
+        n_tokens = int((raw["input_ids"] == image_token_id).sum())
+        n_images = raw["pixel_values"].shape[0] if "pixel_values" in raw else 0
+        if per_image is not None and n_tokens != n_images * per_image:
+            raise ValueError(f"image-token count {n_tokens} (id {image_token_id} in input_ids) differs from "
+                             f"{n_images} images x {per_image} tokens per image")
+    return validate_micro
+
+
+def model_class_masks(model: nn.Module):
+    """Masks from the model class's own ``create_masks_for_generate`` with ``token_type_ids`` (Gemma 3: full
+    attention OR a bidirectional block per image, the sliding layers AND their window; transformers'
+    ``create_masks_for_vision_model``), as its ``forward`` builds them for a first (uncached) pass."""
+    build, config = type(model).create_masks_for_generate, model.config
+
+    def masks(text_config, hidden, padding, text_row, state, types) -> dict:
+        out = build(config, inputs_embeds=hidden, attention_mask=padding, cache=None, position_ids=text_row,
+                    token_type_ids=state.get("token_type_ids"), is_first_iteration=True)
+        return out if isinstance(out, dict) else {t: out for t in types}
+    return masks
+
+
+def prefix_masks(model: nn.Module):
+    """PaliGemma's masks, as ``PaliGemmaModel.forward`` builds them: causal, with the prefix (``token_type_ids
+    == 0``) one bidirectional block, from the positions (which start at one); the sliding layers of a Gemma 2
+    text model get the same block under their window."""
+    sliding = getattr(model.config.get_text_config(), "sliding_window", None) is not None
+
+    def masks(text_config, hidden, padding, text_row, state, types) -> dict:
+        kwargs = dict(config=text_config, inputs_embeds=hidden, attention_mask=padding, cache=None,
+                      position_ids=state["position_ids"])
+        if state.get("token_type_ids") is not None:
+            kwargs["block_sequence_ids"] = torch.where(state["token_type_ids"] == 0, 0, -1)
+        out = {"full_attention": create_causal_mask(**kwargs)}
+        if sliding:
+            out["sliding_attention"] = create_sliding_window_causal_mask(**kwargs)
+        return {t: out.get(t, out["full_attention"]) for t in types}
+    return masks
+
+
+QWEN_VL = dict(vision=("model.visual",), image_inputs=("pixel_values", "image_grid_thw"),
+               image_meta=VISION_META_KEYS, stage0_inputs=("position_ids",), positions="host",
+               host=qwen_host_inputs, host_keys=lambda model: host_keys(model.model.visual),
+               validate=validate_qwen_micro)
+DEEPSTACK = dict(QWEN_VL, stage0_inputs=("position_ids", "visual_pos_index"), host=deepstack_host_inputs,
+                 deepstack=True)
+TOWER = ("model.vision_tower", "model.multi_modal_projector")
+DECODER_ONLY = Family(text="model")
+
+FAMILIES: dict[str, Family] = {
+    "qwen2_vl": Family(**QWEN_VL), "qwen2_5_vl": Family(**QWEN_VL), "qwen3_vl": Family(**DEEPSTACK),
+    "qwen3_vl_moe": Family(**DEEPSTACK), "qwen3_5": Family(**QWEN_VL), "qwen3_5_moe": Family(**QWEN_VL),
+    "glm4v": Family(**QWEN_VL), "glm4v_moe": Family(**QWEN_VL),
+    "llava": Family(vision=TOWER, validate=validate_llava_micro),
+    "llava_next": Family(vision=TOWER + ("model.image_newline",), image_inputs=("pixel_values", "image_sizes")),
+    "llava_onevision": Family(vision=TOWER + ("model.image_newline",),
+                              image_inputs=("pixel_values", "image_sizes", "batch_num_images")),
+    "mistral3": Family(vision=TOWER, image_inputs=("pixel_values", "image_sizes")),
+    "internvl": Family(vision=TOWER),
+    "gemma3": Family(vision=TOWER, mask_inputs=("token_type_ids",), masks=model_class_masks),
+    "paligemma": Family(vision=TOWER, mask_inputs=("token_type_ids",), masks=prefix_masks, positions="arange1",
+                        softcap=True),
+    "idefics3": Family(text="model.text_model", vision=("model.vision_model", "model.connector"),
+                       image_inputs=("pixel_values", "pixel_attention_mask")),
+    "smolvlm": Family(text="model.text_model", vision=("model.vision_model", "model.connector"),
+                      image_inputs=("pixel_values", "pixel_attention_mask")),
+    "llama": DECODER_ONLY, "qwen2": DECODER_ONLY, "qwen3": DECODER_ONLY,
+}

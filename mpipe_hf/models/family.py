@@ -1,0 +1,182 @@
+"""A model family as data: the short declaration the generic splitter (:mod:`.generic`) reads (issue 29).
+
+A :class:`Family` names where a Hugging Face model keeps its parts and which of transformers' own functions
+compute what the model's ``forward`` computes around its decoder layers: the vision call
+(``get_image_features`` with the family's input keys and config arguments), the positions (1-D, 1-D from one, or
+the family's ``get_rope_index`` computed on the host), the masks (transformers' builder per layer type, or the
+model class's ``create_masks_for_generate`` with its token-type overlay), the rotary embedding per layer type,
+the MoE routers (:mod:`.moe`). Family code exists only where an architecture truly differs (Qwen-VL's host
+metadata, DeepStack).
+
+This module also holds the two modules every vision family shares: :class:`ImageFeatures` (``P``'s vision part)
+and :class:`ImageFront` (stage 0's embedding with the features put at the image tokens).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+Tensors = dict[str, torch.Tensor]
+FEATURE_CONFIG_ARGS = ("vision_feature_layer", "vision_feature_select_strategy", "vision_aspect_ratio")
+
+
+@dataclass(frozen=True)
+class Family:
+    """How the generic splitter reads one family of HF models (see the module docstring).
+
+    Attributes:
+        text: FQN of the text model (``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``).
+        vision: FQNs of ``P``'s vision part (tower, projector, bare parameters such as LLaVA-Next's
+            ``model.image_newline``); empty for a decoder-only LM, whose ``P`` is the embedding and ``T >= 1``
+            decoder layers.
+        image_inputs: raw keys ``get_image_features`` takes, under its own argument names (``pixel_values``,
+            ``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``, ``batch_num_images``).
+        image_meta: raw keys ``P``'s vision part reads that ``host`` computed (the tower's precomputed keyword
+            arguments, :mod:`.host_metadata`).
+        mask_inputs: raw keys every stage's masks read (``token_type_ids``); they travel with the hidden states.
+        stage0_inputs: raw keys stage 0 reads besides ``input_ids``, ``attention_mask`` and ``labels``.
+        positions: ``"arange"`` (``(1, L)``), ``"arange1"`` (from one, PaliGemma) or ``"host"`` (``position_ids``
+            computed at load by ``host``).
+        host: ``host(model) -> (raw -> more raw inputs)`` run on the owner's host at load, or ``None``;
+            host_keys: ``host_keys(model) -> keys`` kept on the host for the owner's own ``P``.
+        masks: ``masks(model) -> builder`` (:func:`~.decoder.layer_type_masks`'s signature), or ``None`` for
+            transformers' builder per layer type.
+        deepstack: Qwen3-VL's DeepStack features are added after the first decoder layers (:mod:`.deepstack`).
+        softcap: the head applies ``final_logit_softcapping`` (PaliGemma).
+        validate: ``validate(model) -> (raw -> None)`` raising ``ValueError`` for a micro-batch that does not fit,
+            checked at load; ``None``: stage 0's image-token count check alone.
+    """
+
+    text: str = "model.language_model"
+    vision: tuple[str, ...] = ()
+    image_inputs: tuple[str, ...] = ("pixel_values",)
+    image_meta: tuple[str, ...] = ()
+    mask_inputs: tuple[str, ...] = ()
+    stage0_inputs: tuple[str, ...] = ()
+    positions: str = "arange"
+    host: Callable | None = None
+    host_keys: Callable | None = None
+    masks: Callable | None = None
+    deepstack: bool = False
+    softcap: bool = False
+    validate: Callable | None = None
+    notes: dict = field(default_factory=dict, compare=False)
+
+    def layer_counts(self, config, cfg, layers_per_stage=None, text_layers: int = 0) -> list[int]:
+        """Decoder layers per stage (the registry protocol; :func:`.generic.layer_counts`)."""
+        from .generic import layer_counts
+        return layer_counts(self, config, cfg, layers_per_stage, text_layers)
+
+    def split(self, model, cfg, rank, layers_per_stage=None, text_layers: int = 0):
+        """Carve ``model`` for ``rank`` (the registry protocol; :func:`.generic.split_family`)."""
+        from .generic import split_family
+        return split_family(self, model, cfg, rank, layers_per_stage, text_layers)
+
+
+def flat_features(pooled) -> torch.Tensor:
+    """``get_image_features``'s pooled output as one row per image token ``(n, H)``: a tensor ``(images,
+    tokens, H)`` or ``(n, H)``, or a list of per-image tensors, concatenated in order."""
+    parts = pooled if isinstance(pooled, (list, tuple)) else [pooled]
+    return torch.cat([p.reshape(-1, p.shape[-1]) for p in parts], dim=0)
+
+
+class ImageFeatures(nn.Module):
+    """``P``'s vision part: the raw vision keys -> ``{"image_features": (n_image_tokens, H)}`` through the model's
+    own ``get_image_features`` (with DeepStack, also ``"deepstack_features"`` ``(K, n, H)``); a micro without
+    ``pixel_values`` gives ``(0, H)``.
+
+    Args:
+        model: the HF model; parts: ``{fqn: module or parameter}`` of ``P``'s vision part (held here, so that
+            ``P``'s parameters are theirs); image_inputs: as :attr:`Family.image_inputs`;
+        extra: ``extra(inputs) -> kwargs`` added to the call (Qwen-VL's host metadata).
+    """
+
+    def __init__(self, model: nn.Module, parts: dict[str, nn.Module | nn.Parameter], image_inputs: tuple[str, ...],
+                 deepstack: int = 0, extra: Callable[[Tensors], dict] | None = None):
+        super().__init__()
+        self.parts = nn.ModuleDict({k.replace(".", "/"): v for k, v in parts.items() if isinstance(v, nn.Module)})
+        self.params = nn.ParameterDict({k.replace(".", "/"): v for k, v in parts.items()
+                                        if isinstance(v, nn.Parameter)})
+        self.hidden_size = model.config.get_text_config().hidden_size
+        self.image_inputs, self.deepstack, self.extra = image_inputs, deepstack, extra
+        inner = model.model
+        self.__dict__["_image_features"] = inner.get_image_features  # runs the modules above; not a submodule
+        names = inspect.signature(inner.get_image_features).parameters
+        self.config_kwargs = {k: getattr(model.config, k) for k in FEATURE_CONFIG_ARGS
+                              if k in names and getattr(model.config, k, None) is not None}
+
+    def empty(self) -> Tensors:
+        zeros = next(self.parameters()).new_zeros(0, self.hidden_size)
+        out = {"image_features": zeros}
+        if self.deepstack:
+            out["deepstack_features"] = zeros.new_zeros(self.deepstack, 0, self.hidden_size)
+        return out
+
+    def forward(self, inputs: Tensors) -> Tensors:
+        if "pixel_values" not in inputs:
+            return self.empty()
+        kwargs = {k: inputs[k] for k in self.image_inputs if k in inputs}
+        if kwargs["pixel_values"].is_floating_point():
+            kwargs["pixel_values"] = kwargs["pixel_values"].type(next(self.parameters()).dtype)
+        out = self._image_features(**kwargs, **self.config_kwargs, **(self.extra(inputs) if self.extra else {}),
+                                   return_dict=True)
+        feats = {"image_features": flat_features(out.pooler_output)}
+        if self.deepstack:
+            feats["deepstack_features"] = torch.stack([flat_features(f) for f in out.deepstack_features])
+        return feats
+
+
+def check_count(image_mask: torch.Tensor, n_feats: int, image_token_id: int) -> None:
+    """Check that ``image_mask`` (the image-token positions of ``input_ids``) holds ``n_feats`` tokens. On the host
+    exactly (``ValueError``); on a device without reading the count back (a device-side assert, which ends the
+    run: a host read here would stall the device once per micro-batch, and the loaders check the same count on
+    the host before the step, ``validate_micro``)."""
+    message = f"image tokens and features differ: {{}} image tokens (id {image_token_id}) in input_ids, {n_feats} " \
+              f"image features"
+    if image_mask.device == torch.device("cpu"):
+        n_tokens = int(image_mask.sum())
+        if n_tokens != n_feats:
+            raise ValueError(message.format(n_tokens))
+    else:
+        torch._assert_async(image_mask.sum() == n_feats, message.format("a different number of"))
+
+
+class ImageFront(nn.Module):
+    """The output consumer: token embedding, image features at the image-token positions, position ids.
+
+    Inputs: ``input_ids``/``attention_mask`` ``(B, L)``, the family's position keys, and either the vision
+    outputs (``image_features`` ``(n, H)`` and any extra feature keys) or, with ``vision``, the raw vision keys.
+    Output: ``{"hidden_states": (B, L, H), "position_ids": ..., **extras}``; ``extras``: keys read from the
+    features and inputs that later layers need (DeepStack's). An image token id beyond the embedding (Gemma 3,
+    PaliGemma checkpoints) is looked up as id 0, as those models do, before its row is replaced.
+
+    Raises:
+        ValueError: the image-token count differs from the number of image features.
+    """
+
+    def __init__(self, embed_tokens: nn.Module, image_token_id: int | None, vision: nn.Module | None,
+                 positions: Callable[[Tensors], torch.Tensor], extras: tuple[str, ...] = ()):
+        super().__init__()
+        self.embed_tokens, self.image_token_id, self.vision = embed_tokens, image_token_id, vision
+        self.positions, self.extras = positions, extras
+
+    def forward(self, inputs: Tensors) -> Tensors:
+        ids = inputs["input_ids"]
+        if self.image_token_id is None:  # a decoder-only LM
+            return {"hidden_states": self.embed_tokens(ids), "position_ids": self.positions(inputs)}
+        image_mask = ids == self.image_token_id
+        lookup = ids.masked_fill(image_mask, 0) if self.image_token_id >= self.embed_tokens.num_embeddings else ids
+        hidden = self.embed_tokens(lookup)
+        feats = self.vision(inputs) if self.vision is not None else inputs
+        n_feats = feats["image_features"].shape[0] if "image_features" in feats else 0
+        check_count(image_mask, n_feats, self.image_token_id)
+        if n_feats:
+            mask = image_mask.unsqueeze(-1).expand_as(hidden)
+            hidden = hidden.masked_scatter(mask, feats["image_features"].to(hidden.device, hidden.dtype))
+        extras = {k: feats[k] if k in feats else inputs[k] for k in self.extras}
+        return {"hidden_states": hidden, "position_ids": self.positions(inputs), **extras}

@@ -1,0 +1,176 @@
+"""The one splitter: a Hugging Face model carved into ``P`` and pipeline stages from its family's declaration
+(:class:`~.family.Family`; SPEC.md, "The job", "Terms"; issue 29).
+
+``P`` is one of:
+
+- the vision part (``text_layers = 0``): raw vision inputs -> ``{"image_features": (n_image_tokens, H), ...}``;
+  stage 0 embeds the tokens, puts the features at the image-token positions and takes the position ids;
+- the vision part (if any), the embedding and the first ``T = text_layers`` decoder layers: ``P`` returns hidden
+  states and position ids, and stage 0 runs only what is left of its chunk (a decoder-only LM: ``T >= 1``);
+- an identity (preprocess ``identity``): stage 0 runs the (frozen) vision part and the embedding itself, and
+  only raw data moves.
+
+Every stage rebuilds its masks and rotary embeddings from the padding mask, the position ids and the family's
+mask inputs, which travel with the hidden states; a layer's recurrent state (Gated DeltaNet) lives within its
+layer, so no state crosses a stage boundary. The last stage holds the final norm, ``lm_head`` and the summed loss
+(with the MoE load-balancing loss from the routers' running sums, :mod:`.moe`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..runtime import Preprocess
+from ..schedule import ScheduleConfig
+from .base import SplitModel, assemble, plan_layers, stage_layer_ids, tied_lm_head
+from .decoder import CARRIED_KEYS, LMHead, decoder_stage, layer_type_masks, matmul_costs
+from .deepstack import DEEPSTACK_KEYS, DeepStackStage, deepstack_layers
+from .family import Family, ImageFeatures, ImageFront
+from .host_metadata import vision_kwargs
+from .moe import router_spec
+
+RAW_KEYS = ("input_ids", "attention_mask")
+
+
+def layer_counts(family: Family, config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
+                 text_layers: int = 0) -> list[int]:
+    """Decoder layers per stage for ``config`` (its text config holds the decoder), balanced by the layers' and
+    the LM head's matmul cost when ``layers_per_stage`` is ``None``; the layout and ``text_layers`` are checked.
+
+    Raises:
+        ValueError: as :func:`~.base.plan_layers`; a decoder-only LM with ``text_layers = 0`` and a frozen or
+            trainable preprocess (that is preprocess ``identity``).
+    """
+    if not family.vision and cfg.transposed and text_layers < 1:
+        raise ValueError(f"a decoder-only LM transposes the embedding and the first text_layers decoder layers: "
+                         f"text_layers must be >= 1 with preprocess {cfg.preprocess!r}, or use preprocess "
+                         f"'identity' (T = 0)")
+    text = config.get_text_config()
+    return plan_layers(text.num_hidden_layers, cfg, layers_per_stage, text_layers, matmul_costs(text))
+
+
+def _positions(family: Family):
+    def arange(inputs):
+        ids = inputs["input_ids"]
+        return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    if family.positions == "host":
+        return lambda inputs: inputs["position_ids"]  # computed at load (:mod:`.host_metadata`)
+    if family.positions == "arange1":
+        return lambda inputs: arange(inputs) + 1  # PaliGemma's positions start at one
+    return arange
+
+
+def _part(model: nn.Module, fqn: str) -> nn.Module | nn.Parameter:
+    try:
+        return model.get_submodule(fqn)
+    except AttributeError:
+        return model.get_parameter(fqn)  # a bare parameter of P (LLaVA-Next's image_newline)
+
+
+class _Pieces:
+    """What one split reads from the model and its declaration (kept together so the helpers stay short)."""
+
+    def __init__(self, family: Family, model: nn.Module, cfg: ScheduleConfig):
+        self.family, self.model, self.cfg = family, model, cfg
+        self.text_model = model.get_submodule(family.text)
+        self.text_config = model.config.get_text_config()
+        self.embed = f"{family.text}.embed_tokens"
+        self.router = router_spec(self.text_model, self.text_config)
+        self.masks = family.masks(model) if family.masks is not None else layer_type_masks
+        self.host = family.host(model) if family.host is not None else None
+        self.host_keys = family.host_keys(model) if family.host_keys is not None else frozenset()
+        self.num_deepstack = deepstack_layers(model.config) if family.deepstack else 0
+        self.cls = DeepStackStage if family.deepstack else None
+        self.stage0_keys = RAW_KEYS + family.stage0_inputs + family.mask_inputs + ("labels",)
+        self.vision_keys = family.image_inputs + family.image_meta if family.vision else ()
+        self.image_token_id = getattr(model.config, "image_token_id", None) if family.vision else None
+
+    def carry(self, last: int) -> tuple[str, ...]:
+        """Keys a stage whose layers end at ``last`` passes on besides the hidden states and positions."""
+        deep = DEEPSTACK_KEYS if last < self.num_deepstack - 1 else ()
+        return CARRIED_KEYS + self.family.mask_inputs + deep
+
+    def vision(self) -> ImageFeatures | None:
+        if not self.family.vision:
+            return None
+        parts = {fqn: _part(self.model, fqn) for fqn in self.family.vision}
+        extra = vision_kwargs if self.family.image_meta else None
+        return ImageFeatures(self.model, parts, self.family.image_inputs, self.num_deepstack, extra)
+
+    def front(self, vision: nn.Module | None) -> ImageFront:
+        extras = DEEPSTACK_KEYS if self.family.deepstack else ()
+        return ImageFront(self.text_model.embed_tokens, self.image_token_id, vision, _positions(self.family), extras)
+
+    def stage(self, ids: list[int], front=None, head=None, carry=None) -> nn.Module:
+        kwargs = {"cls": self.cls} if self.cls is not None else {}
+        return decoder_stage(self.text_model, self.text_config, ids, front, head,
+                             self.carry(ids[-1] if ids else -1) if carry is None else carry, masks=self.masks,
+                             router=self.router, **kwargs)
+
+    def head(self) -> LMHead:
+        cap = getattr(self.text_config, "final_logit_softcapping", None) if self.family.softcap else None
+        router = (self.router[2], self.router[4]) if self.router is not None else None
+        return LMHead(self.model, self.text_model.norm, self.text_config.vocab_size, cap, router)
+
+    def preprocess(self, text_layers: int, p_ids: list[int]) -> tuple[Preprocess, list[str], ImageFront | None]:
+        """``(P, P's FQNs, stage 0's front)`` for ``cfg.preprocess`` and ``T = text_layers``."""
+        family, cfg, vision = self.family, self.cfg, self.vision()
+        vision_fqns = list(family.vision)
+        if not cfg.transposed:
+            keys = tuple(dict.fromkeys(self.stage0_keys + self.vision_keys))
+            return Preprocess(None, (), keys, self.host, self.host_keys), [], self.front(vision)
+        if not text_layers:
+            return (Preprocess(vision, self.vision_keys, self.stage0_keys, self.host, self.host_keys), vision_fqns,
+                    self.front(None))
+        front_keys = tuple(dict.fromkeys([k for k in self.stage0_keys if k != "labels"] + list(self.vision_keys)))
+        deep = DEEPSTACK_KEYS if text_layers - 1 < self.num_deepstack - 1 else ()  # stage 0 reads the rest raw
+        block = self.stage(p_ids, self.front(vision), carry=deep)
+        p_fqns = vision_fqns + [self.embed] + [f"{family.text}.layers.{i}" for i in p_ids]
+        return (Preprocess(block, front_keys, CARRIED_KEYS + family.mask_inputs, self.host, self.host_keys), p_fqns,
+                None)
+
+
+def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: int,
+                 layers_per_stage: list[int] | None = None, text_layers: int = 0) -> SplitModel:
+    """Carve ``model`` for pipeline rank ``rank`` of ``cfg`` by ``family``'s declaration (module docstring).
+
+    Args:
+        family: the model type's :class:`~.family.Family`.
+        model: the HF model (``...ForConditionalGeneration`` or ``...ForCausalLM``, e.g. from
+            ``from_pretrained``).
+        cfg: the schedule configuration; ``cfg.preprocess`` sets whether ``P`` trains (``identity``: the vision
+            part runs frozen in stage 0).
+        rank: this process's pipeline rank.
+        layers_per_stage: decoder layers per stage (``R * V`` entries); balanced by cost when ``None``.
+        text_layers: ``T``, the decoder layers ``P`` takes from stage 0 (with the vision part and the embedding).
+
+    Raises:
+        ValueError: as :func:`layer_counts`.
+    """
+    pieces = _Pieces(family, model, cfg)
+    counts = layer_counts(family, model.config, cfg, layers_per_stage, text_layers)
+    p_ids, ids = stage_layer_ids(counts, text_layers)
+    layout = [[f"{family.text}.layers.{i}" for i in ids[s]] for s in range(cfg.num_stages)]
+    layout[-1] += [f"{family.text}.norm", "lm_head"]
+    preprocess, p_fqns, front = pieces.preprocess(text_layers, p_ids)
+    if not cfg.transposed:
+        layout[0][:0] = list(family.vision) + [pieces.embed]
+        frozen = list(family.vision)
+    else:
+        if not text_layers:
+            layout[0].insert(0, pieces.embed)
+        frozen = list(p_fqns) if cfg.preprocess == "frozen" else []
+    head = pieces.head()
+    ends = [sum(counts[:s + 1]) - 1 for s in range(cfg.num_stages)]  # the last layer id each stage reaches
+
+    def stage(s):
+        return pieces.stage(ids[s], front if s == 0 else None, head if s == cfg.num_stages - 1 else None,
+                            pieces.carry(ends[s]))
+    tied = tied_lm_head(model, cfg, pieces.embed, frozen)
+    validate = family.validate(model) if family.validate is not None else _no_check
+    return assemble(model, cfg, rank, layout, stage, preprocess, p_fqns, frozen, validate, tied)
+
+
+def _no_check(raw: dict[str, torch.Tensor]) -> None:
+    """No load-time check beyond stage 0's image-token count (:func:`~.family.check_count`)."""
