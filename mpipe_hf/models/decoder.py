@@ -19,7 +19,6 @@ import torch
 from torch import nn
 from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
 
-from .costs import matmul_costs  # noqa: F401  (the layout's cost model, re-exported for the families)
 from .moe import ROUTER_KEYS, RouterSums, aux_loss
 
 Tensors = dict[str, torch.Tensor]

@@ -24,7 +24,8 @@ from torch import nn
 from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
 from .base import SplitModel, assemble, plan_layers, stage_layer_ids, tied_lm_head
-from .decoder import CARRIED_KEYS, LMHead, decoder_stage, layer_type_masks, matmul_costs
+from .costs import matmul_costs
+from .decoder import CARRIED_KEYS, LMHead, decoder_stage, layer_type_masks
 from .deepstack import DEEPSTACK_KEYS, DeepStackStage, deepstack_layers
 from .family import Family, ImageFeatures, ImageFront
 from .host_metadata import vision_kwargs
