@@ -25,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
-from matrix import check_case, check_reload, covering_subset, family_cases, full_grid  # noqa: E402
+from matrix import check_case, check_reload, covering_subset, family_grid, full_grid  # noqa: E402
 
 WORKER = os.path.join(HERE, "..", "tests", "dist", "numerics_worker.py")
 
@@ -38,10 +38,11 @@ def main(argv=None) -> int:
     parser.add_argument("--swap", choices=["all", "rank0"], help="activation swap (issue 17) in every case")
     parser.add_argument("--zero-bubble", action="store_true", help="zero-bubble schedules (B and W) in every case")
     parser.add_argument("--families", action="store_true",
-                        help="the model-family cases (every family frozen and trainable at R = 2, V = 2, 2 AdamW "
-                             "steps, then a save and a from_pretrained reload) instead of the grid")
+                        help="the model-family grid (every family frozen and trainable, T = 0 and 1, identity, "
+                             "zero-bubble, MoE in the Trainer's order, at R = 2, V = 2, 2 AdamW steps, then a save "
+                             "and a from_pretrained reload) instead of the grid")
     args = parser.parse_args(argv)
-    grid = family_cases() if args.families else covering_subset() if args.ci else full_grid()
+    grid = family_grid() if args.families else covering_subset() if args.ci else full_grid()
     cases = [c for c in grid if c["pp_size"] in args.pp]
     if args.swap:
         cases = [dict(case, swap=args.swap, name=f"{case['name']}-swap={args.swap}") for case in cases]

@@ -49,7 +49,8 @@ def main(argv=None):
     print(f"wrote {model_dir}: Qwen2.5-VL, {n / 1e6:.1f}M parameters, vocabulary {len(tokenizer)}")
     configs = {"qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer), "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer),
                "llava": tiny.tiny_llava_config(tokenizer), "llama": tiny.tiny_causal_lm_config(tokenizer, "llama"),
-               "qwen3": tiny.tiny_causal_lm_config(tokenizer, "qwen3", tie_word_embeddings=True)}
+               "qwen3": tiny.tiny_causal_lm_config(tokenizer, "qwen3", tie_word_embeddings=True),
+               "qwen3_5": tiny.tiny_qwen3_5_config(tokenizer), "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config(tokenizer)}
     os.makedirs(os.path.join(out, "configs"), exist_ok=True)
     for name, config in configs.items():
         config.to_json_file(os.path.join(out, "configs", f"{name}.json"))

@@ -1,14 +1,17 @@
 """Write the presets in recipes/presets/: the real architecture of each model as its HF config class writes it,
 and a recipe whose pipeline shape is chosen by ``mpipe-hf plan`` and the simulator to fit 80 GB GPUs.
 
-Usage: python scripts/make_presets.py [--tokens 2048] [--image-tokens 1024]
+Usage: python scripts/make_presets.py [--tokens 2048] [--image-tokens 1024] [--only NAME ...]
+
+``--only`` writes just the named presets (the others' files stay as they are).
 
 For each model, every ``R`` in 2, 4, 8, 16, 32, ``V`` in 1, 2, 4 and both warm-ups (frozen visual tower, ``M = 4R``, layers
 balanced by cost) is planned on the config-estimated profile (``tokens`` per micro-batch, H100 bf16 peak at
 40% MFU); the preset takes the smallest ``R`` whose fullest rank fits 80 GiB with 10% headroom, and at that
 ``R`` the ``V`` with the shortest predicted step. The sizes are the public ones of each checkpoint's
 config.json (hidden size, layers, heads, key-value heads, MLP width, vocabulary; the vision tower's depth,
-width and patching).
+width and patching; experts and linear-attention heads). Hubs are out of reach here, so each newer preset names
+the public text its sizes were read from (two that agree where one did not give every field).
 """
 
 import argparse
@@ -16,7 +19,8 @@ import textwrap
 import itertools
 import os
 
-from transformers import CLIPVisionConfig, LlavaConfig, Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
+from transformers import (CLIPVisionConfig, Gemma3Config, InternVLConfig, LlavaConfig, Qwen2_5_VLConfig,
+                          Qwen2VLConfig, Qwen3_5Config, Qwen3_5MoeConfig, Qwen3VLConfig, Qwen3VLMoeConfig)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(os.path.dirname(HERE), "recipes", "presets")
@@ -61,6 +65,94 @@ def qwen2_5_vl(hidden, inter, layers, heads, kv, vocab, tie):
                             **QWEN_IDS)
 
 
+# Qwen3.5's tower (Qwen3_5VisionConfig) and the linear-attention widths shared by the family.
+QWEN35_VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
+                     temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=2304,
+                     deepstack_visual_indexes=[])
+QWEN35_ROPE = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+               "mrope_section": [11, 11, 10], "mrope_interleaved": True}
+QWEN35_LINEAR = dict(linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                     linear_num_key_heads=16, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                     eos_token_id=248044, tie_word_embeddings=False, rope_parameters=QWEN35_ROPE)
+
+
+def qwen3_5_27b():
+    """Qwen/Qwen3.5-27B. Text: THUDM/slime scripts/models/qwen3.5-27B.sh (64 layers, hidden 5120, MLP 17408, 24
+    heads over 4 KV groups of 256, vocabulary 248320, rope base 1e7 on a quarter of each head) and, with the
+    linear-attention heads (16 key, 48 value, 128 wide, kernel 4, every 4th layer full) and the tower, a
+    Qwen3_5Config transcribed in public code (code search: "linear_num_value_heads": 48, hidden_size 5120)."""
+    return Qwen3_5Config(text_config=dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+                                          num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+                                          vocab_size=248320, linear_num_value_heads=48, **QWEN35_LINEAR),
+                         vision_config={**QWEN35_VISION, "out_hidden_size": 5120}, tie_word_embeddings=False)
+
+
+def qwen3_5_35b_a3b():
+    """Qwen/Qwen3.5-35B-A3B. THUDM/slime scripts/models/qwen3.5-35B-A3B.sh: 40 layers, hidden 2048, 16 heads over
+    2 KV groups of 256, 256 experts of 512 with top 8 and a shared expert of 512 (gated) in every layer, linear
+    attention 16 key / 32 value heads of 128 every 3 of 4 layers, vocabulary 248320; the same figures and the
+    tower (out_hidden_size 2048) in public notes comparing its config.json with Qwen3.6-35B-A3B's."""
+    return Qwen3_5MoeConfig(text_config=dict(hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                                             num_key_value_heads=2, head_dim=256, vocab_size=248320,
+                                             num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                                             shared_expert_intermediate_size=512, linear_num_value_heads=32,
+                                             **QWEN35_LINEAR),
+                            vision_config={**QWEN35_VISION, "out_hidden_size": 2048}, tie_word_embeddings=False)
+
+
+def qwen3_vl_30b_a3b():
+    """Qwen/Qwen3-VL-30B-A3B-Instruct: its config.json as transcribed in public code (commit 1fc78ad of the hub
+    repo): 48 layers, hidden 2048, 32 heads over 4 KV of 128, 128 experts of 768, top 8, no shared expert,
+    rope base 5e6 with M-RoPE [24, 20, 20]; the Qwen3-VL tower of depth 27 and width 1152. THUDM/slime
+    scripts/models/qwen3-vl-30b-a3b.sh gives the same text sizes."""
+    return Qwen3VLMoeConfig(
+        text_config={**_qwen_text(2048, 6144, 48, 32, 4, 151936, False, theta=5e6, mrope=(24, 20, 20),
+                                  head_dim=128, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                                  decoder_sparse_step=1, mlp_only_layers=[]), "max_position_embeddings": 262144},
+        vision_config=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
+                           temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=2048,
+                           num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24]),
+        tie_word_embeddings=False, **QWEN_IDS)
+
+
+def internvl3_8b():
+    """OpenGVLab/InternVL3-8B-hf. Text (Qwen2.5-7B): Ascend/MindSpeed-MM examples/internvl3/model_8B.json (28
+    layers, hidden 3584, MLP 18944, 28 heads over 4 KV, vocabulary 151674, rope base 1e6 with dynamic factor 2,
+    QKV bias, image context token 151667); tower InternViT-300M-448px (24 layers, width 1024, MLP 4096, 16
+    heads, 448 px in patches of 14, QKV bias), pixel shuffle 0.5: transformers' InternVLVisionConfig defaults
+    (checkpoint InternVL3-1B-hf, the same tower) and hf-internal-testing/tiny-processor-internvl's layout."""
+    return InternVLConfig(
+        text_config=dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                         num_attention_heads=28, num_key_value_heads=4, vocab_size=151674,
+                         max_position_embeddings=32768, rms_norm_eps=1e-6, bos_token_id=151643,
+                         eos_token_id=151645, tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}),
+        vision_config=dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                           image_size=[448, 448], patch_size=[14, 14], attention_bias=True, use_qk_norm=False,
+                           norm_type="layer_norm", layer_scale_init_value=0.1),
+        image_token_id=151667, downsample_ratio=0.5, projector_hidden_act="gelu", vision_feature_layer=-1,
+        tie_word_embeddings=False)
+
+
+def gemma3_12b():
+    """google/gemma-3-12b-it, its config.json as mirrored in unsloth/gemma-3-12b-it-GGUF and
+    mlx-community/gemma-3-12b-pt-4bit: 48 layers, hidden 3840, MLP 15360, 16 heads over 8 KV of 256, 5 sliding
+    (window 1024, rope base 1e4) to 1 full layer (rope base 1e6, linear factor 8), vocabulary 262208; SigLIP
+    tower 27 layers of 1152 (MLP 4304, 16 heads) on 896 px in patches of 14, pooled to 256 tokens an image."""
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    return Gemma3Config(
+        text_config=dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                         num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256, sliding_window=1024,
+                         sliding_window_pattern=6, vocab_size=262208, max_position_embeddings=131072,
+                         rms_norm_eps=1e-6, rope_parameters=rope, bos_token_id=2, eos_token_id=106,
+                         pad_token_id=0),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=1152, intermediate_size=4304,
+                           num_hidden_layers=27, num_attention_heads=16, image_size=896, patch_size=14,
+                           vision_use_head=False),
+        mm_tokens_per_image=256, boi_token_index=255999, eoi_token_index=256000, image_token_index=262144)
+
+
 PRESETS = {
     "qwen2_5_vl_3b": ("Qwen/Qwen2.5-VL-3B-Instruct", lambda: qwen2_5_vl(2048, 11008, 36, 16, 2, 151936, True)),
     "qwen2_5_vl_7b": ("Qwen/Qwen2.5-VL-7B-Instruct", lambda: qwen2_5_vl(3584, 18944, 28, 28, 4, 152064, False)),
@@ -85,6 +177,11 @@ PRESETS = {
                          max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2),
         image_token_id=32000, vision_feature_layer=-2, vision_feature_select_strategy="default",
         projector_hidden_act="gelu", tie_word_embeddings=False)),
+    "qwen3_5_27b": ("Qwen/Qwen3.5-27B", qwen3_5_27b),
+    "qwen3_5_35b_a3b": ("Qwen/Qwen3.5-35B-A3B", qwen3_5_35b_a3b),
+    "qwen3_vl_30b_a3b": ("Qwen/Qwen3-VL-30B-A3B-Instruct", qwen3_vl_30b_a3b),
+    "internvl3_8b": ("OpenGVLab/InternVL3-8B-hf", internvl3_8b),
+    "gemma3_12b": ("google/gemma-3-12b-it", gemma3_12b),
 }
 
 
@@ -119,8 +216,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--image-tokens", type=int, default=1024)
+    parser.add_argument("--only", nargs="+", choices=sorted(PRESETS), help="write only these presets")
     args = parser.parse_args(argv)
-    for name, (hub, build) in PRESETS.items():
+    for name in args.only or PRESETS:
+        hub, build = PRESETS[name]
         config = build()
         os.makedirs(os.path.join(OUT, name), exist_ok=True)
         config.to_json_file(os.path.join(OUT, name, "config.json"))

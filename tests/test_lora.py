@@ -30,6 +30,10 @@ from mpipe_hf.train.recipe import load_recipe, parse_recipe  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "dist", "lora_worker.py")
 DECODER_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]  # Qwen2.5-VL's tower names its attention qkv, proj
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # fused (E, out, in) nn.Parameters, not nn.Linear
+# 2 steps: by step 3 the adapted routers pick other experts for near-tied tokens on float noise (grad norms then
+# differ by 3e-5, while steps 1 and 2 agree to 1e-6)
+MOE_STEPS = 2
 
 
 def vl_recipe(demo, out, parallel, lora, **train):
@@ -65,7 +69,18 @@ def cases(demo, out):
             "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "identity", "timeout_s": 120},
             "train": {"learning_rate": 2e-3, "adam_epsilon": 1e-6, "output_dir": out, "seed": 5},
             "lora": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "init_lora_weights": False}}
+    moe = {"model": {"config": os.path.join(demo, "configs", "qwen3_vl_moe.json"),
+                     "tokenizer": os.path.join(demo, "model")},
+           "data": {"path": os.path.join(demo, "data", "train.jsonl"), "micro_batch_size": 1, "min_pixels": 4096,
+                    "max_pixels": 16384},
+           "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "frozen", "timeout_s": 120},
+           "train": {"learning_rate": 1e-3, "adam_epsilon": 1e-4, "output_dir": out, "seed": 4},
+           "lora": {"r": 2, "lora_alpha": 4, "target_modules": DECODER_ATTENTION,
+                    "target_parameters": EXPERTS + ["mlp.gate.weight"], "init_lora_weights": False}}
     return [
+        # Qwen3-VL-MoE from its config: LoRA on the attention (target_modules), on the fused experts and the
+        # router (target_parameters, peft's ParamWrapper); the load-balancing loss flows through the adapted router
+        dict(name="moe-experts", reload=True, steps=MOE_STEPS, recipe=moe),
         # frozen tower, LoRA on the decoder's attention; clipping that clips (max_grad_norm 0.05)
         dict(name="vl-frozen-decoder", reload=True, recipe=vl_recipe(
             demo, out, {"preprocess": "frozen"}, {"r": 8, "lora_alpha": 16, "target_modules": DECODER_ATTENTION,
@@ -103,14 +118,14 @@ def results(demo, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["vl-frozen-decoder", "vl-tower-owner-backward", "vl-text-layers",
-                                  "vl-tower-only", "qwen3-from-config", "qwen3-checkpoint-tied"])
+                                  "vl-tower-only", "qwen3-from-config", "qwen3-checkpoint-tied", "moe-experts"])
 def test_pipelined_lora_equals_one_process_peft_model(results, name):
     """Every step's loss and grad norm, every adapter gradient of every step (atol 1e-5) and the adapter after 3
-    AdamW steps equal the unsplit PeftModel's; no frozen base weight has a gradient, and only adapter tensors
-    (and modules_to_save copies) train."""
+    AdamW steps (``MOE_STEPS`` for the MoE case) equal the unsplit PeftModel's; no frozen base weight has a
+    gradient, and only adapter tensors (and modules_to_save copies) train."""
     for rank, res in enumerate(results):
         r = res[name]
-        assert len(r["losses"]) == 3 and r["ref_has"], r
+        assert len(r["losses"]) == (MOE_STEPS if name == "moe-experts" else 3) and r["ref_has"], r
         for got, want in zip(r["losses"], r["ref_losses"]):
             assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), (rank, r["losses"], r["ref_losses"])
         for got, want in zip(r["norms"], r["ref_norms"]):
@@ -134,13 +149,19 @@ def test_pipelined_lora_equals_one_process_peft_model(results, name):
                                                                              for n in trained[0])
     if name in ("vl-text-layers", "qwen3-checkpoint-tied"):  # layer 0's adapters train in P, on rank 0
         assert any("layers.0." in n for n in trained[0])
+    if name == "moe-experts":  # every rank trains its layers' attention, both fused expert tensors and the router
+        for names in trained:
+            layers = {n.split(".layers.")[1].split(".")[0] for n in names}
+            for part in ("self_attn.q_proj.lora_A", "mlp.experts.lora_A", "mlp.experts.base_layer.lora_B",
+                         "mlp.gate.lora_A"):
+                assert {n.split(".layers.")[1].split(".")[0] for n in names if part in n} == layers, (part, names)
     if name == "vl-frozen-decoder":  # the clip clipped: max_grad_norm 0.05 against norms of
         assert all(n > 0.05 for n in results[0][name]["norms"]), results[0][name]["norms"]
 
 
 @pytest.mark.parametrize("name", ["vl-frozen-decoder", "vl-tower-owner-backward", "qwen3-from-config",
-                                  "qwen3-checkpoint-tied"])
-def test_adapter_and_merged_checkpoints_reload_to_the_same_logits(results, name):
+                                  "qwen3-checkpoint-tied", "moe-experts"])
+def test_adapter_and_merged_checkpoints_reload_to_the_same_logits(demo, results, name):
     """PEFT's files, gathered from both ranks: ``PeftModel.from_pretrained(base, dir)`` gives the trained
     model's logits, and so do the merged weights through ``from_pretrained`` (no missing or unexpected key);
     the base alone does not."""
@@ -150,6 +171,13 @@ def test_adapter_and_merged_checkpoints_reload_to_the_same_logits(results, name)
     assert r["adapter_logit_diff"] < 1e-4 and r["merged_logit_diff"] < 1e-4, r
     assert r["base_logit_diff"] > 1e-2, r  # the adapter changed the model: the comparison above can fail
     assert r["merged_keys"] == []
+    if name == "moe-experts":  # both ranks' expert and router adapters, saved under peft's nested wrapper names
+        assert sorted(r["adapter_config"]["target_parameters"]) == sorted(EXPERTS + ["mlp.gate.weight"])
+        config = json.load(open(os.path.join(demo, "configs", "qwen3_vl_moe.json")))
+        layers = config["text_config"]["num_hidden_layers"]
+        for part in ("mlp.experts.lora_B", "mlp.experts.base_layer.lora_A", "mlp.gate.lora_A", "q_proj.lora_A"):
+            held = {k.split(".layers.")[1].split(".")[0] for k in r["adapter_keys"] if part in k}
+            assert held == {str(i) for i in range(layers)}, (part, held)
 
 
 def test_lora_dropout_runs_are_deterministic(results):
@@ -228,6 +256,9 @@ def test_the_shipped_lora_recipe_trains_like_one_process_and_reloads(demo, tmp_p
     ({"modules_to_save": "merger"}, "lora.modules_to_save"), ({"init_lora_weights": "pissa"},
                                                               "lora.init_lora_weights"),
     ({"merge": "yes"}, "lora.merge"), ({"rank": 8}, "lora.rank"),
+    ({"target_parameters": EXPERTS[0]}, "lora.target_parameters"),
+    ({"target_parameters": []}, "lora.target_parameters"),
+    ({"target_parameters": EXPERTS, "lora_dropout": 0.1}, "lora.target_parameters"),
 ])
 def test_bad_lora_values_name_the_field(demo, tmp_path, lora, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
@@ -239,6 +270,7 @@ def test_bad_lora_values_name_the_field(demo, tmp_path, lora, field):
     ({"preprocess": "frozen"}, {"target_modules": ["q_proj"], "modules_to_save": ["model.visual.merger"]}, "freezes"),
     ({"preprocess": "trainable"}, {"target_modules": ["q_proj"]}, "no adapter tensor sits in P"),
     ({"preprocess": "frozen"}, {"target_modules": ["no_such_layer"]}, "no_such_layer"),
+    ({"preprocess": "frozen"}, {"target_modules": ["q_proj"], "target_parameters": EXPERTS}, "names no parameter"),
 ])
 def test_an_adapter_that_would_not_train_fails_before_launch(demo, tmp_path, monkeypatch, parallel, lora, message):
     """``mpipe-hf train`` checks the adapter on the meta model before it starts any process: its ``main``, run

@@ -31,7 +31,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
-from matrix import check_case, check_reload, covering_subset, family_cases, make_case  # noqa: E402
+from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, check_case, check_reload, covering_subset, family_cases,  # noqa: E402
+                    make_case)
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
 HIDDEN = 64  # the tiny config's hidden size
@@ -50,6 +51,9 @@ ERROR_CASES = [
 # runs accumulated, the bad row one of three in run 0's micro 2, alone in run 1's micro 3
 ROW_CASES = [make_case("vision", 4, 1, 4, "trainable", bad_rows=True, accumulate=2)]
 FAMILY_CASES = family_cases()
+# the MoE load-balancing loss in the HF Trainer's order (each micro's own loss: what MPipeTrainer runs for them)
+MOE_CASES = [c for c in FAMILY_CASES if c["family"] in ("qwen3_vl_moe", "qwen3_5_moe")] + family_cases(
+    MOE_ORDER_SPECS, order="micro")
 FILL_CASES = [make_case("vision", 4, 2, 8, "frozen", placement="fill", steps=3, lookahead=True),
               make_case("vl-text", 3, 1, 5, "frozen", placement="fill", overflow="min", accumulate=2,
                         lookahead=True),
@@ -93,8 +97,10 @@ ZB_CASES = [make_case("vision", 4, 2, 8, "frozen", zero_bubble=True, steps=3),
             make_case("vl-identity", 2, 2, 4, "identity", zero_bubble=True),
             make_case("llama-text", 2, 2, 4, "frozen", zero_bubble=True, gradient_checkpointing=True),
             make_case("vision", 2, 2, 4, "frozen", zero_bubble=True, swap="all", steps=2)] + [
-    dict(case, zero_bubble=True, reload=False, name=case["name"] + "-zb") for case in FAMILY_CASES
-    if case["preprocess"] == "trainable"]
+    dict(case, zero_bubble=True, reload=False, name=case["name"] + "-zb") for case in family_cases(FAMILY_SPECS)
+    if case["preprocess"] == "trainable"] + [  # the new families' zero-bubble: scripts/grad_matrix.py --families
+    dict(case, zero_bubble=True, reload=False, name=case["name"] + "-zb") for case in family_cases(
+        [("qwen3_5_moe", "trainable", 1, None), ("gemma3", "trainable", 0, None)])]
 # load-aware owners (issue 18, item 4): LPT over each run's real image-token counts (ragged photos), with prefix
 # and with filling plus look-ahead (M = 6 of the pool's 8 micros: each run's micros, and owners, differ from the
 # next's), and reversed owners, trainable with the graph shipped and with owner-backward
@@ -102,7 +108,7 @@ OWNER_CASES = [make_case("vision", 4, 2, 8, "frozen", owners="balanced", steps=2
                make_case("vision", 4, 2, 6, "frozen", placement="fill", lookahead=True, owners="balanced", steps=3),
                make_case("vl-text", 3, 1, 5, "trainable", owners="reversed"),
                make_case("vision", 2, 2, 4, "trainable", owner_backward=True, owners="reversed", steps=2)]
-EXTRA = {2: PIXEL_CASES + FAMILY_CASES + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
+EXTRA = {2: PIXEL_CASES + FAMILY_CASES + MOE_CASES[-len(MOE_ORDER_SPECS):] + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
          + OWNER_CASES[3:],
          3: FILL_CASES[1:] + ZB_CASES[3:5] + OWNER_CASES[2:3],
          4: ERROR_CASES + ROW_CASES + FILL_CASES[:1] + SWAP_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
@@ -160,6 +166,21 @@ def test_model_families(case, results):
     per_rank = results(2)[case["name"]]
     problems = check_case(case, per_rank) + check_reload(per_rank)
     assert not problems, problems
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=[c["name"] for c in MOE_CASES])
+def test_moe_load_balancing_loss_equals_hf(case, results):
+    """With ``output_router_logits``, the pipeline's loss holds HF's load-balancing term (``router_aux_loss_coef
+    * aux_loss``, transformers' global formula over every layer, the reference's own ``aux_loss``) exactly, in
+    the token-normalised order and in the HF Trainer's per-micro order; its gradient reaches every stage's
+    routers; the step reports the term. Without the relayed sums the loss is off by the term (about 1e-2 here)."""
+    per_rank = results(2)[case["name"]]
+    problems = check_case(case, per_rank)
+    assert not problems, problems
+    aux = per_rank[0]["aux_losses"]
+    assert all(a is not None and a > 1e-3 for a in aux) and all(r["aux_losses"] == aux for r in per_rank), aux
+    routers = [n for r in per_rank for n in r["names"] if n.endswith("mlp.gate.weight")]
+    assert routers and len(routers) == len({n.split(".layers.")[1].split(".")[0] for n in routers}), routers
 
 
 @pytest.mark.parametrize("case", DROPOUT_CASES, ids=[c["name"] for c in DROPOUT_CASES])

@@ -42,7 +42,7 @@ INT_MIN = {
 }
 FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s", "lora.lora_alpha"}  # > 0; other floats >= 0
 # module names for peft: a list of non-empty names, or (where the annotation allows a str) one regex
-MODULE_LISTS = {"lora.target_modules", "lora.exclude_modules", "lora.modules_to_save"}
+MODULE_LISTS = {"lora.target_modules", "lora.exclude_modules", "lora.modules_to_save", "lora.target_parameters"}
 CHOICES = {"data.on_bad_sample", "parallel.preprocess", "parallel.overflow", "parallel.placement",
            "parallel.mesh_order", "parallel.owners", "train.lr_scheduler_type",
            "train.loss_normalization", "data.format", "data.mix_stopping"}  # a string from a fixed set

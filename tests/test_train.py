@@ -21,6 +21,7 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer
 from mpipe_hf.data import (ConversationCollator, MicroBatchPlan, load_conversation_dataset,
                            qwen2_5_vl_processor)
 from mpipe_hf.models import split
+from mpipe_hf.models.base import freeze
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train import load_recipe
 from mpipe_hf.train.recipe import SECTIONS, TrainSection
@@ -96,9 +97,12 @@ def train_unsplit(model, plan, num_micro, steps, train, skipped=()):
         loss_sum = 0.0
         for mb in micros:
             with torch.autocast("cpu", dtype=torch.bfloat16) if train.bf16 else contextlib.nullcontext():
-                logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
-                loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab,
+                out = model(**{k: v for k, v in mb.items() if k != "labels"})
+                loss = model.loss_function(logits=out.logits, labels=mb["labels"], vocab_size=vocab,
                                            num_items_in_batch=total)
+                if getattr(out, "aux_loss", None) is not None:  # MoE: HF's load-balancing term, token-weighted
+                    tokens = int((mb["labels"][..., 1:] != -100).sum())
+                    loss = loss + model.config.get_text_config().router_aux_loss_coef * out.aux_loss * tokens / total
             loss.backward()
             loss_sum += loss.detach().item()
         params = [p for _, p in named]
@@ -252,9 +256,10 @@ def test_a_rank_holding_only_a_frozen_preprocess_trains(demo, tmp_path):
     assert len(rows) == 2 and rows[1]["loss"] < rows[0]["loss"]
 
 
-# CI trains one recipe of each kind: Qwen3-VL (DeepStack), LLaVA, Qwen3 (a decoder-only LM, tied embeddings);
-# MPIPE_HF_FULL=1 adds the Qwen2-VL and Llama recipes (both families are exact in tests/test_numerics.py's CI cases)
-CI_RECIPES = ("qwen3_vl.yaml", "llava.yaml", "qwen3.yaml")
+# CI trains one recipe of each kind: Qwen3-VL-MoE (DeepStack, experts, the load-balancing loss), Qwen3.5 (linear
+# attention), LLaVA, Qwen3 (a decoder-only LM, tied embeddings); MPIPE_HF_FULL=1 adds the Qwen2-VL, Qwen3-VL and
+# Llama recipes (the three families are exact in tests/test_numerics.py's CI cases)
+CI_RECIPES = ("qwen3_vl_moe.yaml", "qwen3_5.yaml", "llava.yaml", "qwen3.yaml")
 FAMILY_RECIPES = sorted(p for p in glob.glob(os.path.join(ROOT, "recipes", "*.yaml"))  # the LoRA recipe: test_lora.py
                         if not p.endswith(("qwen2_5_vl_demo.yaml", "qwen2_5_vl_lora.yaml"))
                         and (p.endswith(CI_RECIPES) or os.environ.get("MPIPE_HF_FULL") == "1"))
@@ -267,8 +272,7 @@ def recipe_reference(recipe, steps):
     config = load_config(recipe.model)
     model = load_model(recipe.model, config, recipe.train.seed)
     carved = split(copy.deepcopy(model), cfg, 0, recipe.parallel.layers_per_stage, recipe.parallel.text_layers)
-    for fqn in carved.frozen:  # what the pipeline freezes (a frozen P)
-        model.get_submodule(fqn).requires_grad_(False)
+    freeze(model, carved.frozen)  # what the pipeline freezes (a frozen P)
     dataset, collate = load_data(recipe, config, load_processor(recipe, config))
     plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, None, recipe.data.shuffle,
                           recipe.train.seed)

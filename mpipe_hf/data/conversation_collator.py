@@ -14,13 +14,47 @@ from .conversation_encoder import ConversationEncoder
 from .conversation_rows import canonical_row
 
 
+# the processor outputs with one entry per token, cut with input_ids at max_length
+PER_TOKEN = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+
+
+def prefix_token_types(labels: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """PaliGemma's ``token_type_ids`` ``(B, L)`` for conversations: 0 on each row's prefix, up to (not including)
+    its first label token, 1 from there on and on padding.
+
+    PaliGemma attends bidirectionally among the tokens of type 0 (its image-and-prompt prefix) and causally from
+    the others (``PaliGemmaModel.forward``: ``block_sequence_ids`` 0 where ``token_type_ids == 0``); its processor
+    marks the suffix it is given as 1. A conversation has several prompts and answers, and only the span before
+    the first answer may be one bidirectional block: were a later user turn type 0 too, the tokens of the first
+    prompt would attend to it, so the first answer's loss would see text written after it. A row with no label
+    (:meth:`ConversationCollator.null_batch`) is all prefix."""
+    has = labels != IGNORE
+    first = torch.where(has.any(1), has.int().argmax(1), torch.full_like(has[:, 0], labels.shape[1], dtype=torch.long))
+    positions = torch.arange(labels.shape[1]).unsqueeze(0)
+    types = (positions >= first.unsqueeze(1)).long()
+    types[attention_mask[:, :labels.shape[1]] == 0] = 1
+    return types
+
+
 class ConversationCollator:
     """Rows -> a micro-batch. Rows from :func:`~.conversation.load_conversation_dataset` are used as they are;
     other rows (a user's ``datasets.Dataset`` of either accepted form, images as paths relative to the working
     directory or as PIL images) are checked and normalised here, as the loader does. The micro-batch has the keys
     of the model's forward: ``input_ids``, ``attention_mask``, ``labels`` ``(B, L)`` and the processor's
-    other outputs (Qwen: ``mm_token_type_ids`` ``(B, L)``, and when some row has images ``pixel_values``
-    ``(patches, C*T*p*p)`` and ``image_grid_thw`` ``(images, 3)``; LLaVA: ``pixel_values`` ``(images, C, h, w)``).
+    other outputs for the whole micro-batch (its images batched per row, as the HF processor batches them), named
+    as the forward names them. When some row has images:
+
+    - Qwen2/2.5/3-VL, Qwen3.5(-MoE), Qwen3-VL-MoE, GLM-4V(-MoE): ``mm_token_type_ids`` ``(B, L)`` (always),
+      ``pixel_values`` ``(patches, C*T*p*p)``, ``image_grid_thw`` ``(images, 3)``;
+    - LLaVA, PaliGemma: ``pixel_values`` ``(images, C, h, w)``; Gemma 3 the same and ``token_type_ids`` ``(B, L)``
+      (always; 1 on image tokens); PaliGemma ``token_type_ids`` ``(B, L)`` (always, :func:`prefix_token_types`);
+    - InternVL: ``pixel_values`` ``(tiles, C, h, w)``, every image's tiles and thumbnail in order;
+    - LLaVA-NeXT: ``pixel_values`` ``(images, crops, C, h, w)`` (zero-padded crops), ``image_sizes``
+      ``(images, 2)``; LLaVA-OneVision the same and ``batch_num_images`` ``(rows with images,)``;
+    - Idefics3, SmolVLM: ``pixel_values`` ``(B, tiles, C, h, w)`` and ``pixel_attention_mask`` ``(B, tiles, h, w)``
+      (a row's missing tiles all-zero, which the model skips);
+    - Mistral 3: ``pixel_values`` ``(images, C, h, w)`` (zero-padded to the largest) and ``image_sizes``
+      ``(images, 2)``.
 
     Each row is rendered with ``apply_chat_template`` and the template of :func:`~.templates.chat_template_for`,
     its images are opened here (the owner of the micro-batch is the only one that decodes them), and the processor
@@ -80,19 +114,32 @@ class ConversationCollator:
             out.append([total // n] * n if n else [])
         return out
 
+    def _per_row_images(self, batch, rows: list[dict], ids: torch.Tensor) -> list[list]:
+        """What each row's images expand to in ``batch`` (what :meth:`ConversationEncoder.encode` takes): the
+        processor's own replacement texts (``text_replacement_offsets``), else the token counts of
+        :meth:`_image_tokens`."""
+        offsets = batch.pop("text_replacement_offsets", None)
+        if offsets is None:
+            return self._image_tokens(batch, rows, ids)
+        return [[item["replacement"] for item in row if item["type"] == "image"] for row in offsets]
+
+    def _process(self, texts: list[str], images: list[list], special: bool):
+        kwargs = dict(padding=True, padding_side="right", add_special_tokens=special, return_tensors="pt")
+        if not self.encoder.vision:
+            return self.processor(texts, **kwargs)
+        # one list of images per row, as the processors batch them (LLaVA-OneVision counts each row's images,
+        # Gemma 3 / SmolVLM check them per row)
+        return self.processor(text=texts, images=images if any(images) else None,
+                              return_text_replacement_offsets=True, **kwargs)
+
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         wheres = [r.get("where") or f"row {i} of the micro-batch" for i, r in enumerate(rows)]
         rows = [r if "where" in r else canonical_row(r, os.getcwd(), where) for r, where in zip(rows, wheres)]
         texts = [self.encoder.render(r["messages"]) for r in rows]
-        images = [im for r, where in zip(rows, wheres) for im in self._open(r, where)]
-        special = self.encoder.add_special_tokens(texts[0])
-        kwargs = dict(padding=True, padding_side="right", add_special_tokens=special, return_tensors="pt")
-        if self.encoder.vision:
-            batch = self.processor(text=texts, images=images or None, **kwargs)
-        else:
-            batch = self.processor(texts, **kwargs)
+        images = [self._open(r, where) for r, where in zip(rows, wheres)]
+        batch = self._process(texts, images, self.encoder.add_special_tokens(texts[0]))
         ids, mask = batch["input_ids"], batch["attention_mask"]
-        per_row = self._image_tokens(batch, rows, ids)
+        per_row = self._per_row_images(batch, rows, ids)
         length = ids.shape[1] if self.max_length is None else min(ids.shape[1], self.max_length)
         labels = torch.full((ids.shape[0], length), IGNORE, dtype=ids.dtype)
         for i, (row, where) in enumerate(zip(rows, wheres)):
@@ -106,8 +153,10 @@ class ConversationCollator:
                                  f"load_conversation_dataset, which drops such rows)")
             keep = min(n, length)
             labels[i, :keep] = torch.tensor(enc.labels[:keep], dtype=ids.dtype)
-        out = {k: (v[:, :length] if v.shape == ids.shape else v) for k, v in batch.items()
-               if isinstance(v, torch.Tensor)}
+        out = {k: (v[:, :length] if k in PER_TOKEN else v) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        out.pop("labels", None)  # a processor's own (PaliGemma's stock one writes them from its prefix/suffix)
+        if self.encoder.model_type == "paligemma":
+            out["token_type_ids"] = prefix_token_types(labels, out["attention_mask"])
         out["labels"] = labels
         return out
 

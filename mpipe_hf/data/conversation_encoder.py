@@ -5,17 +5,26 @@ turns only; shared by the loader (token counts at load) and the collator.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+import PIL.Image
 from transformers import LlavaProcessor
 
 from .collate import IGNORE
 from .processor import QWEN_PROCESSORS
 from .templates import chat_template_for
 
+# families whose processor expands an image's placeholder to the placeholder token repeated, a count that depends
+# on that image's size only (``_get_num_multimodal_tokens``); the others' expansions are the processor's own text
+REPEATED = frozenset(["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "glm4v",
+                      "glm4v_moe", "llava", "llava_next", "paligemma"])
+
 
 def _model_type_of(processor) -> str | None:
     """The family of a processor built by :mod:`.processor` (``None`` for a bare tokenizer)."""
+    if getattr(processor, "mpipe_model_type", None):
+        return processor.mpipe_model_type
     for cls in type(processor).__mro__:
         for model_type, qwen in QWEN_PROCESSORS.items():
             if cls is qwen:
@@ -41,7 +50,7 @@ class ConversationEncoder:
     counts at load) and the collator.
 
     Args:
-        processor: an HF processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA), or a tokenizer for a decoder-only LM
+        processor: an HF processor (of :data:`~.processor.PROCESSOR_TYPES`), or a tokenizer for a decoder-only LM
             (rows without images).
         chat_template: a Jinja template; ``None``: :func:`~.templates.chat_template_for` (the checkpoint's own
             template, else the family default).
@@ -56,9 +65,10 @@ class ConversationEncoder:
         self.processor = processor
         self.vision = hasattr(processor, "image_processor")
         self.tokenizer = processor.tokenizer if self.vision else processor
+        self.model_type = model_type or _model_type_of(processor)
         if chat_template is None:
             if model_type is None:
-                model_type = _model_type_of(processor) or ("qwen2_vl" if not self.vision else None)
+                model_type = self.model_type or ("qwen2_vl" if not self.vision else None)
             try:
                 chat_template = chat_template_for(processor, model_type or "")
             except ValueError as err:
@@ -66,6 +76,9 @@ class ConversationEncoder:
                                  f"told; pass chat_template or model_type ({err})") from err
         self.chat_template = chat_template
         self.image_token_id = processor.image_token_id if self.vision else None
+        self.image_token = getattr(processor, "image_token", None) if self.vision else None
+        if self.image_token is None and self.image_token_id is not None:
+            self.image_token = self.tokenizer.convert_ids_to_tokens(self.image_token_id)
         tok = self.tokenizer
         self.special_ids = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
 
@@ -116,47 +129,76 @@ class ConversationEncoder:
             spans.append((len(head) + start, len(head) + end, len(turn)))
         return spans
 
-    def encode(self, messages: list[dict], image_tokens: list[int], where: str) -> Encoded:
-        """Render ``messages`` (parts lists), tokenize with offsets, mark the assistant tokens and expand each
-        image token to ``image_tokens[j]`` copies, as the processor expands image ``j``.
+    def expand(self, text: str, images: list, where: str) -> tuple[str, list[tuple[int, int]], list[int]]:
+        """``text`` with its ``j``-th image placeholder (``processor.image_token``, found as the processor finds it)
+        replaced by ``images[j]``: the text the processor expands it to, or an int ``n`` (a :data:`REPEATED`
+        family): the placeholder ``n`` times. Returns the expanded text, each image's ``[start, end)`` in it, and
+        the placeholders' starts in ``text``.
+
+        Raises:
+            ValueError: the number of placeholders differs from ``len(images)``; an int for a family whose
+                expansion is not the placeholder repeated.
+        """
+        starts = [m.start() for m in re.finditer(re.escape(self.image_token), text)] if self.image_token else []
+        if len(starts) != len(images):
+            raise ValueError(f"{where}: the chat template wrote {len(starts)} image token(s) for {len(images)} "
+                             f"image(s); it must render each image part as the family's image placeholder")
+        pieces, chars, last = [], [], 0
+        for start, image in zip(starts, images):
+            if not isinstance(image, str):
+                if self.model_type not in REPEATED:
+                    raise ValueError(f"{where}: {self.model_type} expands an image to more than its placeholder "
+                                     f"repeated; pass each image's expansion (image_replacements_for_sizes)")
+                image = self.image_token * int(image)
+            pieces.append(text[last:start])
+            at = sum(map(len, pieces))
+            pieces.append(image)
+            chars.append((at, at + len(image)))
+            last = start + len(self.image_token)
+        pieces.append(text[last:])
+        return "".join(pieces), chars, starts
+
+    def encode(self, messages: list[dict], images: list, where: str) -> Encoded:
+        """Render ``messages`` (parts lists), expand each image placeholder to ``images[j]`` as the processor
+        expands image ``j`` (:meth:`expand`), tokenize with offsets, and mark the assistant tokens.
 
         ``labels`` is ``ids`` on every token that overlaps an assistant content span or the end-of-turn token
         after it (the first token after the content that is not whitespace, when it is a special token:
         ``<|im_end|>`` for ChatML, the eos for LLaVA), with whatever whitespace lies between; ``-100`` elsewhere.
         Character spans become token spans through the fast tokenizer's offsets of the whole text, so a BPE token
         that joins the template's text and the content (LLaVA's ``": "`` and the answer's first word) is labelled.
+        ``image_spans`` are the tokens that overlap each image's expansion.
 
         Raises:
-            ValueError: the template's prefixes are not prefixes (:meth:`assistant_spans`), or the rendered text has
-                a different number of image tokens than ``image_tokens`` has images.
+            ValueError: the template's prefixes are not prefixes (:meth:`assistant_spans`); :meth:`expand`'s.
         """
         text = self.render(messages)
         spans = self.assistant_spans(messages, text, where)
-        enc = self.tokenizer(text, add_special_tokens=self.add_special_tokens(text), return_offsets_mapping=True)
+        expanded, chars, starts = self.expand(text, images, where)
+        grown = [end - start - len(self.image_token) for start, end in chars]
+
+        def moved(at: int) -> int:  # a character of ``text`` (not inside a placeholder) -> of ``expanded``
+            return at + sum(g for start, g in zip(starts, grown) if start < at)
+
+        spans = [(moved(a), moved(b), moved(c)) for a, b, c in spans]
+        enc = self.tokenizer(expanded, add_special_tokens=self.add_special_tokens(text), return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
         labelled = [False] * len(ids)
         for start, end, turn_end in spans:
-            after = next((i for i, (s, e) in enumerate(offsets) if s >= end and e > s and text[s:e].strip()), None)
+            after = next((i for i, (s, e) in enumerate(offsets) if s >= end and e > s and expanded[s:e].strip()), None)
             if after is not None and offsets[after][0] < turn_end and ids[after] in self.special_ids:
                 end = offsets[after][1]  # the end-of-turn token, and any whitespace before it
             for i, (s, e) in enumerate(offsets):
                 if e > s and s < end and e > start:
                     labelled[i] = True
-        found = sum(t == self.image_token_id for t in ids) if self.image_token_id is not None else 0
-        if found != len(image_tokens):
-            raise ValueError(f"{where}: the chat template wrote {found} image token(s) for {len(image_tokens)} "
-                             f"image(s); it must render each image part as the family's image placeholder")
-        out_ids, out_labels, image_spans = [], [], []
-        for token, lab in zip(ids, labelled):
-            if self.image_token_id is not None and token == self.image_token_id:
-                n = image_tokens[len(image_spans)]
-                image_spans.append((len(out_ids), len(out_ids) + n))
-                out_ids += [token] * n
-                out_labels += [IGNORE] * n
-            else:
-                out_ids.append(token)
-                out_labels.append(token if lab else IGNORE)
-        return Encoded(out_ids, out_labels, image_spans, text)
+        image_spans = []
+        for a, b in chars:
+            inside = [i for i, (s, e) in enumerate(offsets) if e > s and s < b and e > a]
+            image_spans.append((inside[0], inside[-1] + 1) if inside else (0, 0))
+        for a, b in image_spans:
+            labelled[a:b] = [False] * (b - a)
+        labels = [token if lab else IGNORE for token, lab in zip(ids, labelled)]
+        return Encoded(list(ids), labels, image_spans, text)
 
     def image_tokens_for_sizes(self, sizes: list[tuple[int, int]]) -> list[int]:
         """Tokens each image of size ``(height, width)`` takes, without decoding it: the processor's
@@ -165,3 +207,15 @@ class ConversationEncoder:
         if not sizes:
             return []
         return [int(n) for n in self.processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens]
+
+    def image_replacements_for_sizes(self, sizes: list[tuple[int, int]]) -> list:
+        """What :meth:`encode` takes for one row's images of sizes ``(height, width)``, without decoding them: the
+        counts of :meth:`image_tokens_for_sizes` for a :data:`REPEATED` family, else the text the processor expands
+        each placeholder to for blank images of those sizes in one row (the expansion of these families depends on
+        the size and, for LLaVA-OneVision, on the row's number of images, not on the pixels)."""
+        if not sizes or self.model_type in REPEATED:
+            return self.image_tokens_for_sizes(sizes)
+        blanks = [PIL.Image.new("RGB", (int(w), int(h))) for h, w in sizes]
+        out = self.processor(text=[self.image_token * len(sizes)], images=[blanks],
+                             return_text_replacement_offsets=True)
+        return [item["replacement"] for item in out["text_replacement_offsets"][0]]

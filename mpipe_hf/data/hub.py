@@ -209,6 +209,7 @@ def load_checkpoint_processor(directory: str):
     from transformers.utils import is_torchvision_available
 
     from .processor import QWEN_PROCESSORS, build_processor
+    from .processors_vlm import FAMILY_TYPES
 
     adapter = os.path.join(directory, "adapter_config.json")
     source = directory
@@ -220,7 +221,10 @@ def load_checkpoint_processor(directory: str):
                              f"(base_model_name_or_path is null: trained from a config); pass the base model's "
                              f"directory, or one with its config.json")
     config = AutoConfig.from_pretrained(source)
-    if is_torchvision_available() or config.model_type not in QWEN_PROCESSORS:
+    # the families of processors_vlm always get build_processor's (the stock PaliGemma/Idefics3 processors add
+    # tokens and rewrite the text; InternVL, LLaVA-OneVision, SmolVLM, GLM-4V need torchvision for video)
+    if config.model_type not in FAMILY_TYPES and (is_torchvision_available()
+                                                  or config.model_type not in QWEN_PROCESSORS):
         return AutoProcessor.from_pretrained(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     processor = build_processor(config, tokenizer, AutoImageProcessor.from_pretrained(directory))

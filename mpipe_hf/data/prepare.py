@@ -47,7 +47,7 @@ FEATURES = datasets.Features({
     "image_tokens": datasets.Value("int64"),
 })
 CODE = ("layouts.py", "containers.py", "prepare.py", "conversation_rows.py", "conversation_encoder.py",
-        "templates.py", "processor.py")
+        "templates.py", "processor.py", "processors_vlm.py")
 
 
 def raw_row(container: Container, row: dict, index: int) -> dict:
@@ -148,10 +148,10 @@ class RowCheck:
                              f"a vision-language processor")
         sizes = [read_image(ref, where, self.decode) for ref in refs]
         try:
-            counts = encoder.image_tokens_for_sizes(sizes)
+            expansions = encoder.image_replacements_for_sizes(sizes)
         except ValueError as err:  # the processor's own limits (an aspect ratio past 200, say)
             raise ValueError(f"{where}: the image processor rejects an image: {err}") from err
-        enc = encoder.encode(canonical, counts, where)
+        enc = encoder.encode(canonical, expansions, where)
         if not any(label != IGNORE for label in enc.labels):
             raise ValueError(f"{where}: the assistant turns render to no token (nothing to learn)")
         status, limit = "ok", self.max_length
@@ -164,7 +164,7 @@ class RowCheck:
         parts = [{"role": m["role"], "content": [{"type": p["type"], "text": p.get("text")} for p in m["content"]]}
                  for m in canonical]
         out.update(status=status, messages=parts, images=refs, num_images=len(refs), num_tokens=len(enc.ids),
-                   image_tokens=sum(counts))
+                   image_tokens=sum(end - start for start, end in enc.image_spans))
 
 
 def _signature(processor, chat_template: str | None) -> dict:

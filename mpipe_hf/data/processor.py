@@ -1,5 +1,10 @@
 """The Hugging Face processor of each vision-language family, built from a tokenizer and a PIL image processor (no
-torchvision needed)."""
+torchvision needed): Qwen2-VL, Qwen2.5-VL, Qwen3-VL and LLaVA here, the other families in :mod:`.processors_vlm`.
+
+Every family of :data:`PROCESSOR_TYPES` has a PIL image processor in ``transformers`` 5.24; Mistral 3's processor
+class (Pixtral's) imports torchvision, so without it Mistral 3 gets a stand-in that expands images as it does
+(:class:`~.processors_vlm._PilPixtralProcessor`).
+"""
 
 from __future__ import annotations
 
@@ -7,36 +12,24 @@ from transformers import (LlavaProcessor, Qwen2_5_VLProcessor, Qwen2VLImageProce
                           Qwen3VLProcessor)
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
+from .processors_vlm import (FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE, conversation_class, family_image_processor,
+                             family_processor)
+
 QWEN_PROCESSORS = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}
 QWEN_PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
-PROCESSOR_TYPES = sorted(QWEN_PROCESSORS) + ["llava"]
+PROCESSOR_TYPES = sorted([*QWEN_PROCESSORS, "llava", *FAMILY_TYPES])
+# families whose image processor resizes to between min_pixels and max_pixels (a recipe's data.min/max_pixels)
+PIXEL_BOUNDED_TYPES = frozenset([*QWEN_PROCESSORS, *QWEN3_LIKE, *GLM_LIKE])
 
 
-def _image_only(cls: type) -> type:
-    """``cls`` without a video processor. The stock class check rejects ``video_processor=None`` when torchvision
-    is absent; images and text are processed exactly as by the stock class."""
-
-    def check_argument_for_proper_class(self, argument_name, argument):
-        if argument_name == "video_processor" and argument is None:
-            return type(None)
-        return cls.check_argument_for_proper_class(self, argument_name, argument)
-    def save_pretrained(self, save_directory, **kwargs):
-        """What a hub snapshot holds for the processor (:func:`mpipe_hf.data.hub.save_processor`: the stock class's
-        name, so that ``AutoProcessor`` loads it where torchvision is installed), with the chat template."""
-        from .hub import save_processor
-        from .templates import chat_template_for
-        model_type = next(t for t, c in QWEN_PROCESSORS.items() if c is cls)
-        return save_processor(save_directory, self, model_type, chat_template_for(self, model_type))
-    return type(f"ImageOnly{cls.__name__}", (cls,), {"check_argument_for_proper_class": check_argument_for_proper_class,
-                                                     "save_pretrained": save_pretrained})
-
-
-_IMAGE_ONLY = {model_type: _image_only(cls) for model_type, cls in QWEN_PROCESSORS.items()}
+# without a video processor (:func:`~.processors_vlm.conversation_class`)
+_IMAGE_ONLY = {model_type: conversation_class(cls, model_type) for model_type, cls in QWEN_PROCESSORS.items()}
 
 
 def image_processor_for(config, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
     """A PIL image processor for ``config`` (no checkpoint needed): Qwen families resize to between ``min_pixels``
-    and ``max_pixels`` in multiples of ``patch * merge`` px; LLaVA resizes and crops to the tower's image size.
+    and ``max_pixels`` in multiples of ``patch * merge`` px; LLaVA resizes and crops to the tower's image size;
+    the other families as :func:`~.processors_vlm.family_image_processor`.
 
     Raises:
         ValueError: ``config.model_type`` has no processor here (the message lists the supported ones).
@@ -47,6 +40,8 @@ def image_processor_for(config, min_pixels: int = 56 * 56, max_pixels: int = 112
     if config.model_type == "llava":
         side = config.vision_config.image_size
         return CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    if config.model_type in FAMILY_TYPES:
+        return family_image_processor(config, min_pixels, max_pixels)
     raise ValueError(f"model_type {config.model_type!r} has no image processor; supported: {PROCESSOR_TYPES}")
 
 
@@ -54,7 +49,8 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
                     max_pixels: int = 112 * 112):
     """The HF processor of ``config.model_type`` over ``tokenizer`` and ``image_processor`` (from
     :func:`image_processor_for` when ``None``). LLaVA's takes its patch size, feature strategy and image token
-    from ``config`` (one extra position for a CLIP tower's CLS token).
+    from ``config`` (one extra position for a CLIP tower's CLS token); the other families' are
+    :func:`~.processors_vlm.family_processor`'s (the tokenizer copied with the family's image markers named).
 
     Raises:
         ValueError: ``config.model_type`` has no processor here (the message lists the supported ones).
@@ -70,6 +66,8 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
                               vision_feature_select_strategy=config.vision_feature_select_strategy,
                               image_token=tokenizer.convert_ids_to_tokens(config.image_token_id),
                               num_additional_image_tokens=1 if vision.model_type == "clip_vision_model" else 0)
+    if config.model_type in FAMILY_TYPES:
+        return family_processor(config, tokenizer, image_processor)
     raise ValueError(f"model_type {config.model_type!r} has no processor; supported: {PROCESSOR_TYPES}")
 
 

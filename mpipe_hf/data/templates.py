@@ -8,13 +8,31 @@ The templates follow the formats the hub checkpoints use:
   checkpoints' templates do;
 - ``qwen3_vl``: the same ChatML markup with no default system message, as the Qwen3-VL checkpoints' template does;
 - ``llava``: the llava-1.5 conversation format (``USER: <image>\\n... ASSISTANT: ...``), the tokenizer's eos after
-  every assistant turn and a space after every system and user turn.
+  every assistant turn and a space after every system and user turn;
+- ``qwen3_5``, ``qwen3_5_moe``, ``qwen3_vl_moe``: ``qwen3_vl``'s ChatML; ``internvl``: the same ChatML with an
+  image as ``<IMG_CONTEXT>\\n`` (InternVL3-hf), which the processor expands to ``<img><IMG_CONTEXT>...</img>``;
+- ``glm4v``, ``glm4v_moe``: GLM-4.1V's ``[gMASK]<sop><|user|>\\n...<|assistant|>\\n...``, the eos token after each
+  answer (the hub format has no end-of-turn token);
+- ``gemma3``: ``<bos><start_of_turn>user\\n...<end_of_turn>\\n<start_of_turn>model\\n...``;
+- ``paligemma`` (no hub template): its processor's ``<image>...<bos>prompt\\n`` + ``answer<eos>``, turn by turn;
+- ``mistral3``: Mistral-Small-3.1's ``<s>[INST]...[/INST]answer</s>``;
+- ``llava_next``: llava-v1.6-mistral's ``[INST] <image>\\n... [/INST] answer</s> ``; ``llava_onevision``:
+  ``<|im_start|>user <image>\\n...<|im_end|><|im_start|>assistant\\n...<|im_end|>``;
+- ``idefics3``, ``smolvlm``: ``User:<image>...<end_of_utterance>\\nAssistant: ...<end_of_utterance>\\n``.
+
+Each template's comment says where it departs from the hub's. A hub marker that the tokenizer's vocabulary lacks
+(the Qwen2 vocabulary of the tiny models) is written as the Qwen2 special token that stands in for it
+(:data:`STAND_INS`: Gemma's turn markers as ``<|im_start|>``/``<|im_end|>``...) or, where none does, as plain
+text (``[gMASK]``, ``<|user|>``, ``[INST]``).
 
 In every template a message's ``content`` is a string or a list of parts ``{"type": "image"}`` /
 ``{"type": "text", "text": ...}``; an image part renders the family's image placeholder (Qwen:
 ``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA: ``<image>\\n``, the newline left out when the next text
-starts with one), which the processor then expands to the image's tokens. ``add_generation_prompt`` appends the
-assistant header (ChatML ``<|im_start|>assistant\\n``, LLaVA ``ASSISTANT:``).
+starts with one; the others ``processor.image_token``), which the processor then expands to the image's tokens.
+``add_generation_prompt`` appends the assistant header (ChatML ``<|im_start|>assistant\\n``, LLaVA
+``ASSISTANT:``; nothing where the hub format has none: PaliGemma, Mistral 3, LLaVA-NeXT). Rendering a
+conversation's first turns with the generation prompt gives a prefix of rendering it all (how the collator finds
+the assistant tokens).
 
 The templates are written for the Jinja environment of ``transformers`` (``trim_blocks`` and ``lstrip_blocks``
 on), so all their output comes from ``{{ }}`` expressions and none from literal text between the tags.
@@ -40,8 +58,9 @@ _CONTENT = (
 )
 
 
-def _chatml(default_system: str | None) -> str:
-    """ChatML over ``_CONTENT``, with ``default_system`` as the system turn when the first message is not one."""
+def _chatml(default_system: str | None, image: str = "'" + QWEN_VISION + "'") -> str:
+    """ChatML over ``_CONTENT``, with ``default_system`` as the system turn when the first message is not one and
+    each image part written as the Jinja string ``image``."""
     head = ""
     if default_system is not None:
         head = ("{%- if loop.first and message['role'] != 'system' -%}"
@@ -50,7 +69,7 @@ def _chatml(default_system: str | None) -> str:
     return ("{%- for message in messages -%}"
             + head +
             "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-            + _CONTENT.replace("IMAGE", "'" + QWEN_VISION + "'") +
+            + _CONTENT.replace("IMAGE", image) +
             "{{- '<|im_end|>\\n' -}}"
             "{%- endfor -%}"
             "{%- if add_generation_prompt -%}"
@@ -82,26 +101,162 @@ _LLAVA = ("{%- for message in messages -%}"
           "{{- 'ASSISTANT:' -}}"
           "{%- endif -%}")
 
+# The text parts of a message (or its string content), and its image parts alone, for templates that write a
+# message's images before its text (LLaVA-NeXT, LLaVA-OneVision, PaliGemma).
+_TEXTS = ("{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}"
+          "{%- for part in message['content'] if part['type'] == 'text' -%}{{- part['text'] -}}{%- endfor -%}"
+          "{%- endif -%}")
+_IMAGES = ("{%- if message['content'] is not string -%}"
+           "{%- for part in message['content'] if part['type'] == 'image' -%}{{- IMAGE -}}{%- endfor -%}"
+           "{%- endif -%}")
+_BOS = "{%- if bos_token -%}{{- bos_token -}}{%- endif -%}"
+_GENERATION = "{%- if add_generation_prompt -%}{{- PROMPT -}}{%- endif -%}"
+
+
+def _image(expr: str) -> str:
+    """``_CONTENT`` with each image part written as the Jinja string ``expr``."""
+    return _CONTENT.replace("IMAGE", expr)
+
+
+# Gemma 3 (gemma-3-*-it): <bos>, turns <start_of_turn>user|model\n ... <end_of_turn>\n, the system text and a blank
+# line before the first user text, text parts trimmed, images <start_of_image>.
+_GEMMA3 = (_BOS +
+           "{%- if messages[0]['role'] == 'system' -%}"
+           "{%- set first = messages[0]['content'] if messages[0]['content'] is string "
+           "else messages[0]['content'][0]['text'] -%}"
+           "{%- set first_user_prefix = first + '\\n\\n' -%}{%- set loop_messages = messages[1:] -%}"
+           "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+           "{%- for message in loop_messages -%}"
+           "{{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' -}}"
+           "{{- first_user_prefix if loop.first else '' -}}"
+           "{%- if message['content'] is string -%}{{- message['content'] | trim -}}{%- else -%}"
+           "{%- for part in message['content'] -%}"
+           "{%- if part['type'] == 'image' -%}{{- 'IMAGE_TOKEN' -}}"
+           "{%- elif part['type'] == 'text' -%}{{- part['text'] | trim -}}{%- endif -%}"
+           "{%- endfor -%}{%- endif -%}"
+           "{{- '<end_of_turn>\\n' -}}"
+           "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<start_of_turn>model\\n'"))
+
+# PaliGemma (no hub template; its processor's layout "<image>... <bos>prefix\n" + "suffix<eos>", turn by turn): a
+# user or system turn writes its images, the BOS after the first turn's images, its text and a newline; an
+# assistant turn its text and the EOS. No generation prompt (the answer follows the newline).
+_PALIGEMMA = ("{%- for message in messages -%}"
+              "{%- if message['role'] == 'assistant' -%}" + _TEXTS + "{{- eos_token -}}"
+              "{%- else -%}" + _IMAGES.replace("IMAGE", "'IMAGE_TOKEN'") +
+              "{%- if loop.first -%}" + _BOS + "{%- endif -%}" + _TEXTS + "{{- '\\n' -}}"
+              "{%- endif -%}"
+              "{%- endfor -%}")
+
+# Mistral 3 (Mistral-Small-3.1 v7 format, no default system prompt here): <s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]
+# [INST]...[/INST]answer</s>, images [IMG]. [INST] and the others are control tokens of Mistral's tokenizer and
+# plain text in a vocabulary without them (the Qwen2 one).
+_MISTRAL3 = (_BOS +
+             "{%- for message in messages -%}"
+             "{%- if message['role'] == 'system' -%}{{- '[SYSTEM_PROMPT]' -}}" + _image("'IMAGE_TOKEN'") +
+             "{{- '[/SYSTEM_PROMPT]' -}}"
+             "{%- elif message['role'] == 'user' -%}{{- '[INST]' -}}" + _image("'IMAGE_TOKEN'") + "{{- '[/INST]' -}}"
+             "{%- else -%}" + _image("'IMAGE_TOKEN'") + "{{- eos_token -}}{%- endif -%}"
+             "{%- endfor -%}")
+
+# LLaVA-NeXT (llava-v1.6-mistral-7b-hf): <<SYS>>\n...\n<</SYS>>\n\n, [INST] <image>\n...text [/INST], " answer</s> ";
+# a user turn's images first, then its text. No generation prompt.
+_LLAVA_NEXT = ("{%- for message in messages -%}"
+               "{%- if message['role'] == 'system' -%}{{- '<<SYS>>\\n' -}}" + _TEXTS + "{{- '\\n<</SYS>>\\n\\n' -}}"
+               "{%- elif message['role'] == 'user' -%}{{- '[INST] ' -}}" +
+               _IMAGES.replace("IMAGE", "'IMAGE_TOKEN\\n'") + _TEXTS + "{{- ' [/INST]' -}}"
+               "{%- else -%}{{- ' ' -}}" + _TEXTS + "{{- eos_token + ' ' -}}{%- endif -%}"
+               "{%- endfor -%}")
+
+# LLaVA-OneVision (llava-onevision-qwen2-*-ov-hf): <|im_start|>user <image>\ntext<|im_end|>, images first, then
+# each text part after a newline; no newline after <|im_end|>. The hub template opens an assistant turn
+# "<|im_start|>assistant " + "\n" + text but prompts with "<|im_start|>assistant\n"; here both are the latter, so a
+# conversation's prefix renders as a prefix of it (and as the original LLaVA-OneVision ChatML trains it).
+_LLAVA_ONEVISION = ("{%- for message in messages -%}"
+                    "{%- if message['role'] == 'assistant' -%}{{- '<|im_start|>assistant\\n' -}}" + _TEXTS +
+                    "{%- else -%}{{- '<|im_start|>' + message['role'] + ' ' -}}" +
+                    _IMAGES.replace("IMAGE", "'IMAGE_TOKEN'") +
+                    "{%- if message['content'] is string -%}{{- '\\n' + message['content'] -}}{%- else -%}"
+                    "{%- for part in message['content'] if part['type'] == 'text' -%}{{- '\\n' + part['text'] -}}"
+                    "{%- endfor -%}{%- endif -%}"
+                    "{%- endif -%}{{- '<|im_end|>' -}}"
+                    "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|im_start|>assistant\\n'"))
+
+
+def _idefics(start: str) -> str:
+    """Idefics3 / SmolVLM: ``start``, then ``Role:`` (``Role: `` when the content does not open with an image),
+    the content, ``<end_of_utterance>\\n`` per turn; the prompt ``Assistant:``."""
+    return (start +
+            "{%- for message in messages -%}"
+            "{{- message['role'] | capitalize -}}"
+            "{%- if message['content'] is not string and message['content'][0]['type'] == 'image' -%}{{- ':' -}}"
+            "{%- else -%}{{- ': ' -}}{%- endif -%}" + _image("'IMAGE_TOKEN'") +
+            "{{- '<end_of_utterance>\\n' -}}"
+            "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'Assistant:'"))
+
+
+# GLM-4.1V / GLM-4.5V: [gMASK]<sop>, turns <|system|>\n / <|user|>\n / <|assistant|>\n, images
+# <|begin_of_image|><|image|><|end_of_image|>; no thinking markup is added. The hub format has no end-of-turn token
+# (generation stops at the next <|user|> or at <|endoftext|>, the eos), so nothing after an answer would be
+# labelled and a model fine-tuned on it would never learn to stop. As GLM fine-tuning recipes do (LLaMA-Factory's
+# glm4v template, efficient_eos), each assistant turn ends with the tokenizer's eos token, which the encoder labels
+# as the turn's end token (a special token right after the answer, ConversationEncoder.encode).
+_GLM4V = ("{{- '[gMASK]<sop>' -}}"
+          "{%- for message in messages -%}"
+          "{{- '<|' + message['role'] + '|>\\n' -}}" + _image("'<|begin_of_image|>IMAGE_TOKEN<|end_of_image|>'") +
+          "{%- if message['role'] == 'assistant' -%}{{- eos_token -}}{%- endif -%}"
+          "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|assistant|>\\n'"))
+
 _TEMPLATES = {
     "qwen2_vl": _chatml("You are a helpful assistant."),
     "qwen2_5_vl": _chatml("You are a helpful assistant."),
     "qwen3_vl": _chatml(None),
+    "qwen3_5": _chatml(None),
+    "qwen3_5_moe": _chatml(None),
+    "qwen3_vl_moe": _chatml(None),
     "llava": _LLAVA,
+    "glm4v": _GLM4V,
+    "glm4v_moe": _GLM4V,
+    "gemma3": _GEMMA3,
+    "paligemma": _PALIGEMMA,
+    "internvl": _chatml(None, "'IMAGE_TOKEN\\n'"),
+    "mistral3": _MISTRAL3,
+    "llava_next": _LLAVA_NEXT,
+    "llava_onevision": _LLAVA_ONEVISION,
+    "idefics3": _idefics(_BOS),  # the hub writes '<|begin_of_text|>', Llama 3's BOS
+    "smolvlm": _idefics("{{- '<|im_start|>' -}}"),
 }
 TEMPLATE_TYPES = sorted(_TEMPLATES)
+# Each family's image placeholder in the hub checkpoints (a processor names its own, ``processor.image_token``).
+HUB_IMAGE_TOKENS = {"llava": "<image>", "glm4v": "<|image|>", "glm4v_moe": "<|image|>", "gemma3": "<start_of_image>",
+                    "paligemma": "<image>", "internvl": "<IMG_CONTEXT>", "mistral3": "[IMG]", "llava_next": "<image>",
+                    "llava_onevision": "<image>", "idefics3": "<image>", "smolvlm": "<image>"}
+# Markers of the hub templates that a vocabulary without them (the Qwen2 one) writes as the Qwen2 special token
+# standing in, so that they stay one token each and an end-of-turn marker is still labelled. Other missing markers
+# ([gMASK], <|user|>, [INST]...) are written as they are and tokenized as plain text.
+STAND_INS = {"<start_of_turn>": "<|im_start|>", "<end_of_turn>": "<|im_end|>",  # Gemma 3
+             "<end_of_utterance>": "<|im_end|>",  # Idefics3, SmolVLM
+             "<|begin_of_image|>": "<|vision_start|>", "<|end_of_image|>": "<|vision_end|>"}  # GLM-4V
 
 
-def default_chat_template(model_type: str, image_token: str = "<image>") -> str:
+def default_chat_template(model_type: str, image_token: str | None = None, tokenizer=None) -> str:
     """The family's Jinja chat template (module docstring), for ``apply_chat_template(..., chat_template=...)``.
-    ``image_token``: LLaVA's image placeholder (``<image>`` in the llava-hf checkpoints; a checkpoint built on
-    another vocabulary names its own, ``processor.image_token``).
+    ``image_token``: the image placeholder (``processor.image_token``; ``None``: the hub checkpoints' one,
+    :data:`HUB_IMAGE_TOKENS`; the Qwen templates write ``<|vision_start|><|image_pad|><|vision_end|>``).
+    ``tokenizer``: where given, each marker of :data:`STAND_INS` its vocabulary lacks is written as its stand-in.
 
     Raises:
         ValueError: ``model_type`` has no template here (the message lists the supported ones).
     """
     if model_type not in _TEMPLATES:
         raise ValueError(f"model_type {model_type!r} has no default chat template; supported: {TEMPLATE_TYPES}")
-    return _TEMPLATES[model_type].replace("IMAGE_TOKEN", image_token.replace("'", "\\'"))
+    image_token = image_token or HUB_IMAGE_TOKENS.get(model_type, "<image>")
+    template = _TEMPLATES[model_type].replace("IMAGE_TOKEN", image_token.replace("'", "\\'"))
+    if tokenizer is not None:
+        vocab = tokenizer.get_vocab()
+        for marker, stand_in in STAND_INS.items():
+            if marker not in vocab and stand_in in vocab:
+                template = template.replace(marker, stand_in)
+    return template
 
 
 def chat_template_for(processor_or_tokenizer, model_type: str) -> str:
@@ -118,5 +273,7 @@ def chat_template_for(processor_or_tokenizer, model_type: str) -> str:
         own = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
     if isinstance(own, dict):  # several named templates: the one called "default", as transformers picks
         own = own.get("default")
-    return own if own else default_chat_template(model_type, getattr(processor_or_tokenizer, "image_token", None)
-                                                 or "<image>")
+    if own:
+        return own
+    return default_chat_template(model_type, getattr(processor_or_tokenizer, "image_token", None),
+                                 getattr(processor_or_tokenizer, "tokenizer", processor_or_tokenizer))

@@ -7,7 +7,13 @@ the base weights with ``requires_grad=False``: they get no gradient and no optim
 
 Names: in the model, an adapted linear layer ``X`` holds ``X.base_layer.weight`` (the checkpoint's ``X.weight``)
 and ``X.lora_A.default.weight``, ``X.lora_B.default.weight``; a module of ``modules_to_save`` holds its frozen
-original under ``X.original_module`` and the trained copy under ``X.modules_to_save.default``. In PEFT's files
+original under ``X.original_module`` and the trained copy under ``X.modules_to_save.default``. A parameter of
+``target_parameters`` (an MoE layer's fused experts, ``E.gate_up_proj`` of shape ``(n_experts, out, in)``) is
+adapted by peft's ``lora.ParamWrapper``, which takes the place of the module ``E`` that holds it: the parameter
+moves to ``E.base_layer.gate_up_proj`` and the adapter is ``E.lora_A.default.weight`` ``(n_experts * r, in)``,
+``E.lora_B.default.weight`` ``(out, n_experts * r)``. A second parameter of ``E`` wraps that wrapper: its adapter
+is ``E.lora_A...``, the first one's moves to ``E.base_layer.lora_A...``, both parameters to
+``E.base_layer.base_layer.*``. In PEFT's files
 (``adapter_model.safetensors``) the keys are ``base_model.model.X.lora_A.weight`` and so on: peft's own
 ``get_peft_model_state_dict`` and ``set_peft_model_state_dict`` translate.
 """
@@ -35,7 +41,7 @@ def apply_adapter(model: nn.Module, peft_config):
 
     Raises:
         ValueError: peft's own, as one line naming ``lora.target_modules`` (a target that matches no module, a
-            module type peft cannot adapt).
+            module type peft cannot adapt); those of :func:`check_adapted`.
     """
     from peft import get_peft_model
     try:
@@ -44,7 +50,9 @@ def apply_adapter(model: nn.Module, peft_config):
             peft_model = get_peft_model(model, copy.deepcopy(peft_config))
     except ValueError as err:
         text = " ".join(str(err).split())
-        raise ValueError(f"lora: peft cannot put the adapter into {type(model).__name__}: {text}") from err
+        fields = "lora.target_modules" + (" / lora.target_parameters" if getattr(peft_config, "target_parameters",
+                                                                                  None) else "")
+        raise ValueError(f"lora: peft cannot put the adapter into {type(model).__name__} ({fields}): {text}") from err
     check_adapted(model, peft_config)
     return peft_model
 
@@ -62,7 +70,8 @@ def check_adapted(model: nn.Module, peft_config) -> None:
     Raises:
         ValueError: no tensor trains (an adapter in inference mode); an adapter or ``modules_to_save`` on a tied
             input embedding or ``lm_head`` (the pipeline holds the tied weight as two copies on two ranks,
-            which a wrapped layer cannot be); a ``modules_to_save`` entry that names no module.
+            which a wrapped layer cannot be); a ``modules_to_save`` or ``target_parameters`` entry that names no
+            module or parameter (peft itself ignores one while another target matches).
     """
     from peft.tuners.lora import LoraLayer
     from peft.utils import ModulesToSaveWrapper
@@ -82,18 +91,38 @@ def check_adapted(model: nn.Module, peft_config) -> None:
                    for n, m in wrapped.items()):
             raise ValueError(f"lora.modules_to_save: {entry!r} names no module of {type(model).__name__} "
                              f"(a module name or its last parts, e.g. model.visual.merger)")
+    reached = adapted_parameters(model)
+    for entry in getattr(peft_config, "target_parameters", None) or []:
+        if not any(n == entry or n.endswith("." + entry) for n in reached):
+            raise ValueError(f"lora.target_parameters: {entry!r} names no parameter of {type(model).__name__} peft "
+                             f"could adapt (a parameter name or its last parts, e.g. mlp.experts.gate_up_proj; a 2-D "
+                             f"or 3-D nn.Parameter of a module that target_modules does not adapt)")
+
+
+def adapted_parameters(model: nn.Module) -> dict[str, nn.Module]:
+    """The parameters adapted through ``target_parameters``: ``{checkpoint name of the parameter (e.g.
+    model.language_model.layers.0.mlp.experts.gate_up_proj): its peft lora.ParamWrapper}``; empty for a peft
+    without ``ParamWrapper``."""
+    from peft.tuners.lora import layer
+    wrapper = getattr(layer, "ParamWrapper", None)
+    if wrapper is None:
+        return {}
+    return {f"{base_name(n)}.{m.parameter_name}": m for n, m in model.named_modules() if isinstance(m, wrapper)}
 
 
 def check_mergeable(model: nn.Module) -> None:
-    """``merge: true`` needs every adapted layer to be plain LoRA on a linear layer (what :func:`merged_state`
-    merges).
+    """``merge: true`` needs every adapted layer to be plain LoRA on a linear layer or on a parameter of
+    ``target_parameters`` (what :func:`merged_state` merges).
 
     Raises:
         ValueError: naming the first other adapted layer.
     """
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
+    wrappers = {id(m) for m in adapted_parameters(model).values()}
     for name, module in model.named_modules():
+        if id(module) in wrappers:
+            continue
         if isinstance(module, LoraLayer) and (not isinstance(module, LoraLinear) or module.use_dora.get(ADAPTER)
                                               or module.lora_bias.get(ADAPTER)):
             raise ValueError(f"lora.merge: {name} is a {type(module).__name__} adapter; merging supports plain "
@@ -183,25 +212,46 @@ def load_adapter_state(peft_model, weights: dict[str, torch.Tensor], owned: list
 def merged_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` (a rank's share of the adapted model, whole tensors) with the adapter merged in, under the base
     checkpoint's names, as ``merge_and_unload`` leaves the model: ``W + scaling * B @ A`` (transposed for
-    ``fan_in_fan_out``) for each adapted linear layer, the trained copy of each ``modules_to_save`` module.
+    ``fan_in_fan_out``) for each adapted linear layer, peft's own ``ParamWrapper.get_delta_weight`` (one
+    ``(out, in)`` block per expert) added to each parameter of ``target_parameters``, the trained copy of each
+    ``modules_to_save`` module.
 
     Raises:
-        ValueError: an adapted layer that is not a LoRA linear layer (:func:`check_mergeable`).
+        ValueError: an adapted layer that is not a LoRA linear layer or parameter (:func:`check_mergeable`).
     """
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import Linear as LoraLinear
     check_mergeable(model)
     out = {}
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
-    for name, module in layers.items():
-        if f"{name}.base_layer.weight" not in state:
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLinear) or f"{name}.base_layer.weight" not in state:
             continue
         a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]
         delta = (b.float() @ a.float()) * module.scaling[ADAPTER]
         base = state[f"{name}.base_layer.weight"]
         out[f"{name}.weight"] = (base.float() + (delta.T if module.fan_in_fan_out else delta)).to(base.dtype)
+    keys = {base_name(k): k for k in state if ".lora_" not in k}
+    named = {id(m): n for n, m in model.named_modules()}
+    for plain, module in adapted_parameters(model).items():
+        if plain in keys:
+            name, base = named[id(module)], state[keys[plain]]
+            factors = {f"m.lora_{x}.{ADAPTER}.weight": state[f"{name}.lora_{x}.{ADAPTER}.weight"].float()
+                       for x in "AB"}
+            delta = torch.func.functional_call(_Delta(module), factors, ())
+            out[plain] = (base.float() + delta.float()).to(base.dtype)
     for key, t in state.items():
         if ".lora_" in key or ".original_module." in key:
             continue
-        plain = base_name(key)
-        out.setdefault(plain, t)
+        out.setdefault(base_name(key), t)
     return out
+
+
+class _Delta(nn.Module):
+    """``m.get_delta_weight(ADAPTER)`` as a module's forward, so that ``torch.func.functional_call`` can run it
+    on given ``lora_A`` / ``lora_B`` tensors (a rank's gathered share) in place of the module's own."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.m = module
+
+    def forward(self) -> torch.Tensor:
+        return self.m.get_delta_weight(ADAPTER)

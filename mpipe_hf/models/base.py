@@ -18,7 +18,7 @@ def plan_layers(num_layers: int, cfg: ScheduleConfig, layers_per_stage: list[int
     """Decoder layers per stage, with ``text_layers`` checked against stage 0's first chunk: ``P`` takes the first
     ``T`` layers out of stage 0 (SPEC.md, "Terms"). ``layers_per_stage`` when given; else balanced by cost
     (:func:`~mpipe_hf.schedule.layout.cost_balanced_layers`) with ``costs = (decoder layer, LM head)`` per token
-    (:func:`~.decoder.matmul_costs`), or by count when ``costs`` is ``None``.
+    (:func:`~.costs.matmul_costs`), or by count when ``costs`` is ``None``.
 
     Raises:
         ValueError: more stages than layers, a bad ``layers_per_stage``, a negative ``text_layers``, one larger
@@ -71,6 +71,14 @@ def tied_lm_head(model: nn.Module, cfg: ScheduleConfig, embed_fqn: str, frozen: 
     return [(f"{embed_fqn}.weight", "lm_head.weight")]
 
 
+def freeze(model: nn.Module, fqns: list[str]) -> None:
+    """``requires_grad_(False)`` on each of ``fqns``: a module, or a bare parameter (LLaVA-Next's
+    ``image_newline``). A one-process reference freezes a split's ``frozen`` with it."""
+    params = dict(model.named_parameters())
+    for fqn in fqns:
+        (params[fqn] if fqn in params else model.get_submodule(fqn)).requires_grad_(False)
+
+
 def assemble(model: nn.Module, cfg: ScheduleConfig, rank: int, layout: list[list[str]],
              stage: Callable[[int], nn.Module], preprocess: Preprocess, preprocess_fqns: list[str],
              frozen: list[str], validate_micro: Callable[[dict[str, torch.Tensor]], None],
@@ -79,8 +87,7 @@ def assemble(model: nn.Module, cfg: ScheduleConfig, rank: int, layout: list[list
     and replace every module of ``layout`` and ``preprocess_fqns`` that this rank never runs by ``nn.Identity``
     (``P`` stays everywhere: every rank holds a replica)."""
     params = dict(model.named_parameters())
-    for fqn in frozen:  # a module, or a bare parameter (LLaVA-Next's image_newline)
-        (params[fqn] if fqn in params else model.get_submodule(fqn)).requires_grad_(False)
+    freeze(model, frozen)
     stages = {s: stage(s) for s in range(rank, cfg.num_stages, cfg.pp_size)}
     keep = {fqn for s in stages for fqn in layout[s]} | set(preprocess_fqns)
     for fqn in [fqn for fqns in layout for fqn in fqns]:

@@ -179,6 +179,8 @@ class MPipeCallback(TrainerCallback):
             world = len(self.window[0].rank_bubble)
             wall = sum(s.wall_s for s in self.window)
             logs["bubble"] = round(sum(s.bubble for s in self.window) / len(self.window), 4)
+            if self.window[0].aux_loss is not None:  # the MoE load-balancing term inside the loss
+                logs["aux_loss"] = sum(s.aux_loss for s in self.window) / len(self.window)
             logs["tokens_per_s"] = round(sum(s.num_tokens for s in self.window) / wall, 1) if wall else 0.0
             for r in range(world):
                 logs[f"step_s_rank{r}"] = round(sum(s.rank_wall_s[r] for s in self.window) / len(self.window), 4)

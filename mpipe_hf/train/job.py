@@ -138,7 +138,8 @@ class RecipeJob:
         row = step_row(step, stats, result.grad_norm, lr, self.run.skips.total)
         row["bad_rows"], row["bad_rows_total"] = stats.bad_rows, self.run.skips.bad_rows  # rows dropped at load
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
+            aux = {"aux": f"{stats.aux_loss:.4f}"} if stats.aux_loss is not None else {}
+            self.bar.set_postfix(loss=f"{stats.loss:.4f}", **aux, tok_s=f"{row['tokens_per_s']:.0f}",
                                  bubble=f"{stats.bubble:.2f}")
         if (step + 1) % self.recipe.train.logging_steps == 0 or step + 1 == self.steps:
             self.metrics.log(row)

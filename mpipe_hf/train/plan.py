@@ -18,13 +18,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 from ..runtime.memory import saved_bytes, storage_ids
 
-from ..models import split
-from ..models.decoder import matmul_costs
+from ..models import FAMILIES, split
+from ..models.costs import is_sparse, matmul_costs, num_experts
+from ..models.decoder import layer_types
 from ..models.load import meta_model
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import Kind
@@ -87,13 +90,17 @@ FUSED_ATTENTION = "mpipe_meta_fused"  # the stand-in's name in transformers' Att
 
 class _FusedAttention(torch.autograd.Function):
     """A stand-in for a fused attention kernel (FlashAttention, SDPA's efficient kernels) when counting: its
-    output has the query's shape (zeros, so a real run through it stays finite), and it saves what such kernels
+    output has the query's shape with the value's head width (zeros, so a real run through it stays finite; the
+    widths differ in multi-head latent attention), and it saves what such kernels
     keep for their backward, the query, key, value, output and the fp32 log-sum-exp per row, never the
     ``L x L`` probabilities. Its backward passes zero gradients (it is for counting memory, not training)."""
 
     @staticmethod
     def forward(ctx, query, key, value):
-        out = torch.zeros_like(query)
+        out = torch.zeros_like(query)  # the query's memory layout: FlashAttention's (B, L, heads, d) output
+        if value.shape[-1] != query.shape[-1]:
+            b, heads, length, _ = query.shape
+            out = query.new_zeros(b, length, heads, value.shape[-1]).transpose(1, 2)
         lse = query.new_zeros(query.shape[:-1], dtype=torch.float32)
         ctx.save_for_backward(query, key, value, out, lse)
         return out
@@ -122,33 +129,82 @@ def register_fused_attention() -> str:
     return FUSED_ATTENTION
 
 
+def representative_layers(text) -> dict[int, int]:
+    """``{layer id: layers of its kind}``: the first decoder layer of each kind, a kind being the layer's
+    attention type (:func:`~mpipe_hf.models.decoder.layer_types`) and whether its MLP is a mixture of experts
+    (:func:`~mpipe_hf.models.costs.is_sparse`); layers of one kind save the same bytes per token."""
+    firsts, counts = {}, Counter()
+    for i, layer_type in enumerate(layer_types(text)):
+        kind = (layer_type, is_sparse(text, i))
+        firsts.setdefault(kind, i)
+        counts[kind] += 1
+    return {firsts[kind]: counts[kind] for kind in firsts}
+
+
+@contextlib.contextmanager
+def _experts_fallback():
+    """Within, transformers' grouped-mm experts (``grouped_mm_experts_forward``) take its own fallback op
+    (``transformers::grouped_mm_fallback``: a fake kernel that shapes the output, an autograd that saves the
+    input and weight as ``torch._grouped_mm``'s does) instead of ``torch._grouped_mm``, whose meta kernel takes
+    bf16 only (the plan counts fp32 weights)."""
+    from transformers.integrations import moe
+    original = moe._can_use_grouped_mm
+    moe._can_use_grouped_mm = lambda *args: False
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = original
+
+
+def _static_rope(text) -> None:
+    """Make a dynamic-NTK rotary embedding (InternVL3's Qwen2.5) the default one, in place: its frequencies do
+    not change what a layer saves, and its update reads the longest position back to the host, which meta
+    tensors cannot."""
+    params = getattr(text, "rope_parameters", None) or {}
+    for part in [params] + [v for v in params.values() if isinstance(v, dict)]:
+        if part.get("rope_type") == "dynamic":
+            part["rope_type"] = "default"
+            part.pop("factor", None)
+
+
 def meta_activation_bytes(config, tokens: int, bf16: bool = False) -> tuple[int, int]:
-    """``(one decoder layer, the LM head with its loss)``: bytes saved for backward for one micro-batch of
-    ``tokens`` tokens with a fused attention kernel. In fp32 counted on the meta device; with ``bf16`` under
-    ``train.bf16``'s policy (fp32 weights, bf16 autocast, :mod:`.precision`), counted on fake CPU tensors
-    (``FakeTensorMode``: shapes, dtypes and storages, no memory; meta tensors see no autocast) at full size
-    under ``torch.autocast("cpu", torch.bfloat16)``, whose casts of these ops (matmuls to bf16; norms on the
-    fp32 residual stream and the loss's upcast logits in fp32) are CUDA's. Parameters, and their casts
-    (:func:`~mpipe_hf.runtime.memory.weight_copy`: one per step, not a micro's), are left out, as the
+    """``(a decoder layer, the LM head with its loss)``: bytes saved for backward for one micro-batch of
+    ``tokens`` tokens with a fused attention kernel; the layer's is the mean over the model's layers of the
+    count of one layer of each kind (:func:`representative_layers`: linear and softmax attention, dense and
+    expert MLPs; an MoE layer routes with transformers' grouped-mm experts). In fp32 counted on the meta
+    device; with ``bf16`` under ``train.bf16``'s policy (fp32 weights, bf16 autocast, :mod:`.precision`),
+    counted on fake CPU tensors (``FakeTensorMode``: shapes, dtypes and storages, no memory; meta tensors see no
+    autocast) at full size under ``torch.autocast("cpu", torch.bfloat16)``, whose casts of these ops (matmuls to
+    bf16; norms on the fp32 residual stream and the loss's upcast logits in fp32) are CUDA's. Parameters, and
+    their casts (:func:`~mpipe_hf.runtime.memory.weight_copy`: one per step, not a micro's), are left out, as the
     executor's ``measure_memory`` leaves them out."""
     register_fused_attention()
     counted = copy.deepcopy(config)
     text = counted.get_text_config()
-    text.num_hidden_layers = 1
+    kinds = representative_layers(text)
+    _static_rope(text)
+    text.num_hidden_layers = max(kinds) + 1  # the layers up to the last representative, no more
     if getattr(text, "layer_types", None):
-        text.layer_types = text.layer_types[:1]
+        text.layer_types = text.layer_types[:text.num_hidden_layers]
     model = meta_model(counted)
     model.get_decoder().config._attn_implementation = FUSED_ATTENTION
+    if num_experts(text) and model.config._experts_implementation != "grouped_mm":
+        model.set_experts_implementation("grouped_mm")  # eager's routing reads counts back: no meta kernel
     if not bf16:
-        return _count(model, text, tokens, "meta", contextlib.nullcontext())
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode(allow_non_fake_inputs=True):  # meta parameters in, fake CPU ones out
-        model.to_empty(device="cpu")
-        return _count(model, text, tokens, "cpu", torch.autocast("cpu", dtype=torch.bfloat16))
+        layers, head = _count(model, text, tokens, list(kinds), "meta", contextlib.nullcontext())
+    else:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode(allow_non_fake_inputs=True):  # meta parameters in, fake CPU ones out
+            model.to_empty(device="cpu")
+            layers, head = _count(model, text, tokens, list(kinds), "cpu",
+                                  torch.autocast("cpu", dtype=torch.bfloat16))
+    total = sum(kinds[i] * b for i, b in zip(kinds, layers))
+    return round(total / sum(kinds.values())), head
 
 
-def _count(model, text, tokens: int, device: str, region) -> tuple[int, int]:
-    """:func:`meta_activation_bytes`'s count of ``model`` (one layer) on ``device`` inside ``region``."""
+def _count(model, text, tokens: int, layer_ids: list[int], device: str, region) -> tuple[list[int], int]:
+    """:func:`meta_activation_bytes`'s count of layers ``layer_ids`` of ``model`` and its head, on ``device``
+    inside ``region``."""
     inner = model.get_decoder()
     params = storage_ids(model.parameters())
     hidden = torch.empty(1, tokens, text.hidden_size, device=device, requires_grad=True)
@@ -156,42 +212,93 @@ def _count(model, text, tokens: int, device: str, region) -> tuple[int, int]:
     if "mrope_section" in (getattr(text, "rope_parameters", None) or {}):
         positions = positions.expand(3, 1, tokens)
     labels = torch.zeros(1, tokens, dtype=torch.long, device=device)
-    with region:
-        rope = inner.rotary_emb(hidden, positions)
-        layer = saved_bytes(lambda: inner.layers[0](hidden, attention_mask=None, position_embeddings=rope,
-                                                    position_ids=None), params)
+    per_type = "layer_type" in inspect.signature(inner.rotary_emb.forward).parameters  # Gemma 3: one per type
+    types = layer_types(text)
+    with region, _experts_fallback():
+        layers = []
+        for i in layer_ids:
+            rope = inner.rotary_emb(hidden, positions, types[i]) if per_type else inner.rotary_emb(hidden, positions)
+            layers.append(saved_bytes(lambda: inner.layers[i](hidden, attention_mask=None, position_embeddings=rope,
+                                                              position_ids=None), params))
         head = saved_bytes(lambda: model.loss_function(logits=model.lm_head(inner.norm(hidden)), labels=labels,
                                                        vocab_size=text.vocab_size), params)
-    return layer, head
+    return layers, head
+
+
+VISION_TOWERS = ("visual", "vision_tower", "vision_model")  # Qwen-VL, GLM-4V | LLaVA, InternVL, Gemma 3 | Idefics3
+PROJECTORS = ("multi_modal_projector", "connector")  # outside the tower (LLaVA, InternVL, Gemma 3 | Idefics3)
+
+
+def vision_parts(model, model_type: str | None = None) -> list[int]:
+    """Parameters (elements) of ``P``'s vision parts, the tower first: the FQNs ``model_type``'s family declares
+    (:attr:`~mpipe_hf.models.family.Family.vision`: tower, projector, bare parameters); for a family without
+    that declaration, the outermost module named one of :data:`VISION_TOWERS` and the first named one of
+    :data:`PROJECTORS` (the projector into the text model's width when the tower does not hold it).
+
+    Raises:
+        ValueError: no declared FQN and no module of ``model`` has a tower's name.
+    """
+    fqns = list(getattr(FAMILIES.get(model_type), "vision", ()) or ())
+    if not fqns:
+        named = [(name, name.rsplit(".", 1)[-1]) for name, _ in model.named_modules()]
+        towers = [name for name, last in named if last in VISION_TOWERS]
+        if not towers:
+            raise ValueError(f"{type(model).__name__}: no vision tower (a module named one of {VISION_TOWERS})")
+        fqns = towers[:1] + [name for name, last in named if last in PROJECTORS][:1]
+    params = list(model.named_parameters())
+    return [sum(p.numel() for n, p in params if n == fqn or n.startswith(fqn + ".")) for fqn in fqns]
+
+
+def _side(value) -> int:
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
+def patches_per_image_token(config) -> float:
+    """How many patches the tower encodes per image token the decoder sees: ``spatial_merge_size**2`` (Qwen2-VL
+    to Qwen3.5, GLM-4V merge 2x2 patches), ``1 / downsample_ratio**2`` (InternVL's pixel shuffle),
+    ``scale_factor**2`` (Idefics3, SmolVLM), patches per image over ``mm_tokens_per_image`` (Gemma 3 pools), else
+    1 (LLaVA: a token per patch)."""
+    vision = config.vision_config
+    if getattr(vision, "spatial_merge_size", None):
+        return float(vision.spatial_merge_size ** 2)
+    if getattr(config, "downsample_ratio", None):
+        return 1.0 / config.downsample_ratio ** 2
+    if getattr(config, "scale_factor", None):
+        return float(config.scale_factor ** 2)
+    if getattr(config, "mm_tokens_per_image", None):
+        return (_side(vision.image_size) // _side(vision.patch_size)) ** 2 / config.mm_tokens_per_image
+    return 1.0
 
 
 def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float = 989.0, mfu: float = 0.4,
                      bandwidth_gbps: float = 400.0, bf16: bool = False) -> Profile:
     """A :class:`~mpipe_hf.schedule.tune.Profile` from the config alone, for sizing before any hardware runs:
-    compute times from the matmul FLOPs (``2 * weights * tokens`` forward, twice that backward) at ``tflops``
-    peak and ``mfu`` utilisation, the tower's from its weights over ``image_tokens * spatial_merge_size**2``
-    patches, activation bytes counted on the meta device (:func:`meta_activation_bytes`; the tower's scaled from a
-    text layer's per token and hidden unit, a rough figure), and links at ``bandwidth_gbps`` GB/s. With ``bf16``
+    compute times from the matmul FLOPs (``2 * weights * tokens`` forward, twice that backward; a layer's
+    weights are the mean of :func:`~mpipe_hf.models.costs.layer_costs`, the active ones of an MoE layer) at
+    ``tflops`` peak and ``mfu`` utilisation, the tower's from its weights over ``image_tokens *
+    patches_per_image_token`` patches and its projector's (:func:`vision_parts`) over ``image_tokens``,
+    activation bytes counted on the meta device (:func:`meta_activation_bytes`; the tower's scaled from a text
+    layer's per token and hidden unit, a rough figure), and links at ``bandwidth_gbps`` GB/s. With ``bf16``
     (``train.bf16``) the activation bytes are those saved under bf16 autocast (``meta_activation_bytes(...,
-    bf16=True)``); the hidden states between stages stay fp32 (the residual stream is fp32 under autocast).
+    bf16=True)``); the hidden states between stages stay fp32 (the residual stream is fp32 under autocast). A
+    layer's parameter bytes (what a trainable ``P`` sends per text layer) count every expert.
 
     Raises:
-        ValueError: ``tokens`` below 1.
+        ValueError: ``tokens`` below 1; as :func:`~mpipe_hf.models.costs.layer_costs` and :func:`vision_parts`.
     """
     if tokens < 1:
         raise ValueError(f"tokens must be >= 1, got {tokens}")
     text = config.get_text_config()
     layer_w, head_w = matmul_costs(text)
     rate = tflops * 1e12 * mfu
-    vision_w, patches = 0.0, 0
+    shadow = meta_model(config)
+    layer_params = sum(p.numel() for p in shadow.get_decoder().layers.parameters()) / text.num_hidden_layers
+    vision_w, vision_mm, patches, tower_act = 0.0, 0.0, 0.0, 0.0
     if hasattr(config, "vision_config"):
-        tower = meta_model(config)
-        vision = next(m for name, m in tower.named_modules() if name.endswith(("visual", "vision_tower")))
-        vision_w = float(sum(p.numel() for p in vision.parameters()))
-        merge = getattr(config.vision_config, "spatial_merge_size", 1)
-        patches = image_tokens * merge * merge
+        sizes = [float(n) for n in vision_parts(shadow, config.model_type)]
+        patches = image_tokens * patches_per_image_token(config)
+        vision_w, vision_mm = sum(sizes), sizes[0] * patches + sum(sizes[1:]) * image_tokens  # projector: per token
     layer_act, head_act = meta_activation_bytes(config, tokens, bf16)
-    tower_act = 0.0
     if patches:  # as many bytes per element and block as a text layer saves per token and hidden unit (rough)
         per_unit = layer_act / (tokens * text.hidden_size)
         vision = config.vision_config
@@ -200,12 +307,12 @@ def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float =
         tower_act = per_unit * depth * patches * width
     return Profile(
         num_layers=text.num_hidden_layers, layer_forward_s=2 * layer_w * tokens / rate,
-        layer_backward_s=4 * layer_w * tokens / rate, preprocess_forward_s=2 * vision_w * patches / rate,
-        preprocess_backward_s=4 * vision_w * patches / rate, head_forward_s=2 * head_w * tokens / rate,
+        layer_backward_s=4 * layer_w * tokens / rate, preprocess_forward_s=2 * vision_mm / rate,
+        preprocess_backward_s=4 * vision_mm / rate, head_forward_s=2 * head_w * tokens / rate,
         head_backward_s=4 * head_w * tokens / rate, activation_bytes=4.0 * tokens * text.hidden_size,
         feature_bytes=4.0 * image_tokens * text.hidden_size, layer_activation_bytes=float(layer_act),
         head_activation_bytes=float(head_act), preprocess_activation_bytes=float(tower_act),
-        layer_param_bytes=4.0 * layer_w,
+        layer_param_bytes=4.0 * layer_params,
         preprocess_param_bytes=4.0 * vision_w, bandwidth_bytes_per_s=bandwidth_gbps * 1e9, latency_s=2e-5)
 
 

@@ -33,7 +33,8 @@ def state_bytes(model, optimizer) -> dict:
 
 def step_row(step: int, stats, grad_norm: float, lr: float, skipped: int) -> dict:
     """The metrics row of step ``step`` (0-based): loss, gradient norm, learning rate, label tokens/s, bubble,
-    step time and peak activation (and device) memory, the per-rank figures as lists."""
+    step time and peak activation (and device) memory, the per-rank figures as lists; ``aux_loss`` (the MoE
+    load-balancing term included in ``loss``) for a model that has one."""
     row = {"step": step + 1, "loss": stats.loss, "grad_norm": grad_norm, "learning_rate": lr,
            "tokens_per_s": round(stats.num_tokens / stats.wall_s, 1), "bubble": round(stats.bubble, 3),
            "step_s": round(stats.wall_s, 3), "bubble_per_rank": stats.rank_bubble,
@@ -43,6 +44,8 @@ def step_row(step: int, stats, grad_norm: float, lr: float, skipped: int) -> dic
            "skipped_steps": skipped}
     if stats.rank_device_bytes:
         row["peak_device_mib_per_rank"] = [round(b / 2 ** 20, 1) for b in stats.rank_device_bytes]
+    if stats.aux_loss is not None:  # the MoE load-balancing term inside ``loss`` (mpipe_hf.models.moe)
+        row["aux_loss"] = stats.aux_loss
     return row
 
 

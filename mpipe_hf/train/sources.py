@@ -16,7 +16,7 @@ from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, 
 
 from ..data import ConversationCollator, ConversationDataset, TextCollator, build_processor, image_processor_for
 from ..data.conversation import Source, dropped_warning, load_sources
-from ..data.processor import QWEN_PROCESSORS
+from ..data.processor import PIXEL_BOUNDED_TYPES
 from ..models import get_family, split
 from ..models.adapters import ADAPTER, check_adapted
 from ..models.load import split_checked, split_from_checkpoint, split_from_config
@@ -75,7 +75,7 @@ def load_processor(recipe: Recipe, config):
     if saved:  # the recipe's pixel bounds win over the checkpoint's (size, and min/max_pixels where it has them)
         size = ({"size": {"shortest_edge": recipe.data.min_pixels, "longest_edge": recipe.data.max_pixels},
                  "min_pixels": recipe.data.min_pixels, "max_pixels": recipe.data.max_pixels}
-                if config.model_type in QWEN_PROCESSORS else {})
+                if config.model_type in PIXEL_BOUNDED_TYPES else {})
         image_processor = AutoImageProcessor.from_pretrained(recipe.model.name_or_path, **size)
     else:
         image_processor = image_processor_for(config, recipe.data.min_pixels, recipe.data.max_pixels)

@@ -103,7 +103,20 @@ def tiny_configs(tokenizer) -> dict:
         "llama": tiny.tiny_causal_lm_config(tokenizer, "llama", num_layers=n),
         "qwen2": tiny.tiny_causal_lm_config(tokenizer, "qwen2", num_layers=n),
         "qwen3-tied": tiny.tiny_causal_lm_config(tokenizer, "qwen3", num_layers=n, tie_word_embeddings=True),
+        **new_family_configs(tokenizer),
     }
+
+
+def new_family_configs(tokenizer) -> dict:
+    """The families of issue 29 (the generic splitter's declarations), by model type, at :data:`NUM_LAYERS`."""
+    from mpipe_hf.models.tiny_vlms import TINY_VLMS
+    n = NUM_LAYERS
+    return {"qwen3_5": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n),
+            "qwen3_5_moe": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n, moe=True),
+            "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config(tokenizer, num_layers=n),
+            "glm4v": tiny.tiny_glm4v_config(tokenizer, num_layers=n),
+            "glm4v_moe": tiny.tiny_glm4v_config(tokenizer, num_layers=n, moe=True),
+            **{name: build(tokenizer, num_layers=n) for name, build in TINY_VLMS.items()}}
 
 
 def build_fixture(path: str) -> None:
@@ -114,7 +127,7 @@ def build_fixture(path: str) -> None:
     configs = tiny_configs(tokenizer)
     pools = make_vl_pools(collator(configs["vl"], tokenizer))
     pools["text"] = make_text_pool(tokenizer)
-    for name in ("qwen2_vl", "qwen3_vl", "llava", "llava-full"):
+    for name in ("qwen2_vl", "qwen3_vl", "llava", "llava-full", *new_family_configs(tokenizer)):
         pools[f"ragged-{name}"] = make_ragged_pool(collator(configs[name], tokenizer))
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
 

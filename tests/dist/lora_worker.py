@@ -8,11 +8,13 @@ loads its share with the trainer's own ``load_share`` (the adapter put in by pef
 split), and runs ``steps`` AdamW steps as ``mpipe-hf train`` does (``run_step``, ``clip_grad_norm``, the
 optimizer and LR schedule of ``train``), keeping every step's adapter gradients. Rank 0 then trains the reference:
 the unsplit model (``from_pretrained`` or ``from_config`` with the recipe's seed) through ``peft.get_peft_model``
-with a ``LoraConfig`` built here from the recipe's fields, over the same micro-batches, with the HF Trainer's
-order of operations. ``repeat``: the pipelined run is done twice from a fresh load (the second run's losses and
-gradients are reported, to check determinism). ``reload``: the adapter is saved with ``save_adapter`` and the
-merged weights with ``merged_state``; rank 0 loads them with ``PeftModel.from_pretrained`` and
-``from_pretrained`` and reports the logit differences against the trained reference.
+with a ``LoraConfig`` built here from the recipe's fields (``target_parameters`` included), over the same
+micro-batches, with the HF Trainer's order of operations (an MoE model's load-balancing term added per micro,
+weighted by its label tokens, as the pipeline's loss holds it). ``repeat``: the pipelined run is done twice
+from a fresh load (the second run's losses and gradients are reported, to check determinism). ``reload``: the
+adapter is saved with ``save_adapter`` and the merged weights with ``merged_state``; rank 0 loads them with
+``PeftModel.from_pretrained`` and ``from_pretrained`` and reports the logit differences against the trained
+reference, and the saved keys.
 
 Each rank writes OUT_DIR/rank{r}.json.
 """
@@ -27,6 +29,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from accelerate.utils import set_seed
+from safetensors import safe_open
 
 from common import run_cases
 from mpipe_hf.data import MicroBatchPlan
@@ -94,7 +97,9 @@ def reference(recipe, steps):
     model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
                                             target_modules=lora.target_modules, exclude_modules=lora.exclude_modules,
                                             modules_to_save=lora.modules_to_save, use_rslora=lora.use_rslora,
-                                            init_lora_weights=lora.init_lora_weights))
+                                            init_lora_weights=lora.init_lora_weights,
+                                            **({"target_parameters": lora.target_parameters}
+                                               if lora.target_parameters else {})))
     model.train()
     set_seed(opt.seed)
     plan = plan_of(recipe, None, config)
@@ -113,8 +118,12 @@ def reference(recipe, steps):
         total = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
         loss_sum = 0.0
         for mb in micros:
-            logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
-            loss = model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab, num_items_in_batch=total)
+            out = model(**{k: v for k, v in mb.items() if k != "labels"})
+            loss = model.loss_function(logits=out.logits, labels=mb["labels"], vocab_size=vocab,
+                                       num_items_in_batch=total)
+            if getattr(out, "aux_loss", None) is not None:  # MoE: HF's load-balancing term, token-weighted
+                tokens = int((mb["labels"][..., 1:] != -100).sum())
+                loss = loss + config.get_text_config().router_aux_loss_coef * out.aux_loss * tokens / total
             loss.backward()
             loss_sum += loss.detach().item()
         params = [p for _, p in named]
@@ -154,6 +163,8 @@ def reload_check(recipe, carved, rank, group, out_dir, name, ref_model, micro):
         with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
             out["adapter_config"] = json.load(f)
         out["adapter_files"] = sorted(os.listdir(adapter_dir))
+        with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
+            out["adapter_keys"] = sorted(f.keys())
     dist.barrier(group=group)
     return out
 

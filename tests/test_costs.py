@@ -1,0 +1,199 @@
+"""``mpipe_hf.models.costs`` against the real HF decoder layers: for scaled-down real configs of every attention
+and MLP kind (softmax, sliding, gated softmax, Gated DeltaNet, multi-head latent attention; dense, routed and
+shared experts, dense-first and interleaved sparse layers), each layer's cost equals the weights counted on the
+module built on the meta device; and the plan's activation count of such models against their real layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, DeepseekV3Config,
+                          Gemma3TextConfig, Glm4vMoeTextConfig, InternVLConfig, Llama4TextConfig, Qwen3_5MoeTextConfig,
+                          Qwen3_5TextConfig, Qwen3VLMoeConfig, Qwen3VLMoeTextConfig)
+
+from mpipe_hf.models import get_family
+from mpipe_hf.models.costs import layer_costs, matmul_costs
+from mpipe_hf.models.load import meta_model
+from mpipe_hf.runtime.memory import saved_bytes, storage_ids
+from mpipe_hf.schedule import ScheduleConfig
+from mpipe_hf.train.plan import (estimate_profile, meta_activation_bytes, patches_per_image_token, plan,
+                                 register_fused_attention, vision_parts)
+
+# every width distinct, so a field read in the wrong place changes the count
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=12, linear_value_head_dim=10,
+              linear_conv_kernel_dim=3)
+ROPE = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1]}
+CONFIGS = {
+    "qwen3_5": lambda: Qwen3_5TextConfig(
+        vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=20, layer_types=["linear_attention", "full_attention"] * 2, **LINEAR),
+    "qwen3_5_moe": lambda: Qwen3_5MoeTextConfig(
+        vocab_size=97, hidden_size=48, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=20, moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=6,
+        num_experts_per_tok=2, layer_types=["linear_attention", "linear_attention", "full_attention",
+                                            "linear_attention"], **LINEAR),
+    "qwen3_vl_moe": lambda: Qwen3VLMoeTextConfig(
+        vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=5, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=20, moe_intermediate_size=24, num_experts=6, num_experts_per_tok=3,
+        decoder_sparse_step=2, mlp_only_layers=[3], rope_parameters=ROPE),
+    "glm4v_moe": lambda: Glm4vMoeTextConfig(
+        vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=3, num_attention_heads=6,
+        num_key_value_heads=2, moe_intermediate_size=24, n_routed_experts=5, num_experts_per_tok=2,
+        n_shared_experts=2, first_k_dense_replace=1, rope_parameters={**ROPE, "partial_rotary_factor": 0.5}),
+    "gemma3": lambda: Gemma3TextConfig(
+        vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=20, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    "deepseek_v3": lambda: DeepseekV3Config(
+        vocab_size=97, hidden_size=48, intermediate_size=88, moe_intermediate_size=24, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+        topk_group=1, first_k_dense_replace=1, n_shared_experts=1, q_lora_rank=20, kv_lora_rank=14,
+        qk_rope_head_dim=6, qk_nope_head_dim=10, v_head_dim=12),
+    "deepseek_v3_no_q_lora": lambda: DeepseekV3Config(
+        vocab_size=97, hidden_size=48, intermediate_size=88, moe_intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+        topk_group=1, first_k_dense_replace=1, n_shared_experts=1, q_lora_rank=None, kv_lora_rank=14,
+        qk_rope_head_dim=6, qk_nope_head_dim=10, v_head_dim=12),
+}
+
+
+def counted_layer_weights(layer: nn.Module) -> float:
+    """Weights one token multiplies by in ``layer``, from the module alone: every ``nn.Linear`` and ``nn.Conv1d``
+    weight and every other parameter of two or more dimensions (routers), with a fused expert tensor
+    ``(experts, ...)`` counted ``top_k / experts`` (``top_k`` from the layer's router module)."""
+    top_k = {m.top_k for m in layer.modules() if hasattr(m, "top_k")}
+    assert len(top_k) <= 1
+    total = 0.0
+    for module in layer.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if isinstance(module, (nn.Linear, nn.Conv1d)):
+                total += p.numel() if name == "weight" else 0
+            elif p.dim() == 3:  # fused experts: (num_experts, out, in)
+                total += p.numel() * next(iter(top_k)) / p.shape[0]
+            elif p.dim() == 2:
+                total += p.numel()
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_layer_costs_equal_the_weights_of_the_real_layers(name):
+    config = CONFIGS[name]()
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    expected = [counted_layer_weights(layer) for layer in model.layers]
+    assert layer_costs(config) == pytest.approx(expected, rel=1e-12)
+    layer, head = matmul_costs(config)
+    assert layer == pytest.approx(sum(expected) / len(expected))
+    assert head == config.hidden_size * config.vocab_size
+
+
+def test_layer_kinds_differ_where_the_config_says():
+    """The tiny configs above do reach both kinds of layer they name (else the equality proves less)."""
+    qwen35, vl_moe, deepseek = (layer_costs(CONFIGS[n]()) for n in ("qwen3_5", "qwen3_vl_moe", "deepseek_v3"))
+    assert qwen35[0] != qwen35[1] and qwen35[0] == qwen35[2]           # linear vs full attention
+    assert vl_moe[0] == vl_moe[3] != vl_moe[1]                        # dense (odd step, mlp_only) vs sparse
+    assert deepseek[0] != deepseek[1] == deepseek[2]                  # first_k_dense_replace
+
+
+def test_unknown_moe_layout_and_layer_type_are_refused():
+    llama4 = Llama4TextConfig(hidden_size=48, intermediate_size=24, intermediate_size_mlp=88, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, num_local_experts=4)
+    with pytest.raises(ValueError, match="moe_intermediate_size"):  # its experts' width is intermediate_size
+        layer_costs(llama4)
+    config = CONFIGS["gemma3"]()
+    config.layer_types = ["sliding_attention", "mamba", "full_attention"]
+    with pytest.raises(ValueError, match="mamba"):
+        layer_costs(config)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "deepseek_v3", "gemma3"])
+def test_planned_layer_activations_are_the_mean_of_the_real_layers(name):
+    """``meta_activation_bytes`` (one layer of each kind, on the meta device, experts through transformers'
+    grouped-mm fallback) is the mean over all layers of the bytes each real layer saves on CPU with real
+    routing (the fused-attention stand-in in both), so hybrid and dense-first models are not sized by layer 0."""
+    tokens = 24
+    config = CONFIGS[name]()
+    if name == "qwen3_vl_moe":  # its text config has no causal LM of its own
+        config = Qwen3VLMoeConfig(text_config=config.to_dict(), vision_config=dict(
+            depth=1, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=48,
+            deepstack_visual_indexes=[]))
+    config._attn_implementation = register_fused_attention()
+    torch.manual_seed(0)
+    model = (AutoModelForImageTextToText if name == "qwen3_vl_moe" else AutoModelForCausalLM).from_config(config)
+    inner = model.get_decoder()
+    config = config.get_text_config()
+    params = storage_ids(model.parameters())
+    hidden = torch.randn(1, tokens, config.hidden_size, requires_grad=True)
+    positions = torch.arange(tokens).unsqueeze(0)
+    if "mrope_section" in (config.rope_parameters or {}):
+        positions = positions.expand(3, 1, tokens)
+    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    saved = []
+    for layer, layer_type in zip(inner.layers, types):
+        rope = inner.rotary_emb(hidden, positions, layer_type) if name == "gemma3" else inner.rotary_emb(hidden,
+                                                                                                        positions)
+        saved.append(saved_bytes(lambda: layer(hidden, attention_mask=None, position_embeddings=rope), params))
+    planned, _ = meta_activation_bytes(model.config, tokens)
+    mean = sum(saved) / len(saved)
+    print(name, saved, planned)
+    # exact but for Gated DeltaNet's reference kernel, whose freed temporaries let a storage key be reused (a
+    # few KB either way, on meta and CPU alike); the layer kinds differ by far more than that
+    assert planned == pytest.approx(mean, rel=0.03)
+    if max(saved) > 1.1 * min(saved):
+        assert planned != pytest.approx(saved[0], rel=0.03)
+
+
+def test_moe_plan_times_the_routed_experts_and_holds_them_all():
+    """``estimate_profile`` times a layer by its active weights (router, ``top_k`` experts) and sends a layer's
+    parameters with every expert; ``plan`` holds, trains and keeps AdamW moments for every expert."""
+    text = CONFIGS["qwen3_vl_moe"]().to_dict()  # to_dict names the experts num_local_experts
+    text.update(num_local_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[])
+    config = Qwen3VLMoeConfig(text_config=text, vision_config=dict(
+        depth=1, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=48, deepstack_visual_indexes=[]))
+    tokens, rate = 64, 1e12
+    profile = estimate_profile(config, tokens, 16, tflops=1.0, mfu=1.0)
+    active = layer_costs(config.text_config)
+    assert profile.layer_forward_s == pytest.approx(2 * tokens * sum(active) / len(active) / rate)
+    model = meta_model(config)
+    layers = model.get_decoder().layers
+    stored = sum(p.numel() for p in layers.parameters()) / len(layers)
+    assert profile.layer_param_bytes == pytest.approx(4 * stored)
+    fused = [p for p in layers[0].parameters() if p.dim() == 3]
+    assert fused[0].shape[0] == 8
+    assert stored - max(active) >= (1 - 2 / 8) * sum(p.numel() for p in fused)  # 6 of 8 experts idle a token
+    cfg = ScheduleConfig(2, 1, 4, "frozen")
+    result = plan(config, cfg, profile, get_family(config.model_type).layer_counts(config, cfg))
+    tower = sum(p.numel() for n, p in model.named_parameters() if n.startswith("model.visual."))
+    trained = sum(p.numel() for p in model.parameters()) - tower
+    assert sum(r.optimizer_bytes for r in result.ranks) == 8 * trained
+    assert sum(r.grad_bytes for r in result.ranks) == 4 * trained
+
+
+VLM_CLASSES = ("InternVLConfig", "Gemma3Config", "Idefics3Config", "SmolVLMConfig", "Glm4vConfig", "Glm4vMoeConfig",
+               "Qwen3_5Config", "Qwen3_5MoeConfig", "Qwen3VLMoeConfig", "LlavaConfig", "Qwen2_5_VLConfig")
+
+
+@pytest.mark.parametrize("name", VLM_CLASSES)
+def test_the_plan_finds_every_familys_tower(name):
+    """The tower (and projector) the plan times and sends is what the family declares (``Family.vision``), and
+    the name-based search for an undeclared family finds the same modules; both on the default config of each
+    class with one decoder layer and one tower block (meta device)."""
+    import transformers
+    config = getattr(transformers, name)()
+    text, vision = config.get_text_config(), config.vision_config
+    text.num_hidden_layers = 1
+    if getattr(text, "layer_types", None):
+        text.layer_types = text.layer_types[:1]
+    setattr(vision, "depth" if hasattr(vision, "depth") else "num_hidden_layers", 1)
+    model = meta_model(config)
+    declared = vision_parts(model, config.model_type)
+    assert declared[0] > 0 and declared[:2] == vision_parts(model)
+    assert patches_per_image_token(config) > 0  # (default Gemma3Config pairs 196 patches with 256 tokens)
+
+
+def test_internvl_patches_per_token_is_its_image_sequence():
+    """InternVL's pixel shuffle: the patches of a 448 px tile over ``image_seq_length`` tokens."""
+    config = InternVLConfig()
+    side = config.vision_config.image_size[0] // config.vision_config.patch_size[0]
+    assert patches_per_image_token(config) == side * side / config.image_seq_length
