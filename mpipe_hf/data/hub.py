@@ -36,14 +36,17 @@ CHATML_END_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the Qwen checkpoints stop
 
 def stock_processor_class(processor) -> str:
     """The name of the ``transformers`` processor class that ``processor`` is or derives from (``Qwen2_5_VLProcessor``
-    for :func:`mpipe_hf.data.build_processor`'s image-only subclass), the name ``AutoProcessor`` resolves.
+    for :func:`mpipe_hf.data.build_processor`'s image-only subclass), or that it stands in for (its class's
+    ``stock_class_name``: Mistral 3's without torchvision), the name ``AutoProcessor`` resolves.
 
     Raises:
-        TypeError: no class in ``type(processor).__mro__`` comes from ``transformers``.
+        TypeError: no class in ``type(processor).__mro__`` comes from ``transformers`` and none is named.
     """
     for cls in type(processor).__mro__:
         if cls.__module__.startswith("transformers.models."):
             return cls.__name__
+    if getattr(type(processor), "stock_class_name", None):
+        return type(processor).stock_class_name
     raise TypeError(f"{type(processor).__name__} derives from no transformers processor class")
 
 

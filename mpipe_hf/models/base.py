@@ -14,11 +14,12 @@ from ..schedule.layout import balanced_layers, check_layers_per_stage, cost_bala
 
 
 def plan_layers(num_layers: int, cfg: ScheduleConfig, layers_per_stage: list[int] | None,
-                text_layers: int, costs: tuple[float, float] | None = None) -> list[int]:
+                text_layers: int, costs: tuple[float | list[float], float] | None = None) -> list[int]:
     """Decoder layers per stage, with ``text_layers`` checked against stage 0's first chunk: ``P`` takes the first
     ``T`` layers out of stage 0 (SPEC.md, "Terms"). ``layers_per_stage`` when given; else balanced by cost
     (:func:`~mpipe_hf.schedule.layout.cost_balanced_layers`) with ``costs = (decoder layer, LM head)`` per token
-    (:func:`~.costs.matmul_costs`), or by count when ``costs`` is ``None``.
+    (the layer's cost one for all, or each layer's: :func:`~.costs.layer_costs`), or by count when ``costs`` is
+    ``None``.
 
     Raises:
         ValueError: more stages than layers, a bad ``layers_per_stage``, a negative ``text_layers``, one larger

@@ -24,7 +24,7 @@ from torch import nn
 from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
 from .base import SplitModel, assemble, plan_layers, stage_layer_ids, tied_lm_head
-from .costs import matmul_costs
+from .costs import layer_costs, matmul_costs
 from .decoder import CARRIED_KEYS, LMHead, decoder_stage, layer_type_masks
 from .deepstack import DEEPSTACK_KEYS, DeepStackStage, deepstack_layers
 from .family import Family, ImageFeatures, ImageFront
@@ -47,8 +47,9 @@ def layer_counts(family: Family, config, cfg: ScheduleConfig, layers_per_stage: 
         raise ValueError(f"a decoder-only LM transposes the embedding and the first text_layers decoder layers: "
                          f"text_layers must be >= 1 with preprocess {cfg.preprocess!r}, or use preprocess "
                          f"'identity' (T = 0)")
-    text = config.get_text_config()
-    return plan_layers(text.num_hidden_layers, cfg, layers_per_stage, text_layers, matmul_costs(text))
+    text = config.get_text_config()  # each layer's own cost: linear and full attention, dense and MoE differ
+    return plan_layers(text.num_hidden_layers, cfg, layers_per_stage, text_layers,
+                       (layer_costs(text), matmul_costs(text)[1]))
 
 
 def _positions(family: Family):

@@ -44,17 +44,20 @@ def stage0_layers(num_layers: int, num_stages: int, keep: int) -> list[int]:
     return [keep] + balanced_layers(num_layers - keep, num_stages - 1)
 
 
-def stage_costs(counts: list[int], layer_cost: float, first_cost: float = 0.0, last_cost: float = 0.0,
-                text_layers: int = 0) -> list[float]:
+def stage_costs(counts: list[int], layer_cost: float | list[float], first_cost: float = 0.0,
+                last_cost: float = 0.0, text_layers: int = 0) -> list[float]:
     """Compute per micro-batch of each stage: its layers (stage 0's first ``text_layers`` run in ``P`` instead),
-    plus ``first_cost`` on stage 0 and ``last_cost`` on the last stage."""
-    costs = [c * layer_cost for c in counts]
-    costs[0] += first_cost - text_layers * layer_cost
+    plus ``first_cost`` on stage 0 and ``last_cost`` on the last stage. ``layer_cost`` is one cost for every
+    layer, or a list of each layer's in order (hybrid and dense-first MoE models)."""
+    per_layer = list(layer_cost) if isinstance(layer_cost, (list, tuple)) else [layer_cost] * sum(counts)
+    starts = [sum(counts[:s]) for s in range(len(counts))]
+    costs = [sum(per_layer[a:a + n]) for a, n in zip(starts, counts)]
+    costs[0] += first_cost - sum(per_layer[:text_layers])
     costs[-1] += last_cost
     return costs
 
 
-def cost_balanced_layers(num_layers: int, pp_size: int, vpp: int = 1, layer_cost: float = 1.0,
+def cost_balanced_layers(num_layers: int, pp_size: int, vpp: int = 1, layer_cost: float | list[float] = 1.0,
                          first_cost: float = 0.0, last_cost: float = 0.0, text_layers: int = 0) -> list[int]:
     """Layers per stage balanced by cost, not by count: the embedding (``first_cost``, stage 0) and the LM head
     with its loss (``last_cost``, the last stage) count as the compute they take, in the same unit as
