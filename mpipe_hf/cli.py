@@ -106,8 +106,10 @@ def _plan(args) -> None:
     recipe = load_recipe(args.recipe)  # before the trainer's imports: a bad recipe fails at once
     from .schedule.tune import Profile
     from .train.plan import estimate_profile, plan
+    from .models import get_family
     from .train.trainer import check_layout, load_config
     config = load_config(recipe.model)
+    get_family(config.model_type)  # an unsupported model_type is refused before the cost model reads its config
     path = args.profile or recipe.parallel.profile
     if path:
         profile, source = Profile.load(path), f"profile {path}"

@@ -52,7 +52,7 @@ ERROR_CASES = [
 ROW_CASES = [make_case("vision", 4, 1, 4, "trainable", bad_rows=True, accumulate=2)]
 FAMILY_CASES = family_cases()
 # the MoE load-balancing loss in the HF Trainer's order (each micro's own loss: what MPipeTrainer runs for them)
-MOE_CASES = [c for c in FAMILY_CASES if c["family"] in ("qwen3_vl_moe", "qwen3_5_moe")] + family_cases(
+MOE_CASES = [c for c in FAMILY_CASES if c["family"] in ("qwen3_vl_moe", "qwen3_5_moe", "glm4v_moe")] + family_cases(
     MOE_ORDER_SPECS, order="micro")
 FILL_CASES = [make_case("vision", 4, 2, 8, "frozen", placement="fill", steps=3, lookahead=True),
               make_case("vl-text", 3, 1, 5, "frozen", placement="fill", overflow="min", accumulate=2,

@@ -142,8 +142,9 @@ def tiny_qwen3_vl_moe_config(tokenizer, num_layers: int = 8, hidden_size: int = 
 
 def tiny_glm4v_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, moe: bool = False):
     """A ``Glm4vConfig`` (``moe``: ``Glm4vMoeConfig``, GLM-4.5V: the first layer dense, then 4 routed experts, 2
-    active, one shared): 14-px patches on a 56-px position grid, M-RoPE sections ``(2, 3, 3)`` of the 16-wide
-    heads' half, the image markers mapped onto the Qwen2 vision tokens."""
+    active, one shared, the load-balancing loss on and weighted 0.01): 14-px patches on a 56-px position grid,
+    M-RoPE sections ``[4, 2, 2]`` of the 16-wide heads' half (``[2, 1, 1]`` with GLM-4.5V's half-rotary heads),
+    the image markers mapped onto the Qwen2 vision tokens."""
     from transformers import Glm4vConfig, Glm4vMoeConfig
     head_dim = hidden_size // HEADS
     half = head_dim // (4 if moe else 2)  # GLM-4.5V rotates half of each head (partial_rotary_factor 0.5)
@@ -154,7 +155,8 @@ def tiny_glm4v_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, moe
     text = _text(tokenizer, num_layers, hidden_size, rope_parameters=rope)
     if moe:
         text.update(moe_intermediate_size=hidden_size, num_experts_per_tok=2, n_routed_experts=4, n_shared_experts=1,
-                    first_k_dense_replace=1, n_group=1, topk_group=1, router_aux_loss_coef=0.01, head_dim=head_dim)
+                    first_k_dense_replace=1, n_group=1, topk_group=1, router_aux_loss_coef=0.01, head_dim=head_dim,
+                    output_router_logits=True)
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, image_size=56,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden_size)
     ids = tokenizer.convert_tokens_to_ids

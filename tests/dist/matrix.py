@@ -161,7 +161,7 @@ FAMILY_SPECS = [
     ("qwen3-tied", "frozen", 1, None), ("qwen3-tied", "trainable", 1, None), ("qwen3-tied", "identity", 0, None),
 ]
 # The families of issue 29, on the generic splitter: a frozen tower at T = 0 and a trainable one at T = 1 each
-# (the full family x preprocess x T grid: python scripts/family_grid.py). Qwen3.5's layout [3, 3, 3, 3] cuts
+# (the full family x preprocess x T grid: python scripts/grad_matrix.py --families). Qwen3.5's layout [3, 3, 3, 3] cuts
 # between linear-attention layer 2 and full-attention layer 3; Qwen3-VL-MoE's relays DeepStack features (layers
 # 0, 1) from stage 0 to stage 1; the MoE families add the load-balancing loss (HF's aux_loss in the reference),
 # once more in the HF Trainer's order (each micro's own loss, "micro"), the order MPipeTrainer picks for them.
