@@ -286,7 +286,19 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
     train``: the losses equal the unsplit model's, and the checkpoint loads with ``from_pretrained`` (no missing
     or unexpected key) and gives the one-process model's logits."""
     os.symlink(demo, tmp_path / "demo")  # the recipes name ../demo/... relative to their folder, recipes/
-    raw = yaml.safe_load(open(path))
+    processor, ref_model, micro = train_like_one_process(tmp_path, yaml.safe_load(open(path)))
+    if "llava" in path:  # LLaVA's processor (patch size, strategy, image token) reloads from the checkpoint
+        from transformers import AutoProcessor
+        reloaded = AutoProcessor.from_pretrained(tmp_path / "out" / "checkpoint")
+        image = Image.new("RGB", (80, 60), "red")
+        a, b = (p(text=["<|image_pad|>\nhi"], images=[image], return_tensors="pt") for p in (reloaded, processor))
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
+
+
+def train_like_one_process(tmp_path, raw):
+    """``mpipe-hf train`` on the recipe ``raw`` (2 steps, eps 1e-6, run in ``tmp_path``) against the unsplit model:
+    equal losses and gradient norms, a checkpoint that ``from_pretrained`` loads to the one-process logits.
+    Returns the processor, the one-process model and one micro-batch."""
     set_keys(raw, max_steps=2, adam_epsilon=EPS, output_dir=str(tmp_path / "out"), timeout_s=120)
     (tmp_path / "recipes").mkdir()
     with open(tmp_path / "recipes" / "recipe.yaml", "w") as f:
@@ -314,12 +326,7 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
         inputs = {k: v for k, v in micro.items() if k != "labels"}
         diff = (loaded(**inputs).logits - ref_model(**inputs).logits).abs().max().item()
     assert diff < 1e-4, diff
-    if "llava" in path:  # LLaVA's processor (patch size, strategy, image token) reloads from the checkpoint
-        from transformers import AutoProcessor
-        reloaded = AutoProcessor.from_pretrained(tmp_path / "out" / "checkpoint")
-        image = Image.new("RGB", (80, 60), "red")
-        a, b = (p(text=["<|image_pad|>\nhi"], images=[image], return_tensors="pt") for p in (reloaded, processor))
-        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
+    return processor, ref_model, micro
 
 
 def test_owner_decodes_only_its_own_rows(demo):
