@@ -34,7 +34,7 @@ def measure(recipe, checkpointing: bool, micros: int):
     plan = MicroBatchPlan(dataset, collate, micros, recipe.data.micro_batch_size)
     sizes, losses = [], []
     for m in range(micros):
-        raw = plan.load(0, m)
+        raw = carved.preprocess.with_host(plan.load(0, m))  # with Qwen-VL's positions, computed at load
         with torch.no_grad():
             feats = carved.preprocess.module(carved.preprocess.inputs(raw))
         outs = []

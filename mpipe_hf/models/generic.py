@@ -57,10 +57,18 @@ def _positions(family: Family):
         ids = inputs["input_ids"]
         return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
     if family.positions == "host":
-        return lambda inputs: inputs["position_ids"]  # computed at load (:mod:`.host_metadata`)
+        return _host_positions
     if family.positions == "arange1":
         return lambda inputs: arange(inputs) + 1  # PaliGemma's positions start at one
     return arange
+
+
+def _host_positions(inputs):
+    """The position ids the owner's host computed at load (:mod:`.host_metadata`)."""
+    if "position_ids" not in inputs:
+        raise ValueError("the micro-batch has no position_ids: this family's positions are computed on the host at "
+                         "load (split.preprocess.with_host(raw), as DATA_LOAD does); run raw micro-batches through it")
+    return inputs["position_ids"]
 
 
 def _part(model: nn.Module, fqn: str) -> nn.Module | nn.Parameter:

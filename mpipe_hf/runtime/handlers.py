@@ -53,6 +53,10 @@ class Preprocess:
         """``P``'s parameters that take a gradient (none for a frozen or identity ``P``)."""
         return [] if self.module is None else [p for p in self.module.parameters() if p.requires_grad]
 
+    def with_host(self, raw: Tensors) -> Tensors:
+        """``raw`` (a micro-batch on the host) with what ``host`` computes from it, as ``DATA_LOAD`` adds it."""
+        return {**raw, **self.host(raw)} if self.host is not None else raw
+
     def inputs(self, raw: Tensors) -> Tensors:
         return {k: raw[k] for k in self.input_keys if k in raw}
 
@@ -275,8 +279,7 @@ def data_load(ctx: StepContext, a: Action) -> None:
     raw = ctx.load(a.micro)
     if "attention_mask" in raw and bool(raw["attention_mask"].all()):  # read on the host, where the loader made it
         raw = {k: v for k, v in raw.items() if k != "attention_mask"}  # HF's "no padding": nothing to read back
-    if ctx.preprocess.host is not None:
-        raw = {**raw, **ctx.preprocess.host(raw)}
+    raw = ctx.preprocess.with_host(raw)
     keep = ctx.preprocess.host_keys
     raw = {k: v if k in keep else to_device(v, ctx.p2p.device) for k, v in raw.items()}
     ctx.data[a.micro] = ctx.preprocess.stage0_inputs(raw)

@@ -156,7 +156,8 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     rows: dict[str, list[float]] = {k: [] for k in ("pf", "pb", "sf", "lf", "lb", "hf", "hb", "ef", "eb")}
     sizes, tower_saved = {}, 0
     for m in range(num_micro + 1):
-        raw = {k: v.to(device) for k, v in plan.load(0, m).items()}
+        host = pre.with_host(plan.load(0, m))  # with what the owner computes at load (Qwen-VL's positions)
+        raw = {k: v if k in pre.host_keys else v.to(device) for k, v in host.items()}
         times, feats = probe.time(raw)
         if m == 0:
             tower_saved = saved_bytes(lambda: pre.module(pre.inputs(raw)),
