@@ -137,6 +137,23 @@ def test_family_micro_batch_trains(model_type, tokenizer):
     vision = [p for n, p in model.named_parameters() if any(k in n for k in ("vision", "visual", "projector",
                                                                                 "connector"))]
     assert vision and any(p.grad is not None and p.grad.abs().sum() > 0 for p in vision)
+    check_at_load(model, batch, image)
+
+
+def check_at_load(model, batch, image):
+    """The family's load-time check (``split(...).validate_micro``) passes the micro-batch and refuses it with one
+    image token lost, before any device sees it (stage 0 would otherwise end a GPU run with a device assert);
+    LLaVA-NeXT/OneVision's anyres counts have no host formula here."""
+    from mpipe_hf.models import split
+    from mpipe_hf.schedule import ScheduleConfig
+    validate = split(model, ScheduleConfig(1, 2, 1, "identity"), 0).validate_micro
+    validate(batch)
+    if model.config.model_type in ("llava_next", "llava_onevision"):
+        return
+    broken = batch["input_ids"].clone()
+    broken[tuple(image.nonzero()[0])] = 0
+    with pytest.raises(ValueError, match="image-token count"):
+        validate({**batch, "input_ids": broken})
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

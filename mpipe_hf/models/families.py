@@ -62,6 +62,47 @@ def validate_llava_micro(model: nn.Module):
     return validate_micro
 
 
+def validate_counted_micro(per_image):
+    """``family.validate`` for a family whose image-token count the host can compute: ``per_image(config) ->
+    count(raw)``, the image tokens a micro's vision inputs expand to. ``validate_micro(raw)`` raises
+    ``ValueError`` when ``input_ids`` holds another count (what stage 0's :func:`~.family.check_count` would
+    otherwise find on the device, where it ends the run)."""
+    def build(model: nn.Module):
+        image_token_id, count = model.config.image_token_id, per_image(model.config)
+
+        def validate_micro(raw: Tensors) -> None:
+            n_tokens = int((raw["input_ids"] == image_token_id).sum())
+            n_feats = count(raw) if "pixel_values" in raw else 0
+            if n_tokens != n_feats:
+                raise ValueError(f"image-token count {n_tokens} (id {image_token_id} in input_ids) differs from "
+                                 f"the {n_feats} image features the micro-batch's images give")
+        return validate_micro
+    return build
+
+
+def _fixed(tokens):
+    """Images (or tiles, ``pixel_values.shape[0]``) x ``tokens(config)``: Gemma 3, PaliGemma, InternVL."""
+    return lambda config: (lambda raw, n=tokens(config): raw["pixel_values"].shape[0] * n)
+
+
+def _idefics_tokens(config):
+    """Real tiles (not all zero, as ``Idefics3Model.get_image_features`` keeps them) x tokens per tile."""
+    side = config.vision_config.image_size // config.vision_config.patch_size
+    per_tile = side * side // config.scale_factor ** 2
+
+    def count(raw):
+        pixels = raw["pixel_values"].flatten(0, 1)
+        real = (pixels != 0).flatten(1).any(1)
+        return int(real.sum()) * per_tile
+    return count
+
+
+def _pixtral_tokens(config):
+    """Mistral 3: ``(h // (patch * merge)) * (w // (patch * merge))`` [IMG] tokens per image (``image_sizes``)."""
+    step = config.vision_config.patch_size * config.spatial_merge_size
+    return lambda raw: int(((raw["image_sizes"] // step).prod(-1)).sum())
+
+
 def model_class_masks(model: nn.Module):
     """Masks from the model class's own ``create_masks_for_generate`` with ``token_type_ids`` (Gemma 3: full
     attention OR a bidirectional block per image, the sliding layers AND their window; transformers'
@@ -82,8 +123,11 @@ def prefix_masks(model: nn.Module):
     sliding = getattr(model.config.get_text_config(), "sliding_window", None) is not None
 
     def masks(text_config, hidden, padding, text_row, state, types) -> dict:
+        # no position_ids: with the all-ones mask dropped at load (padding None) transformers would search them
+        # for packed sequences on the device (a host read per stage and micro); PaliGemma's own call has the
+        # mask, so never searches, and the positions (arange from one) hold no packing to find
         kwargs = dict(config=text_config, inputs_embeds=hidden, attention_mask=padding, cache=None,
-                      position_ids=state["position_ids"])
+                      position_ids=None)
         if state.get("token_type_ids") is not None:
             kwargs["block_sequence_ids"] = torch.where(state["token_type_ids"] == 0, 0, -1)
         out = {"full_attention": create_causal_mask(**kwargs)}
@@ -110,14 +154,19 @@ FAMILIES: dict[str, Family] = {
     "llava_next": Family(vision=TOWER + ("model.image_newline",), image_inputs=("pixel_values", "image_sizes")),
     "llava_onevision": Family(vision=TOWER + ("model.image_newline",),
                               image_inputs=("pixel_values", "image_sizes", "batch_num_images")),
-    "mistral3": Family(vision=TOWER, image_inputs=("pixel_values", "image_sizes")),
-    "internvl": Family(vision=TOWER),
-    "gemma3": Family(vision=TOWER, mask_inputs=("token_type_ids",), masks=model_class_masks),
+    "mistral3": Family(vision=TOWER, image_inputs=("pixel_values", "image_sizes"),
+                        validate=validate_counted_micro(_pixtral_tokens)),
+    "internvl": Family(vision=TOWER, validate=validate_counted_micro(_fixed(lambda c: c.image_seq_length))),
+    "gemma3": Family(vision=TOWER, mask_inputs=("token_type_ids",), masks=model_class_masks,
+                     validate=validate_counted_micro(_fixed(lambda c: c.mm_tokens_per_image))),
     "paligemma": Family(vision=TOWER, mask_inputs=("token_type_ids",), masks=prefix_masks, positions="arange1",
-                        softcap=True),
+                        softcap=True,
+                        validate=validate_counted_micro(_fixed(lambda c: c.text_config.num_image_tokens))),
     "idefics3": Family(text="model.text_model", vision=("model.vision_model", "model.connector"),
-                       image_inputs=("pixel_values", "pixel_attention_mask")),
+                       image_inputs=("pixel_values", "pixel_attention_mask"),
+                       validate=validate_counted_micro(_idefics_tokens)),
     "smolvlm": Family(text="model.text_model", vision=("model.vision_model", "model.connector"),
-                      image_inputs=("pixel_values", "pixel_attention_mask")),
+                      image_inputs=("pixel_values", "pixel_attention_mask"),
+                      validate=validate_counted_micro(_idefics_tokens)),
     "llama": DECODER_ONLY, "qwen2": DECODER_ONLY, "qwen3": DECODER_ONLY,
 }

@@ -58,8 +58,8 @@ from .watchdog import PeerFailed
 __all__ = ["PipelineExecutor", "StepStats"]
 
 
-FIXED = 6  # totals' step-wide slots: loss sum, label tokens, busy, wall, micro means, MoE aux sum
-SUMS = [0, 1, 4, 5]  # the slots the last stage accumulates (StepContext.sums)
+FIXED = 7  # totals' step-wide slots: loss sum, label tokens, busy, wall, micro means, MoE aux sum, micros with aux
+SUMS = [0, 1, 4, 5, 6]  # the slots the last stage accumulates (StepContext.sums)
 _REPLICATED = 0  # executors built with data parallelism so far (names their shared error key)
 
 
@@ -342,7 +342,7 @@ class PipelineExecutor:
         finally:
             ctx.clear()
         values = totals.tolist()
-        loss_sum, num_tokens, busy, wall_sum, micro_means, aux_sum = values[:FIXED]
+        loss_sum, num_tokens, busy, wall_sum, micro_means, aux_sum, aux_micros = values[:FIXED]
         busy_r, wall_r, saved_r, device_r = (values[FIXED + k * world:FIXED + (k + 1) * world] for k in range(4))
         rank_bubble = [round(1.0 - b / w, 4) if w else 0.0 for b, w in zip(busy_r, wall_r)]
         activation_bytes = [int(v) for v in saved_r] if self.measure_memory else []
@@ -374,4 +374,4 @@ class PipelineExecutor:
         aux = aux_sum / (num_micro * replicas) if self.per_micro else aux_sum / num_tokens
         return StepStats(loss, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
                          run.peak, rank_bubble, activation_bytes, device_bytes, wall_r, *self.dropped,
-                         aux_loss=aux if aux_sum else None)  # no router: no sum
+                         aux_loss=aux if aux_micros else None)  # no router: no micro returned an aux_loss

@@ -90,6 +90,7 @@ class StepContext:
     per_micro: bool = False   # each micro's loss divided by its own label tokens (the micro-batch mean)
     micro_mean_sum: float | torch.Tensor = 0.0
     aux_sum: float | torch.Tensor = 0.0    # the MoE load-balancing loss, weighted as it is backpropagated
+    aux_micros: int = 0       # micros whose last stage returned an aux_loss (a model with one, even when it is 0)
     busy_s: float = 0.0       # seconds the compute actions took on the host (perf_counter; CPU runs)
     gpu_events: list | None = None  # CUDA: (start, end) events of every compute action, read once per step
     swap: object = None  # this rank's SwapManager (activation swap, :mod:`.swap`), or None
@@ -112,10 +113,10 @@ class StepContext:
             store.clear()
 
     def sums(self, device: torch.device) -> torch.Tensor:
-        """``[loss_sum, num_tokens, micro_mean_sum, aux_sum]`` as float64 on ``device``; reading it is the step's
-        one host synchronisation for them."""
-        return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device)
-                            for v in (self.loss_sum, self.num_tokens, self.micro_mean_sum, self.aux_sum)])
+        """``[loss_sum, num_tokens, micro_mean_sum, aux_sum, aux_micros]`` as float64 on ``device``; reading it is
+        the step's one host synchronisation for them."""
+        return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in (
+            self.loss_sum, self.num_tokens, self.micro_mean_sum, self.aux_sum, self.aux_micros)])
 
     def last_stage(self, stage: int) -> bool:
         return stage == self.cfg.num_stages - 1
@@ -176,7 +177,9 @@ def _with_aux(ctx: StepContext, outputs: Tensors) -> tuple[Tensors, torch.Tensor
     aux = outputs.pop("aux_loss", None)
     if aux is None:
         return outputs, 0.0
-    if ctx.per_micro:
+    ctx.aux_micros += 1
+    if ctx.per_micro:  # a micro without label tokens (a null micro-batch) adds nothing, as under "tokens"
+        aux = aux * (outputs["num_tokens"] > 0)
         ctx.aux_sum = ctx.aux_sum + aux.detach().double()
         return outputs, aux
     weighted = aux * outputs["num_tokens"]

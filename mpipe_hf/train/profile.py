@@ -114,8 +114,9 @@ class _Probe:
         t2 = self._sync()
         out["loss"].backward()
         t3 = self._sync()
-        floats = [k for k, v in feats.items() if v.is_floating_point()]
-        torch.autograd.backward([feats[k] for k in floats], [inputs[k].grad for k in floats])
+        floats = [k for k, v in feats.items() if v.requires_grad]  # a micro without an image: P gives (0, H) zeros
+        if floats:
+            torch.autograd.backward([feats[k] for k in floats], [inputs[k].grad for k in floats])
         t4 = self._sync()
         return (t0, t1, t2, t3, t4), feats
 
