@@ -178,14 +178,14 @@ def test_a_family_registered_from_its_own_file_is_what_split_uses():
 @pytest.mark.parametrize("per_micro", [True, False])
 def test_a_micro_without_label_tokens_adds_no_moe_aux_loss(per_micro):
     """A null micro-batch (every row failed to load: no label token) adds no load-balancing term and no gradient
-    to it, under either loss normalisation; a micro with tokens adds its term (``runtime.handlers._with_aux``)."""
+    to it, under either loss normalisation; a micro with tokens adds its term (``runtime.aux_loss.with_aux``)."""
     from types import SimpleNamespace
 
-    from mpipe_hf.runtime.handlers import _with_aux
+    from mpipe_hf.runtime.aux_loss import with_aux
     for tokens, expect in ((0, 0.0), (5, 0.25)):
         ctx = SimpleNamespace(per_micro=per_micro, aux_sum=0.0, aux_micros=0)
         aux = torch.tensor(0.05, requires_grad=True)
-        out, term = _with_aux(ctx, {"loss": torch.tensor(1.0), "num_tokens": torch.tensor(tokens), "aux_loss": aux})
+        out, term = with_aux(ctx, {"loss": torch.tensor(1.0), "num_tokens": torch.tensor(tokens), "aux_loss": aux})
         added = term if per_micro else out["loss"] - 1.0  # micro: the term after the division; tokens: aux * n
         (added * 1.0).backward()
         assert abs(float(added) - (expect / 5 if per_micro else expect)) < 1e-7 and ctx.aux_micros == 1

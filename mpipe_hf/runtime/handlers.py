@@ -17,6 +17,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..schedule import Action, Kind, ScheduleConfig
 from ..schedule.actions import COMPUTE_KINDS
+from .aux_loss import with_aux
 from .p2p import P2P
 from .placement import on_device, to_device
 from .watchdog import Watchdog
@@ -154,7 +155,7 @@ def forward(ctx: StepContext, a: Action) -> None:
     else:
         outputs = ctx.stages[s](inputs)
     if ctx.last_stage(s):
-        outputs, aux = _with_aux(ctx, outputs)
+        outputs, aux = with_aux(ctx, outputs)
         # on the device, as float64 (the sum a Python float would give): no host synchronisation per micro-batch
         ctx.loss_sum = ctx.loss_sum + outputs["loss"].detach().double()
         ctx.num_tokens = ctx.num_tokens + torch.as_tensor(outputs["num_tokens"]).detach()
@@ -164,27 +165,6 @@ def forward(ctx: StepContext, a: Action) -> None:
     else:
         ctx.act[(s, m)] = _handoff(outputs)
     ctx.saved[(s, m)] = (inputs, outputs)
-
-
-def _with_aux(ctx: StepContext, outputs: Tensors) -> tuple[Tensors, torch.Tensor | float]:
-    """``(outputs, term)``: the last stage's outputs with the MoE load-balancing loss folded in
-    (:mod:`mpipe_hf.models.moe`), and the term to add to a micro's mean (``"micro"``; else 0).
-    ``"micro"`` normalisation: each micro's loss is its token mean plus its ``aux_loss``, as the HF Trainer
-    computes a model's loss without ``num_items_in_batch`` (the MoE families' ``accepts_loss_kwargs = False``);
-    the summed ``"loss"`` is left alone here and the term added after the division. ``"tokens"``: ``aux_loss``
-    weighted by the micro's label tokens, so the step's loss is ``sum(token loss + aux * n) / N``: each micro's
-    aux counts by its share of the step's tokens. Without an ``aux_loss`` nothing changes."""
-    aux = outputs.pop("aux_loss", None)
-    if aux is None:
-        return outputs, 0.0
-    ctx.aux_micros += 1
-    if ctx.per_micro:  # a micro without label tokens (a null micro-batch) adds nothing, as under "tokens"
-        aux = aux * (outputs["num_tokens"] > 0)
-        ctx.aux_sum = ctx.aux_sum + aux.detach().double()
-        return outputs, aux
-    weighted = aux * outputs["num_tokens"]
-    ctx.aux_sum = ctx.aux_sum + weighted.detach().double()
-    return {**outputs, "loss": outputs["loss"] + weighted}, 0.0
 
 
 def backward(ctx: StepContext, a: Action) -> None:
