@@ -190,3 +190,10 @@ def test_a_micro_without_label_tokens_adds_no_moe_aux_loss(per_micro):
         (added * 1.0).backward()
         assert abs(float(added) - (expect / 5 if per_micro else expect)) < 1e-7 and ctx.aux_micros == 1
         assert float(aux.grad) == (0.0 if tokens == 0 else (1.0 if per_micro else 5.0))
+
+
+def test_a_layer_type_without_a_mask_builder_is_refused_when_the_stage_is_built():
+    from mpipe_hf.models.decoder import check_layer_types
+    check_layer_types(["full_attention", "sliding_attention", "linear_attention"])
+    with pytest.raises(ValueError, match=r"layer types \['mystery'\] have no mask builder .* supported: "):
+        check_layer_types(["full_attention", "mystery"])

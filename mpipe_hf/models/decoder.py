@@ -67,24 +67,34 @@ def layer_type_masks(text_config, hidden: torch.Tensor, padding: torch.Tensor | 
     builders may skip the mask (SDPA's ``is_causal``); with padding their skip test would read the mask back to
     the host once per stage and micro-batch, so it is off. ``text_positions``: the text row of ``(4, B, L)``
     ids, which the HF models hand to their builders; ``None`` otherwise (a model's 1-D ``arange`` positions say
-    nothing a builder needs, and would be searched for packed sequences on the device).
-
-    Raises:
-        ValueError: a layer type transformers has no single mask builder for.
+    nothing a builder needs, and would be searched for packed sequences on the device). ``types`` are checked
+    when the stage is built (:func:`check_layer_types`).
     """
     masks = {}
     for layer_type in sorted(types):
-        build = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.get(layer_type)
-        if build is None or isinstance(build, dict):
-            raise ValueError(f"layer type {layer_type!r} has no mask builder in transformers' "
-                             f"LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING; supported: "
-                             f"{sorted(k for k, v in LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.items() if callable(v))}")
         kwargs = dict(config=text_config, inputs_embeds=hidden, attention_mask=padding, cache=None,
                       position_ids=text_positions)
-        if "allow_is_causal_skip" in inspect.signature(getattr(build, "func", build)).parameters:
+        if MASK_BUILDERS[layer_type]:
             kwargs["allow_is_causal_skip"] = padding is None
-        masks[layer_type] = build(**kwargs)
+        masks[layer_type] = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[layer_type](**kwargs)
     return masks
+
+
+def _takes_skip(build) -> bool:
+    return "allow_is_causal_skip" in inspect.signature(getattr(build, "func", build)).parameters
+
+
+# layer type -> whether transformers' builder for it takes allow_is_causal_skip (read once, not per forward)
+MASK_BUILDERS = {t: _takes_skip(b) for t, b in LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.items() if callable(b)}
+
+
+def check_layer_types(types: list[str]) -> None:
+    """Raise ``ValueError`` for a layer type transformers has no single mask builder for (checked when a stage is
+    built, before any step)."""
+    unknown = sorted(set(types) - set(MASK_BUILDERS))
+    if unknown:
+        raise ValueError(f"layer types {unknown} have no mask builder in transformers' "
+                         f"LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING; supported: {sorted(MASK_BUILDERS)}")
 
 
 class DecoderStage(nn.Module):
@@ -175,8 +185,14 @@ def decoder_stage(text_model: nn.Module, text_config, layer_ids: list[int], fron
                   cls: type[DecoderStage] = DecoderStage, masks: MaskBuilder = layer_type_masks,
                   router: tuple | None = None) -> DecoderStage:
     """A :class:`DecoderStage` (or subclass ``cls``) over layers ``layer_ids`` of ``text_model`` (an HF text model
-    with ``layers`` and ``rotary_emb``); ``router``: :func:`~.moe.router_spec`'s tuple, or ``None``."""
+    with ``layers`` and ``rotary_emb``); ``router``: :func:`~.moe.router_spec`'s tuple, or ``None``.
+
+    Raises:
+        ValueError: with transformers' masks, a layer type it has no mask builder for (:func:`check_layer_types`).
+    """
     types = layer_types(text_config)
+    if masks is layer_type_masks:
+        check_layer_types([types[i] for i in layer_ids])
     layers = [text_model.layers[i] for i in layer_ids]
     sums = RouterSums(layers, *router[:4]) if router is not None else None
     return cls(front, layers, list(layer_ids), [types[i] for i in layer_ids], text_model.rotary_emb, text_config,

@@ -21,20 +21,30 @@ from .host_metadata import VISION_META_KEYS, host_keys, qwen_host_inputs
 Tensors = dict[str, torch.Tensor]
 
 
-def validate_qwen_micro(model: nn.Module):
-    """``validate_micro(raw)``: raises ``ValueError`` when the ``<|image_pad|>`` count differs from the features
-    ``image_grid_thw`` gives."""
-    merge = model.config.vision_config.spatial_merge_size
-    image_token_id = model.config.image_token_id
+def validate_counted_micro(counter):
+    """``family.validate`` for a family whose image-token count the host computes from a micro's vision inputs:
+    ``counter(model) -> count(raw)`` (``None`` when the model does not say: no check). ``validate_micro(raw)``
+    raises ``ValueError`` when ``input_ids`` holds another count (what stage 0's :func:`~.family.check_count`
+    would otherwise find on the device, where it ends the run)."""
+    def build(model: nn.Module):
+        image_token_id, count = model.config.image_token_id, counter(model)
 
-    def validate_micro(raw: Tensors) -> None:
-        n_tokens = int((raw["input_ids"] == image_token_id).sum())
-        grid = raw.get("image_grid_thw")
-        n_feats = 0 if grid is None else int(grid.prod(-1).sum()) // merge ** 2
-        if n_tokens != n_feats:
-            raise ValueError(f"image-token count {n_tokens} (<|image_pad|> id {image_token_id} in input_ids) "
-                             f"differs from the {n_feats} image features that image_grid_thw gives")
-    return validate_micro
+        def validate_micro(raw: Tensors) -> None:
+            if count is None:
+                return
+            n_tokens = int((raw["input_ids"] == image_token_id).sum())
+            n_feats = count(raw) if "pixel_values" in raw else 0
+            if n_tokens != n_feats:
+                raise ValueError(f"image-token count {n_tokens} (id {image_token_id} in input_ids) differs from "
+                                 f"the {n_feats} image features the micro-batch's images give")
+        return validate_micro
+    return build
+
+
+def _qwen_tokens(model: nn.Module):
+    """Qwen-VL, GLM-4V: the patches of ``image_grid_thw`` over ``spatial_merge_size ** 2``."""
+    merge = model.config.vision_config.spatial_merge_size
+    return lambda raw: int(raw["image_grid_thw"].prod(-1).sum()) // merge ** 2
 
 
 def tokens_per_image(config, vision_tower: nn.Module) -> int | None:
@@ -47,46 +57,20 @@ def tokens_per_image(config, vision_tower: nn.Module) -> int | None:
     return positions - (1 if config.vision_feature_select_strategy == "default" else 0)
 
 
-def validate_llava_micro(model: nn.Module):
-    """``validate_micro(raw)``: raises ``ValueError`` when the image-token count differs from images x tokens
-    per image."""
-    image_token_id = model.config.image_token_id
+def _llava_tokens(model: nn.Module):
+    """LLaVA: images x :func:`tokens_per_image` (``None`` when the tower does not say)."""
     per_image = tokens_per_image(model.config, model.model.vision_tower)
-
-    def validate_micro(raw: Tensors) -> None:
-        n_tokens = int((raw["input_ids"] == image_token_id).sum())
-        n_images = raw["pixel_values"].shape[0] if "pixel_values" in raw else 0
-        if per_image is not None and n_tokens != n_images * per_image:
-            raise ValueError(f"image-token count {n_tokens} (id {image_token_id} in input_ids) differs from "
-                             f"{n_images} images x {per_image} tokens per image")
-    return validate_micro
-
-
-def validate_counted_micro(per_image):
-    """``family.validate`` for a family whose image-token count the host can compute: ``per_image(config) ->
-    count(raw)``, the image tokens a micro's vision inputs expand to. ``validate_micro(raw)`` raises
-    ``ValueError`` when ``input_ids`` holds another count (what stage 0's :func:`~.family.check_count` would
-    otherwise find on the device, where it ends the run)."""
-    def build(model: nn.Module):
-        image_token_id, count = model.config.image_token_id, per_image(model.config)
-
-        def validate_micro(raw: Tensors) -> None:
-            n_tokens = int((raw["input_ids"] == image_token_id).sum())
-            n_feats = count(raw) if "pixel_values" in raw else 0
-            if n_tokens != n_feats:
-                raise ValueError(f"image-token count {n_tokens} (id {image_token_id} in input_ids) differs from "
-                                 f"the {n_feats} image features the micro-batch's images give")
-        return validate_micro
-    return build
+    return None if per_image is None else (lambda raw: raw["pixel_values"].shape[0] * per_image)
 
 
 def _fixed(tokens):
     """Images (or tiles, ``pixel_values.shape[0]``) x ``tokens(config)``: Gemma 3, PaliGemma, InternVL."""
-    return lambda config: (lambda raw, n=tokens(config): raw["pixel_values"].shape[0] * n)
+    return lambda model: (lambda raw, n=tokens(model.config): raw["pixel_values"].shape[0] * n)
 
 
-def _idefics_tokens(config):
+def _idefics_tokens(model: nn.Module):
     """Real tiles (not all zero, as ``Idefics3Model.get_image_features`` keeps them) x tokens per tile."""
+    config = model.config
     side = config.vision_config.image_size // config.vision_config.patch_size
     per_tile = side * side // config.scale_factor ** 2
 
@@ -97,9 +81,9 @@ def _idefics_tokens(config):
     return count
 
 
-def _pixtral_tokens(config):
+def _pixtral_tokens(model: nn.Module):
     """Mistral 3: ``(h // (patch * merge)) * (w // (patch * merge))`` [IMG] tokens per image (``image_sizes``)."""
-    step = config.vision_config.patch_size * config.spatial_merge_size
+    step = model.config.vision_config.patch_size * model.config.spatial_merge_size
     return lambda raw: int(((raw["image_sizes"] // step).prod(-1)).sum())
 
 
@@ -140,7 +124,7 @@ def prefix_masks(model: nn.Module):
 QWEN_VL = dict(vision=("model.visual",), image_inputs=("pixel_values", "image_grid_thw"),
                image_meta=VISION_META_KEYS, stage0_inputs=("position_ids",), positions="host",
                host=qwen_host_inputs, host_keys=lambda model: host_keys(model.model.visual),
-               validate=validate_qwen_micro)
+               validate=validate_counted_micro(_qwen_tokens))
 DEEPSTACK = dict(QWEN_VL, stage0_inputs=("position_ids", "visual_pos_index"), host=deepstack_host_inputs,
                  deepstack=True)
 TOWER = ("model.vision_tower", "model.multi_modal_projector")
@@ -150,7 +134,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2_vl": Family(**QWEN_VL), "qwen2_5_vl": Family(**QWEN_VL), "qwen3_vl": Family(**DEEPSTACK),
     "qwen3_vl_moe": Family(**DEEPSTACK), "qwen3_5": Family(**QWEN_VL), "qwen3_5_moe": Family(**QWEN_VL),
     "glm4v": Family(**QWEN_VL), "glm4v_moe": Family(**QWEN_VL),
-    "llava": Family(vision=TOWER, validate=validate_llava_micro),
+    "llava": Family(vision=TOWER, validate=validate_counted_micro(_llava_tokens)),
     "llava_next": Family(vision=TOWER + ("model.image_newline",), image_inputs=("pixel_values", "image_sizes")),
     "llava_onevision": Family(vision=TOWER + ("model.image_newline",),
                               image_inputs=("pixel_values", "image_sizes", "batch_num_images")),

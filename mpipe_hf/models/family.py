@@ -15,7 +15,7 @@ and :class:`ImageFront` (stage 0's embedding with the features put at the image 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -65,7 +65,6 @@ class Family:
     deepstack: bool = False
     softcap: bool = False
     validate: Callable | None = None
-    notes: dict = field(default_factory=dict, compare=False)
 
     def layer_counts(self, config, cfg, layers_per_stage=None, text_layers: int = 0) -> list[int]:
         """Decoder layers per stage (the registry protocol; :func:`.generic.layer_counts`)."""

@@ -25,7 +25,7 @@ from ..runtime import Preprocess
 from ..schedule import ScheduleConfig
 from .base import SplitModel, assemble, plan_layers, stage_layer_ids, tied_lm_head
 from .costs import layer_costs, matmul_costs
-from .decoder import CARRIED_KEYS, LMHead, decoder_stage, layer_type_masks
+from .decoder import CARRIED_KEYS, DecoderStage, LMHead, decoder_stage, layer_type_masks
 from .deepstack import DEEPSTACK_KEYS, DeepStackStage, deepstack_layers
 from .family import Family, ImageFeatures, ImageFront
 from .host_metadata import vision_kwargs
@@ -91,7 +91,7 @@ class _Pieces:
         self.host = family.host(model) if family.host is not None else None
         self.host_keys = family.host_keys(model) if family.host_keys is not None else frozenset()
         self.num_deepstack = deepstack_layers(model.config) if family.deepstack else 0
-        self.cls = DeepStackStage if family.deepstack else None
+        self.cls = DeepStackStage if family.deepstack else DecoderStage
         self.stage0_keys = RAW_KEYS + family.stage0_inputs + family.mask_inputs + ("labels",)
         self.vision_keys = family.image_inputs + family.image_meta if family.vision else ()
         self.image_token_id = getattr(model.config, "image_token_id", None) if family.vision else None
@@ -113,10 +113,9 @@ class _Pieces:
         return ImageFront(self.text_model.embed_tokens, self.image_token_id, vision, _positions(self.family), extras)
 
     def stage(self, ids: list[int], front=None, head=None, carry=None) -> nn.Module:
-        kwargs = {"cls": self.cls} if self.cls is not None else {}
         return decoder_stage(self.text_model, self.text_config, ids, front, head,
-                             self.carry(ids[-1] if ids else -1) if carry is None else carry, masks=self.masks,
-                             router=self.router, **kwargs)
+                             self.carry(ids[-1] if ids else -1) if carry is None else carry, self.cls, self.masks,
+                             self.router)
 
     def head(self) -> LMHead:
         cap = getattr(self.text_config, "final_logit_softcapping", None) if self.family.softcap else None
