@@ -26,6 +26,8 @@ These are *active* weights: for memory, every expert counts (the plan sums the m
 
 from __future__ import annotations
 
+from .decoder import layer_types
+
 SOFTMAX_ATTENTION = ("full_attention", "sliding_attention", "chunked_attention")
 LINEAR_ATTENTION = "linear_attention"
 # text model types whose softmax attention projects query and output gate together (q_proj is 2x wide)
@@ -127,15 +129,14 @@ def attention_cost(c, layer_type: str) -> int:
 
 def layer_costs(text_config) -> list[float]:
     """Active weights (elements) each token multiplies by in every decoder layer, in layer order: its token
-    mixer (by ``layer_types``, all full attention without it) plus its MLP. ``2 x`` that is the layer's forward
+    mixer (by :func:`~.decoder.layer_types`, the stages' own reading of ``layer_types``) plus its MLP. ``2 x`` that is the layer's forward
     matmul FLOPs per token.
 
     Raises:
         ValueError: as :func:`attention_cost` and :func:`mlp_cost`.
     """
-    n = text_config.num_hidden_layers
-    types = list(getattr(text_config, "layer_types", None) or ["full_attention"] * n)
-    return [float(attention_cost(text_config, types[i]) + mlp_cost(text_config, i)) for i in range(n)]
+    types = layer_types(text_config)
+    return [float(attention_cost(text_config, t) + mlp_cost(text_config, i)) for i, t in enumerate(types)]
 
 
 def matmul_costs(text_config) -> tuple[float, float]:
