@@ -17,12 +17,14 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
+from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, packed_sequence_mask_function
 
 from .moe import ROUTER_KEYS, RouterSums, aux_loss
+from .packed import LINEAR, PACKED_KEYS, flash_kwargs, per_row, row_lengths
 
 Tensors = dict[str, torch.Tensor]
-CARRIED_KEYS = ("attention_mask", "labels")   # raw keys that travel with the hidden states to the last stage
+# raw keys that travel with the hidden states to the last stage
+CARRIED_KEYS = ("attention_mask", "labels") + PACKED_KEYS
 MaskBuilder = Callable[..., dict]
 
 
@@ -68,14 +70,18 @@ def layer_type_masks(text_config, hidden: torch.Tensor, padding: torch.Tensor | 
     the host once per stage and micro-batch, so it is off. ``text_positions``: the text row of ``(4, B, L)``
     ids, which the HF models hand to their builders; ``None`` otherwise (a model's 1-D ``arange`` positions say
     nothing a builder needs, and would be searched for packed sequences on the device). ``types`` are checked
-    when the stage is built (:func:`check_layer_types`).
+    when the stage is built (:func:`check_layer_types`). A packed micro-batch (``state["packed_seq_ids"]``,
+    :mod:`.packed`) adds ``packed_sequence_mask_function`` as the builders' ``and_mask_function``: attention only
+    within a row, from ids the host computed (transformers would otherwise search the positions on the device).
     """
-    masks = {}
+    masks, seq_ids = {}, state.get("packed_seq_ids")
     for layer_type in sorted(types):
         kwargs = dict(config=text_config, inputs_embeds=hidden, attention_mask=padding, cache=None,
-                      position_ids=text_positions)
+                      position_ids=text_positions if seq_ids is None else None)
         if MASK_BUILDERS[layer_type]:
             kwargs["allow_is_causal_skip"] = padding is None
+        if seq_ids is not None and layer_type != LINEAR:  # linear attention: reset per row (packed.per_row)
+            kwargs["and_mask_function"] = packed_sequence_mask_function(seq_ids)
         masks[layer_type] = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[layer_type](**kwargs)
     return masks
 
@@ -146,9 +152,15 @@ class DecoderStage(nn.Module):
         else:
             shared = self.rotary_emb(hidden, rope_positions)
             rotary = {t: shared for t in types}
+        lengths = row_lengths(state)  # a packed micro of several rows, else None
+        varlen = flash_kwargs(self.text_config, lengths, hidden.device)
         for layer_id, layer, layer_type in zip(self.layer_ids, self.layers, self.layer_types):
-            hidden = layer(hidden, attention_mask=masks[layer_type], position_embeddings=rotary[layer_type],
-                           position_ids=text_positions, cache=None, use_cache=False)
+            if lengths is not None and layer_type == LINEAR:  # its state starts afresh at every packed row
+                hidden = per_row(layer, hidden, lengths, rotary[layer_type], text_positions,
+                                 attention_mask=masks[layer_type], cache=None, use_cache=False)
+            else:
+                hidden = layer(hidden, attention_mask=masks[layer_type], position_embeddings=rotary[layer_type],
+                               position_ids=text_positions, cache=None, use_cache=False, **varlen)
             hidden = self.after_layer(layer_id, hidden, state)
         return hidden
 

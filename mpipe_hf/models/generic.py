@@ -30,8 +30,9 @@ from .deepstack import DEEPSTACK_KEYS, DeepStackStage, deepstack_layers
 from .family import Family, ImageFeatures, ImageFront
 from .host_metadata import vision_kwargs
 from .moe import router_spec
+from .packed import PACKED_KEYS, packed_host
 
-RAW_KEYS = ("input_ids", "attention_mask")
+RAW_KEYS = ("input_ids", "attention_mask", "position_ids") + PACKED_KEYS  # positions: packed 1-D families
 
 
 def layer_counts(family: Family, config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
@@ -53,13 +54,15 @@ def layer_counts(family: Family, config, cfg: ScheduleConfig, layers_per_stage: 
 
 
 def _positions(family: Family):
-    def arange(inputs):
-        ids = inputs["input_ids"]
-        return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
     if family.positions == "host":
         return _host_positions
-    if family.positions == "arange1":
-        return lambda inputs: arange(inputs) + 1  # PaliGemma's positions start at one
+
+    def arange(inputs):
+        if "position_ids" in inputs:  # a packed micro: each row's own, from the host (.packed)
+            return inputs["position_ids"]
+        ids = inputs["input_ids"]
+        return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) + start
+    start = 1 if family.positions == "arange1" else 0  # PaliGemma's positions start at one
     return arange
 
 
@@ -88,8 +91,9 @@ class _Pieces:
         self.embed = f"{family.text}.embed_tokens"
         self.router = router_spec(self.text_model, self.text_config)
         self.masks = family.masks(model) if family.masks is not None else layer_type_masks
-        self.host = family.host(model) if family.host is not None else None
-        self.host_keys = family.host_keys(model) if family.host_keys is not None else frozenset()
+        self.host = packed_host(family.host(model) if family.host is not None else None, family.positions)
+        keys = family.host_keys(model) if family.host_keys is not None else frozenset()
+        self.host_keys = keys | {"packed_lengths"}  # Python integers for the owner's own stages (.packed)
         self.num_deepstack = deepstack_layers(model.config) if family.deepstack else 0
         self.cls = DeepStackStage if family.deepstack else DecoderStage
         self.stage0_keys = RAW_KEYS + family.stage0_inputs + family.mask_inputs + ("labels",)

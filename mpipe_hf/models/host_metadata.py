@@ -27,6 +27,8 @@ from transformers.utils.generic import get_max_seqlen, is_flash_attention_reques
 from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpolation_indices_and_weights,
                                        get_vision_position_ids, get_vision_window_index)
 
+from .packed import is_packed, mrope_positions
+
 Tensors = dict[str, torch.Tensor]
 PREFIX = "vision_meta."  # raw keys of the tower's precomputed keyword arguments
 VISION_META_KEYS = tuple(PREFIX + k for k in ("position_ids", "cu_seqlens", "max_seqlen", "window_index",
@@ -78,11 +80,15 @@ def vision_kwargs(inputs: Tensors) -> dict:
 def qwen_host_inputs(model: nn.Module):
     """``host(raw) -> extra raw inputs`` for a Qwen-VL ``model``: the M-RoPE ``position_ids`` ``(3, B, L)`` of
     ``get_rope_index`` (``arange`` on all three axes for a micro without an image, as the text model does) and,
-    with images, :func:`vision_metadata`. ``raw`` is on the host."""
+    with images, :func:`vision_metadata`; a packed micro's ``(4, 1, N)`` per-row positions
+    (:func:`~.packed.mrope_positions`). ``raw`` is on the host."""
     rope_index, visual = model.model.get_rope_index, model.model.visual
 
     def host(raw: Tensors) -> Tensors:
         ids, grid = raw["input_ids"], raw.get("image_grid_thw")
+        if is_packed(raw):  # each row's own positions, and the text-position row (issue 30)
+            positions = mrope_positions(rope_index, raw)
+            return {"position_ids": positions, **(vision_metadata(visual, grid) if grid is not None else {})}
         if grid is None:
             return {"position_ids": torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, ids.shape[0], -1)}
         positions, _ = rope_index(ids, mm_token_type_ids=raw["mm_token_type_ids"], image_grid_thw=grid,

@@ -56,16 +56,16 @@ class RouterSums:
 
     def add(self, state: Tensors, logits: list[torch.Tensor], padding: torch.Tensor | None,
             like: torch.Tensor) -> Tensors:
-        """``state``'s sums plus the terms of ``logits`` (one ``(B * L, E)`` tensor per router, in layer order),
-        as ``load_balancing_loss_func`` adds them (masked by ``padding``)."""
+        """``state``'s sums plus the terms of ``logits`` (one ``(B * L, E)`` tensor per router call, in layer
+        order; without padding any number of tokens each), as ``load_balancing_loss_func`` adds them (masked by
+        ``padding``)."""
         device = like.device
         tokens = state.get("router_tokens", torch.zeros(self.num_experts, dtype=torch.float32, device=device))
         probs = state.get("router_probs", torch.zeros(self.num_experts, dtype=torch.float32, device=device))
         rows = state.get("router_rows", torch.zeros((), dtype=torch.float32, device=device))
-        n = like.shape[0] * like.shape[1]
-        flat = (padding.reshape(-1).to(device=device, dtype=torch.float32) if padding is not None
-                else torch.ones(n, dtype=torch.float32, device=device))
-        for gate in logits:
+        pad = padding.reshape(-1).to(device=device, dtype=torch.float32) if padding is not None else None
+        for gate in logits:  # a packed micro's linear-attention layers run per row: one gate call per row
+            flat = pad if pad is not None else torch.ones(gate.shape[0], dtype=torch.float32, device=device)
             weights = torch.nn.functional.softmax(gate.to(device), dim=-1)
             _, chosen = torch.topk(weights, self.top_k, dim=-1)
             tokens = tokens + torch.zeros(self.num_experts, dtype=torch.float32, device=device).scatter_add_(

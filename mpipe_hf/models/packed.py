@@ -1,0 +1,137 @@
+"""Packed micro-batches on the model side (issue 30): per-row positions, attention within a row, linear-attention
+state reset at row boundaries.
+
+A packed micro-batch (:func:`mpipe_hf.data.packing.pack_micro`) is one sequence ``(1, N)``: its rows'
+tokens one after another, no padding, ``packed_lengths`` ``(rows,)`` on the host. The model must see each row as
+the unpacked model sees it alone, so the owner's host computes at load (``DATA_LOAD``, :func:`packed_host`):
+
+- ``position_ids``: each row's own positions. 1-D families: an ``arange`` per row (from one for PaliGemma),
+  ``(1, N)``. M-RoPE families: the family's ``get_rope_index`` over the rows (unpacked to a padded batch, as
+  the unpacked model computes them) and, in front, the text-position row ``(4, 1, N)`` that transformers' Qwen-VL
+  text models split off for their mask builders (``text_position_ids``);
+- ``packed_seq_ids`` ``(1, N)``: the row each token belongs to, read from the text-position row by transformers'
+  own ``find_packed_sequence_indices`` (a position that does not follow its predecessor starts a row), so the
+  positions are the one source of the row boundaries, as they are in transformers.
+
+Every stage then builds its masks with ``and_mask_function = packed_sequence_mask_function(packed_seq_ids)``
+(attention only within a row; :mod:`.decoder`), runs each linear-attention layer (Gated DeltaNet) once per row so
+its convolution and recurrent state start from zero at every row (:func:`per_row`), and, with FlashAttention,
+hands the layers ``cu_seq_lens`` for the varlen kernel (:func:`flash_kwargs`). The labels were cut at the row
+boundaries when the micro was packed (a row's first token is no target).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers.masking_utils import find_packed_sequence_indices
+
+Tensors = dict[str, torch.Tensor]
+PACKED_KEYS = ("packed_lengths", "packed_seq_ids")
+LINEAR = "linear_attention"
+
+
+def is_packed(raw: Tensors) -> bool:
+    """Whether ``raw`` is a packed micro-batch (it has ``packed_lengths``)."""
+    return "packed_lengths" in raw
+
+
+def row_positions(lengths: list[int], start: int = 0) -> torch.Tensor:
+    """``(1, N)`` int64: ``start, start + 1, ...`` afresh for every row of ``lengths`` (``N = sum(lengths)``)."""
+    return torch.cat([torch.arange(n) + start for n in lengths]).unsqueeze(0)
+
+
+def unpad_rows(tokens: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(padded (B, Lmax), attention_mask (B, Lmax))`` from a packed ``(1, N)`` per-token tensor: each row on the
+    left of its own line, right padding 0, as the collator padded it before packing."""
+    rows = tokens[0].split(lengths)
+    width = max(lengths)
+    padded = tokens.new_zeros(len(lengths), width)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        padded[i, :row.numel()] = row
+        mask[i, :row.numel()] = 1
+    return padded, mask
+
+
+def gather_rows(padded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(..., B, Lmax)`` -> ``(..., 1, N)``: the entries under ``mask`` row by row (the inverse of
+    :func:`unpad_rows`)."""
+    flat = padded.reshape(*padded.shape[:-2], -1)[..., mask.reshape(-1).bool()]
+    return flat.unsqueeze(-2)
+
+
+def mrope_positions(rope_index: Callable, raw: Tensors) -> torch.Tensor:
+    """``(4, 1, N)``: the text-position row (:func:`row_positions`) and the 3 M-RoPE rows of ``rope_index`` (a
+    Qwen-VL model's ``get_rope_index``) computed over the packed rows unpacked to a padded batch with its mask,
+    exactly as the unpacked model computes them; without images an ``arange`` per row on all three axes."""
+    lengths = raw["packed_lengths"].tolist()
+    text = row_positions(lengths)
+    if raw.get("image_grid_thw") is None:
+        return torch.cat([text, text.expand(3, -1)]).unsqueeze(1)
+    ids, mask = unpad_rows(raw["input_ids"], lengths)
+    types, _ = unpad_rows(raw["mm_token_type_ids"], lengths)
+    positions, _ = rope_index(ids, mm_token_type_ids=types, image_grid_thw=raw["image_grid_thw"],
+                              attention_mask=mask)
+    return torch.cat([text.unsqueeze(0), gather_rows(positions, mask)])
+
+
+def sequence_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """``(1, N)`` int64: the row of every token, from the text-position row of ``position_ids`` (``(1, N)`` or
+    ``(4, 1, N)``) by transformers' ``find_packed_sequence_indices`` (all zeros for one row)."""
+    text = position_ids[0] if position_ids.dim() == 3 else position_ids
+    found = find_packed_sequence_indices(text)
+    return found if found is not None else torch.zeros_like(text)
+
+
+def packed_host(host: Callable[[Tensors], Tensors] | None, positions: str) -> Callable[[Tensors], Tensors]:
+    """``host(raw) -> more raw inputs`` for ``DATA_LOAD`` (module docstring): the family's ``host`` as it is for
+    an unpacked micro; for a packed one, also the 1-D families' per-row ``position_ids`` (``positions``:
+    ``"arange"`` or ``"arange1"``; a ``"host"`` family's own host computes them, :func:`mrope_positions`) and
+    ``packed_seq_ids``. ``raw`` is on the host."""
+    def run(raw: Tensors) -> Tensors:
+        out = dict(host(raw)) if host is not None else {}
+        if not is_packed(raw):
+            return out
+        if positions != "host":
+            out["position_ids"] = row_positions(raw["packed_lengths"].tolist(), 1 if positions == "arange1" else 0)
+        out["packed_seq_ids"] = sequence_ids(out["position_ids"])
+        return out
+    return run
+
+
+def row_lengths(state: Tensors) -> list[int] | None:
+    """The packed rows' lengths when ``state`` is a packed micro of more than one row, else ``None``. On a stage
+    that received them from another rank they are on the device: one host read per stage and micro (only for
+    the layers that need Python integers: linear attention, FlashAttention's ``max_length``)."""
+    lengths = state.get("packed_lengths")
+    if lengths is None or lengths.numel() < 2:
+        return None
+    return lengths.tolist()
+
+
+def per_row(layer: nn.Module, hidden: torch.Tensor, lengths: list[int], rotary, text_positions, **kwargs):
+    """``layer`` (a decoder layer with linear attention) run once per packed row of ``hidden`` ``(1, N, H)`` and
+    the outputs joined: its causal convolution and recurrent state start from zero at every row, as for the row
+    alone (the rest of the layer is per token). ``rotary``: the ``(cos, sin)`` pair ``(1, N, d)``, cut the same
+    way; ``text_positions``: ``(1, N)`` or ``None``."""
+    outs, start = [], 0
+    for n in lengths:
+        cut = slice(start, start + n)
+        emb = tuple(t[:, cut] for t in rotary) if rotary is not None else None
+        pos = text_positions[:, cut] if text_positions is not None else None
+        outs.append(layer(hidden[:, cut], position_embeddings=emb, position_ids=pos, **kwargs))
+        start += n
+    return torch.cat(outs, dim=1)
+
+
+def flash_kwargs(text_config, lengths: list[int] | None, device: torch.device) -> dict:
+    """FlashAttention's varlen keyword arguments for a packed micro (``cu_seq_lens_q/k`` int32 ``(rows + 1,)``,
+    ``max_length_q/k``), which transformers' ``_flash_attention_forward`` takes from the layer's kwargs; ``{}``
+    for another attention implementation (their masks hold the rows) or one row."""
+    if lengths is None or "flash" not in str(getattr(text_config, "_attn_implementation", "") or ""):
+        return {}
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32).to(device, non_blocking=True)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lengths), "max_length_k": max(lengths)}
