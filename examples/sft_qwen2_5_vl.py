@@ -26,6 +26,7 @@ def parse_args(argv=None):
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--train-tower", action="store_true", help="train the visual tower too")
     parser.add_argument("--save-steps", type=int, default=500)
+    parser.add_argument("--batch-size", type=int, default=1, help="rows per micro-batch")
     parser.add_argument("--resume", default=None, help="a checkpoint-<step> directory to resume from")
     parser.add_argument("--lora", type=int, default=0, help="LoRA of this rank on the decoder's attention (peft); "
                         "0: full fine-tuning")
@@ -45,7 +46,7 @@ def main(argv=None):
     train = load_conversation_dataset(args.data, processor, max_length=2048)
     evaluation = load_conversation_dataset(args.eval_data, processor, max_length=2048) if args.eval_data else None
     training_args = TrainingArguments(
-        output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=1,
+        output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=8, learning_rate=args.learning_rate, lr_scheduler_type="linear", warmup_steps=2,
         weight_decay=0.01, adam_epsilon=1e-6, max_grad_norm=args.max_grad_norm, bf16=args.bf16, logging_steps=1,
         save_steps=args.save_steps, report_to="none", remove_unused_columns=False,

@@ -45,7 +45,7 @@ def check_source(source: Source, processor, recipe: Recipe, config, decode: bool
                  ) -> SourceReport:
     """Every row of ``source`` checked (:func:`~mpipe_hf.data.conversation.read_source`; ``decode``: every image
     decoded in full) and summed up."""
-    done = read_source(source, processor, recipe.data.max_length, config.model_type, decode=decode,
+    done = read_source(source, processor, recipe.data.row_length, config.model_type, decode=decode,
                        num_proc=num_proc)
     table = {name: column(done.rows, name) for name in ("where", "status", "error", "num_images", "num_tokens")}
     status = table["status"]
@@ -122,7 +122,7 @@ def check_data_main(recipe_path: str, decode: bool, num_proc: int | None, clean:
     from .recipe import load_recipe
     recipe = load_recipe(recipe_path)
     reports = check_data(recipe, decode, num_proc)
-    print(format_report(reports, recipe.data.max_length), flush=True)
+    print(format_report(reports, recipe.data.row_length), flush=True)
     bad = sum(r.counts["bad"] for r in reports)
     if clean is not None:
         write_clean(clean, reports)

@@ -38,6 +38,7 @@ from transformers import Trainer
 from transformers.utils import logging
 
 from ..data import ConversationCollator, MicroBatchPlan
+from ..data.packing import PackedCollate
 from .hf_checkpoint import STAGING_PREFIX, CheckpointMixin
 from .hf_parts import (MPipeCallback, MPipeConfig, PreemptionCallback, _EpochSampler, _Pipeline, _RowLoader,
                        check_training_args)
@@ -143,7 +144,8 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         return loaded[1]
 
     def _plan(self, dataset, micro_batch_size: int) -> MicroBatchPlan:
-        return MicroBatchPlan(dataset, self._collate(), self.num_micro, micro_batch_size,
+        collate = PackedCollate(self._collate()) if self.mpipe.packing else self._collate()  # MPipeConfig.packing
+        return MicroBatchPlan(dataset, collate, self.num_micro, micro_batch_size,
                               self.run.carved.validate_micro, drop_bad_rows=self.mpipe.on_bad_sample == "skip")
 
     def get_train_dataloader(self) -> DataLoader:

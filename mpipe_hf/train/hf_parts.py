@@ -45,6 +45,10 @@ class MPipeConfig(ParallelSection):
             ``None``: off).
         trace: record every action on every rank and write ``output_dir/trace.json`` when ``train()`` ends (as
             a recipe's ``train.trace``).
+        packing: each micro-batch's rows (``per_device_train_batch_size`` of them, as the Trainer's loader
+            yields them) packed into one sequence with no padding, each row with its own positions and attending
+            only to itself (:func:`~mpipe_hf.data.packing.pack_micro`; issue 30). The micro-batches hold the
+            rows they hold unpacked, so the loss and gradients are the unpacked ones under either normalisation.
 
     Raises:
         ValueError: a bad value, naming the field and the allowed values; ``num_micro`` set; ``dp_size`` other
@@ -59,6 +63,7 @@ class MPipeConfig(ParallelSection):
     max_bad_steps: int | None = None  # the old name of max_bad_rows
     swap: SwapConfig | None = None
     trace: bool = False
+    packing: bool = False
 
     def __post_init__(self):
         if self.max_bad_steps is not None:
@@ -77,8 +82,9 @@ class MPipeConfig(ParallelSection):
                              f"recipe's parallel.dp_size), got {self.dp_size!r}")
         if self.swap is not None and not isinstance(self.swap, SwapConfig):
             raise ValueError(f"MPipeConfig swap must be a SwapConfig or None, got {type(self.swap).__name__}")
-        if not isinstance(self.trace, bool):
-            raise ValueError(f"MPipeConfig trace must be True or False, got {self.trace!r}")
+        for key in ("trace", "packing"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"MPipeConfig {key} must be True or False, got {getattr(self, key)!r}")
         super().__post_init__()
         self.data()
 

@@ -19,6 +19,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from ..data import MicroBatchPlan
+from ..data.packing import PackedCollate, PackedPlan
 from .checkpoint import save_hub_files
 from .metrics import MetricsLog
 from .optimizer import build_optimizer, build_scheduler
@@ -26,7 +27,7 @@ from .preempt import MARKER, Preemption
 from .recipe import Recipe
 from .report import setup_line, state_bytes, step_row, summary_line, tracker_config
 from .run import PipelineRun
-from .sources import load_config, load_data, load_processor, node_first, owner_costs
+from .sources import load_config, load_data, load_processor, node_first, owner_costs, packing_rows
 from .state import checkpoints, resolve_resume
 
 
@@ -68,12 +69,12 @@ class RecipeJob:
         set_seed(opt.seed)
         self.processor = load_processor(recipe, self.config)
         dataset, self.collate = self._read(None, "data load")
-        self.plan = MicroBatchPlan(dataset, self.collate, run.cfg.num_micro, recipe.data.micro_batch_size,
-                                   run.carved.validate_micro, recipe.data.shuffle, opt.seed, run.dp_rank,
-                                   recipe.parallel.dp_size, drop_bad_rows=recipe.data.on_bad_sample == "skip")
+        self.plan = self._plan(dataset)
         self.steps = opt.total_steps(self.plan.steps_per_epoch())
         if recipe.parallel.owners == "balanced":
-            run.use_owners(self.plan, owner_costs(dataset, self.config), recipe.data.micro_batch_size)
+            per_micro = recipe.data.micro_batch_size if not recipe.data.packing else sum(
+                len(self.plan.rows(0, m)) for m in range(run.cfg.num_micro)) / run.cfg.num_micro
+            run.use_owners(self.plan, owner_costs(dataset, self.config), per_micro)
         self.run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
         self.resume = resolve_resume(opt.resume, opt.output_dir, self.run_id, self.restart)
@@ -89,10 +90,23 @@ class RecipeJob:
         self.eval_set = None
         if recipe.data.eval_path is not None:
             self.eval_set = self._read(recipe.data.eval_path, "eval data load")[0]
-            self.eval_plan = MicroBatchPlan(self.eval_set, self.collate, run.cfg.num_micro,
+            collate = PackedCollate(self.collate) if recipe.data.packing else self.collate  # the same rows, packed
+            self.eval_plan = MicroBatchPlan(self.eval_set, collate, run.cfg.num_micro,
                                             recipe.data.micro_batch_size, run.carved.validate_micro)
         self.losses, self.bubbles, self.peaks, self.bar = [], [], [], None
         self.step_ran, self.stopped_by = True, None  # the last step ran; the signal that stopped the run
+
+    def _plan(self, dataset) -> MicroBatchPlan:
+        """The rows of each step's micro-batches: ``data.micro_batch_size`` rows each, or with ``data.packing``
+        whole rows up to ``data.max_tokens_per_micro`` tokens, packed into one sequence and balanced by cost
+        (:class:`~mpipe_hf.data.packing.PackedPlan`)."""
+        data, run, seed = self.recipe.data, self.run, self.recipe.train.seed
+        common = dict(validate=run.carved.validate_micro, shuffle=data.shuffle, seed=seed, replica=run.dp_rank,
+                      num_replicas=self.recipe.parallel.dp_size, drop_bad_rows=data.on_bad_sample == "skip")
+        if not data.packing:
+            return MicroBatchPlan(dataset, self.collate, run.cfg.num_micro, data.micro_batch_size, **common)
+        lengths, costs = packing_rows(dataset, self.config, data)
+        return PackedPlan(dataset, self.collate, run.cfg.num_micro, data.token_budget, lengths, costs, **common)
 
     def _read(self, path: str | None, what: str):
         """``(dataset, collate)`` of the recipe's data (``path``: that file alone, the eval set) on every rank

@@ -214,6 +214,10 @@ class Recipe:
             raise ValueError("swap.enabled with parallel.dp_shard (FSDP2, dp_size > 1) is not supported: FSDP2's "
                              "gathered weights would be taken for activations; set parallel.dp_shard: false "
                              "(replicas) or swap.enabled: false")
+        if self.data.packing and self.train.loss_normalization != "tokens":
+            raise ValueError("data.packing with train.loss_normalization: micro is not supported: rows are packed "
+                             "by tokens, so a micro-batch's mean would weigh each row by how it was packed; set "
+                             "train.loss_normalization: tokens (the step's loss over its label tokens, as unpacked)")
         if self.parallel.zero_bubble and self.parallel.dp_size > 1 and self.parallel.dp_shard:
             raise ValueError("parallel.zero_bubble with parallel.dp_shard (FSDP2, dp_size > 1) is not supported: "
                              "FSDP2 reduces a chunk's gradients before W computes them; set parallel.dp_shard: "

@@ -77,6 +77,12 @@ class DataSection:
             all, or this many steps in a row were skipped. ``max_bad_steps`` is its old name (deprecated).
         eval_path: a file of the same layouts as ``path``: ``train.eval_steps`` and the end of the run report
             ``eval_loss`` over every row of it; ``None``: no evaluation.
+        packing: pack rows into micro-batches of one sequence each, up to ``max_tokens_per_micro`` tokens, with
+            no padding (:class:`~mpipe_hf.data.packing.PackedPlan`: best-fit over a window of rows, balanced by
+            cost; issue 30); ``micro_batch_size`` is then unused. Each row keeps its own positions and attends
+            only to itself (:mod:`mpipe_hf.models.packed`).
+        max_tokens_per_micro: the token budget of a packed micro-batch; ``None``: ``max_length``. Rows are cut or
+            dropped at the smaller of the two by the ``max_length`` rules (:attr:`row_length`).
 
     Raises:
         ValueError: a count that is not an integer >= 1, ``min_pixels > max_pixels``, a ``shuffle`` that is not a
@@ -102,6 +108,8 @@ class DataSection:
     max_bad_rows: int = 10
     max_bad_steps: int | None = None  # the old name of max_bad_rows
     eval_path: str | None = None
+    packing: bool = False
+    max_tokens_per_micro: int | None = None
 
     def __post_init__(self):
         if self.max_bad_steps is not None:
@@ -121,20 +129,38 @@ class DataSection:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"data.{key} must be a path or null, got {value!r}")
-        for key in ("micro_batch_size", "min_pixels", "max_pixels", "max_length", "max_bad_rows", "num_proc"):
+        for key in ("micro_batch_size", "min_pixels", "max_pixels", "max_length", "max_bad_rows", "num_proc",
+                    "max_tokens_per_micro"):
             value = getattr(self, key)
-            if key == "num_proc" and value is None:
+            if key in ("num_proc", "max_tokens_per_micro") and value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"data.{key} must be an integer >= 1, got {value!r}")
-        if not isinstance(self.shuffle, bool):
-            raise ValueError(f"data.shuffle must be true or false, got {self.shuffle!r}")
+        for key in ("shuffle", "packing"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"data.{key} must be true or false, got {getattr(self, key)!r}")
+        if self.max_tokens_per_micro is not None and not self.packing:
+            raise ValueError("data.max_tokens_per_micro is the budget of a packed micro-batch: set data.packing: "
+                             "true with it, or remove it")
         if self.on_bad_sample not in ("skip", "raise"):
             raise ValueError(f"data.on_bad_sample must be 'skip' or 'raise', got {self.on_bad_sample!r}")
         if self.mix_stopping not in STOPPING:
             raise ValueError(f"data.mix_stopping must be one of {list(STOPPING)}, got {self.mix_stopping!r}")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"data.min_pixels ({self.min_pixels}) exceeds data.max_pixels ({self.max_pixels})")
+
+    @property
+    def row_length(self) -> int:
+        """The most tokens a row keeps: ``max_length``, and with ``packing`` at most ``max_tokens_per_micro`` (a
+        packed micro-batch holds whole rows)."""
+        if self.packing and self.max_tokens_per_micro is not None:
+            return min(self.max_length, self.max_tokens_per_micro)
+        return self.max_length
+
+    @property
+    def token_budget(self) -> int:
+        """A packed micro-batch's token budget: ``max_tokens_per_micro``, else ``max_length``."""
+        return self.max_tokens_per_micro if self.max_tokens_per_micro is not None else self.max_length
 
     @property
     def all_sources(self) -> tuple[DataSource, ...]:

@@ -95,15 +95,15 @@ def load_data(recipe: Recipe, config, processor, quiet: bool = False, path: str 
     """
     data = recipe.data
     sources = [Source(path)] if path is not None else list(data.all_sources)  # DataSource has Source's fields
-    dataset = load_sources(sources, processor, data.max_length, config.model_type, seed=recipe.train.seed,
+    dataset = load_sources(sources, processor, data.row_length, config.model_type, seed=recipe.train.seed,
                            stopping=data.mix_stopping, clean_rows=None if path is not None else data.clean_rows,
                            num_proc=num_proc or data.num_proc)
     bad_rows_policy(dataset, data, quiet)
     if dataset.dropped and not quiet:
-        print(f"mpipe_hf: warning: {dropped_warning(dataset, data.max_length)}", flush=True)
+        print(f"mpipe_hf: warning: {dropped_warning(dataset, data.row_length)}", flush=True)
     if dataset.layout == "text":
-        return dataset, TextCollator(processor, data.max_length)
-    return dataset, ConversationCollator(processor, data.max_length, model_type=config.model_type)
+        return dataset, TextCollator(processor, data.row_length)
+    return dataset, ConversationCollator(processor, data.row_length, model_type=config.model_type)
 
 
 def node_first(fn, what: str, every):
@@ -136,7 +136,7 @@ def trainer_rows(dataset, processor, data: DataSection, model_type: str, seed: i
         dataset = [dataset]
     sources = dataset if isinstance(dataset, list) and dataset and all(isinstance(s, Source) for s in dataset) \
         else [Source(dataset)]
-    rows = load_sources(sources, processor, data.max_length, model_type, seed=seed, stopping=data.mix_stopping)
+    rows = load_sources(sources, processor, data.row_length, model_type, seed=seed, stopping=data.mix_stopping)
     bad_rows_policy(rows, data, quiet=int(os.environ.get("RANK", 0)) != 0)
     return rows
 
@@ -173,6 +173,26 @@ def owner_costs(dataset, config) -> list[int]:
     rank without decoding anything: a vision-language model's rows, their image tokens (the loader counted them
     from the image file headers); a decoder-only LM's, their tokens, which its text layers' work grows with."""
     return list(dataset.image_tokens if is_vision_language(config) else dataset.num_tokens)
+
+
+def packing_rows(dataset, config, data: DataSection) -> tuple[list[int], list[float]]:
+    """``(lengths, costs)`` of every dataset row for the packer (``data.packing``, issue 30), known on every rank
+    without decoding anything: a row's tokens after the cut (``min(num_tokens, data.row_length)``), and its cost
+    in decoder-token units, ``tokens + w * image_tokens`` with ``w`` the vision part's work per image token over
+    the decoder's per token (:func:`image_token_weight`)."""
+    lengths = [min(int(n), data.row_length) for n in dataset.num_tokens]
+    weight = image_token_weight(config) if is_vision_language(config) else 0.0
+    return lengths, [n + weight * int(i) for n, i in zip(lengths, dataset.image_tokens)]
+
+
+def image_token_weight(config) -> float:
+    """The vision part's forward work per image token over the decoder's (every layer and the head) per token,
+    from the config's matmul costs (:func:`~.plan.estimate_profile`): what an image token costs beyond its
+    place in the decoder."""
+    from .plan import estimate_profile
+    profile = estimate_profile(config, tokens=1024, image_tokens=1024)
+    decoder = profile.num_layers * profile.layer_forward_s + profile.head_forward_s
+    return profile.preprocess_forward_s / decoder
 
 
 def profile_layout(parallel: ParallelSection, cfg) -> list[int] | None:

@@ -23,6 +23,7 @@ SENTENCES = ["The pipeline splits the model into stages.", "Each rank loads only
              "A bubble is time a rank spends waiting.", "Warm-up fills the pipeline; cooldown drains it.",
              "The visual tower turns patches into features.", "Gradients flow back through every stage.",
              "Interleaving gives each rank several chunks.", "One forward, one backward, in steady state."]
+PACKED_CONFIGS = ("vl", "qwen3_vl", "qwen3_5", "llava", "gemma3")  # the packed pools' families (issue 30)
 NUM_LAYERS = 12  # enough for R * V = 12 stages
 # The Qwen2 BPE cut to its first 5,120 ranks, the Qwen2 special tokens right after them (as scripts/make_demo.py
 # cuts it): with all 151,643 ranks the embedding and the LM head were 19 M of a tiny model's 20 M parameters
@@ -62,6 +63,25 @@ def make_ragged_pool(collate) -> list[dict[str, torch.Tensor]]:
                 for j in range(1 + (m + 1) % 2 if kind != 1 else 2)]
         ragged.append(collate(rows))
     return ragged
+
+
+def multi_image_row(i: int, side: int, num_images: int, prompt_repeat: int) -> dict:
+    """A one-turn conversation about ``num_images`` photos from ``i`` on (0: a text-only row)."""
+    text = [{"type": "text", "text": "Compare the images." + " Briefly." * prompt_repeat}]
+    answer = " ".join(CAPTIONS[(i + k) % 8] for k in range(max(1, num_images)))
+    return {"messages": [{"role": "user", "content": [{"type": "image"}] * num_images + text},
+                         {"role": "assistant", "content": [{"type": "text", "text": answer}]}],
+            "images": [photo(PHOTOS[(i + k) % 8], side + 28 * k) for k in range(num_images)]}
+
+
+def make_packed_pool(collate) -> list[dict[str, torch.Tensor]]:
+    """Padded micro-batches of 2-3 rows for packing (issue 30): a text-only row next to rows of two images and of
+    one image, in differing orders and lengths; the pipeline packs each into one sequence."""
+    pool = []
+    for m in range(6):
+        counts = [(2, 0, 1), (0, 1, 2), (1, 2), (2, 0), (0, 2, 0), (1, 0, 1)][m]
+        pool.append(collate([multi_image_row(m + j, 56, n, (m + j) % 3) for j, n in enumerate(counts)]))
+    return pool
 
 
 def make_vl_pools(collate) -> dict[str, list[dict[str, torch.Tensor]]]:
@@ -129,6 +149,8 @@ def build_fixture(path: str) -> None:
     pools["text"] = make_text_pool(tokenizer)
     for name in ("qwen2_vl", "qwen3_vl", "llava", "llava-full", *new_family_configs(tokenizer)):
         pools[f"ragged-{name}"] = make_ragged_pool(collator(configs[name], tokenizer))
+    for name in PACKED_CONFIGS:
+        pools[f"packed-{name}"] = make_packed_pool(collator(configs[name], tokenizer))
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
 
 

@@ -233,3 +233,25 @@ def check_reload(per_rank: list[dict]) -> list[str]:
     if not per_rank[0]["reload_logit_diff"] < RELOAD_LOGIT_ATOL:
         problems.append(f"reloaded logits differ from the one-process model's by {per_rank[0]['reload_logit_diff']:.3g}")
     return problems
+
+
+# issue 30: packed micro-batches (a text-only row next to rows of one and two images, packed into one sequence)
+# against the unsplit model on the same rows unpacked, padded; (config, preprocess, text_layers, layout)
+PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
+                ("qwen3_vl", "trainable", 0, [1, 3, 4, 4]), ("qwen3_5", "frozen", 1, [4, 2, 3, 3]),
+                ("llava", "trainable", 0, None), ("gemma3", "frozen", 0, None)]
+
+
+def packed_cases(specs=None, **options) -> list[dict]:
+    """The packed cases of ``specs`` (default :data:`PACKED_SPECS`; ``R = 2``, ``V = 2``, ``M = 3``, 2 AdamW
+    steps, per-tensor tolerance): the pipeline loads each micro packed, the reference runs it as collated."""
+    cases = []
+    for config, preprocess, text_layers, layout in PACKED_SPECS if specs is None else specs:
+        case = dict(family=config, data=f"packed-{config}", vpp=2, num_micro=3, preprocess=preprocess,
+                    text_layers=text_layers, steps=2, pp_size=2, packed=True, scaled_tolerance=True, **options)
+        if layout is not None:
+            case["layers_per_stage"] = layout
+        case["name"] = f"packed-{config}-{preprocess}-T{text_layers}" + "".join(
+            f"-{k}={v}" for k, v in sorted(options.items()))
+        cases.append(case)
+    return cases

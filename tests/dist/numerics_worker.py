@@ -18,6 +18,7 @@ The pipeline runs on every rank; rank 0 then runs the unsplit reference (same mi
 same optimizer) and saves it; every rank compares its own parameters. Each rank writes OUT_DIR/rank{r}.json.
 """
 
+import contextlib
 import copy
 import io
 import json
@@ -26,6 +27,7 @@ import shutil
 import sys
 import time
 from datetime import timedelta
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -34,6 +36,8 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoModelForImage
 
 from common import run_cases
 from row_cases import RowCase
+from mpipe_hf.data.packing import pack_micro
+from mpipe_hf.models import decoder, host_metadata, packed
 from mpipe_hf.models import split as split_model
 from mpipe_hf.models.base import freeze
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
@@ -220,7 +224,31 @@ def _counted_run(self):
 WeightWork.run = _counted_run
 
 
+def negative_controls(case):
+    """Issue 30's negative controls, the peers' packing bugs, each of which the packed cases must catch:
+    ``case["one_range"]``, a packed micro's positions computed as one range over the whole packed sequence, on
+    every axis; ``case["no_linear_reset"]``, the linear-attention layers run over the packed sequence at once (their
+    state flows from one row into the next)."""
+    def mrope(_rope_index, raw):
+        return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
+
+    def rows(lengths, start=0):
+        return torch.arange(sum(lengths)).unsqueeze(0) + start
+    stack = contextlib.ExitStack()
+    if case.get("one_range"):
+        stack.enter_context(mock.patch.object(host_metadata, "mrope_positions", mrope))
+        stack.enter_context(mock.patch.object(packed, "row_positions", rows))
+    if case.get("no_linear_reset"):
+        stack.enter_context(mock.patch.object(decoder, "row_lengths", lambda state: None))
+    return stack
+
+
 def run_case(case, fixture, group, rank, device, pp_size, out_dir):
+    with negative_controls(case):
+        return _run_case(case, fixture, group, rank, device, pp_size, out_dir)
+
+
+def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
     cfg = ScheduleConfig(pp_size, case["vpp"], case["num_micro"], case["preprocess"], case.get("overflow", "full"),
                          case.get("owner_backward", False), case.get("less_memory", False),
                          case.get("placement", "prefix"), zero_bubble=case.get("zero_bubble", False))
@@ -273,8 +301,9 @@ def run_case(case, fixture, group, rank, device, pp_size, out_dir):
             loads.append(m)
             if rows is not None:  # read from the rows: a bad one is dropped (issue 28)
                 return rows.load(run, m)
-            split.validate_micro(micros[m])
-            return micros[m]
+            micro = pack_micro(micros[m]) if case.get("packed") else micros[m]  # one sequence (issue 30)
+            split.validate_micro(micro)
+            return micro
         return load
     for step in range(steps):
         for a in range(accumulate):
