@@ -8,6 +8,7 @@ Usage:
     python scripts/grad_matrix.py --ci --zero-bubble   # every case with the backward split into B and W
     python scripts/grad_matrix.py --families --zero-bubble   # every model family (R = 2, V = 2, checkpoint
                                                              # reload), each with the backward split
+    python scripts/grad_matrix.py --packed --pp 2   # every family with packed micro-batches (issue 30)
 
 Each pipeline size runs as torchrun jobs of gloo CPU processes (at most --chunk cases per job). Every case checks
 the loss, every gradient (atol 1e-5), the parameters after AdamW steps where the case takes several (atol 1e-4),
@@ -25,7 +26,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
-from matrix import check_case, check_reload, covering_subset, family_grid, full_grid  # noqa: E402
+from matrix import (check_case, check_reload, covering_subset, family_grid, full_grid, packed_configs,  # noqa: E402
+                    packed_grid)
 
 WORKER = os.path.join(HERE, "..", "tests", "dist", "numerics_worker.py")
 
@@ -41,8 +43,13 @@ def main(argv=None) -> int:
                         help="the model-family grid (every family frozen and trainable, T = 0 and 1, identity, "
                              "zero-bubble, MoE in the Trainer's order, at R = 2, V = 2, 2 AdamW steps, then a save "
                              "and a from_pretrained reload) instead of the grid")
+    parser.add_argument("--packed", action="store_true",
+                        help="every family with packed micro-batches (issue 30: a text-only row next to rows of "
+                             "one and two images in one sequence), frozen and trainable, against the same rows "
+                             "unpacked, instead of the grid")
     args = parser.parse_args(argv)
-    grid = family_grid() if args.families else covering_subset() if args.ci else full_grid()
+    grid = (packed_grid() if args.packed else family_grid() if args.families else covering_subset() if args.ci
+            else full_grid())
     cases = [c for c in grid if c["pp_size"] in args.pp]
     if args.swap:
         cases = [dict(case, swap=args.swap, name=f"{case['name']}-swap={args.swap}") for case in cases]
@@ -51,7 +58,7 @@ def main(argv=None) -> int:
     start, failed = time.perf_counter(), []
     with tempfile.TemporaryDirectory() as tmp:
         fixture = os.path.join(tmp, "fixture.pt")
-        build_fixture(fixture)
+        build_fixture(fixture, packed_configs()) if args.packed else build_fixture(fixture)
         for pp_size in args.pp:
             mine = [c for c in cases if c["pp_size"] == pp_size]
             for i in range(0, len(mine), args.chunk):

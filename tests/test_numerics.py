@@ -31,8 +31,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
-from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, check_case, check_reload, covering_subset, family_cases,  # noqa: E402
-                    make_case)
+from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, NEGATIVE_CONTROLS, check_case, check_reload,  # noqa: E402
+                    covering_subset, family_cases, make_case, packed_cases)
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
 HIDDEN = 64  # the tiny config's hidden size
@@ -108,7 +108,13 @@ OWNER_CASES = [make_case("vision", 4, 2, 8, "frozen", owners="balanced", steps=2
                make_case("vision", 4, 2, 6, "frozen", placement="fill", lookahead=True, owners="balanced", steps=3),
                make_case("vl-text", 3, 1, 5, "trainable", owners="reversed"),
                make_case("vision", 2, 2, 4, "trainable", owner_backward=True, owners="reversed", steps=2)]
-EXTRA = {2: PIXEL_CASES + FAMILY_CASES + MOE_CASES[-len(MOE_ORDER_SPECS):] + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
+# issue 30: packed micro-batches against the same rows unpacked, and the two negative controls, which must fail:
+# positions as one range over the packed sequence (the mask then spans rows; M-RoPE loses each image's grid),
+# and Qwen3.5's linear attention run over the packed sequence at once (its state flows into the next row)
+PACKED_CASES = packed_cases()
+CONTROL_CASES = packed_cases([("vl", "frozen", 0, None), ("llava", "trainable", 0, None)], one_range=True) + \
+    packed_cases([("qwen3_5", "frozen", 1, [4, 2, 3, 3])], no_linear_reset=True)
+EXTRA = {2: PACKED_CASES + CONTROL_CASES + PIXEL_CASES + FAMILY_CASES + MOE_CASES[-len(MOE_ORDER_SPECS):] + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
          + OWNER_CASES[3:],
          3: FILL_CASES[1:] + ZB_CASES[3:5] + OWNER_CASES[2:3],
          4: ERROR_CASES + ROW_CASES + FILL_CASES[:1] + SWAP_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
@@ -146,7 +152,7 @@ def test_gradient_matrix_covering_subset(pp_size, results):
     got = results(pp_size)
     # bf16 in the HF Trainer's order has its own relative bound (test_precision_policy_equals_one_process)
     problems = {c["name"]: p for c in cases(pp_size) if not (c.get("bf16") and c.get("order") != "pipeline")
-                and (p := check_case(c, got[c["name"]]))}
+                and not any(c.get(k) for k in NEGATIVE_CONTROLS) and (p := check_case(c, got[c["name"]]))}
     assert not problems, problems
 
 
@@ -181,6 +187,28 @@ def test_moe_load_balancing_loss_equals_hf(case, results):
     assert all(a is not None and a > 1e-3 for a in aux) and all(r["aux_losses"] == aux for r in per_rank), aux
     routers = [n for r in per_rank for n in r["names"] if n.endswith("mlp.gate.weight")]
     assert routers and len(routers) == len({n.split(".layers.")[1].split(".")[0] for n in routers}), routers
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=[c["name"] for c in PACKED_CASES])
+def test_packed_step_equals_unpacked(case, results):
+    """Issue 30: each micro-batch (a text-only row next to rows of one and two photos) packed into one sequence
+    with no padding trains like the unsplit model on the same rows unpacked and padded: the loss, every gradient
+    at 1e-5 + 1e-5 * max|ref| per tensor, and the parameters after 2 AdamW steps. Qwen2.5-VL (M-RoPE per row, the
+    text-position row), Qwen3-VL (DeepStack at each row's image tokens), Qwen3.5 (linear attention reset per row),
+    LLaVA (1-D RoPE), Gemma 3 (bidirectional image blocks within a row); frozen and trainable towers."""
+    per_rank = results(2)[case["name"]]
+    problems = check_case(case, per_rank)
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("case", CONTROL_CASES, ids=[c["name"] for c in CONTROL_CASES])
+def test_packing_bugs_fail_the_packed_test(case, results):
+    """The negative controls: the peers' packing bugs fail :func:`test_packed_step_equals_unpacked`'s check, by
+    far more than its tolerance (the loss, a gradient at hundreds of times the per-tensor tolerance)."""
+    per_rank = results(2)[case["name"]]
+    assert check_case(case, per_rank), "the bug went unnoticed"
+    assert max(abs(a - b) for a, b in zip(per_rank[0]["losses"], per_rank[0]["ref_losses"])) > 1e-4
+    assert max(r["grad_scaled"] for r in per_rank) > 100
 
 
 @pytest.mark.parametrize("case", DROPOUT_CASES, ids=[c["name"] for c in DROPOUT_CASES])

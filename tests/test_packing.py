@@ -227,3 +227,34 @@ def test_packer_rejects_bad_inputs(change, field):
     kw = {**dict(num_micro=2, max_tokens_per_micro=40, lengths=[10] * 10), **change}
     with pytest.raises(ValueError, match=field):
         PackedPlan(list(range(10)), None, **kw)
+
+
+@pytest.mark.parametrize("data,field", [
+    (dict(packing="yes"), "data.packing"), (dict(packing=True, max_tokens_per_micro=0), "data.max_tokens_per_micro"),
+    (dict(max_tokens_per_micro=512), "data.max_tokens_per_micro"),
+])
+def test_bad_packing_keys_name_the_field(data, field):
+    from mpipe_hf.train.recipe_data import DataSection
+    with pytest.raises(ValueError, match=field):
+        DataSection(path="rows.jsonl", **data)
+
+
+def test_packed_rows_are_cut_at_the_budget_and_micro_means_are_refused(tmp_path):
+    from mpipe_hf.train.recipe import parse_recipe
+    from mpipe_hf.train.recipe_data import DataSection
+    data = DataSection(path="rows.jsonl", packing=True, max_tokens_per_micro=512, max_length=2048)
+    assert (data.row_length, data.token_budget) == (512, 512)
+    assert DataSection(path="rows.jsonl", packing=True).token_budget == 2048
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    raw = {"model": str(tmp_path), "data": {"path": "rows.jsonl", "packing": True},
+           "parallel": {"pp_size": 2, "num_micro": 2}, "train": {"loss_normalization": "micro"}}
+    with pytest.raises(ValueError, match="train.loss_normalization"):
+        parse_recipe(raw)
+
+
+def test_chunked_attention_cannot_be_packed():
+    from mpipe_hf.models.packed import check_packable
+    check_packable(["full_attention", "linear_attention", "sliding_attention"])
+    with pytest.raises(ValueError, match="chunked_attention"):
+        check_packable(["full_attention", "chunked_attention"])

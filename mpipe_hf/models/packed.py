@@ -135,3 +135,16 @@ def flash_kwargs(text_config, lengths: list[int] | None, device: torch.device) -
         return {}
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32).to(device, non_blocking=True)
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lengths), "max_length_k": max(lengths)}
+
+
+PACKABLE = ("full_attention", "sliding_attention", LINEAR)  # masks AND the rows; linear attention per row
+
+
+def check_packable(layer_types: list[str]) -> None:
+    """Raise ``ValueError`` when a model with these decoder layer types cannot be packed exactly: only full,
+    sliding-window and linear attention can (a chunked layer's chunks count from the start of the sequence, so
+    packed rows would be chunked differently than alone)."""
+    other = sorted(set(layer_types) - set(PACKABLE))
+    if other:
+        raise ValueError(f"data.packing: layers of type {other} cannot be packed exactly (supported: "
+                         f"{list(PACKABLE)}); set data.packing: false")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from ..models.decoder import layer_types
+from ..models.packed import check_packable
 from ..models import get_family
 from ..models.load import check_adapter
 from .metrics import available_trackers
@@ -61,6 +63,8 @@ def check(recipe: Recipe) -> list[int]:
     get_family(config.model_type)  # an unknown model_type fails here, naming the supported ones
     available_trackers(recipe.train.report_to)
     counts = check_layout(recipe, config)
+    if recipe.data.packing:  # a layer type packing cannot keep exact (chunked attention)
+        check_packable(layer_types(config.get_text_config()))
     if recipe.lora is not None:
         check_adapter(config, cfg, recipe.lora.peft_config(), counts, recipe.parallel.text_layers, recipe.lora.merge)
     processes = cfg.pp_size * recipe.parallel.dp_size

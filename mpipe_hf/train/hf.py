@@ -39,6 +39,8 @@ from transformers.utils import logging
 
 from ..data import ConversationCollator, MicroBatchPlan
 from ..data.packing import PackedCollate
+from ..models.decoder import layer_types
+from ..models.packed import check_packable
 from .hf_checkpoint import STAGING_PREFIX, CheckpointMixin
 from .hf_parts import (MPipeCallback, MPipeConfig, PreemptionCallback, _EpochSampler, _Pipeline, _RowLoader,
                        check_training_args)
@@ -144,7 +146,10 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         return loaded[1]
 
     def _plan(self, dataset, micro_batch_size: int) -> MicroBatchPlan:
-        collate = PackedCollate(self._collate()) if self.mpipe.packing else self._collate()  # MPipeConfig.packing
+        collate = self._collate()
+        if self.mpipe.packing:  # MPipeConfig.packing: each micro-batch's rows in one sequence
+            check_packable(layer_types(self.run.carved.model.config.get_text_config()))
+            collate = PackedCollate(collate)
         return MicroBatchPlan(dataset, collate, self.num_micro, micro_batch_size,
                               self.run.carved.validate_micro, drop_bad_rows=self.mpipe.on_bad_sample == "skip")
 

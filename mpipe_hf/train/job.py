@@ -20,6 +20,8 @@ from tqdm.auto import tqdm
 
 from ..data import MicroBatchPlan
 from ..data.packing import PackedCollate, PackedPlan
+from ..models.decoder import layer_types
+from ..models.packed import check_packable
 from .checkpoint import save_hub_files
 from .metrics import MetricsLog
 from .optimizer import build_optimizer, build_scheduler
@@ -105,6 +107,7 @@ class RecipeJob:
                       num_replicas=self.recipe.parallel.dp_size, drop_bad_rows=data.on_bad_sample == "skip")
         if not data.packing:
             return MicroBatchPlan(dataset, self.collate, run.cfg.num_micro, data.micro_batch_size, **common)
+        check_packable(layer_types(self.config.get_text_config()))
         lengths, costs = packing_rows(dataset, self.config, data)
         return PackedPlan(dataset, self.collate, run.cfg.num_micro, data.token_budget, lengths, costs, **common)
 

@@ -100,11 +100,12 @@ def make_vl_pools(collate) -> dict[str, list[dict[str, torch.Tensor]]]:
     return {"images": images, "ragged": make_ragged_pool(collate), "noimage": noimage}
 
 
-def make_text_pool(tokenizer) -> list[dict[str, torch.Tensor]]:
-    """Padded text micro-batches of 1-2 sentences (labels -100 on padding), differing in length."""
+def make_text_pool(tokenizer, rows=lambda m: 1 + m % 2) -> list[dict[str, torch.Tensor]]:
+    """Padded text micro-batches of ``rows(m)`` rows (1-2; the packed pool's 2-3) of 1-3 sentences each (labels
+    -100 on padding), differing in length."""
     out = []
     for m in range(8):
-        texts = [" ".join(SENTENCES[(m + j + k) % 8] for k in range(1 + (m + j) % 3)) for j in range(1 + m % 2)]
+        texts = [" ".join(SENTENCES[(m + j + k) % 8] for k in range(1 + (m + j) % 3)) for j in range(rows(m))]
         batch = tokenizer(texts, padding=True, return_tensors="pt")
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
         out.append({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": labels})
@@ -139,18 +140,20 @@ def new_family_configs(tokenizer) -> dict:
             **{name: build(tokenizer, num_layers=n) for name, build in TINY_VLMS.items()}}
 
 
-def build_fixture(path: str) -> None:
+def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS) -> None:
     """Configs (real HF classes, the Qwen2 vocabulary cut to :data:`VOCAB_RANKS` ranks) and micro-batch pools,
     built once and shared with the workers. Each VL family's pool is made by its own processor
-    (``ragged-<config name>``)."""
+    (``ragged-<config name>``), and so is the packed pool of each of ``packed`` (``packed-<config name>``;
+    ``packed-text`` for the decoder-only LMs)."""
     tokenizer = qwen2_tokenizer(VOCAB_RANKS)
     configs = tiny_configs(tokenizer)
     pools = make_vl_pools(collator(configs["vl"], tokenizer))
     pools["text"] = make_text_pool(tokenizer)
     for name in ("qwen2_vl", "qwen3_vl", "llava", "llava-full", *new_family_configs(tokenizer)):
         pools[f"ragged-{name}"] = make_ragged_pool(collator(configs[name], tokenizer))
-    for name in PACKED_CONFIGS:
+    for name in packed:
         pools[f"packed-{name}"] = make_packed_pool(collator(configs[name], tokenizer))
+    pools["packed-text"] = make_text_pool(tokenizer, rows=lambda m: 2 + m % 2)
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
 
 

@@ -242,12 +242,16 @@ PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
                 ("llava", "trainable", 0, None), ("gemma3", "frozen", 0, None)]
 
 
+NEGATIVE_CONTROLS = ("one_range", "no_linear_reset")  # case options whose cases must fail (numerics_worker.py)
+
+
 def packed_cases(specs=None, **options) -> list[dict]:
     """The packed cases of ``specs`` (default :data:`PACKED_SPECS`; ``R = 2``, ``V = 2``, ``M = 3``, 2 AdamW
     steps, per-tensor tolerance): the pipeline loads each micro packed, the reference runs it as collated."""
     cases = []
     for config, preprocess, text_layers, layout in PACKED_SPECS if specs is None else specs:
-        case = dict(family=config, data=f"packed-{config}", vpp=2, num_micro=3, preprocess=preprocess,
+        data = "packed-text" if config in TEXT_CONFIGS else f"packed-{config}"
+        case = dict(family=config, data=data, vpp=2, num_micro=3, preprocess=preprocess,
                     text_layers=text_layers, steps=2, pp_size=2, packed=True, scaled_tolerance=True, **options)
         if layout is not None:
             case["layers_per_stage"] = layout
@@ -255,3 +259,20 @@ def packed_cases(specs=None, **options) -> list[dict]:
             f"-{k}={v}" for k, v in sorted(options.items()))
         cases.append(case)
     return cases
+
+
+def packed_grid() -> list[dict]:
+    """Every family packed (:data:`FAMILY_SPECS` and :data:`NEW_FAMILY_SPECS`' configs, each with its first
+    layout), frozen at ``T = 0`` (trainable at ``T = 1`` for a decoder-only LM) and trainable at ``T = 1``:
+    ``python scripts/grad_matrix.py --packed``."""
+    layouts = {}
+    for config, _, _, layout in FAMILY_SPECS + NEW_FAMILY_SPECS:
+        layouts.setdefault(config, layout)
+    specs = [(c, pre, t, layout) for c, layout in layouts.items() for pre, t in (("frozen", 0), ("trainable", 1))
+             if t == 1 or c not in TEXT_CONFIGS]
+    return packed_cases(specs)
+
+
+def packed_configs() -> tuple[str, ...]:
+    """The vision-language configs of :func:`packed_grid` (each needs its own packed pool)."""
+    return tuple(dict.fromkeys(c["family"] for c in packed_grid() if c["family"] not in TEXT_CONFIGS))
