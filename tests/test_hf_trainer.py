@@ -53,19 +53,22 @@ def final_state(out):
 
 
 @pytest.mark.parametrize("options", [
-    dict(max_grad_norm=0.5, learning_rate=1e-3, max_steps=13),  # frozen tower, clipping that clips; over the
-    # epoch's end: 89 rows, M = 8, so step 12 has one micro-batch and step 13 starts epoch 2
+    # frozen tower, clipping that clips, 3 rows per micro-batch, which the pipeline packs into one sequence (issue
+    # 30) and the plain Trainer pads; over the epoch's end: 89 rows in 30 micro-batches, M = 8, so step 4 has 6
+    # micro-batches (the last of 2 rows) and step 5 starts epoch 2
+    dict(max_grad_norm=0.5, learning_rate=1e-3, max_steps=5, batch_size=3, packing=True),
     # a trainable tower under bf16 autocast with fp32 master weights (in fp32, a trainable tower's steps equal one
     # process at 1e-5 in tests/test_numerics.py and tests/test_train.py; here, the Trainer's bf16 path)
     dict(train_tower=True, bf16=True, max_grad_norm=0.5, learning_rate=2e-5),
-], ids=["frozen", "trainable-bf16"])
+], ids=["frozen-packed", "trainable-bf16"])
 def test_mpipe_trainer_equals_plain_trainer(demo, tmp_path, options):
-    """3 steps (13 across an epoch's end) of the pipelined script under torchrun equal the plain Trainer's on one
-    process: every step's loss, global grad norm, learning rate and epoch, and every parameter after the last step
-    (atol 1e-4)."""
-    plain, piped = str(tmp_path / "plain"), str(tmp_path / "piped")
+    """3 steps (5 across an epoch's end, packed) of the pipelined script under torchrun equal the plain Trainer's on
+    one process: every step's loss, global grad norm, learning rate and epoch, and every parameter after the last
+    step (atol 1e-4)."""
+    plain, piped, options = str(tmp_path / "plain"), str(tmp_path / "piped"), dict(options)
+    packing = {"packing": options.pop("packing")} if "packing" in options else {}  # the pipelined script's flag
     launch([sys.executable, PLAIN, *common(demo, plain, **options)])
-    proc = torchrun(PIPELINED, common(demo, piped, **options))
+    proc = torchrun(PIPELINED, common(demo, piped, **options, **packing))
     ref, got = history(plain), history(piped)
     assert sorted(ref) == sorted(got) == list(range(1, options.get("max_steps", 3) + 1))
     tol = 1e-3 if options.get("bf16") else 1e-5
