@@ -12,12 +12,15 @@
   [--owner-backward] [--less-memory] [--zero-bubble] [--gantt]`` prints each rank's action list of the MPipe
   Transpose schedule, or its Gantt chart under unit costs (F = 1, B = 2, preprocess forward = 1, backward = 2)
   with the bubble and each rank's peak in-flight activations;
-- ``mpipe-hf simulate [schedule flags] [--profile PROFILE.yaml]`` predicts the step time, bubble and peak
-  activations per rank; ``--auto`` tries the knobs (``V``, ``T``, overflow, owner-backward, stage 0's layers) and
-  lists them fastest first;
+- ``mpipe-hf simulate [schedule flags] [--profile PROFILE.yaml] [--micro-weights W1,W2,...]
+  [--preprocess-weights W1,W2,...]`` predicts the step time, bubble and peak activations per rank, each micro-batch
+  weighted (uneven micros: packed, ragged); ``--auto`` tries the knobs (``V``, ``T``, overflow,
+  owner-backward, stage 0's layers) and lists them fastest first;
 - ``mpipe-hf plan RECIPE.yaml [--profile PROFILE.yaml] [--gpu-gib 80]`` prints every rank's parameter, gradient,
   optimizer-state and activation bytes (exact counts on the meta device; activations from the profile, or
-  estimated from the config) and the predicted step time; exits 1 when a rank does not fit;
+  estimated from the config) and the predicted step time; with ``data.packing`` also step 0's packed
+  micro-batches and the simulated packed step against the same rows padded (:mod:`.train.plan_packing`; needs
+  the data); exits 1 when a rank does not fit;
 - ``mpipe-hf profile RECIPE.yaml`` measures a cost profile of the recipe's model and data on one process;
 - ``mpipe-hf plot --out GANTT.png`` draws a Gantt chart of a simulated schedule ([schedule flags]) or of a
   measured run (``--trace output_dir/trace.json`` from a recipe with ``trace: true``).
@@ -28,6 +31,7 @@ The parser's help is plain text of its own (:data:`DESCRIPTION`, each option's d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from .cli_train import train_parsers
@@ -56,6 +60,8 @@ def _simulate(args) -> None:
     from .schedule.simulate import simulate
     if args.auto:
         from .schedule.tune import Profile, tune
+        if args.micro_weights or args.preprocess_weights:
+            raise ValueError("--micro-weights and --preprocess-weights simulate one schedule; not with --auto")
         if not args.profile:
             raise ValueError("--auto needs --profile PROFILE.yaml (mpipe-hf profile RECIPE.yaml writes one)")
         ranked = tune(Profile.load(args.profile), args.pp, args.micro, args.preprocess)
@@ -65,12 +71,27 @@ def _simulate(args) -> None:
         return
     cfg = _config(args)
     costs, unit = _costs(args, cfg)
+    costs = dataclasses.replace(costs, micro_weights=_weights(args.micro_weights, "--micro-weights", cfg),
+                                micro_preprocess_weights=_weights(args.preprocess_weights, "--preprocess-weights", cfg))
     sim = simulate(_swapped(args, cfg, build_schedule(cfg, costs)), costs)
     print(f"step {sim.makespan:.4g} {unit}; bubble {sim.mean_bubble:.3f} (per rank "
           f"{[round(sim.bubble[r], 3) for r in sorted(sim.bubble)]}); peak in-flight activations per rank "
           f"{[sim.peak_activations[r] for r in sorted(sim.peak_activations)]}"
           + (f"; on the device with swap {[sim.peak_resident[r] for r in sorted(sim.peak_resident)]}"
              if args.swap else ""))
+
+
+def _weights(text: str | None, flag: str, cfg) -> tuple[float, ...] | None:
+    """``W1,W2,...`` -> one weight per micro-batch (``None``: not given)."""
+    if text is None:
+        return None
+    try:
+        weights = tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated numbers, one per micro-batch; got {text!r}") from None
+    if len(weights) != cfg.num_micro:
+        raise ValueError(f"{flag} gives {len(weights)} weights for --micro {cfg.num_micro}: give one per micro-batch")
+    return weights
 
 
 def _plot(args) -> None:
@@ -130,6 +151,9 @@ def _plan(args) -> None:
     print(f"{config.model_type}: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} preprocess={cfg.preprocess} "
           f"text_layers={text_layers} gradient_checkpointing={ckpt}; costs from {source}")
     print(result.table(args.gpu_gib * 2**30))
+    if recipe.data.packing:
+        from .train.plan_packing import packed_section
+        print(packed_section(recipe, config, result, None if path else (args.tokens, args.image_tokens)))
     if not result.fits(args.gpu_gib * 2**30):
         sys.exit(1)
 
@@ -226,6 +250,11 @@ def _parser() -> argparse.ArgumentParser:
     _schedule_flags(sim, cost_flags=True)
     sim.add_argument("--auto", action="store_true", help="try V, T, overflow, owner-backward and layouts")
     sim.add_argument("--top", type=int, default=20, help="candidates to print with --auto")
+    sim.add_argument("--micro-weights", help="comma-separated, one per micro-batch: how many times the profile's "
+                     "micro-batch each costs in the body (F, B, W), e.g. its tokens over the profile's; uniform "
+                     "without")
+    sim.add_argument("--preprocess-weights", help="comma-separated, one per micro-batch: likewise for its preprocess "
+                     "(TRANSPOSE_FWD/BWD, DATA_LOAD), e.g. its image tokens over the profile's; uniform without")
     sim.set_defaults(func=_simulate)
     plot = sub.add_parser("plot", help="draw a Gantt chart (PNG) of a simulated or measured schedule",
                           formatter_class=fmt, description="Draw a Gantt chart of a simulated schedule (the "

@@ -25,6 +25,7 @@ CHANNELS = {Kind.SEND_F: "F", Kind.RECV_F: "F", Kind.SEND_B: "B", Kind.RECV_B: "
             Kind.GRAPH_RECV: "GRAPH", Kind.GRAD_SEND: "GRAD", Kind.GRAD_RECV: "GRAD",
             Kind.PARAM_BROADCAST: "PARAM", Kind.GRAD_REDUCE: "REDUCE"}
 BUSY_KINDS = COMPUTE_KINDS | {Kind.DATA_LOAD}
+MICRO_WEIGHT_FIELDS = ("micro_weights", "micro_preprocess_weights")  # Costs' per-micro weights
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,18 @@ class Costs:
             half, Zero Bubble PP's ``B = W``). In a zero-bubble schedule a ``B`` with its ``W`` costs
             ``backward - weight`` and the ``W`` costs ``weight``; a ``W`` alone (stage 0, whose inputs need no
             gradient) is the whole backward.
+        micro_weights: per micro-batch ``m``, how many times the costs above its body ``F``, ``B`` and ``W`` take
+            (``forward``/``backward``/``weight`` are those of the profile's micro-batch; a packed micro of other
+            token counts costs ``weight[m]`` times them, issue 30); ``None``: every micro 1 (uniform).
+        micro_preprocess_weights: likewise for micro ``m``'s ``TRANSPOSE_FWD``, ``TRANSPOSE_BWD`` and
+            ``DATA_LOAD`` (its image tokens); ``None``: uniform.
+
+    Both weight tuples hold one finite number ``>= 0`` per micro-batch of the simulated schedule (micros
+    ``0 .. M-1``, or ``0 .. 2M-1`` with placement ``fill``'s look-ahead).
+
+    Raises:
+        ValueError: naming the field: a weight that is not a finite number ``>= 0``; in :func:`simulate`, a weight
+            tuple whose length is not the schedule's number of micro-batches.
     """
 
     forward: float | tuple[float, ...] = 1.0
@@ -62,25 +75,70 @@ class Costs:
     send_overhead: float = 0.0
     dispatch: float = 0.0
     weight: float | tuple[float, ...] | None = None
+    micro_weights: tuple[float, ...] | None = None
+    micro_preprocess_weights: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        for name in MICRO_WEIGHT_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            try:
+                values = tuple(float(w) for w in value)
+            except (TypeError, ValueError):
+                raise ValueError(f"Costs.{name} must be a sequence of numbers, one per micro-batch, or None; got "
+                                 f"{value!r}") from None
+            for m, w in enumerate(values):
+                if not (math.isfinite(w) and w >= 0):
+                    raise ValueError(f"Costs.{name}[{m}] = {w}: a micro-batch's weight must be finite and >= 0")
+            object.__setattr__(self, name, values)
+
+    def check_micros(self, orders: dict[int, list[Action]]) -> None:
+        """Raise ``ValueError`` naming the field when a weight tuple's length is not the number of micro-batches
+        of ``orders`` (its largest micro index plus one)."""
+        given = [(name, getattr(self, name)) for name in MICRO_WEIGHT_FIELDS if getattr(self, name) is not None]
+        if not given:
+            return
+        micros = 1 + max((a.micro for actions in orders.values() for a in actions if a.micro is not None), default=-1)
+        for name, values in given:
+            if len(values) != micros:
+                raise ValueError(f"Costs.{name} gives {len(values)} weights for a schedule of {micros} "
+                                 f"micro-batches: give one weight per micro-batch")
+
+    def _scale(self, name: str, micro: int | None) -> float:
+        weights = getattr(self, name)
+        if weights is None or micro is None:
+            return 1.0
+        if micro >= len(weights):
+            raise ValueError(f"Costs.{name} gives {len(weights)} weights, but the schedule has micro-batch {micro}: "
+                             f"give one weight per micro-batch")
+        return weights[micro]
 
     def compute(self, a: Action, split: bool = False) -> float:
         """Time ``a`` holds its rank computing (0 for transfers and collectives); ``split``: a ``B`` or ``W`` whose
-        backward is split in two (the rank runs both)."""
+        backward is split in two (the rank runs both). Scaled by ``a.micro``'s weight (:attr:`micro_weights`,
+        :attr:`micro_preprocess_weights`)."""
         if a.kind in (Kind.F, Kind.B, Kind.W):
-            cost = self.forward if a.kind is Kind.F else self.backward
-            cost = cost[a.stage] if isinstance(cost, (tuple, list)) else cost
-            if a.kind is Kind.F or not split:
-                return cost
-            weight = self.weight[a.stage] if isinstance(self.weight, (tuple, list)) else self.weight
-            weight = cost / 2 if weight is None else min(weight, cost)
-            return weight if a.kind is Kind.W else cost - weight
+            return self._body(a, split) * self._scale("micro_weights", a.micro)
         if a.kind is Kind.TRANSPOSE_FWD:
-            return self.preprocess_forward
-        if a.kind is Kind.TRANSPOSE_BWD:
-            return self.preprocess_backward
-        if a.kind is Kind.DATA_LOAD:
-            return self.data_load
-        return 0.0
+            cost = self.preprocess_forward
+        elif a.kind is Kind.TRANSPOSE_BWD:
+            cost = self.preprocess_backward
+        elif a.kind is Kind.DATA_LOAD:
+            cost = self.data_load
+        else:
+            return 0.0
+        return cost * self._scale("micro_preprocess_weights", a.micro)
+
+    def _body(self, a: Action, split: bool) -> float:
+        """A body ``F``/``B``/``W`` of the profile's micro-batch (unweighted)."""
+        cost = self.forward if a.kind is Kind.F else self.backward
+        cost = cost[a.stage] if isinstance(cost, (tuple, list)) else cost
+        if a.kind is Kind.F or not split:
+            return cost
+        weight = self.weight[a.stage] if isinstance(self.weight, (tuple, list)) else self.weight
+        weight = cost / 2 if weight is None else min(weight, cost)
+        return weight if a.kind is Kind.W else cost - weight
 
     def transfer(self, kind: Kind) -> float:
         """Time one message (or collective) of ``kind`` takes to arrive."""
@@ -160,11 +218,12 @@ def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Sim
     """Run every rank's action list under ``costs``.
 
     Raises:
+        ValueError: ``costs``' per-micro weights are not one per micro-batch of ``orders`` (naming the field).
         Deadlock: no rank can move and some have actions left (a receive whose send never comes or comes after
             the receiver's own wait, a collective some rank never reaches), or two ranks pair messages in
             different orders.
     """
-    costs = costs or Costs()
+    (costs := costs or Costs()).check_micros(orders)
     clock = {r: 0.0 for r in orders}
     pc = {r: 0 for r in orders}
     sent: dict[tuple[int, int], list[tuple[tuple, float]]] = {}
@@ -212,15 +271,26 @@ def simulate(orders: dict[int, list[Action]], costs: Costs | None = None) -> Sim
                 run(rank, a, start, start + costs.transfer(a.kind))
             moved = True
         if not moved:
-            waits = {}
-            for rank, a in heads.items():
-                if a.kind in COLLECTIVE_KINDS:
-                    waits[rank] = (a, [q for q in orders if q not in heads or heads[q].kind is not a.kind])
-                else:
-                    waits[rank] = (a, [a.peer])
-            raise Deadlock(waits)
+            raise _stuck(orders, heads)
+    return _result(orders, timeline)
+
+
+def _result(orders: dict[int, list[Action]], timeline: dict[int, list[Event]]) -> Simulation:
+    """The :class:`Simulation` of a finished ``timeline``."""
     makespan = max((e.end for events in timeline.values() for e in events), default=0.0)
     bubble = {r: 1.0 - sum(e.end - e.start for e in events if e.busy) / makespan if makespan else 0.0
               for r, events in timeline.items()}
     return Simulation(timeline, makespan, bubble, {r: peak_in_flight(orders[r]) for r in orders},
                       {r: peak_resident(orders[r]) for r in orders})
+
+
+def _stuck(orders: dict[int, list[Action]], heads: dict[int, Action]) -> Deadlock:
+    """The :class:`Deadlock` of ranks stuck at ``heads``: a receive waits for its peer, a collective for the
+    ranks not at it."""
+    waits = {}
+    for rank, a in heads.items():
+        if a.kind in COLLECTIVE_KINDS:
+            waits[rank] = (a, [q for q in orders if q not in heads or heads[q].kind is not a.kind])
+        else:
+            waits[rank] = (a, [a.peer])
+    return Deadlock(waits)

@@ -1,0 +1,198 @@
+"""The packed step in the simulator (issue 30, item 3b): ``mpipe-hf plan`` on a recipe with ``data.packing`` shows
+step 0's packed micro-batches (:class:`~mpipe_hf.data.packing.PackedPlan`, as ``mpipe-hf train`` packs them),
+weighs each against the cost profile's micro-batch, and simulates the packed step next to the same rows padded at
+``data.micro_batch_size`` rows per micro-batch.
+
+Cost model: a micro-batch's body ``F``/``B``/``W`` (layers, embedding, head) costs the profile's times its decoder
+tokens over the profile's tokens per micro-batch, and its ``P`` (the tower, :class:`~mpipe_hf.schedule.simulate.Costs`'
+``micro_preprocess_weights``) the profile's times its image tokens over the profile's image tokens: linear in
+tokens, as the profile's matmul FLOPs are (:func:`~.plan.estimate_profile`). Attention's term quadratic in a row's
+length is not modelled (packed rows attend only within themselves), nor do message sizes follow the tokens. A
+padded micro-batch computes ``rows * longest row`` decoder tokens, what padding to the longest row costs; its image
+tokens are its rows' (padding adds none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..data.packing import PackedPlan
+from ..schedule import build_schedule
+from ..schedule.owners import step_owners, with_owners
+from ..schedule.simulate import simulate
+from ..schedule.tune import costs_for
+from .sources import load_data, load_processor, packing_rows
+
+
+@dataclass(frozen=True)
+class StepMicros:
+    """One replica's micro-batches of a step as the simulator weighs them, one entry per micro-batch.
+
+    Attributes:
+        tokens: decoder tokens each computes: packed, its rows' lengths summed; padded, ``rows * longest row``.
+        real_tokens: its rows' own tokens (after the ``max_length`` cut); ``tokens`` when packed.
+        image_tokens: its rows' image tokens.
+        rows: how many rows it holds.
+    """
+
+    tokens: tuple[int, ...]
+    real_tokens: tuple[int, ...]
+    image_tokens: tuple[int, ...]
+    rows: tuple[int, ...]
+
+    @property
+    def padding(self) -> float:
+        """The share of the computed tokens that is padding: ``1 - sum(real_tokens) / sum(tokens)``."""
+        return 1.0 - sum(self.real_tokens) / sum(self.tokens) if sum(self.tokens) else 0.0
+
+
+@dataclass(frozen=True)
+class SimulatedRows:
+    """What processing a :class:`StepMicros` takes: ``seconds`` (all its steps, in the profile's unit), ``bubble``
+    (the idle share over those steps, ``1 - busy / (ranks * seconds)``) and ``steps`` (schedule runs of at most
+    ``num_micro`` micro-batches)."""
+
+    seconds: float
+    bubble: float
+    steps: int
+
+
+def packed_plan(dataset, config, data, num_micro: int, num_replicas: int = 1, seed: int = 0,
+                collate=None) -> PackedPlan:
+    """The :class:`PackedPlan` ``mpipe-hf train`` builds for ``dataset`` (replica 0): lengths and balancing
+    costs from :func:`~.sources.packing_rows`, the budget ``data.token_budget`` tokens, ``data.shuffle``, the
+    seed ``train.seed``. ``dataset`` needs ``len()`` and the columns ``num_tokens`` and ``image_tokens`` (a
+    :class:`~mpipe_hf.data.conversation.ConversationDataset`); ``collate`` is never called here.
+
+    Raises:
+        ValueError: as :class:`PackedPlan` (a row longer than the budget, an empty dataset, ...).
+    """
+    lengths, costs = packing_rows(dataset, config, data)
+    return PackedPlan(dataset, collate or list, num_micro, data.token_budget, lengths, costs, shuffle=data.shuffle,
+                      seed=seed, num_replicas=num_replicas)
+
+
+def _image_column(dataset) -> list[int]:
+    images = list(getattr(dataset, "image_tokens", None) or [])
+    return [int(i) for i in images] if images else [0] * len(dataset)
+
+
+def packed_micros(plan: PackedPlan, step: int = 0) -> StepMicros:
+    """``plan``'s replica's packed micro-batches of step ``step``: tokens (its rows' lengths summed, tokens),
+    image tokens (the dataset's ``image_tokens`` column summed; 0 without it) and rows."""
+    images = _image_column(plan.dataset)
+    rows = [plan.rows(step, m) for m in range(plan.num_micro)]
+    tokens = tuple(sum(plan.lengths[r] for r in b) for b in rows)
+    return StepMicros(tokens, tokens, tuple(sum(images[r] for r in b) for b in rows), tuple(len(b) for b in rows))
+
+
+def padded_micros(plan: PackedPlan, micro_batch_size: int, step: int = 0) -> StepMicros:
+    """The rows of :func:`packed_micros` (the same step and replica), in stream order, in micro-batches of
+    ``micro_batch_size`` rows (the last one may hold fewer), each computing ``rows * longest row`` tokens.
+
+    Raises:
+        ValueError: ``micro_batch_size`` below 1.
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    images = _image_column(plan.dataset)
+    placed = plan.placed(step)[plan.replica * plan.num_micro:(plan.replica + 1) * plan.num_micro]
+    rows = [row for _, row in sorted(p for b in placed for p in b)]
+    chunks = [rows[i:i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+    return StepMicros(tuple(len(c) * max(plan.lengths[r] for r in c) for c in chunks),
+                      tuple(sum(plan.lengths[r] for r in c) for c in chunks),
+                      tuple(sum(images[r] for r in c) for c in chunks), tuple(len(c) for c in chunks))
+
+
+def mean_tokens(micros: StepMicros) -> tuple[float, float]:
+    """``(tokens, image tokens)`` per micro-batch of ``micros``, their means: the reference of the weights when
+    the profile was measured (its micro-batch is taken to be the step's mean packed micro-batch)."""
+    n = len(micros.tokens)
+    return sum(micros.tokens) / n, sum(micros.image_tokens) / n
+
+
+def micro_weights(micros: StepMicros, reference_tokens: float,
+                  reference_image_tokens: float) -> tuple[tuple[float, ...], tuple[float, ...] | None]:
+    """``(weights, preprocess_weights)`` of ``micros`` for :class:`~mpipe_hf.schedule.simulate.Costs`:
+    ``tokens[m] / reference_tokens`` and ``image_tokens[m] / reference_image_tokens``, the references being the
+    profile's tokens and image tokens per micro-batch: ``mpipe-hf plan``'s ``--tokens`` / ``--image-tokens`` for
+    an estimated profile, else :func:`mean_tokens` of the packed step. ``preprocess_weights`` is ``None``
+    (uniform) when ``reference_image_tokens`` is 0 (a profile with no image tokens).
+
+    Raises:
+        ValueError: ``reference_tokens`` not > 0, or ``reference_image_tokens`` < 0.
+    """
+    if not reference_tokens > 0 or reference_image_tokens < 0:
+        raise ValueError(f"reference tokens must be > 0 and reference image tokens >= 0, got {reference_tokens} "
+                         f"and {reference_image_tokens}")
+    weights = tuple(t / reference_tokens for t in micros.tokens)
+    if reference_image_tokens == 0:
+        return weights, None
+    return weights, tuple(i / reference_image_tokens for i in micros.image_tokens)
+
+
+def simulate_micros(profile, cfg, layers_per_stage: list[int], text_layers: int, micros: StepMicros,
+                    reference: tuple[float, float], owners: str = "modulo") -> SimulatedRows:
+    """Simulate ``micros`` in schedule runs of ``cfg.num_micro`` micro-batches (the last of what is left), each
+    under ``profile``'s costs (:func:`~mpipe_hf.schedule.tune.costs_for`) weighed by :func:`micro_weights` against
+    ``reference`` (tokens, image tokens). ``owners="balanced"``: each run's owners by
+    :func:`~mpipe_hf.schedule.owners.step_owners` on its image tokens (its tokens when it has none), starting even.
+    Returns the runs' summed time (seconds) and their time-weighted bubble."""
+    seconds = idle = 0.0
+    weights, pre = micro_weights(micros, *reference)
+    starts = range(0, len(micros.tokens), cfg.num_micro)
+    for start in starts:
+        part = slice(start, start + cfg.num_micro)
+        run = dataclasses.replace(cfg, num_micro=len(weights[part]), owners=None)
+        if owners == "balanced":
+            load = micros.image_tokens[part] if sum(micros.image_tokens[part]) else micros.tokens[part]
+            run = with_owners(run, step_owners("balanced", load, run))
+        costs = dataclasses.replace(costs_for(profile, run, layers_per_stage, text_layers), micro_weights=weights[part],
+                                    micro_preprocess_weights=None if pre is None else pre[part])
+        sim = simulate(build_schedule(run, costs), costs)
+        seconds, idle = seconds + sim.makespan, idle + sim.mean_bubble * sim.makespan
+    return SimulatedRows(seconds, idle / seconds if seconds else 0.0, len(starts))
+
+
+def packed_table(micros: StepMicros, budget: int, weights, pre) -> list[str]:
+    """One line per packed micro-batch: rows, tokens, fill (tokens / ``budget``), image tokens and weights."""
+    lines = [f"{'micro':>5} {'rows':>4} {'tokens':>6} {'fill':>5} {'image':>6} {'weight':>7} {'P weight':>8}"]
+    for m, (t, i, r) in enumerate(zip(micros.tokens, micros.image_tokens, micros.rows)):
+        lines.append(f"{m:>5} {r:>4} {t:>6} {t / budget:5.2f} {i:>6} {weights[m]:7.3f} "
+                     f"{'-' if pre is None else f'{pre[m]:.3f}':>8}")
+    return lines
+
+
+def packed_section(recipe, config, result, reference: tuple[float, float] | None = None, step: int = 0) -> str:
+    """``mpipe-hf plan``'s packed part for a recipe with ``data.packing``: step ``step``'s packed micro-batches of
+    replica 0 (:func:`packed_table`), and the simulated time and bubble of the packed step against the same rows
+    padded at ``data.micro_batch_size`` rows (:func:`simulate_micros`), on ``result``'s profile and layout
+    (a :class:`~.plan.Plan`). ``reference``: the estimated profile's ``(tokens, image tokens)`` per micro-batch;
+    ``None`` (a measured profile): the packed step's means (:func:`mean_tokens`). When the data does not load,
+    one line saying why."""
+    data, cfg = recipe.data, recipe.schedule()
+    try:
+        dataset, _ = load_data(recipe, config, load_processor(recipe, config), quiet=True)
+    except Exception as err:  # noqa: BLE001 - the plan stands without the data; say why and skip
+        return f"packed step: not shown, the data did not load: {type(err).__name__}: {str(err).splitlines()[0]}"
+    plan = packed_plan(dataset, config, data, cfg.num_micro, recipe.parallel.dp_size, recipe.train.seed)
+    packed, padded = packed_micros(plan, step), padded_micros(plan, data.micro_batch_size, step)
+    source = "the profile's micro-batch" if reference else "the packed step's mean micro-batch (measured profile)"
+    reference = reference or mean_tokens(packed)
+    args = (result.profile, cfg, result.layers_per_stage, recipe.parallel.text_layers)
+    fast = simulate_micros(*args, packed, reference, recipe.parallel.owners)
+    slow = simulate_micros(*args, padded, reference, recipe.parallel.owners)
+    rows, tokens = sum(packed.rows), sum(packed.tokens)
+    lines = [f"packed step {step} (data.packing, {data.token_budget} tokens a micro-batch; replica 0 of "
+             f"{recipe.parallel.dp_size}); weights against {source}: {reference[0]:g} tokens, {reference[1]:g} "
+             f"image tokens"]
+    lines += packed_table(packed, data.token_budget, *micro_weights(packed, *reference))
+    lines.append(f"packed: {rows} rows, {tokens} tokens in {len(packed.tokens)} micro-batches, {fast.steps} step: "
+                 f"{fast.seconds:.4g} s, bubble {fast.bubble:.3f}")
+    lines.append(f"padded: the same {rows} rows at data.micro_batch_size = {data.micro_batch_size} a micro-batch "
+                 f"(rows x longest row each): {sum(padded.tokens)} tokens ({padded.padding:.1%} padding) in "
+                 f"{len(padded.tokens)} micro-batches, {slow.steps} step(s) of at most {cfg.num_micro}: "
+                 f"{slow.seconds:.4g} s, bubble {slow.bubble:.3f}")
+    lines.append(f"packed / padded time: {fast.seconds / slow.seconds:.3f}")
+    return "\n".join(lines)
