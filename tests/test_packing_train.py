@@ -4,19 +4,21 @@ against the plain one-process ``transformers.Trainer`` with padding is
 ``tests/test_hf_trainer.py::test_mpipe_trainer_equals_plain_trainer[frozen-packed]``. The model-level proof over every packed case (frozen and trainable towers, DeepStack, linear attention, a 1-D
 family, and the negative controls) is ``tests/test_numerics.py::test_packed_step_equals_unpacked``."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
 import torch
-from transformers import AutoModelForImageTextToText, AutoTokenizer
+from transformers import AutoModelForImageTextToText
 
 from test_train import EPS, LR, train_unsplit, write_recipe
-from mpipe_hf.data import ConversationCollator, load_conversation_dataset, qwen2_5_vl_processor
 from mpipe_hf.data.packing import PackedPlan
+from mpipe_hf.train import load_recipe
+from mpipe_hf.train.plan_packing import packed_plan
 from mpipe_hf.train.recipe import TrainSection
-from mpipe_hf.train.sources import image_token_weight
+from mpipe_hf.train.sources import load_config, load_data, load_processor
 
 STEPS, NUM_MICRO, BUDGET = 2, 2, 200
 
@@ -31,18 +33,14 @@ class Unpacked:
         return self.collate([self.plan.dataset[i] for i in self.plan.rows(step, m)])
 
 
-def reference_plan(demo, num_micro):
-    """The packer over the demo rows as ``mpipe-hf train`` builds it (the recipe's cut, costs and seed), all
-    replicas' micro-batches as one process's ``num_micro``."""
-    processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(os.path.join(demo, "model")))
-    dataset = load_conversation_dataset(os.path.join(demo, "data", "train.jsonl"), processor, BUDGET)
-    config = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model")).config
-    lengths = [min(n, BUDGET) for n in dataset.num_tokens]
-    weight = image_token_weight(config)
-    costs = [n + weight * i for n, i in zip(lengths, dataset.image_tokens)]
-    collate = ConversationCollator(processor, BUDGET)
-    plan = PackedPlan(dataset, collate, num_micro, BUDGET, lengths, costs, shuffle=True, seed=0)
-    return Unpacked(plan, collate)
+def reference_plan(recipe_path, num_micro):
+    """The packer over the recipe's rows as ``mpipe-hf train`` builds it (its cut, costs and seed; one replica of
+    ``num_micro``, every replica's micro-batches), and the collator."""
+    recipe = load_recipe(recipe_path)
+    config = load_config(recipe.model)
+    dataset, collate = load_data(recipe, config, load_processor(recipe, config))
+    return Unpacked(packed_plan(dataset, config, dataclasses.replace(
+        recipe, parallel=dataclasses.replace(recipe.parallel, dp_size=1)), num_micro), collate)
 
 
 def test_packed_dp2_pp2_training_equals_one_process_unpacked(demo, tmp_path):
@@ -60,7 +58,7 @@ def test_packed_dp2_pp2_training_equals_one_process_unpacked(demo, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
-    plan = reference_plan(demo, 2 * NUM_MICRO)
+    plan = reference_plan(recipe, 2 * NUM_MICRO)
     rows_per_micro = [len(plan.plan.rows(s, m)) for s in range(STEPS) for m in range(2 * NUM_MICRO)]
     assert min(rows_per_micro) >= 2, rows_per_micro  # every micro-batch packs several rows
     losses, norms, _ = train_unsplit(model, plan, 2 * NUM_MICRO, STEPS,

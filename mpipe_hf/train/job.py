@@ -19,7 +19,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from ..data import MicroBatchPlan
-from ..data.packing import PackedCollate, PackedPlan
+from ..data.packing import PackedCollate
 from ..models.decoder import layer_types
 from ..models.packed import check_packable
 from .checkpoint import save_hub_files
@@ -29,7 +29,8 @@ from .preempt import MARKER, Preemption
 from .recipe import Recipe
 from .report import setup_line, state_bytes, step_row, summary_line, tracker_config
 from .run import PipelineRun
-from .sources import load_config, load_data, load_processor, node_first, owner_costs, packing_rows
+from .plan_packing import packed_plan
+from .sources import load_config, load_data, load_processor, node_first, owner_costs
 from .state import checkpoints, resolve_resume
 
 
@@ -102,14 +103,14 @@ class RecipeJob:
         """The rows of each step's micro-batches: ``data.micro_batch_size`` rows each, or with ``data.packing``
         whole rows up to ``data.max_tokens_per_micro`` tokens, packed into one sequence and balanced by cost
         (:class:`~mpipe_hf.data.packing.PackedPlan`)."""
-        data, run, seed = self.recipe.data, self.run, self.recipe.train.seed
-        common = dict(validate=run.carved.validate_micro, shuffle=data.shuffle, seed=seed, replica=run.dp_rank,
-                      num_replicas=self.recipe.parallel.dp_size, drop_bad_rows=data.on_bad_sample == "skip")
-        if not data.packing:
-            return MicroBatchPlan(dataset, self.collate, run.cfg.num_micro, data.micro_batch_size, **common)
-        check_packable(layer_types(self.config.get_text_config()))
-        lengths, costs = packing_rows(dataset, self.config, data)
-        return PackedPlan(dataset, self.collate, run.cfg.num_micro, data.token_budget, lengths, costs, **common)
+        data, run = self.recipe.data, self.run
+        validate, drop = run.carved.validate_micro, data.on_bad_sample == "skip"
+        if data.packing:
+            check_packable(layer_types(self.config.get_text_config()))
+            return packed_plan(dataset, self.config, self.recipe, run.cfg.num_micro, self.collate, validate=validate,
+                               replica=run.dp_rank, drop_bad_rows=drop)
+        return MicroBatchPlan(dataset, self.collate, run.cfg.num_micro, data.micro_batch_size, validate, data.shuffle,
+                              self.recipe.train.seed, run.dp_rank, self.recipe.parallel.dp_size, drop_bad_rows=drop)
 
     def _read(self, path: str | None, what: str):
         """``(dataset, collate)`` of the recipe's data (``path``: that file alone, the eval set) on every rank

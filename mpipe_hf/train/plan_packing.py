@@ -58,19 +58,26 @@ class SimulatedRows:
     steps: int
 
 
-def packed_plan(dataset, config, data, num_micro: int, num_replicas: int = 1, seed: int = 0,
-                collate=None) -> PackedPlan:
-    """The :class:`PackedPlan` ``mpipe-hf train`` builds for ``dataset`` (replica 0): lengths and balancing
-    costs from :func:`~.sources.packing_rows`, the budget ``data.token_budget`` tokens, ``data.shuffle``, the
-    seed ``train.seed``. ``dataset`` needs ``len()`` and the columns ``num_tokens`` and ``image_tokens`` (a
-    :class:`~mpipe_hf.data.conversation.ConversationDataset`); ``collate`` is never called here.
+def packed_plan(dataset, config, recipe, num_micro: int, collate=None, **kwargs) -> PackedPlan:
+    """The :class:`PackedPlan` ``mpipe-hf train`` builds for ``dataset`` (``recipe.data.packing``): lengths and
+    balancing costs from :func:`~.sources.packing_rows` (weighed by ``parallel.profile`` when the recipe names
+    one), the budget ``data.token_budget`` tokens, ``data.shuffle``, the seed ``train.seed``, ``parallel.dp_size``
+    replicas. ``dataset`` needs ``len()`` and the columns ``num_tokens`` and ``image_tokens`` (a
+    :class:`~mpipe_hf.data.conversation.ConversationDataset`); ``collate``: the micro-batch collator (``None``: the
+    plan is only read, never loaded); ``kwargs``: :class:`PackedPlan`'s ``validate``, ``replica``,
+    ``drop_bad_rows``.
 
     Raises:
         ValueError: as :class:`PackedPlan` (a row longer than the budget, an empty dataset, ...).
     """
-    lengths, costs = packing_rows(dataset, config, data)
+    profile = None
+    if recipe.parallel.profile is not None:  # its measured vision and decoder times weigh the rows
+        from ..schedule.tune import Profile
+        profile = Profile.load(recipe.parallel.profile)
+    data = recipe.data
+    lengths, costs = packing_rows(dataset, config, data, profile)
     return PackedPlan(dataset, collate or list, num_micro, data.token_budget, lengths, costs, shuffle=data.shuffle,
-                      seed=seed, num_replicas=num_replicas)
+                      seed=recipe.train.seed, num_replicas=recipe.parallel.dp_size, **kwargs)
 
 
 def _image_column(dataset) -> list[int]:
@@ -176,7 +183,7 @@ def packed_section(recipe, config, result, reference: tuple[float, float] | None
         dataset, _ = load_data(recipe, config, load_processor(recipe, config), quiet=True)
     except Exception as err:  # noqa: BLE001 - the plan stands without the data; say why and skip
         return f"packed step: not shown, the data did not load: {type(err).__name__}: {str(err).splitlines()[0]}"
-    plan = packed_plan(dataset, config, data, cfg.num_micro, recipe.parallel.dp_size, recipe.train.seed)
+    plan = packed_plan(dataset, config, recipe, cfg.num_micro)
     packed, padded = packed_micros(plan, step), padded_micros(plan, data.micro_batch_size, step)
     source = "the profile's micro-batch" if reference else "the packed step's mean micro-batch (measured profile)"
     reference = reference or mean_tokens(packed)

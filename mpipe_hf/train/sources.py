@@ -175,24 +175,29 @@ def owner_costs(dataset, config) -> list[int]:
     return list(dataset.image_tokens if is_vision_language(config) else dataset.num_tokens)
 
 
-def packing_rows(dataset, config, data: DataSection) -> tuple[list[int], list[float]]:
+def packing_rows(dataset, config, data: DataSection, profile=None) -> tuple[list[int], list[float]]:
     """``(lengths, costs)`` of every dataset row for the packer (``data.packing``, issue 30), known on every rank
     without decoding anything: a row's tokens after the cut (``min(num_tokens, data.row_length)``), and its cost
     in decoder-token units, ``tokens + w * image_tokens`` with ``w`` the vision part's work per image token over
-    the decoder's per token (:func:`image_token_weight`)."""
+    the decoder's per token (:func:`image_token_weight`; ``profile``: the recipe's measured one, or ``None``)."""
     lengths = [min(int(n), data.row_length) for n in dataset.num_tokens]
-    weight = image_token_weight(config) if is_vision_language(config) else 0.0
+    weight = image_token_weight(config, profile) if is_vision_language(config) else 0.0
     return lengths, [n + weight * int(i) for n, i in zip(lengths, dataset.image_tokens)]
 
 
-def image_token_weight(config) -> float:
-    """The vision part's forward work per image token over the decoder's (every layer and the head) per token,
-    from the config's matmul costs (:func:`~.plan.estimate_profile`): what an image token costs beyond its
-    place in the decoder."""
-    from .plan import estimate_profile
-    profile = estimate_profile(config, tokens=1024, image_tokens=1024)
+def image_token_weight(config, profile=None) -> float:
+    """The vision part's forward seconds per image token over the decoder's (every layer and the head) per token:
+    what an image token costs beyond its place in the decoder. From ``profile`` (a measured
+    :class:`~mpipe_hf.schedule.tune.Profile`, whose micro-batch's tokens over its image tokens are its
+    ``activation_bytes`` over its ``feature_bytes``, both ``tokens x hidden`` tensors) when it has a tower time and
+    image features, else from the config's matmul costs (:func:`~.plan.estimate_profile`)."""
+    measured = profile is not None and min(profile.preprocess_forward_s, profile.feature_bytes,
+                                           profile.activation_bytes) > 0
+    if not measured:
+        from .plan import estimate_profile
+        profile = estimate_profile(config, tokens=1024, image_tokens=1024)
     decoder = profile.num_layers * profile.layer_forward_s + profile.head_forward_s
-    return profile.preprocess_forward_s / decoder
+    return profile.preprocess_forward_s / decoder * profile.activation_bytes / profile.feature_bytes
 
 
 def profile_layout(parallel: ParallelSection, cfg) -> list[int] | None:
