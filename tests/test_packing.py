@@ -258,3 +258,14 @@ def test_chunked_attention_cannot_be_packed():
     check_packable(["full_attention", "linear_attention", "sliding_attention"])
     with pytest.raises(ValueError, match="chunked_attention"):
         check_packable(["full_attention", "chunked_attention"])
+
+
+def test_refine_moves_cost_to_the_cheapest_bin_within_budget():
+    """Costs 17 and 3 (rows 0 and 1 costly) become 10 and 10 (a swap, then a move) within 10 tokens a bin; with no
+    room for any move or swap, nothing changes."""
+    from mpipe_hf.data.packing import refine_costs
+    lengths, costs = [4, 4, 4, 4, 2], [9.0, 8.0, 1.0, 1.0, 1.0]
+    bins = refine_costs([[0, 1], [2, 3, 4]], lengths, costs, budget=10)
+    assert sorted(sum(costs[i] for i in b) for b in bins) == [10.0, 10.0], bins
+    assert all(sum(lengths[i] for i in b) <= 10 for b in bins), bins
+    assert refine_costs([[0], [1, 2]], [6, 4, 4], [9.0, 1.0, 1.0], budget=8) == [[0], [1, 2]]

@@ -182,7 +182,8 @@ def pack_step(lengths: Sequence[int], costs: Sequence[float], num_bins: int, bud
     """One step's bins from a buffer of items (in stream order, the first ``stale`` of them rows that have waited
     long): (b) :func:`best_fit_decreasing` chooses the items and packs them; (c) :func:`balance_costs`
     redistributes the chosen items by cost, kept when every item fits and its most costly bin costs no more than
-    best-fit's; an empty bin takes a row from the fullest (:func:`_fill_empty`); (d) each bin's items ascending
+    best-fit's; an empty bin takes a row from the fullest (:func:`_fill_empty`); :func:`refine_costs` then moves
+    and swaps items between the costliest and the cheapest bin; (d) each bin's items ascending
     (stream order). Returns ``(bins, left)``, ``left`` the items for a later step, ascending. With at least
     ``num_bins`` items, every bin gets at least one."""
     bins, left = best_fit_decreasing(lengths, num_bins, budget, stale)
@@ -190,7 +191,43 @@ def pack_step(lengths: Sequence[int], costs: Sequence[float], num_bins: int, bud
     balanced = balance_costs(lengths, costs, chosen, num_bins, budget)
     if balanced is not None and _max_cost(balanced, costs) <= _max_cost(bins, costs):
         bins = balanced
-    return [sorted(items) for items in _fill_empty(bins)], left
+    bins = refine_costs(_fill_empty(bins), lengths, costs, budget)
+    return [sorted(items) for items in bins], left
+
+
+def refine_costs(bins: list[list[int]], lengths: Sequence[int], costs: Sequence[float], budget: int,
+                 rounds: int | None = None) -> list[list[int]]:
+    """Local search on the costliest and the cheapest bin (after best-fit or LPT, whose tight token budgets leave
+    costs uneven): move one item from the costliest to the cheapest, or swap one item of each, whichever lowers the
+    larger of their two costs the most while both stay within ``budget`` tokens and the costliest keeps an item;
+    repeat until no move helps, at most ``rounds`` times (default ``4 * len(bins)``). The step's most costly bin
+    never gets costlier. Deterministic (ties: lowest item indices)."""
+    for _ in range(4 * len(bins) if rounds is None else rounds):
+        cost = [sum(costs[i] for i in b) for b in bins]
+        tokens = [sum(lengths[i] for i in b) for b in bins]
+        hi = max(range(len(bins)), key=lambda b: (cost[b], -b))
+        lo = min(range(len(bins)), key=lambda b: (cost[b], b))
+        best, move = max(cost[hi], cost[lo]), None
+        for i in sorted(bins[hi]):
+            for j in [None] + sorted(bins[lo]):
+                if j is None and len(bins[hi]) < 2:
+                    continue
+                dc = costs[i] - (costs[j] if j is not None else 0.0)
+                dt = lengths[i] - (lengths[j] if j is not None else 0)
+                if tokens[lo] + dt > budget or tokens[hi] - dt > budget:
+                    continue
+                worst = max(cost[hi] - dc, cost[lo] + dc)
+                if worst < best - 1e-9:
+                    best, move = worst, (i, j)
+        if move is None:
+            break
+        i, j = move
+        bins[hi].remove(i)
+        bins[lo].append(i)
+        if j is not None:
+            bins[lo].remove(j)
+            bins[hi].append(j)
+    return bins
 
 
 def _max_cost(bins: list[list[int]], costs: Sequence[float]) -> float:
