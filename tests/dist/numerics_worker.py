@@ -18,7 +18,6 @@ The pipeline runs on every rank; rank 0 then runs the unsplit reference (same mi
 same optimizer) and saves it; every rank compares its own parameters. Each rank writes OUT_DIR/rank{r}.json.
 """
 
-import contextlib
 import copy
 import io
 import json
@@ -27,7 +26,6 @@ import shutil
 import sys
 import time
 from datetime import timedelta
-from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -35,9 +33,9 @@ from PIL import Image
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from common import run_cases
+from controls import negative_controls
 from row_cases import RowCase
 from mpipe_hf.data.packing import pack_micro
-from mpipe_hf.models import decoder, host_metadata, packed
 from mpipe_hf.models import split as split_model
 from mpipe_hf.models.base import freeze
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
@@ -222,25 +220,6 @@ def _counted_run(self):
 
 
 WeightWork.run = _counted_run
-
-
-def negative_controls(case):
-    """Issue 30's negative controls, the peers' packing bugs, each of which the packed cases must catch:
-    ``case["one_range"]``, a packed micro's positions computed as one range over the whole packed sequence, on
-    every axis; ``case["no_linear_reset"]``, the linear-attention layers run over the packed sequence at once (their
-    state flows from one row into the next)."""
-    def mrope(_rope_index, raw):
-        return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
-
-    def rows(lengths, start=0):
-        return torch.arange(sum(lengths)).unsqueeze(0) + start
-    stack = contextlib.ExitStack()
-    if case.get("one_range"):
-        stack.enter_context(mock.patch.object(host_metadata, "mrope_positions", mrope))
-        stack.enter_context(mock.patch.object(packed, "row_positions", rows))
-    if case.get("no_linear_reset"):
-        stack.enter_context(mock.patch.object(decoder, "row_lengths", lambda state: None))
-    return stack
 
 
 def run_case(case, fixture, group, rank, device, pp_size, out_dir):
