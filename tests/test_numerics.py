@@ -111,7 +111,7 @@ OWNER_CASES = [make_case("vision", 4, 2, 8, "frozen", owners="balanced", steps=2
 # issue 30: packed micro-batches against the same rows unpacked, and the two negative controls, which must fail:
 # positions as one range over the packed sequence (the mask then spans rows; M-RoPE loses each image's grid),
 # and Qwen3.5's linear attention run over the packed sequence at once (its state flows into the next row)
-PACKED_CASES = packed_cases()
+PACKED_CASES = packed_cases() + packed_cases([("qwen3_vl", "frozen", 1, [1, 3, 4, 4])], attn="eager")
 CONTROL_CASES = packed_cases([("vl", "frozen", 0, None), ("llava", "trainable", 0, None)], one_range=True) + \
     packed_cases([("qwen3_5", "frozen", 1, [4, 2, 3, 3])], no_linear_reset=True)
 EXTRA = {2: PACKED_CASES + CONTROL_CASES + PIXEL_CASES + FAMILY_CASES + MOE_CASES[-len(MOE_ORDER_SPECS):] + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
@@ -195,7 +195,8 @@ def test_packed_step_equals_unpacked(case, results):
     with no padding trains like the unsplit model on the same rows unpacked and padded: the loss, every gradient
     at 1e-5 + 1e-5 * max|ref| per tensor, and the parameters after 2 AdamW steps. Qwen2.5-VL (M-RoPE per row, the
     text-position row), Qwen3-VL (DeepStack at each row's image tokens), Qwen3.5 (linear attention reset per row),
-    LLaVA (1-D RoPE), Gemma 3 (bidirectional image blocks within a row); frozen and trainable towers."""
+    LLaVA (1-D RoPE), Gemma 3 (bidirectional image blocks within a row); frozen and trainable towers; SDPA and
+    eager attention."""
     per_rank = results(2)[case["name"]]
     problems = check_case(case, per_rank)
     assert not problems, problems

@@ -61,15 +61,15 @@ def auto_class(config):
     return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
 
 
-def build_model(fixture, family, dropout=0.0):
+def build_model(fixture, family, dropout=0.0, attn=None):
     """The fixture's config ``family`` as its real HF model class, random weights (seed 0); ``dropout``: the
-    vision tower's attention dropout."""
+    vision tower's attention dropout; ``attn``: the attention implementation (``None``: transformers' default)."""
     raw = copy.deepcopy(fixture["configs"][family])
     if dropout:
         raw["vision_config"]["attention_dropout"] = dropout
     config = CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
     torch.manual_seed(0)
-    return auto_class(config).from_config(config)
+    return auto_class(config).from_config(config, **({"attn_implementation": attn} if attn else {}))
 
 
 def reload_check(case, split, cfg, rank, group, pp_size, out_dir, ref, micro):
@@ -233,7 +233,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                          case.get("placement", "prefix"), zero_bubble=case.get("zero_bubble", False))
     pool = fixture["pools"][case["data"]]
     steps, accumulate = case.get("steps", 1), case.get("accumulate", 1)
-    model = build_model(fixture, case["family"], case.get("dropout", 0.0))
+    model = build_model(fixture, case["family"], case.get("dropout", 0.0), case.get("attn"))
     ref = copy.deepcopy(model) if rank == 0 else None
     split = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
     params = split.trainable_parameters(cfg, rank)
