@@ -296,3 +296,23 @@ def test_mistral3_load_time_counts_are_the_collated_ones(tokenizer, tmp_path):
     markers = torch.isin(batch["input_ids"], torch.tensor(processor.image_token_ids)) & batch["attention_mask"].bool()
     assert ds.image_tokens == markers.sum(1).tolist()
     assert ds.image_tokens[0] > ds.image_tokens[2] > ds.image_tokens[1] == 0
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_a_text_only_first_row_collates_as_the_rows_alone(model_type, tokenizer):
+    """A micro-batch whose first row has no image (InternVL's processor then failed to convert its replacement
+    offsets to tensors, and the micro-batch could not load) holds each row's own tokens and labels and the
+    images in row order, as the rows collated one by one."""
+    collate = ConversationCollator(build_processor(tiny_config(model_type, tokenizer), tokenizer), None,
+                                   model_type=model_type)
+    rows = [conversation(False), conversation(True)]
+    batch, alone = collate(rows), [collate([row]) for row in rows]
+    for i, one in enumerate(alone):
+        n = one["input_ids"].shape[1]
+        assert torch.equal(batch["input_ids"][i, :n], one["input_ids"][0])
+        assert torch.equal(batch["labels"][i, :n], one["labels"][0])
+    pixels, own = batch["pixel_values"], alone[1]["pixel_values"]
+    if model_type in ("idefics3", "smolvlm"):  # (B, tiles, C, h, w): row 1's tiles, row 0's all zero
+        pixels, own = pixels[1, :own.shape[1]], own[0]
+        assert not batch["pixel_values"][0].any()
+    assert torch.equal(pixels, own)

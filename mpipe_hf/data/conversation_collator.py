@@ -8,6 +8,7 @@ import os
 
 import PIL.Image
 import torch
+from transformers import BatchFeature
 
 from .collate import IGNORE, NULL_TEXT, nothing_to_learn
 from .conversation_encoder import ConversationEncoder
@@ -129,8 +130,18 @@ class ConversationCollator:
             return self.processor(texts, **kwargs)
         # one list of images per row, as the processors batch them (LLaVA-OneVision counts each row's images,
         # Gemma 3 / SmolVLM check them per row)
-        return self.processor(text=texts, images=images if any(images) else None,
-                              return_text_replacement_offsets=True, **kwargs)
+        def call(**kw):
+            return self.processor(text=texts, images=images if any(images) else None,
+                                  return_text_replacement_offsets=True, **kw)
+        try:
+            return call(**kwargs)
+        except ValueError as err:
+            if "text_replacement_offsets" not in str(err):
+                raise
+        # a processor that converts its replacement offsets to tensors too (InternVL's, when the first row has no
+        # image): its outputs as lists, converted here with the offsets left out, as ProcessorMixin converts them
+        out = call(**{**kwargs, "return_tensors": None})
+        return BatchFeature(dict(out), tensor_type="pt", skip_tensor_conversion=["text_replacement_offsets"])
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         wheres = [r.get("where") or f"row {i} of the micro-batch" for i, r in enumerate(rows)]
