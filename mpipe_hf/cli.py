@@ -135,6 +135,8 @@ def _plan(args) -> None:
     if path:
         profile, source = Profile.load(path), f"profile {path}"
     else:
+        if args.tokens is None:  # a packed micro-batch holds up to the budget
+            args.tokens = recipe.data.token_budget if recipe.data.packing else 2048
         profile = estimate_profile(config, args.tokens, args.image_tokens, args.tflops, args.mfu,
                                    bf16=recipe.train.bf16)
         source = (f"estimated: {args.tokens} tokens ({args.image_tokens} image tokens) per micro-batch, "
@@ -270,7 +272,8 @@ def _parser() -> argparse.ArgumentParser:
                                       "fit.")
     plan.add_argument("recipe", help=RECIPE_HELP)
     plan.add_argument("--profile", help="a cost profile (mpipe-hf profile); estimated from the config without")
-    plan.add_argument("--tokens", type=int, default=2048, help="tokens per micro-batch, for the estimate")
+    plan.add_argument("--tokens", type=int, default=None, help="tokens per micro-batch, for the estimate (default: "
+                      "data.max_tokens_per_micro with data.packing, else 2048)")
     plan.add_argument("--image-tokens", type=int, default=1024, help="image tokens per micro-batch (estimate)")
     plan.add_argument("--tflops", type=float, default=989.0, help="peak TFLOP/s of one device (H100 bf16 dense)")
     plan.add_argument("--mfu", type=float, default=0.4, help="share of the peak reached (estimate)")

@@ -254,10 +254,11 @@ def test_packed_rows_are_cut_at_the_budget_and_micro_means_are_refused(tmp_path)
 
 
 def test_chunked_attention_cannot_be_packed():
-    from mpipe_hf.models.packed import check_packable
-    check_packable(["full_attention", "linear_attention", "sliding_attention"])
+    from types import SimpleNamespace
+    from mpipe_hf.models.decoder import check_packable
+    check_packable(SimpleNamespace(layer_types=["full_attention", "linear_attention", "sliding_attention"]))
     with pytest.raises(ValueError, match="chunked_attention"):
-        check_packable(["full_attention", "chunked_attention"])
+        check_packable(SimpleNamespace(layer_types=["full_attention", "chunked_attention"]))
 
 
 def test_refine_moves_cost_to_the_cheapest_bin_within_budget():

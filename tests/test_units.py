@@ -37,6 +37,28 @@ def test_payload_packs_every_tensor_into_one_buffer_and_unpacks_bit_exact():
     assert pack([single]).data_ptr() == single.data_ptr(), "one tensor is sent as it is, without a copy"
 
 
+def test_packed_row_lengths_travel_in_the_header_and_arrive_on_the_host():
+    """A packed micro's row lengths (``HEADER_KEYS``) go as header words, take no payload byte, and are rebuilt as a
+    host int64 tensor next to the payload's tensors (a stage reads them as Python integers without a device
+    read); a header key of another dtype is refused."""
+    from mpipe_hf.runtime.wire import HEADER_KEYS, payload_tensors
+    lengths = torch.tensor([5, 1, 7])
+    payload = {"hidden_states": torch.randn(1, 13, 4), "packed_lengths": lengths,
+               "packed_image_tokens": torch.tensor([2, 0, 3])}
+    assert {"packed_lengths", "packed_image_tokens"} <= HEADER_KEYS
+    header = encode_header(payload)
+    assert header[-3:] == [2, 0, 3]  # the last entry's values, as words
+    entries = decode_header(header)
+    tensors = payload_tensors(payload)
+    assert len(tensors) == 1 and payload_size(entries) == tensors[0].numel() * 4
+    out = unpack(entries, pack(tensors).clone())
+    assert list(out) == list(payload) and torch.equal(out["hidden_states"], payload["hidden_states"])
+    assert out["packed_lengths"].device.type == "cpu" and out["packed_lengths"].tolist() == [5, 1, 7]
+    assert out["packed_image_tokens"].tolist() == [2, 0, 3]
+    with pytest.raises(TypeError, match="packed_lengths"):
+        encode_header({"packed_lengths": lengths.int()})
+
+
 def test_header_rejects_unsupported_dtype():
     with pytest.raises(TypeError, match="complex"):
         encode_header({"x": torch.zeros(2, dtype=torch.complex64)})

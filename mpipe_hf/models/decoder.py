@@ -17,10 +17,10 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, packed_sequence_mask_function
+from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
 
 from .moe import ROUTER_KEYS, RouterSums, aux_loss
-from .packed import LINEAR, PACKED_KEYS, flash_kwargs, per_row, row_lengths
+from .packed import LINEAR, PACKED_KEYS, flash_kwargs, per_row, row_lengths, row_slice, uses_flash
 
 Tensors = dict[str, torch.Tensor]
 # raw keys that travel with the hidden states to the last stage
@@ -70,18 +70,14 @@ def layer_type_masks(text_config, hidden: torch.Tensor, padding: torch.Tensor | 
     the host once per stage and micro-batch, so it is off. ``text_positions``: the text row of ``(4, B, L)``
     ids, which the HF models hand to their builders; ``None`` otherwise (a model's 1-D ``arange`` positions say
     nothing a builder needs, and would be searched for packed sequences on the device). ``types`` are checked
-    when the stage is built (:func:`check_layer_types`). A packed micro-batch (``state["packed_seq_ids"]``,
-    :mod:`.packed`) adds ``packed_sequence_mask_function`` as the builders' ``and_mask_function``: attention only
-    within a row, from ids the host computed (transformers would otherwise search the positions on the device).
+    when the stage is built (:func:`check_layer_types`).
     """
-    masks, seq_ids = {}, state.get("packed_seq_ids")
+    masks = {}
     for layer_type in sorted(types):
         kwargs = dict(config=text_config, inputs_embeds=hidden, attention_mask=padding, cache=None,
-                      position_ids=text_positions if seq_ids is None else None)
+                      position_ids=text_positions)
         if MASK_BUILDERS[layer_type]:
             kwargs["allow_is_causal_skip"] = padding is None
-        if seq_ids is not None and layer_type != LINEAR:  # linear attention: reset per row (packed.per_row)
-            kwargs["and_mask_function"] = packed_sequence_mask_function(seq_ids)
         masks[layer_type] = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[layer_type](**kwargs)
     return masks
 
@@ -141,18 +137,38 @@ class DecoderStage(nn.Module):
         """What enters the residual stream after decoder layer ``layer_id``; nothing by default."""
         return hidden
 
+    def row_state(self, state: Tensors, start: int, length: int) -> Tensors:
+        """What the layers read of packed row ``[start, start + length)`` of ``state`` (:func:`~.packed.row_slice`);
+        a family that relays more per-token data (DeepStack) cuts that too."""
+        return row_slice(state, start, length)
+
     def run_layers(self, hidden: torch.Tensor, state: Tensors, padding: torch.Tensor | None) -> torch.Tensor:
-        """The layers over ``hidden`` ``(B, L, H)``, as the HF text model's loop."""
+        """The layers over ``hidden`` ``(B, L, H)``, as the HF text model's loop. A packed micro-batch of several
+        rows (:mod:`.packed`) goes through them row by row, each as the unpacked model sees it alone (attention
+        over its own ``n^2`` pairs, no ``N x N`` mask; a linear-attention state from zero); with FlashAttention
+        in one pass, the varlen kernel keeping the rows apart and each linear-attention layer run per row."""
+        lengths = row_lengths(state)
+        if lengths is None or uses_flash(self.text_config):
+            return self._layers(hidden, state, padding, lengths)
+        outs, start = [], 0
+        for n in lengths:  # a row is one sequence: nothing for the mask builders to search its positions for
+            outs.append(self._layers(hidden[:, start:start + n], self.row_state(state, start, n), None, None, False))
+            start += n
+        return torch.cat(outs, dim=1)
+
+    def _layers(self, hidden: torch.Tensor, state: Tensors, padding: torch.Tensor | None,
+                lengths: list[int] | None, search: bool = True) -> torch.Tensor:
+        """:meth:`run_layers` over one sequence, or (``lengths``, FlashAttention) one packed micro in one pass;
+        ``search``: hand the builders the text-position row of ``(4, B, L)`` ids, as the HF models do."""
         rope_positions, text_positions = split_positions(state["position_ids"])
         types = set(self.layer_types)
-        text_row = text_positions if state["position_ids"].dim() == 3 else None
+        text_row = text_positions if search and lengths is None and state["position_ids"].dim() == 3 else None
         masks = self.masks(self.text_config, hidden, padding, text_row, state, types)
         if self.per_type_rotary:
             rotary = {t: self.rotary_emb(hidden, rope_positions, t) for t in sorted(types)}
         else:
             shared = self.rotary_emb(hidden, rope_positions)
             rotary = {t: shared for t in types}
-        lengths = row_lengths(state)  # a packed micro of several rows, else None
         varlen = flash_kwargs(self.text_config, lengths, hidden.device)
         for layer_id, layer, layer_type in zip(self.layer_ids, self.layers, self.layer_types):
             if lengths is not None and layer_type == LINEAR:  # its state starts afresh at every packed row
@@ -209,3 +225,16 @@ def decoder_stage(text_model: nn.Module, text_config, layer_ids: list[int], fron
     sums = RouterSums(layers, *router[:4]) if router is not None else None
     return cls(front, layers, list(layer_ids), [types[i] for i in layer_ids], text_model.rotary_emb, text_config,
                head, carry + (ROUTER_KEYS if router is not None and head is None else ()), masks, sums)
+
+
+PACKABLE = ("full_attention", "sliding_attention", LINEAR)  # the layer types a packed row goes through alone
+
+
+def check_packable(text_config) -> None:
+    """Raise ``ValueError`` when a model with ``text_config``'s decoder layers cannot be packed exactly: only full,
+    sliding-window and linear attention can (with FlashAttention a chunked layer's chunks would count from the
+    start of the packed sequence, so a row would be chunked differently than alone)."""
+    other = sorted(set(layer_types(text_config)) - set(PACKABLE))
+    if other:
+        raise ValueError(f"data.packing: layers of type {other} cannot be packed exactly (supported: "
+                         f"{list(PACKABLE)}); set data.packing: false")

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.masking_utils import (and_masks, blockwise_overlay, create_causal_mask,
-                                       create_sliding_window_causal_mask, packed_sequence_mask_function,
-                                       sliding_window_overlay)
-from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from .deepstack import deepstack_host_inputs
 from .family import Family
@@ -97,28 +94,10 @@ def model_class_masks(model: nn.Module):
     build, config = type(model).create_masks_for_generate, model.config
 
     def masks(text_config, hidden, padding, text_row, state, types) -> dict:
-        if "packed_seq_ids" in state:
-            return _packed_image_block_masks(text_config, hidden, state, types)
         out = build(config, inputs_embeds=hidden, attention_mask=padding, cache=None, position_ids=text_row,
                     token_type_ids=state.get("token_type_ids"), is_first_iteration=True)
         return out if isinstance(out, dict) else {t: out for t in types}
     return masks
-
-
-def _packed_image_block_masks(text_config, hidden, state, types) -> dict:
-    """Gemma 3's masks for a packed micro (:mod:`.packed`): the terms of transformers'
-    ``create_masks_for_vision_model`` (full: causal OR the image's bidirectional block; sliding: that AND the
-    window), AND attention within a row. (Its own call with per-row positions would remap the block ids to the
-    positions within a row along with the causal term, and look the blocks up at the wrong tokens.)"""
-    rows = packed_sequence_mask_function(state["packed_seq_ids"])
-    blocks = get_block_sequence_ids_for_mask(state["token_type_ids"], device=hidden.device)
-    kwargs = dict(config=text_config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=None)
-    out = {"full_attention": create_causal_mask(**kwargs, block_sequence_ids=blocks, and_mask_function=rows)}
-    if "sliding_attention" in types:
-        out["sliding_attention"] = create_causal_mask(
-            **kwargs, or_mask_function=blockwise_overlay(blocks),
-            and_mask_function=and_masks(sliding_window_overlay(text_config.sliding_window), rows))
-    return {t: out[t] for t in types}
 
 
 def prefix_masks(model: nn.Module):
@@ -133,11 +112,8 @@ def prefix_masks(model: nn.Module):
         # mask, so never searches, and the positions (arange from one) hold no packing to find
         kwargs = dict(config=text_config, inputs_embeds=hidden, attention_mask=padding, cache=None,
                       position_ids=None)
-        rows = state.get("packed_seq_ids")  # a packed micro: one prefix block per row, attention within a row
-        if rows is not None:
-            kwargs["and_mask_function"] = packed_sequence_mask_function(rows)
         if state.get("token_type_ids") is not None:
-            kwargs["block_sequence_ids"] = torch.where(state["token_type_ids"] == 0, 0 if rows is None else rows, -1)
+            kwargs["block_sequence_ids"] = torch.where(state["token_type_ids"] == 0, 0, -1)
         out = {"full_attention": create_causal_mask(**kwargs)}
         if sliding:
             out["sliding_attention"] = create_sliding_window_causal_mask(**kwargs)

@@ -58,7 +58,7 @@ def _positions(family: Family):
         return _host_positions
 
     def arange(inputs):
-        if "position_ids" in inputs:  # a packed micro: each row's own, from the host (.packed)
+        if "packed_lengths" in inputs:  # a packed micro: each row's own, from the host (.packed)
             return inputs["position_ids"]
         ids = inputs["input_ids"]
         return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) + start
@@ -91,14 +91,15 @@ class _Pieces:
         self.embed = f"{family.text}.embed_tokens"
         self.router = router_spec(self.text_model, self.text_config)
         self.masks = family.masks(model) if family.masks is not None else layer_type_masks
-        self.host = packed_host(family.host(model) if family.host is not None else None, family.positions)
+        self.image_token_id = getattr(model.config, "image_token_id", None) if family.vision else None
+        self.host = packed_host(family.host(model) if family.host is not None else None, family.positions,
+                                self.image_token_id if family.deepstack else None)
         keys = family.host_keys(model) if family.host_keys is not None else frozenset()
         self.host_keys = keys | {"packed_lengths"}  # Python integers for the owner's own stages (.packed)
         self.num_deepstack = deepstack_layers(model.config) if family.deepstack else 0
         self.cls = DeepStackStage if family.deepstack else DecoderStage
         self.stage0_keys = RAW_KEYS + family.stage0_inputs + family.mask_inputs + ("labels",)
         self.vision_keys = family.image_inputs + family.image_meta if family.vision else ()
-        self.image_token_id = getattr(model.config, "image_token_id", None) if family.vision else None
 
     def carry(self, last: int) -> tuple[str, ...]:
         """Keys a stage whose layers end at ``last`` passes on besides the hidden states and positions."""

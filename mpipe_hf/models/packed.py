@@ -2,22 +2,24 @@
 state reset at row boundaries.
 
 A packed micro-batch (:func:`mpipe_hf.data.packing.pack_micro`) is one sequence ``(1, N)``: its rows'
-tokens one after another, no padding, ``packed_lengths`` ``(rows,)`` on the host. The model must see each row as
-the unpacked model sees it alone, so the owner's host computes at load (``DATA_LOAD``, :func:`packed_host`):
+tokens one after another, no padding. The model must see each row as the unpacked model sees it alone, so the
+owner's host computes at load (``DATA_LOAD``, :func:`packed_host`):
 
 - ``position_ids``: each row's own positions. 1-D families: an ``arange`` per row (from one for PaliGemma),
   ``(1, N)``. M-RoPE families: the family's ``get_rope_index`` over the rows (unpacked to a padded batch, as
   the unpacked model computes them) and, in front, the text-position row ``(4, 1, N)`` that transformers' Qwen-VL
   text models split off for their mask builders (``text_position_ids``);
-- ``packed_seq_ids`` ``(1, N)``: the row each token belongs to, read from the text-position row by transformers'
-  own ``find_packed_sequence_indices`` (a position that does not follow its predecessor starts a row), so the
-  positions are the one source of the row boundaries, as they are in transformers.
+- ``packed_lengths`` ``(rows,)`` int64, on the host: each row's tokens, read back from the text-position row by
+  transformers' own ``find_packed_sequence_indices`` (a position that does not follow its predecessor starts a
+  row). The positions are the one source of the row boundaries, as they are in transformers; the lengths travel
+  to the other stages in the transfers' headers, on the host (:data:`~mpipe_hf.runtime.wire.HEADER_KEYS`).
 
-Every stage then builds its masks with ``and_mask_function = packed_sequence_mask_function(packed_seq_ids)``
-(attention only within a row; :mod:`.decoder`), runs each linear-attention layer (Gated DeltaNet) once per row so
-its convolution and recurrent state start from zero at every row (:func:`per_row`), and, with FlashAttention,
-hands the layers ``cu_seq_lens`` for the varlen kernel (:func:`flash_kwargs`). The labels were cut at the row
-boundaries when the micro was packed (a row's first token is no target).
+Every stage then runs a packed micro row by row (:meth:`~.decoder.DecoderStage.run_layers`): each row through its
+layers as alone, so attention spans the row's own ``n^2`` pairs (no ``N x N`` mask) and a linear-attention
+layer's (Gated DeltaNet's) convolution and state start from zero. With FlashAttention the micro goes through in
+one pass: the varlen kernel takes ``cu_seq_lens`` (:func:`flash_kwargs`) and each linear-attention layer runs per
+row (:func:`per_row`). The labels were cut at the row boundaries when the micro was packed (a row's first token
+is no target).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch import nn
 from transformers.masking_utils import find_packed_sequence_indices
 
 Tensors = dict[str, torch.Tensor]
-PACKED_KEYS = ("packed_lengths", "packed_seq_ids")
+PACKED_KEYS = ("packed_lengths", "packed_image_tokens")  # host integers (runtime.wire.HEADER_KEYS)
 LINEAR = "linear_attention"
 
 
@@ -78,38 +80,65 @@ def mrope_positions(rope_index: Callable, raw: Tensors) -> torch.Tensor:
     return torch.cat([text.unsqueeze(0), gather_rows(positions, mask)])
 
 
-def sequence_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """``(1, N)`` int64: the row of every token, from the text-position row of ``position_ids`` (``(1, N)`` or
-    ``(4, 1, N)``) by transformers' ``find_packed_sequence_indices`` (all zeros for one row)."""
+def lengths_from(position_ids: torch.Tensor) -> torch.Tensor:
+    """``(rows,)`` int64: the rows' lengths, read from the text-position row of ``position_ids`` (``(1, N)`` or
+    ``(4, 1, N)``) by transformers' ``find_packed_sequence_indices`` (one row when nothing restarts)."""
     text = position_ids[0] if position_ids.dim() == 3 else position_ids
     found = find_packed_sequence_indices(text)
-    return found if found is not None else torch.zeros_like(text)
+    if found is None:
+        return torch.tensor([text.shape[-1]])
+    return torch.bincount(found[0])
 
 
-def packed_host(host: Callable[[Tensors], Tensors] | None, positions: str) -> Callable[[Tensors], Tensors]:
+def packed_host(host: Callable[[Tensors], Tensors] | None, positions: str,
+                image_token_id: int | None = None) -> Callable[[Tensors], Tensors]:
     """``host(raw) -> more raw inputs`` for ``DATA_LOAD`` (module docstring): the family's ``host`` as it is for
     an unpacked micro; for a packed one, also the 1-D families' per-row ``position_ids`` (``positions``:
-    ``"arange"`` or ``"arange1"``; a ``"host"`` family's own host computes them, :func:`mrope_positions`) and
-    ``packed_seq_ids``. ``raw`` is on the host."""
+    ``"arange"`` or ``"arange1"``; a ``"host"`` family's own host computes them, :func:`mrope_positions`),
+    ``packed_lengths`` read back from them (:func:`lengths_from`) and, with ``image_token_id``,
+    ``packed_image_tokens`` ``(rows,)``: each row's image tokens (what DeepStack's per-row cut reads). ``raw`` is
+    on the host."""
     def run(raw: Tensors) -> Tensors:
         out = dict(host(raw)) if host is not None else {}
         if not is_packed(raw):
             return out
         if positions != "host":
             out["position_ids"] = row_positions(raw["packed_lengths"].tolist(), 1 if positions == "arange1" else 0)
-        out["packed_seq_ids"] = sequence_ids(out["position_ids"])
+        out["packed_lengths"] = lengths = lengths_from(out["position_ids"])
+        if image_token_id is not None:
+            rows = (raw["input_ids"][0] == image_token_id).split(lengths.tolist())
+            out["packed_image_tokens"] = torch.stack([r.sum() for r in rows])
         return out
     return run
 
 
 def row_lengths(state: Tensors) -> list[int] | None:
-    """The packed rows' lengths when ``state`` is a packed micro of more than one row, else ``None``. On a stage
-    that received them from another rank they are on the device: one host read per stage and micro (only for
-    the layers that need Python integers: linear attention, FlashAttention's ``max_length``)."""
+    """The packed rows' lengths when ``state`` is a packed micro of more than one row, else ``None`` (on the host,
+    where the transfers' headers bring them: no device read)."""
     lengths = state.get("packed_lengths")
     if lengths is None or lengths.numel() < 2:
         return None
     return lengths.tolist()
+
+
+def row_slice(state: Tensors, start: int, length: int) -> Tensors:
+    """Packed row ``[start, start + length)`` of a stage's ``state``: every per-token tensor (``(..., 1, N)``:
+    position ids, token types) cut to the row; the packing keys and anything else left out, except the
+    tensors of other shapes (MoE running sums), which stay whole."""
+    n = state["position_ids"].shape[-1]
+    out = {}
+    for key, value in state.items():
+        if key in PACKED_KEYS or key == "hidden_states" or not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() >= 2 and value.shape[-1] == n and value.shape[-2] == 1:
+            value = value[..., start:start + length]
+        out[key] = value
+    return out
+
+
+def uses_flash(text_config) -> bool:
+    """Whether the text model runs FlashAttention (its varlen kernel takes a packed micro in one pass)."""
+    return "flash" in str(getattr(text_config, "_attn_implementation", "") or "")
 
 
 def per_row(layer: nn.Module, hidden: torch.Tensor, lengths: list[int], rotary, text_positions, **kwargs):
@@ -130,21 +159,9 @@ def per_row(layer: nn.Module, hidden: torch.Tensor, lengths: list[int], rotary, 
 def flash_kwargs(text_config, lengths: list[int] | None, device: torch.device) -> dict:
     """FlashAttention's varlen keyword arguments for a packed micro (``cu_seq_lens_q/k`` int32 ``(rows + 1,)``,
     ``max_length_q/k``), which transformers' ``_flash_attention_forward`` takes from the layer's kwargs; ``{}``
-    for another attention implementation (their masks hold the rows) or one row."""
-    if lengths is None or "flash" not in str(getattr(text_config, "_attn_implementation", "") or ""):
+    for another attention implementation or one row."""
+    if lengths is None or not uses_flash(text_config):
         return {}
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32).to(device, non_blocking=True)
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lengths), "max_length_k": max(lengths)}
 
-
-PACKABLE = ("full_attention", "sliding_attention", LINEAR)  # masks AND the rows; linear attention per row
-
-
-def check_packable(layer_types: list[str]) -> None:
-    """Raise ``ValueError`` when a model with these decoder layer types cannot be packed exactly: only full,
-    sliding-window and linear attention can (a chunked layer's chunks count from the start of the sequence, so
-    packed rows would be chunked differently than alone)."""
-    other = sorted(set(layer_types) - set(PACKABLE))
-    if other:
-        raise ValueError(f"data.packing: layers of type {other} cannot be packed exactly (supported: "
-                         f"{list(PACKABLE)}); set data.packing: false")

@@ -50,7 +50,8 @@ import torch.distributed as dist
 from ..schedule.connect import CONNECT
 from .watchdog import Watchdog
 from .wire import (ALIGN, DTYPES, FIRST_BYTES, WORDS, Plan, decode_header, device_unpack, encode_header, host_bytes,
-                   host_unpack, inline_start, layout, make_plan, pack, payload_size, raw_bytes, unpack)
+                   host_unpack, inline_start, layout, make_plan, pack, payload_size, payload_tensors, raw_bytes,
+                   unpack)
 
 __all__ = ["ALIGN", "CONNECT", "CONNECT_TAG", "DTYPES", "FIRST_BYTES", "P2P", "decode_header", "encode_header",
            "pack", "payload_size", "unpack"]
@@ -186,7 +187,7 @@ class P2P:
         """
         header = encode_header(payload)
         n = len(header)
-        tensors = [t for t in payload.values() if t.numel()]
+        tensors = payload_tensors(payload)
         starts, size = layout([t.numel() * t.element_size() for t in tensors])
         offset = inline_start(n)
         # header groups: no payload inline (its copy to the host would wait for the device)

@@ -15,6 +15,7 @@ Pure functions of tensors and NumPy arrays: nothing here sends or receives.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,33 +33,62 @@ _NUMPY = {torch.float32: (np.float32, None), torch.float16: (np.float16, None), 
           torch.bool: (np.bool_, None)}
 
 
+# keys whose small int64 host tensors travel in the header, as their values, and arrive on the host: integers a
+# receiving stage needs in Python (a packed micro's row lengths and image tokens per row, mpipe_hf.models.packed),
+# which a payload on the device would make it read back, one host synchronisation per transfer
+HEADER_KEYS = frozenset({"packed_lengths", "packed_image_tokens"})
+_HEADER_CODE = len(DTYPES)  # the dtype code of a header key's entry: its values follow its shape
+
+
+@dataclass(frozen=True)
+class HeaderInts:
+    """The "dtype" of a :data:`HEADER_KEYS` entry in a decoded header: its int64 values, which take no payload
+    bytes (``itemsize`` 0) and are rebuilt on the host by :func:`unpack`."""
+
+    values: tuple[int, ...]
+    itemsize: int = 0
+
+
 def encode_header(payload: dict[str, torch.Tensor]) -> list[int]:
-    """``[n, (len(key), *key_bytes, dtype_code, requires_grad, ndim, *shape) * n]``.
+    """``[n, (len(key), *key_bytes, dtype_code, requires_grad, ndim, *shape) * n]``; a :data:`HEADER_KEYS` entry
+    (int64, on the host) has the code ``len(DTYPES)`` and its values after its shape.
 
     Raises:
-        TypeError: a tensor's dtype is not one of ``DTYPES``.
+        TypeError: a tensor's dtype is not one of ``DTYPES``; a header key that is not int64.
     """
     out = [len(payload)]
     for key, tensor in payload.items():
-        if tensor.dtype not in _CODE:
-            raise TypeError(f"cannot send {key!r} of dtype {tensor.dtype}; supported: {DTYPES}")
+        if tensor.dtype not in _CODE or (key in HEADER_KEYS and tensor.dtype != torch.int64):
+            raise TypeError(f"cannot send {key!r} of dtype {tensor.dtype}; supported: {DTYPES} (int64 for "
+                            f"{sorted(HEADER_KEYS)})")
         raw = key.encode()
+        if key in HEADER_KEYS:
+            out += [len(raw), *raw, _HEADER_CODE, 0, tensor.dim(), *tensor.shape, *tensor.reshape(-1).tolist()]
+            continue
         out += [len(raw), *raw, _CODE[tensor.dtype], int(tensor.requires_grad), tensor.dim(), *tensor.shape]
     return out
 
 
 def decode_header(values: list[int]) -> list[tuple[str, torch.dtype, bool, tuple[int, ...]]]:
-    """Inverse of :func:`encode_header`: ``[(key, dtype, requires_grad, shape), ...]``."""
+    """Inverse of :func:`encode_header`: ``[(key, dtype, requires_grad, shape), ...]`` (a header key's dtype a
+    :class:`HeaderInts` holding its values)."""
     entries, i = [], 1
     for _ in range(values[0]):
         n = values[i]
         key = bytes(values[i + 1:i + 1 + n]).decode()
         i += 1 + n
-        dtype, grad, ndim = DTYPES[values[i]], bool(values[i + 1]), values[i + 2]
+        code, grad, ndim = values[i], bool(values[i + 1]), values[i + 2]
         shape = tuple(values[i + 3:i + 3 + ndim])
         i += 3 + ndim
+        dtype = DTYPES[code] if code != _HEADER_CODE else HeaderInts(tuple(values[i:i + math.prod(shape)]))
+        i += 0 if code != _HEADER_CODE else math.prod(shape)
         entries.append((key, dtype, grad, shape))
     return entries
+
+
+def payload_tensors(payload: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors of ``payload`` whose bytes go in the payload: every non-empty one but the header keys'."""
+    return [t for k, t in payload.items() if t.numel() and k not in HEADER_KEYS]
 
 
 def layout(sizes: list[int]) -> tuple[list[int], int]:
@@ -117,6 +147,9 @@ def host_unpack(plan: Plan, buf: np.ndarray, offset: int) -> dict[str, torch.Ten
     entries, sizes, starts, _, largest = plan
     out = {}
     for i, ((key, dtype, grad, shape), size, start) in enumerate(zip(entries, sizes, starts)):
+        if isinstance(dtype, HeaderInts):
+            out[key] = torch.tensor(dtype.values, dtype=torch.int64).view(shape)
+            continue
         seg = buf[offset + start:offset + start + size]
         np_dtype, back = _NUMPY[dtype]
         tensor = torch.from_numpy((seg if i == largest else seg.copy()).view(np_dtype).reshape(shape))
@@ -131,6 +164,9 @@ def device_unpack(plan: Plan, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     entries, sizes, starts, _, largest = plan
     out = {}
     for i, ((key, dtype, grad, shape), size, start) in enumerate(zip(entries, sizes, starts)):
+        if isinstance(dtype, HeaderInts):  # on the host, from the header: nothing to read back
+            out[key] = torch.tensor(dtype.values, dtype=torch.int64).view(shape)
+            continue
         tensor = flat[start:start + size].view(dtype).view(shape)
         tensor = tensor if i == largest else tensor.clone()
         out[key] = tensor.requires_grad_(grad) if grad else tensor

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 
-from ..models.decoder import layer_types
-from ..models.packed import check_packable
 from ..models import get_family
+from ..models.decoder import check_packable
 from ..models.load import check_adapter
 from .metrics import available_trackers
 from .recipe import Recipe
@@ -64,7 +63,7 @@ def check(recipe: Recipe) -> list[int]:
     available_trackers(recipe.train.report_to)
     counts = check_layout(recipe, config)
     if recipe.data.packing:  # a layer type packing cannot keep exact (chunked attention)
-        check_packable(layer_types(config.get_text_config()))
+        check_packable(config.get_text_config())
     if recipe.lora is not None:
         check_adapter(config, cfg, recipe.lora.peft_config(), counts, recipe.parallel.text_layers, recipe.lora.merge)
     processes = cfg.pp_size * recipe.parallel.dp_size

@@ -39,8 +39,7 @@ from transformers.utils import logging
 
 from ..data import ConversationCollator, MicroBatchPlan
 from ..data.packing import PackedCollate
-from ..models.decoder import layer_types
-from ..models.packed import check_packable
+from ..models.decoder import check_packable
 from .hf_checkpoint import STAGING_PREFIX, CheckpointMixin
 from .hf_parts import (MPipeCallback, MPipeConfig, PreemptionCallback, _EpochSampler, _Pipeline, _RowLoader,
                        check_training_args)
@@ -148,7 +147,7 @@ class MPipeTrainer(CheckpointMixin, Trainer):
     def _plan(self, dataset, micro_batch_size: int) -> MicroBatchPlan:
         collate = self._collate()
         if self.mpipe.packing:  # MPipeConfig.packing: each micro-batch's rows in one sequence
-            check_packable(layer_types(self.run.carved.model.config.get_text_config()))
+            check_packable(self.run.carved.model.config.get_text_config())
             collate = PackedCollate(collate)
         return MicroBatchPlan(dataset, collate, self.num_micro, micro_batch_size,
                               self.run.carved.validate_micro, drop_bad_rows=self.mpipe.on_bad_sample == "skip")

@@ -20,16 +20,15 @@ from tqdm.auto import tqdm
 
 from ..data import MicroBatchPlan
 from ..data.packing import PackedCollate
-from ..models.decoder import layer_types
-from ..models.packed import check_packable
+from ..models.decoder import check_packable
 from .checkpoint import save_hub_files
 from .metrics import MetricsLog
 from .optimizer import build_optimizer, build_scheduler
 from .preempt import MARKER, Preemption
 from .recipe import Recipe
 from .report import setup_line, state_bytes, step_row, summary_line, tracker_config
-from .run import PipelineRun
 from .plan_packing import packed_plan
+from .run import PipelineRun
 from .sources import load_config, load_data, load_processor, node_first, owner_costs
 from .state import checkpoints, resolve_resume
 
@@ -106,7 +105,7 @@ class RecipeJob:
         data, run = self.recipe.data, self.run
         validate, drop = run.carved.validate_micro, data.on_bad_sample == "skip"
         if data.packing:
-            check_packable(layer_types(self.config.get_text_config()))
+            check_packable(self.config.get_text_config())
             return packed_plan(dataset, self.config, self.recipe, run.cfg.num_micro, self.collate, validate=validate,
                                replica=run.dp_rank, drop_bad_rows=drop)
         return MicroBatchPlan(dataset, self.collate, run.cfg.num_micro, data.micro_batch_size, validate, data.shuffle,

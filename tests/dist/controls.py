@@ -24,5 +24,22 @@ def negative_controls(case):
         stack.enter_context(mock.patch.object(host_metadata, "mrope_positions", mrope))
         stack.enter_context(mock.patch.object(packed, "row_positions", rows))
     if case.get("no_linear_reset"):
-        stack.enter_context(mock.patch.object(decoder, "row_lengths", lambda state: None))
+        stack.enter_context(mock.patch.object(decoder.DecoderStage, "run_layers", leaky_run_layers))
     return stack
+
+
+def leaky_run_layers(self, hidden, state, padding):
+    """The packed micro's attention layers row by row, as they must be, but its linear-attention layers over the
+    whole packed sequence at once (a state that does not start afresh at each row)."""
+    lengths = packed.row_lengths(state)
+    if lengths is None:
+        return self._layers(hidden, state, padding, None)
+    rope, text = decoder.split_positions(state["position_ids"])
+    rotary = self.rotary_emb(hidden, rope)
+    for layer, layer_type in zip(self.layers, self.layer_types):
+        kwargs = dict(attention_mask=None, cache=None, use_cache=False)
+        if layer_type == packed.LINEAR:
+            hidden = layer(hidden, position_embeddings=rotary, position_ids=text, **kwargs)
+        else:
+            hidden = packed.per_row(layer, hidden, lengths, rotary, text, **kwargs)
+    return hidden
