@@ -148,8 +148,8 @@ class DecoderStage(nn.Module):
         over its own ``n^2`` pairs, no ``N x N`` mask; a linear-attention state from zero); with FlashAttention
         in one pass, the varlen kernel keeping the rows apart and each linear-attention layer run per row."""
         lengths = row_lengths(state)
-        if lengths is None or uses_flash(self.text_config):
-            return self._layers(hidden, state, padding, lengths)
+        if lengths is None or uses_flash(self.text_config):  # a packed micro of one row: nothing to search for
+            return self._layers(hidden, state, padding, lengths, "packed_lengths" not in state)
         outs, start = [], 0
         for n in lengths:  # a row is one sequence: nothing for the mask builders to search its positions for
             outs.append(self._layers(hidden[:, start:start + n], self.row_state(state, start, n), None, None, False))

@@ -95,7 +95,7 @@ class _Pieces:
         self.host = packed_host(family.host(model) if family.host is not None else None, family.positions,
                                 self.image_token_id if family.deepstack else None)
         keys = family.host_keys(model) if family.host_keys is not None else frozenset()
-        self.host_keys = keys | {"packed_lengths"}  # Python integers for the owner's own stages (.packed)
+        self.host_keys = keys | set(PACKED_KEYS)  # Python integers for the owner's own stages (.packed)
         self.num_deepstack = deepstack_layers(model.config) if family.deepstack else 0
         self.cls = DeepStackStage if family.deepstack else DecoderStage
         self.stage0_keys = RAW_KEYS + family.stage0_inputs + family.mask_inputs + ("labels",)
