@@ -35,7 +35,8 @@ from mpipe_hf.train.recipe import SECTIONS, DataSection, ModelSource, ParallelSe
 # What the annotations leave out. The least value of each integer field (train.max_steps also takes -1):
 INT_MIN = {
     "data.micro_batch_size": 1, "data.min_pixels": 1, "data.max_pixels": 1, "data.max_length": 1,
-    "data.max_bad_rows": 1, "data.max_bad_steps": 1, "data.num_proc": 1, "parallel.pp_size": 1, "parallel.vpp": 1,
+    "data.max_bad_rows": 1, "data.max_bad_steps": 1, "data.num_proc": 1, "data.max_tokens_per_micro": 1,
+    "parallel.pp_size": 1, "parallel.vpp": 1,
     "parallel.num_micro": 1, "parallel.text_layers": 0, "train.max_steps": 1, "train.logging_steps": 1,
     "train.warmup_steps": 0, "train.seed": 0, "train.save_steps": 0, "train.save_total_limit": 1, "train.eval_steps": 0, "parallel.dp_size": 1,
     "lora.r": 1, "swap.min_swap_gap": 2, "swap.min_bytes": 0,
