@@ -88,10 +88,9 @@ def _image_column(dataset) -> list[int]:
 def packed_micros(plan: PackedPlan, step: int = 0) -> StepMicros:
     """``plan``'s replica's packed micro-batches of step ``step``: tokens (its rows' lengths summed, tokens),
     image tokens (the dataset's ``image_tokens`` column summed; 0 without it) and rows."""
-    images = _image_column(plan.dataset)
-    rows = [plan.rows(step, m) for m in range(plan.num_micro)]
-    tokens = tuple(sum(plan.lengths[r] for r in b) for b in rows)
-    return StepMicros(tokens, tokens, tuple(sum(images[r] for r in b) for b in rows), tuple(len(b) for b in rows))
+    stats = plan.packing_stats(step)
+    tokens = tuple(stats["tokens"])
+    return StepMicros(tokens, tokens, tuple(plan.micro_costs(step, _image_column(plan.dataset))), tuple(stats["rows"]))
 
 
 def padded_micros(plan: PackedPlan, micro_batch_size: int, step: int = 0) -> StepMicros:
