@@ -14,6 +14,11 @@ Under FSDP2 (``dp_shard``) the executor keeps a region per stage call instead: F
 gathers the Linear weights in bf16 once per step already, and with a step-long region the bf16 copy of any other
 weight would be cached at the first micro-batch, whose old autograd node runs after FSDP2's post-backward hook
 has reduce-scattered the chunk's gradient in its last backward: that micro's gradient would be lost.
+
+There, the step has no region around it at all (:func:`step_region`): autocast counts a *disabled* region as
+nesting too, and clears its cache only when the outermost region exits, so a disabled region over the step kept
+every per-call cast for the whole step, with the loss above (issue 37: LoRA adapters, fused MoE experts; a
+gradient off by 0.29 at ``dp = 2``).
 """
 
 from __future__ import annotations
@@ -50,3 +55,12 @@ def frozen_weight_casts(modules: Iterable[nn.Module], dtype: torch.dtype | None)
     finally:
         for layer, name, p in reversed(swapped):
             layer._parameters[name] = p
+
+
+def step_region(device_type: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """The autocast region the executor holds over a step: one enabled region of ``dtype`` (its cache shares one
+    cast of each trained weight between the micro-batches), or, with ``dtype`` ``None`` (fp32, or FSDP2 whose
+    stages open a region per call), none at all: never a disabled one (module docstring)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype)

@@ -43,7 +43,7 @@ from ..schedule.forward import build_forward_schedule
 from ..schedule.owners import reassign, relabel, with_owners
 from ..schedule.simulate import Costs, Event, split_pairs
 from ..schedule.swap import SwapConfig, with_swaps
-from .casts import frozen_weight_casts
+from .casts import frozen_weight_casts, step_region
 from .data_parallel import is_sharded, local
 from .evaluate import evaluate
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed
@@ -305,9 +305,10 @@ class PipelineExecutor:
             self.dp.start_step()
         run = OrderRun(self, ctx)
         try:
-            # one bf16 copy of each weight per step, shared by the micros (:mod:`.casts`); fp32: no region
-            with torch.autocast(self.device.type, self.autocast or torch.bfloat16, self.autocast is not None), \
-                    frozen_weight_casts(self.stages.values(), self.autocast):
+            # one bf16 copy of each weight per step, shared by the micros (:mod:`.casts`). No region at all
+            # otherwise (fp32, FSDP2): a disabled one still nests the stages' regions, which then keep their casts
+            with step_region(self.device.type, self.autocast), frozen_weight_casts(self.stages.values(),
+                                                                                 self.autocast):
                 run()
             self.p2p.drain()
             run.action = None

@@ -1,0 +1,146 @@
+"""torchrun worker (``dp = 2`` x ``pp = 2``, 4 processes, gloo): FSDP2 under ``train.bf16`` through the trainer's
+own :class:`~mpipe_hf.train.run.PipelineRun` and the executor, against the unsplit model on one process under the
+same precision policy (issue 37, part 1).
+
+Usage: torchrun --nproc_per_node 4 dp_bf16_worker.py OUT_DIR CASES_JSON
+
+A case is ``{"name", "recipe": a recipe mapping with dp_size 2, dp_shard and bf16, "steps"}``. Every rank joins
+the ``(dp, pp)`` mesh, carves its share, wraps it for FSDP2 and runs ``steps`` steps exactly as ``mpipe-hf
+train`` does (:meth:`PipelineRun.start` with ``bf16``, :meth:`PipelineRun.step`, no clipping). The optimizer
+does not step: every step is compared with the same weights. After each step, every trained tensor's full
+gradient (``DTensor.full_tensor``, gathered over the replicas) is kept.
+
+Global rank 0 then runs the reference: the unsplit model (the same seed, the same adapter) over the step's whole
+global batch (both replicas' ``M`` micro-batches, as a plan of ``2 M`` micro-batches reads them), each micro's
+forward under its own bf16 autocast region, its summed token loss (and the MoE load-balancing term weighted by
+its label tokens) backpropagated, and the gradients divided once by the batch's label tokens: the pipeline's
+order of operations, so that the two differ only by the order of fp32 sums across the replicas. Every rank
+compares its own tensors. Each rank writes ``OUT_DIR/rank{r}.json``.
+"""
+
+import contextlib
+import json
+import os
+import sys
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from common import run_cases
+from numerics_worker import reference_run
+from mpipe_hf.data import MicroBatchPlan
+from mpipe_hf.train.recipe import parse_recipe
+from mpipe_hf.train.run import PipelineRun
+from mpipe_hf.train.trainer import check_layout, load_config, load_data, load_model, load_processor
+
+PREFIX = "base_model.model."
+
+
+def plan_of(recipe, config, validate, replica, replicas, num_micro):
+    dataset, collate = load_data(recipe, config, load_processor(recipe, config), quiet=True)
+    return MicroBatchPlan(dataset, collate, num_micro, recipe.data.micro_batch_size, validate, recipe.data.shuffle,
+                          recipe.train.seed, replica, replicas)
+
+
+def full(grad: torch.Tensor) -> torch.Tensor:
+    return grad.full_tensor() if isinstance(grad, DTensor) else grad
+
+
+def pipelined(recipe, steps: int) -> tuple[PipelineRun, list[float], list[dict[str, torch.Tensor]]]:
+    """The trainer's path: ``(run, per-step losses, per-step full gradients by name)``."""
+    run = PipelineRun(recipe.parallel, recipe.train.seed, recipe.data)
+    config = load_config(recipe.model)
+    run.connect(config, bf16=True)
+    adapter = recipe.lora.peft_config() if recipe.lora is not None else None
+    run.carve(recipe.model, config, check_layout(recipe, config), adapter)
+    run.start(bf16=True)
+    plan = plan_of(recipe, config, run.carved.validate_micro, run.dp_rank, recipe.parallel.dp_size,
+                   recipe.parallel.num_micro)
+    losses, grads = [], []
+    for step in range(steps):
+        result = run.step(step, partial(plan.load, step), 0.0)
+        assert result.ran, f"step {step} did not run"
+        losses.append(result.stats.loss)
+        # every trained tensor, gathered on every replica (full_tensor is a collective: the same order everywhere)
+        grads.append({n: full(p.grad).detach().clone() for n, p in sorted(run.params.items())
+                      if p.grad is not None})
+        for p in run.params.values():
+            p.grad = None
+    return run, losses, grads
+
+
+def reference(recipe, steps: int) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+    """The unsplit model on this process, over each step's global batch, in the pipeline's order (module doc)."""
+    config = load_config(recipe.model)
+    model = load_model(recipe.model, config, recipe.train.seed)
+    if recipe.lora is not None:
+        from peft import get_peft_model
+        if recipe.model.name_or_path is not None:  # as load_share: the adapter drawn after a checkpoint's load
+            from accelerate.utils import set_seed
+            set_seed(recipe.train.seed)
+        model = get_peft_model(model, recipe.lora.peft_config())
+    model.train()
+    par = recipe.parallel
+    if par.preprocess == "frozen":
+        tower = getattr(model.get_base_model() if recipe.lora is not None else model, "model").visual
+        tower.requires_grad_(False)
+    plan = plan_of(recipe, config, None, 0, 1, par.dp_size * par.num_micro)
+    losses, grads = [], []
+    for step in range(steps):
+        micros = [plan.load(step, m) for m in range(par.dp_size * par.num_micro)]
+        losses.append(reference_run(model, micros, bf16=True, order="pipeline"))
+        grads.append({n.removeprefix(PREFIX): p.grad.detach().clone()
+                      for n, p in model.named_parameters(remove_duplicate=False)
+                      if p.requires_grad and p.grad is not None})
+        model.zero_grad(set_to_none=True)
+    return losses, grads
+
+
+def compare(mine: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict:
+    """The largest difference of each tensor in units of ``1e-5 + 1e-5 * max|reference|`` (the worst tensor),
+    the largest absolute one, and the tensors that one side lacks."""
+    scaled, absolute, missing = (0.0, None), 0.0, []
+    for name, g in mine.items():
+        if name not in want:
+            missing.append(name)
+            continue
+        diff = float((g - want[name]).abs().max())
+        absolute = max(absolute, diff)
+        scaled = max(scaled, (diff / (1e-5 + 1e-5 * float(want[name].abs().max())), name), key=lambda x: x[0])
+    return {"scaled": scaled[0], "worst": scaled[1], "max_abs": absolute, "missing": missing,
+            "ref_max": max(float(want[n].abs().max()) for n in mine if n in want)}
+
+
+def run_case(case: dict, out_dir: str) -> dict:
+    recipe = parse_recipe(case["recipe"])
+    steps = case.get("steps", 2)
+    run, losses, grads = pipelined(recipe, steps)
+    path = os.path.join(out_dir, f"ref-{case['name']}.pt")
+    if dist.get_rank() == 0:
+        torch.save(reference(recipe, steps), path)
+    dist.barrier()
+    ref_losses, ref_grads = torch.load(path, map_location="cpu")
+    run.executor.close()
+    dist.barrier()
+    if dist.get_rank() == 0:
+        os.remove(path)
+    return {"losses": losses, "ref_losses": ref_losses, "names": sorted(grads[0]),
+            "grads": [compare(g, want) for g, want in zip(grads, ref_grads)],
+            "bf16_units": run.data_parallel is not None and run.data_parallel.engine == "shard"}
+
+
+def main():
+    out_dir, cases = sys.argv[1], json.loads(sys.argv[2])
+
+    def one(case):
+        with contextlib.redirect_stdout(sys.stderr):  # the trainer's prints stay out of the timing lines
+            return run_case(case, out_dir)
+    dist.init_process_group("gloo")
+    run_cases(cases, one, out_dir, dist.get_rank())
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
