@@ -123,10 +123,11 @@ def transfers(group, rank, rounds: int, repeats: int) -> dict[str, tuple[float, 
     from mpipe_hf.runtime.p2p import P2P
     from mpipe_hf.runtime.watchdog import Watchdog
     store = dist.distributed_c10d._get_default_store()
-    up, down = (dist.new_group(list(range(R)), backend="gloo") for _ in range(2))
-    watchdog = Watchdog(store, "bench_runtime", timedelta(seconds=60), threaded=True, groups=[up, down])
+    from mpipe_hf.runtime.groups import pair_groups
+    pairs = pair_groups(list(range(R)), timedelta(seconds=60))
+    watchdog = Watchdog(store, "bench_runtime", timedelta(seconds=60), threaded=True, groups=list(pairs.values()))
     watchdog.start_step()
-    p2p = P2P(up, down, torch.device("cpu"), watchdog)
+    p2p = P2P(rank, pairs, torch.device("cpu"), watchdog)
     out = {}
     for name, shape in SIZES.items():
         buf = torch.ones(shape)

@@ -11,7 +11,8 @@ or value the host needs (``nonzero``, ``unique``, ``masked_select``, ``equal``, 
 every copy from the host to the device that is not ``non_blocking`` (from pageable memory such a copy waits for
 the device). What runs inside autograd's C++ backward is not seen. Point-to-point transfers are the device's
 own (NCCL): :meth:`transport` wraps a ``P2P`` so that its sends and receives are not counted and what it receives
-is on the device.
+is on the device (but the host integers of its header). ``tests/dist/host_syncs_worker.py`` runs NCCL's own path
+instead, with gloo groups standing for NCCL's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from mpipe_hf.runtime.wire import in_header
+
 DEVICE = torch.device("cpu", 0)
 HOST = torch.device("cpu")
 _READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
@@ -33,6 +36,16 @@ _READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Te
           torch.Tensor.masked_select, torch.unique_consecutive, torch.Tensor.unique_consecutive}
 _INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.index_put, torch.Tensor.index_put_}
 _DEVICE_PROPERTY = torch._C.TensorBase.__dict__["device"]
+
+
+def rooted(path: str) -> str:
+    """``path`` from its package's root (``mpipe_hf/runtime/wire.py``, ``transformers/masking_utils.py``,
+    ``tests/...``), else its last two parts: what a count's ``where`` names, so a test can tell the project's own
+    reads from a library's."""
+    for root in ("/mpipe_hf/", "/transformers/", "/tests/"):
+        if root in path:
+            return root[1:] + path.rsplit(root, 1)[1]
+    return "/".join(path.split("/")[-2:])
 
 
 def on_device(t) -> bool:
@@ -62,7 +75,8 @@ class DeviceModel(TorchFunctionMode):
     """Counts host synchronisations on an emulated device (see the module docstring).
 
     Attributes:
-        syncs: ``Counter`` of ``"kind at file:line"`` (the innermost frame outside torch and this file).
+        syncs: ``Counter`` of ``"kind at file:line"`` (the innermost frame outside torch and this file; the file
+            from its package's root, :func:`rooted`).
         paused: while > 0 nothing is counted (a transport's internals).
     """
 
@@ -83,7 +97,7 @@ class DeviceModel(TorchFunctionMode):
         where = "?"
         for frame in reversed(traceback.extract_stack()[:-2]):
             if "/torch/" not in frame.filename and not frame.filename.endswith("device_model.py"):
-                where = f"{'/'.join(frame.filename.split('/')[-2:])}:{frame.lineno}"
+                where = f"{rooted(frame.filename)}:{frame.lineno}"
                 break
         self.syncs[f"{kind} at {where}"] += 1
 
@@ -124,7 +138,9 @@ class DeviceModel(TorchFunctionMode):
 
     def transport(self, p2p):
         """Wrap ``p2p`` (a :class:`~mpipe_hf.runtime.P2P`) as the device's own channel: its calls are not
-        counted, and what it receives is on the device."""
+        counted, and what it receives is on the device, but the host integers that travel in the header
+        (:func:`~mpipe_hf.runtime.wire.in_header`; on this host transport a FlashAttention tower's boundaries,
+        which travel on the device, are taken for them too)."""
         model = self
         send, recv = p2p.send, p2p.recv
 
@@ -138,7 +154,9 @@ class DeviceModel(TorchFunctionMode):
         def device_recv(*args, **kwargs):
             model.paused += 1
             try:
-                return _mark(recv(*args, **kwargs))
+                got = recv(*args, **kwargs)
             finally:
                 model.paused -= 1
+            _mark([t for k, t in got.items() if not in_header(k, t)])  # the header's integers arrive on the host
+            return got
         p2p.send, p2p.recv = quiet_send, device_recv

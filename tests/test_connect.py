@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import random
 import types
+from datetime import timedelta
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from mpipe_hf.runtime.p2p import CONNECT, CONNECT_TAG, P2P, decode_header, encod
 from mpipe_hf.schedule import Action, Kind, ScheduleConfig, build_schedule
 from mpipe_hf.schedule.actions import COLLECTIVE_KINDS, RECV_KINDS, SEND_TO_RECV
 from mpipe_hf.schedule.connect import Op, action_ops, connect_order, lazy_setup, step_ops, step_pairs, with_connect
+from mpipe_hf.schedule.eager import PER_DIRECTION, PER_PAIR, eager_streams, pipeline_pairs
 from mpipe_hf.schedule.forward import build_forward_schedule
 from mpipe_hf.schedule.simulate import Costs
 from mpipe_hf.schedule.swap import SwapConfig, with_swaps
@@ -84,6 +86,57 @@ def test_the_connect_prologue_removes_every_setup_deadlock_of_the_builder():
           f"connect prologue, {after} with it")
     assert before > 0, "the model finds the deadlock the runtime had without the prologue"
     assert after == 0
+
+
+def eager_sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
+    """Deadlocks over ``n`` random configurations, every step behind its connect prologue: under the lazy
+    set-up, and under the eager one with a group per direction (the runtime before issue 37; sends free to start
+    at their stream's head, so every deadlock found is one the device cannot avoid) and with a group per directed
+    pair (the runtime now; each send also waiting for its rank's earlier receives, the conservative reading).
+    Also checks that every pair a step uses has a group (:func:`pipeline_pairs`)."""
+    rng = random.Random(seed)
+    found = {"lazy": 0, "eager per direction": 0, "eager per pair": 0}
+    for _ in range(n):
+        case = random_case(rng)
+        ops = with_connect(case_ops(**case))
+        used = {op.pair for rank_ops in ops.values() for op in rank_ops if op.src is not None}
+        assert used <= set(pipeline_pairs(case["cfg"].pp_size)), (case["cfg"], used)
+        found["lazy"] += lazy_setup(ops).deadlocked
+        found["eager per direction"] += eager_streams(ops, PER_DIRECTION).deadlocked
+        found["eager per pair"] += eager_streams(ops, PER_PAIR, send_waits_for_receives=True).deadlocked
+    return found
+
+
+def test_a_group_per_directed_pair_cannot_deadlock_under_either_set_up():
+    """Issue 37, part 2: over 180 of the builder's configurations (identity, frozen and trainable ``P``, fill
+    placement, owner-backward, zero-bubble, swap, tied embeddings, evaluation), a group per direction deadlocks
+    under NCCL's eager set-up (one FIFO stream per group), a group per directed pair never does, and the lazy
+    set-up behind the connect prologue never does."""
+    found = eager_sweep()
+    print(f"180 random configurations: {found}")
+    assert found["eager per direction"] > 0, "the model finds the hangs of a group per direction"
+    assert found["eager per pair"] == 0 and found["lazy"] == 0, found
+
+
+def test_eager_streams_hold_a_receive_behind_another_pairs_send():
+    """A hang of a group per direction: rank 1's receive from rank 2 is queued on ``down`` behind its send to
+    rank 0, which rank 0 receives only after its drain, which waits for rank 2 to receive, which rank 2 does only
+    after its own drain, which waits for that receive of rank 1. With a group per directed pair each message has
+    a stream of its own."""
+    ops = {0: [Op("send", 0, 2), Op("drain"), Op("recv", 1, 0)],
+           1: [Op("send", 1, 0), Op("recv", 2, 1), Op("drain")],
+           2: [Op("send", 2, 1), Op("drain"), Op("recv", 0, 2)]}
+    stuck = eager_streams(ops, PER_DIRECTION)
+    assert stuck.deadlocked and all("complete on the device" in why for _, why, _ in stuck.waits.values()), stuck
+    assert not eager_streams(ops, PER_PAIR, send_waits_for_receives=True).deadlocked
+    assert not lazy_setup(with_connect(ops)).deadlocked, "lazily set up, the pairs' messages do not queue"
+
+
+def test_pipeline_pairs_are_the_ring_and_rank_zero():
+    assert pipeline_pairs(1) == []
+    assert pipeline_pairs(2) == [(0, 1), (1, 0)]
+    assert pipeline_pairs(4) == [(0, 1), (0, 2), (0, 3), (1, 0), (1, 2), (2, 0), (2, 1), (2, 3), (3, 0), (3, 2)]
+    assert len(pipeline_pairs(8)) == 26
 
 
 def test_every_placement_fill_first_step_deadlocks_without_the_prologue():
@@ -166,7 +219,8 @@ class FakeWork:
 
 
 class FakeGroup:
-    """One rank's end of a group whose messages land at once; logs every call with the stream current then."""
+    """One rank's end of a group over pipeline ranks whose messages land at once; logs every call with the stream
+    current then."""
 
     def __init__(self, rank, queues, log):
         self._rank, self.queues, self.log = rank, queues, log
@@ -185,6 +239,12 @@ class FakeGroup:
         return FakeWork(self.log, tensors[0].numel())
 
 
+def fake_pairs(rank, queues, log, world=4):
+    """``{(src, dst): FakeGroup}`` for every directed pair of ``world`` ranks that has ``rank``."""
+    return {(s, d): FakeGroup(rank, queues, log) for s in range(world) for d in range(world)
+            if s != d and rank in (s, d)}
+
+
 class FakeWatchdog:
     def __init__(self, log):
         self.log = log
@@ -199,8 +259,7 @@ class FakeWatchdog:
 
 
 def fake_p2p(rank, queues, log):
-    up, down = FakeGroup(rank, queues, log), FakeGroup(rank, queues, log)
-    return P2P(up, down, torch.device("cpu"), FakeWatchdog(log))
+    return P2P(rank, fake_pairs(rank, queues, log), torch.device("cpu"), FakeWatchdog(log))
 
 
 @contextlib.contextmanager
@@ -249,13 +308,13 @@ def test_connect_walks_its_pairs_in_the_global_order_once(monkeypatch):
         assert [entry[1] for entry in log if entry[0] in ("send", "recv")] == [
             (0, 1, CONNECT_TAG), (1, 0, CONNECT_TAG), (2, 1, CONNECT_TAG)], "sorted, each once, this rank's only"
         assert sum(entry[0] == "host wait" for entry in log) == 3, "each side waits for its connect message"
-        assert p2p.first_uses == [("up", 0, CONNECT), ("down", 0, CONNECT), ("down", 2, CONNECT)]
+        assert p2p.first_uses == [("0->1", 0, CONNECT), ("1->0", 0, CONNECT), ("2->1", 2, CONNECT)]
         log.clear()
         p2p.connect([(0, 1), (1, 0)])
         assert log == [], "a connected pair is not connected again"
         p2p.send({"x": torch.ones(3)}, 0, "SEND_B")
         p2p.send({"x": torch.ones(3)}, 2, "SEND_F")
-        assert p2p.stray_first_uses() == [("up", 2, "SEND_F")]
+        assert p2p.stray_first_uses() == [("1->2", 2, "SEND_F")]
         p2p.expect([0, 2])
         p2p.connect([(0, 1), (1, 0)])  # connected already: nothing to do
         with pytest.raises(RuntimeError, match="before the step's expect"):
@@ -300,3 +359,17 @@ def test_step_ops_end_with_the_tied_exchange(tied):
     tail = ["drain", "barrier", "send", "recv", "drain"] if tied else ["drain", "barrier", "drain"]
     assert [op.kind for op in ops[-len(tail):]] == tail
     assert [p for p in connect_order(2, ops) if 0 in p] == ([(0, 2), (2, 0)] if tied else [])
+
+
+def test_pair_groups_are_made_alike_on_every_rank(monkeypatch):
+    """Every pipeline rank makes the same groups, in the same order, over the whole pipeline and locally
+    synchronised (torch names such a group by its ranks and the count of groups the process holds: groups made by
+    their two ranks alone would leave the ranks with different counts, and a later group with different names on
+    different ranks); one per directed pair of :func:`pipeline_pairs`, sorted."""
+    from mpipe_hf.runtime import groups as groups_module
+    calls = []
+    monkeypatch.setattr(dist, "new_group", lambda ranks, timeout, use_local_synchronization:
+                        calls.append((tuple(ranks), use_local_synchronization)) or len(calls))
+    pairs = groups_module.pair_groups([1, 3, 5], timedelta(seconds=5))
+    assert list(pairs) == pipeline_pairs(3) and list(pairs.values()) == list(range(1, 7))
+    assert calls == [((1, 3, 5), True)] * 6

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from device_model import DEVICE, DeviceModel, on_device
-from test_connect import FakeGroup, fake_cuda
+from test_connect import fake_cuda, fake_pairs
 
 from mpipe_hf.runtime import groups as groups_module
 from mpipe_hf.runtime.p2p import CONNECT, FIRST_BYTES, P2P, WORDS, decode_header, encode_header, payload_size
@@ -84,9 +84,9 @@ def ranks(monkeypatch):
         monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)  # host memory here
         gloo, queues, logs, made = gloo_pairs(), {}, ([], []), []
         for rank in (0, 1):
-            up, down = FakeGroup(rank, queues, logs[rank]), FakeGroup(rank, queues, logs[rank])
             headers = tuple(Recorded(group, logs[rank]) for group in gloo[rank])
-            p2p = P2P(up, down, DEVICE, CountingWatchdog(logs[rank]), headers=headers)
+            p2p = P2P(rank, fake_pairs(rank, queues, logs[rank], 2), DEVICE, CountingWatchdog(logs[rank]),
+                      headers=headers)
             p2p.cuda = True  # NCCL's path: streams (faked), buffers on the (emulated) device
             made.append(p2p)
         yield made[0], made[1], logs[0], logs[1]
@@ -169,7 +169,7 @@ def test_sends_pack_the_header_on_the_host_and_the_payload_as_one_device_buffer(
     receiver.expect([0])
     same(receiver.recv(0, "1RECV_F0@0"), small)
     sender.drain()
-    assert sender.first_uses == [("up", 1, CONNECT)] and receiver.first_uses == [("up", 0, CONNECT)]
+    assert sender.first_uses == [("0->1", 1, CONNECT)] and receiver.first_uses == [("0->1", 0, CONNECT)]
     assert sender.stray_first_uses() == receiver.stray_first_uses() == []
 
 
@@ -225,8 +225,8 @@ def test_fresh_groups_add_gloo_header_groups_on_nccl_only(monkeypatch, backend):
     monkeypatch.setattr(dist, "get_backend", lambda group: group.backend)
     monkeypatch.setattr(groups_module, "IDLE_GROUPS", {})
     monkeypatch.setattr(groups_module, "alive", lambda group: True)  # the fakes are in no world
-    ex = types.SimpleNamespace(global_ranks=[0, 1], timeout=timedelta(seconds=5), store=dist.HashStore(),
-                               _shared=None, device=torch.device("cpu"), _stale=[])
+    ex = types.SimpleNamespace(global_ranks=[0, 1], rank=0, timeout=timedelta(seconds=5), store=dist.HashStore(),
+                               _shared=None, device=torch.device("cpu"), _stale=[], control=None)
     groups_module.fresh_groups(ex)
     headers = ex.p2p.headers
     if backend == "gloo":
@@ -234,7 +234,8 @@ def test_fresh_groups_add_gloo_header_groups_on_nccl_only(monkeypatch, backend):
     else:
         assert [(g.backend, g.local) for g in headers] == [("gloo", True)] * 2
         assert ex.watchdog.groups[3:] == list(headers) and ex.watchdog.threaded
-        assert all(g.backend == "nccl" and g.local for g in (ex.group, ex.p2p.up, ex.p2p.down))
+        assert all(g.backend == "nccl" and g.local for g in (ex.group, *ex.p2p.pairs.values()))
+    assert sorted(ex.p2p.pairs) == [(0, 1), (1, 0)], "a group per directed pair"
     groups_module.close(ex)
     again = types.SimpleNamespace(**{k: v for k, v in vars(ex).items() if k not in ("p2p", "watchdog")})
     groups_module.fresh_groups(again)

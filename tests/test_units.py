@@ -56,7 +56,7 @@ def test_packed_row_lengths_travel_in_the_header_and_arrive_on_the_host():
     assert out["packed_lengths"].device.type == "cpu" and out["packed_lengths"].tolist() == [5, 1, 7]
     assert out["packed_image_tokens"].tolist() == [2, 0, 3]
     with pytest.raises(TypeError, match="packed_lengths"):
-        encode_header({"packed_lengths": lengths.int()})
+        encode_header({"packed_lengths": lengths.float()})  # int32 travels (cu_seqlens), a float does not
 
 
 def test_header_rejects_unsupported_dtype():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from functools import partial
 from datetime import timedelta
 from typing import Callable, Iterable, Sequence
 
@@ -48,6 +49,7 @@ from .data_parallel import is_sharded, local
 from .evaluate import evaluate
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed
 from .memory import storage_ids
+from .placement import host_prepare
 from .groups import abandon, close, fresh_groups, in_process_recovery
 from .order_run import OrderRun
 from .preload import control_group, load_owned, vote
@@ -181,7 +183,8 @@ class PipelineExecutor:
         if self.broken:
             self._fresh_group()
         self.watchdog.start_step()
-        loaded, error = load_owned(order, load, self.rank)
+        prepare = partial(host_prepare, self.preprocess, pin=self.device.type == "cuda")
+        loaded, error = load_owned(order, load, self.rank, prepare)
         self.dropped = vote(self.control, self.watchdog, error, bad_rows() if bad_rows is not None else ())
         return loaded
 

@@ -1,17 +1,21 @@
 """The process groups an executor talks on, and what a failed step does to them (SPEC.md, "Runtime rules";
 issue 27).
 
-An executor owns three groups over its pipeline ranks: one for collectives and one per transfer direction
-(:class:`~.p2p.P2P`); on NCCL two more, gloo's, one per direction, for the transfers' headers (so the host reads
-no device memory to learn a transfer's shapes). A step whose data a rank cannot load never reaches them
+An executor owns a group over its pipeline ranks for collectives and one for each directed pair of pipeline ranks a
+step can use (:func:`pair_groups`; :class:`~.p2p.P2P`); on NCCL two more, gloo's, one per direction, for the
+transfers' headers (so the host reads no device memory to learn a transfer's shapes). A group per directed pair
+gives each pair's messages in one direction a stream of their own, so no transfer waits behind another pair's under
+either of NCCL's set-ups (:mod:`mpipe_hf.schedule.eager`; docs/gpus.md). A step whose data a rank cannot load never reaches them
 (:mod:`.preload` skips it before its first transfer). A step that fails later, mid-transfer:
 
 - on gloo, is recovered in-process: every rank breaks the step's groups (:meth:`.Watchdog.break_groups`, which
   fails whatever is pending on them), and the next step runs on fresh groups;
 - on NCCL, ends the run. Aborting communicators one by one can hang while another communicator (the data-parallel
   group's, a pending FSDP2 all-gather) has work in flight, and nothing else can free an NCCL operation its peer
-  never matches. The executor refuses further steps; the trainer exits with one line, and torchrun's
-  ``--max-restarts`` restarts the workers, which resume from the last checkpoint (``train.resume: auto``).
+  never matches. So every communicator of the process is aborted at once (:func:`end_communicators`), and the
+  process holds no stuck NCCL work while it ends: it does not wait for NCCL's watchdog to time that work out. The
+  executor refuses further steps; the trainer exits with one line, and torchrun's ``--max-restarts`` restarts the
+  workers, which resume from the last checkpoint (``train.resume: auto``).
 
 Closed executors hand their clean groups to the next executor over the same ranks (idle gloo groups slow a
 process down, and destroyed ones cannot be safely remade: their hashed names come back).
@@ -23,12 +27,13 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from ..schedule.eager import pipeline_pairs
 from .p2p import P2P
 from .preload import alive, shared_error
 from .watchdog import PeerFailed, Watchdog, lost_peer
 
-# process groups of closed executors, by (pipeline ranks, timeout):
-# [(collectives, up, down, watchdog step)], or on NCCL [(collectives, up, down, header up, header down, step)]
+# process groups of closed executors, by (pipeline ranks, timeout): [(collectives, {directed pair: group},
+# (header up, header down) on NCCL or None, watchdog step)]
 IDLE_GROUPS: dict[tuple[tuple[int, ...], timedelta], list[tuple]] = {}
 
 RESTART = ("a step that fails mid-transfer on NCCL cannot be recovered in-process; the run ends here, and "
@@ -53,22 +58,36 @@ def fresh_groups(ex) -> None:
     idle = [g for g in IDLE_GROUPS.get((tuple(ex.global_ranks), ex.timeout), []) if alive(g[0])]
     IDLE_GROUPS[(tuple(ex.global_ranks), ex.timeout)] = idle  # a destroyed world's groups go
     if old is None and idle:
-        *groups, step = idle.pop()
+        ex.group, pairs, headers, step = idle.pop()
     else:
-        groups = [dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, use_local_synchronization=True)
-                  for _ in range(3)]
-        if dist.get_backend(groups[0]) != "gloo":  # the header groups (up, down)
-            groups += [dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, backend="gloo",
-                                      use_local_synchronization=True) for _ in range(2)]
+        ex.group = dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, use_local_synchronization=True)
+        pairs = pair_groups(ex.global_ranks, 2 * ex.timeout)
+        headers = None
+        if dist.get_backend(ex.group) != "gloo":  # the header groups (up, down)
+            headers = tuple(dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, backend="gloo",
+                                           use_local_synchronization=True) for _ in range(2))
         step = ex.watchdog.step if old is not None else 0  # on from the old watchdog's step: its keys are used
-    ex.group = groups[0]
-    headers = tuple(groups[3:5]) or None
+    groups = [ex.group, *pairs.values(), *(headers or ())]
     # threaded: every P2P wait that blocks is on a gloo group (the data groups on gloo, the header groups on NCCL)
     ex.watchdog = Watchdog(ex.store, ex.group.group_name, ex.timeout, True, step, ex._shared, groups)
-    ex.p2p = P2P(groups[1], groups[2], ex.device, ex.watchdog, headers)
+    ex.p2p = P2P(ex.rank, pairs, ex.device, ex.watchdog, headers)
     if old is not None:
         ex.p2p.bytes_sent.update(old.bytes_sent)
     ex.broken = False
+
+
+def pair_groups(global_ranks: list[int], timeout) -> dict[tuple[int, int], dist.ProcessGroup]:
+    """``{(src, dst): group}``: a group for each directed pair of pipeline ranks of
+    :func:`~mpipe_hf.schedule.eager.pipeline_pairs`, made in sorted order, whose transfers only the pair's two ranks
+    use. Each group is over the whole pipeline (``global_ranks``, in stage order, so a rank's group rank is its
+    pipeline rank), made by every pipeline rank, locally synchronised, as the collectives' group is: torch names a
+    locally synchronised group by its ranks and the count of groups the process holds, so groups of two made by
+    their two ranks alone would leave the ranks with different counts, and a later group with different names on
+    different ranks (a hang). With a bound device (eager set-up) each is split from the default communicator, which
+    every replica's ranks then do in step, as for the pipeline's other groups; each pair's stream carries that
+    pair's messages only (:mod:`mpipe_hf.schedule.eager`)."""
+    return {pair: dist.new_group(global_ranks, timeout=timeout, use_local_synchronization=True)
+            for pair in pipeline_pairs(len(global_ranks))}
 
 
 def close(ex) -> None:
@@ -76,7 +95,7 @@ def close(ex) -> None:
     ex.watchdog.close()
     if not ex.broken:
         IDLE_GROUPS.setdefault((tuple(ex.global_ranks), ex.timeout), []).append(
-            (ex.group, ex.p2p.up, ex.p2p.down, *(ex.p2p.headers or ()), ex.watchdog.step))
+            (ex.group, ex.p2p.pairs, ex.p2p.headers, ex.watchdog.step))
     ex.broken = True
 
 
@@ -100,5 +119,20 @@ def abandon(ex, err: BaseException, action) -> BaseException:
     first = ex.watchdog.first_error()
     if not ex.recover:
         ex.ended = f"{first}; {RESTART}"
+        end_communicators(ex.group)
         return RuntimeError(ex.ended)
     return first
+
+
+def end_communicators(group: dist.ProcessGroup) -> None:
+    """After a failed step on NCCL, abort every NCCL communicator of this process at once (torch's
+    ``_abort_process_group`` of the world: the aborts in one NCCL group call, so none waits for another's work),
+    so that the process ends now, with its error, instead of when NCCL's watchdog times the stuck transfers out
+    (``parallel.timeout_s`` later, holding the GPU meanwhile); torchrun's restart then finds the node free. Nothing
+    on gloo, whose broken groups hold nothing (and whose in-process recovery needs the world)."""
+    if dist.get_backend(group) != "nccl":
+        return
+    try:
+        dist.distributed_c10d._abort_process_group()
+    except (RuntimeError, ValueError) as err:  # already destroyed or aborted: nothing is left to wait for
+        print(f"mpipe_hf: aborting the NCCL communicators after the failed step: {err}", flush=True)

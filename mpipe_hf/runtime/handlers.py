@@ -19,7 +19,7 @@ from ..schedule import Action, Kind, ScheduleConfig
 from ..schedule.actions import COMPUTE_KINDS
 from .aux_loss import with_aux
 from .p2p import P2P
-from .placement import on_device, to_device
+from .placement import host_side, on_device, to_device
 from .watchdog import Watchdog
 from .zero_bubble import WeightWork, backward_input
 
@@ -40,8 +40,8 @@ class Preprocess:
         host: ``host(raw) -> more raw inputs``, run by ``DATA_LOAD`` on the host copy of a micro: the metadata
             library code would otherwise read back from the device (e.g. Qwen-VL's rope index and grids,
             :mod:`mpipe_hf.models.host_metadata`); ``None``: nothing.
-        host_keys: raw keys that stay on the host for this rank's own ``P`` (a transfer still carries them,
-            on the device).
+        host_keys: raw keys that ``DATA_LOAD`` keeps on the host; those of :data:`~.wire.HEADER_KEYS` stay
+            there through every transfer (in its header), so no stage reads them back from the device.
     """
 
     module: nn.Module | None
@@ -255,14 +255,9 @@ def _run_preprocess(ctx: StepContext, m: int, inputs: Tensors) -> Tensors:
 
 
 def data_load(ctx: StepContext, a: Action) -> None:
-    """``DATA_LOAD``: this rank's raw inputs of the micro (the loader validated them before the step,
-    :mod:`.preload`), on this rank's device. A padding mask of all ones is dropped here, on the host: to
-    transformers' mask builders an absent ``attention_mask`` means no padding, the same masks, and they would
-    otherwise read the mask back from the device once per stage and micro-batch."""
+    """``DATA_LOAD``: this rank's raw inputs of the micro (the loader validated them before the step and did the
+    host's part, :func:`~.placement.host_prepare`), on this rank's device."""
     raw = ctx.load(a.micro)
-    if "attention_mask" in raw and bool(raw["attention_mask"].all()):  # read on the host, where the loader made it
-        raw = {k: v for k, v in raw.items() if k != "attention_mask"}  # HF's "no padding": nothing to read back
-    raw = ctx.preprocess.with_host(raw)
     keep = ctx.preprocess.host_keys
     raw = {k: v if k in keep else to_device(v, ctx.p2p.device) for k, v in raw.items()}
     ctx.data[a.micro] = ctx.preprocess.stage0_inputs(raw)
@@ -315,9 +310,10 @@ def grad_reduce(ctx: StepContext, a: Action) -> None:
 
 def _sender(store: str) -> Callable[[StepContext, Action], None]:
     def send(ctx: StepContext, a: Action) -> None:
-        payload = {k: to_device(v, ctx.p2p.device) for k, v in getattr(ctx, store).pop(a.micro).items()}
+        payload = host_side(getattr(ctx, store).pop(a.micro), ctx.p2p.device)
         ctx.p2p.send(ctx.check(payload, a), a.peer, a, a.kind.value)
-    send.__doc__ = f"Ship the micro's entry of ``ctx.{store}`` to the peer."
+    send.__doc__ = (f"Ship the micro's entry of ``ctx.{store}`` to the peer; its host integers stay on the host "
+                    f"(:func:`~.placement.host_side`).")
     return send
 
 

@@ -1,19 +1,21 @@
 """Point-to-point transfer of tensor dictionaries, each carrying its own shapes and dtypes (the wire format is
 :mod:`.wire`'s; SPEC.md, "Numerics contract": no fixed buffers, no padding to a maximum).
 
-Each direction has a group of its own (lower to higher rank, and back), so on NCCL a large send, which waits for
-its receive, never sits on the same stream in front of a receive from the same peer (in the 1F1B steady state
-both neighbours send before they receive). Sends are non-blocking and are drained at the end of a step.
+Each directed pair of ranks has a group of its own (:func:`~.groups.pair_groups`), so on NCCL a send, which
+waits for its receive, never sits on a stream in front of another pair's transfer or of a receive from the same
+peer (in the 1F1B steady state both neighbours send before they receive), whether NCCL made the group's
+communicator eagerly or makes it at first use (:mod:`mpipe_hf.schedule.eager`). Sends are non-blocking and are
+drained at the end of a step.
 
-Communicator set-up (:mod:`mpipe_hf.schedule.connect`). NCCL builds the two-rank communicator of a (group, pair)
-lazily at the pair's first send or receive, and that call blocks until the peer makes its own; with two groups,
-two ranks whose first operations with each other are on different groups would wait for each other for ever.
-So before a step's first transfer the executor calls :meth:`P2P.connect` with every directed pair the rank's step
-uses: it connects the ones not connected yet, one at a time, in one global order (sorted pairs), which cannot
-deadlock (the argument is in :mod:`mpipe_hf.schedule.connect`). It runs on every backend, so CPU tests take the
-same path; :attr:`P2P.first_uses` records what made each first use, so a test can check that every one was a
-connect. The header groups (below) are gloo's, whose pairs are connected when the group is made: neither the
-prologue nor ``first_uses`` covers them.
+Communicator set-up (:mod:`mpipe_hf.schedule.connect`). Without a device bound to the default group, NCCL builds a
+group's communicator lazily at its first send or receive, and that call blocks until the peer makes its own; two
+ranks whose first operations with each other are on different pairs' groups would wait for each other for ever. So
+before a step's first transfer the executor calls :meth:`P2P.connect` with every directed pair the rank's step uses:
+it connects the ones not connected yet, one at a time, in one global order (sorted pairs), which cannot deadlock
+(the argument is in :mod:`mpipe_hf.schedule.connect`). It runs on every backend, so CPU tests take the same path;
+:attr:`P2P.first_uses` records what made each first use, so a test can check that every one was a connect. The
+header groups (below) are gloo's, whose pairs are connected when the group is made: neither the prologue nor
+``first_uses`` covers them.
 
 On gloo, :meth:`P2P.expect` posts, for each peer the step receives from, the first message of its first transfer
 ahead, and every receive posts the next one from that peer as soon as its own messages are posted (a gloo channel
@@ -78,28 +80,32 @@ class P2P:
     """Tensor-dictionary transfers between the pipeline ranks.
 
     Args:
-        up, down: two groups over the same pipeline ranks, for transfers to a higher and to a lower rank;
-            ``dst``/``src`` are ranks within them.
+        rank: this rank's pipeline rank; ``dst``/``src`` below are pipeline ranks.
+        pairs: ``{(src, dst): group}``, the group of each directed pair this rank sends or receives on
+            (:func:`~.groups.pair_groups`), each over the pipeline ranks (a rank's group rank is its pipeline rank),
+            carrying that pair's transfers only.
         device: where received tensors are placed (``cuda`` for NCCL, ``cpu`` for gloo).
         watchdog: bounds every wait and ends it when another rank fails.
 
     Attributes:
         bytes_sent: payload bytes sent since construction, keyed ``"CHANNEL/key"`` (e.g. ``"DATA_SEND/input_ids"``),
             for tests and reports.
-        first_uses: ``[(group, peer, what)]``: the first operation on each (group, peer), in order; ``group`` is
-            ``"up"`` or ``"down"``, ``what`` is ``CONNECT`` for :meth:`connect`'s, else the transfer's name.
+        first_uses: ``[(group, peer, what)]``: the first operation on each directed pair's group, in order;
+            ``group`` names the pair (``"0->1"``), ``what`` is ``CONNECT`` for :meth:`connect`'s, else the
+            transfer's name.
         cuda: receives go through CUDA streams (NCCL): ``device`` is a CUDA device.
-        headers: the header groups ``(up, down)`` (gloo, over the same ranks as ``up``/``down``) that carry every
+        headers: the header groups ``(up, down)`` (gloo, over the pipeline ranks, to a higher rank and to a lower
+            one) that carry every
             transfer's header when the data groups are NCCL's; ``None`` on gloo (a header travels with its payload).
     """
 
-    def __init__(self, up: dist.ProcessGroup, down: dist.ProcessGroup, device: torch.device, watchdog: Watchdog,
-                 headers: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None):
-        self.up, self.down, self.device, self.watchdog, self.headers = up, down, device, watchdog, headers
-        self.rank = up.rank()
+    def __init__(self, rank: int, pairs: dict[tuple[int, int], dist.ProcessGroup], device: torch.device,
+                 watchdog: Watchdog, headers: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None):
+        self.rank, self.pairs, self.device, self.watchdog, self.headers = rank, pairs, device, watchdog, headers
         self.cuda = device.type == "cuda"
         # post first messages ahead: on gloo, and on the header groups (gloo too)
-        self.ahead = headers is not None or (not self.cuda and dist.get_backend(up) == "gloo")
+        gloo = all(dist.get_backend(g) == "gloo" for g in pairs.values()) if pairs else True
+        self.ahead = headers is not None or (not self.cuda and gloo)
         self.pending: deque[tuple[dist.Work, torch.Tensor, int, object]] = deque()  # posted sends
         self._held: deque[tuple[dist.Work, torch.Tensor, int, object]] = deque()  # header sends (gloo)
         self._order: deque[int] = deque()   # the source of each receive the step still expects, in order
@@ -112,11 +118,22 @@ class P2P:
         self.first_uses: list[tuple[str, int, str]] = []
         self.bytes_sent: Counter = Counter()
 
-    def channel(self, src: int, dst: int, lead: bool = False) -> dist.ProcessGroup:
-        """The group that carries transfers from ``src`` to ``dst`` (``lead``: their first messages and long
-        headers' rests, which go over the header groups when there are any)."""
-        up, down = self.headers if lead and self.headers is not None else (self.up, self.down)
-        return up if src < dst else down
+    def channel(self, src: int, dst: int, lead: bool = False) -> tuple[dist.ProcessGroup, int]:
+        """``(group, the peer's rank in it)`` for transfers from ``src`` to ``dst`` (``lead``: their first
+        messages and long headers' rests, which go over the header groups when there are any).
+
+        Raises:
+            RuntimeError: no group was made for the pair (it is not one of
+                :func:`~mpipe_hf.schedule.eager.pipeline_pairs`).
+        """
+        peer = dst if src == self.rank else src
+        if lead and self.headers is not None:
+            return self.headers[0 if src < dst else 1], peer
+        group = self.pairs.get((src, dst))
+        if group is None:
+            raise RuntimeError(f"no process group for the transfers from pipeline rank {src} to {dst}: the schedule "
+                               f"uses a pair that mpipe_hf.schedule.eager.pipeline_pairs does not list")
+        return group, peer
 
     def _post(self, tensor: torch.Tensor, src: int, dst: int, what, tag: int = 0, lead: bool = False) -> dist.Work:
         """Issue this rank's side of one message from ``src`` to ``dst`` on their group; note a data group's first
@@ -124,10 +141,10 @@ class P2P:
         sending, pair = src == self.rank, (src, dst)
         if pair not in self._used and not (lead and self.headers is not None):
             self._used.add(pair)
-            self.first_uses.append(("up" if src < dst else "down", dst if sending else src, str(what)))
+            self.first_uses.append((f"{src}->{dst}", dst if sending else src, str(what)))
+        group, peer = self.channel(src, dst, lead)
         try:  # the group's own call: dist.isend's checks cost more than the send on small messages
-            group = self.channel(src, dst, lead)
-            return group.send([tensor], dst, tag) if sending else group.recv([tensor], src, tag)
+            return group.send([tensor], peer, tag) if sending else group.recv([tensor], peer, tag)
         except RuntimeError as err:
             raise self.watchdog.failure(err, str(_Named(what, dst if sending else src, sending))) from err
 

@@ -52,16 +52,19 @@ def shared_error(err: BaseException, where: str) -> BaseException:
     return RuntimeError(f"{where}: {type(err).__name__}: {err}")
 
 
-def load_owned(order: Sequence[Action], load: Callable[[int], Tensors], rank: int
+def load_owned(order: Sequence[Action], load: Callable[[int], Tensors], rank: int,
+               prepare: Callable[[Tensors], Tensors] | None = None
                ) -> tuple[dict[int, Tensors], BaseException | None]:
-    """``({micro: raw inputs}, None)`` for every ``DATA_LOAD`` of ``order``, in order; on the first load that
-    raises, ``(what loaded so far, the error as every rank will raise it)`` (:func:`shared_error`)."""
+    """``({micro: raw inputs}, None)`` for every ``DATA_LOAD`` of ``order``, in order, each through ``prepare``
+    (the host's part of ``DATA_LOAD``, :func:`~.placement.host_prepare`); on the first load that raises, ``(what
+    loaded so far, the error as every rank will raise it)`` (:func:`shared_error`)."""
     loaded: dict[int, Tensors] = {}
     for action in order:
         if action.kind is not Kind.DATA_LOAD:
             continue
         try:
-            loaded[action.micro] = load(action.micro)
+            raw = load(action.micro)
+            loaded[action.micro] = prepare(raw) if prepare is not None else raw
         except Exception as err:  # noqa: BLE001 - any failure of a load skips or ends the step on every rank
             return loaded, shared_error(err, f"pipeline rank {rank}, {action}")
     return loaded, None

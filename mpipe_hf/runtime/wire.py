@@ -33,62 +33,84 @@ _NUMPY = {torch.float32: (np.float32, None), torch.float16: (np.float16, None), 
           torch.bool: (np.bool_, None)}
 
 
-# keys whose small int64 host tensors travel in the header, as their values, and arrive on the host: integers a
-# receiving stage needs in Python (a packed micro's row lengths and image tokens per row, mpipe_hf.models.packed),
-# which a payload on the device would make it read back, one host synchronisation per transfer
-HEADER_KEYS = frozenset({"packed_lengths", "packed_image_tokens"})
-_HEADER_CODE = len(DTYPES)  # the dtype code of a header key's entry: its values follow its shape
+# keys whose small integer tensors, when they are on the host, travel in the header, as their values, and arrive on
+# the host: integers a receiving stage needs in Python, which a payload on the device would make it read back, one
+# host synchronisation per read (issue 37). A packed micro's row lengths and image tokens per row
+# (mpipe_hf.models.packed), the image grids and the vision tower's attention boundaries (the keys
+# mpipe_hf.models.host_metadata keeps on the owner's host; with FlashAttention the boundaries are on the device,
+# which its kernel reads, and travel in the payload as any other tensor)
+HEADER_KEYS = frozenset({"packed_lengths", "packed_image_tokens", "image_grid_thw", "vision_meta.cu_seqlens",
+                         "vision_meta.max_seqlen", "vision_meta.cu_window_seqlens", "vision_meta.max_window_seqlen"})
+_HEADER_CODE = len(DTYPES)  # the dtype code of a header key's entry: its dtype's code, shape and values follow
+HOST = torch.device("cpu")
+
+
+def in_header(key: str, tensor: torch.Tensor) -> bool:
+    """Whether ``payload[key] = tensor`` travels in the header: a :data:`HEADER_KEYS` entry on the host (one on
+    the device travels in the payload)."""
+    return key in HEADER_KEYS and tensor.device == HOST
 
 
 @dataclass(frozen=True)
 class HeaderInts:
-    """The "dtype" of a :data:`HEADER_KEYS` entry in a decoded header: its int64 values, which take no payload
-    bytes (``itemsize`` 0) and are rebuilt on the host by :func:`unpack`."""
+    """The "dtype" of a header entry (:func:`in_header`) in a decoded header: its values and its real dtype; it
+    takes no payload bytes (``itemsize`` 0) and is rebuilt on the host by :func:`unpack`."""
 
     values: tuple[int, ...]
+    dtype: torch.dtype = torch.int64
     itemsize: int = 0
+
+    def tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """The entry as a host tensor of ``shape``."""
+        return torch.tensor(self.values, dtype=self.dtype).view(shape)
 
 
 def encode_header(payload: dict[str, torch.Tensor]) -> list[int]:
-    """``[n, (len(key), *key_bytes, dtype_code, requires_grad, ndim, *shape) * n]``; a :data:`HEADER_KEYS` entry
-    (int64, on the host) has the code ``len(DTYPES)`` and its values after its shape.
+    """``[n, (len(key), *key_bytes, dtype_code, requires_grad, ndim, *shape) * n]``; a header entry
+    (:func:`in_header`) has the code ``len(DTYPES)``, its dtype's code in place of ``requires_grad``, and its
+    values after its shape.
 
     Raises:
-        TypeError: a tensor's dtype is not one of ``DTYPES``; a header key that is not int64.
+        TypeError: a tensor's dtype is not one of ``DTYPES``; a header entry's is not an integer (or bool) one.
     """
     out = [len(payload)]
     for key, tensor in payload.items():
-        if tensor.dtype not in _CODE or (key in HEADER_KEYS and tensor.dtype != torch.int64):
-            raise TypeError(f"cannot send {key!r} of dtype {tensor.dtype}; supported: {DTYPES} (int64 for "
-                            f"{sorted(HEADER_KEYS)})")
+        if tensor.dtype not in _CODE or (in_header(key, tensor) and tensor.is_floating_point()):
+            raise TypeError(f"cannot send {key!r} of dtype {tensor.dtype}; supported: {DTYPES}, integers or bool "
+                            f"for {sorted(HEADER_KEYS)} on the host")
         raw = key.encode()
-        if key in HEADER_KEYS:
-            out += [len(raw), *raw, _HEADER_CODE, 0, tensor.dim(), *tensor.shape, *tensor.reshape(-1).tolist()]
+        if in_header(key, tensor):  # on the host: reading its values is no synchronisation
+            out += [len(raw), *raw, _HEADER_CODE, _CODE[tensor.dtype], tensor.dim(), *tensor.shape,
+                    *tensor.reshape(-1).tolist()]
             continue
         out += [len(raw), *raw, _CODE[tensor.dtype], int(tensor.requires_grad), tensor.dim(), *tensor.shape]
     return out
 
 
 def decode_header(values: list[int]) -> list[tuple[str, torch.dtype, bool, tuple[int, ...]]]:
-    """Inverse of :func:`encode_header`: ``[(key, dtype, requires_grad, shape), ...]`` (a header key's dtype a
-    :class:`HeaderInts` holding its values)."""
+    """Inverse of :func:`encode_header`: ``[(key, dtype, requires_grad, shape), ...]`` (a header entry's dtype a
+    :class:`HeaderInts` holding its values and dtype)."""
     entries, i = [], 1
     for _ in range(values[0]):
         n = values[i]
         key = bytes(values[i + 1:i + 1 + n]).decode()
         i += 1 + n
-        code, grad, ndim = values[i], bool(values[i + 1]), values[i + 2]
+        code, flag, ndim = values[i], values[i + 1], values[i + 2]
         shape = tuple(values[i + 3:i + 3 + ndim])
         i += 3 + ndim
-        dtype = DTYPES[code] if code != _HEADER_CODE else HeaderInts(tuple(values[i:i + math.prod(shape)]))
-        i += 0 if code != _HEADER_CODE else math.prod(shape)
-        entries.append((key, dtype, grad, shape))
+        if code != _HEADER_CODE:
+            entries.append((key, DTYPES[code], bool(flag), shape))
+            continue
+        count = math.prod(shape)
+        entries.append((key, HeaderInts(tuple(values[i:i + count]), DTYPES[flag]), False, shape))
+        i += count
     return entries
 
 
 def payload_tensors(payload: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors of ``payload`` whose bytes go in the payload: every non-empty one but the header keys'."""
-    return [t for k, t in payload.items() if t.numel() and k not in HEADER_KEYS]
+    """The tensors of ``payload`` whose bytes go in the payload: every non-empty one but the header entries
+    (:func:`in_header`)."""
+    return [t for k, t in payload.items() if t.numel() and not in_header(k, t)]
 
 
 def layout(sizes: list[int]) -> tuple[list[int], int]:
@@ -148,7 +170,7 @@ def host_unpack(plan: Plan, buf: np.ndarray, offset: int) -> dict[str, torch.Ten
     out = {}
     for i, ((key, dtype, grad, shape), size, start) in enumerate(zip(entries, sizes, starts)):
         if isinstance(dtype, HeaderInts):
-            out[key] = torch.tensor(dtype.values, dtype=torch.int64).view(shape)
+            out[key] = dtype.tensor(shape)
             continue
         seg = buf[offset + start:offset + start + size]
         np_dtype, back = _NUMPY[dtype]
@@ -165,7 +187,7 @@ def device_unpack(plan: Plan, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     out = {}
     for i, ((key, dtype, grad, shape), size, start) in enumerate(zip(entries, sizes, starts)):
         if isinstance(dtype, HeaderInts):  # on the host, from the header: nothing to read back
-            out[key] = torch.tensor(dtype.values, dtype=torch.int64).view(shape)
+            out[key] = dtype.tensor(shape)
             continue
         tensor = flat[start:start + size].view(dtype).view(shape)
         tensor = tensor if i == largest else tensor.clone()

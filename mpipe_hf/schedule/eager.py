@@ -1,0 +1,143 @@
+"""A model of NCCL's *eager* communicator set-up, and the pairs the runtime's groups cover (issue 37, part 2).
+
+When the default process group is bound to a device (``init_process_group(device_id=...)``), PyTorch makes the
+NCCL communicator of every later group when the group is made (by ``ncclCommSplit`` of the default one), and a
+send or receive on a group then runs on that group's one NCCL stream of the rank, in the order the host issued
+it, behind every earlier operation of the same group. A send completes only together with its receive. So with
+one group per *direction* (every send to a higher rank on ``up``), a send to rank ``C`` at the head of rank
+``B``'s ``up`` stream holds up a receive from rank ``A`` queued behind it, whatever the peers do; a host that
+then waits for its own sends (the step's drain) can wait for ever. With one group per *directed pair*, a stream
+carries the messages of one pair in one direction only: the ``k``-th send of the pair meets the ``k``-th
+receive, both at their stream's head once the earlier ones completed, so a message's completion depends only on
+its receiver's host posting it, as under the lazy set-up once a pair is connected (:mod:`.connect`).
+
+:func:`eager_streams` runs every rank's operations (:func:`.connect.step_ops`, optionally behind the connect
+prologue) under that model for a given mapping of directed pairs to groups (:data:`PER_DIRECTION`,
+:data:`PER_PAIR`) and reports who waits on what when nothing can move. :func:`pipeline_pairs` is the set of
+directed pairs the runtime makes a group for. Pure Python: no ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from .connect import Op, Pair, SetupOutcome, channel
+
+# a directed pair's group: one per direction (the runtime before issue 37), or one per directed pair (after it)
+PER_DIRECTION: Callable[[int, int], object] = channel
+PER_PAIR: Callable[[int, int], object] = lambda src, dst: (src, dst)
+
+
+def pipeline_pairs(pp_size: int) -> list[Pair]:
+    """Every directed pair of pipeline ranks a step can use, sorted (the order the runtime makes their groups
+    in): each rank and its neighbours on the ring (a stage sends forward to the next stage's rank, its gradient
+    back to the previous one; the tied embedding's exchange is between ranks ``R - 1`` and ``0``), and rank 0 with
+    every rank (the MPipe transfers between the owners and rank 0). ``tests/test_connect.py`` checks that every
+    schedule the builder makes stays within them."""
+    pairs = set()
+    for r in range(pp_size):
+        for peer in ((r + 1) % pp_size, (r - 1) % pp_size, 0):
+            if peer != r:
+                pairs.update({(r, peer), (peer, r)})
+    return sorted(pairs)
+
+
+class _Streams:
+    """The state of :func:`eager_streams`: each rank's host position, and its queued operations per group."""
+
+    def __init__(self, ops: dict[int, list[Op]], group_of, send_waits_for_receives: bool):
+        self.ops, self.group_of, self.strict = ops, group_of, send_waits_for_receives
+        self.pc = {r: 0 for r in ops}
+        self.queues: dict[tuple[int, object], deque] = {}  # (rank, group) -> [(op, index on its pair, deps)]
+        self.posted: dict[tuple[int, Pair], int] = {}      # (rank, pair) -> operations this rank posted on it
+        self.done: set[tuple[int, Pair, int]] = set()      # (rank, pair, index) completed on the device
+        self.recvs: dict[int, list] = {r: [] for r in ops}  # each rank's posted receives
+        self.barriers = {r: 0 for r in ops}
+        self.waiting: set[int] = set()
+
+    def post(self, rank: int, op: Op) -> None:
+        index = self.posted.get((rank, op.pair), 0)
+        self.posted[(rank, op.pair)] = index + 1
+        deps = list(self.recvs[rank]) if op.kind == "send" and self.strict else []
+        if op.kind == "recv":
+            self.recvs[rank].append((rank, op.pair, index))
+        self.queues.setdefault((rank, self.group_of(*op.pair)), deque()).append((op, index, deps))
+
+    def host(self, rank: int, op: Op) -> tuple[str, list[int]] | None:
+        """Why ``rank``'s host cannot do ``op`` now, or ``None`` after doing it."""
+        if op.kind == "barrier":
+            if rank not in self.waiting:
+                self.barriers[rank] += 1
+                self.waiting.add(rank)
+            late = [q for q, n in self.barriers.items() if n < self.barriers[rank]]
+            if late:
+                return "a collective", late
+            self.waiting.discard(rank)
+            return None
+        if op.kind == "drain":
+            late = sorted({pair[1] for (r, pair), n in self.posted.items() if r == rank and pair[0] == rank
+                           for i in range(n) if (rank, pair, i) not in self.done})
+            return ("its sends to complete on the device", late) if late else None
+        if op.kind == "recv" and self.posted.get((op.src, op.pair), 0) <= self.posted.get((rank, op.pair), 0):
+            return "the message's header (its send not posted)", [op.src]
+        self.post(rank, op)
+        return None
+
+    def device(self) -> bool:
+        """Complete every send at a stream's head whose receive is at the head of the peer's stream of the same
+        group (and, with ``send_waits_for_receives``, whose rank's earlier receives completed); whether any did."""
+        moved = False
+        for (rank, group), queue in list(self.queues.items()):
+            while queue and queue[0][0].kind == "send":
+                op, index, deps = queue[0]
+                peer = self.queues.get((op.dst, group))
+                ready = all(d in self.done for d in deps)
+                if not (ready and peer and peer[0][0].kind == "recv" and peer[0][0].pair == op.pair
+                        and peer[0][1] == index):
+                    break
+                queue.popleft()
+                peer.popleft()
+                self.done.update({(rank, op.pair, index), (op.dst, op.pair, index)})
+                moved = True
+        return moved
+
+    def stuck(self) -> dict[int, tuple[Op, str, list[int]]]:
+        """Operations left on the device once every host finished or waits: the streams' heads."""
+        out = {}
+        for (rank, group), queue in sorted(self.queues.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+            if queue and rank not in out:
+                op = queue[0][0]
+                out[rank] = (op, f"queued on the device behind nothing it can finish (group {group})",
+                             [op.dst if op.src == rank else op.src])
+        return out
+
+
+def eager_streams(ops: dict[int, list[Op]], group_of=PER_DIRECTION,
+                  send_waits_for_receives: bool = False) -> SetupOutcome:
+    """Run every rank's ``ops`` with every communicator made before the step (eager set-up), each group one
+    FIFO stream per rank (``group_of(src, dst)`` names a directed pair's group). The host posts a send and goes
+    on; it posts a receive once the send's header arrived (the peer's host posted it: the runtime reads shapes
+    from headers on the host), then goes on; a drain waits until this rank's sends completed on the device; a
+    barrier until every rank reaches it. On the device, a send at the head of its stream completes together with
+    its receive at the head of the peer's stream of the same group. ``send_waits_for_receives``: a send also
+    waits for every receive its rank posted before it (its payload comes from compute queued after them: the
+    conservative reading; without it, a deadlock found is one the device cannot avoid).
+
+    Returns:
+        :class:`~.connect.SetupOutcome`: the hosts' waits, or the device's stuck stream heads, when some rank
+        cannot finish; ``first_uses`` empty (there is no lazy set-up).
+    """
+    model = _Streams(ops, group_of, send_waits_for_receives)
+    moved = True
+    while moved:
+        moved, waits = model.device(), {}
+        for rank, rank_ops in ops.items():
+            while model.pc[rank] < len(rank_ops):
+                blocked = model.host(rank, rank_ops[model.pc[rank]])
+                if blocked is not None:
+                    waits[rank] = (rank_ops[model.pc[rank]], *blocked)
+                    break
+                model.pc[rank] += 1
+                moved = True
+    return SetupOutcome(waits or model.stuck(), {r: [] for r in ops})
