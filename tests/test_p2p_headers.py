@@ -230,10 +230,11 @@ def test_fresh_groups_add_gloo_header_groups_on_nccl_only(monkeypatch, backend):
     groups_module.fresh_groups(ex)
     headers = ex.p2p.headers
     if backend == "gloo":
-        assert headers is None and len(ex.watchdog.groups) == 3
+        assert headers is None and len(ex.watchdog.groups) == 3 and ex.votes is ex.group
     else:
         assert [(g.backend, g.local) for g in headers] == [("gloo", True)] * 2
-        assert ex.watchdog.groups[3:] == list(headers) and ex.watchdog.threaded
+        assert ex.watchdog.groups[3:5] == list(headers) and ex.watchdog.threaded
+        assert ex.votes.backend == "gloo" and ex.watchdog.groups[5:] == [ex.votes], "the votes' gloo group"
         assert all(g.backend == "nccl" and g.local for g in (ex.group, *ex.p2p.pairs.values()))
     assert sorted(ex.p2p.pairs) == [(0, 1), (1, 0)], "a group per directed pair"
     groups_module.close(ex)

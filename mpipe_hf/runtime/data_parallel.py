@@ -37,12 +37,15 @@ gradients bitwise against one process under autocast, and the collectives' dtype
 from __future__ import annotations
 
 import warnings
+from datetime import timedelta
 from typing import Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+
+from .preload import control_group
 
 ENGINES = ("shard", "replicate")
 # the modules autocast runs in bf16 on a bf16 cast of their weights (torch's CUDA and CPU lower-precision op lists
@@ -110,6 +113,9 @@ class DataParallel:
         self.mesh, self.engine, self.bf16 = mesh, engine, bf16
         self.group, self.size = mesh.get_group(), mesh.size()
         self.rank = mesh.get_local_rank()
+        # which parameters any replica gave a gradient is a host fact: voted on a gloo group, read on the host
+        self.votes = self.group if self.size == 1 or dist.get_backend(self.group) == "gloo" else control_group(
+            dist.get_process_group_ranks(self.group), timedelta(minutes=10))
         self.chunks: dict[int, nn.Module] = {}
 
     def wrap(self, stages: dict[int, nn.Module]) -> None:
@@ -154,8 +160,8 @@ class DataParallel:
         plain = [p for p in params if not is_sharded(p)]
         if self.size == 1 or not plain:
             return
-        reached = torch.tensor([p.grad is not None for p in plain], dtype=torch.int32, device=plain[0].device)
-        dist.all_reduce(reached, group=self.group)
+        reached = torch.tensor([p.grad is not None for p in plain], dtype=torch.int32)  # host values: voted there
+        dist.all_reduce(reached, group=self.votes)
         plain = [p for p, n in zip(plain, reached.tolist()) if n > 0]
         for dtype in sorted({p.dtype for p in plain}, key=str):
             group = [p for p in plain if p.dtype == dtype]

@@ -294,7 +294,7 @@ class PipelineExecutor:
             raise
         ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
                           loaded.pop, micro_seed, per_micro=self.per_micro, swap=self.swap,
-                          split=frozenset(split_pairs(self.order)), strict=self.strict)
+                          split=frozenset(split_pairs(self.order)), strict=self.strict, votes=self.votes)
         if self.swap is not None:
             self.swap.reset()
         for m, (data, feats) in (carried or {}).items():

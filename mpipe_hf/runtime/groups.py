@@ -33,7 +33,7 @@ from .preload import alive, shared_error
 from .watchdog import PeerFailed, Watchdog, lost_peer
 
 # process groups of closed executors, by (pipeline ranks, timeout): [(collectives, {directed pair: group},
-# (header up, header down) on NCCL or None, watchdog step)]
+# (header up, header down) on NCCL or None, the votes' group, watchdog step)]
 IDLE_GROUPS: dict[tuple[tuple[int, ...], timedelta], list[tuple]] = {}
 
 RESTART = ("a step that fails mid-transfer on NCCL cannot be recovered in-process; the run ends here, and "
@@ -49,8 +49,10 @@ def fresh_groups(ex) -> None:
     """Give executor ``ex`` groups of its own (all pipeline ranks call this at the same point): a closed
     executor's clean ones when there are any, else new ones; after a failed step (gloo: its groups are broken)
     always new ones, and the failed step's buffers go. When the groups are NCCL's, two gloo groups over the same
-    ranks carry the transfers' headers (:mod:`.p2p`); their waits block in the caller, so the watchdog is threaded
-    and breaks them (with every other gloo group) when the step fails."""
+    ranks carry the transfers' headers (:mod:`.p2p`) and a third the step's votes on host values (``ex.votes``:
+    which of ``P``'s parameters any rank gave a gradient, ``GRAD_REDUCE``); on gloo the collectives' group takes
+    the votes. Their waits block in the caller, so the watchdog is threaded and breaks them (with every other gloo
+    group) when the step fails."""
     old = getattr(ex, "p2p", None)
     if old is not None:
         ex.watchdog.close()
@@ -58,16 +60,17 @@ def fresh_groups(ex) -> None:
     idle = [g for g in IDLE_GROUPS.get((tuple(ex.global_ranks), ex.timeout), []) if alive(g[0])]
     IDLE_GROUPS[(tuple(ex.global_ranks), ex.timeout)] = idle  # a destroyed world's groups go
     if old is None and idle:
-        ex.group, pairs, headers, step = idle.pop()
+        ex.group, pairs, headers, ex.votes, step = idle.pop()
     else:
         ex.group = dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, use_local_synchronization=True)
         pairs = pair_groups(ex.global_ranks, 2 * ex.timeout)
-        headers = None
-        if dist.get_backend(ex.group) != "gloo":  # the header groups (up, down)
-            headers = tuple(dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, backend="gloo",
-                                           use_local_synchronization=True) for _ in range(2))
+        headers, ex.votes = None, ex.group
+        if dist.get_backend(ex.group) != "gloo":  # the header groups (up, down) and the votes' group
+            *headers, ex.votes = (dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, backend="gloo",
+                                                 use_local_synchronization=True) for _ in range(3))
+            headers = tuple(headers)
         step = ex.watchdog.step if old is not None else 0  # on from the old watchdog's step: its keys are used
-    groups = [ex.group, *pairs.values(), *(headers or ())]
+    groups = [ex.group, *pairs.values(), *(headers or ()), *([ex.votes] if ex.votes is not ex.group else [])]
     # threaded: every P2P wait that blocks is on a gloo group (the data groups on gloo, the header groups on NCCL)
     ex.watchdog = Watchdog(ex.store, ex.group.group_name, ex.timeout, True, step, ex._shared, groups)
     ex.p2p = P2P(ex.rank, pairs, ex.device, ex.watchdog, headers)
@@ -95,7 +98,7 @@ def close(ex) -> None:
     ex.watchdog.close()
     if not ex.broken:
         IDLE_GROUPS.setdefault((tuple(ex.global_ranks), ex.timeout), []).append(
-            (ex.group, ex.p2p.pairs, ex.p2p.headers, ex.watchdog.step))
+            (ex.group, ex.p2p.pairs, ex.p2p.headers, ex.votes, ex.watchdog.step))
     ex.broken = True
 
 

@@ -98,6 +98,7 @@ class StepContext:
     split: frozenset = frozenset()  # (stage, m) whose backward runs as a B and a W (zero bubble)
     weight_work: dict[tuple[int, int], WeightWork] = field(default_factory=dict)  # what each split B left for W
     strict: bool = False  # strict device mode: every tensor a transfer or collective is handed must be on the device
+    votes: dist.ProcessGroup | None = None  # a gloo group over the pipeline for host values (``None``: ``group``)
 
     def check(self, tensors: Tensors, what) -> Tensors:
         """``tensors``, after checking (strict device mode) that each is on this rank's device.
@@ -300,11 +301,11 @@ def grad_reduce(ctx: StepContext, a: Action) -> None:
     if not params:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    present = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=grads[0].device)
-    flat = ctx.check({"flat": _flatten_dense_tensors(grads + [present])}, a)["flat"]
+    present = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)  # on the host: voted there
+    ctx.watchdog.wait(dist.all_reduce(present, group=ctx.votes or ctx.group, async_op=True), f"{a} (votes)")
+    flat = ctx.check({"flat": _flatten_dense_tensors(grads)}, a)["flat"]
     ctx.watchdog.wait(dist.all_reduce(flat, group=ctx.group, async_op=True), str(a))
-    *summed, present = _unflatten_dense_tensors(flat, grads + [present])
-    for p, value, seen in zip(params, summed, present.tolist()):
+    for p, value, seen in zip(params, _unflatten_dense_tensors(flat, grads), present.tolist()):
         p.grad = value if seen else None
 
 

@@ -155,6 +155,20 @@ class SetupOutcome:
                                         for r, (op, why, peers) in sorted(self.waits.items()))
 
 
+def barrier(model, rank: int) -> tuple[str, list[int]] | None:
+    """``rank`` at a collective of every rank, in a model holding ``barriers`` (``{rank: collectives reached, the
+    one it waits at included}``) and ``waiting`` (the ranks whose arrival is counted): whom it waits for, or
+    ``None`` once every rank reached it."""
+    if rank not in model.waiting:  # its arrival counts once
+        model.barriers[rank] += 1
+        model.waiting.add(rank)
+    late = [q for q, n in model.barriers.items() if n < model.barriers[rank]]
+    if late:
+        return "a collective", late
+    model.waiting.discard(rank)
+    return None
+
+
 class _Model:
     """The state of :func:`lazy_setup`: where each rank is, what is connected, posted and received."""
 
@@ -172,14 +186,7 @@ class _Model:
     def block(self, rank: int, op: Op) -> tuple[str, list[int]] | None:
         """Why ``rank`` cannot do ``op`` now (and whom it waits for), or ``None`` after doing it."""
         if op.kind == "barrier":
-            if rank not in self.waiting:  # its arrival counts once
-                self.barriers[rank] += 1
-                self.waiting.add(rank)
-            late = [q for q, n in self.barriers.items() if n < self.barriers[rank]]
-            if late:
-                return "a collective", late
-            self.waiting.discard(rank)
-            return None
+            return barrier(self, rank)
         if op.kind == "drain":
             late = sorted({d for (s, d), n in self.sent.items() if s == rank and self.received.get((s, d), 0) < n})
             return ("its sends to be received", late) if late else None

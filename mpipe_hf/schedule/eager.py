@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from .connect import Op, Pair, SetupOutcome, channel
+from .connect import Op, Pair, SetupOutcome, barrier, channel
 
 # a directed pair's group: one per direction (the runtime before issue 37), or one per directed pair (after it)
 PER_DIRECTION: Callable[[int, int], object] = channel
@@ -67,14 +67,7 @@ class _Streams:
     def host(self, rank: int, op: Op) -> tuple[str, list[int]] | None:
         """Why ``rank``'s host cannot do ``op`` now, or ``None`` after doing it."""
         if op.kind == "barrier":
-            if rank not in self.waiting:
-                self.barriers[rank] += 1
-                self.waiting.add(rank)
-            late = [q for q, n in self.barriers.items() if n < self.barriers[rank]]
-            if late:
-                return "a collective", late
-            self.waiting.discard(rank)
-            return None
+            return barrier(self, rank)
         if op.kind == "drain":
             late = sorted({pair[1] for (r, pair), n in self.posted.items() if r == rank and pair[0] == rank
                            for i in range(n) if (rank, pair, i) not in self.done})
