@@ -350,10 +350,11 @@ def mid_step_four(name: str):
 
 
 def case_preempt(suite: Suite) -> Outcome:
-    """SIGTERM to ``mpipe-hf train`` in the middle of step 4: every rank finishes the step, ``checkpoint-4`` is
+    """SIGTERM to ``mpipe-hf train`` in the middle of step 4: every rank finishes its step, a checkpoint is
     saved, the run exits 0 with one line naming it; ``resume: auto`` then ends exactly as the uninterrupted run."""
     p = preempt_and_resume(suite, "preempt", "SIGTERM", kill=mid_step_four("SIGTERM"))
-    ok = p.first.rc == 0 and bool(p.line) and p.found and p.found[-1] in (4, 5) and p.second.rc == 0 and p.lost == 0
+    # the step the signal lands in depends on the load (on 2 busy cores: step 6): any from 4 on, saved and named
+    ok = p.first.rc == 0 and bool(p.line) and p.found and p.found[-1] >= 4 and p.second.rc == 0 and p.lost == 0
     return p.outcome(ok, f"exited {p.first.rc} after {p.first.seconds:.0f}s: ")
 
 

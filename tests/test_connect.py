@@ -92,7 +92,8 @@ def eager_sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
     """Deadlocks over ``n`` random configurations, every step behind its connect prologue: under the lazy
     set-up, and under the eager one with a group per direction (the runtime before issue 37; sends free to start
     at their stream's head, so every deadlock found is one the device cannot avoid) and with a group per directed
-    pair (the runtime now; each send also waiting for its rank's earlier receives, the conservative reading).
+    pair (the runtime now; conservatively, each send also waiting for its rank's earlier receives, and each
+    rank's receives completing in the order it posted them, as on the runtime's one side stream).
     Also checks that every pair a step uses has a group (:func:`pipeline_pairs`)."""
     rng = random.Random(seed)
     found = {"lazy": 0, "eager per direction": 0, "eager per pair": 0}
@@ -103,7 +104,7 @@ def eager_sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
         assert used <= set(pipeline_pairs(case["cfg"].pp_size)), (case["cfg"], used)
         found["lazy"] += lazy_setup(ops).deadlocked
         found["eager per direction"] += eager_streams(ops, PER_DIRECTION).deadlocked
-        found["eager per pair"] += eager_streams(ops, PER_PAIR, send_waits_for_receives=True).deadlocked
+        found["eager per pair"] += eager_streams(ops, PER_PAIR, conservative=True).deadlocked
     return found
 
 
@@ -128,7 +129,7 @@ def test_eager_streams_hold_a_receive_behind_another_pairs_send():
            2: [Op("send", 2, 1), Op("drain"), Op("recv", 0, 2)]}
     stuck = eager_streams(ops, PER_DIRECTION)
     assert stuck.deadlocked and all("complete on the device" in why for _, why, _ in stuck.waits.values()), stuck
-    assert not eager_streams(ops, PER_PAIR, send_waits_for_receives=True).deadlocked
+    assert not eager_streams(ops, PER_PAIR, conservative=True).deadlocked
     assert not lazy_setup(with_connect(ops)).deadlocked, "lazily set up, the pairs' messages do not queue"
 
 

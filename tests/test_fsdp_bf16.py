@@ -146,3 +146,19 @@ def test_dp2_pp2_fsdp_bf16_through_the_executor_equals_one_process(demo, tmp_pat
                 assert not g["missing"], (rank, name, step, g["missing"][:5])
                 assert g["scaled"] <= 1.0, (rank, name, step, g)
                 assert g["ref_max"] > 1e-3, (rank, name, step, g)  # gradients far above the tolerance
+
+
+def test_a_step_inside_the_callers_autocast_region_is_refused(world):
+    """A caller's autocast region, enabled or disabled, would nest the step's own regions and keep their casts
+    past them (issue 37's loss of gradient under FSDP2): the executor's step refuses it, naming the policy."""
+    import torch
+    from mpipe_hf.runtime import PipelineExecutor, Preprocess
+    from mpipe_hf.schedule import ScheduleConfig
+    stages = {0: nn.Linear(2, 2), 1: nn.Linear(2, 2)}
+    executor = PipelineExecutor(ScheduleConfig(1, 2, 1, "identity"), 0, stages, Preprocess(None, (), ("x",)), world,
+                                torch.device("cpu"), [p for m in stages.values() for p in m.parameters()])
+    for enabled in (True, False):
+        with torch.autocast("cpu", torch.bfloat16, enabled=enabled):
+            with pytest.raises(ValueError, match="inside a torch.autocast region.*train.bf16"):
+                executor.step(lambda m: {"x": torch.ones(1, 2)})
+    executor.close()

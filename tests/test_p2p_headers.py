@@ -188,6 +188,17 @@ def test_a_long_header_continues_over_the_header_group(ranks):
     assert len([e for e in log if e[0] == "recv"]) == 2
 
 
+def test_headers_with_host_values_are_not_kept_as_plans(ranks):
+    """A header that carries host values (grids, boundaries) differs from micro to micro: the receiver builds its
+    plan and does not keep it (the cache would fill with headers seen once); a header of shapes alone is kept."""
+    sender, receiver, _, _ = ranks
+    x = torch.randn(6, device=DEVICE)
+    payloads = [{"x": x, "image_grid_thw": torch.tensor([[1, 2 * i + 2, 4]])} for i in range(3)] + [{"x": x}]
+    got, syncs = round_trip(sender, receiver, payloads)
+    assert syncs == {} and [g["image_grid_thw"][0, 1].item() for g in got[:3]] == [2, 4, 6]
+    assert len(receiver._plans) == 1, "only the header of shapes alone"
+
+
 def test_empty_tensors_and_an_empty_dictionary_need_no_payload(ranks):
     """Empty tensors keep their shapes and dtypes; a transfer of nothing but empty tensors, or of no tensor at
     all, is its header alone."""

@@ -64,3 +64,20 @@ def step_region(device_type: str, dtype: torch.dtype | None) -> contextlib.Abstr
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype)
+
+
+def check_no_outer_region(device_type: str) -> None:
+    """Refuse a step whose caller holds an autocast region open, enabled or not: the step's own regions would
+    nest in it, and autocast clears its cache of casts only when the outermost region exits, so the casts would
+    outlive the step (stale after the optimizer's update; under FSDP2, the loss of gradient the module docstring
+    describes), and an enabled one would cast an fp32 run to lower precision.
+
+    Raises:
+        ValueError: an autocast region is open at the step's start.
+    """
+    outer = torch.autocast_increment_nesting() > 1  # the count with this probe: 1 when no region is open
+    torch.autocast_decrement_nesting()
+    if outer:
+        raise ValueError(f"the pipeline step was called inside a torch.autocast region ({device_type}); mpipe_hf "
+                         f"applies its own precision policy (train.bf16 / TrainingArguments.bf16): call the step "
+                         f"outside any autocast region")

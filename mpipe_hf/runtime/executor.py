@@ -44,7 +44,7 @@ from ..schedule.forward import build_forward_schedule
 from ..schedule.owners import reassign, relabel, with_owners
 from ..schedule.simulate import Costs, Event, split_pairs
 from ..schedule.swap import SwapConfig, with_swaps
-from .casts import frozen_weight_casts, step_region
+from .casts import check_no_outer_region, frozen_weight_casts, step_region
 from .data_parallel import is_sharded, local
 from .evaluate import evaluate
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed
@@ -256,6 +256,7 @@ class PipelineExecutor:
             TimeoutError: a transfer did not arrive in time (on some rank).
             RuntimeError: any other failure on some rank, with its text.
         """
+        check_no_outer_region(self.device.type)
         start = time.perf_counter()
         mine = set(self.params)
         trained = self.params + [p for p in self.preprocess.trainable_parameters() if p not in mine]

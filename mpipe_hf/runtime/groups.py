@@ -2,11 +2,12 @@
 issue 27).
 
 An executor owns a group over its pipeline ranks for collectives and one for each directed pair of pipeline ranks a
-step can use (:func:`pair_groups`; :class:`~.p2p.P2P`); on NCCL two more, gloo's, one per direction, for the
-transfers' headers (so the host reads no device memory to learn a transfer's shapes). A group per directed pair
-gives each pair's messages in one direction a stream of their own, so no transfer waits behind another pair's under
-either of NCCL's set-ups (:mod:`mpipe_hf.schedule.eager`; docs/gpus.md). A step whose data a rank cannot load never reaches them
-(:mod:`.preload` skips it before its first transfer). A step that fails later, mid-transfer:
+step can use (:func:`pair_groups`; :class:`~.p2p.P2P`); on NCCL three more, gloo's: one per direction for the
+transfers' headers (so the host reads no device memory to learn a transfer's shapes), and one for the step's votes
+on host values. A group per directed pair gives each pair's messages in one direction a stream of their own, so no
+transfer waits behind another pair's under either of NCCL's set-ups (:mod:`mpipe_hf.schedule.eager`; docs/gpus.md).
+A step whose data a rank cannot load never reaches them (:mod:`.preload` skips it before its first transfer). A step
+that fails later, mid-transfer:
 
 - on gloo, is recovered in-process: every rank breaks the step's groups (:meth:`.Watchdog.break_groups`, which
   fails whatever is pending on them), and the next step runs on fresh groups;

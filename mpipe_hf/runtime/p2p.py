@@ -51,9 +51,9 @@ import torch.distributed as dist
 
 from ..schedule.connect import CONNECT
 from .watchdog import Watchdog
-from .wire import (ALIGN, DTYPES, FIRST_BYTES, WORDS, Plan, decode_header, device_unpack, encode_header, host_bytes,
-                   host_unpack, inline_start, layout, make_plan, pack, payload_size, payload_tensors, raw_bytes,
-                   unpack)
+from .wire import (ALIGN, DTYPES, FIRST_BYTES, WORDS, HeaderInts, Plan, decode_header, device_unpack, encode_header,
+                   host_bytes, host_unpack, inline_start, layout, make_plan, pack, payload_size, payload_tensors,
+                   raw_bytes, unpack)
 
 __all__ = ["ALIGN", "CONNECT", "CONNECT_TAG", "DTYPES", "FIRST_BYTES", "P2P", "decode_header", "encode_header",
            "pack", "payload_size", "unpack"]
@@ -321,9 +321,14 @@ class P2P:
         key = tuple(header)
         plan = self._plans.get(key)
         if plan is None:
-            if len(self._plans) > 4096:
-                self._plans.clear()
-            plan = self._plans[key] = make_plan(decode_header(header))
+            entries = decode_header(header)
+            plan = make_plan(entries)
+            # a header that carries host values (grids, boundaries, row lengths) differs from micro to micro: not
+            # kept, or the cache would fill with headers seen once
+            if not any(isinstance(dtype, HeaderInts) for _, dtype, _, _ in entries):
+                if len(self._plans) > 4096:
+                    self._plans.clear()
+                self._plans[key] = plan
         return length, plan
 
     def _device_payload(self, plan: Plan, src: int, what) -> dict[str, torch.Tensor]:

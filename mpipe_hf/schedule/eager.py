@@ -46,8 +46,8 @@ def pipeline_pairs(pp_size: int) -> list[Pair]:
 class _Streams:
     """The state of :func:`eager_streams`: each rank's host position, and its queued operations per group."""
 
-    def __init__(self, ops: dict[int, list[Op]], group_of, send_waits_for_receives: bool):
-        self.ops, self.group_of, self.strict = ops, group_of, send_waits_for_receives
+    def __init__(self, ops: dict[int, list[Op]], group_of, conservative: bool):
+        self.ops, self.group_of, self.strict = ops, group_of, conservative
         self.pc = {r: 0 for r in ops}
         self.queues: dict[tuple[int, object], deque] = {}  # (rank, group) -> [(op, index on its pair, deps)]
         self.posted: dict[tuple[int, Pair], int] = {}      # (rank, pair) -> operations this rank posted on it
@@ -77,15 +77,21 @@ class _Streams:
         self.post(rank, op)
         return None
 
+    def first_open(self, rank: int):
+        """``rank``'s oldest receive not completed yet (``None`` when all are)."""
+        return next((r for r in self.recvs[rank] if r not in self.done), None)
+
     def device(self) -> bool:
         """Complete every send at a stream's head whose receive is at the head of the peer's stream of the same
-        group (and, with ``send_waits_for_receives``, whose rank's earlier receives completed); whether any did."""
+        group (and, conservative, whose rank's earlier receives completed, and whose receive is its rank's oldest
+        open one); whether any did."""
         moved = False
         for (rank, group), queue in list(self.queues.items()):
             while queue and queue[0][0].kind == "send":
                 op, index, deps = queue[0]
                 peer = self.queues.get((op.dst, group))
-                ready = all(d in self.done for d in deps)
+                ready = all(d in self.done for d in deps) and (
+                    not self.strict or self.first_open(op.dst) == (op.dst, op.pair, index))
                 if not (ready and peer and peer[0][0].kind == "recv" and peer[0][0].pair == op.pair
                         and peer[0][1] == index):
                     break
@@ -106,22 +112,23 @@ class _Streams:
         return out
 
 
-def eager_streams(ops: dict[int, list[Op]], group_of=PER_DIRECTION,
-                  send_waits_for_receives: bool = False) -> SetupOutcome:
+def eager_streams(ops: dict[int, list[Op]], group_of=PER_DIRECTION, conservative: bool = False) -> SetupOutcome:
     """Run every rank's ``ops`` with every communicator made before the step (eager set-up), each group one
     FIFO stream per rank (``group_of(src, dst)`` names a directed pair's group). The host posts a send and goes
     on; it posts a receive once the send's header arrived (the peer's host posted it: the runtime reads shapes
     from headers on the host), then goes on; a drain waits until this rank's sends completed on the device; a
     barrier until every rank reaches it. On the device, a send at the head of its stream completes together with
-    its receive at the head of the peer's stream of the same group. ``send_waits_for_receives``: a send also
-    waits for every receive its rank posted before it (its payload comes from compute queued after them: the
-    conservative reading; without it, a deadlock found is one the device cannot avoid).
+    its receive at the head of the peer's stream of the same group. ``conservative``: a send also waits for every
+    receive its rank posted before it (its payload comes from compute queued after them), and a rank's receives
+    complete in the order it posted them, whatever their groups (the runtime issues every payload receive on one
+    side stream, which waits for each: :mod:`mpipe_hf.runtime.p2p`). Without it, a deadlock found is one the
+    device cannot avoid; with it, a run that finishes is one the device finishes.
 
     Returns:
         :class:`~.connect.SetupOutcome`: the hosts' waits, or the device's stuck stream heads, when some rank
         cannot finish; ``first_uses`` empty (there is no lazy set-up).
     """
-    model = _Streams(ops, group_of, send_waits_for_receives)
+    model = _Streams(ops, group_of, conservative)
     moved = True
     while moved:
         moved, waits = model.device(), {}
