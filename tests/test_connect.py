@@ -62,59 +62,40 @@ def case_ops(cfg, costs, own, ahead, swap, tied, forward) -> dict[int, list[Op]]
     return ops
 
 
-def sweep(n: int = 100, seed: int = 27) -> tuple[int, int, int]:
-    """``(configurations, deadlocked without the connect prologue, deadlocked with it)`` over ``n`` random
-    configurations; with the prologue, also checks that every first use is a connect."""
+def sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
+    """Deadlocks over ``n`` random configurations of the builder (and evaluation's, and the tied exchange):
+    lazy set-up without the connect prologue (the runtime before issue 27) and with it (every first use then a
+    connect, checked); with the prologue, eager set-up with a group per direction (the runtime before issue 37;
+    sends free to start at their stream's head, so every deadlock found is one the device cannot avoid) and with a
+    group per directed pair (the runtime now; conservatively, each send also waiting for its rank's earlier
+    receives, and each rank's receives completing in the order it posted them, as on the runtime's one side
+    stream). Also checks that every pair a step uses has a group (:func:`pipeline_pairs`)."""
     rng = random.Random(seed)
-    before = after = 0
+    found = {"lazy without prologue": 0, "lazy": 0, "eager per direction": 0, "eager per pair": 0}
     for _ in range(n):
         case = random_case(rng)
-        ops = case_ops(**case)
-        before += lazy_setup(ops).deadlocked
-        outcome = lazy_setup(with_connect(ops))
-        after += outcome.deadlocked
-        stray = [op for uses in outcome.first_uses.values() for op in uses if op.what != CONNECT]
-        assert not stray, (case, stray)
-    return n, before, after
-
-
-def test_the_connect_prologue_removes_every_setup_deadlock_of_the_builder():
-    """The issue's harness: lazy set-up over the builder's schedules (and evaluation's, and the tied exchange)
-    deadlocks in some configurations without the prologue (the runtime before the fix), in none with it."""
-    n, before, after = sweep()
-    print(f"lazy NCCL set-up over {n} random configurations: {before} deadlock ({before / n:.0%}) without the "
-          f"connect prologue, {after} with it")
-    assert before > 0, "the model finds the deadlock the runtime had without the prologue"
-    assert after == 0
-
-
-def eager_sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
-    """Deadlocks over ``n`` random configurations, every step behind its connect prologue: under the lazy
-    set-up, and under the eager one with a group per direction (the runtime before issue 37; sends free to start
-    at their stream's head, so every deadlock found is one the device cannot avoid) and with a group per directed
-    pair (the runtime now; conservatively, each send also waiting for its rank's earlier receives, and each
-    rank's receives completing in the order it posted them, as on the runtime's one side stream).
-    Also checks that every pair a step uses has a group (:func:`pipeline_pairs`)."""
-    rng = random.Random(seed)
-    found = {"lazy": 0, "eager per direction": 0, "eager per pair": 0}
-    for _ in range(n):
-        case = random_case(rng)
-        ops = with_connect(case_ops(**case))
+        bare = case_ops(**case)
+        ops = with_connect(bare)
         used = {op.pair for rank_ops in ops.values() for op in rank_ops if op.src is not None}
         assert used <= set(pipeline_pairs(case["cfg"].pp_size)), (case["cfg"], used)
-        found["lazy"] += lazy_setup(ops).deadlocked
+        found["lazy without prologue"] += lazy_setup(bare).deadlocked
+        outcome = lazy_setup(ops)
+        found["lazy"] += outcome.deadlocked
+        stray = [op for uses in outcome.first_uses.values() for op in uses if op.what != CONNECT]
+        assert not stray, (case, stray)
         found["eager per direction"] += eager_streams(ops, PER_DIRECTION).deadlocked
         found["eager per pair"] += eager_streams(ops, PER_PAIR, conservative=True).deadlocked
     return found
 
 
-def test_a_group_per_directed_pair_cannot_deadlock_under_either_set_up():
-    """Issue 37, part 2: over 180 of the builder's configurations (identity, frozen and trainable ``P``, fill
-    placement, owner-backward, zero-bubble, swap, tied embeddings, evaluation), a group per direction deadlocks
-    under NCCL's eager set-up (one FIFO stream per group), a group per directed pair never does, and the lazy
-    set-up behind the connect prologue never does."""
-    found = eager_sweep()
+def test_no_set_up_deadlocks_the_builders_schedules_with_a_group_per_directed_pair():
+    """Issues 27 and 37: over 180 of the builder's configurations (identity, frozen and trainable ``P``, fill
+    placement, owner-backward, zero-bubble, swap, tied embeddings, evaluation), lazy set-up deadlocks in some
+    without the connect prologue and in none with it; under NCCL's eager set-up (one FIFO stream per group) a
+    group per direction deadlocks in some, a group per directed pair in none."""
+    found = sweep()
     print(f"180 random configurations: {found}")
+    assert found["lazy without prologue"] > 0, "the model finds the deadlock the runtime had without the prologue"
     assert found["eager per direction"] > 0, "the model finds the hangs of a group per direction"
     assert found["eager per pair"] == 0 and found["lazy"] == 0, found
 

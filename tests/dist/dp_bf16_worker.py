@@ -115,7 +115,7 @@ def compare(mine: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dic
 
 def run_case(case: dict, out_dir: str) -> dict:
     recipe = parse_recipe(case["recipe"])
-    steps = case.get("steps", 2)
+    steps = case.get("steps", 1)
     run, losses, grads = pipelined(recipe, steps)
     path = os.path.join(out_dir, f"ref-{case['name']}.pt")
     if dist.get_rank() == 0:
