@@ -54,6 +54,9 @@ def table(rows: list[Row]) -> str:
 def init(device_name: str) -> torch.device:
     """This process's device, and a world of one process (torchrun's environment, or a file store)."""
     device = torch.device(device_name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"gpu_check: CUDA is not available here (torch {torch.__version__}): install a CUDA build "
+                         f"of torch on the GPU machine, or pass --device cpu for the CPU rows")
     if device.type == "cuda":
         index = device.index if device.index is not None else int(os.environ.get("LOCAL_RANK", 0))
         device = torch.device("cuda", index)
@@ -73,14 +76,14 @@ def init(device_name: str) -> torch.device:
 
 def parse(argv=None) -> argparse.Namespace:
     """The command line (module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     parser.add_argument("--steps", type=int, default=3, help="steps per measuring row, the first a warm-up")
     parser.add_argument("--json", default=None, metavar="OUT", help="also write the rows to this JSON file")
     parser.add_argument("--hidden", type=int, default=512, help="the decoder-only model's hidden size")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--layers", type=int, default=4, help="the decoder-only model's layers")
+    parser.add_argument("--vocab", type=int, default=8192, help="the decoder-only model's vocabulary")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per micro-batch (batch 1)")
     parser.add_argument("--micro", type=int, default=4, help="micro-batches per step")
     parser.add_argument("--only", action="append", default=[], metavar="TEXT",
