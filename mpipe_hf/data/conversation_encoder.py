@@ -12,13 +12,14 @@ import PIL.Image
 from transformers import LlavaProcessor
 
 from .collate import IGNORE
+from .more_families import MORE
 from .processor import QWEN_PROCESSORS
 from .templates import chat_template_for
 
 # families whose processor expands an image's placeholder to the placeholder token repeated, a count that depends
 # on that image's size only (``_get_num_multimodal_tokens``); the others' expansions are the processor's own text
 REPEATED = frozenset(["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "glm4v",
-                      "glm4v_moe", "llava", "llava_next", "paligemma"])
+                      "glm4v_moe", "llava", "llava_next", "paligemma", *(t for t, d in MORE.items() if d.repeated)])
 
 
 def _model_type_of(processor) -> str | None:

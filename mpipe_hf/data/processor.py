@@ -12,14 +12,15 @@ from transformers import (LlavaProcessor, Qwen2_5_VLProcessor, Qwen2VLImageProce
                           Qwen3VLProcessor)
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
+from .more_families import MORE
 from .processors_vlm import (FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE, conversation_class, family_image_processor,
                              family_processor)
 
 QWEN_PROCESSORS = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}
 QWEN_PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
-PROCESSOR_TYPES = sorted([*QWEN_PROCESSORS, "llava", *FAMILY_TYPES])
+PROCESSOR_TYPES = sorted([*QWEN_PROCESSORS, "llava", *FAMILY_TYPES, *MORE])
 # families whose image processor resizes to between min_pixels and max_pixels (a recipe's data.min/max_pixels)
-PIXEL_BOUNDED_TYPES = frozenset([*QWEN_PROCESSORS, *QWEN3_LIKE, *GLM_LIKE])
+PIXEL_BOUNDED_TYPES = frozenset([*QWEN_PROCESSORS, *QWEN3_LIKE, *GLM_LIKE, *(t for t, d in MORE.items() if d.pixel_bounded)])
 
 
 # without a video processor (:func:`~.processors_vlm.conversation_class`)
@@ -42,6 +43,8 @@ def image_processor_for(config, min_pixels: int = 56 * 56, max_pixels: int = 112
         return CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
     if config.model_type in FAMILY_TYPES:
         return family_image_processor(config, min_pixels, max_pixels)
+    if config.model_type in MORE:
+        return MORE[config.model_type].image_processor(config, min_pixels, max_pixels)
     raise ValueError(f"model_type {config.model_type!r} has no image processor; supported: {PROCESSOR_TYPES}")
 
 
@@ -68,6 +71,8 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
                               num_additional_image_tokens=1 if vision.model_type == "clip_vision_model" else 0)
     if config.model_type in FAMILY_TYPES:
         return family_processor(config, tokenizer, image_processor)
+    if config.model_type in MORE:
+        return MORE[config.model_type].processor(config, tokenizer, image_processor)
     raise ValueError(f"model_type {config.model_type!r} has no processor; supported: {PROCESSOR_TYPES}")
 
 

@@ -81,14 +81,16 @@ def _token_of(tokenizer, config, model_type: str, name: str) -> str:
     Raises:
         ValueError: neither the hub token nor its stand-in is in the vocabulary.
     """
-    attr = CONFIG_TOKEN_IDS.get(model_type, {}).get(name)
+    from .more_families import MORE  # issue 38's families declare theirs (.family_data)
+    declared = MORE.get(model_type)
+    attr = (declared.config_ids if declared else CONFIG_TOKEN_IDS.get(model_type, {})).get(name)
     token_id = getattr(config, attr, None) if attr else None
     if token_id is not None:
         return tokenizer.convert_ids_to_tokens(int(token_id))
     own = getattr(tokenizer, "_special_tokens_map", {}).get(name)
     if own is not None:
         return str(own)
-    hub, stand_in = FAMILY_TOKENS[model_type][name]
+    hub, stand_in = (declared.tokens if declared else FAMILY_TOKENS[model_type])[name]
     vocab = tokenizer.get_vocab()
     for token in (hub, stand_in):
         if token in vocab:
@@ -105,8 +107,10 @@ def named_tokenizer(tokenizer, config):
     Raises:
         ValueError: a marker has no token in the vocabulary (:func:`_token_of`).
     """
+    from .more_families import MORE
     model_type = config.model_type
-    names = {name: _token_of(tokenizer, config, model_type, name) for name in FAMILY_TOKENS.get(model_type, {})}
+    markers = MORE[model_type].tokens if model_type in MORE else FAMILY_TOKENS.get(model_type, {})
+    names = {name: _token_of(tokenizer, config, model_type, name) for name in markers}
     current = getattr(tokenizer, "_special_tokens_map", {})
     if all(str(current.get(name)) == token for name, token in names.items()):
         return tokenizer

@@ -247,10 +247,13 @@ def default_chat_template(model_type: str, image_token: str | None = None, token
     Raises:
         ValueError: ``model_type`` has no template here (the message lists the supported ones).
     """
-    if model_type not in _TEMPLATES:
-        raise ValueError(f"model_type {model_type!r} has no default chat template; supported: {TEMPLATE_TYPES}")
-    image_token = image_token or HUB_IMAGE_TOKENS.get(model_type, "<image>")
-    template = _TEMPLATES[model_type].replace("IMAGE_TOKEN", image_token.replace("'", "\\'"))
+    from .more_families import MORE  # issue 38's families declare theirs (.family_data)
+    templates = {**_TEMPLATES, **{t: d.template for t, d in MORE.items()}}
+    if model_type not in templates:
+        raise ValueError(f"model_type {model_type!r} has no default chat template; supported: {sorted(templates)}")
+    hub = MORE[model_type].hub_image_token if model_type in MORE else HUB_IMAGE_TOKENS.get(model_type, "<image>")
+    image_token = image_token or hub
+    template = templates[model_type].replace("IMAGE_TOKEN", image_token.replace("'", "\\'"))
     if tokenizer is not None:
         vocab = tokenizer.get_vocab()
         for marker, stand_in in STAND_INS.items():

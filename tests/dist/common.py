@@ -130,14 +130,14 @@ def tiny_configs(tokenizer) -> dict:
 
 def new_family_configs(tokenizer) -> dict:
     """The families of issue 29 (the generic splitter's declarations), by model type, at :data:`NUM_LAYERS`."""
-    from mpipe_hf.models.tiny_vlms import TINY_VLMS
+    from mpipe_hf.models.tiny_all import TINY_MODELS
     n = NUM_LAYERS
     return {"qwen3_5": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n),
             "qwen3_5_moe": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n, moe=True),
             "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config(tokenizer, num_layers=n),
             "glm4v": tiny.tiny_glm4v_config(tokenizer, num_layers=n),
             "glm4v_moe": tiny.tiny_glm4v_config(tokenizer, num_layers=n, moe=True),
-            **{name: build(tokenizer, num_layers=n) for name, build in TINY_VLMS.items()}}
+            **{name: build(tokenizer, num_layers=n) for name, build in TINY_MODELS.items()}}
 
 
 def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS) -> None:

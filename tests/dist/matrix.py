@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import itertools
 
+import specs_llava_like
+import specs_new
+import specs_qwen_like
+
 GRAD_ATOL, LOSS_ATOL, PARAM_ATOL = 1e-5, 1e-5, 1e-4
 # P kind -> (model family, data pool, preprocess values, text_layers)
 KINDS = {
@@ -180,6 +184,8 @@ NEW_FAMILY_SPECS = [
     ("idefics3", "frozen", 0, None), ("idefics3", "trainable", 1, None),
     ("smolvlm", "frozen", 0, None), ("smolvlm", "trainable", 1, None),
 ]
+# issue 38's families, one module per group (tests/dist/specs_*.py)
+NEW_FAMILY_SPECS += specs_llava_like.SPECS + specs_qwen_like.SPECS + specs_new.SPECS
 MOE_ORDER_SPECS = [("qwen3_vl_moe", "trainable", 0, [1, 3, 4, 4]), ("qwen3_5_moe", "frozen", 1, None)]
 TEXT_CONFIGS = ("llama", "qwen2", "qwen3-tied")
 OLD_FAMILIES = {config for config, *_ in FAMILY_SPECS}  # their cases keep the absolute GRAD_ATOL

@@ -1,0 +1,10 @@
+"""Every family's :class:`~.family_data.FamilyData` declared in a group module (issue 38), by ``model_type``."""
+
+from __future__ import annotations
+
+from .family_data import FamilyData
+from .processors_llava_like import DATA as _LLAVA_LIKE
+from .processors_qwen_like import DATA as _QWEN_LIKE
+from .processors_new import DATA as _NEW
+
+MORE: dict[str, FamilyData] = {**_LLAVA_LIKE, **_QWEN_LIKE, **_NEW}
