@@ -47,10 +47,13 @@ def main(argv=None) -> int:
                         help="every family with packed micro-batches (issue 30: a text-only row next to rows of "
                              "one and two images in one sequence), frozen and trainable, against the same rows "
                              "unpacked, instead of the grid")
+    parser.add_argument("--only", nargs="+", metavar="CONFIG",
+                        help="only the cases of these model configs (e.g. --families --only gemma3 aya_vision); the "
+                             "fixture then builds only their pools")
     args = parser.parse_args(argv)
     grid = (packed_grid() if args.packed else family_grid() if args.families else covering_subset() if args.ci
             else full_grid())
-    cases = [c for c in grid if c["pp_size"] in args.pp]
+    cases = [c for c in grid if c["pp_size"] in args.pp and (not args.only or c["family"] in args.only)]
     if args.swap:
         cases = [dict(case, swap=args.swap, name=f"{case['name']}-swap={args.swap}") for case in cases]
     if args.zero_bubble:
@@ -58,7 +61,8 @@ def main(argv=None) -> int:
     start, failed = time.perf_counter(), []
     with tempfile.TemporaryDirectory() as tmp:
         fixture = os.path.join(tmp, "fixture.pt")
-        build_fixture(fixture, packed_configs()) if args.packed else build_fixture(fixture)
+        packed = [c for c in packed_configs() if not args.only or c in args.only] if args.packed else ()
+        build_fixture(fixture, packed) if args.packed else build_fixture(fixture, only=args.only)
         for pp_size in args.pp:
             mine = [c for c in cases if c["pp_size"] == pp_size]
             for i in range(0, len(mine), args.chunk):

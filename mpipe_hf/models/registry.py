@@ -52,9 +52,15 @@ def get_family(model_type: str) -> Family:
     """The family of ``model_type`` (its declaration, or a registered splitter).
 
     Raises:
-        ValueError: ``model_type`` has no family; the message lists the supported ones.
+        ValueError: ``model_type`` has no family: for a type of transformers' image-text-to-text map, the reason
+            (:mod:`.coverage`); for any other, the list of the supported ones.
     """
     if model_type not in FAMILIES:
+        from .coverage import REFUSED, image_text_types
+        if model_type in REFUSED or model_type in image_text_types():
+            reason = REFUSED.get(model_type, "not declared yet: no family declaration reads this architecture")
+            raise ValueError(f"model_type {model_type!r} cannot be split: {reason} (docs/models.md lists every "
+                             f"image-text-to-text model type and its status)")
         raise ValueError(f"model_type {model_type!r} has no splitter; supported model_type values: "
                          f"{sorted(FAMILIES)}")
     return FAMILIES[model_type]

@@ -112,8 +112,9 @@ def make_text_pool(tokenizer, rows=lambda m: 1 + m % 2) -> list[dict[str, torch.
     return out
 
 
-def tiny_configs(tokenizer) -> dict:
-    """Every model the numerics tests run, by name: scaled-down real HF configs with ``tokenizer``'s vocabulary."""
+def tiny_configs(tokenizer, only: list[str] | None = None) -> dict:
+    """Every model the numerics tests run, by name: scaled-down real HF configs with ``tokenizer``'s vocabulary
+    (``only``: the issue-29-and-later families of these names alone, beside the older ones)."""
     n = NUM_LAYERS
     return {
         "vl": tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=n),
@@ -124,37 +125,62 @@ def tiny_configs(tokenizer) -> dict:
         "llama": tiny.tiny_causal_lm_config(tokenizer, "llama", num_layers=n),
         "qwen2": tiny.tiny_causal_lm_config(tokenizer, "qwen2", num_layers=n),
         "qwen3-tied": tiny.tiny_causal_lm_config(tokenizer, "qwen3", num_layers=n, tie_word_embeddings=True),
-        **new_family_configs(tokenizer),
+        **new_family_configs(tokenizer, only),
     }
 
 
-def new_family_configs(tokenizer) -> dict:
+def new_family_configs(tokenizer, only: list[str] | None = None) -> dict:
     """The families of issue 29 (the generic splitter's declarations), by model type, at :data:`NUM_LAYERS`."""
     from mpipe_hf.models.tiny_all import TINY_MODELS
     n = NUM_LAYERS
-    return {"qwen3_5": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n),
-            "qwen3_5_moe": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n, moe=True),
-            "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config(tokenizer, num_layers=n),
-            "glm4v": tiny.tiny_glm4v_config(tokenizer, num_layers=n),
-            "glm4v_moe": tiny.tiny_glm4v_config(tokenizer, num_layers=n, moe=True),
-            **{name: build(tokenizer, num_layers=n) for name, build in TINY_MODELS.items()}}
+    configs = {"qwen3_5": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n),
+               "qwen3_5_moe": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n, moe=True),
+               "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config(tokenizer, num_layers=n),
+               "glm4v": tiny.tiny_glm4v_config(tokenizer, num_layers=n),
+               "glm4v_moe": tiny.tiny_glm4v_config(tokenizer, num_layers=n, moe=True),
+               **{name: build(tokenizer, num_layers=n) for name, build in TINY_MODELS.items()
+                  if not only or name in only}}
+    return {k: c for k, c in configs.items() if not only or k in only}
 
 
-def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS) -> None:
+def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: list[str] | None = None) -> None:
     """Configs (real HF classes, the Qwen2 vocabulary cut to :data:`VOCAB_RANKS` ranks) and micro-batch pools,
     built once and shared with the workers. Each VL family's pool is made by its own processor
     (``ragged-<config name>``), and so is the packed pool of each of ``packed`` (``packed-<config name>``;
-    ``packed-text`` for the decoder-only LMs)."""
+    ``packed-text`` for the decoder-only LMs). ``only``: the family pools of these configs alone."""
     tokenizer = qwen2_tokenizer(VOCAB_RANKS)
-    configs = tiny_configs(tokenizer)
+    configs = tiny_configs(tokenizer, only)
     pools = make_vl_pools(collator(configs["vl"], tokenizer))
     pools["text"] = make_text_pool(tokenizer)
     for name in ("qwen2_vl", "qwen3_vl", "llava", "llava-full", *new_family_configs(tokenizer)):
+        if only and name not in only:
+            continue
         pools[f"ragged-{name}"] = make_ragged_pool(collator(configs[name], tokenizer))
     for name in packed:
+        if only and name not in only:
+            continue
         pools[f"packed-{name}"] = make_packed_pool(collator(configs[name], tokenizer))
     pools["packed-text"] = make_text_pool(tokenizer, rows=lambda m: 2 + m % 2)
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
+
+
+def non_degenerate(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
+    """``model`` with every floating-point parameter that its initialisation left all zeros drawn afresh from
+    ``N(0, std^2)`` (a generator seeded by the parameter's name), in place (issue 38). transformers zero-initialises
+    some weights (Gemma 3's ``mm_input_projection_weight``, biases, (1 + w) norms): with a zero projection the image
+    features are exactly 0, every tower gradient is 0 on both sides, and a gradient check compares zero with zero.
+    Gated DeltaNet's decay rates ``A_log`` (Qwen3.5), initialised to ``log U(0.01, 16)``, are drawn from
+    ``log U(0.05, 0.5)``: with rates up to 16 the decay saturates over a token, and the gradients of ``A_log`` and
+    ``dt_bias`` fall to 1e-8, under fp32's noise in them. Parameters are visited once (tied weights stay tied)."""
+    import zlib
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            if name.endswith("A_log"):
+                param.copy_(torch.rand(param.shape, generator=gen).mul(0.45).add(0.05).log())
+            elif param.is_floating_point() and param.numel() and not param.any():
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
+    return model
 
 
 def run_torchrun(worker: str, nproc: int, args: list[str], timeout: int) -> None:

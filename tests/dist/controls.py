@@ -1,19 +1,23 @@
-"""Issue 30's negative controls: the peers' packing bugs, patched into the worker's process for one case, which the
-packed cases' check must catch (tests/test_numerics.py::test_packing_bugs_fail_the_packed_test)."""
+"""Negative controls, patched into the worker's process for one case: issue 30's, the peers' packing bugs, which the
+packed cases' check must catch (tests/test_numerics.py::test_packing_bugs_fail_the_packed_test); issue 38's, a
+wrong gradient of each kind the family checks once let through (test_gradient_checks_catch_each_weakness)."""
 
 import contextlib
 from unittest import mock
 
 import torch
 
-from mpipe_hf.models import decoder, host_metadata, packed
+from mpipe_hf.models import decoder, family, host_metadata, packed
+
+_flat_features = family.flat_features
 
 
 def negative_controls(case):
     """Issue 30's negative controls, the peers' packing bugs, each of which the packed cases must catch:
     ``case["one_range"]``, a packed micro's positions computed as one range over the whole packed sequence, on
     every axis; ``case["no_linear_reset"]``, the linear-attention layers run over the packed sequence at once (their
-    state flows from one row into the next)."""
+    state flows from one row into the next). Issue 38's: ``case["detach_features"]``, the image features cut from
+    the tower's graph (:func:`detached_features`; the others are :func:`tamper_grads`)."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -23,6 +27,8 @@ def negative_controls(case):
     if case.get("one_range"):
         stack.enter_context(mock.patch.object(host_metadata, "mrope_positions", mrope))
         stack.enter_context(mock.patch.object(packed, "row_positions", rows))
+    if case.get("detach_features"):  # issue 38: the tower's gradient lost
+        stack.enter_context(mock.patch.object(family, "flat_features", detached_features))
     if case.get("no_linear_reset"):
         stack.enter_context(mock.patch.object(decoder.DecoderStage, "run_layers", leaky_run_layers))
     return stack
@@ -43,3 +49,30 @@ def leaky_run_layers(self, hidden, state, padding):
         else:
             hidden = packed.per_row(layer, hidden, lengths, rotary, text, **kwargs)
     return hidden
+
+
+# issue 38's negative controls: each a wrong gradient of the kind one of the three test weaknesses let through
+GRADIENT_CONTROLS = ("detach_features", "scale_small", "scale_later")
+
+
+def tamper_grads(case, params, step):
+    """Issue 38's gradient controls, applied to this rank's gradients after schedule step ``step``:
+    ``case["scale_small"]``, the gradients of the parameters whose name ends with one of its suffixes (e.g.
+    Qwen2.5-VL's vision ``norm2.weight``: 3e-7 to 5e-6, under the old absolute part of the tolerance) times 1.05;
+    ``case["scale_later"]``, every gradient of the steps after the first times 1.05 (a wrong magnitude that AdamW's
+    sign-sized updates hide from the parameter check)."""
+    suffixes = tuple(case.get("scale_small") or ())
+    with torch.no_grad():
+        for name, param in params.items():
+            if param.grad is None:
+                continue
+            if suffixes and name.endswith(suffixes):
+                param.grad.mul_(1.05)
+            if case.get("scale_later") and step > 0:
+                param.grad.mul_(1.05)
+
+
+def detached_features(pooled):
+    """``flat_features`` with the image features cut from the tower's graph: the tower gets no gradient (what a
+    zero-initialised projection hid, issue 38)."""
+    return _flat_features(pooled).detach()

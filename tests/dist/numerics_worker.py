@@ -32,8 +32,8 @@ import torch.distributed as dist
 from PIL import Image
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoModelForImageTextToText
 
-from common import run_cases
-from controls import negative_controls
+from common import non_degenerate, run_cases
+from controls import negative_controls, tamper_grads
 from row_cases import RowCase
 from mpipe_hf.data.packing import pack_micro
 from mpipe_hf.models import split as split_model
@@ -61,15 +61,18 @@ def auto_class(config):
     return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
 
 
-def build_model(fixture, family, dropout=0.0, attn=None):
-    """The fixture's config ``family`` as its real HF model class, random weights (seed 0); ``dropout``: the
-    vision tower's attention dropout; ``attn``: the attention implementation (``None``: transformers' default)."""
+def build_model(fixture, family, dropout=0.0, attn=None, keep_zero_init=False):
+    """The fixture's config ``family`` as its real HF model class, random weights (seed 0), every weight the model
+    initialises to zeros drawn afresh (:func:`common.non_degenerate`; ``keep_zero_init``: kept, a negative
+    control); ``dropout``: the vision tower's attention dropout; ``attn``: the attention implementation (``None``:
+    transformers' default)."""
     raw = copy.deepcopy(fixture["configs"][family])
     if dropout:
         raw["vision_config"]["attention_dropout"] = dropout
     config = CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
     torch.manual_seed(0)
-    return auto_class(config).from_config(config, **({"attn_implementation": attn} if attn else {}))
+    model = auto_class(config).from_config(config, **({"attn_implementation": attn} if attn else {}))
+    return model if keep_zero_init else non_degenerate(model)
 
 
 def reload_check(case, split, cfg, rank, group, pp_size, out_dir, ref, micro):
@@ -233,7 +236,8 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                          case.get("placement", "prefix"), zero_bubble=case.get("zero_bubble", False))
     pool = fixture["pools"][case["data"]]
     steps, accumulate = case.get("steps", 1), case.get("accumulate", 1)
-    model = build_model(fixture, case["family"], case.get("dropout", 0.0), case.get("attn"))
+    model = build_model(fixture, case["family"], case.get("dropout", 0.0), case.get("attn"),
+                        case.get("keep_zero_init", False))
     ref = copy.deepcopy(model) if rank == 0 else None
     split = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
     params = split.trainable_parameters(cfg, rank)
@@ -266,7 +270,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
 
     def micros_of(run):  # the reference's micro-batches of schedule run ``run``
         return rows.reference(run) if rows is not None else micro_batches(case, pool, run)
-    losses, grads, peaks, owned_all = [], {}, set(), []
+    losses, grads, peaks, owned_all = [], {}, set(), []  # grads: {step: {name: gradient}}
     token_id = getattr(model.config, "image_token_id", None)
 
     def owners_of(run):
@@ -301,8 +305,9 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                     executor.swap.offloaded_bytes if executor.swap is not None else 0)
                 result.setdefault("peak_activation_bytes", []).append(stats.rank_activation_bytes[rank])
             peaks.add(stats.peak_activations)
-        if step == 0:
-            grads = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
+        tamper_grads(case, params, step)
+        if step in (0, steps - 1):  # the first step's gradients, and the last's (after AdamW steps)
+            grads[step] = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
         if steps > 1:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -333,8 +338,8 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                 seeds = (ref.model.vision_tower, SEED, run) if case.get("dropout") else None
                 ref_losses.append(reference_run(ref, micros_of(run), seeds, case.get("bf16", False),
                                                 case.get("order", "hf")))
-            if step == 0:
-                ref_grads = {n: p.grad.clone() for n, p in trainable.items() if p.grad is not None}
+            if step in (0, steps - 1):
+                ref_grads[step] = {n: p.grad.clone() for n, p in trainable.items() if p.grad is not None}
             if steps > 1:
                 ref_opt.step()
                 ref_opt.zero_grad(set_to_none=True)
@@ -342,19 +347,9 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                     "params": {n: p.detach() for n, p in trainable.items()}}, ref_path)
     dist.barrier(group=group)
     reference = torch.load(ref_path)
-    worst, max_diff, rel_norm, scaled = None, 0.0, 0.0, (0.0, None)
-    for name in params:
-        mine, theirs = grads.get(name), reference["grads"].get(name)
-        if mine is None or theirs is None:
-            diff = 0.0 if mine is None and theirs is None else float("inf")
-            scaled = max(scaled, (diff, name), key=lambda x: x[0])
-        else:
-            diff = float((mine - theirs).abs().max())
-            rel_norm = max(rel_norm, float((mine - theirs).norm() / theirs.norm().clamp_min(1e-30)))
-            # issue 29's per-tensor tolerance, 1e-5 + 1e-5 * max|ref|: the diff in units of it
-            scaled = max(scaled, (diff / (1e-5 + 1e-5 * float(theirs.abs().max())), name), key=lambda x: x[0])
-        if diff >= max_diff:
-            worst, max_diff = name, diff
+    first = compare_grads(params, grads[0], reference["grads"][0])
+    result["last_step_grads"] = compare_grads(params, grads[steps - 1], reference["grads"][steps - 1]) \
+        if steps > 1 else None
     param_diff = max((float((p.detach() - reference["params"][n]).abs().max()) for n, p in params.items()),
                      default=0.0) if steps > 1 else None
     if case.get("reload"):
@@ -365,12 +360,33 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
     CLOSED_GROUPS.add(executor.group.group_name)
     executor.close()  # the next case's executor runs on these groups
     result.update(peak_activations=sorted(peaks), expected_peak=peak_in_flight(executor.order), losses=losses,
-                  ref_losses=reference["losses"], max_diff=max_diff, worst=worst, grad_rel_norm=rel_norm,
-                  grad_scaled=scaled[0], grad_scaled_worst=scaled[1],
+                  ref_losses=reference["losses"], **first,
                   param_diff=param_diff, names=sorted(params), ref_names=reference["names"],
                   owned=cfg.owned(rank), owned_all=owned_all,
                   owners=[owners_of(r) for r in range(steps * accumulate)])
     return result
+
+
+def compare_grads(params, mine_all, ref_all) -> dict:
+    """This rank's gradients against the reference's, per tensor of ``params``: the largest difference
+    (``max_diff``, ``worst``), the largest relative norm, the largest difference in units of issue 29's per-tensor
+    tolerance 1e-5 + 1e-5 * max|ref| (``grad_scaled``), and ``grad_stats``: ``{name: [max|ref|, max diff]}`` for
+    the tensors both sides have (what the margin and relative checks of ``matrix.check_case`` read)."""
+    worst, max_diff, rel_norm, scaled, stats = None, 0.0, 0.0, (0.0, None), {}
+    for name in params:
+        mine, theirs = mine_all.get(name), ref_all.get(name)
+        if mine is None or theirs is None:
+            diff = 0.0 if mine is None and theirs is None else float("inf")
+            scaled = max(scaled, (diff, name), key=lambda x: x[0])
+        else:
+            diff, top = float((mine - theirs).abs().max()), float(theirs.abs().max())
+            rel_norm = max(rel_norm, float((mine - theirs).norm() / theirs.norm().clamp_min(1e-30)))
+            scaled = max(scaled, (diff / (1e-5 + 1e-5 * top), name), key=lambda x: x[0])
+            stats[name] = [top, diff]
+        if diff >= max_diff:
+            worst, max_diff = name, diff
+    return dict(max_diff=max_diff, worst=worst, grad_rel_norm=rel_norm, grad_scaled=scaled[0],
+                grad_scaled_worst=scaled[1], grad_stats=stats)
 
 
 def main():

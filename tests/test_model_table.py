@@ -1,0 +1,44 @@
+"""Issue 38: every model type of transformers' image-text-to-text map is split exactly or refused with its reason,
+and docs/models.md's table is the code's."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpipe_hf.models import FAMILIES, get_family
+from mpipe_hf.models.coverage import REFUSED, image_text_types, refusal
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import model_table  # noqa: E402
+
+REFUSED_TYPES = sorted(t for t in image_text_types() if t not in FAMILIES)
+
+
+def test_the_table_in_docs_is_the_codes():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "model_table.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_every_mapped_type_has_a_row_and_a_status():
+    rows = {t: status for t, _, status, _ in model_table.rows()}
+    assert set(image_text_types()) <= set(rows)
+    assert all(rows[t] == "refused" for t in REFUSED_TYPES)
+    assert all(rows[t] != "refused" for t in image_text_types() if t in FAMILIES)
+
+
+@pytest.mark.parametrize("model_type", REFUSED_TYPES)
+def test_a_refused_type_is_refused_with_its_reason(model_type):
+    reason = refusal(model_type)
+    assert reason and len(reason) > 20
+    with pytest.raises(ValueError, match=f"model_type '{model_type}' cannot be split: ") as err:
+        get_family(model_type)
+    assert reason in str(err.value)
+
+
+def test_no_refusal_names_a_declared_type():
+    """A declaration wins over a stale refusal: a type is one or the other."""
+    assert not set(REFUSED) & set(FAMILIES), sorted(set(REFUSED) & set(FAMILIES))
