@@ -137,6 +137,11 @@ def _plan(args) -> None:
     else:
         if args.tokens is None:  # a packed micro-batch holds up to the budget
             args.tokens = recipe.data.token_budget if recipe.data.packing else 2048
+        if args.image_tokens is None:  # half of them, as the default 2048 holds 1024
+            args.image_tokens = args.tokens // 2
+        if not 0 <= args.image_tokens <= args.tokens:
+            raise ValueError(f"--image-tokens {args.image_tokens} must be between 0 and the {args.tokens} tokens of a "
+                             f"micro-batch (--tokens)")
         profile = estimate_profile(config, args.tokens, args.image_tokens, args.tflops, args.mfu,
                                    bf16=recipe.train.bf16)
         source = (f"estimated: {args.tokens} tokens ({args.image_tokens} image tokens) per micro-batch, "
@@ -274,7 +279,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--profile", help="a cost profile (mpipe-hf profile); estimated from the config without")
     plan.add_argument("--tokens", type=int, default=None, help="tokens per micro-batch, for the estimate (default: "
                       "data.max_tokens_per_micro with data.packing, else 2048)")
-    plan.add_argument("--image-tokens", type=int, default=1024, help="image tokens per micro-batch (estimate)")
+    plan.add_argument("--image-tokens", type=int, default=None,
+                      help="image tokens per micro-batch (estimate; default: half the tokens, at most --tokens)")
     plan.add_argument("--tflops", type=float, default=989.0, help="peak TFLOP/s of one device (H100 bf16 dense)")
     plan.add_argument("--mfu", type=float, default=0.4, help="share of the peak reached (estimate)")
     plan.add_argument("--gpu-gib", type=float, default=80.0, help="device memory in GiB")

@@ -7,11 +7,12 @@ Interleaved 1F1B runs the tower inside stage 0's forward, as ``torch.distributed
 ``preprocess: identity``); MPipe Transpose runs it on the micro-batch's owner during the warm-up. Each chart is
 drawn by ``mpipe_hf.schedule.trace.plot_gantt`` (what ``mpipe-hf plot`` draws); the two are then stacked, on one time axis.
 
-Usage: python scripts/demo_gantt.py [OUT.png]   (default: docs/gantt.png; needs matplotlib)
+Usage: python scripts/demo_gantt.py [OUT.png]   (default: gantt.png in the working directory; needs matplotlib)
+       python scripts/demo_gantt.py docs/gantt.png   (redraw the README's picture)
 """
 
+import argparse
 import os
-import sys
 import tempfile
 
 from PIL import Image
@@ -41,7 +42,10 @@ def charts() -> list[tuple[str, dict, float]]:
 
 
 def main(argv=None):
-    out = (argv if argv is not None else sys.argv[1:] or [os.path.join("docs", "gantt.png")])[0]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="gantt.png",
+                        help="the PNG to write (default: gantt.png here; docs/gantt.png is the README's, tracked)")
+    out = parser.parse_args(argv).out
     drawn = charts()
     longest = max(step for _, _, step in drawn)
     for _, timeline, _ in drawn:  # one time axis for both: an empty event (not drawn) at the longer step's end

@@ -197,3 +197,14 @@ def test_internvl_patches_per_token_is_its_image_sequence():
     config = InternVLConfig()
     side = config.vision_config.image_size[0] // config.vision_config.patch_size[0]
     assert patches_per_image_token(config) == side * side / config.image_seq_length
+
+
+def test_the_meta_count_prints_no_kernel_fallback_warning(capfd):
+    """Issue 41, item 10: ``plan`` counts a Qwen3.5 layer on the meta device without transformers' "falling back to
+    its reference PyTorch implementation ... much slower" notices (it runs no model)."""
+    from transformers.utils import logging as hf_logging
+    level = hf_logging.get_verbosity()
+    meta_activation_bytes(CONFIGS["qwen3_5"](), 16)
+    err = capfd.readouterr().err
+    assert "much slower" not in err and "falling back" not in err, err
+    assert hf_logging.get_verbosity() == level

@@ -187,6 +187,7 @@ def test_plan_shows_the_packed_step_against_the_padded_one(demo, tmp_path, capsy
     out = capsys.readouterr().out
     print(out)
     assert "predicted step" in out and "packed step 0 (data.packing, 256 tokens a micro-batch" in out
+    assert "estimated: 256 tokens (128 image tokens) per micro-batch" in out  # never more image tokens than tokens
     table = re.findall(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([0-9.]+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)$", out, re.M)
     assert [int(m) for m, *_ in table] == list(range(8)), "one line per micro-batch of M = 8"
     assert all(int(t) <= 256 and float(f) == pytest.approx(int(t) / 256, abs=0.006) for _, _, t, f, *_ in table)

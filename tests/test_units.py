@@ -219,3 +219,16 @@ def test_a_layer_type_without_a_mask_builder_is_refused_when_the_stage_is_built(
     check_layer_types(["full_attention", "sliding_attention", "linear_attention"])
     with pytest.raises(ValueError, match=r"layer types \['mystery'\] have no mask builder .* supported: "):
         check_layer_types(["full_attention", "mystery"])
+
+
+def test_the_summary_of_a_resumed_run_counts_the_steps_this_process_ran():
+    """Issue 41, item 9: a run resumed at step 8 of 20 ran 12 steps here; the summary says so, not "20 steps"."""
+    from types import SimpleNamespace
+    from mpipe_hf.train.report import summary_line
+    run = SimpleNamespace(cfg=SimpleNamespace(pp_size=2), skips=SimpleNamespace(total=0, bad_rows=0))
+    job = SimpleNamespace(steps=20, start_step=8, run=run, bubbles=[[0.1, 0.2]] * 12, peaks=[[2 ** 20] * 2] * 12,
+                          losses=[2.0] * 12)
+    line = summary_line(job, 3.8, "out")
+    assert line.startswith("mpipe_hf: 12 steps (resumed at step 8 of 20) in 3.8s"), line
+    fresh = summary_line(SimpleNamespace(**{**vars(job), "start_step": 0}), 3.8, "out")
+    assert fresh.startswith("mpipe_hf: 20 steps in 3.8s"), fresh

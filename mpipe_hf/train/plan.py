@@ -167,6 +167,19 @@ def _static_rope(text) -> None:
             part.pop("factor", None)
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' warnings muted (its ``[transformers] ... falling back to its reference PyTorch implementation
+    ... much slower`` notices speak of running the model, which a count on the meta device does not; issue 41)."""
+    from transformers.utils import logging as hf_logging
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def meta_activation_bytes(config, tokens: int, bf16: bool = False) -> tuple[int, int]:
     """``(a decoder layer, the LM head with its loss)``: bytes saved for backward for one micro-batch of
     ``tokens`` tokens with a fused attention kernel; the layer's is the mean over the model's layers of the
@@ -191,10 +204,11 @@ def meta_activation_bytes(config, tokens: int, bf16: bool = False) -> tuple[int,
     if num_experts(text) and model.config._experts_implementation != "grouped_mm":
         model.set_experts_implementation("grouped_mm")  # eager's routing reads counts back: no meta kernel
     if not bf16:
-        layers, head = _count(model, text, tokens, list(kinds), "meta", contextlib.nullcontext())
+        with quiet_transformers():
+            layers, head = _count(model, text, tokens, list(kinds), "meta", contextlib.nullcontext())
     else:
         from torch._subclasses.fake_tensor import FakeTensorMode
-        with FakeTensorMode(allow_non_fake_inputs=True):  # meta parameters in, fake CPU ones out
+        with FakeTensorMode(allow_non_fake_inputs=True), quiet_transformers():  # meta parameters in, fake CPU out
             model.to_empty(device="cpu")
             layers, head = _count(model, text, tokens, list(kinds), "cpu",
                                   torch.autocast("cpu", dtype=torch.bfloat16))

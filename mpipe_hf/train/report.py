@@ -112,8 +112,9 @@ def setup_line(recipe: Recipe, run, config, resume: str | None, start_step: int)
 
 
 def summary_line(job, wall_s: float, out: str) -> str:
-    """The line rank 0 prints at the end: the steps, the time, the first and last loss, each rank's mean bubble
-    (over the steps after the first, which warms up) and peak saved activations, and the checkpoint."""
+    """The line rank 0 prints at the end: the steps this process ran (of the run's total, when it resumed), the
+    time, the first and last loss, each rank's mean bubble (over the steps after the first, which warms up) and
+    peak saved activations, and the checkpoint."""
     world = job.run.cfg.pp_size
     later = job.bubbles[1:] or job.bubbles
     mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(world)] if later else []
@@ -121,5 +122,7 @@ def summary_line(job, wall_s: float, out: str) -> str:
     losses = job.losses
     trained = (f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; bubble per rank {mean} (mean of the steps after the "
                f"first); peak saved activations per rank {peak} MiB") if losses else "no step ran"
-    return (f"mpipe_hf: {job.steps} steps in {wall_s:.1f}s ({job.run.skips.total} skipped, {job.run.skips.bad_rows} bad rows dropped); {trained}; "
-            f"checkpoint {out}")
+    ran = job.steps - job.start_step
+    steps = f"{ran} steps" if not job.start_step else f"{ran} steps (resumed at step {job.start_step} of {job.steps})"
+    return (f"mpipe_hf: {steps} in {wall_s:.1f}s ({job.run.skips.total} skipped, {job.run.skips.bad_rows} bad rows "
+            f"dropped); {trained}; checkpoint {out}")
