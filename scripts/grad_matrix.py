@@ -9,11 +9,13 @@ Usage:
     python scripts/grad_matrix.py --families --zero-bubble   # every model family (R = 2, V = 2, checkpoint
                                                              # reload), each with the backward split
     python scripts/grad_matrix.py --packed --pp 2   # every family with packed micro-batches (issue 30)
+    python scripts/grad_matrix.py --controls        # the negative controls: each case must FAIL (issues 30, 38)
 
 Each pipeline size runs as torchrun jobs of gloo CPU processes (at most --chunk cases per job). Every case checks
-the loss, every gradient (atol 1e-5), the parameters after AdamW steps where the case takes several (atol 1e-4),
-and that each rank loads only its own micro-batches. Prints one line per case and the wall time; exits 1 on any
-failure.
+the loss, every gradient (atol 1e-5; the families per tensor, tests/dist/matrix.py), the parameters after AdamW
+steps where the case takes several (atol 1e-4), and that each rank loads only its own micro-batches. Prints one line
+per case (the worst loss difference, the worst gradient difference and in units of 1e-5 + 1e-5 * max|ref|, the
+parameters' after the steps, the wall time) and the total; exits 1 on any failure (with --controls, on any pass).
 """
 
 import argparse
@@ -26,8 +28,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
-from matrix import (check_case, check_reload, covering_subset, family_grid, full_grid, packed_configs,  # noqa: E402
-                    packed_grid)
+from matrix import (check_case, check_reload, covering_subset, family_grid, full_grid, gradient_controls,  # noqa: E402
+                    packed_configs, packed_grid, packing_controls)
 
 WORKER = os.path.join(HERE, "..", "tests", "dist", "numerics_worker.py")
 
@@ -47,12 +49,14 @@ def main(argv=None) -> int:
                         help="every family with packed micro-batches (issue 30: a text-only row next to rows of "
                              "one and two images in one sequence), frozen and trainable, against the same rows "
                              "unpacked, instead of the grid")
+    parser.add_argument("--controls", action="store_true",
+                        help="the negative controls (packing bugs, wrong gradients of each kind): each must fail")
     parser.add_argument("--only", nargs="+", metavar="CONFIG",
                         help="only the cases of these model configs (e.g. --families --only gemma3 aya_vision); the "
                              "fixture then builds only their pools")
     args = parser.parse_args(argv)
-    grid = (packed_grid() if args.packed else family_grid() if args.families else covering_subset() if args.ci
-            else full_grid())
+    grid = (packing_controls() + gradient_controls() if args.controls else packed_grid() if args.packed
+            else family_grid() if args.families else covering_subset() if args.ci else full_grid())
     cases = [c for c in grid if c["pp_size"] in args.pp and (not args.only or c["family"] in args.only)]
     if args.swap:
         cases = [dict(case, swap=args.swap, name=f"{case['name']}-swap={args.swap}") for case in cases]
@@ -62,7 +66,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         fixture = os.path.join(tmp, "fixture.pt")
         packed = [c for c in packed_configs() if not args.only or c in args.only] if args.packed else ()
-        build_fixture(fixture, packed) if args.packed else build_fixture(fixture, only=args.only)
+        if args.controls:
+            packed = tuple(c["family"] for c in grid if c.get("packed"))
+        if args.packed or args.controls:  # the packed pools, and the family pools of the cases alone
+            build_fixture(fixture, packed, only=sorted({c["family"] for c in cases}))
+        else:
+            build_fixture(fixture, only=args.only)
         for pp_size in args.pp:
             mine = [c for c in cases if c["pp_size"] == pp_size]
             for i in range(0, len(mine), args.chunk):
@@ -77,16 +86,25 @@ def main(argv=None) -> int:
                 for case in chunk:
                     per_rank = [r[case["name"]] for r in results]
                     problems = check_case(case, per_rank) + (check_reload(per_rank) if case.get("reload") else [])
-                    grad = max(r["max_diff"] for r in per_rank)
-                    print(f"{'FAIL' if problems else 'ok  '} {case['name']:<90} grad {grad:.1e} "
-                          f"{per_rank[0]['wall_s']:.1f}s", flush=True)
-                    for p in problems:
+                    print(f"{'FAIL' if problems else 'ok  '} {case['name']:<90} {figures(per_rank)}", flush=True)
+                    for p in problems[:5]:
                         print(f"     {p}")
-                    if problems:
+                    if bool(problems) != args.controls:
                         failed.append(case["name"])
     wall = time.perf_counter() - start
-    print(f"{len(cases) - len(failed)}/{len(cases)} cases passed in {wall:.0f}s ({wall / 60:.1f} min)")
+    print(f"{len(cases) - len(failed)}/{len(cases)} cases {'failed, as they must' if args.controls else 'passed'} in {wall:.0f}s ({wall / 60:.1f} min)")
     return 1 if failed else 0
+
+
+def figures(per_rank: list[dict]) -> str:
+    """One case's figures over its ranks: the worst loss difference, the worst gradient difference (absolute, and in
+    units of the per-tensor 1e-5 + 1e-5 * max|ref|), the parameters' after the AdamW steps, the wall time."""
+    loss = max(abs(a - b) for r in per_rank for a, b in zip(r["losses"], r["ref_losses"]))
+    grad = max(r["max_diff"] for r in per_rank)
+    scaled = max(r["grad_scaled"] for r in per_rank)
+    params = [r["param_diff"] for r in per_rank if r["param_diff"] is not None]
+    return (f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) params {max(params):.1e} "
+            if params else f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) ") + f"{per_rank[0]['wall_s']:.1f}s"
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
 from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, NEGATIVE_CONTROLS, check_case, check_reload,  # noqa: E402
-                    covering_subset, family_cases, make_case, packed_cases)
+                    covering_subset, family_cases, gradient_controls, make_case, packed_cases,
+                    packing_controls)
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
 HIDDEN = 64  # the tiny config's hidden size
@@ -112,17 +113,7 @@ OWNER_CASES = [make_case("vision", 4, 2, 8, "frozen", owners="balanced", steps=2
 # positions as one range over the packed sequence (the mask then spans rows; M-RoPE loses each image's grid),
 # and Qwen3.5's linear attention run over the packed sequence at once (its state flows into the next row)
 PACKED_CASES = packed_cases() + packed_cases([("qwen3_vl", "frozen", 1, [1, 3, 4, 4])], attn="eager")
-CONTROL_CASES = packed_cases([("vl", "frozen", 0, None), ("llava", "trainable", 0, None)], one_range=True) + \
-    packed_cases([("qwen3_5", "frozen", 1, [4, 2, 3, 3])], no_linear_reset=True)
-# issue 38: a wrong gradient of each kind the family checks once let through, which they must now catch: the image
-# features cut from the tower (Gemma 3, whose zero-initialised projection had made every tower gradient 0 on both
-# sides), the zero-initialised model itself, a small tensor's gradient 5% off (Qwen2.5-VL's vision norm2 weights,
-# 3e-7 to 5e-6: under the old 1e-5 + 1e-5 * max|ref|), every gradient after the first step 5% off (LLaVA)
-GRADIENT_CONTROLS = [dict(c, reload=False) for c in
-                     family_cases([("gemma3", "trainable", 1, None)], detach_features=True)
-                     + family_cases([("gemma3", "trainable", 1, None)], keep_zero_init=True)
-                     + family_cases([("vl", "trainable", 1, None)], scale_small=["norm2.weight"])
-                     + family_cases([("llava", "trainable", 0, None)], scale_later=True)]
+CONTROL_CASES, GRADIENT_CONTROLS = packing_controls(), gradient_controls()  # matrix.py: the bugs each must catch
 EXTRA = {2: PACKED_CASES + CONTROL_CASES + GRADIENT_CONTROLS + PIXEL_CASES + FAMILY_CASES + MOE_CASES[-len(MOE_ORDER_SPECS):] + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
          + OWNER_CASES[3:],
          3: FILL_CASES[1:] + ZB_CASES[3:5] + OWNER_CASES[2:3],
@@ -223,7 +214,8 @@ def test_packing_bugs_fail_the_packed_test(case, results):
 
 @pytest.mark.parametrize("case", GRADIENT_CONTROLS, ids=[c["name"] for c in GRADIENT_CONTROLS])
 def test_gradient_checks_catch_each_weakness(case, results):
-    """Issue 38's negative controls: each wrong gradient fails the family check, where the checks before issue 38
+    """Issue 38's negative controls (and the MoE term summed per stage instead of relayed): each wrong gradient fails
+    the family check, where the checks before issue 38
     (step 0 at 1e-5 + 1e-5 * max|ref| per tensor, the parameters after the AdamW steps; a zero-initialised model)
     let it pass. The cut features: the tower's gradients are missing; the zero-initialised Gemma 3: its reference
     tower gradients are 0; the small tensors: more than REL_TOL of their scale; the later steps: the last step's
@@ -231,10 +223,12 @@ def test_gradient_checks_catch_each_weakness(case, results):
     per_rank = results(2)[case["name"]]
     problems = check_case(case, per_rank)
     expect = {"detach_features": "vision_tower", "keep_zero_init": "reference gradient is zero",
-              "scale_small": "norm2.weight", "scale_later": "last step"}
+              "scale_small": "norm2.weight", "scale_later": "last step", "stage_sums": "losses"}
     kind = next(k for k in expect if case.get(k))
     assert any(expect[kind] in p for p in problems), problems
-    if kind != "detach_features":  # what the old checks saw: a pass
+    if kind == "stage_sums":  # the MoE term from each stage's own routers: the loss moves by more than 1e-4
+        assert max(abs(a - b) for a, b in zip(per_rank[0]["losses"], per_rank[0]["ref_losses"])) > 1e-4
+    elif kind != "detach_features":  # what the old checks saw: a pass
         assert all(r["grad_scaled"] < 1.0 for r in per_rank), [r["grad_scaled_worst"] for r in per_rank]
         assert all(r["param_diff"] < 1e-4 for r in per_rank), [r["param_diff"] for r in per_rank]
 

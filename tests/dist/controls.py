@@ -7,7 +7,7 @@ from unittest import mock
 
 import torch
 
-from mpipe_hf.models import decoder, family, host_metadata, packed
+from mpipe_hf.models import decoder, family, host_metadata, moe, packed
 
 _flat_features = family.flat_features
 
@@ -17,7 +17,8 @@ def negative_controls(case):
     ``case["one_range"]``, a packed micro's positions computed as one range over the whole packed sequence, on
     every axis; ``case["no_linear_reset"]``, the linear-attention layers run over the packed sequence at once (their
     state flows from one row into the next). Issue 38's: ``case["detach_features"]``, the image features cut from
-    the tower's graph (:func:`detached_features`; the others are :func:`tamper_grads`)."""
+    the tower's graph (:func:`detached_features`; the others are :func:`tamper_grads`); ``case["stage_sums"]``, the
+    MoE load-balancing term from each stage's own routers (the sums not relayed)."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -29,6 +30,9 @@ def negative_controls(case):
         stack.enter_context(mock.patch.object(packed, "row_positions", rows))
     if case.get("detach_features"):  # issue 38: the tower's gradient lost
         stack.enter_context(mock.patch.object(family, "flat_features", detached_features))
+    if case.get("stage_sums"):  # the MoE term from each stage's own routers, not the relayed sums
+        add = moe.RouterSums.add
+        stack.enter_context(mock.patch.object(moe.RouterSums, "add", lambda self, state, *a: add(self, {}, *a)))
     if case.get("no_linear_reset"):
         stack.enter_context(mock.patch.object(decoder.DecoderStage, "run_layers", leaky_run_layers))
     return stack

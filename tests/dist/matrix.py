@@ -280,7 +280,7 @@ PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
 
 # case options whose cases must fail (numerics_worker.py, controls.py): issue 30's packing bugs, issue 38's gradients
 NEGATIVE_CONTROLS = ("one_range", "no_linear_reset", "detach_features", "scale_small", "scale_later",
-                     "keep_zero_init")
+                     "keep_zero_init", "stage_sums")
 
 
 def packed_cases(specs=None, **options) -> list[dict]:
@@ -298,6 +298,29 @@ def packed_cases(specs=None, **options) -> list[dict]:
             f"-{k}={v}" for k, v in sorted(options.items()))
         cases.append(case)
     return cases
+
+
+def packing_controls() -> list[dict]:
+    """Issue 30's negative controls, which the packed check must catch: positions as one range over the packed
+    sequence (the mask then spans rows; M-RoPE loses each image's grid), and Qwen3.5's linear attention run over the
+    packed sequence at once (its state flows into the next row); controls.py patches each in."""
+    return packed_cases([("vl", "frozen", 0, None), ("llava", "trainable", 0, None)], one_range=True) + \
+        packed_cases([("qwen3_5", "frozen", 1, [4, 2, 3, 3])], no_linear_reset=True)
+
+
+def gradient_controls() -> list[dict]:
+    """Issue 38's: a wrong gradient of each kind the family checks once let through, which they must now catch:
+    the image features cut from the tower (Gemma 3, whose zero-initialised projection had made every tower gradient
+    0 on both sides), the zero-initialised model itself, a small tensor's gradient 5% off (Qwen2.5-VL's vision
+    norm2 weights, 3e-7 to 5e-6: under the old 1e-5 + 1e-5 * max|ref|), every gradient after the first step 5% off
+    (LLaVA); and the MoE load-balancing term summed over each stage's own routers instead of relayed
+    (Qwen3-VL-MoE)."""
+    cases = (family_cases([("gemma3", "trainable", 1, None)], detach_features=True)
+             + family_cases([("gemma3", "trainable", 1, None)], keep_zero_init=True)
+             + family_cases([("vl", "trainable", 1, None)], scale_small=["norm2.weight"])
+             + family_cases([("llava", "trainable", 0, None)], scale_later=True)
+             + family_cases([("qwen3_vl_moe", "trainable", 1, [2, 2, 4, 4])], stage_sums=True))
+    return [dict(c, reload=False) for c in cases]
 
 
 def packed_grid() -> list[dict]:
