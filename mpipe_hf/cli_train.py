@@ -135,12 +135,14 @@ def train_parsers(sub, fmt, recipe_help: str, paths_note: str) -> None:
                            description="Read every row of the recipe's data (data.path or data.sources, and "
                                        "data.eval_path) on this machine, in parallel, and list every bad row with its "
                                        "file and line (or row index) and the reason, then the counts; exit status 1 "
-                                       "when a row is bad, 2 when the data cannot be read. mpipe-hf train runs the "
-                                       "same check before it launches.")
+                                       "when a row is bad, 2 when the data cannot be read. Each kept row is then "
+                                       "loaded as training loads it (the collator and the model's image-token count), "
+                                       "one row at a time. mpipe-hf train runs the first check before it launches.")
     check.add_argument("recipe", help=recipe_help)
     check.add_argument("--num-proc", type=int, help="processes for the check (default: data.num_proc, else up to 8)")
     check.add_argument("--headers-only", action="store_true",
-                       help="read each image's header only, as the training start does, not every pixel")
+                       help="read each image's header only, as the training start does, not every pixel, and "
+                            "skip loading the rows as training does")
     check.add_argument("--write-clean", metavar="FILE",
                        help="write the rows that pass to FILE; data.clean_rows: FILE trains on them alone")
     check.set_defaults(func=_check_data)

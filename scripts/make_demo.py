@@ -8,7 +8,9 @@ costs what a real one costs next to a layer, the Qwen2-VL image processor, the Q
 generation config that stops at ``<|im_end|>`` and ``<|endoftext|>``: the files of a hub snapshot, written by
 ``mpipe_hf.data.hub.save_processor_files``),
 OUT_DIR/configs/<family>.json (scaled-down real configs of the other families, for the recipes that initialise
-a model from a config: Qwen2-VL, Qwen3-VL, LLaVA, Llama, Qwen3 with tied embeddings) and OUT_DIR/data
+a model from a config: Qwen2-VL, Qwen3-VL, LLaVA, Llama, Qwen3 with tied embeddings), OUT_DIR/tokenizer (the
+same tokenizer without a chat template, for another family's config: its own template renders, as
+``mpipe-hf train`` refuses the Qwen one on it) and OUT_DIR/data
 (conversations about scikit-image's photos whose answers are one-word labels, a held-out image, and the
 hand-written captions as plain text; see make_demo_data.py). The
 model directory is an ordinary Hugging Face checkpoint: ``from_pretrained`` loads it, exactly as it would a hub
@@ -55,6 +57,9 @@ def main(argv=None):
     for name, config in configs.items():
         config.to_json_file(os.path.join(out, "configs", f"{name}.json"))
     print(f"wrote {os.path.join(out, 'configs')}: {', '.join(sorted(configs))}")
+    tokenizer.chat_template = None  # for another family's config: its own template renders, not Qwen's
+    tokenizer.save_pretrained(os.path.join(out, "tokenizer"))
+    print(f"wrote {os.path.join(out, 'tokenizer')}: the tokenizer without a chat template")
     here = os.path.dirname(os.path.abspath(__file__))
     runpy.run_path(os.path.join(here, "make_demo_data.py"))["main"]([os.path.join(out, "data")])
 

@@ -34,7 +34,7 @@ def ci_types() -> set[str]:
 def rows() -> list[tuple[str, str, str, str]]:
     """``(model_type, class, status, note)`` for every type, sorted by status then name."""
     from mpipe_hf.models import FAMILIES
-    from mpipe_hf.models.coverage import image_text_types, refusal
+    from mpipe_hf.models.coverage import NOTES, image_text_types, refusal
     types, in_ci = image_text_types(), ci_types()
     out = []
     for model_type in sorted(set(types) | {t for t in FAMILIES if FAMILIES[t].vision == ()}):
@@ -42,6 +42,8 @@ def rows() -> list[tuple[str, str, str, str]]:
         status = "refused" if reason else ("exact (CI)" if model_type in in_ci else "declared")
         recipe = os.path.join("recipes", "tiny", f"{model_type}.yaml")
         note = reason or (f"[`{recipe}`](../{recipe})" if os.path.exists(os.path.join(ROOT, recipe)) else "")
+        if status == "declared" and model_type in NOTES:
+            note = f"{note}: {NOTES[model_type]}" if note else NOTES[model_type]
         out.append((model_type, types.get(model_type, "ForCausalLM (decoder-only)"), status, note))
     order = {"exact (CI)": 0, "declared": 1, "refused": 2}
     return sorted(out, key=lambda r: (order[r[2]], r[0]))

@@ -16,7 +16,8 @@ from .conversation_rows import canonical_row
 
 
 # the processor outputs with one entry per token, cut with input_ids at max_length
-PER_TOKEN = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+PER_TOKEN = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids",
+             "moe_mm_token_type_ids")  # ERNIE 4.5 VL's MoE modality ids
 
 
 def prefix_token_types(labels: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,8 @@ class MicroBatchPlan:
             within it, each micro's owner loads it (the global batch split by dp rank first, then by owner).
         drop_bad_rows: a row that fails to load is dropped from its micro-batch (:meth:`load_rows`); else the
             whole micro-batch fails (``on_bad_sample: raise``).
+        evaluation: the rows are an evaluation's (a dropped row's warning says the evaluation runs on the rest,
+            not the step).
 
     Attributes:
         dropped: the rows dropped and not yet taken (:meth:`take_dropped`), each ``"WHERE (WHY)"``.
@@ -40,7 +42,7 @@ class MicroBatchPlan:
 
     def __init__(self, dataset, collate: Callable, num_micro: int, micro_batch_size: int,
                  validate: Callable[[dict], None] | None = None, shuffle: bool = False, seed: int = 0,
-                 replica: int = 0, num_replicas: int = 1, drop_bad_rows: bool = True):
+                 replica: int = 0, num_replicas: int = 1, drop_bad_rows: bool = True, evaluation: bool = False):
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         if len(dataset) == 0:
@@ -50,6 +52,7 @@ class MicroBatchPlan:
         self.validate, self.shuffle, self.seed = validate, shuffle, seed
         self._orders: dict[int, list[int]] = {}
         self.drop_bad_rows, self.dropped = drop_bad_rows, []
+        self.rest = "the evaluation runs on the rest" if evaluation else "the step trains on the rest"
 
     def steps_per_epoch(self) -> float:
         """Optimizer steps one pass over the rows takes (a fraction when the last step spans two epochs)."""
@@ -95,7 +98,8 @@ class MicroBatchPlan:
         With :attr:`drop_bad_rows` (default), a row that fails (to read, to decode an image, to be processed, or
         the model's ``validate``) costs that row: when the whole micro-batch fails, each row is collated alone to
         find the bad ones, which are dropped (one warning line each, ``mpipe_hf: warning: dropped WHERE (WHY);
-        the step trains on the rest``, and an entry in :attr:`dropped`) and the rest collated again. When every
+        the step trains on the rest`` (an evaluation's: ``the evaluation runs on the rest``), and an entry in
+        :attr:`dropped`) and the rest collated again. When every
         row fails, the collator's ``null_batch()`` stands in (one text-only row, every label ``-100``: no loss, no
         label token, zero gradients), if it has one.
 
@@ -165,7 +169,7 @@ class MicroBatchPlan:
         reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         reason = reason[len(where) + 2:] if reason.startswith(f"{where}: ") else reason
         self.dropped.append(f"{where} ({reason})")
-        print(f"mpipe_hf: warning: dropped {where} ({reason}); the step trains on the rest", flush=True)
+        print(f"mpipe_hf: warning: dropped {where} ({reason}); {self.rest}", flush=True)
 
     def take_dropped(self) -> list[str]:
         """The rows dropped since the last call, each ``WHERE (WHY)``, oldest first; the list starts empty again

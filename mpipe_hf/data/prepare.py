@@ -213,12 +213,32 @@ def _still_holds(container: Container, check: RowCheck, done: datasets.Dataset) 
     return True
 
 
+def as_checked(container: Container, check: RowCheck, done: datasets.Dataset) -> datasets.Dataset:
+    """The rows ``done`` that a stricter check of the same rows cached (``mpipe-hf check-data``'s, every image
+    decoded) as ``check`` gives them: each row that failed there for an image is checked again with ``check``
+    and takes its result (a truncated file fails a decode, not a header read), so that a run keeps the same rows,
+    in the same order, whether or not ``check-data`` ran first (issue 41). Every other row is the same under
+    either check. Returns ``done`` itself when no row changes, else the rows in memory."""
+    table = done.with_format("arrow")
+    status, errors = table["status"].to_pylist(), table["error"].to_pylist()
+    changed = {}
+    for index, (state, error) in enumerate(zip(status, errors)):
+        if state == "bad" and any(mark in error for mark in IMAGE_ERRORS):
+            again = check(container.rows[index], index)
+            if again["status"] != "bad" or again["error"] != error:
+                changed[index] = again
+    if not changed:
+        return done
+    return done.map(lambda row, index: changed.get(index, row), with_indices=True, features=FEATURES,
+                    keep_in_memory=True, desc="rows of the decoded check")
+
+
 def prepare(container: Container, check: RowCheck, num_proc: int | None = None, reuse: tuple[RowCheck, ...] = ()
             ) -> datasets.Dataset:
     """Every row of ``container`` through ``check`` (module docstring), read from the cache when it is there
-    (under ``check``'s key, or that of a check in ``reuse``: a stricter check of the same rows) and still holds
-    (:func:`_still_holds`), else computed with ``num_proc`` processes (``None``: up to 8, at most the machine's
-    cores) and cached.
+    (under ``check``'s key when it still holds, :func:`_still_holds`; else under the key of a check in
+    ``reuse``, a stricter check of the same rows, whose rows :func:`as_checked` gives as ``check`` would), else
+    computed with ``num_proc`` processes (``None``: up to 8, at most the machine's cores) and cached.
 
     Returns:
         a ``datasets.Dataset`` with the columns of :data:`FEATURES`, one row per raw row, in order.
@@ -229,10 +249,11 @@ def prepare(container: Container, check: RowCheck, num_proc: int | None = None, 
         cached = os.path.join(cache_root(), cache_key(container, checker))
         if os.path.isfile(os.path.join(cached, "state.json")):
             done = datasets.load_from_disk(cached)
+            if checker is not check:  # a stricter check's rows, as this check gives them
+                return as_checked(container, check, done)
             if _still_holds(container, checker, done):
                 return done
-            if cached == folder:  # out of date: set aside, so that the new rows can take its place
-                _set_aside(folder)
+            _set_aside(folder)  # out of date: set aside, so that the new rows can take its place
     procs = num_proc or max(1, min(8, os.cpu_count() or 1))
     procs = max(1, min(procs, len(container.rows) // 256 or 1))  # at least 256 rows a process
     staging = f"{folder}.tmp-{uuid.uuid4().hex}"

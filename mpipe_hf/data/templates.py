@@ -235,7 +235,10 @@ HUB_IMAGE_TOKENS = {"llava": "<image>", "glm4v": "<|image|>", "glm4v_moe": "<|im
 # ([gMASK], <|user|>, [INST]...) are written as they are and tokenized as plain text.
 STAND_INS = {"<start_of_turn>": "<|im_start|>", "<end_of_turn>": "<|im_end|>",  # Gemma 3
              "<end_of_utterance>": "<|im_end|>",  # Idefics3, SmolVLM
-             "<|begin_of_image|>": "<|vision_start|>", "<|end_of_image|>": "<|vision_end|>"}  # GLM-4V
+             "<|begin_of_image|>": "<|vision_start|>", "<|end_of_image|>": "<|vision_end|>",  # GLM-4V
+             "<|turn>": "<|im_start|>", "<turn|>": "<|im_end|>",  # Gemma 4
+             "[|endofturn|]": "<|im_end|>",  # EXAONE 4.5
+             "<|vision_bos|>": "<|vision_start|>", "<|vision_eos|>": "<|vision_end|>"}  # Qwen2.5-Omni
 
 
 def default_chat_template(model_type: str, image_token: str | None = None, tokenizer=None) -> str:

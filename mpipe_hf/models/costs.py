@@ -82,6 +82,9 @@ def is_sparse(c, layer: int) -> bool:
     """Whether decoder layer ``layer`` has a mixture-of-experts MLP (the rules of the module docstring)."""
     if not num_experts(c):
         return False
+    kinds = getattr(c, "mlp_layer_types", None)  # ERNIE 4.5 VL: "dense" / "sparse" per layer
+    if kinds:
+        return kinds[layer] == "sparse"
     first_dense = getattr(c, "first_k_dense_replace", None)
     if first_dense is not None:
         return layer >= first_dense
@@ -105,6 +108,8 @@ def mlp_cost(c, layer: int) -> int:
     if width is None:
         raise ValueError(f"{getattr(c, 'model_type', type(c).__name__)}: an MoE config without "
                          f"moe_intermediate_size; mpipe_hf.models.costs does not know its expert layout")
+    if isinstance(width, (list, tuple)):  # ERNIE 4.5 VL: [text experts, vision experts]; text tokens dominate
+        width = width[0]
     cost = h * num_experts(c) + c.num_experts_per_tok * 3 * h * width
     shared = getattr(c, "shared_expert_intermediate_size", None)
     if shared:  # Qwen2-MoE style: one shared expert and its sigmoid gate (hidden -> 1)
@@ -121,9 +126,11 @@ def attention_cost(c, layer_type: str) -> int:
     """
     if layer_type == LINEAR_ATTENTION:
         return gated_deltanet_cost(c)
+    if layer_type == "conv":  # LFM2/LFM3's short convolution: in_proj to 3 x hidden, depthwise taps, out_proj
+        return 4 * c.hidden_size * c.hidden_size + c.hidden_size * c.conv_L_cache
     if layer_type not in SOFTMAX_ATTENTION:
         raise ValueError(f"layer type {layer_type!r} has no cost model; known: "
-                         f"{list(SOFTMAX_ATTENTION) + [LINEAR_ATTENTION]}")
+                         f"{list(SOFTMAX_ATTENTION) + [LINEAR_ATTENTION, 'conv']}")
     return latent_attention_cost(c) if getattr(c, "kv_lora_rank", None) else softmax_attention_cost(c)
 
 
@@ -136,7 +143,9 @@ def layer_costs(text_config) -> list[float]:
         ValueError: as :func:`attention_cost` and :func:`mlp_cost`.
     """
     types = layer_types(text_config)
-    return [float(attention_cost(text_config, t) + mlp_cost(text_config, i)) for i, t in enumerate(types)]
+    layers = [text_config.per_layer_config[i] if getattr(text_config, "is_heterogeneous", False) else text_config
+              for i in range(len(types))]  # a layer's own head sizes where they differ (Gemma 4's global layers)
+    return [float(attention_cost(c, t) + mlp_cost(c, i)) for i, (c, t) in enumerate(zip(layers, types))]
 
 
 def matmul_costs(text_config) -> tuple[float, float]:

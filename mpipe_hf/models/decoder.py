@@ -33,17 +33,20 @@ class LMHead(nn.Module):
     label-token count). ``hidden`` ``(B, L, H)``, ``labels`` ``(B, L)`` -> ``{"loss": (), "num_tokens": ()}``,
     and ``"aux_loss"`` ``()`` (``router_aux_loss_coef`` times the load-balancing loss, :mod:`.moe`) when the
     model adds one. ``softcap``: the logits pass ``tanh(x / c) * c`` first with ``c =
-    final_logit_softcapping`` (PaliGemma's head does; Gemma 3's conditional model does not)."""
+    final_logit_softcapping`` (PaliGemma's head does; Gemma 3's conditional model does not). ``scale``: the
+    logits are multiplied by it first (Aya Vision's ``logit_scale``)."""
 
     def __init__(self, model: nn.Module, norm: nn.Module, vocab_size: int, softcap: float | None = None,
-                 router: tuple[int, float] | None = None):
+                 router: tuple[int, float] | None = None, scale: float | None = None):
         super().__init__()
         self.norm, self.lm_head, self.vocab_size, self.softcap = norm, model.lm_head, vocab_size, softcap
-        self.router = router  # (E, coefficient)
+        self.router, self.scale = router, scale  # (E, coefficient)
         self.__dict__["_loss_function"] = model.loss_function  # reads only the config; not a submodule
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor, sums: Tensors | None = None) -> Tensors:
         logits = self.lm_head(self.norm(hidden))
+        if self.scale is not None:
+            logits = logits * self.scale
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         loss = self._loss_function(logits=logits, labels=labels, vocab_size=self.vocab_size,
@@ -54,11 +57,12 @@ class LMHead(nn.Module):
         return out
 
 
-def split_positions(position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def split_positions(position_ids: torch.Tensor, rope_axes: int = 3) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(rotary positions, text positions)``, as the HF text models split them: ``(4, B, L)`` ids are text
     positions then 3 M-RoPE axes (Qwen3.5, GLM-4.xV); ``(3, B, L)`` M-RoPE ids have no text row (``None``);
-    ``(B, L)``-like ids are both."""
-    if position_ids.dim() == 3 and position_ids.shape[0] == 4:
+    ``(B, L)``-like ids are both. ``rope_axes``: the model's M-RoPE axes (HunYuan-VL's XD-RoPE has 4, so its
+    ``(5, B, L)`` ids have a text row and its ``(4, B, L)`` ids none)."""
+    if position_ids.dim() == 3 and position_ids.shape[0] == rope_axes + 1:
         return position_ids[1:], position_ids[0]
     return position_ids, (position_ids if position_ids.dim() == 2 else None)
 
@@ -121,7 +125,12 @@ class DecoderStage(nn.Module):
         masks: ``masks(text_config, hidden, padding, text_positions, state, types) -> {type: mask}``
             (:func:`layer_type_masks`, or the family's builder).
         router: the stage's :class:`~.moe.RouterSums` when the model adds the load-balancing loss.
+
+    ``rope_axes``: the M-RoPE axes of ``(axes [+ 1], B, L)`` position ids (:func:`split_positions`); a family
+    with more than 3 sets it on its subclass.
     """
+
+    rope_axes = 3
 
     def __init__(self, front: nn.Module | None, layers: list[nn.Module], layer_ids: list[int],
                  layer_types: list[str], rotary_emb: nn.Module, text_config, head: LMHead | None = None,
@@ -132,6 +141,11 @@ class DecoderStage(nn.Module):
         self.rotary_emb, self.text_config, self.head, self.carry = rotary_emb, text_config, head, carry
         self.masks, self.router = masks, router
         self.per_type_rotary = "layer_type" in inspect.signature(rotary_emb.forward).parameters
+
+    def layer_kwargs(self, layer_id: int, state: Tensors) -> dict:
+        """More keyword arguments for decoder layer ``layer_id`` (Gemma 4's per-layer input and shared key/value
+        states); none by default."""
+        return {}
 
     def after_layer(self, layer_id: int, hidden: torch.Tensor, state: Tensors) -> torch.Tensor:
         """What enters the residual stream after decoder layer ``layer_id``; nothing by default."""
@@ -160,7 +174,7 @@ class DecoderStage(nn.Module):
                 lengths: list[int] | None, search: bool = True) -> torch.Tensor:
         """:meth:`run_layers` over one sequence, or (``lengths``, FlashAttention) one packed micro in one pass;
         ``search``: hand the builders the text-position row of ``(4, B, L)`` ids, as the HF models do."""
-        rope_positions, text_positions = split_positions(state["position_ids"])
+        rope_positions, text_positions = split_positions(state["position_ids"], self.rope_axes)
         types = set(self.layer_types)
         text_row = text_positions if search and lengths is None and state["position_ids"].dim() == 3 else None
         masks = self.masks(self.text_config, hidden, padding, text_row, state, types)
@@ -176,7 +190,8 @@ class DecoderStage(nn.Module):
                                  attention_mask=masks[layer_type], cache=None, use_cache=False)
             else:
                 hidden = layer(hidden, attention_mask=masks[layer_type], position_embeddings=rotary[layer_type],
-                               position_ids=text_positions, cache=None, use_cache=False, **varlen)
+                               position_ids=text_positions, cache=None, use_cache=False, **varlen,
+                               **self.layer_kwargs(layer_id, state))
             hidden = self.after_layer(layer_id, hidden, state)
         return hidden
 

@@ -1,8 +1,114 @@
-"""The new families added in issue 38: declarations (:class:`~.family.Family`) and tiny configs."""
+"""The new families added in issue 38: declarations (:class:`~.family.Family`), tiny configs, and the model types
+refused with their reason.
+
+- ``gemma4``: a Gemma 4 vision tower (``model.vision_tower`` and the ``model.embed_vision`` projector), and a text
+  model with per-layer inputs and shared key/value layers, which cross stage boundaries as
+  :mod:`.gemma4_new` describes; masks from the model class (bidirectional image blocks on the sliding layers);
+  the logits soft-capped as ``Gemma4ForConditionalGeneration`` does. Audio and video inputs are refused by name.
+- ``mistral4``: transformers maps it to ``Mistral4ForCausalLM``, a decoder-only LM (multi-head latent attention,
+  DeepSeek-style routed and shared experts, YaRN rotary): ``Family(text="model")``; ``output_router_logits``
+  off, as ``Mistral4ForCausalLM``'s loss adds no load-balancing term.
+"""
 
 from __future__ import annotations
 
-from .family import Family
+from torch import nn
 
-FAMILIES: dict[str, Family] = {}
-TINY: dict = {}  # model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
+from .families import validate_counted_micro
+from .family import Family
+from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage
+from .tiny import _text
+from .tiny_vlms import _id
+
+
+def _gemma4_tokens(model: nn.Module):
+    """Gemma 4: each image's real patches (``image_position_ids`` not ``-1``) over ``pooling_kernel_size ** 2``."""
+    pool = model.config.vision_config.pooling_kernel_size
+    return lambda raw: int(((raw["image_position_ids"] != -1).all(-1).sum(-1) // pool ** 2).sum())
+
+
+def _both(*checks):
+    """One ``Family.validate`` running each of ``checks`` (each ``check(model) -> (raw -> None)``)."""
+    def build(model: nn.Module):
+        built = [check(model) for check in checks]
+
+        def validate_micro(raw) -> None:
+            for check in built:
+                check(raw)
+        return validate_micro
+    return build
+
+
+GEMMA4_OTHER = {"pixel_values_videos": "video", "input_features": "audio"}
+
+FAMILIES: dict[str, Family] = {
+    "gemma4": Family(vision=("model.vision_tower", "model.embed_vision"),
+                     image_inputs=("pixel_values", "image_position_ids"), mask_inputs=("mm_token_type_ids",),
+                     masks=gemma4_masks, softcap=True, embed_parts=PER_LAYER_PARTS, stage=shared_kv_stage,
+                     validate=_both(refuse_other_modalities(GEMMA4_OTHER),
+                                    validate_counted_micro(_gemma4_tokens))),
+    "mistral4": Family(text="model"),
+}
+
+
+def tiny_gemma4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sliding_window: int = 16):
+    """A ``Gemma4Config`` (as gemma-4-E2B/E4B, scaled down): a 2-layer Gemma 4 vision tower of width 32 in 4-px
+    patches pooled 2 x 2 (at most 70 soft tokens an image), no audio tower; a text model of ``num_layers`` (every
+    third global, the others ``sliding_window``-token local; 16-wide local heads, 32-wide global heads with keys
+    as values and one key-value head), per-layer inputs of width 8, the last third of the layers reusing the keys
+    and values of the last earlier layer of their type, bidirectional image blocks on the local layers, logits
+    soft-capped at 30; dense MLPs (the MoE variants' ``top_k_experts`` has no load-balancing loss to carry).
+    Images are ``<|vision_start|>`` ``<|image_pad|>`` x n ``<|vision_end|>``."""
+    from transformers import Gemma4Config
+    types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(num_layers)]
+    types[-1] = "full_attention"
+    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, global_head_dim=hidden_size // 2,
+                 sliding_window=sliding_window, layer_types=types, hidden_size_per_layer_input=8,
+                 vocab_size_per_layer_input=len(tokenizer), num_kv_shared_layers=num_layers // 3,
+                 attention_k_eq_v=True, num_global_key_value_heads=1, use_bidirectional_attention="vision",
+                 final_logit_softcapping=30.0)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2,
+                  position_embedding_size=256)
+    return Gemma4Config(text_config=text, vision_config=vision, audio_config=None, tie_word_embeddings=False,
+                        image_token_id=_id(tokenizer, "<|image_pad|>"), video_token_id=_id(tokenizer, "<|video_pad|>"),
+                        boi_token_id=_id(tokenizer, "<|vision_start|>"), eoi_token_id=_id(tokenizer, "<|vision_end|>"))
+
+
+def tiny_mistral4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
+    """A ``Mistral4Config`` (Mistral Small 4, scaled down): multi-head latent attention (query rank 32, key-value
+    rank 16, 8 rotary + 8 plain query/key dims, 16-wide values, 4 heads), the first layer dense, then 4 routed
+    experts of width 32 (2 active) and one shared; YaRN rotary (factor 4 over 1,024 positions), untied
+    embeddings."""
+    from transformers import Mistral4Config
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1, "partial_rotary_factor": 0.5}
+    text = _text(tokenizer, num_layers, hidden_size, moe_intermediate_size=hidden_size // 2, n_shared_experts=1,
+                 n_routed_experts=4, num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+                 qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, rope_parameters=rope)
+    text["num_key_value_heads"] = text["num_attention_heads"]  # latent attention: one key and value per head
+    return Mistral4Config(**text)
+
+
+# model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
+TINY: dict = {"gemma4": tiny_gemma4_config, "mistral4": tiny_mistral4_config}
+_NO_PIL = ("exists only as a torchvision image processor in transformers 5.25 (no PIL class), and torchvision "
+           "cannot be imported here, so no micro-batch of images can be made")
+REFUSED: dict[str, str] = {  # model_type -> why it cannot be split, in the user's terms
+    "gemma4_unified": "its image processor (Gemma4UnifiedImageProcessor, raw 48-px patches merged for the "
+                      "encoder-free embedder) " + _NO_PIL + "; the text model is Gemma 4's, whose split is gemma4's",
+    "llama4": "its image processor (Llama4ImageProcessor, tiles) " + _NO_PIL + "; besides, "
+              "Llama4ForConditionalGeneration keeps the LM head inside language_model (no model.lm_head), which the "
+              "splitter's head does not read yet",
+    "diffusion_gemma": "block diffusion: a Gemma encoder and a diffusion decoder that attends bidirectionally over "
+                       "a noised block and reads the encoder's cache, trained by denoising, not a causal decoder "
+                       "stack under a next-token loss",
+    "glm5_next": "not declared yet: multi-stream hyper-connections (hidden states (B, L, hc_mult, H) between layers, "
+                 "collapsed by hc_head before the norm) and DSA indexed attention whose top-k indices pass from "
+                 "layer to layer",
+    "hy_v4_vl": "not declared yet: multi-stream hyper-connections (hc_head collapses the streams before the norm) "
+                "and DSA indexed attention",
+    "qwen4_exp": "not declared yet: a gated hyper-connection mixer in place of the final norm, and DSA indexed "
+                 "attention beside Gated DeltaNet layers",
+}

@@ -48,8 +48,18 @@ class Family:
             transformers' builder per layer type.
         deepstack: Qwen3-VL's DeepStack features are added after the first decoder layers (:mod:`.deepstack`).
         softcap: the head applies ``final_logit_softcapping`` (PaliGemma).
+        logit_scale: the head multiplies the logits by the text config's ``logit_scale`` (Aya Vision).
+        unused: FQNs of modules the split never runs (Video-LLaVA's video tower, Janus's image-generation
+            head): frozen (they get no gradient in the unsplit model either) and kept with stage 0, whose rank
+            saves them.
         validate: ``validate(model) -> (raw -> None)`` raising ``ValueError`` for a micro-batch that does not fit,
             checked at load; ``None``: stage 0's image-token count check alone.
+        embed_parts: children of the text model that go wherever its ``embed_tokens`` goes (Gemma 4's per-layer
+            embedding and projection).
+        stage: ``stage(model) -> cls``, a :class:`~.decoder.DecoderStage` subclass (or a callable taking its
+            arguments) for every stage and ``P``'s text block; ``None``: ``DecoderStage`` (``DeepStackStage`` with
+            ``deepstack``).
+        norm: the text model's final norm, under ``text`` (LFM3's is ``embedding_norm``).
     """
 
     text: str = "model.language_model"
@@ -64,7 +74,12 @@ class Family:
     masks: Callable | None = None
     deepstack: bool = False
     softcap: bool = False
+    logit_scale: bool = False
+    unused: tuple[str, ...] = ()
     validate: Callable | None = None
+    embed_parts: tuple[str, ...] = ()
+    stage: Callable | None = None
+    norm: str = "norm"
 
     def layer_counts(self, config, cfg, layers_per_stage=None, text_layers: int = 0) -> list[int]:
         """Decoder layers per stage (the registry protocol; :func:`.generic.layer_counts`)."""

@@ -89,6 +89,8 @@ class _Pieces:
         self.text_model = model.get_submodule(family.text)
         self.text_config = model.config.get_text_config()
         self.embed = f"{family.text}.embed_tokens"
+        self.embeds = [self.embed] + [f"{family.text}.{part}" for part in family.embed_parts
+                                      if hasattr(self.text_model, part)]  # a model may lack one (no PLE)
         self.router = router_spec(self.text_model, self.text_config)
         self.masks = family.masks(model) if family.masks is not None else layer_type_masks
         self.image_token_id = getattr(model.config, "image_token_id", None) if family.vision else None
@@ -97,7 +99,7 @@ class _Pieces:
         keys = family.host_keys(model) if family.host_keys is not None else frozenset()
         self.host_keys = keys | set(PACKED_KEYS)  # Python integers for the owner's own stages (.packed)
         self.num_deepstack = deepstack_layers(model.config) if family.deepstack else 0
-        self.cls = DeepStackStage if family.deepstack else DecoderStage
+        self.cls = family.stage(model) if family.stage else DeepStackStage if family.deepstack else DecoderStage
         self.stage0_keys = RAW_KEYS + family.stage0_inputs + family.mask_inputs + ("labels",)
         self.vision_keys = family.image_inputs + family.image_meta if family.vision else ()
 
@@ -125,7 +127,9 @@ class _Pieces:
     def head(self) -> LMHead:
         cap = getattr(self.text_config, "final_logit_softcapping", None) if self.family.softcap else None
         router = (self.router[2], self.router[4]) if self.router is not None else None
-        return LMHead(self.model, self.text_model.norm, self.text_config.vocab_size, cap, router)
+        scale = self.text_config.logit_scale if self.family.logit_scale else None
+        norm = self.text_model.get_submodule(self.family.norm)
+        return LMHead(self.model, norm, self.text_config.vocab_size, cap, router, scale)
 
     def preprocess(self, text_layers: int, p_ids: list[int]) -> tuple[Preprocess, list[str], ImageFront | None]:
         """``(P, P's FQNs, stage 0's front)`` for ``cfg.preprocess`` and ``T = text_layers``."""
@@ -140,7 +144,7 @@ class _Pieces:
         front_keys = tuple(dict.fromkeys([k for k in self.stage0_keys if k != "labels"] + list(self.vision_keys)))
         deep = DEEPSTACK_KEYS if text_layers - 1 < self.num_deepstack - 1 else ()  # stage 0 reads the rest raw
         block = self.stage(p_ids, self.front(vision), carry=deep)
-        p_fqns = vision_fqns + [self.embed] + [f"{family.text}.layers.{i}" for i in p_ids]
+        p_fqns = vision_fqns + self.embeds + [f"{family.text}.layers.{i}" for i in p_ids]
         return (Preprocess(block, front_keys, CARRIED_KEYS + family.mask_inputs, self.host, self.host_keys), p_fqns,
                 None)
 
@@ -166,15 +170,17 @@ def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: in
     counts = layer_counts(family, model.config, cfg, layers_per_stage, text_layers)
     p_ids, ids = stage_layer_ids(counts, text_layers)
     layout = [[f"{family.text}.layers.{i}" for i in ids[s]] for s in range(cfg.num_stages)]
-    layout[-1] += [f"{family.text}.norm", "lm_head"]
+    layout[-1] += [f"{family.text}.{family.norm}", "lm_head"]
     preprocess, p_fqns, front = pieces.preprocess(text_layers, p_ids)
     if not cfg.transposed:
-        layout[0][:0] = list(family.vision) + [pieces.embed]
+        layout[0][:0] = list(family.vision) + pieces.embeds
         frozen = list(family.vision)
     else:
         if not text_layers:
-            layout[0].insert(0, pieces.embed)
+            layout[0][:0] = pieces.embeds
         frozen = list(p_fqns) if cfg.preprocess == "frozen" else []
+    layout[0][:0] = list(family.unused)
+    frozen += list(family.unused)
     head = pieces.head()
     ends = [sum(counts[:s + 1]) - 1 for s in range(cfg.num_stages)]  # the last layer id each stage reaches
 
@@ -182,8 +188,16 @@ def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: in
         return pieces.stage(ids[s], front if s == 0 else None, head if s == cfg.num_stages - 1 else None,
                             pieces.carry(ends[s]))
     tied = tied_lm_head(model, cfg, pieces.embed, frozen)
-    validate = family.validate(model) if family.validate is not None else _no_check
+    validate = micro_check(family, model)
     return assemble(model, cfg, rank, layout, stage, preprocess, p_fqns, frozen, validate, tied)
+
+
+def micro_check(family: Family, model: nn.Module):
+    """The load-time check of a raw micro-batch for ``model`` (``SplitModel.validate_micro``): ``raw -> None``,
+    raising ``ValueError`` when the micro-batch does not fit the model (the family's ``validate``, e.g. its
+    image-token count). It reads only the model's config and module attributes, so a model on the meta device
+    serves (``mpipe-hf check-data``'s, :func:`mpipe_hf.train.sources.micro_validator`)."""
+    return family.validate(model) if family.validate is not None else _no_check
 
 
 def _no_check(raw: dict[str, torch.Tensor]) -> None:

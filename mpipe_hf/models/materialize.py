@@ -75,8 +75,12 @@ class ReplayRandomOnMeta(TorchDispatchMode):
 
 
 def model_class(config):
-    """The Auto class of ``config``: image-text-to-text for a vision-language model, else causal LM."""
-    return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    """The Auto class of ``config``: image-text-to-text for a vision-language model, else causal LM; a decoder-only
+    type that transformers maps to image-text-to-text alone (``mistral4``) loads through that map."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if hasattr(config, "vision_config") or config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def meta_model(config) -> nn.Module:

@@ -1,5 +1,6 @@
-"""What ``mpipe-hf train`` checks before any process group exists: the recipe's schedule, model type, layer
-layout, world size, data files and output directory (``mpipe-hf check`` runs the same). The rows themselves are checked by :mod:`.data_check`.
+"""What ``mpipe-hf train`` checks before any process group exists: the recipe's schedule, model type, the
+tokenizer's chat template (of the model's family, or of none known), layer layout, world size, data files and
+output directory (``mpipe-hf check`` runs the same). The rows themselves are checked by :mod:`.data_check`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,25 @@ def check_sources(recipe: Recipe) -> None:
             raise ValueError(f"data.{field} {value!r} is not a file")
 
 
+def check_chat_template(recipe: Recipe, config) -> None:
+    """The chat template of the recipe's tokenizer (``model.tokenizer``, else the checkpoint's) belongs to the
+    family of ``config.model_type`` or to no family known (a user's own): a vision-language model given another
+    family's template (the Qwen ChatML on Gemma 3) would fail every image row at load
+    (:func:`mpipe_hf.data.template_family.check_template_family`). A decoder-only LM is not checked.
+
+    Raises:
+        ValueError: naming the field, both families and the fix.
+    """
+    if not hasattr(config, "vision_config"):
+        return
+    from transformers import AutoTokenizer
+
+    from ..data.template_family import check_template_family
+    field = "model.tokenizer" if recipe.model.tokenizer or recipe.model.name_or_path is None else "model.name_or_path"
+    template = AutoTokenizer.from_pretrained(recipe.model.tokenizer_dir).chat_template
+    check_template_family(template, config.model_type, f"{field} {recipe.model.tokenizer_dir!r}")
+
+
 def check(recipe: Recipe) -> list[int]:
     """Every check that needs no process group: schedule, model type, layer layout, world size, data paths.
 
@@ -60,6 +80,7 @@ def check(recipe: Recipe) -> list[int]:
     check_sources(recipe)
     config = load_config(recipe.model)
     get_family(config.model_type)  # an unknown model_type fails here, naming the supported ones
+    check_chat_template(recipe, config)
     available_trackers(recipe.train.report_to)
     counts = check_layout(recipe, config)
     if recipe.data.packing:  # a layer type packing cannot keep exact (chunked attention)

@@ -1,7 +1,9 @@
-"""``mpipe-hf check-data RECIPE``: every row of a recipe's data read on this machine, in parallel, before anything
-is launched, with every bad row listed in one pass, the counts, and optionally the clean row list a run can train
-on (``data.clean_rows``). ``mpipe-hf train`` runs the same check (images read to their headers only) before it
-launches the processes, which then read its cache.
+"""``mpipe-hf check-data RECIPE``: every row of a recipe's data (``data.path`` or ``data.sources``, and
+``data.eval_path``) read on this machine, in parallel, before anything is launched, with every bad row listed in
+one pass, the counts, and optionally the clean row list a run can train on (``data.clean_rows``). Each kept row
+then goes through what loading runs on a micro-batch (the collator and the model's own check, its image-token
+count: :func:`load_check`), so a row that training would drop is listed here too. ``mpipe-hf train`` runs the
+first check (images read to their headers only) before it launches the processes, which then read its cache.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-from ..data.conversation import Source, column, read_source
+from tqdm.auto import tqdm
+
+from ..data.conversation import ConversationDataset, Source, column, read_source
+from ..data.owner import MicroBatchPlan
 from .recipe import Recipe
-from .sources import load_config, load_data, load_processor
+from .sources import load_config, load_data, load_processor, micro_validator, row_collator
 
 STATUSES = ("ok", "cut", "dropped", "bad")
 
@@ -22,7 +27,8 @@ STATUSES = ("ok", "cut", "dropped", "bad")
 class SourceReport:
     """One source's check: ``counts`` per status (:data:`STATUSES`), the ``bad`` rows ``[(where, reason)]``, the
     rows ``dropped`` for ``max_length`` ``[(where, reason)]``, per kept row ``images`` and ``tokens``, and the kept
-    row indices with the raw rows' fingerprint (for the clean row list)."""
+    row indices with the raw rows' fingerprint (for the clean row list); ``load_bad``: the rows of ``bad`` that
+    passed the row check but failed as loaded (:func:`load_check`; ``None``: not run)."""
 
     path: str
     layout: str
@@ -33,6 +39,7 @@ class SourceReport:
     tokens: list[int] = field(default_factory=list)
     keep: list[int] = field(default_factory=list)
     fingerprint: str = ""
+    load_bad: int | None = None
 
 
 def _spread(values: list[int]) -> str:
@@ -41,10 +48,11 @@ def _spread(values: list[int]) -> str:
     return f"min {min(values)}, median {statistics.median(values):g}, max {max(values)}"
 
 
-def check_source(source: Source, processor, recipe: Recipe, config, decode: bool, num_proc: int | None
-                 ) -> SourceReport:
+def check_source(source: Source, processor, recipe: Recipe, config, decode: bool, num_proc: int | None,
+                 validate=False) -> SourceReport:
     """Every row of ``source`` checked (:func:`~mpipe_hf.data.conversation.read_source`; ``decode``: every image
-    decoded in full) and summed up."""
+    decoded in full) and summed up; unless ``validate`` is ``False``, each kept row then as loaded
+    (:func:`load_check`, ``validate``: the model's micro-batch check or ``None``)."""
     done = read_source(source, processor, recipe.data.row_length, config.model_type, decode=decode,
                        num_proc=num_proc)
     table = {name: column(done.rows, name) for name in ("where", "status", "error", "num_images", "num_tokens")}
@@ -60,18 +68,59 @@ def check_source(source: Source, processor, recipe: Recipe, config, decode: bool
             report.keep.append(i)
             report.images.append(table["num_images"][i])
             report.tokens.append(table["num_tokens"][i])
+    if validate is not False:
+        load_check(report, done.rows, status, row_collator(done.layout, processor, recipe.data, config), validate)
     return report
 
 
+def load_check(report: SourceReport, rows, status: list[str], collate, validate) -> None:
+    """Each kept row of ``report`` through what loading runs on a micro-batch, that row alone: its images
+    decoded and processed by ``collate``, then ``validate`` (the model's check, ``SplitModel.validate_micro``, e.g.
+    the family's image-token count; ``None``: none), by the loader's own function
+    (:meth:`~mpipe_hf.data.owner.MicroBatchPlan.load_rows`). A row that fails moves from ``keep`` to ``bad`` with
+    the reason, and is counted in ``load_bad``. ``rows``: the source's checked rows; ``status``: their statuses."""
+    report.load_bad = 0
+    if not report.keep:
+        return
+    kept = ConversationDataset(report.path, rows.select(report.keep), [], layout="text" if report.layout == "text"
+                               else "messages")
+    plan = MicroBatchPlan(kept, collate, 1, 1, validate, drop_bad_rows=False)
+    failed = []
+    for j in tqdm(range(len(kept)), desc=f"loading {os.path.basename(str(report.path))}", leave=False):
+        try:
+            plan.load_rows([j])
+        except ValueError as err:
+            cause = err.__cause__ or err
+            why = str(cause) if isinstance(cause, ValueError) else f"{type(cause).__name__}: {cause}"
+            where = kept.where(j)
+            failed.append(j)
+            report.bad.append((where, f"as loaded: {why.removeprefix(f'{where}: ')}"))
+    for j in failed:
+        report.counts[status[report.keep[j]]] -= 1
+    report.counts["bad"] += len(failed)
+    report.load_bad = len(failed)
+    gone = set(failed)
+    report.keep, report.images, report.tokens = ([v for j, v in enumerate(values) if j not in gone]
+                                                 for values in (report.keep, report.images, report.tokens))
+
+
 def check_data(recipe: Recipe, decode: bool = True, num_proc: int | None = None) -> list[SourceReport]:
-    """Every source of ``recipe.data`` (and its ``eval_path``) checked on this process (``num_proc``: the
-    processes ``datasets.map`` uses; ``None``: ``data.num_proc``, else up to 8)."""
+    """Every source of ``recipe.data`` and its ``eval_path`` checked on this process (``num_proc``: the
+    processes ``datasets.map`` uses; ``None``: ``data.num_proc``, else up to 8). With ``decode``, each kept row is
+    also loaded as training loads it (:func:`load_check`), the model's micro-batch check built from the config on
+    the meta device (:func:`~.sources.micro_validator`); without, that step is skipped (it decodes the images).
+
+    Raises:
+        ValueError: a source that cannot be read; a model type with no family.
+    """
     config = load_config(recipe.model)
     processor = load_processor(recipe, config)
+    validate = micro_validator(config) if decode else False
     sources = list(recipe.data.all_sources)  # DataSource has Source's fields
     if recipe.data.eval_path is not None:
         sources.append(Source(recipe.data.eval_path))
-    return [check_source(s, processor, recipe, config, decode, num_proc or recipe.data.num_proc) for s in sources]
+    return [check_source(s, processor, recipe, config, decode, num_proc or recipe.data.num_proc, validate)
+            for s in sources]
 
 
 def precheck(recipe: Recipe) -> None:
@@ -96,9 +145,11 @@ def format_report(reports: list[SourceReport], max_length: int) -> str:
         lines += [f"{where}: {why}" for where, why in r.bad]
     for r in reports:
         n = sum(r.counts.values())
+        loaded = ("not loaded as training loads them (--headers-only)" if r.load_bad is None
+                  else f"{r.load_bad} of the bad failed only as loaded (the collator, the model's check)")
         lines.append(f"{r.path} ({r.layout}): {n} rows; {r.counts['bad']} bad, {r.counts['dropped']} dropped for "
                      f"max_length={max_length}, {r.counts['cut']} cut at it, {len(r.keep)} kept; images per row: "
-                     f"{_spread(r.images)}; tokens per row: {_spread(r.tokens)}")
+                     f"{_spread(r.images)}; tokens per row: {_spread(r.tokens)}; {loaded}")
         lines += [f"  dropped {where}: {why}" for where, why in r.dropped]
     return "\n".join(lines)
 

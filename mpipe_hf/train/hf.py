@@ -21,7 +21,8 @@ the model needs are the :class:`~.run.PipelineRun` that ``mpipe-hf train`` runs 
   beside the checkpoint, is flushed to disk and then renamed to ``checkpoint-<step>``
   (:meth:`MPipeTrainer._save_checkpoint`), so ``resume_from_checkpoint=True`` never picks up a half-written one;
 - ``evaluate()`` runs the forward-only schedule (:mod:`mpipe_hf.schedule.forward`) and reports ``eval_loss``
-  normalised by the eval set's label tokens.
+  normalised by the eval set's label tokens, with the rows it ran on; ``predict()`` runs the same and returns
+  the loss in a ``PredictionOutput`` with no predictions (the logits stay on the last rank).
 - ``MPipeConfig(swap=..., trace=True, zero_bubble=True)`` work as in a recipe; ``dp_size > 1`` and ``owners:
   balanced`` are refused (:class:`MPipeConfig`).
 """
@@ -35,6 +36,7 @@ import time
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer
+from transformers.trainer_utils import PredictionOutput
 from transformers.utils import logging
 
 from ..data import ConversationCollator, MicroBatchPlan
@@ -144,13 +146,13 @@ class MPipeTrainer(CheckpointMixin, Trainer):
             loaded = self._loaded[id(dataset)] = (dataset, rows)
         return loaded[1]
 
-    def _plan(self, dataset, micro_batch_size: int) -> MicroBatchPlan:
+    def _plan(self, dataset, micro_batch_size: int, evaluation: bool = False) -> MicroBatchPlan:
         collate = self._collate()
         if self.mpipe.packing:  # MPipeConfig.packing: each micro-batch's rows in one sequence
             check_packable(self.run.carved.model.config.get_text_config())
             collate = PackedCollate(collate)
-        return MicroBatchPlan(dataset, collate, self.num_micro, micro_batch_size,
-                              self.run.carved.validate_micro, drop_bad_rows=self.mpipe.on_bad_sample == "skip")
+        return MicroBatchPlan(dataset, collate, self.num_micro, micro_batch_size, self.run.carved.validate_micro,
+                              drop_bad_rows=self.mpipe.on_bad_sample == "skip", evaluation=evaluation)
 
     def get_train_dataloader(self) -> DataLoader:
         """Row indices, ``per_device_train_batch_size`` per item (one micro-batch): the Trainer takes
@@ -231,9 +233,8 @@ class MPipeTrainer(CheckpointMixin, Trainer):
     # ---- evaluation ---------------------------------------------------------------------------------------
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """``{prefix_loss, prefix_runtime, ...}``: the forward-only schedule over every row of the eval set once,
-        in order, ``per_device_eval_batch_size`` rows per micro-batch; the loss is the sum of the token losses over
-        the whole set divided by its label tokens (the same on every rank)."""
+        """``{prefix_loss, prefix_runtime, ...}``: the forward-only schedule over every row of the eval set once
+        (:meth:`_forward_metrics`), logged and passed to the callbacks' ``on_evaluate``."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("MPipeTrainer.evaluate needs an eval_dataset")
@@ -242,26 +243,53 @@ class MPipeTrainer(CheckpointMixin, Trainer):
             for name, part in dataset.items():
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        start = time.perf_counter()
-        dataset = self._rows(dataset)
-        plan = self._plan(dataset, self.args.per_device_eval_batch_size)
-        n = len(dataset)
-        loss, tokens = self.run.evaluate(plan.load_rows, n, self.args.per_device_eval_batch_size)
-        plan.take_dropped()  # each was reported by its owner; eval rows count towards no limit
-        runtime = time.perf_counter() - start
-        metrics = {f"{metric_key_prefix}_loss": loss,
-                   f"{metric_key_prefix}_runtime": round(runtime, 4),
-                   f"{metric_key_prefix}_samples_per_second": round(n / runtime, 3),
-                   f"{metric_key_prefix}_label_tokens": tokens}
+        metrics = self._forward_metrics(dataset, metric_key_prefix)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
-    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test"):
-        """Not supported: predictions (logits) live on the last rank only. Use ``evaluate()`` for the loss, or
-        load the saved checkpoint with ``from_pretrained`` to predict."""
-        raise NotImplementedError("MPipeTrainer.predict is not supported: the logits live on the last pipeline "
-                                  "rank; use evaluate() for the loss, or from_pretrained(checkpoint) to predict")
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
+        """The Trainer's ``predict`` on the pipeline's eval path: ``PredictionOutput(predictions=None,
+        label_ids=None, metrics)``, ``metrics`` as :meth:`evaluate`'s under ``metric_key_prefix`` (``test_loss``,
+        ``test_runtime``, ``test_samples_per_second``, ``test_label_tokens``, ``test_rows``,
+        ``test_rows_dropped``), the same on every rank; the callbacks' ``on_predict`` sees them, nothing is
+        logged. ``predictions`` and ``label_ids`` are ``None`` whatever ``prediction_loss_only`` says (a warning
+        when it is false): the logits exist only on the last pipeline rank, a micro-batch at a time, and are
+        reduced to the loss there. For predictions, load a saved checkpoint with ``from_pretrained`` and run
+        ``generate`` or ``Trainer.predict`` on one process (docs/trainer.md).
+
+        Raises:
+            ValueError: ``test_dataset`` is ``None``; as :meth:`evaluate`.
+        """
+        if test_dataset is None:
+            raise ValueError("MPipeTrainer.predict needs a test_dataset")
+        if not self.args.prediction_loss_only and self.run.rank == 0:
+            logger.warning("MPipeTrainer.predict returns the loss only: predictions and label_ids are None (the "
+                           "logits stay on the last pipeline rank); for predictions, load a saved checkpoint with "
+                           "from_pretrained (docs/trainer.md)")
+        metrics = self._forward_metrics(test_dataset, metric_key_prefix)
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics)
+        return PredictionOutput(predictions=None, label_ids=None, metrics=metrics)
+
+    def _forward_metrics(self, dataset, prefix: str) -> dict[str, float]:
+        """The forward-only schedule over every row of ``dataset`` once, in order, ``per_device_eval_batch_size``
+        rows per micro-batch: ``{prefix_loss}`` (the token losses summed over the set over its label tokens),
+        ``prefix_runtime`` (seconds), ``prefix_samples_per_second``, ``prefix_label_tokens``, ``prefix_rows`` (the
+        rows it ran on) and ``prefix_rows_dropped`` (rows that failed to load and were left out, gathered from
+        their owners; they count towards no limit, and rank 0 warns with their count). The same on every rank."""
+        start = time.perf_counter()
+        dataset = self._rows(dataset)
+        plan = self._plan(dataset, self.args.per_device_eval_batch_size, evaluation=True)
+        n = len(dataset)
+        loss, tokens = self.run.evaluate(plan.load_rows, n, self.args.per_device_eval_batch_size)
+        dropped = self.run.pipeline_rows(plan.take_dropped())
+        if dropped and self.run.rank == 0:
+            logger.warning(f"MPipeTrainer: the {prefix} set ran on {n - len(dropped)} of {n} rows: {len(dropped)} "
+                           f"failed to load and were left out (the first: {dropped[0]})")
+        runtime = time.perf_counter() - start
+        return {f"{prefix}_loss": loss, f"{prefix}_runtime": round(runtime, 4),
+                f"{prefix}_samples_per_second": round(n / runtime, 3), f"{prefix}_label_tokens": tokens,
+                f"{prefix}_rows": n - len(dropped), f"{prefix}_rows_dropped": len(dropped)}
 
     def _load_best_model(self) -> None:
         """``load_best_model_at_end``: every rank reads its share from the best checkpoint."""

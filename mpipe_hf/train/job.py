@@ -27,7 +27,7 @@ from .optimizer import build_optimizer, build_scheduler
 from .preempt import MARKER, Preemption
 from .recipe import Recipe
 from .report import setup_line, state_bytes, step_row, summary_line, tracker_config
-from .plan_packing import packed_plan
+from .plan_packing import packed_plan, packing_line
 from .run import PipelineRun
 from .sources import load_config, load_data, load_processor, node_first, owner_costs
 from .state import checkpoints, resolve_resume
@@ -94,7 +94,8 @@ class RecipeJob:
             self.eval_set = self._read(recipe.data.eval_path, "eval data load")[0]
             collate = PackedCollate(self.collate) if recipe.data.packing else self.collate  # the same rows, packed
             self.eval_plan = MicroBatchPlan(self.eval_set, collate, run.cfg.num_micro,
-                                            recipe.data.micro_batch_size, run.carved.validate_micro)
+                                            recipe.data.micro_batch_size, run.carved.validate_micro, evaluation=True)
+        self.eval_rows = None  # (rows evaluated, eval rows) of the last evaluation
         self.losses, self.bubbles, self.peaks, self.bar = [], [], [], None
         self.step_ran, self.stopped_by = True, None  # the last step ran; the signal that stopped the run
 
@@ -174,16 +175,26 @@ class RecipeJob:
         return self.eval_set is not None and ((every and done % every == 0) or done == self.steps)
 
     def evaluate(self, done: int) -> None:
-        """``eval_loss`` over the whole eval set, logged at step ``done``."""
+        """``eval_loss`` over the whole eval set, logged at step ``done`` with the rows it ran on (``eval_rows``)
+        and those that failed to load and were left out (``eval_rows_dropped``, gathered from their owners; they
+        count towards no limit). Rank 0 prints the loss and the rows, and a warning when any were left out."""
         import time
         begin = time.perf_counter()
         loss, tokens = self.run.evaluate(self.eval_plan.load_rows, len(self.eval_set),
                                          self.recipe.data.micro_batch_size)
-        self.eval_plan.take_dropped()  # each was reported by its owner; eval rows count towards no limit
-        self.metrics.log({"step": done, "eval_loss": loss, "eval_label_tokens": tokens,
-                          "eval_runtime": round(time.perf_counter() - begin, 3)})
+        dropped = self.run.pipeline_rows(self.eval_plan.take_dropped())
+        total = len(self.eval_set)
+        used = total - len(dropped)
+        self.eval_rows = (used, total)
+        self.metrics.log({"step": done, "eval_loss": loss, "eval_label_tokens": tokens, "eval_rows": used,
+                          "eval_rows_dropped": len(dropped), "eval_runtime": round(time.perf_counter() - begin, 3)})
         if self.run.lead:
-            tqdm.write(f"mpipe_hf: step {done}: eval_loss {loss:.5f} over {tokens} label tokens")
+            tqdm.write(f"mpipe_hf: step {done}: eval_loss {loss:.5f} over {tokens} label tokens of {used} of {total} "
+                       f"eval rows")
+            if dropped:
+                tqdm.write(f"mpipe_hf: warning: step {done}: the evaluation ran on {used} of {total} rows: "
+                           f"{len(dropped)} failed to load and were left out (the first: {dropped[0]}); "
+                           f"mpipe-hf check-data RECIPE lists them all")
 
     def save_due(self, done: int) -> bool:
         """A ``checkpoint-<done>`` after step ``done``: every ``save_steps``."""
@@ -251,10 +262,13 @@ class RecipeJob:
         return path
 
     def announce(self) -> None:
-        """Rank 0 prints the run's settings (and, after a restart, where it resumed from)."""
+        """Rank 0 prints the run's settings, with ``data.packing`` the packing of the first step it runs
+        (:func:`~.plan_packing.packing_line`), and after a restart where it resumed from."""
         if not self.run.lead:
             return
         print(setup_line(self.recipe, self.run, self.config, self.resume, self.start_step), flush=True)
+        if self.recipe.data.packing:
+            print(packing_line(self.plan, min(self.start_step, max(self.steps - 1, 0))), flush=True)
         if self.restart:
             print(f"mpipe_hf: restart {self.restart} of the worker group after a failure: "
                   + (f"resumed from {self.resume}" if self.resume is not None else "no checkpoint of this run yet: "

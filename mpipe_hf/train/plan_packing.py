@@ -80,6 +80,25 @@ def packed_plan(dataset, config, recipe, num_micro: int, collate=None, **kwargs)
                       seed=recipe.train.seed, num_replicas=recipe.parallel.dp_size, **kwargs)
 
 
+def packing_line(plan: PackedPlan, step: int = 0) -> str:
+    """The line rank 0 prints at start-up of a packed run (``data.packing``; issue 41): the budget, and of step
+    ``step``'s micro-batches on this replica the rows per micro-batch (fewest, mean, most), the fill (tokens over
+    the budget: mean and lowest) and the padding packing saves: the tokens the same micro-batches would compute
+    padded to their longest row (``rows x longest`` each), less the tokens they hold."""
+    stats = plan.packing_stats(step)
+    rows, fill, tokens = stats["rows"], stats["fill"], sum(stats["tokens"])
+    bins = [b for b in plan.bins(step)[plan.replica * plan.num_micro:(plan.replica + 1) * plan.num_micro] if b]
+    padded = sum(len(b) * max(plan.lengths[r] for r in b) for b in bins)
+    saved = padded - tokens
+    per_micro = (f"{rows[0]} rows" if min(rows) == max(rows)
+                 else f"{min(rows)} to {max(rows)} rows (mean {sum(rows) / len(rows):.1f})")
+    return (f"mpipe_hf: packing on (data.packing): micro-batches of whole rows up to {plan.budget} tokens, one "
+            f"sequence each; step {step + 1}: {per_micro} a micro-batch, fill {sum(fill) / len(fill):.0%} of the "
+            f"budget (lowest {min(fill):.0%}); "
+            f"padding saved: {saved} of the {padded} tokens these micro-batches would compute padded to their "
+            f"longest row ({saved / padded if padded else 0:.0%})")
+
+
 def _image_column(dataset) -> list[int]:
     images = list(getattr(dataset, "image_tokens", None) or [])
     return [int(i) for i in images] if images else [0] * len(dataset)

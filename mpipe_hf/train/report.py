@@ -114,7 +114,8 @@ def setup_line(recipe: Recipe, run, config, resume: str | None, start_step: int)
 def summary_line(job, wall_s: float, out: str) -> str:
     """The line rank 0 prints at the end: the steps this process ran (of the run's total, when it resumed), the
     time, the first and last loss, each rank's mean bubble (over the steps after the first, which warms up) and
-    peak saved activations, and the checkpoint."""
+    peak saved activations, the rows the last evaluation ran on (with those left out, when any failed to load:
+    ``job.eval_rows``, ``(evaluated, total)`` or ``None``) and the checkpoint."""
     world = job.run.cfg.pp_size
     later = job.bubbles[1:] or job.bubbles
     mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(world)] if later else []
@@ -124,5 +125,10 @@ def summary_line(job, wall_s: float, out: str) -> str:
                f"first); peak saved activations per rank {peak} MiB") if losses else "no step ran"
     ran = job.steps - job.start_step
     steps = f"{ran} steps" if not job.start_step else f"{ran} steps (resumed at step {job.start_step} of {job.steps})"
+    evaluated = getattr(job, "eval_rows", None)  # (rows evaluated, eval rows) of the last evaluation, or None
+    if evaluated is not None:
+        used, total = evaluated
+        trained += (f"; the last evaluation ran on {used} of {total} eval rows" + (
+            f" ({total - used} failed to load and were left out)" if used < total else ""))
     return (f"mpipe_hf: {steps} in {wall_s:.1f}s ({job.run.skips.total} skipped, {job.run.skips.bad_rows} bad rows "
             f"dropped); {trained}; checkpoint {out}")

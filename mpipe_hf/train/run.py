@@ -246,6 +246,13 @@ class PipelineRun:
         (:func:`~.loop.evaluate_rows`): the token losses summed over the set over its label tokens."""
         return evaluate_rows(self.executor, load_rows, num_rows, micro_batch_size)
 
+    def pipeline_rows(self, mine: Sequence[str]) -> list[str]:
+        """Every pipeline rank's ``mine`` (e.g. the rows its loads dropped, each owner knowing only its own),
+        gathered on every rank of the pipeline, in rank order. Every rank of the pipeline calls it."""
+        every = [None] * self.cfg.pp_size
+        dist.all_gather_object(every, list(mine), group=self.group)
+        return [row for rows in every for row in rows]
+
     def write_trace(self, path: str) -> None:
         """Every rank's action events (``trace``) as one Chrome trace at ``path``, by replica 0's rank 0 (every
         rank calls this)."""

@@ -11,8 +11,7 @@ import os
 
 import torch
 from accelerate.utils import set_seed
-from transformers import (AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText,
-                          AutoTokenizer)
+from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
 from ..data import ConversationCollator, ConversationDataset, TextCollator, build_processor, image_processor_for
 from ..data.conversation import Source, dropped_warning, load_sources
@@ -20,6 +19,7 @@ from ..data.processor import PIXEL_BOUNDED_TYPES
 from ..models import get_family, split
 from ..models.adapters import ADAPTER, check_adapted
 from ..models.load import split_checked, split_from_checkpoint, split_from_config
+from ..models.materialize import model_class
 from .recipe import DataSection, ModelSource, ParallelSection, Recipe
 
 
@@ -44,7 +44,7 @@ def load_config(source: ModelSource):
 def load_model(source: ModelSource, config, seed: int):
     """The HF model: ``from_pretrained`` on a checkpoint, or ``from_config`` with weights drawn from ``seed`` (the
     same on every rank)."""
-    cls = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+    cls = model_class(config)  # mistral4: a decoder-only LM in the image-text-to-text map alone
     if source.name_or_path is not None:
         return cls.from_pretrained(source.name_or_path, dtype=torch.float32)
     set_seed(seed)
@@ -101,9 +101,32 @@ def load_data(recipe: Recipe, config, processor, quiet: bool = False, path: str 
     bad_rows_policy(dataset, data, quiet)
     if dataset.dropped and not quiet:
         print(f"mpipe_hf: warning: {dropped_warning(dataset, data.row_length)}", flush=True)
-    if dataset.layout == "text":
-        return dataset, TextCollator(processor, data.row_length)
-    return dataset, ConversationCollator(processor, data.row_length, model_type=config.model_type)
+    return dataset, row_collator(dataset.layout, processor, data, config)
+
+
+def row_collator(layout: str, processor, data: DataSection, config):
+    """The collator a run's micro-batches go through: :class:`TextCollator` for ``text`` rows (``layout``),
+    else :class:`ConversationCollator` for ``config``'s family, both cutting at ``data.row_length`` tokens."""
+    if layout == "text":
+        return TextCollator(processor, data.row_length)
+    return ConversationCollator(processor, data.row_length, model_type=config.model_type)
+
+
+def micro_validator(config):
+    """The check loading runs on every micro-batch for ``config``'s model (``SplitModel.validate_micro``:
+    :func:`~mpipe_hf.models.generic.micro_check`, e.g. the family's image-token count), the same function, built on
+    the model on the meta device (no weights are read or drawn); ``None`` when the family declares none (a
+    registered splitter that is not a :class:`~mpipe_hf.models.family.Family` too).
+
+    Raises:
+        ValueError: ``config.model_type`` has no family (:func:`~mpipe_hf.models.get_family`).
+    """
+    family = get_family(config.model_type)
+    if getattr(family, "validate", None) is None:
+        return None
+    from ..models.generic import micro_check
+    from ..models.load import meta_model
+    return micro_check(family, meta_model(config))
 
 
 def node_first(fn, what: str, every):

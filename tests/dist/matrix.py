@@ -217,7 +217,7 @@ NEW_FAMILY_SPECS = [
 # issue 38's families, one module per group (tests/dist/specs_*.py)
 NEW_FAMILY_SPECS += specs_llava_like.SPECS + specs_qwen_like.SPECS + specs_new.SPECS
 MOE_ORDER_SPECS = [("qwen3_vl_moe", "trainable", 0, [1, 3, 4, 4]), ("qwen3_5_moe", "frozen", 1, None)]
-TEXT_CONFIGS = ("llama", "qwen2", "qwen3-tied")
+TEXT_CONFIGS = ("llama", "qwen2", "qwen3-tied") + specs_new.TEXT_TYPES  # decoder-only: the text pool, T >= 1
 OLD_FAMILIES = {config for config, *_ in FAMILY_SPECS}  # their cases keep the absolute GRAD_ATOL
 RELOAD_LOGIT_ATOL = 1e-4  # logits of order 10, after 2 AdamW steps that agree to PARAM_ATOL; measured 2e-6
 

@@ -30,7 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from PIL import Image
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers import CONFIG_MAPPING
 
 from common import non_degenerate, run_cases
 from controls import negative_controls, tamper_grads
@@ -58,7 +58,8 @@ SWAPS = {"all": SwapConfig(enabled=True, min_bytes=0), "rank0": SwapConfig(enabl
 
 
 def auto_class(config):
-    return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    from mpipe_hf.models.materialize import model_class
+    return model_class(config)
 
 
 def build_model(fixture, family, dropout=0.0, attn=None, keep_zero_init=False):

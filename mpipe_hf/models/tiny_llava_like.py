@@ -1,0 +1,182 @@
+"""Scaled-down real Hugging Face configs of the llava_like families of issue 38 (VipLLaVA, Aya Vision, GOT-OCR2,
+PP-Chart2Table, ShieldGemma 2, Qianfan-OCR, LLaVA-NeXT-Video, LightOnOCR, DeepSeek-VL and its hybrid, Janus,
+Video-LLaVA), for the tests.
+
+As :mod:`.tiny_vlms`: the Qwen2 tokenizer's real vocabulary (``len(tokenizer)``), the family's image token
+``<|image_pad|>`` (other markers the Qwen2 special tokens named in :mod:`mpipe_hf.data.processors_llava_like`; no
+token is added), vision towers of 2 layers of width 32 on 28-64 px images, text models of ``num_layers`` layers of
+``hidden_size`` with 4 heads of ``hidden_size / 4`` and 2 key-value heads, untied embeddings.
+"""
+
+from __future__ import annotations
+
+from transformers import (AriaConfig, AyaVisionConfig, DeepseekVLConfig, DeepseekVLHybridConfig, GotOcr2Config, JanusConfig,
+                          LightOnOcrConfig, LlavaNextVideoConfig, PPChart2TableConfig, QianfanOCRConfig,
+                          ShieldGemma2Config, VideoLlavaConfig, VipLlavaConfig)
+
+from .tiny import HEADS
+from .tiny_vlms import VISION, _id, _lm, gemma3_layer_types
+
+CLIP = dict(model_type="clip_vision_model", projection_dim=32, **VISION)
+
+
+def _cohere2(tokenizer, num_layers: int, hidden_size: int, sliding_window: int = 16) -> dict:
+    """A Cohere 2 text model: sliding-window layers with rotary positions and, every 4th, a global layer
+    without them (``layer_types``, as Command R7B / A), its logits scaled by ``logit_scale`` 0.0625."""
+    types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(num_layers)]
+    return _lm(tokenizer, "cohere2", num_layers, hidden_size, head_dim=hidden_size // HEADS, layer_types=types,
+               sliding_window=sliding_window, logit_scale=0.0625)
+
+
+def tiny_vipllava_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56
+                         ) -> VipLlavaConfig:
+    """A ``VipLlavaConfig``: a 3-layer CLIP tower on ``image_size``-px images in 14-px patches whose hidden states
+    of layers ``(-2, -3, 1)`` are concatenated (VipLLaVA's multi-layer features; the hub's five of 24), the
+    layer-normed projector, and a Llama text model."""
+    vision = dict(CLIP, image_size=image_size, patch_size=14, num_hidden_layers=3)
+    return VipLlavaConfig(vision_config=vision, text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
+                          image_token_index=_id(tokenizer, "<|image_pad|>"), vision_feature_layer=[-2, -3, 1],
+                          image_seq_length=(image_size // 14) ** 2, tie_word_embeddings=False)
+
+
+def _siglip(image_size: int, patch_size: int = 14) -> dict:
+    return dict(model_type="siglip_vision_model", image_size=image_size, patch_size=patch_size,
+                vision_use_head=False, **VISION)
+
+
+def tiny_aya_vision_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56
+                           ) -> AyaVisionConfig:
+    """An ``AyaVisionConfig``: a 2-layer SigLIP tower on ``image_size``-px tiles in 14-px patches, pixel-shuffled
+    by ``downsample_factor`` 2 to 4 tokens a tile, the SwiGLU projector, and a Cohere 2 text model
+    (:func:`_cohere2`)."""
+    return AyaVisionConfig(vision_config=_siglip(image_size), text_config=_cohere2(tokenizer, num_layers, hidden_size),
+                           image_token_index=_id(tokenizer, "<|image_pad|>"), downsample_factor=2,
+                           tie_word_embeddings=False)
+
+
+def _sam(image_size: int) -> dict:
+    """A 2-layer SAM-style (GOT-OCR2) tower: 8-px patches, windowed attention in layer 0, global in layer 1, a neck
+    to 16 channels; weights drawn at ``initializer_range`` 0.02 (the config's default 1e-10 leaves a random tower's
+    gradients at zero)."""
+    return dict(hidden_size=32, mlp_dim=64, num_hidden_layers=2, num_attention_heads=2, image_size=image_size,
+                patch_size=8, window_size=2, global_attn_indexes=[1], output_channels=16, initializer_range=0.02)
+
+
+def tiny_got_ocr2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 64,
+                         cls=GotOcr2Config):
+    """A ``GotOcr2Config`` (``cls``: ``PPChart2TableConfig``, the same model): the SAM-style tower of
+    :func:`_sam` on ``image_size``-px tiles, two stride-2 convolutions to ``(image_size / 32)**2`` tokens a tile,
+    and a Qwen2 text model."""
+    return cls(vision_config=_sam(image_size), text_config=_lm(tokenizer, "qwen2", num_layers, hidden_size),
+               image_token_index=_id(tokenizer, "<|image_pad|>"), image_seq_length=(image_size // 32) ** 2,
+               tie_word_embeddings=False)
+
+
+def tiny_pp_chart2table_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 64
+                               ) -> PPChart2TableConfig:
+    """A ``PPChart2TableConfig``: :func:`tiny_got_ocr2_config`'s shape (the same model class)."""
+    return tiny_got_ocr2_config(tokenizer, num_layers, hidden_size, image_size, cls=PPChart2TableConfig)
+
+
+def tiny_shieldgemma2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56,
+                             sliding_window: int = 16) -> ShieldGemma2Config:
+    """A ``ShieldGemma2Config``: :func:`~.tiny_vlms.tiny_gemma3_config`'s shape (ShieldGemma 2 is Gemma 3)."""
+    head = hidden_size // HEADS
+    text = _lm(tokenizer, "gemma3_text", num_layers, hidden_size, head_dim=head, query_pre_attn_scalar=head,
+               sliding_window=sliding_window, layer_types=gemma3_layer_types(num_layers))
+    vision = dict(model_type="siglip_vision_model", image_size=image_size, patch_size=14, **VISION)
+    return ShieldGemma2Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                              boi_token_index=_id(tokenizer, "<|vision_start|>"),
+                              eoi_token_index=_id(tokenizer, "<|vision_end|>"),
+                              image_token_index=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+
+
+def tiny_qianfan_ocr_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56
+                            ) -> QianfanOCRConfig:
+    """A ``QianfanOCRConfig``: a 2-layer InternViT-style tower on ``image_size``-px tiles in 14-px patches,
+    pixel-shuffled by ``downsample_ratio`` 0.5 to 4 tokens a tile, and a Qwen3 text model. The tower's stochastic
+    depth is off (``drop_path_rate`` 0; the hub config's 0.1 drops residual branches at random in training)."""
+    vision = dict(image_size=[image_size, image_size], patch_size=[14, 14], drop_path_rate=0.0, **VISION)
+    text = _lm(tokenizer, "qwen3", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    return QianfanOCRConfig(vision_config=vision, text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
+                            image_seq_length=(image_size // 14) ** 2 // 4, downsample_ratio=0.5,
+                            tie_word_embeddings=False)
+
+
+def tiny_llava_next_video_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 28
+                                 ) -> LlavaNextVideoConfig:
+    """A ``LlavaNextVideoConfig``: :func:`~.tiny_vlms.tiny_llava_next_config`'s image path (a 2-layer CLIP tower,
+    anyres grids of up to 2 x 2 crops) and a Llama text model; videos are ``<|video_pad|>`` (refused)."""
+    side = image_size
+    return LlavaNextVideoConfig(vision_config=dict(CLIP, image_size=image_size, patch_size=14),
+                                text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
+                                image_token_index=_id(tokenizer, "<|image_pad|>"),
+                                video_token_index=_id(tokenizer, "<|video_pad|>"),
+                                image_grid_pinpoints=[[side, 2 * side], [2 * side, side], [2 * side, 2 * side]],
+                                vision_feature_select_strategy="default", vision_feature_layer=-2,
+                                image_seq_length=(image_size // 14) ** 2, tie_word_embeddings=False)
+
+
+def tiny_video_llava_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56
+                            ) -> VideoLlavaConfig:
+    """A ``VideoLlavaConfig``: 2-layer CLIP image and video towers on ``image_size``-px images in 14-px patches and a
+    Llama text model; videos are ``<|video_pad|>`` (refused)."""
+    return VideoLlavaConfig(vision_config=dict(CLIP, image_size=image_size, patch_size=14),
+                            text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
+                            image_token_index=_id(tokenizer, "<|image_pad|>"),
+                            video_token_index=_id(tokenizer, "<|video_pad|>"),
+                            image_seq_length=(image_size // 14) ** 2, tie_word_embeddings=False)
+
+
+def tiny_lighton_ocr_config(tokenizer, num_layers: int = 8, hidden_size: int = 64) -> LightOnOcrConfig:
+    """A ``LightOnOcrConfig``: a 2-layer Pixtral tower in 8-px patches (images up to 64 px, any aspect ratio), the
+    2 x 2 patch merger, and a Qwen3 text model."""
+    vision = dict(model_type="pixtral", image_size=64, patch_size=8, head_dim=16, **VISION)
+    text = _lm(tokenizer, "qwen3", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    return LightOnOcrConfig(vision_config=vision, text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
+                            spatial_merge_size=2, tie_word_embeddings=False)
+
+
+def tiny_deepseek_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56
+                            ) -> DeepseekVLConfig:
+    """A ``DeepseekVLConfig``: a 2-layer SigLIP tower on ``image_size``-px images in 14-px patches, the MLP aligner,
+    and a Llama text model."""
+    return DeepseekVLConfig(vision_config=_siglip(image_size), text_config=_lm(tokenizer, "llama", num_layers,
+                                                                               hidden_size),
+                            image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+
+
+def tiny_deepseek_vl_hybrid_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56,
+                                   high_res_size: int = 64) -> DeepseekVLHybridConfig:
+    """A ``DeepseekVLHybridConfig``: :func:`tiny_deepseek_vl_config`'s low-resolution SigLIP tower beside a 2-layer
+    SAM tower on ``high_res_size``-px images (8-px patches, layer 1 global; its features interpolated to the
+    SigLIP grid), the hybrid aligner, and a Llama text model."""
+    sam = dict(model_type="sam_vision_model", **_sam(high_res_size))
+    return DeepseekVLHybridConfig(vision_config=_siglip(image_size), high_res_vision_config=sam,
+                                  text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
+                                  image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+
+
+def tiny_janus_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 64) -> JanusConfig:
+    """A ``JanusConfig``: a 2-layer SigLIP-like tower on ``image_size``-px images in 16-px patches (16 tokens an
+    image), the aligner, a Llama text model, and a small VQ-VAE generation head (unused for understanding)."""
+    vision = dict(image_size=image_size, patch_size=16, projection_dim=hidden_size, depth=2,
+                  num_image_tokens=(image_size // 16) ** 2, hidden_size=32, num_hidden_layers=2,
+                  num_attention_heads=2, mlp_ratio=2.0)
+    vq = dict(embed_dim=8, num_embeddings=64, latent_channels=32, base_channels=32, channel_multiplier=[1, 2],
+              num_res_blocks=1, num_patches=image_size // 16, projection_dim=hidden_size,
+              image_token_embed_dim=hidden_size)
+    return JanusConfig(vision_config=vision, vq_config=vq, text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
+                       image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+
+
+def tiny_aria_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 490) -> AriaConfig:
+    """An ``AriaConfig``: a 2-layer Idefics3-style tower on ``image_size``-px images in 14-px patches (490 px, the
+    smaller of the two crop sides Aria's image processor accepts), the cross-attention projector pooling the patches
+    to 4 queries (``projector_patch_to_query_dict``), and an Aria text model with 4 routed experts (2 active) and
+    one shared expert."""
+    vision = dict(model_type="idefics3_vision", image_size=image_size, patch_size=14, **VISION)
+    text = _lm(tokenizer, "aria_text", num_layers, hidden_size, head_dim=hidden_size // HEADS, moe_num_experts=4,
+               moe_topk=2, moe_num_shared_experts=1)
+    return AriaConfig(vision_config=vision, text_config=text, image_token_index=_id(tokenizer, "<|image_pad|>"),
+                      projector_patch_to_query_dict={(image_size // 14) ** 2: 4}, tie_word_embeddings=False)
