@@ -87,15 +87,16 @@ def _pixtral_tokens(model: nn.Module):
     return lambda raw: int(((raw["image_sizes"] // step).prod(-1)).sum())
 
 
-def model_class_masks(model: nn.Module):
-    """Masks from the model class's own ``create_masks_for_generate`` with ``token_type_ids`` (Gemma 3: full
-    attention OR a bidirectional block per image, the sliding layers AND their window; transformers'
-    ``create_masks_for_vision_model``), as its ``forward`` builds them for a first (uncached) pass."""
+def model_class_masks(model: nn.Module, key: str = "token_type_ids"):
+    """Masks from the model class's own ``create_masks_for_generate`` with the token types under ``key`` (Gemma 3's
+    ``token_type_ids``: full attention OR a bidirectional block per image, the sliding layers AND their window;
+    transformers' ``create_masks_for_vision_model``; Gemma 4's ``mm_token_type_ids``), as its ``forward`` builds
+    them for a first (uncached) pass."""
     build, config = type(model).create_masks_for_generate, model.config
 
     def masks(text_config, hidden, padding, text_row, state, types) -> dict:
         out = build(config, inputs_embeds=hidden, attention_mask=padding, cache=None, position_ids=text_row,
-                    token_type_ids=state.get("token_type_ids"), is_first_iteration=True)
+                    is_first_iteration=True, **{key: state.get(key)})
         return out if isinstance(out, dict) else {t: out for t in types}
     return masks
 

@@ -26,6 +26,7 @@ from torch import nn
 from transformers.cache_utils import KVSharingDict
 
 from .decoder import CARRIED_KEYS, DecoderStage, layer_type_masks
+from .families import model_class_masks
 
 Tensors = dict[str, torch.Tensor]
 PER_LAYER_KEY = "per_layer_inputs"
@@ -132,16 +133,10 @@ def shared_kv_stage(model: nn.Module):
 
 
 def gemma4_masks(model: nn.Module):
-    """Gemma 4's masks as its ``forward`` builds them (the model class's ``create_masks_for_generate`` with
+    """Gemma 4's masks as its ``forward`` builds them (:func:`~.families.model_class_masks` with
     ``mm_token_type_ids``): causal on the global layers; on the sliding layers the window AND (causal OR one
     bidirectional block per image) when the text config sets ``use_bidirectional_attention = "vision"``."""
-    build, config = type(model).create_masks_for_generate, model.config
-
-    def masks(text_config, hidden, padding, text_row, state, types) -> dict:
-        out = build(config, inputs_embeds=hidden, attention_mask=padding, cache=None, position_ids=text_row,
-                    mm_token_type_ids=state.get("mm_token_type_ids"), is_first_iteration=True)
-        return out if isinstance(out, dict) else {t: out for t in types}
-    return masks
+    return model_class_masks(model, "mm_token_type_ids")
 
 
 def refuse_other_modalities(keys: dict[str, str]):

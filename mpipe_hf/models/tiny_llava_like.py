@@ -15,7 +15,7 @@ from transformers import (AriaConfig, AyaVisionConfig, DeepseekVLConfig, Deepsee
                           ShieldGemma2Config, VideoLlavaConfig, VipLlavaConfig)
 
 from .tiny import HEADS
-from .tiny_vlms import VISION, _id, _lm, gemma3_layer_types
+from .tiny_vlms import VISION, _id, _lm, tiny_gemma3_config
 
 CLIP = dict(model_type="clip_vision_model", projection_dim=32, **VISION)
 
@@ -81,14 +81,7 @@ def tiny_pp_chart2table_config(tokenizer, num_layers: int = 8, hidden_size: int 
 def tiny_shieldgemma2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56,
                              sliding_window: int = 16) -> ShieldGemma2Config:
     """A ``ShieldGemma2Config``: :func:`~.tiny_vlms.tiny_gemma3_config`'s shape (ShieldGemma 2 is Gemma 3)."""
-    head = hidden_size // HEADS
-    text = _lm(tokenizer, "gemma3_text", num_layers, hidden_size, head_dim=head, query_pre_attn_scalar=head,
-               sliding_window=sliding_window, layer_types=gemma3_layer_types(num_layers))
-    vision = dict(model_type="siglip_vision_model", image_size=image_size, patch_size=14, **VISION)
-    return ShieldGemma2Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                              boi_token_index=_id(tokenizer, "<|vision_start|>"),
-                              eoi_token_index=_id(tokenizer, "<|vision_end|>"),
-                              image_token_index=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+    return tiny_gemma3_config(tokenizer, num_layers, hidden_size, image_size, sliding_window, ShieldGemma2Config)
 
 
 def tiny_qianfan_ocr_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56

@@ -43,19 +43,19 @@ def gemma3_layer_types(num_layers: int, period: int = 3) -> list[str]:
 
 
 def tiny_gemma3_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56,
-                       sliding_window: int = 16) -> Gemma3Config:
+                       sliding_window: int = 16, cls: type = Gemma3Config) -> Gemma3Config:
     """A ``Gemma3Config``: a 2-layer SigLIP tower on ``image_size``-px images in 14-px patches, pooled to 4 tokens
     per image (``mm_tokens_per_image``), and a Gemma 3 text model whose layers mix ``sliding_window``-token local
     attention and global attention (:func:`gemma3_layer_types`). Images are ``<|vision_start|>`` (begin of image),
-    ``<|image_pad|>`` x 4, ``<|vision_end|>`` (end of image)."""
+    ``<|image_pad|>`` x 4, ``<|vision_end|>`` (end of image). ``cls``: the config class (ShieldGemma 2's is Gemma 3
+    under another name)."""
     head = hidden_size // HEADS
     text = _lm(tokenizer, "gemma3_text", num_layers, hidden_size, head_dim=head, query_pre_attn_scalar=head,
                sliding_window=sliding_window, layer_types=gemma3_layer_types(num_layers))
     vision = dict(model_type="siglip_vision_model", image_size=image_size, patch_size=14, **VISION)
-    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                        boi_token_index=_id(tokenizer, "<|vision_start|>"),
-                        eoi_token_index=_id(tokenizer, "<|vision_end|>"),
-                        image_token_index=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+    return cls(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+               boi_token_index=_id(tokenizer, "<|vision_start|>"), eoi_token_index=_id(tokenizer, "<|vision_end|>"),
+               image_token_index=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
 
 
 def tiny_paligemma_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56
