@@ -144,3 +144,23 @@ def test_tiny_gemma3_recipe_trains_from_another_directory_like_one_process(demo,
     with torch.no_grad():
         inputs = {k: v for k, v in micro.items() if k != "labels"}
         assert (loaded(**inputs).logits - ref_model(**inputs).logits).abs().max().item() < 1e-4
+
+
+def test_shieldgemma2_checkpoint_loads_per_rank_as_shieldgemma2_reads_it(tmp_path):
+    """A ShieldGemma 2 checkpoint holds ``ShieldGemma2ForImageClassification``'s names (its ``model`` is the Gemma 3
+    model the split carves), which transformers' own ``AutoModelForImageTextToText`` does not map back: each rank's
+    share equals, tensor for tensor, ``ShieldGemma2ForImageClassification.from_pretrained(path).model``'s."""
+    from transformers import AutoConfig, ShieldGemma2ForImageClassification
+    from mpipe_hf.models.load import split_from_checkpoint
+    from mpipe_hf.schedule import ScheduleConfig
+    assert SCRIPT["main"]([str(tmp_path), "--only", "shieldgemma2"]) == 0
+    path = str(tmp_path / "shieldgemma2")
+    reference = ShieldGemma2ForImageClassification.from_pretrained(path).model.state_dict()
+    config, seen = AutoConfig.from_pretrained(path), set()
+    for rank in range(2):
+        carved, _ = split_from_checkpoint(path, config, ScheduleConfig(2, 1, 2, "frozen"), rank)
+        for name, tensor in carved.model.state_dict().items():
+            if name in reference and not name.endswith("inv_freq"):
+                assert torch.equal(tensor, reference[name]), name
+                seen.add(name)
+    assert {n for n in reference if "layers." in n and "language_model" in n} <= seen

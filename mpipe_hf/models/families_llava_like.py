@@ -12,6 +12,8 @@ stage 0). Aya Vision's conditional model scales its logits by the text config's 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .families import FAMILIES as _BASE, TOWER, _fixed, validate_counted_micro
 from .family import Family
 from . import tiny_llava_like as tiny
@@ -51,7 +53,7 @@ VIDEOS = {"pixel_values_videos": "video"}
 
 FAMILIES: dict[str, Family] = {
     "vipllava": Family(vision=TOWER, validate=_SEQ),
-    "shieldgemma2": _BASE["gemma3"],
+    "shieldgemma2": replace(_BASE["gemma3"], checkpoint=("ShieldGemma2ForImageClassification", "model")),
     "aya_vision": Family(vision=TOWER, logit_scale=True,
                          validate=validate_counted_micro(lambda m: (lambda raw, n=_tile_tokens(m):
                                                                     raw["pixel_values"].shape[0] * n))),

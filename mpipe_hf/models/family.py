@@ -60,6 +60,9 @@ class Family:
             arguments) for every stage and ``P``'s text block; ``None``: ``DecoderStage`` (``DeepStackStage`` with
             ``deepstack``).
         norm: the text model's final norm, under ``text`` (LFM3's is ``embedding_norm``).
+        checkpoint: ``(class name, attribute)``: the family's checkpoints hold transformers' class ``name``, whose
+            ``attribute`` is this model (ShieldGemma 2's are ``ShieldGemma2ForImageClassification``'s), so their
+            names are read through that class's conversion mapping; ``None``: this model's own.
     """
 
     text: str = "model.language_model"
@@ -80,6 +83,7 @@ class Family:
     embed_parts: tuple[str, ...] = ()
     stage: Callable | None = None
     norm: str = "norm"
+    checkpoint: tuple[str, str] | None = None
 
     def layer_counts(self, config, cfg, layers_per_stage=None, text_layers: int = 0) -> list[int]:
         """Decoder layers per stage (the registry protocol; :func:`.generic.layer_counts`)."""

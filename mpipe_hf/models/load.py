@@ -32,7 +32,7 @@ from .adapters import (ADAPTER_WEIGHTS, apply_adapter, base_name, check_adapter_
 from .base import SplitModel
 from .materialize import (RANDOM_OPS, LoadReport, ParameterOrder, ReplayRandomOnMeta, check_materialized, full_bytes,
                           kept_names, materialize, meta_model, model_class)
-from .registry import split
+from .registry import get_family, split
 from .shards import READ_BLOCK_BYTES, checkpoint_files, disk_names, read_into, untie_if_saved_apart
 
 __all__ = ["RANDOM_OPS", "READ_BLOCK_BYTES", "LoadReport", "check_adapter", "load_adapter_values", "load_share_values",
@@ -162,7 +162,7 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
     report = LoadReport()
     model = meta_model(config)
     files = checkpoint_files(path)
-    source = disk_names(model, list(files))  # the carved model's names are a subset of the whole model's
+    source = disk_names(model, list(files), _holder(config))  # the carved model's names are a subset of the whole model's
     untie_if_saved_apart(model, source)
     report.full_model_bytes = full_bytes(model)
     peft_model = None
@@ -217,7 +217,7 @@ def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: 
     """
     report = LoadReport()
     files = checkpoint_files(path)
-    source = disk_names(carved.model, list(files))
+    source = disk_names(carved.model, list(files), _holder(carved.model.config))
     state = carved.state_dict(cfg, rank)
     missing = [n for n in state if n not in source]
     if missing:
@@ -250,3 +250,8 @@ def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank
     except RuntimeError as err:  # load_state_dict's size mismatch: another r, or other layers
         raise ValueError(f"checkpoint {path!r}: its adapter does not fit this run's lora section (saved with "
                          f"another r or target_modules?): {' '.join(str(err).split())[:300]}") from err
+
+
+def _holder(config) -> tuple[str, str] | None:
+    """The transformers class whose checkpoints ``config``'s family loads from (:attr:`.family.Family.checkpoint`)."""
+    return getattr(get_family(config.model_type), "checkpoint", None)

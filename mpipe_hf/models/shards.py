@@ -40,13 +40,21 @@ def checkpoint_files(path: str) -> dict[str, str]:
         return {k: single for k in f.keys()}
 
 
-def disk_names(model: nn.Module, disk_names: list[str]) -> dict[str, str]:
-    """``{model tensor name: on-disk name}`` through transformers' conversion mapping of ``model``.
+def disk_names(model: nn.Module, disk_names: list[str], holder: tuple[str, str] | None = None) -> dict[str, str]:
+    """``{model tensor name: on-disk name}`` through transformers' conversion mapping of ``model``, or with
+    ``holder`` (``(class name, attribute)``, :attr:`.family.Family.checkpoint`) through that of transformers' class
+    which holds ``model`` at ``attribute``, whose checkpoints they are.
 
     Raises:
-        ValueError: the model's mapping merges or splits tensors (not a plain renaming).
+        ValueError: the mapping merges or splits tensors (not a plain renaming).
     """
     from transformers.conversion_mapping import get_model_conversion_mapping
+    prefix = ""
+    if holder is not None:
+        import transformers
+        with torch.device("meta"):
+            model = getattr(transformers, holder[0])(model.config)
+        prefix = holder[1] + "."
     transforms = get_model_conversion_mapping(model)
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     if converters:
@@ -56,7 +64,7 @@ def disk_names(model: nn.Module, disk_names: list[str]) -> dict[str, str]:
     out = {}
     for disk in disk_names:
         name, _ = rename_source_key(disk, transforms, [], model.base_model_prefix, meta_state)
-        out[name] = disk
+        out[name.removeprefix(prefix) if name.startswith(prefix) else name] = disk
     return out
 
 
