@@ -121,12 +121,13 @@ def build_family(model_type: str, build, out_dir: str, tokenizer) -> str:
 
     from mpipe_hf.data import build_processor, chat_template_for
     from mpipe_hf.models.materialize import model_class
+    from mpipe_hf.models.tiny import non_degenerate
     from mpipe_hf.data.hub import save_processor_files
     from mpipe_hf.data.template_family import template_families
     config = build(tokenizer)
     vision = hasattr(config, "vision_config")
     torch.manual_seed(0)
-    model = model_class(config).from_config(config)
+    model = non_degenerate(model_class(config).from_config(config))  # no zero-initialised weight left at zero
     path = os.path.join(out_dir, model_type)
     model.save_pretrained(path)
     if vision:

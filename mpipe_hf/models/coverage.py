@@ -11,6 +11,7 @@ from __future__ import annotations
 from .families_llava_like import REFUSED as _LLAVA_LIKE
 from .families_new import REFUSED as _NEW
 from .families_qwen_like import REFUSED as _QWEN_LIKE
+from .family import no_pil
 
 _ENCODER_DECODER = "encoder-decoder: the text is decoded by a decoder that cross-attends to an encoder, so there is " \
                    "no decoder-only stack to pipeline"
@@ -42,15 +43,42 @@ _OWN = {
     "t5gemma2": _ENCODER_DECODER + " (T5Gemma 2)",
     "udop": _ENCODER_DECODER + " (T5 with layout embeddings)",
     "vision-encoder-decoder": _ENCODER_DECODER,
+    "inkling2": "every layer attends over a growing stack of earlier block outputs (block_states, (B, L, k, H), "
+                "read by its block attention residual) and the final input mixes the whole stack: a stage boundary "
+                "would carry k + 1 hidden-state streams, not one",
+    "inkling2_loop": "a looped block: layers loop_layer_index_start to loop_layer_index_end run loop_num_passes "
+                     "times per forward, each pass reading the last: the same layers run more than once per token, "
+                     "so no contiguous cut into stages exists",
+    "inkling_mm_model": no_pil("InklingImageProcessor") + "; its text model also has no rotary embedding (a learned "
+                        "relative-position bias) and its layers take a second, convolution mask",
+    "apertus1p5": "images are discrete tokens: a frozen VQ image tokenizer (argmax over a codebook) turns them into "
+                  "ids that the text embedding reads, so there is no trainable vision tower or projector to put in "
+                  "the preprocess (as chameleon and emu3)",
+    "mistral_large4": "its decoder layers pass state to later layers: 'shared' indexer layers reuse an earlier "
+                      "layer's top-k token indices, 'reuse' layers read another layer's latent keys and values, and "
+                      "the rotary embedding has a learned parameter (rotary_emb.alpha) that every layer reads",
+    "muse_glimmer": no_pil("MuseGlimmerImageProcessor") + "; its text model also chooses no-RoPE per layer "
+                    "(layer_rope_theta[i] == 0), not per layer type",
+    "muse_spark": no_pil("MuseGlimmerImageProcessor") + "; besides muse_glimmer's per-layer no-RoPE, an audio "
+                  "tower",
+    "nemotron_h_omni": no_pil("NemotronH_Omni_Reasoning_V3ImageProcessor") + "; its class also keeps the LM head "
+                       "at language_model.lm_head (no model.lm_head) and has 'moe' and 'mlp' layer types, for which "
+                       "the splitter has no mask or cost",
+    "granite4_vision": "projected features of several vision layers are added before deep decoder layers (12, 15, "
+                       "18 and 21 by default) and the image-token embeddings are zeroed; the splitter relays "
+                       "features into the first decoder layers only (DeepStack), not into chosen deep ones",
+    "granite_docling": "optional DeepStack features and a tile-routing input (tile_fine_mask: 4 x the tokens per "
+                       "tile) with a density-router loss on the tower, and Granite's embedding and logit scaling; "
+                       "the tiling and router paths are not declared yet",
+    "cohere_compass": "its no-RoPE layer types have no rope parameters and its rotary module raises for them, while "
+                      "the splitter's stages compute rotary embeddings for every layer type; not declared yet",
+    "dots3_note": "its DeepSeek-style indexed attention layers need a causal mask that is never skipped and a cost "
+                  "model, which the splitter lacks; not declared yet",
 }
 REFUSED: dict[str, str] = {**_OWN, **_LLAVA_LIKE, **_QWEN_LIKE, **_NEW}
 """``model_type`` -> why it is refused, in the user's terms."""
 
 NOTES: dict[str, str] = {
-    "gemma4": "per-layer inputs and shared keys and values relayed across stages; the chained split equals the "
-              "unsplit model bit for bit on one process (tests/test_families_new.py), but after 2 AdamW steps on "
-              "2 ranks the parameters differ by up to 9e-5 (fp32 order near AdamW's eps), so no CI case yet; "
-              "audio and video refused by name",
 }
 """``model_type`` -> what a declared type without a CI case has been checked for."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .families import FAMILIES as _BASE, TOWER, _fixed, validate_counted_micro
-from .family import Family
+from .family import Family, no_pil
 from . import tiny_llava_like as tiny
 
 Tensors = dict
@@ -79,18 +79,16 @@ FAMILIES: dict[str, Family] = {
 }
 # model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
 TINY: dict = {t: getattr(tiny, f"tiny_{t}_config") for t in FAMILIES}
-_TORCHVISION_IMAGES = ("its image processor exists in transformers only as a torchvision processor (no PIL "
-                       "class), and torchvision cannot be imported here: there is no image data path")
 _TIMM = ("its vision tower is a timm model (TimmWrapperModel): timm is not installed and needs torchvision, which "
          "cannot be imported here")
 # model_type -> why it cannot be split, in the user's terms
 REFUSED: dict[str, str] = {
-    "cohere2_vision": _TORCHVISION_IMAGES + " (Cohere2VisionImageProcessor)",
-    "molmo2": _TORCHVISION_IMAGES + " (Molmo2ImageProcessor)",
-    "step3p7": _TORCHVISION_IMAGES + " (Step3p7ImageProcessor)",
-    "unlimited_ocr": _TORCHVISION_IMAGES + " (UnlimitedOcrImageProcessor)",
-    "minimax_m3_vl": _TORCHVISION_IMAGES + " (MiniMaxM3VLImageProcessor)",
-    "lfm2_vl": _TORCHVISION_IMAGES + " (Lfm2VlImageProcessor); its LFM2 text model also ends in 'embedding_norm', "
+    "cohere2_vision": no_pil("Cohere2VisionImageProcessor"),
+    "molmo2": no_pil("Molmo2ImageProcessor"),
+    "step3p7": no_pil("Step3p7ImageProcessor"),
+    "unlimited_ocr": no_pil("UnlimitedOcrImageProcessor"),
+    "minimax_m3_vl": no_pil("MiniMaxM3VLImageProcessor"),
+    "lfm2_vl": no_pil("Lfm2VlImageProcessor") + "; its LFM2 text model also ends in 'embedding_norm', "
                "where the split reads 'norm'",
     "ovis2": "its front puts the visual embedding table's indicator embeddings at the visual indicator tokens besides "
              "the image features at the image tokens; the split's stage-0 front places image features only",

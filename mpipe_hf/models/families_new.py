@@ -15,7 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from .families import validate_counted_micro
-from .family import Family
+from .family import Family, no_pil
 from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage
 from .tiny import _text
 from .tiny_vlms import _id
@@ -93,12 +93,10 @@ def tiny_mistral4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
 
 # model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
 TINY: dict = {"gemma4": tiny_gemma4_config, "mistral4": tiny_mistral4_config}
-_NO_PIL = ("exists only as a torchvision image processor in transformers 5.25 (no PIL class), and torchvision "
-           "cannot be imported here, so no micro-batch of images can be made")
 REFUSED: dict[str, str] = {  # model_type -> why it cannot be split, in the user's terms
-    "gemma4_unified": "its image processor (Gemma4UnifiedImageProcessor, raw 48-px patches merged for the "
-                      "encoder-free embedder) " + _NO_PIL + "; the text model is Gemma 4's, whose split is gemma4's",
-    "llama4": "its image processor (Llama4ImageProcessor, tiles) " + _NO_PIL + "; besides, "
+    "gemma4_unified": no_pil("Gemma4UnifiedImageProcessor: raw 48-px patches for the encoder-free embedder")
+                      + "; the text model is Gemma 4's, whose split is gemma4's",
+    "llama4": no_pil("Llama4ImageProcessor, tiles") + "; besides, "
               "Llama4ForConditionalGeneration keeps the LM head inside language_model (no model.lm_head), which the "
               "splitter's head does not read yet",
     "diffusion_gemma": "block diffusion: a Gemma encoder and a diffusion decoder that attends bidirectionally over "

@@ -27,7 +27,7 @@ from .families_qwen_like_lfm import (Lfm3Stage, MupStage, tiny_hyperclovax_visio
 from .families_qwen_like_moe import MOE_TYPES, TokenTypeStage, tiny_ernie4_5_vl_moe_config
 from .families_qwen_like_omni import (QWEN2_5_OMNI, QWEN3_OMNI, tiny_qwen2_5_omni_thinker_config,
                                       tiny_qwen3_omni_moe_thinker_config)
-from .family import Family
+from .family import Family, no_pil
 from .packed import is_packed, mrope_positions
 from .tiny import _mrope, _qwen_specials, _text, tiny_glm4v_config, tiny_qwen3_vl_config
 from .tiny_vlms import VISION
@@ -232,9 +232,6 @@ REFUSED.update({
                "start and end tokens besides the image features at the image tokens (Ovis2_5Model."
                "_merge_visual_features); the split's stage-0 front places features at image tokens only, so those "
                "two embeddings (and their gradient to the projector) have no path across the preprocess boundary",
-    "kimi_k25": "Kimi K2.5's image processor (Kimi_K25ImageProcessor) exists only as a torchvision backend, which "
-                "this project cannot import, so no micro-batch of its images can be made here",
-    "minicpm_ocr": "MiniCPM-OCR's image processor (MiniCPMOcrImageProcessor) exists only as a torchvision backend, "
-                   "which this project cannot import (MiniCPM-V 4.6's PIL processor slices images differently), so "
-                   "no micro-batch of its images can be made here",
+    "kimi_k25": no_pil("Kimi_K25ImageProcessor"),
+    "minicpm_ocr": no_pil("MiniCPMOcrImageProcessor; MiniCPM-V 4.6's PIL one slices images differently"),
 })

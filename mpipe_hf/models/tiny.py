@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import zlib
+
+import torch
 from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, Qwen2_5_VLConfig, Qwen2Config, Qwen2VLConfig,
                           Qwen3Config, Qwen3VLConfig)
 
@@ -165,3 +168,22 @@ def tiny_glm4v_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, moe
         video_token_id=ids("<|video_pad|>"), image_start_token_id=ids("<|vision_start|>"),
         image_end_token_id=ids("<|vision_end|>"), video_start_token_id=ids("<|box_start|>"),
         video_end_token_id=ids("<|box_end|>"))
+
+
+def non_degenerate(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
+    """``model`` with every floating-point parameter that its initialisation left all zeros drawn afresh from
+    ``N(0, std^2)`` (a generator seeded by the parameter's name), in place (issue 38), for the tests' models and
+    the tiny folders of ``scripts/make_tiny_models.py``. transformers zero-initialises
+    some weights (Gemma 3's ``mm_input_projection_weight``, biases, (1 + w) norms): with a zero projection the image
+    features are exactly 0, every tower gradient is 0 on both sides, and a gradient check compares zero with zero.
+    Gated DeltaNet's decay rates ``A_log`` (Qwen3.5), initialised to ``log U(0.01, 16)``, are drawn from
+    ``log U(0.05, 0.5)``: with rates up to 16 the decay saturates over a token, and the gradients of ``A_log`` and
+    ``dt_bias`` fall to 1e-8, under fp32's noise in them. Parameters are visited once (tied weights stay tied)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            if name.endswith("A_log"):
+                param.copy_(torch.rand(param.shape, generator=gen).mul(0.45).add(0.05).log())
+            elif param.is_floating_point() and param.numel() and not param.any():
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
+    return model

@@ -14,6 +14,7 @@ from skimage import data as skdata
 
 from mpipe_hf.data import ConversationCollator, build_processor, qwen2_tokenizer
 from mpipe_hf.models import tiny
+from mpipe_hf.models.tiny import non_degenerate  # noqa: F401 - the workers import it from here
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "horse", "clock"]
 CAPTIONS = ["An astronaut in an orange suit.", "A cup of coffee on a saucer.", "A tabby cat looks at the camera.",
@@ -162,25 +163,6 @@ def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: lis
         pools[f"packed-{name}"] = make_packed_pool(collator(configs[name], tokenizer))
     pools["packed-text"] = make_text_pool(tokenizer, rows=lambda m: 2 + m % 2)
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
-
-
-def non_degenerate(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
-    """``model`` with every floating-point parameter that its initialisation left all zeros drawn afresh from
-    ``N(0, std^2)`` (a generator seeded by the parameter's name), in place (issue 38). transformers zero-initialises
-    some weights (Gemma 3's ``mm_input_projection_weight``, biases, (1 + w) norms): with a zero projection the image
-    features are exactly 0, every tower gradient is 0 on both sides, and a gradient check compares zero with zero.
-    Gated DeltaNet's decay rates ``A_log`` (Qwen3.5), initialised to ``log U(0.01, 16)``, are drawn from
-    ``log U(0.05, 0.5)``: with rates up to 16 the decay saturates over a token, and the gradients of ``A_log`` and
-    ``dt_bias`` fall to 1e-8, under fp32's noise in them. Parameters are visited once (tied weights stay tied)."""
-    import zlib
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-            if name.endswith("A_log"):
-                param.copy_(torch.rand(param.shape, generator=gen).mul(0.45).add(0.05).log())
-            elif param.is_floating_point() and param.numel() and not param.any():
-                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
-    return model
 
 
 def run_torchrun(worker: str, nproc: int, args: list[str], timeout: int) -> None:

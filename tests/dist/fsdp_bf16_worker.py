@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import Qwen2Config, Qwen2Model
 
+from mpipe_hf.models.tiny import non_degenerate
 from mpipe_hf.runtime.data_parallel import AUTOCAST_MATMULS, DataParallel, local
 
 HIDDEN, VOCAB, MICRO, STEPS, LR = 32, 96, 3, 2, 0.5
@@ -50,7 +51,7 @@ def build(lora: bool = False) -> dict[int, nn.Module]:
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     config._attn_implementation = "eager"
-    body = Qwen2Model(config)
+    body = non_degenerate(Qwen2Model(config))  # its zero-initialised biases drawn afresh
     if lora:
         from peft import LoraConfig, get_peft_model
         body.requires_grad_(False)

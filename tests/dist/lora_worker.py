@@ -199,6 +199,9 @@ def run_case(case, rank, group, device, out_dir):
         # every adapter gradient of every step; one the reference lacks (or has alone) is an infinite difference
         result["grad_diff"] = [max((float((g[n] - want[n].to(g[n])).abs().max()) if n in want else float("inf")
                                     for n in g), default=0.0) for g, want in zip(grads, ref["grads"])]
+        last, want = grads[-1], ref["grads"][-1]  # the last step: lora_B has left its zero initialisation
+        result["last_grad_stats"] = {n: [float(want[n].abs().max()), float((last[n] - want[n].to(last[n])).abs().max())]
+                                     for n in last if n in want}
         result["grads_missing"] = sorted({n for g, want in zip(grads, ref["grads"]) for n in params
                                           if (n in g) != (n in want)})[:5]
         result["ref_has"] = all(n in ref["params"] for n in params)

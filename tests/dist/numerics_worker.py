@@ -253,7 +253,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                                 loss_normalization="micro" if case.get("order") == "micro" else "tokens")
     if case.get("recover") is False:  # NCCL's policy, on gloo: a step failed mid-transfer ends the executor
         executor.recover = False
-    optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS) if params else None
+    optimizer = torch.optim.AdamW(params.values(), lr=case.get("lr", LR), eps=case.get("adam_eps", EPS)) if params else None
     result, loads = {"reused_groups": executor.group.group_name in CLOSED_GROUPS}, []
     failing = any(k in case for k in ("bad_micro", "corrupt_owner", "mid_step_owner"))
     if failing:
@@ -331,7 +331,8 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
         freeze(ref, split.frozen)
         # a tied weight is one parameter under two names here, and two copies in the pipeline: list both names
         trainable = {n: p for n, p in ref.named_parameters(remove_duplicate=not split.tied) if p.requires_grad}
-        ref_opt = torch.optim.AdamW([p for n, p in ref.named_parameters() if p.requires_grad], lr=LR, eps=EPS)
+        ref_opt = torch.optim.AdamW([p for n, p in ref.named_parameters() if p.requires_grad], lr=case.get("lr", LR),
+                                    eps=case.get("adam_eps", EPS))
         ref_losses, ref_grads = [], {}
         for step in range(steps):
             for a in range(accumulate):

@@ -1,13 +1,22 @@
-"""CI cases of the new families (issue 38): (config name, preprocess, text_layers, layers_per_stage).
+"""CI cases of the new families (issue 38): (config name, preprocess, text_layers, layout), and per-family case
+options (:data:`OPTIONS`).
 
-``gemma4`` has no case yet: its split equals the unsplit model bit for bit on one process (tests/
-test_families_new.py), and its first step's gradients agree to 0.09 of the tolerance in the R = 2 run, but after two
-AdamW steps (eps 1e-6) fp32 reordering noise on near-zero gradient elements parts the parameters by up to 9e-5, so
-the last step's per-tensor check and the reloaded logits (1e-4) fail, even with per-layer inputs and shared
-key/value layers off; the lead decides how Gemma 4 is checked.
+Gemma 4's later steps. Its first step's gradients agree to 0.09 of the tolerance. Its step-2 gradients are taken at
+parameters that the two runs' fp32 rounding has already parted, and the tiny Gemma 4 is sensitive to that. With
+every other family's optimizer settings (lr 1e-3, eps 1e-6), AdamW's nearly sign-sized step leaves the parameters
+9e-5 apart after one step. Its step-2 gradients then differ by up to 4e-4 of their largest (measured). With lr 1e-4
+and eps 1e-3, the parameters are 1.3e-7 apart and the step-2 gradients 2.3e-5 apart, over the common bound of
+1e-5 + 1e-5 max|ref|. With lr 1e-9 the step-2 gradients agree to 0.09 of the tolerance, as at step 1, so the
+difference comes from the parameters, not from the pipeline.
+Gemma 4 therefore runs at lr 1e-4, eps 1e-3, and checks step 2 at 1e-5 + 1e-4 max|ref|. A gradient 5% off
+(:func:`matrix.gradient_controls`) is still 500 times over that bound.
 """
+
 
 TEXT_TYPES = ("mistral4",)  # decoder-only LMs: the text pool, T >= 1 (tests/dist/matrix.py's TEXT_CONFIGS)
 SPECS: list[tuple] = [
     ("mistral4", "trainable", 1, None),
+    ("gemma4", "trainable", 0, None),
+    ("gemma4", "frozen", 1, None),
 ]
+OPTIONS = {"gemma4": {"adam_eps": 1e-3, "lr": 1e-4, "last_step_rel": 1e-4}}
