@@ -143,7 +143,7 @@ def _plan(args) -> None:
             raise ValueError(f"--image-tokens {args.image_tokens} must be between 0 and the {args.tokens} tokens of a "
                              f"micro-batch (--tokens)")
         profile = estimate_profile(config, args.tokens, args.image_tokens, args.tflops, args.mfu,
-                                   bf16=recipe.train.bf16)
+                                   bf16=recipe.train.bf16, frozen_vit=recipe.train.freeze_vit)
         source = (f"estimated: {args.tokens} tokens ({args.image_tokens} image tokens) per micro-batch, "
                   f"{args.tflops:g} TFLOP/s at {args.mfu:g} MFU, {'bf16' if recipe.train.bf16 else 'fp32'} activations")
     cfg = recipe.schedule()

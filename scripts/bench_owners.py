@@ -118,9 +118,9 @@ def run_policies(cfg, policies, tokens, scale, steps, group, rank, costs, verbos
     executors = {}
     for name in policies:
         stages = {s: SleepStage(s == cfg.num_stages - 1) for s in range(rank, cfg.num_stages, R)}
-        tower = SleepTower().requires_grad_(cfg.trainable)
+        tower = SleepTower().requires_grad_(cfg.trains_preprocess)
         params = [p for s in stages.values() for p in s.parameters()]
-        params += list(tower.parameters()) if rank == 0 and cfg.trainable else []
+        params += list(tower.parameters()) if rank == 0 and cfg.trains_preprocess else []
         executors[name] = PipelineExecutor(cfg, rank, stages, Preprocess(tower, ("x", "cost_s"), ()), group,
                                            torch.device("cpu"), params, timedelta(seconds=300), costs=costs)
 

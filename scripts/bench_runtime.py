@@ -157,7 +157,7 @@ def transfers(group, rank, rounds: int, repeats: int) -> dict[str, tuple[float, 
         dist.broadcast(value, 0, group=group)
         out[name] = tuple(value.tolist())
     watchdog.close()
-    for g in (up, down):
+    for g in pairs.values():
         dist.destroy_process_group(g)
     return out
 

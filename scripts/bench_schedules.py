@@ -211,12 +211,12 @@ def run_ours(cfg, rank, sc, pre, steps, costs=None, cpu=False):
               for s in range(rank, cfg.num_stages, R)}
     if cfg.transposed:
         module = DictPreprocess(*pre)
-        module.requires_grad_(cfg.trainable)
+        module.requires_grad_(cfg.trains_preprocess)
         preprocess = Preprocess(module, ("x",), ())
     else:
         preprocess = Preprocess(None, (), ("x",))
     params = [p for s in stages.values() for p in s.parameters()]
-    if rank == 0 and cfg.trainable:
+    if rank == 0 and cfg.trains_preprocess:
         params += list(preprocess.module.parameters())
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, torch.device("cpu"), params,
                                 timedelta(seconds=120), costs=costs)

@@ -12,7 +12,8 @@ a model from a config: Qwen2-VL, Qwen3-VL, LLaVA, Llama, Qwen3 with tied embeddi
 same tokenizer without a chat template, for another family's config: its own template renders, as
 ``mpipe-hf train`` refuses the Qwen one on it) and OUT_DIR/data
 (conversations about scikit-image's photos whose answers are one-word labels, a held-out image, and the
-hand-written captions as plain text; see make_demo_data.py). The
+hand-written captions as plain text; see make_demo_data.py; and short clips panning and zooming over those photos,
+a frame folder and video.jsonl, conversations about them: make_demo_videos.py). The
 model directory is an ordinary Hugging Face checkpoint: ``from_pretrained`` loads it, exactly as it would a hub
 download.
 """
@@ -62,6 +63,7 @@ def main(argv=None):
     print(f"wrote {os.path.join(out, 'tokenizer')}: the tokenizer without a chat template")
     here = os.path.dirname(os.path.abspath(__file__))
     runpy.run_path(os.path.join(here, "make_demo_data.py"))["main"]([os.path.join(out, "data")])
+    runpy.run_path(os.path.join(here, "make_demo_videos.py"))["main"]([os.path.join(out, "data")])
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def layout_for(est: Estimate, variant: Variant, cfg: ScheduleConfig, tower: str)
     first = p.embed_s + p.embed_backward_s
     if variant.preprocess == "identity":
         first += p.preprocess_forward_s + (p.preprocess_backward_s if tower == "trainable" else 0.0)
-    elif cfg.trainable and not cfg.owner_backward:
+    elif cfg.trains_preprocess and not cfg.owner_backward:
         first += p.preprocess_forward_s + p.preprocess_backward_s
     return cost_balanced_layers(p.num_layers, cfg.pp_size, cfg.vpp, p.layer_forward_s + p.layer_backward_s,
                                 first, p.head_forward_s + p.head_backward_s)
@@ -173,7 +173,7 @@ def activation_peak(order, stage_bytes: list[float], p: Profile, cfg: ScheduleCo
     The walk of ``mpipe_hf.train.plan``'s memory plan, with the ``W`` and the held inputs added."""
     weighted = {(a.stage, a.micro) for a in order if a.kind is W_KIND}
     data = p.data_bytes + (0.0 if cfg.transposed else p.graph_bytes)
-    graph = p.preprocess_activation_bytes if cfg.trainable else 0.0
+    graph = p.preprocess_activation_bytes if cfg.trains_preprocess else 0.0
     held: dict[tuple, float] = {}
     if rank == 0 and cfg.placement == "fill":
         held = {key: nbytes for m in range(cfg.num_micro)

@@ -91,6 +91,11 @@ def cases(demo, out):
             demo, out, {"preprocess": "trainable", "owner_backward": True, "vpp": 1},
             {"r": 4, "lora_alpha": 8, "target_modules": r".*\.(qkv|q_proj|v_proj)",
              "modules_to_save": ["model.visual.merger"], "init_lora_weights": False})),
+        # issue 39: the tower's adapters frozen by freeze_vit, the merger trained whole, the decoder's adapters
+        dict(name="vl-freeze-vit", recipe=vl_recipe(
+            demo, out, {"preprocess": "trainable"},
+            {"r": 4, "lora_alpha": 8, "target_modules": r".*\.(qkv|q_proj|v_proj)",
+             "modules_to_save": ["model.visual.merger"], "init_lora_weights": False}, freeze_vit=True)),
         # decoder layer 0 in P with the tower (text_layers 1): its adapters train in P
         dict(name="vl-text-layers", recipe=vl_recipe(
             demo, out, {"preprocess": "trainable", "text_layers": 1, "overflow": "min"},
@@ -118,7 +123,7 @@ def results(demo, tmp_path_factory):
     return read_results(out, 2)
 
 
-@pytest.mark.parametrize("name", ["vl-frozen-decoder", "vl-tower-owner-backward", "vl-text-layers",
+@pytest.mark.parametrize("name", ["vl-frozen-decoder", "vl-tower-owner-backward", "vl-freeze-vit", "vl-text-layers",
                                   "vl-tower-only", "qwen3-from-config", "qwen3-checkpoint-tied", "moe-experts"])
 def test_pipelined_lora_equals_one_process_peft_model(results, name):
     """Every step's loss and grad norm, every adapter gradient of every step (atol 1e-5; at the last step each
@@ -150,6 +155,9 @@ def test_pipelined_lora_equals_one_process_peft_model(results, name):
     if name == "vl-tower-owner-backward":
         assert any("merger.modules_to_save" in n for n in trained[0]) and any(".visual.blocks" in n
                                                                              for n in trained[0])
+    if name == "vl-freeze-vit":  # the merger and the decoder's adapters train; the tower's adapters do not
+        assert any("merger.modules_to_save" in n for n in trained[0])
+        assert not any(".visual.blocks" in n for names in trained for n in names)
     if name in ("vl-text-layers", "qwen3-checkpoint-tied"):  # layer 0's adapters train in P, on rank 0
         assert any("layers.0." in n for n in trained[0])
     if name == "moe-experts":  # every rank trains its layers' attention, both fused expert tensors and the router

@@ -70,15 +70,15 @@ def test_every_mode_is_valid_and_keeps_the_body(R, V, M):
         remote = [m for m in range(M) if cfg.owner(m) != 0]
         for rank, actions in orders.items():
             assert all(a.micro in cfg.owned(rank) for a in actions if a.kind is Kind.DATA_LOAD)
-            assert sum(a.kind is Kind.PARAM_BROADCAST for a in actions) == cfg.trainable, mode
+            assert sum(a.kind is Kind.PARAM_BROADCAST for a in actions) == cfg.trains_preprocess, mode
             assert sum(a.kind is Kind.GRAD_REDUCE for a in actions) == cfg.owner_backward, mode
         expected = {Kind.DATA_RECV: remote, Kind.FWD_RECV: remote if cfg.transposed else [],
-                    Kind.GRAPH_RECV: remote if cfg.trainable and not cfg.owner_backward else []}
+                    Kind.GRAPH_RECV: remote if cfg.trains_preprocess and not cfg.owner_backward else []}
         for kind, micros in expected.items():
             assert sorted(a.micro for a in orders[0] if a.kind is kind) == micros, (mode, kind)
         p_backward = [a.micro for acts in orders.values() for a in acts
                       if a.kind is Kind.TRANSPOSE_BWD]
-        assert sorted(p_backward) == (list(range(M)) if cfg.trainable else []), mode
+        assert sorted(p_backward) == (list(range(M)) if cfg.trains_preprocess else []), mode
         if not cfg.transposed:
             assert not any(a.kind is Kind.TRANSPOSE_FWD for acts in orders.values() for a in acts)
 

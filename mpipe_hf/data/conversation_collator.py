@@ -58,6 +58,10 @@ class ConversationCollator:
     - Mistral 3: ``pixel_values`` ``(images, C, h, w)`` (zero-padded to the largest) and ``image_sizes``
       ``(images, 2)``.
 
+    When some row has videos (Qwen2-VL, Qwen2.5-VL: docs/video.md): ``pixel_values_videos``
+    ``(patches, C*T*p*p)`` and ``video_grid_thw`` ``(videos, 3)``, Qwen2.5-VL also ``second_per_grid_ts``
+    ``(videos,)`` (s per temporal patch); each video is decoded and sampled here (:func:`~.video.load_video`).
+
     Each row is rendered with ``apply_chat_template`` and the template of :func:`~.templates.chat_template_for`,
     its images are opened here (the owner of the micro-batch is the only one that decodes them), and the processor
     tokenizes and expands the images, padding on the right to the longest row. ``labels`` is ``-100`` except on
@@ -70,9 +74,10 @@ class ConversationCollator:
         chat_template, model_type: as :class:`ConversationEncoder`.
 
     Raises (on call):
-        ValueError: naming the JSONL line: an image that cannot be decoded, a cut through an image's tokens (a row
-            the loader did not check), or token ids that differ from the processor's (a template or processor this
-            module does not handle).
+        ValueError: naming the JSONL line: an image or video that cannot be decoded, a video for a processor
+            without a video processor, a cut through an image's or video's tokens (a row the loader did not
+            check), or token ids that differ from the processor's (a template or processor this module does not
+            handle).
     """
 
     def __init__(self, processor, max_length: int | None, chat_template: str | None = None,
@@ -98,6 +103,24 @@ class ConversationCollator:
                 raise ValueError(f"{where}: cannot decode image {name}: {err}") from err
         return images
 
+    def _load_videos(self, rows: list[dict], wheres: list[str]) -> tuple[list, list]:
+        """Every row's videos in order, decoded and sampled here (:func:`~.video.load_video`): the frames of all
+        rows as one list, and their metadata. Raises ``ValueError`` naming the row when one cannot be read."""
+        from .video import load_video
+        frames, metadata = [], []
+        for row, where in zip(rows, wheres):
+            for ref in row.get("videos") or []:
+                if self.encoder.video_token is None:
+                    raise ValueError(f"{where}: the row has a video but {type(self.processor).__name__} takes no "
+                                     f"videos (docs/video.md lists the families that do)")
+                try:
+                    video, meta = load_video(ref, self.processor.video_processor)
+                except ValueError as err:
+                    raise ValueError(f"{where}: {err}") from err
+                frames.append(video)
+                metadata.append(meta)
+        return frames, metadata
+
     def _image_tokens(self, batch, rows: list[dict], ids: torch.Tensor) -> list[list[int]]:
         """Tokens each row's images took in ``batch``: from ``image_grid_thw`` (``t*h*w / merge_size**2``) for the
         Qwen families, else the row's image tokens shared equally among its images (LLaVA's fixed count)."""
@@ -116,19 +139,24 @@ class ConversationCollator:
             out.append([total // n] * n if n else [])
         return out
 
-    def _per_row_images(self, batch, rows: list[dict], ids: torch.Tensor) -> list[list]:
-        """What each row's images expand to in ``batch`` (what :meth:`ConversationEncoder.encode` takes): the
-        processor's own replacement texts (``text_replacement_offsets``), else the token counts of
-        :meth:`_image_tokens`."""
+    def _per_row_images(self, batch, rows: list[dict], ids: torch.Tensor) -> tuple[list[list], list[list]]:
+        """What each row's images, and videos, expand to in ``batch`` (what :meth:`ConversationEncoder.encode`
+        takes): the processor's own replacement texts (``text_replacement_offsets``), else the token counts of
+        :meth:`_image_tokens` (rows without videos: only the Qwen processors take videos, and they return the
+        offsets)."""
         offsets = batch.pop("text_replacement_offsets", None)
         if offsets is None:
-            return self._image_tokens(batch, rows, ids)
-        return [[item["replacement"] for item in row if item["type"] == "image"] for row in offsets]
+            return self._image_tokens(batch, rows, ids), [[] for _ in rows]
+        return tuple([[item["replacement"] for item in row if item["type"] == kind] for row in offsets]
+                     for kind in ("image", "video"))
 
-    def _process(self, texts: list[str], images: list[list], special: bool):
+    def _process(self, texts: list[str], images: list[list], special: bool, videos: tuple = ((), ())):
         kwargs = dict(padding=True, padding_side="right", add_special_tokens=special, return_tensors="pt")
         if not self.encoder.vision:
             return self.processor(texts, **kwargs)
+        frames, metadata = videos
+        if frames:  # sampled and sized already (_load_videos): the processor resizes and patchifies them
+            kwargs.update(videos=list(frames), video_metadata=list(metadata), do_sample_frames=False)
         # one list of images per row, as the processors batch them (LLaVA-OneVision counts each row's images,
         # Gemma 3 / SmolVLM check them per row)
         def call(**kw):
@@ -149,20 +177,21 @@ class ConversationCollator:
         rows = [r if "where" in r else canonical_row(r, os.getcwd(), where) for r, where in zip(rows, wheres)]
         texts = [self.encoder.render(r["messages"]) for r in rows]
         images = [self._open(r, where) for r, where in zip(rows, wheres)]
-        batch = self._process(texts, images, self.encoder.add_special_tokens(texts[0]))
+        videos = self._load_videos(rows, wheres)
+        batch = self._process(texts, images, self.encoder.add_special_tokens(texts[0]), videos)
         ids, mask = batch["input_ids"], batch["attention_mask"]
-        per_row = self._per_row_images(batch, rows, ids)
+        per_row, per_row_videos = self._per_row_images(batch, rows, ids)
         length = ids.shape[1] if self.max_length is None else min(ids.shape[1], self.max_length)
         labels = torch.full((ids.shape[0], length), IGNORE, dtype=ids.dtype)
         for i, (row, where) in enumerate(zip(rows, wheres)):
-            enc = self.encoder.encode(row["messages"], per_row[i], where)
+            enc = self.encoder.encode(row["messages"], per_row[i], where, per_row_videos[i])
             n = int(mask[i].sum())
             if enc.ids != ids[i, :n].tolist() or not bool(mask[i, :n].all()):
                 raise ValueError(f"{where}: the processor's token ids differ from the rendered conversation's; "
                                  f"cannot place the labels")
             if any(start < length < end for start, end in enc.image_spans):
-                raise ValueError(f"{where}: max_length={length} cuts through an image's tokens (load the rows with "
-                                 f"load_conversation_dataset, which drops such rows)")
+                raise ValueError(f"{where}: max_length={length} cuts through an image's or video's tokens (load "
+                                 f"the rows with load_conversation_dataset, which drops such rows)")
             keep = min(n, length)
             labels[i, :keep] = torch.tensor(enc.labels[:keep], dtype=ids.dtype)
         out = {k: (v[:, :length] if k in PER_TOKEN else v) for k, v in batch.items() if isinstance(v, torch.Tensor)}

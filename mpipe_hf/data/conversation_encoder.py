@@ -6,7 +6,7 @@ turns only; shared by the loader (token counts at load) and the collator.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import PIL.Image
 from transformers import LlavaProcessor
@@ -38,12 +38,14 @@ def _model_type_of(processor) -> str | None:
 @dataclass
 class Encoded:
     """One conversation as the model sees it, before truncation: ``ids`` and ``labels`` (each ``L`` ints, the
-    image placeholders expanded to the image's tokens), ``image_spans`` (``[start, end)`` of each image's tokens)
-    and the rendered ``text``."""
+    image and video placeholders expanded to their tokens), ``image_spans`` (``[start, end)`` of each image's and
+    each video's tokens, in the text's order: the spans a cut must not go through), the rendered ``text`` and
+    ``video_spans`` (the videos' spans alone)."""
     ids: list[int]
     labels: list[int]
     image_spans: list[tuple[int, int]]
     text: str
+    video_spans: list[tuple[int, int]] = field(default_factory=list)
 
 
 class ConversationEncoder:
@@ -80,6 +82,9 @@ class ConversationEncoder:
         self.image_token = getattr(processor, "image_token", None) if self.vision else None
         if self.image_token is None and self.image_token_id is not None:
             self.image_token = self.tokenizer.convert_ids_to_tokens(self.image_token_id)
+        # videos where the processor has a video processor (the Qwen2-VL / Qwen2.5-VL ones of build_processor)
+        has_video = self.vision and getattr(processor, "video_processor", None) is not None
+        self.video_token = getattr(processor, "video_token", None) if has_video else None
         tok = self.tokenizer
         self.special_ids = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
 
@@ -130,53 +135,79 @@ class ConversationEncoder:
             spans.append((len(head) + start, len(head) + end, len(turn)))
         return spans
 
-    def expand(self, text: str, images: list, where: str) -> tuple[str, list[tuple[int, int]], list[int]]:
-        """``text`` with its ``j``-th image placeholder (``processor.image_token``, found as the processor finds it)
-        replaced by ``images[j]``: the text the processor expands it to, or an int ``n`` (a :data:`REPEATED`
-        family): the placeholder ``n`` times. Returns the expanded text, each image's ``[start, end)`` in it, and
-        the placeholders' starts in ``text``.
+    def _placeholders(self, text: str, images: list, videos: list, where: str) -> list[tuple[int, str]]:
+        """``(start, kind)`` of every image and video placeholder of ``text`` in order (found as the processor finds
+        them), checked against the numbers of ``images`` and ``videos``.
 
         Raises:
-            ValueError: the number of placeholders differs from ``len(images)``; an int for a family whose
-                expansion is not the placeholder repeated.
+            ValueError: the counts differ; a video for a processor without a video processor.
         """
-        starts = [m.start() for m in re.finditer(re.escape(self.image_token), text)] if self.image_token else []
-        if len(starts) != len(images):
-            raise ValueError(f"{where}: the chat template wrote {len(starts)} image token(s) for {len(images)} "
-                             f"image(s); it must render each image part as the family's image placeholder")
+        if videos and self.video_token is None:
+            raise ValueError(f"{where}: the row has {len(videos)} video(s) but {type(self.processor).__name__} "
+                             f"takes no videos (docs/video.md lists the families that do)")
+        marks = {"image": self.image_token, "video": self.video_token}
+        pattern = "|".join(f"(?P<{kind}>{re.escape(mark)})" for kind, mark in marks.items() if mark)
+        found = [(m.start(), m.lastgroup) for m in re.finditer(pattern, text)] if pattern else []
+        for kind, given in (("image", images), ("video", videos)):
+            written = sum(k == kind for _, k in found)
+            if written != len(given):
+                raise ValueError(f"{where}: the chat template wrote {written} {kind} token(s) for {len(given)} "
+                                 f"{kind}(s); it must render each {kind} part as the family's {kind} placeholder")
+        return found
+
+    def expand(self, text: str, images: list, where: str, videos: list = ()
+               ) -> tuple[str, list[tuple[int, int]], list[int], list[str]]:
+        """``text`` with its ``j``-th image placeholder (``processor.image_token``, found as the processor finds it)
+        replaced by ``images[j]`` and its ``k``-th video placeholder (``processor.video_token``) by ``videos[k]``:
+        the text the processor expands it to, or an int ``n`` (a :data:`REPEATED` family): the placeholder ``n``
+        times. Returns the expanded text, each placeholder's ``[start, end)`` in it and its start in ``text`` (in
+        the text's order), and its kind (``image`` / ``video``).
+
+        Raises:
+            ValueError: the numbers of placeholders differ from ``len(images)`` / ``len(videos)``; an int for a
+                family whose expansion is not the placeholder repeated; videos for a processor without a video
+                processor.
+        """
+        found = self._placeholders(text, images, videos, where)
+        queues = {"image": iter(images), "video": iter(videos)}
+        marks = {"image": self.image_token, "video": self.video_token}
         pieces, chars, last = [], [], 0
-        for start, image in zip(starts, images):
-            if not isinstance(image, str):
+        for start, kind in found:
+            item = next(queues[kind])
+            if not isinstance(item, str):
                 if self.model_type not in REPEATED:
                     raise ValueError(f"{where}: {self.model_type} expands an image to more than its placeholder "
                                      f"repeated; pass each image's expansion (image_replacements_for_sizes)")
-                image = self.image_token * int(image)
+                item = marks[kind] * int(item)
             pieces.append(text[last:start])
             at = sum(map(len, pieces))
-            pieces.append(image)
-            chars.append((at, at + len(image)))
-            last = start + len(self.image_token)
+            pieces.append(item)
+            chars.append((at, at + len(item)))
+            last = start + len(marks[kind])
         pieces.append(text[last:])
-        return "".join(pieces), chars, starts
+        return "".join(pieces), chars, [start for start, _ in found], [kind for _, kind in found]
 
-    def encode(self, messages: list[dict], images: list, where: str) -> Encoded:
+    def encode(self, messages: list[dict], images: list, where: str, videos: list = ()) -> Encoded:
         """Render ``messages`` (parts lists), expand each image placeholder to ``images[j]`` as the processor
-        expands image ``j`` (:meth:`expand`), tokenize with offsets, and mark the assistant tokens.
+        expands image ``j`` and each video placeholder to ``videos[k]`` (:meth:`expand`), tokenize with offsets,
+        and mark the assistant tokens.
 
         ``labels`` is ``ids`` on every token that overlaps an assistant content span or the end-of-turn token
         after it (the first token after the content that is not whitespace, when it is a special token:
         ``<|im_end|>`` for ChatML, the eos for LLaVA), with whatever whitespace lies between; ``-100`` elsewhere.
         Character spans become token spans through the fast tokenizer's offsets of the whole text, so a BPE token
         that joins the template's text and the content (LLaVA's ``": "`` and the answer's first word) is labelled.
-        ``image_spans`` are the tokens that overlap each image's expansion.
+        ``image_spans`` are the tokens that overlap each image's or video's expansion (``video_spans`` the videos'
+        alone), none of them labelled.
 
         Raises:
             ValueError: the template's prefixes are not prefixes (:meth:`assistant_spans`); :meth:`expand`'s.
         """
         text = self.render(messages)
         spans = self.assistant_spans(messages, text, where)
-        expanded, chars, starts = self.expand(text, images, where)
-        grown = [end - start - len(self.image_token) for start, end in chars]
+        expanded, chars, starts, kinds = self.expand(text, images, where, videos)
+        marks = {"image": self.image_token, "video": self.video_token}
+        grown = [end - start - len(marks[kind]) for (start, end), kind in zip(chars, kinds)]
 
         def moved(at: int) -> int:  # a character of ``text`` (not inside a placeholder) -> of ``expanded``
             return at + sum(g for start, g in zip(starts, grown) if start < at)
@@ -199,7 +230,8 @@ class ConversationEncoder:
         for a, b in image_spans:
             labelled[a:b] = [False] * (b - a)
         labels = [token if lab else IGNORE for token, lab in zip(ids, labelled)]
-        return Encoded(list(ids), labels, image_spans, text)
+        video_spans = [span for span, kind in zip(image_spans, kinds) if kind == "video"]
+        return Encoded(list(ids), labels, image_spans, text, video_spans)
 
     def image_tokens_for_sizes(self, sizes: list[tuple[int, int]]) -> list[int]:
         """Tokens each image of size ``(height, width)`` takes, without decoding it: the processor's
@@ -220,3 +252,13 @@ class ConversationEncoder:
         out = self.processor(text=[self.image_token * len(sizes)], images=[blanks],
                              return_text_replacement_offsets=True)
         return [item["replacement"] for item in out["text_replacement_offsets"][0]]
+
+    def video_tokens_for(self, refs: list[dict]) -> list[int]:
+        """Tokens each video reference (:func:`~.video.video_ref`) takes, without decoding it
+        (:func:`~.video.video_tokens`): what :meth:`encode` takes for a row's videos.
+
+        Raises:
+            ValueError: a video whose header cannot be read or that cannot be sampled.
+        """
+        from .video import video_tokens
+        return [video_tokens(ref, self.processor.video_processor) for ref in refs]

@@ -8,7 +8,8 @@ the checkpoint as the original model (transformers 5 reads each file as noted):
   directory has no video processor file) and ``processor_class`` (``AutoProcessor``'s class);
 - ``video_preprocessor_config.json``: the video processor (``video_processor_type``), for Qwen3-VL as its
   snapshots hold one (the class inferred from the image processor's type would be Qwen2-VL's); Qwen2-VL and
-  Qwen2.5-VL snapshots have none;
+  Qwen2.5-VL snapshots have none, unless the video processor's settings differ from those the image processor
+  implies (:func:`~.video_processor.implied_by_image`);
 - ``processor_config.json``: the processor's own arguments, where it has any (LLaVA: patch size, feature
   strategy, image token, extra positions, as llava-hf's snapshots hold them);
 - ``tokenizer.json``, ``tokenizer_config.json`` (with ``processor_class``) and ``chat_template.jinja``, which the
@@ -176,8 +177,10 @@ def save_processor(directory: str, processor, model_type: str, chat_template: st
     _write_json(os.path.join(directory, "preprocessor_config.json"), image)
     written.add("preprocessor_config.json")
 
+    from .video_processor import implied_by_image
     own_video = getattr(processor, "video_processor", None)
-    if video_processor is None and own_video is not None:
+    if video_processor is None and own_video is not None and not implied_by_image(own_video,
+                                                                                  processor.image_processor):
         video_processor = json.loads(own_video.to_json_string())
     if video_processor is None and model_type in VIDEO_PROCESSOR_TYPES:
         video_processor = {key: image[key] for key in _VIDEO_KEYS if key in image}
@@ -200,7 +203,8 @@ def load_checkpoint_processor(directory: str):
     ``AutoProcessor.from_pretrained(directory)`` where torchvision is installed or the family's processor has no
     video processor (LLaVA); else (the Qwen families without torchvision, whose stock processor needs it for the
     video processor) :func:`mpipe_hf.data.build_processor` over ``AutoTokenizer`` and ``AutoImageProcessor``
-    (images and text processed as by the stock class, no videos). A LoRA adapter directory (PEFT's
+    (images and text processed as by the stock class; Qwen2-VL / Qwen2.5-VL videos by the torchvision-free video
+    processor, with the snapshot's video settings where it has any). A LoRA adapter directory (PEFT's
     ``adapter_config.json`` and the processor files, no ``config.json``) takes the model type from the config
     of its ``base_model_name_or_path``.
 
@@ -211,7 +215,7 @@ def load_checkpoint_processor(directory: str):
     from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer
     from transformers.utils import is_torchvision_available
 
-    from .processor import QWEN_PROCESSORS, build_processor
+    from .processor import QWEN_PROCESSORS, VIDEO_TYPES, build_processor
     from .processors_vlm import FAMILY_TYPES
 
     adapter = os.path.join(directory, "adapter_config.json")
@@ -229,7 +233,12 @@ def load_checkpoint_processor(directory: str):
     if config.model_type not in FAMILY_TYPES and (is_torchvision_available()
                                                   or config.model_type not in QWEN_PROCESSORS):
         return AutoProcessor.from_pretrained(directory)
+    from .video_processor import video_processor_from_image
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    processor = build_processor(config, tokenizer, AutoImageProcessor.from_pretrained(directory))
+    image_processor = AutoImageProcessor.from_pretrained(directory)
+    video = None
+    if config.model_type in VIDEO_TYPES:  # the snapshot's video settings where it has them, as AutoVideoProcessor
+        video = video_processor_from_image(image_processor, video_processor_config(directory))
+    processor = build_processor(config, tokenizer, image_processor, video_processor=video)
     processor.chat_template = tokenizer.chat_template
     return processor

@@ -12,7 +12,9 @@ text          ``text``                                                         p
 ============  ===============================================================  ==================================
 
 A message's content is a string with ``<image>`` placeholders or a list of parts (``{"type": "image"}``,
-``{"type": "text", "text": ...}``). An image is a path (relative to the source's image folder), bytes, a PIL image,
+``{"type": "text", "text": ...}``). Rows may hold videos too (``{"type": "video"}`` parts or ``<video>``
+placeholders, the videos inside the parts or in a ``videos`` / ``video`` value; :func:`conversation_videos`,
+docs/video.md). An image is a path (relative to the source's image folder), bytes, a PIL image,
 or a ``{"bytes", "path"}`` mapping (a ``datasets.Image`` column read without decoding). Every image becomes a
 reference ``{"bytes": bytes | None, "path": str | None}``: a file stays on disk until its micro-batch's owner opens
 it (SPEC.md, "DATA_LOAD").
@@ -125,13 +127,74 @@ def _inline_images(messages: list, images: list, where: str) -> tuple[list, list
     return messages, [v.removeprefix("file://") if isinstance(v, str) else v for v in inline]
 
 
-def conversation(row, layout: str, where: str) -> tuple[list[dict], list]:
-    """``(messages, images)`` of ``row`` in ``layout`` (not ``text``): messages ``{"role": system|user|assistant,
-    "content": str | parts}`` as the row writes them, and the raw images in order.
+VIDEO_KEYS = ("video", "path", "url", "frames")  # a video part that names its video: {"type": "video", "video": ...}
+VIDEO_PARTS = ("video", "video_url")
+
+
+def _video_parts(messages: list) -> list[dict]:
+    """The video parts of ``messages`` (list contents only), in order."""
+    return [part for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+            for part in m["content"] if isinstance(part, dict) and part.get("type") in VIDEO_PARTS]
+
+
+def has_videos(row: dict, messages: list) -> bool:
+    """Whether a row holds a video: a video part, or a ``videos`` / ``video`` value."""
+    return bool(_video_parts(messages)) or bool(_listed(row.get("videos"))) or bool(_listed(row.get("video")))
+
+
+def _video_source(value, part: dict | None, where: str) -> tuple:
+    """``(source, options)`` of one video: ``value`` (a path, a list of frame paths, or a mapping naming one of
+    :data:`VIDEO_KEYS` with options beside it) and the options of its part (:func:`~.video.video_options`)."""
+    from .video import video_options
+    options = video_options(part or {}, where)
+    if isinstance(value, dict):
+        options.update(video_options(value, where))
+        value = next((value[k] for k in VIDEO_KEYS if value.get(k) is not None), None)
+    if isinstance(value, str):
+        value = value.removeprefix("file://")
+    return value, options
+
+
+def conversation_videos(row: dict, messages: list, where: str) -> list[tuple]:
+    """The videos of a row, in order, as ``(source, options)`` (:func:`_video_source`): named inside their parts
+    (``{"type": "video", "video" | "path" | "url" | "frames": ..., "fps": ...}``, the form of
+    ``apply_chat_template`` and qwen-vl-utils), else in the row's ``videos`` (TRL, LLaMA-Factory) or ``video``
+    (LLaVA-Video, ShareGPT4Video) value, the k-th taking the options of the k-th video part where parts carry any.
 
     Raises:
-        ValueError: the row lacks the layout's keys, or a value of the wrong kind (naming ``where``).
+        ValueError: a row that names videos both inside its parts and in ``videos``/``video``; an option that is
+            not a positive number.
     """
+    parts = _video_parts(messages)
+    inline = [(next(p[k] for k in VIDEO_KEYS if p.get(k) is not None), p) for p in parts
+              if any(p.get(k) is not None for k in VIDEO_KEYS)]
+    listed = _listed(row.get("videos") if row.get("videos") is not None else row.get("video"))
+    if inline and listed:
+        raise ValueError(f"{where}: videos named both inside the message parts and in 'videos'/'video'; give them "
+                         f"once")
+    if inline:
+        return [_video_source(value, part, where) for value, part in inline]
+    return [_video_source(value, parts[k] if k < len(parts) else None, where) for k, value in enumerate(listed)]
+
+
+def conversation(row, layout: str, where: str, videos: bool = False) -> tuple[list[dict], list]:
+    """``(messages, images)`` of ``row`` in ``layout`` (not ``text``): messages ``{"role": system|user|assistant,
+    "content": str | parts}`` as the row writes them, and the raw images in order. With ``videos`` the row may
+    hold videos too (:func:`conversation_videos` reads them); without, a row with a video is refused rather than
+    read without it.
+
+    Raises:
+        ValueError: the row lacks the layout's keys, or a value of the wrong kind (naming ``where``); a video
+            where ``videos`` is false.
+    """
+    messages, images = _conversation(row, layout, where)
+    if not videos and has_videos(row, messages):
+        raise ValueError(f"{where}: the row holds a video, which this loader does not read yet (the collator does: "
+                         f"docs/video.md)")
+    return messages, images
+
+
+def _conversation(row, layout: str, where: str) -> tuple[list[dict], list]:
     if not isinstance(row, dict):
         raise ValueError(f"{where}: a row must be a JSON object (a mapping), got {type(row).__name__}")
     missing = [k for k in LAYOUTS[layout] if row.get(k) is None and not (layout == "llava" and k == "image")]

@@ -1,5 +1,6 @@
 """The Hugging Face processor of each vision-language family, built from a tokenizer and a PIL image processor (no
-torchvision needed): Qwen2-VL, Qwen2.5-VL, Qwen3-VL and LLaVA here, the other families in :mod:`.processors_vlm`.
+torchvision needed): Qwen2-VL, Qwen2.5-VL (with a torchvision-free video processor, :mod:`.video_processor`),
+Qwen3-VL and LLaVA here, the other families in :mod:`.processors_vlm`.
 
 Every family of :data:`PROCESSOR_TYPES` has a PIL image processor in ``transformers`` 5.24; Mistral 3's processor
 class (Pixtral's) imports torchvision, so without it Mistral 3 gets a stand-in that expands images as it does
@@ -15,6 +16,7 @@ from transformers.models.clip.image_processing_pil_clip import CLIPImageProcesso
 from .more_families import MORE
 from .processors_vlm import (FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE, conversation_class, family_image_processor,
                              family_processor)
+from .video_processor import video_processor_from_image
 
 QWEN_PROCESSORS = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}
 QWEN_PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
@@ -23,7 +25,8 @@ PROCESSOR_TYPES = sorted([*QWEN_PROCESSORS, "llava", *FAMILY_TYPES, *MORE])
 PIXEL_BOUNDED_TYPES = frozenset([*QWEN_PROCESSORS, *QWEN3_LIKE, *GLM_LIKE, *(t for t, d in MORE.items() if d.pixel_bounded)])
 
 
-# without a video processor (:func:`~.processors_vlm.conversation_class`)
+VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl")  # families whose processor here takes videos (docs/video.md)
+# without torchvision's video processor (:func:`~.processors_vlm.conversation_class`): none (Qwen3-VL) or ours
 _IMAGE_ONLY = {model_type: conversation_class(cls, model_type) for model_type, cls in QWEN_PROCESSORS.items()}
 
 
@@ -49,11 +52,14 @@ def image_processor_for(config, min_pixels: int = 56 * 56, max_pixels: int = 112
 
 
 def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 56 * 56,
-                    max_pixels: int = 112 * 112):
+                    max_pixels: int = 112 * 112, video_processor=None):
     """The HF processor of ``config.model_type`` over ``tokenizer`` and ``image_processor`` (from
-    :func:`image_processor_for` when ``None``). LLaVA's takes its patch size, feature strategy and image token
-    from ``config`` (one extra position for a CLIP tower's CLS token); the other families' are
-    :func:`~.processors_vlm.family_processor`'s (the tokenizer copied with the family's image markers named).
+    :func:`image_processor_for` when ``None``). Qwen2-VL's and Qwen2.5-VL's take videos too, through
+    ``video_processor`` (``None``: the torchvision-free :class:`~.video_processor.QwenVideoProcessor` with the
+    image processor's settings, as ``AutoVideoProcessor`` builds theirs; docs/video.md). LLaVA's takes its patch
+    size, feature strategy and image token from ``config`` (one extra position for a CLIP tower's CLS token); the
+    other families' are :func:`~.processors_vlm.family_processor`'s (the tokenizer copied with the family's image
+    markers named).
 
     Raises:
         ValueError: ``config.model_type`` has no processor here (the message lists the supported ones).
@@ -61,8 +67,10 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
     if image_processor is None:
         image_processor = image_processor_for(config, min_pixels, max_pixels)
     if config.model_type in QWEN_PROCESSORS:
+        if video_processor is None and config.model_type in VIDEO_TYPES:
+            video_processor = video_processor_from_image(image_processor)
         return _IMAGE_ONLY[config.model_type](image_processor=image_processor, tokenizer=tokenizer,
-                                              video_processor=None)
+                                              video_processor=video_processor)
     if config.model_type == "llava":
         vision = config.vision_config
         return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=vision.patch_size,
@@ -77,7 +85,9 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
 
 
 def qwen2_5_vl_processor(tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112, image_processor=None):
-    """The Qwen2.5-VL processor (the bundled demo's), images resized to between ``min_pixels`` and ``max_pixels``."""
+    """The Qwen2.5-VL processor (the bundled demo's), images and video frames resized to between ``min_pixels``
+    and ``max_pixels``."""
     if image_processor is None:
         image_processor = Qwen2VLImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
-    return _IMAGE_ONLY["qwen2_5_vl"](image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
+    return _IMAGE_ONLY["qwen2_5_vl"](image_processor=image_processor, tokenizer=tokenizer,
+                                     video_processor=video_processor_from_image(image_processor))

@@ -13,21 +13,25 @@ The templates (Jinja, for transformers' environment) follow the hub formats: Vip
 (the turn markers stood in by ChatML's, the role tokens plain text); Gemma 3's for ShieldGemma 2; Vicuna's ``USER:
 <image>\\n... ASSISTANT: ...</s>`` for LLaVA-NeXT-Video and Video-LLaVA; ChatML for Qianfan-OCR and LightOnOCR;
 DeepSeek-VL's and Janus's ``User: <image_placeholder>...\\n\\nAssistant: ...``; GOT-OCR2's ChatML with its system
-message (PP-Chart2Table's too: the same model, whose stock processor takes no conversation, so GOT-OCR2's serves).
+message (PP-Chart2Table's too: the same model, whose stock processor takes no conversation, so GOT-OCR2's serves);
+Idefics2's ``User:<image>...<end_of_utterance>\\nAssistant: ...`` (Idefics3's without a BOS: Mistral's tokenizer
+writes it). DeepSeek-OCR-2 has no hub template (its examples prompt ``<image>\\nFree OCR.``), so the format of its
+DeepSeek-VL2 lineage serves: ``<|User|>: <image>\\n...\\n\\n<|Assistant|>: answer`` and the eos.
 Where the hub writes nothing after an answer, the eos is written (as :mod:`.templates` does for GLM-4V), so the
 encoder labels the turn's end.
 """
 
 from __future__ import annotations
 
-from transformers import (AriaProcessor, AyaVisionProcessor, DeepseekVLHybridProcessor, DeepseekVLProcessor, Gemma3Processor,
-                          GotOcr2Processor, JanusProcessor, LightOnOcrProcessor, LlavaNextVideoProcessor,
-                          LlavaProcessor, QianfanOCRProcessor, VideoLlavaProcessor)
+from transformers import (AriaProcessor, AyaVisionProcessor, DeepseekOcr2Processor, DeepseekVLHybridProcessor,
+                          DeepseekVLProcessor, Gemma3Processor, GotOcr2Processor, Idefics2Processor, JanusProcessor,
+                          LightOnOcrProcessor, LlavaNextVideoProcessor, LlavaProcessor, QianfanOCRProcessor,
+                          VideoLlavaProcessor)
 from transformers.processing_utils import ProcessorMixin
 
 from .family_data import FamilyData
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
-from .templates import _BOS, _CONTENT, _GEMMA3, _GENERATION, _chatml
+from .templates import _BOS, _CONTENT, _GEMMA3, _GENERATION, _chatml, _idefics
 
 IMAGE = {"image_token": ("<image>", "<|image_pad|>")}
 
@@ -65,6 +69,11 @@ _AYA = _roles("'<|im_start|><|USER_TOKEN|>'", "'<|im_start|><|CHATBOT_TOKEN|>'",
 # DeepSeek-VL (deepseek-vl-*-chat-hf): "User: <image_placeholder>...\n\nAssistant: answer<｜end▁of▁sentence｜>".
 _DEEPSEEK_VL = _roles("'User: '", "'Assistant: '", "''", "'\\n\\n'", "eos_token + '\\n\\n'", "'IMAGE_TOKEN'",
                       "'Assistant:'", _BOS)
+
+# DeepSeek-OCR-2 (DeepSeek-VL2's "deepseek" format): "<|User|>: <image>\n...\n\n<|Assistant|>: answer<eos>";
+# <|User|> and <|Assistant|> plain text in the Qwen2 vocabulary.
+_DEEPSEEK_VL2 = _roles("'<|User|>: '", "'<|Assistant|>: '", "''", "'\\n\\n'", "eos_token", "'IMAGE_TOKEN\\n'",
+                       "'<|Assistant|>:'", _BOS)
 
 
 def _llava(config, tokenizer, image_processor):
@@ -256,6 +265,56 @@ def _video_llava(config, tokenizer, image_processor):
         video_token=tok.video_token, vision_feature_select_strategy=config.vision_feature_select_strategy)
 
 
+def _idefics2_images(config, min_pixels, max_pixels):
+    """Idefics2's resize (aspect ratio kept, longest edge the tower's side, shortest at least half of it; the hub's
+    378 to 980 px), padded to the micro-batch's largest image with a pixel mask."""
+    from transformers.models.idefics2.image_processing_pil_idefics2 import Idefics2ImageProcessorPil
+    return Idefics2ImageProcessorPil(size={"shortest_edge": _side(config) // 2, "longest_edge": _side(config)})
+
+
+class _ConversationIdefics2Processor(Idefics2Processor):
+    """Idefics2's processor for conversations: the markers the tokenizer names (the stock one adds
+    ``<fake_token_around_image>``, ``<image>`` and ``<end_of_utterance>`` to it), and ``ProcessorMixin``'s call,
+    which returns each image's replacement (``text_replacement_offsets``; the stock call returns none): as the
+    stock call writes an image, ``<fake_token_around_image>`` then, per view (5 with ``do_image_splitting``: 4
+    crops and the image), ``image_seq_len`` image tokens and ``<fake_token_around_image>``. Not done here: the
+    stock call's merging of the boundary tokens of two adjacent images and its space after an image that a word
+    follows, both outside an image's own replacement."""
+
+    def __init__(self, image_processor, tokenizer=None, image_seq_len: int = 64, chat_template=None, **kwargs):
+        self.fake_image_token, self.image_token = tokenizer.image_boundary_token, tokenizer.image_token
+        self.image_token_id, self.end_of_utterance_token = tokenizer.image_token_id, tokenizer.end_of_utterance_token
+        self.image_seq_len = image_seq_len
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    def __call__(self, images=None, text=None, **kwargs):
+        return ProcessorMixin.__call__(self, images=images, text=text, **kwargs)
+
+    def replace_image_token(self, image_inputs: dict, image_idx: int, **kwargs) -> str:
+        views = 5 if self.image_processor.do_image_splitting else 1
+        return self.fake_image_token + (self.image_token * self.image_seq_len + self.fake_image_token) * views
+
+
+def _idefics2(config, tokenizer, image_processor):
+    return conversation_class(_ConversationIdefics2Processor, config.model_type)(
+        image_processor, named_tokenizer(tokenizer, config),
+        image_seq_len=config.perceiver_config.resampler_n_latents)
+
+
+def _ocr2_images(config, min_pixels, max_pixels):
+    """DeepSeek-OCR-2's global view (padded square, the SAM tower's side) and, for an image larger than a tile, its
+    2 to 6 tiles of 3/4 of that side (the hub's 768 px of 1,024)."""
+    from transformers.models.deepseek_ocr2.image_processing_pil_deepseek_ocr2 import DeepseekOcr2ImageProcessorPil
+    side = config.vision_config.sam_config.image_size
+    return DeepseekOcr2ImageProcessorPil(size={"height": side, "width": side}, tile_size=side * 3 // 4)
+
+
+def _ocr2(config, tokenizer, image_processor):
+    return conversation_class(DeepseekOcr2Processor, config.model_type)(
+        image_processor, named_tokenizer(tokenizer, config), patch_size=config.vision_config.sam_config.patch_size,
+        downsample_ratio=4)  # the tower's two stride-2 convolutions
+
+
 GEMMA3_TOKENS = {"image_token": ("<image_soft_token>", "<|image_pad|>"),
                  "boi_token": ("<start_of_image>", "<|vision_start|>"),
                  "eoi_token": ("<end_of_image>", "<|vision_end|>")}
@@ -306,6 +365,11 @@ DATA: dict[str, FamilyData] = {
     "janus": FamilyData(_janus_images, _janus, _DEEPSEEK_VL, "<image_placeholder>", tokens={
         "image_token": ("<image_placeholder>", "<|image_pad|>"), "boi_token": ("<begin_of_image>", "<|vision_start|>"),
         "eoi_token": ("<end_of_image>", "<|vision_end|>")}, config_ids={"image_token": "image_token_id"}),
+    "idefics2": FamilyData(_idefics2_images, _idefics2, _idefics(""), tokens={
+        **IMAGE, "image_boundary_token": ("<fake_token_around_image>", "<|vision_start|>"),
+        "end_of_utterance_token": ("<end_of_utterance>", "<|im_end|>")}, config_ids={"image_token": "image_token_id"}),
+    "deepseek_ocr2": FamilyData(_ocr2_images, _ocr2, _DEEPSEEK_VL2, tokens=IMAGE,
+                                config_ids={"image_token": "image_token_id"}, repeated=True),
     "lighton_ocr": FamilyData(_pixtral_images, _lighton, _chatml(None, "'IMAGE_TOKEN'"), "<|image_pad|>", tokens={
         "image_token": ("<|image_pad|>", "<|image_pad|>"), "image_break_token": ("<|vision_pad|>", "<|vision_pad|>"),
         "image_end_token": ("<|vision_end|>", "<|vision_end|>")}, config_ids={"image_token": "image_token_id"}),

@@ -33,6 +33,7 @@ from transformers import (Gemma3Processor, Glm4vProcessor, Idefics3Processor, In
                           LlavaOnevisionProcessor, PaliGemmaProcessor, Qwen3VLProcessor, SmolVLMProcessor)
 from transformers.processing_utils import ProcessorMixin
 from transformers.utils import is_torchvision_available
+from transformers.video_processing_utils import VideoProcessorMixin
 
 # model_type -> {tokenizer attribute: (the hub checkpoints' token, the Qwen2 special token standing in)}
 FAMILY_TOKENS = {
@@ -120,12 +121,13 @@ def named_tokenizer(tokenizer, config):
 
 
 def conversation_class(base: type, model_type: str) -> type:
-    """``base`` (a stock processor class) with ``video_processor=None`` accepted and ``save_pretrained`` writing
-    what a hub snapshot holds (module docstring); ``model_type`` is its family (``mpipe_model_type``)."""
+    """``base`` (a stock processor class) with ``video_processor=None`` (or a torchvision-free one,
+    :class:`~.video_processor.QwenVideoProcessor`) accepted and ``save_pretrained`` writing what a hub snapshot
+    holds (module docstring); ``model_type`` is its family (``mpipe_model_type``)."""
 
     def check_argument_for_proper_class(self, argument_name, argument):
-        if argument_name == "video_processor" and argument is None:
-            return type(None)
+        if argument_name == "video_processor" and (argument is None or isinstance(argument, VideoProcessorMixin)):
+            return type(argument)  # transformers names VideoProcessorMixin for this check only with torchvision
         return base.check_argument_for_proper_class(self, argument_name, argument)
 
     def save_pretrained(self, save_directory, **kwargs):

@@ -29,8 +29,9 @@ In every template a message's ``content`` is a string or a list of parts ``{"typ
 ``{"type": "text", "text": ...}``; an image part renders the family's image placeholder (Qwen:
 ``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA: ``<image>\\n``, the newline left out when the next text
 starts with one; the others ``processor.image_token``), which the processor then expands to the image's tokens.
-``add_generation_prompt`` appends the assistant header (ChatML ``<|im_start|>assistant\\n``, LLaVA
-``ASSISTANT:``; nothing where the hub format has none: PaliGemma, Mistral 3, LLaVA-NeXT). Rendering a
+The Qwen templates write a video part ``{"type": "video"}`` as ``<|vision_start|><|video_pad|><|vision_end|>``, as
+the hub templates do (docs/video.md). ``add_generation_prompt`` appends the assistant header (ChatML
+``<|im_start|>assistant\\n``, LLaVA ``ASSISTANT:``; nothing where the hub format has none: PaliGemma, Mistral 3, LLaVA-NeXT). Rendering a
 conversation's first turns with the generation prompt gives a prefix of rendering it all (how the collator finds
 the assistant tokens).
 
@@ -41,6 +42,7 @@ on), so all their output comes from ``{{ }}`` expressions and none from literal 
 from __future__ import annotations
 
 QWEN_VISION = "<|vision_start|><|image_pad|><|vision_end|>"
+QWEN_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"  # a video part in the Qwen templates (as the hub's)
 
 # The text of one message's content, a string or a list of parts, with each image part as ``IMAGE``.
 _CONTENT = (
@@ -58,9 +60,20 @@ _CONTENT = (
 )
 
 
-def _chatml(default_system: str | None, image: str = "'" + QWEN_VISION + "'") -> str:
-    """ChatML over ``_CONTENT``, with ``default_system`` as the system turn when the first message is not one and
-    each image part written as the Jinja string ``image``."""
+def _with_video(content: str, video: str) -> str:
+    """``content`` (``_CONTENT`` with its images set) writing each video part as the Jinja string ``video``."""
+    text = "{%- elif part['type'] == 'text' -%}"
+    part = ("{%- elif part['type'] == 'video' or (part['type'] is not defined and 'video' in part) -%}"
+            "{{- " + video + " -}}")
+    return content.replace(text, part + text, 1)
+
+
+def _chatml(default_system: str | None, image: str = "'" + QWEN_VISION + "'", video: str | None = None) -> str:
+    """ChatML over ``_CONTENT``, with ``default_system`` as the system turn when the first message is not one,
+    each image part written as the Jinja string ``image`` and, where given, each video part as ``video``."""
+    content = _CONTENT.replace("IMAGE", image)
+    if video is not None:
+        content = _with_video(content, video)
     head = ""
     if default_system is not None:
         head = ("{%- if loop.first and message['role'] != 'system' -%}"
@@ -69,7 +82,7 @@ def _chatml(default_system: str | None, image: str = "'" + QWEN_VISION + "'") ->
     return ("{%- for message in messages -%}"
             + head +
             "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-            + _CONTENT.replace("IMAGE", image) +
+            + content +
             "{{- '<|im_end|>\\n' -}}"
             "{%- endfor -%}"
             "{%- if add_generation_prompt -%}"
@@ -206,13 +219,14 @@ _GLM4V = ("{{- '[gMASK]<sop>' -}}"
           "{%- if message['role'] == 'assistant' -%}{{- eos_token -}}{%- endif -%}"
           "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|assistant|>\\n'"))
 
+_QWEN_VIDEO = "'" + QWEN_VIDEO + "'"
 _TEMPLATES = {
-    "qwen2_vl": _chatml("You are a helpful assistant."),
-    "qwen2_5_vl": _chatml("You are a helpful assistant."),
-    "qwen3_vl": _chatml(None),
-    "qwen3_5": _chatml(None),
-    "qwen3_5_moe": _chatml(None),
-    "qwen3_vl_moe": _chatml(None),
+    "qwen2_vl": _chatml("You are a helpful assistant.", video=_QWEN_VIDEO),
+    "qwen2_5_vl": _chatml("You are a helpful assistant.", video=_QWEN_VIDEO),
+    "qwen3_vl": _chatml(None, video=_QWEN_VIDEO),
+    "qwen3_5": _chatml(None, video=_QWEN_VIDEO),
+    "qwen3_5_moe": _chatml(None, video=_QWEN_VIDEO),
+    "qwen3_vl_moe": _chatml(None, video=_QWEN_VIDEO),
     "llava": _LLAVA,
     "glm4v": _GLM4V,
     "glm4v_moe": _GLM4V,

@@ -68,17 +68,18 @@ def _fixed(tokens):
     return lambda model: (lambda raw, n=tokens(model.config): raw["pixel_values"].shape[0] * n)
 
 
+def real_tiles(raw: Tensors) -> int:
+    """The tiles (images) of ``pixel_values`` ``(B, tiles, C, h, w)`` that are not all zero: those Idefics2/3's
+    ``get_image_features`` keeps (the processor pads each row's tiles with zeros)."""
+    return int((raw["pixel_values"].flatten(0, 1) != 0).flatten(1).any(1).sum())
+
+
 def _idefics_tokens(model: nn.Module):
-    """Real tiles (not all zero, as ``Idefics3Model.get_image_features`` keeps them) x tokens per tile."""
+    """Real tiles (:func:`real_tiles`) x tokens per tile."""
     config = model.config
     side = config.vision_config.image_size // config.vision_config.patch_size
     per_tile = side * side // config.scale_factor ** 2
-
-    def count(raw):
-        pixels = raw["pixel_values"].flatten(0, 1)
-        real = (pixels != 0).flatten(1).any(1)
-        return int(real.sum()) * per_tile
-    return count
+    return lambda raw: real_tiles(raw) * per_tile
 
 
 def _pixtral_tokens(model: nn.Module):

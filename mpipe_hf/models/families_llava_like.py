@@ -7,14 +7,19 @@ LLaVA-NeXT-Video and Video-LLaVA are split on their image path; their video inpu
 (:func:`refuse_modalities`), and Video-LLaVA's video tower, like Janus's image-generation head (VQ-VAE,
 generation embeddings, aligner and head), is a part the split never runs (``Family.unused``: frozen, saved with
 stage 0). Aya Vision's conditional model scales its logits by the text config's ``logit_scale``
-(``Family.logit_scale``). PP-Chart2Table is GOT-OCR2's model class under its own config.
+(``Family.logit_scale``). PP-Chart2Table is GOT-OCR2's model class under its own config. Idefics2 is Idefics3's
+layout (``model.vision_model``, ``model.connector``, ``model.text_model``) with a Perceiver resampler in the
+connector: a fixed ``resampler_n_latents`` tokens per real image. DeepSeek-OCR-2's features of an image are its
+local tiles', its global view's and the learned ``model.view_separator`` (a bare parameter of ``P``); its
+DeepSeek-V2 MoE text model adds no load-balancing term to the loss (``DeepseekOcr2ForConditionalGeneration``), so
+none is added here (``output_router_logits`` stays off, as for ``mistral4``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .families import FAMILIES as _BASE, TOWER, _fixed, validate_counted_micro
+from .families import FAMILIES as _BASE, TOWER, _fixed, real_tiles, validate_counted_micro
 from .family import Family, no_pil
 from . import tiny_llava_like as tiny
 
@@ -26,6 +31,32 @@ def _tile_tokens(model) -> int:
     config = model.config
     side = config.vision_config.image_size // config.vision_config.patch_size
     return (side // config.downsample_factor) ** 2
+
+
+def _resampled_tokens(model):
+    """Idefics2: real images (:func:`~.families.real_tiles`) x the Perceiver's ``resampler_n_latents``."""
+    latents = model.config.perceiver_config.resampler_n_latents
+    return lambda raw: real_tiles(raw) * latents
+
+
+def _ocr2_tokens(model):
+    """DeepSeek-OCR-2, as ``DeepseekOcr2Processor._get_num_image_tokens`` counts them: per image its global view's
+    queries, each local tile's queries, and one view separator. A view's queries are what the tower takes for its
+    size (``DeepseekOcr2VisionModel.forward``): the 144 of ``query_768_resolution`` when the SAM grid, downsampled
+    4 x by two stride-2 convolutions, has at most 144 patches, else the 256 of ``query_1024_resolution``."""
+    tower, patch = model.model.vision_tower, model.config.vision_config.sam_config.patch_size
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    small, large = tower.query_768_resolution.num_embeddings, tower.query_1024_resolution.num_embeddings
+
+    def queries(pixels) -> int:
+        h, w = (-(-(side // patch) // 4) for side in pixels.shape[-2:])
+        return small if h * w <= small else large
+
+    def count(raw) -> int:
+        local = raw.get("pixel_values_local")
+        tiles = local.shape[0] * queries(local) if local is not None and local.numel() else 0
+        return raw["pixel_values"].shape[0] * (queries(raw["pixel_values"]) + 1) + tiles
+    return count
 
 
 def refuse_modalities(keys: dict[str, str], inner=None):
@@ -74,6 +105,10 @@ FAMILIES: dict[str, Family] = {
                                          "model.vision_model", "model.aligner"),
                                  image_inputs=("pixel_values", "high_res_pixel_values"), validate=_PATCHES),
     "aria": Family(vision=TOWER, image_inputs=("pixel_values", "pixel_mask")),
+    "idefics2": replace(_BASE["idefics3"], validate=validate_counted_micro(_resampled_tokens)),
+    "deepseek_ocr2": Family(vision=TOWER + ("model.view_separator",),
+                            image_inputs=("pixel_values", "pixel_values_local", "num_local_patches"),
+                            validate=validate_counted_micro(_ocr2_tokens)),
     "lighton_ocr": Family(vision=("model.vision_encoder", "model.vision_projection"),
                           image_inputs=("pixel_values", "image_sizes")),
 }

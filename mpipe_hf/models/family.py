@@ -113,7 +113,8 @@ def flat_features(pooled) -> torch.Tensor:
 class ImageFeatures(nn.Module):
     """``P``'s vision part: the raw vision keys -> ``{"image_features": (n_image_tokens, H)}`` through the model's
     own ``get_image_features`` (with DeepStack, also ``"deepstack_features"`` ``(K, n, H)``); a micro without
-    ``pixel_values`` gives ``(0, H)``.
+    ``pixel_values`` gives ``(0, H)``. Floating-point inputs (``pixel_values``, and any other view's pixels such as
+    DeepSeek-OCR-2's ``pixel_values_local``) are cast to the parameters' dtype, as the processor writes fp32.
 
     Args:
         model: the HF model; parts: ``{fqn: module or parameter}`` of ``P``'s vision part (held here, so that
@@ -145,9 +146,9 @@ class ImageFeatures(nn.Module):
     def forward(self, inputs: Tensors) -> Tensors:
         if "pixel_values" not in inputs:
             return self.empty()
-        kwargs = {k: inputs[k] for k in self.image_inputs if k in inputs}
-        if kwargs["pixel_values"].is_floating_point():
-            kwargs["pixel_values"] = kwargs["pixel_values"].type(next(self.parameters()).dtype)
+        dtype = next(self.parameters()).dtype  # every floating input (the pixels of each view) in the model's dtype
+        kwargs = {k: inputs[k].type(dtype) if inputs[k].is_floating_point() else inputs[k]
+                  for k in self.image_inputs if k in inputs}
         out = self._image_features(**kwargs, **self.config_kwargs, **(self.extra(inputs) if self.extra else {}),
                                    return_dict=True)
         feats = {"image_features": flat_features(out.pooler_output)}

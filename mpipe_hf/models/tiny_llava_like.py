@@ -1,6 +1,6 @@
 """Scaled-down real Hugging Face configs of the llava_like families of issue 38 (VipLLaVA, Aya Vision, GOT-OCR2,
 PP-Chart2Table, ShieldGemma 2, Qianfan-OCR, LLaVA-NeXT-Video, LightOnOCR, DeepSeek-VL and its hybrid, Janus,
-Video-LLaVA), for the tests.
+Video-LLaVA, Idefics2, DeepSeek-OCR-2), for the tests.
 
 As :mod:`.tiny_vlms`: the Qwen2 tokenizer's real vocabulary (``len(tokenizer)``), the family's image token
 ``<|image_pad|>`` (other markers the Qwen2 special tokens named in :mod:`mpipe_hf.data.processors_llava_like`; no
@@ -10,9 +10,9 @@ token is added), vision towers of 2 layers of width 32 on 28-64 px images, text 
 
 from __future__ import annotations
 
-from transformers import (AriaConfig, AyaVisionConfig, DeepseekVLConfig, DeepseekVLHybridConfig, GotOcr2Config, JanusConfig,
-                          LightOnOcrConfig, LlavaNextVideoConfig, PPChart2TableConfig, QianfanOCRConfig,
-                          ShieldGemma2Config, VideoLlavaConfig, VipLlavaConfig)
+from transformers import (AriaConfig, AyaVisionConfig, DeepseekOcr2Config, DeepseekVLConfig, DeepseekVLHybridConfig,
+                          GotOcr2Config, Idefics2Config, JanusConfig, LightOnOcrConfig, LlavaNextVideoConfig,
+                          PPChart2TableConfig, QianfanOCRConfig, ShieldGemma2Config, VideoLlavaConfig, VipLlavaConfig)
 
 from .tiny import HEADS
 from .tiny_vlms import VISION, _id, _lm, tiny_gemma3_config
@@ -173,3 +173,33 @@ def tiny_aria_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, imag
                moe_topk=2, moe_num_shared_experts=1)
     return AriaConfig(vision_config=vision, text_config=text, image_token_index=_id(tokenizer, "<|image_pad|>"),
                       projector_patch_to_query_dict={(image_size // 14) ** 2: 4}, tie_word_embeddings=False)
+
+
+def tiny_idefics2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 64
+                         ) -> Idefics2Config:
+    """An ``Idefics2Config``: a 2-layer SigLIP-like tower on images of up to ``image_size`` px in 8-px patches (any
+    aspect ratio, padded), the connector's MLP and a 2-layer Perceiver resampler to 8 latents an image
+    (``resampler_n_latents``; the hub's 64), and a Mistral text model."""
+    vision = dict(image_size=image_size, patch_size=8, **VISION)
+    perceiver = dict(hidden_size=hidden_size, resampler_n_latents=8, resampler_depth=2, resampler_n_heads=2,
+                     resampler_head_dim=16, num_key_value_heads=1)
+    text = _lm(tokenizer, "mistral", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    return Idefics2Config(vision_config=vision, perceiver_config=perceiver, text_config=text,
+                          image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+
+
+def tiny_deepseek_ocr2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 128
+                              ) -> DeepseekOcr2Config:
+    """A ``DeepseekOcr2Config`` scaled as the hub's 1,024-px global view and 768-px tiles are: :func:`_sam`'s tower
+    in 2-px patches (windows of 8, layer 1 global) on ``image_size``-px global views (a 64 x 64 grid, downsampled 4 x
+    to the 256 queries of ``query_1024_resolution``) and ``image_size * 3 / 4``-px tiles (the 144 of
+    ``query_768_resolution``), a 2-layer Qwen2-style encoder of width 32 over patches and queries, and a
+    DeepSeek-V2 text model with plain multi-head attention: the first layer dense, then 4 routed experts of width
+    ``hidden_size / 2`` (2 active) and one shared."""
+    sam = dict(_sam(image_size), patch_size=2, window_size=8, downsample_channels=[32, VISION["hidden_size"]])
+    text = _lm(tokenizer, "deepseek_ocr2_text", num_layers, hidden_size, moe_intermediate_size=hidden_size // 2,
+               n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+               mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1))
+    return DeepseekOcr2Config(vision_config=dict(sam_config=sam, encoder_config=dict(VISION, num_key_value_heads=1)),
+                              text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
+                              tie_word_embeddings=False)

@@ -145,7 +145,7 @@ def forward(ctx: StepContext, a: Action) -> None:
     s, m = a.stage, a.micro
     if s == 0:
         feats = ctx.feats.pop(m) if ctx.cfg.transposed else {}
-        feats = {k: v.detach().requires_grad_(ctx.cfg.trainable and v.is_floating_point()) for k, v in feats.items()}
+        feats = {k: v.detach().requires_grad_(ctx.cfg.trains_preprocess and v.is_floating_point()) for k, v in feats.items()}
         inputs = {**ctx.data.pop(m), **feats}
     else:
         inputs = ctx.act.pop((s - 1, m))
@@ -190,7 +190,7 @@ def backward(ctx: StepContext, a: Action) -> None:
     grads = _input_grads(inputs)
     if s > 0:
         ctx.grad[(s, m)] = grads
-    elif ctx.cfg.trainable:
+    elif ctx.cfg.trains_preprocess:
         ctx.feat_grad[m] = grads
 
 
@@ -276,7 +276,7 @@ def transpose_fwd(ctx: StepContext, a: Action) -> None:
             ctx.kept[m] = _run_preprocess(ctx, m, ctx.pin.pop(m))
         ctx.feats[m] = {k: v.detach() for k, v in ctx.kept[m].items()}
         return
-    pin = ctx.pin[m] if ctx.cfg.trainable else ctx.pin.pop(m)
+    pin = ctx.pin[m] if ctx.cfg.trains_preprocess else ctx.pin.pop(m)
     with torch.no_grad():
         ctx.feats[m] = _run_preprocess(ctx, m, pin)
 

@@ -88,7 +88,7 @@ class ScheduleConfig:
         return min(self.pp_size, self.num_micro)
 
     @property
-    def trainable(self) -> bool:
+    def trains_preprocess(self) -> bool:
         """``P`` has parameters to train: broadcast, graph or owner-backward, and ``P``'s backward."""
         return self.preprocess == "trainable"
 
@@ -101,7 +101,7 @@ class ScheduleConfig:
         """Whether ``stage``'s backward must give its inputs a gradient: every stage's but stage 0's, whose
         inputs are the raw data and ``P``'s output, unless ``P`` is trainable. In a zero-bubble schedule a
         stage without it has no ``B``: its whole backward is its ``W``."""
-        return stage > 0 or self.trainable
+        return stage > 0 or self.trains_preprocess
 
     def stage_rank(self, stage: int) -> int:
         """The rank that holds ``stage`` (``stage % R``)."""

@@ -105,7 +105,7 @@ def rank_params(cfg: ScheduleConfig, layout: list[int], estimate, bf16: bool = T
         embed = estimate.embed_params if r == 0 else 0
         tower = estimate.preprocess_params if r == 0 and not cfg.transposed else 0
         tower_trained = tower if train_tower else 0
-        replicated = estimate.preprocess_params if r == 0 and cfg.trainable else 0
+        replicated = estimate.preprocess_params if r == 0 and cfg.trains_preprocess else 0
         out.append(RankParams(matmul_bytes * (layers + head + tower) + 4 * embed,
                               layers + head + embed + tower_trained, replicated))
     return out

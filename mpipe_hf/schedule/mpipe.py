@@ -38,7 +38,7 @@ def transfer_kinds(cfg: ScheduleConfig) -> list[tuple[Kind, Kind]]:
     kinds = [(Kind.DATA_SEND, Kind.DATA_RECV)]
     if cfg.transposed:
         kinds.append((Kind.FWD_SEND, Kind.FWD_RECV))
-    if cfg.trainable and not cfg.owner_backward:
+    if cfg.trains_preprocess and not cfg.owner_backward:
         kinds.append((Kind.GRAPH_SEND, Kind.GRAPH_RECV))
     return kinds
 
@@ -50,7 +50,7 @@ def _load(cfg: ScheduleConfig, micro: int) -> list[Action]:
 def prefix(cfg: ScheduleConfig, rank: int) -> list[Action]:
     """Rank ``rank``'s prefix: ``PARAM_BROADCAST`` (trainable ``P``), its loads and transposed forwards, then the
     transfers to or from rank 0 in type-major order (:func:`transfer_kinds`), each in ascending micro order."""
-    out = [Action(Kind.PARAM_BROADCAST)] if cfg.trainable else []
+    out = [Action(Kind.PARAM_BROADCAST)] if cfg.trains_preprocess else []
     mine = prefix_micros(cfg, rank)
     for m in mine:
         out += _load(cfg, m)
@@ -74,7 +74,7 @@ def patch_rank0(cfg: ScheduleConfig, body: list[Action]) -> list[Action]:
         if action.kind is Kind.F and stage0 and action.micro in inline:
             out += _load(cfg, action.micro)
         out.append(action)
-        if action.kind is Kind.B and stage0 and cfg.trainable:
+        if action.kind is Kind.B and stage0 and cfg.trains_preprocess:
             owner = cfg.owner(action.micro) if cfg.owner_backward else 0
             out.append(Action(Kind.TRANSPOSE_BWD, action.micro) if owner == 0 else
                        Action(Kind.GRAD_SEND, action.micro, peer=owner))

@@ -124,8 +124,8 @@ def costs_for(profile: Profile, cfg: ScheduleConfig, layers_per_stage: list[int]
         forward[0] += p.preprocess_forward_s
     pre_f = p.preprocess_forward_s + (p.embed_s + text_layers * p.layer_forward_s if text_layers else 0.0)
     pre_b = (p.preprocess_backward_s + text_layers * p.layer_backward_s
-             + (p.embed_backward_s if text_layers else 0.0)) if cfg.trainable else 0.0
-    if cfg.trainable and not cfg.owner_backward:
+             + (p.embed_backward_s if text_layers else 0.0)) if cfg.trains_preprocess else 0.0
+    if cfg.trains_preprocess and not cfg.owner_backward:
         pre_b += pre_f  # rank 0 recomputes P's forward before its backward
     out_bytes = p.activation_bytes if text_layers else p.feature_bytes
     params = p.preprocess_param_bytes + text_layers * p.layer_param_bytes

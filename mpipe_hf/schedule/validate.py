@@ -36,7 +36,7 @@ def _requires(cfg: ScheduleConfig, a: Action) -> list[tuple]:
     return {
         Kind.SEND_F: [("act", s, m)],
         Kind.SEND_B: [("grad", s, m)],
-        Kind.TRANSPOSE_FWD: [("pin", m)] + ([("params",)] if cfg.trainable else []),
+        Kind.TRANSPOSE_FWD: [("pin", m)] + ([("params",)] if cfg.trains_preprocess else []),
         Kind.DATA_SEND: [("data", m)],
         Kind.FWD_SEND: [("feat", m)],
         Kind.GRAPH_SEND: [("pin", m)],

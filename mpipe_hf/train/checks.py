@@ -9,6 +9,7 @@ import os
 
 from ..models import get_family
 from ..models.decoder import check_packable
+from ..models.freeze import check_trainable
 from ..models.load import check_adapter
 from .metrics import available_trackers
 from .recipe import Recipe
@@ -87,6 +88,8 @@ def check(recipe: Recipe) -> list[int]:
         check_packable(config.get_text_config())
     if recipe.lora is not None:
         check_adapter(config, cfg, recipe.lora.peft_config(), counts, recipe.parallel.text_layers, recipe.lora.merge)
+    check_trainable(config, cfg, recipe.train.trainable_spec(),
+                    recipe.lora.peft_config() if recipe.lora is not None else None, recipe.parallel.text_layers)
     processes = cfg.pp_size * recipe.parallel.dp_size
     world = int(os.environ.get("WORLD_SIZE", processes))
     if world != processes:

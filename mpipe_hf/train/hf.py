@@ -95,6 +95,7 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         self.run = PipelineRun(mpipe_config.parallel(self.num_micro), args.seed,
                                mpipe_config.data(args.per_device_train_batch_size))
         self.run.adopt(model)  # before the process group: a rank never holds more than its share
+        self.run.freeze(mpipe_config.trainable_spec())
         self.user_collator, self._loaded = data_collator, {}
         self.mpipe_callback = MPipeCallback()
         super().__init__(model=self.run.carved.model.train(), args=args, data_collator=data_collator,

@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 from ..data.owner import epoch_order
 from ..schedule.swap import SwapConfig
 from .preempt import Preemption
+from ..models.freeze import Trainable
 from .recipe import DataSection, ParallelSection
 
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
@@ -45,6 +46,9 @@ class MPipeConfig(ParallelSection):
             ``None``: off).
         trace: record every action on every rank and write ``output_dir/trace.json`` when ``train()`` ends (as
             a recipe's ``train.trace``).
+        freeze_parameters, trainable_parameters, freeze_vit, freeze_aligner, freeze_llm: what trains, by pattern
+            (ms-swift's names), as a recipe's ``train.freeze``, ``train.trainable`` and shortcuts
+            (:class:`~mpipe_hf.models.freeze.Trainable`), on top of what the model passed in has frozen already.
         packing: each micro-batch's rows (``per_device_train_batch_size`` of them, as the Trainer's loader
             yields them) packed into one sequence with no padding, each row with its own positions and attending
             only to itself (:func:`~mpipe_hf.data.packing.pack_micro`; issue 30). The micro-batches hold the
@@ -64,6 +68,11 @@ class MPipeConfig(ParallelSection):
     swap: SwapConfig | None = None
     trace: bool = False
     packing: bool = False
+    freeze_parameters: tuple[str, ...] = ()
+    trainable_parameters: tuple[str, ...] = ()
+    freeze_vit: bool = False
+    freeze_aligner: bool = False
+    freeze_llm: bool = False
 
     def __post_init__(self):
         if self.max_bad_steps is not None:
@@ -86,7 +95,13 @@ class MPipeConfig(ParallelSection):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"MPipeConfig {key} must be True or False, got {getattr(self, key)!r}")
         super().__post_init__()
+        self.trainable_spec()  # raises for a bad pattern list or shortcut
         self.data()
+
+    def trainable_spec(self) -> Trainable:
+        """What trains, by pattern (:class:`~mpipe_hf.models.freeze.Trainable`)."""
+        return Trainable(freeze=self.freeze_parameters, trainable=self.trainable_parameters,
+                         freeze_vit=self.freeze_vit, freeze_aligner=self.freeze_aligner, freeze_llm=self.freeze_llm)
 
     def parallel(self, num_micro: int) -> ParallelSection:
         """The recipe's ``parallel`` section with ``num_micro`` micro-batches per step."""

@@ -66,6 +66,7 @@ class RecipeJob:
         self.preemption.connect()
         run.carve(recipe.model, self.config, layers_per_stage,
                   recipe.lora.peft_config() if recipe.lora is not None else None)
+        run.freeze(opt.trainable_spec())
         if opt.gradient_checkpointing:
             run.carved.model.activation_checkpointing_enable({"use_reentrant": False})
         set_seed(opt.seed)

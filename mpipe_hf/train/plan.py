@@ -25,13 +25,14 @@ from dataclasses import dataclass
 import torch
 from ..runtime.memory import saved_bytes, storage_ids
 
-from ..models import FAMILIES, split
+from ..models import split
 from ..models.costs import is_sparse, matmul_costs, num_experts
 from ..models.decoder import layer_types
 from ..models.load import meta_model
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import Kind
 from ..schedule.tune import Profile, predict
+from .plan_vision import patches_per_image_token, vision_parts, with_frozen_vit
 
 ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per trained element
 GIB = 2**30
@@ -239,53 +240,8 @@ def _count(model, text, tokens: int, layer_ids: list[int], device: str, region) 
     return layers, head
 
 
-VISION_TOWERS = ("visual", "vision_tower", "vision_model")  # Qwen-VL, GLM-4V | LLaVA, InternVL, Gemma 3 | Idefics3
-PROJECTORS = ("multi_modal_projector", "connector")  # outside the tower (LLaVA, InternVL, Gemma 3 | Idefics3)
-
-
-def vision_parts(model, model_type: str | None = None) -> list[int]:
-    """Parameters (elements) of ``P``'s vision parts, the tower first: the FQNs ``model_type``'s family declares
-    (:attr:`~mpipe_hf.models.family.Family.vision`: tower, projector, bare parameters); for a family without
-    that declaration, the outermost module named one of :data:`VISION_TOWERS` and the first named one of
-    :data:`PROJECTORS` (the projector into the text model's width when the tower does not hold it).
-
-    Raises:
-        ValueError: no declared FQN and no module of ``model`` has a tower's name.
-    """
-    fqns = list(getattr(FAMILIES.get(model_type), "vision", ()) or ())
-    if not fqns:
-        named = [(name, name.rsplit(".", 1)[-1]) for name, _ in model.named_modules()]
-        towers = [name for name, last in named if last in VISION_TOWERS]
-        if not towers:
-            raise ValueError(f"{type(model).__name__}: no vision tower (a module named one of {VISION_TOWERS})")
-        fqns = towers[:1] + [name for name, last in named if last in PROJECTORS][:1]
-    params = list(model.named_parameters())
-    return [sum(p.numel() for n, p in params if n == fqn or n.startswith(fqn + ".")) for fqn in fqns]
-
-
-def _side(value) -> int:
-    return value[0] if isinstance(value, (tuple, list)) else value
-
-
-def patches_per_image_token(config) -> float:
-    """How many patches the tower encodes per image token the decoder sees: ``spatial_merge_size**2`` (Qwen2-VL
-    to Qwen3.5, GLM-4V merge 2x2 patches), ``1 / downsample_ratio**2`` (InternVL's pixel shuffle),
-    ``scale_factor**2`` (Idefics3, SmolVLM), patches per image over ``mm_tokens_per_image`` (Gemma 3 pools), else
-    1 (LLaVA: a token per patch)."""
-    vision = config.vision_config
-    if getattr(vision, "spatial_merge_size", None):
-        return float(vision.spatial_merge_size ** 2)
-    if getattr(config, "downsample_ratio", None):
-        return 1.0 / config.downsample_ratio ** 2
-    if getattr(config, "scale_factor", None):
-        return float(config.scale_factor ** 2)
-    if getattr(config, "mm_tokens_per_image", None):
-        return (_side(vision.image_size) // _side(vision.patch_size)) ** 2 / config.mm_tokens_per_image
-    return 1.0
-
-
 def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float = 989.0, mfu: float = 0.4,
-                     bandwidth_gbps: float = 400.0, bf16: bool = False) -> Profile:
+                     bandwidth_gbps: float = 400.0, bf16: bool = False, frozen_vit: bool = False) -> Profile:
     """A :class:`~mpipe_hf.schedule.tune.Profile` from the config alone, for sizing before any hardware runs:
     compute times from the matmul FLOPs (``2 * weights * tokens`` forward, twice that backward; a layer's
     weights are the mean of :func:`~mpipe_hf.models.costs.layer_costs`, the active ones of an MoE layer) at
@@ -319,7 +275,7 @@ def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float =
         width = getattr(vision, "embed_dim", None) or vision.hidden_size
         depth = getattr(vision, "depth", None) or vision.num_hidden_layers
         tower_act = per_unit * depth * patches * width
-    return Profile(
+    profile = Profile(
         num_layers=text.num_hidden_layers, layer_forward_s=2 * layer_w * tokens / rate,
         layer_backward_s=4 * layer_w * tokens / rate, preprocess_forward_s=2 * vision_mm / rate,
         preprocess_backward_s=4 * vision_mm / rate, head_forward_s=2 * head_w * tokens / rate,
@@ -328,6 +284,7 @@ def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float =
         head_activation_bytes=float(head_act), preprocess_activation_bytes=float(tower_act),
         layer_param_bytes=4.0 * layer_params,
         preprocess_param_bytes=4.0 * vision_w, bandwidth_bytes_per_s=bandwidth_gbps * 1e9, latency_s=2e-5)
+    return with_frozen_vit(profile, shadow, config, image_tokens, rate) if frozen_vit and patches else profile
 
 
 def _peak_activation_bytes(order, stage_bytes: list[float], graph_bytes: float = 0.0,
@@ -369,7 +326,7 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
     stage_bytes = [n * per_layer for n in counts]
     stage_bytes[-1] += profile.head_activation_bytes
     recompute = profile.layer_activation_bytes if gradient_checkpointing else 0
-    graph = profile.preprocess_activation_bytes + text_layers * per_layer if cfg.trainable else 0.0
+    graph = profile.preprocess_activation_bytes + text_layers * per_layer if cfg.trains_preprocess else 0.0
     shadow = meta_model(config)
     # by name: a tied weight is two copies (embedding on rank 0, head on the last rank) once split over ranks
     params = dict(shadow.named_parameters(remove_duplicate=cfg.pp_size == 1))
@@ -384,7 +341,7 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
         held = [n for n in sizes if under(n, owned + carved.preprocess_fqns)]
         trained = [n for n in held if under(n, owned) and not under(n, carved.frozen)]
         replicas = [n for n in held if not under(n, owned) and not under(n, carved.frozen)]
-        grads = trained + (replicas if cfg.trainable and cfg.owner_backward else [])  # owners backprop P
+        grads = trained + (replicas if cfg.trains_preprocess and cfg.owner_backward else [])  # owners backprop P
         act, in_flight = _peak_activation_bytes(orders[rank], stage_bytes, graph, cfg.owner_backward)
         ranks.append(RankPlan(rank, sum(sizes[n] for n in held), sum(sizes[n] for n in grads),
                               ADAM_STATE_BYTES * sum(params[n].numel() for n in trained), act + recompute, in_flight))

@@ -21,7 +21,8 @@ import time
 import torch
 
 from ..data import MicroBatchPlan
-from ..models import split
+from ..models import get_family, split
+from ..models.freeze import apply_trainable
 from ..schedule import ScheduleConfig
 from ..schedule.tune import Profile
 from ..runtime.memory import SavedStorages, saved_bytes, storage_ids
@@ -149,6 +150,9 @@ def profile_recipe(recipe: Recipe, num_micro: int = 4) -> Profile:
     model = load_model(recipe.model, config, recipe.train.seed).to(device)
     vision = is_vision_language(config)
     carved = split(model, ScheduleConfig(1, 1, num_micro + 1, "trainable"), 0, None, 0 if vision else 1)
+    spec = recipe.train.trainable_spec()  # a frozen ViT: P's backward, graph and parameters are the merger's
+    if spec.freezes():
+        apply_trainable(carved.model, get_family(config.model_type), spec, carved.frozen, carved.tied)
     pre, stage = carved.preprocess, carved.stages[0]
     dataset, collate = load_data(recipe, config, load_processor(recipe, config))
     plan = MicroBatchPlan(dataset, collate, num_micro + 1, recipe.data.micro_batch_size, None,
@@ -174,7 +178,7 @@ def _profile(config, rows, sizes, tower_saved, stage, pre, saved, vision: bool) 
     """The :class:`Profile` of the medians of ``rows`` and the byte counts."""
     med = {k: statistics.median(v) if v else 0.0 for k, v in rows.items()}
     layer = next(iter(stage.layers))
-    p_params = sum(p.numel() * p.element_size() for p in pre.module.parameters()) if vision else 0
+    p_params = sum(p.numel() * p.element_size() for p in pre.module.parameters() if p.requires_grad) if vision else 0
     return Profile(
         num_layers=config.get_text_config().num_hidden_layers, layer_forward_s=med["lf"], layer_backward_s=med["lb"],
         preprocess_forward_s=med["pf"] if vision else 0.0, preprocess_backward_s=med["pb"] if vision else 0.0,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from ..models.freeze import Trainable
 from ..schedule import ScheduleConfig
 from ..schedule.swap import SwapConfig
 from .recipe_data import DataSection
@@ -70,6 +71,8 @@ class TrainSection:
         report_to: experiment trackers, through Accelerate's tracker API (``tensorboard``, ``wandb``, ``mlflow``,
             ``comet_ml``, ``aim``, ``clearml``, ``dvclive``, ``swanlab``, ``trackio``) or ``[]``; they log what
             ``metrics.jsonl`` holds, from rank 0, under ``output_dir/runs``.
+        freeze, trainable, freeze_vit, freeze_aligner, freeze_llm: what trains, by pattern
+            (:class:`~mpipe_hf.models.freeze.Trainable`, docs/freeze.md).
         loss_normalization: ``tokens`` (default): a step's loss is its summed token loss over its label tokens;
             ``micro``: the mean of the micro-batches' token means (the HF Trainer's for a model that takes no
             ``num_items_in_batch``, such as Qwen2.5-VL).
@@ -108,18 +111,49 @@ class TrainSection:
     eval_steps: int = 0
     report_to: list[str] = dataclasses.field(default_factory=list)
     loss_normalization: str = "tokens"
+    freeze: list[str] = dataclasses.field(default_factory=list)
+    trainable: list[str] = dataclasses.field(default_factory=list)
+    freeze_vit: bool = False
+    freeze_aligner: bool = False
+    freeze_llm: bool = False
+
+    def trainable_spec(self) -> Trainable:
+        """What trains, by pattern (:class:`~mpipe_hf.models.freeze.Trainable`)."""
+        return Trainable(freeze=self.freeze, trainable=self.trainable, freeze_vit=self.freeze_vit,
+                         freeze_aligner=self.freeze_aligner, freeze_llm=self.freeze_llm)
 
     def total_steps(self, steps_per_epoch: float) -> int:
         """``max_steps``, or ``ceil(num_train_epochs * steps_per_epoch)`` when it is -1."""
         return self.max_steps if self.max_steps > 0 else max(1, math.ceil(self.num_train_epochs * steps_per_epoch))
 
     def __post_init__(self):
+        spec = self.trainable_spec()  # raises for a bad pattern list or shortcut
+        object.__setattr__(self, "freeze", list(spec.freeze))
+        object.__setattr__(self, "trainable", list(spec.trainable))
+        self._check_counts()
+        self._check_rates()
+        self._check_output()
+
+    def _check_counts(self):
         if not isinstance(self.max_steps, int) or isinstance(self.max_steps, bool) or (
                 self.max_steps < 1 and self.max_steps != -1):
             raise ValueError(f"train.max_steps must be an integer >= 1, or -1 (use num_train_epochs), got "
                              f"{self.max_steps!r}")
         if not isinstance(self.logging_steps, int) or isinstance(self.logging_steps, bool) or self.logging_steps < 1:
             raise ValueError(f"train.logging_steps must be an integer >= 1, got {self.logging_steps!r}")
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if not isinstance(self.save_steps, int) or isinstance(self.save_steps, bool) or self.save_steps < 0:
+            raise ValueError(f"train.save_steps must be an integer >= 0, got {self.save_steps!r}")
+        if self.save_total_limit is not None and (not isinstance(self.save_total_limit, int) or isinstance(
+                self.save_total_limit, bool) or self.save_total_limit < 1):
+            raise ValueError(f"train.save_total_limit must be an integer >= 1 or null, got {self.save_total_limit!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2 ** 32:
+            raise ValueError(f"train.seed must be an integer in [0, 2**32), got {self.seed!r}")
+        if not isinstance(self.eval_steps, int) or isinstance(self.eval_steps, bool) or self.eval_steps < 0:
+            raise ValueError(f"train.eval_steps must be an integer >= 0, got {self.eval_steps!r}")
+
+    def _check_rates(self):
         for key in ("num_train_epochs", "learning_rate", "weight_decay", "adam_epsilon", "adam_beta1", "adam_beta2",
                     "max_grad_norm", "warmup_ratio"):
             value, number = getattr(self, key), math.nan
@@ -136,8 +170,6 @@ class TrainSection:
             if getattr(self, key) > 1 or (key != "warmup_ratio" and getattr(self, key) >= 1):
                 raise ValueError(f"train.{key} must be in [0, 1{']' if key == 'warmup_ratio' else ')'}, got "
                                  f"{getattr(self, key)!r}")
-        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
-            raise ValueError(f"train.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         from transformers import SchedulerType
         kinds = [k.value for k in SchedulerType]
         if self.lr_scheduler_type not in kinds:
@@ -148,11 +180,8 @@ class TrainSection:
         for key in ("gradient_checkpointing", "bf16", "trace", "reset_optimizer"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"train.{key} must be true or false, got {getattr(self, key)!r}")
-        if not isinstance(self.save_steps, int) or isinstance(self.save_steps, bool) or self.save_steps < 0:
-            raise ValueError(f"train.save_steps must be an integer >= 0, got {self.save_steps!r}")
-        if self.save_total_limit is not None and (not isinstance(self.save_total_limit, int) or isinstance(
-                self.save_total_limit, bool) or self.save_total_limit < 1):
-            raise ValueError(f"train.save_total_limit must be an integer >= 1 or null, got {self.save_total_limit!r}")
+
+    def _check_output(self):
         if self.resume is not None and (not isinstance(self.resume, str) or (  # its training state: resolve_resume
                 self.resume != "auto" and not os.path.isdir(self.resume))):
             raise ValueError(f"train.resume must be null, 'auto' or an existing checkpoint directory, got "
@@ -160,10 +189,6 @@ class TrainSection:
         if not isinstance(self.output_dir, str) or not self.output_dir or os.path.isfile(self.output_dir):
             raise ValueError(f"train.output_dir must be a directory path (a non-empty string, not a file), got "
                              f"{self.output_dir!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2 ** 32:
-            raise ValueError(f"train.seed must be an integer in [0, 2**32), got {self.seed!r}")
-        if not isinstance(self.eval_steps, int) or isinstance(self.eval_steps, bool) or self.eval_steps < 0:
-            raise ValueError(f"train.eval_steps must be an integer >= 0, got {self.eval_steps!r}")
         from accelerate.tracking import LOGGER_TYPE_TO_CLASS
         report_to = [self.report_to] if isinstance(self.report_to, str) else self.report_to
         if not isinstance(report_to, (list, tuple)) or any(not isinstance(t, str) or t not in LOGGER_TYPE_TO_CLASS

@@ -27,7 +27,9 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ..models import get_family
 from ..models.adapters import is_adapter_tensor, merged_state
+from ..models.freeze import Trainable, apply_trainable
 from ..models.load import load_adapter_values, load_share_values
 from ..runtime import PipelineExecutor, StepStats, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
@@ -133,10 +135,22 @@ class PipelineRun:
     def adopt(self, model) -> None:
         """This rank's share of a user's ``model`` (a checkpoint path, a meta model, a loaded model or a
         ``PeftModel`` of either: :func:`~.sources.model_share`), laid out by ``layers_per_stage``, else the
-        ``profile``, else the config's costs. Needs no process group; :meth:`connect` moves it to the device."""
+        ``profile``, else the config's costs, with the parameters the user froze frozen. Needs no process group;
+        :meth:`connect` moves it to the device."""
+        user_frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad) \
+            if isinstance(model, torch.nn.Module) and not hasattr(model, "peft_config") else ()
         self.carved, self.source, self.counts = model_share(model, self.cfg, self.rank,
                                                             profile_layout(self.parallel, self.cfg),
                                                             self.parallel.text_layers, self.seed)
+        self.freeze(Trainable(freeze=user_frozen))  # a meta model is built anew: keep what its user froze
+
+    def freeze(self, spec) -> None:
+        """Freeze this rank's share as ``spec`` (a :class:`~mpipe_hf.models.freeze.Trainable`) says, on top of
+        what the split, the adapter and the user's model froze; checked on the whole model before launch
+        (:func:`~mpipe_hf.models.freeze.check_trainable`)."""
+        if spec.freezes():
+            family = get_family(self.carved.model.config.model_type)
+            apply_trainable(self.carved.model, family, spec, self.carved.frozen, self.carved.tied, strict=False)
 
     def load_weights(self, path: str) -> None:
         """This rank's share of ``path``'s weights (a LoRA run's: its adapter) into the model, in place; a

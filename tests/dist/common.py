@@ -14,7 +14,6 @@ from skimage import data as skdata
 
 from mpipe_hf.data import ConversationCollator, build_processor, qwen2_tokenizer
 from mpipe_hf.models import tiny
-from mpipe_hf.models.tiny import non_degenerate  # noqa: F401 - the workers import it from here
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "horse", "clock"]
 CAPTIONS = ["An astronaut in an orange suit.", "A cup of coffee on a saucer.", "A tabby cat looks at the camera.",
@@ -163,6 +162,16 @@ def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: lis
         pools[f"packed-{name}"] = make_packed_pool(collator(configs[name], tokenizer))
     pools["packed-text"] = make_text_pool(tokenizer, rows=lambda m: 2 + m % 2)
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
+
+
+def case_freeze(model: torch.nn.Module, case: dict, frozen=(), tied=()) -> None:
+    """Freeze ``model`` as ``case["freeze"]`` (a :class:`~mpipe_hf.models.freeze.Trainable`'s keywords) says: a
+    split's share (``frozen``, ``tied``: its :attr:`frozen` and :attr:`tied`) or the unsplit reference."""
+    from mpipe_hf.models import get_family
+    from mpipe_hf.models.freeze import Trainable, apply_trainable
+    spec = Trainable(**case.get("freeze", {}))
+    if spec.freezes():
+        apply_trainable(model, get_family(model.config.model_type), spec, frozen, tied, strict=False)
 
 
 def run_torchrun(worker: str, nproc: int, args: list[str], timeout: int) -> None:

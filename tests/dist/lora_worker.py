@@ -37,6 +37,8 @@ from mpipe_hf.models.adapters import is_adapter_tensor, merged_state
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.train.checkpoint import save_adapter, save_checkpoint
 from mpipe_hf.train.loop import Skips, run_step
+from mpipe_hf.models import get_family
+from mpipe_hf.models.freeze import apply_trainable
 from mpipe_hf.train.optimizer import build_optimizer, build_scheduler, clip_grad_norm
 from mpipe_hf.train.recipe import parse_recipe
 from mpipe_hf.train.trainer import check_layout, load_config, load_data, load_model, load_processor, load_share
@@ -60,6 +62,8 @@ def pipelined(recipe, steps, rank, group, device):
     counts = check_layout(recipe, config)
     carved, _ = load_share(recipe.model, config, cfg, rank, counts, par.text_layers, opt.seed,
                            recipe.lora.peft_config())
+    apply_trainable(carved.model, get_family(config.model_type), opt.trainable_spec(), carved.frozen, carved.tied,
+                    strict=False)  # issue 39's patterns, as the trainer's Run.freeze
     carved.model.to(device).train()
     set_seed(opt.seed)
     plan = plan_of(recipe, carved, config)
@@ -100,6 +104,7 @@ def reference(recipe, steps):
                                             init_lora_weights=lora.init_lora_weights,
                                             **({"target_parameters": lora.target_parameters}
                                                if lora.target_parameters else {})))
+    apply_trainable(model.base_model.model, get_family(config.model_type), opt.trainable_spec())
     model.train()
     set_seed(opt.seed)
     plan = plan_of(recipe, None, config)

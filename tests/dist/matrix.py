@@ -296,6 +296,7 @@ def packed_cases(specs=None, **options) -> list[dict]:
                     strict_grads=True, **options)
         if layout is not None:
             case["layers_per_stage"] = layout
+        case.update(specs_new.PACKED_OPTIONS.get(config, {}))
         case["name"] = f"packed-{config}-{preprocess}-T{text_layers}" + "".join(
             f"-{k}={v}" for k, v in sorted(options.items()))
         cases.append(case)
@@ -325,13 +326,18 @@ def gradient_controls() -> list[dict]:
     return [dict(c, reload=False) for c in cases]
 
 
+UNPACKED = ("minicpmv4_7", "gemma4")  # refused packed by name: MiniCPM-V 4.7's canvas M-RoPE is computed per
+# micro-batch; Gemma 4's per-layer inputs and shared key/value states would have to be cut per row
+
+
 def packed_grid() -> list[dict]:
     """Every family packed (:data:`FAMILY_SPECS` and :data:`NEW_FAMILY_SPECS`' configs, each with its first
-    layout), frozen at ``T = 0`` (trainable at ``T = 1`` for a decoder-only LM) and trainable at ``T = 1``:
-    ``python scripts/grad_matrix.py --packed``."""
+    layout, but :data:`UNPACKED`), frozen at ``T = 0`` (trainable at ``T = 1`` for a decoder-only LM) and
+    trainable at ``T = 1``: ``python scripts/grad_matrix.py --packed``."""
     layouts = {}
     for config, _, _, layout in FAMILY_SPECS + NEW_FAMILY_SPECS:
-        layouts.setdefault(config, layout)
+        if config not in UNPACKED:
+            layouts.setdefault(config, layout)
     specs = [(c, pre, t, layout) for c, layout in layouts.items() for pre, t in (("frozen", 0), ("trainable", 1))
              if t == 1 or c not in TEXT_CONFIGS]
     return packed_cases(specs)
@@ -340,3 +346,29 @@ def packed_grid() -> list[dict]:
 def packed_configs() -> tuple[str, ...]:
     """The vision-language configs of :func:`packed_grid` (each needs its own packed pool)."""
     return tuple(dict.fromkeys(c["family"] for c in packed_grid() if c["family"] not in TEXT_CONFIGS))
+
+
+VIT = {"freeze_vit": True}
+FREEZE_SPECS = [  # (config, preprocess, T, Trainable keywords, schedule options): issue 39's patterns
+    ("vl", "trainable", 0, VIT, {}), ("vl", "trainable", 1, VIT, {}),
+    ("vl", "trainable", 0, VIT, {"owner_backward": True}), ("vl", "trainable", 0, VIT, {"less_memory": True}),
+    ("vl", "trainable", 0, VIT, {"zero_bubble": True}),
+    ("qwen3_vl", "trainable", 1, VIT, {}), ("llava", "trainable", 0, VIT, {}), ("gemma3", "trainable", 1, VIT, {}),
+    ("vl", "trainable", 0, {"freeze_aligner": True}, {}),
+    ("vl", "trainable", 1, {"freeze_llm": True}, {}),
+    ("vl", "frozen", 0, {"freeze": ["*.mlp.*"], "trainable": ["model.language_model.layers.3.mlp"]}, {}),
+    ("vl", "identity", 0, {"freeze": ["model.language_model.layers.0", "model.language_model.layers.1"]}, {}),
+    ("qwen3-tied", "trainable", 1, {"freeze": ["model.embed_tokens"]}, {}),
+]
+
+
+def freeze_cases() -> list[dict]:
+    """The cases of :data:`FREEZE_SPECS` (``R = 2``, ``V = 2``, ``M = 3``, 2 AdamW steps, per-tensor checks at
+    the first and last step): the pipeline and the unsplit reference frozen by the same patterns."""
+    cases = []
+    for i, (config, preprocess, text_layers, freeze, options) in enumerate(FREEZE_SPECS):
+        case = family_cases([(config, preprocess, text_layers, None)], **options)[0]
+        case.update(freeze=freeze, reload=False, name=f"freeze{i}-{config}-{preprocess}-T{text_layers}-"
+                    + "-".join(sorted(freeze)) + "".join(f"-{k}" for k in sorted(options)))
+        cases.append(case)
+    return cases

@@ -32,7 +32,8 @@ import torch.distributed as dist
 from PIL import Image
 from transformers import CONFIG_MAPPING
 
-from common import non_degenerate, run_cases
+from common import case_freeze, run_cases
+from mpipe_hf.models.tiny import non_degenerate
 from controls import negative_controls, tamper_grads
 from row_cases import RowCase
 from mpipe_hf.data.packing import pack_micro
@@ -64,7 +65,7 @@ def auto_class(config):
 
 def build_model(fixture, family, dropout=0.0, attn=None, keep_zero_init=False):
     """The fixture's config ``family`` as its real HF model class, random weights (seed 0), every weight the model
-    initialises to zeros drawn afresh (:func:`common.non_degenerate`; ``keep_zero_init``: kept, a negative
+    initialises to zeros drawn afresh (:func:`mpipe_hf.models.tiny.non_degenerate`; ``keep_zero_init``: kept, a negative
     control); ``dropout``: the vision tower's attention dropout; ``attn``: the attention implementation (``None``:
     transformers' default)."""
     raw = copy.deepcopy(fixture["configs"][family])
@@ -140,7 +141,8 @@ def reference_run(model, micros, seeds=None, bf16=False, order="hf"):
                 loss = model.loss_function(logits=out.logits, labels=mb["labels"], vocab_size=vocab,
                                            num_items_in_batch=total_tokens if order == "hf" else 1)
                 loss = loss + aux_term(model, out, mb, total_tokens if order == "hf" else 1)
-        loss.backward()
+        if loss.requires_grad:  # a text-only micro-batch under freeze_llm trains nothing
+            loss.backward()
         loss_total += loss.detach().item()
         if seeds is not None:
             hook.remove()
@@ -241,6 +243,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                         case.get("keep_zero_init", False))
     ref = copy.deepcopy(model) if rank == 0 else None
     split = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
+    case_freeze(split.model, case, split.frozen, split.tied)  # issue 39's patterns, on this rank's share
     params = split.trainable_parameters(cfg, rank)
     stages, preprocess = (autocast_modules(split.stages, split.preprocess, device) if case.get("bf16")
                           else (split.stages, split.preprocess))
@@ -309,7 +312,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
         tamper_grads(case, params, step)
         if step in (0, steps - 1):  # the first step's gradients, and the last's (after AdamW steps)
             grads[step] = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
-        if steps > 1:
+        if steps > 1 and optimizer is not None:  # a rank whose layers are all frozen has none
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     result["loads"] = loads
@@ -329,6 +332,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
     ref_path = os.path.join(out_dir, f"ref-{case['name']}.pt")
     if rank == 0:
         freeze(ref, split.frozen)
+        case_freeze(ref, case)
         # a tied weight is one parameter under two names here, and two copies in the pipeline: list both names
         trainable = {n: p for n, p in ref.named_parameters(remove_duplicate=not split.tied) if p.requires_grad}
         ref_opt = torch.optim.AdamW([p for n, p in ref.named_parameters() if p.requires_grad], lr=case.get("lr", LR),

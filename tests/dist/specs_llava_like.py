@@ -14,4 +14,6 @@ SPECS: list[tuple] = [
     ("pp_chart2table", "trainable", 1, None),
     ("deepseek_vl_hybrid", "trainable", 1, None),
     ("aria", "trainable", 1, None),
+    ("idefics2", "trainable", 1, None),
+    ("deepseek_ocr2", "trainable", 1, None),
 ]
