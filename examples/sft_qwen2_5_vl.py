@@ -25,6 +25,7 @@ def parse_args(argv=None):
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--train-tower", action="store_true", help="train the visual tower too")
+    parser.add_argument("--train-merger", action="store_true", help="train the merger, the ViT frozen")
     parser.add_argument("--save-steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=1, help="rows per micro-batch")
     parser.add_argument("--resume", default=None, help="a checkpoint-<step> directory to resume from")
@@ -38,6 +39,7 @@ def main(argv=None):
     processor = load_checkpoint_processor(args.model)  # AutoProcessor with torchvision, image-only without
     model = AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32)
     model.model.visual.requires_grad_(args.train_tower)
+    model.model.visual.merger.requires_grad_(args.train_tower or args.train_merger)
     if args.lora:  # only the adapter trains; the checkpoints are PEFT's adapter files
         from peft import LoraConfig, get_peft_model
         torch.manual_seed(0)

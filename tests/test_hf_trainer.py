@@ -60,7 +60,9 @@ def final_state(out):
     # a trainable tower under bf16 autocast with fp32 master weights (in fp32, a trainable tower's steps equal one
     # process at 1e-5 in tests/test_numerics.py and tests/test_train.py; here, the Trainer's bf16 path)
     dict(train_tower=True, bf16=True, max_grad_norm=0.5, learning_rate=2e-5),
-], ids=["frozen-packed", "trainable-bf16"])
+    # the ViT frozen by the user (requires_grad_) and by MPipeConfig(freeze_vit=True), the merger trained
+    dict(train_merger=True, max_grad_norm=0.5, learning_rate=1e-3),
+], ids=["frozen-packed", "trainable-bf16", "merger"])
 def test_mpipe_trainer_equals_plain_trainer(demo, tmp_path, options):
     """3 steps (5 across an epoch's end, packed) of the pipelined script under torchrun equal the plain Trainer's on
     one process: every step's loss, global grad norm, learning rate and epoch, and every parameter after the last

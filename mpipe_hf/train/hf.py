@@ -42,6 +42,7 @@ from transformers.utils import logging
 from ..data import ConversationCollator, MicroBatchPlan
 from ..data.packing import PackedCollate
 from ..models.decoder import check_packable
+from ..models.freeze import check_trainable
 from .hf_checkpoint import STAGING_PREFIX, CheckpointMixin
 from .hf_parts import (MPipeCallback, MPipeConfig, PreemptionCallback, _EpochSampler, _Pipeline, _RowLoader,
                        check_training_args)
@@ -95,7 +96,11 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         self.run = PipelineRun(mpipe_config.parallel(self.num_micro), args.seed,
                                mpipe_config.data(args.per_device_train_batch_size))
         self.run.adopt(model)  # before the process group: a rank never holds more than its share
-        self.run.freeze(mpipe_config.trainable_spec())
+        spec, carved = mpipe_config.trainable_spec(), self.run.carved  # the whole model checked on the meta device
+        check_trainable(carved.model.config, self.run.cfg, spec,
+                        next(iter(carved.peft.peft_config.values())) if carved.peft is not None else None,
+                        self.run.parallel.text_layers)
+        self.run.freeze(spec)
         self.user_collator, self._loaded = data_collator, {}
         self.mpipe_callback = MPipeCallback()
         super().__init__(model=self.run.carved.model.train(), args=args, data_collator=data_collator,
