@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from common import run_cases
-from numerics_worker import reference_run
+from reference import reference_run
 from mpipe_hf.data import MicroBatchPlan
 from mpipe_hf.train.recipe import parse_recipe
 from mpipe_hf.train.run import PipelineRun

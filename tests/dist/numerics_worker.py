@@ -33,6 +33,7 @@ from PIL import Image
 from transformers import CONFIG_MAPPING
 
 from common import case_freeze, run_cases
+from reference import reference_run
 from mpipe_hf.models.tiny import non_degenerate
 from controls import negative_controls, tamper_grads
 from row_cases import RowCase
@@ -40,7 +41,6 @@ from mpipe_hf.data.packing import pack_micro
 from mpipe_hf.models import split as split_model
 from mpipe_hf.models.base import freeze
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
-from mpipe_hf.runtime.handlers import preprocess_seed
 from mpipe_hf.runtime.zero_bubble import WeightWork
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.schedule.interleaved import peak_in_flight
@@ -112,61 +112,6 @@ def run_owners(case, cfg, micros, image_token_id):
     if kind == "reversed":
         return tuple(nt - 1 - m % nt for m in range(cfg.num_micro))
     return balance_owners([int((mb["input_ids"] == image_token_id).sum()) for mb in micros], nt)
-
-
-def reference_run(model, micros, seeds=None, bf16=False, order="hf"):
-    """Loss and gradients of the unsplit model over one schedule run, normalised by the run's label tokens.
-    ``seeds``: ``(tower, seed, run)``: the tower runs micro ``m`` under ``preprocess_seed(seed, run, m)``, as the
-    pipeline's ``P`` does. ``bf16``: the forward under bf16 autocast. ``order``: ``hf``, each micro's loss
-    divided by the run's tokens before its backward (``num_items_in_batch``, as the HF Trainer); ``pipeline``,
-    the summed loss backpropagated and the gradients divided once at the end, the pipeline's order of
-    operations."""
-    total_tokens = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
-    vocab = model.config.get_text_config().vocab_size
-    kept = {p: p.grad for p in model.parameters()}
-    if order == "pipeline":
-        for p in kept:
-            p.grad = None
-    loss_total = 0.0
-    for m, mb in enumerate(micros):
-        if seeds is not None:
-            tower, seed, run = seeds
-            hook = tower.register_forward_pre_hook(
-                lambda *_, s=preprocess_seed(seed, run, m): torch.default_generator.manual_seed(s) and None)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            if order == "micro":  # HF's own loss of the micro (token mean + its MoE aux term), as the Trainer
-                loss = model(**mb).loss / len(micros)
-            else:
-                out = model(**{k: v for k, v in mb.items() if k != "labels"})
-                loss = model.loss_function(logits=out.logits, labels=mb["labels"], vocab_size=vocab,
-                                           num_items_in_batch=total_tokens if order == "hf" else 1)
-                loss = loss + aux_term(model, out, mb, total_tokens if order == "hf" else 1)
-        if loss.requires_grad:  # a text-only micro-batch under freeze_llm trains nothing
-            loss.backward()
-        loss_total += loss.detach().item()
-        if seeds is not None:
-            hook.remove()
-    if order == "pipeline":
-        for p, before in kept.items():
-            if p.grad is not None:
-                p.grad.div_(total_tokens)
-                if before is not None:
-                    p.grad = before.add_(p.grad)
-            else:
-                p.grad = before
-        return loss_total / total_tokens
-    return loss_total
-
-
-def aux_term(model, out, mb, divisor):
-    """HF's MoE load-balancing term (``router_aux_loss_coef * out.aux_loss``, transformers'
-    ``load_balancing_loss_func``) weighted by the micro's label tokens over ``divisor``, as the pipeline's
-    ``"tokens"`` normalisation counts it; 0 for a model without one."""
-    aux = getattr(out, "aux_loss", None)
-    if aux is None:
-        return 0.0
-    tokens = int((mb["labels"][..., 1:] != -100).sum())
-    return model.config.get_text_config().router_aux_loss_coef * aux * tokens / divisor
 
 
 def corrupt_tokens(mb, image_token_id):
