@@ -152,7 +152,7 @@ def ours(tokenizer=None) -> dict:
 def compare(folder: str, record: str | None = None) -> int:
     """Ours against ``folder/stock.pt``: prints each case's verdict; with ``record`` writes the stock outputs'
     digests there. Returns the number of tensors that differ."""
-    saved = torch.load(os.path.join(folder, "stock.pt"))
+    saved = torch.load(os.path.join(folder, "stock.pt"), map_location="cpu")
     mine, bad = ours(), 0
     for name, expected in saved["outputs"].items():
         got = mine[name]

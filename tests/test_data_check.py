@@ -9,6 +9,7 @@
 """
 
 import json
+import math
 import os
 import shutil
 
@@ -108,3 +109,50 @@ def test_a_prior_check_data_leaves_every_steps_rows_as_they_were(demo, tmp_path,
         seen.append(step_rows(recipe, dataset))
     assert seen[0] == seen[1], seen
     assert any(where.endswith(":3") for step in seen[0] for where in step)  # the truncated row, dropped at load
+
+
+def video_rows(demo, folder):
+    """The demo's video rows and 12 of its image rows, paths absolute, as ``train.jsonl`` in ``folder``."""
+    data, rows = os.path.join(demo, "data"), rows_of(demo, 12)
+    for line in open(os.path.join(data, "video.jsonl")).read().splitlines():
+        row = json.loads(line)
+        for part in (p for m in row["messages"] if isinstance(m["content"], list) for p in m["content"]):
+            for key in ("video", "image"):
+                if isinstance(part.get(key), str):
+                    part[key] = os.path.join(data, part[key])
+        rows.append(row)
+    return write_rows(folder, rows, "train.jsonl")
+
+
+def test_check_data_reports_the_visual_tokens_and_the_rows_over_each_cap(demo, tmp_path, fresh_cache):
+    """Issue 39, item 2: the visual-token figures of ``check-data`` on both splits, the rows over each cap counted
+    from the uncapped rows as the processor makes them (the collator's grids), not from the caps' code."""
+    from PIL import Image
+
+    from mpipe_hf.data.conversation import ConversationCollator, Source, load_sources
+    from mpipe_hf.train.data_check import check_data, format_report
+    from mpipe_hf.train.sources import load_config, load_processor
+    video_rows(demo, str(tmp_path))
+    write_rows(str(tmp_path), rows_of(demo, 6), "eval.jsonl")
+    caps = dict(max_pixels=80 * 80, max_frames=4, max_visual_tokens=12)
+    recipe = recipe_at(str(tmp_path), os.path.join(demo, "model"), eval_path="eval.jsonl", **caps)
+    train, evaluation = check_data(recipe, decode=False, num_proc=1)
+    config = load_config(recipe.model)
+    processor = load_processor(recipe, config)
+    plain = load_sources([Source(str(tmp_path / "train.jsonl"))], processor, 2048, config.model_type, num_proc=1)
+    collate = ConversationCollator(processor, 2048, model_type=config.model_type)
+    frames = [collate([plain[i]]).get("video_grid_thw") for i in range(len(plain))]
+    over = {"max_frames": [i for i, g in enumerate(frames) if g is not None and bool((g[:, 0] * 2 > 4).any())],
+            "max_pixels": [i for i in range(len(plain)) if any(
+                math.prod(Image.open(p).size) > caps["max_pixels"] for p in plain[i]["images"])]}
+    for cap, rows in over.items():
+        assert rows and train.over[cap] == [plain.where(i) for i in rows], cap
+    assert "max_visual_tokens" in train.over and len(train.keep) + len(train.dropped) == len(plain)
+    text = format_report([train, evaluation], recipe.data.row_length, recipe.data.caps)
+    for report in (train, evaluation):
+        total = [i + v for i, v in zip(report.image_tokens, report.video_tokens)]
+        assert total and max(total) <= caps["max_visual_tokens"]
+    assert text.count("visual tokens per row: images") == 2 and text.count("tokens  images  videos   total") == 2
+    first = plain.where(over["max_frames"][0])
+    assert f"over data.max_frames=4: {len(over['max_frames'])} row(s) (sampled down): {first}" in text
+    assert f"over data.max_pixels=6400: {len(over['max_pixels'])} row(s)" in text

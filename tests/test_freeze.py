@@ -6,7 +6,9 @@
 - with the ViT frozen and the merger trained, ``P``'s forward saves no ViT activation (measured with
   ``saved_tensors_hooks``) and the profile's backward is the merger's;
 - one torchrun (R = 2): every case of ``matrix.FREEZE_SPECS`` against the unsplit model frozen by the same
-  patterns (loss, every gradient at the first and last step, per tensor; parameters after 2 AdamW steps).
+  patterns (loss, every gradient at the first and last step, per tensor; parameters after 2 AdamW steps);
+- in the same launch, issue 39's video cases (``dist/specs_video.py``): rows mixing images and videos, exact
+  against the unsplit model, and a negative control that must fail (docs/video.md).
 """
 
 import json
@@ -18,7 +20,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import build_fixture, collator, make_ragged_pool, read_results, run_torchrun, tiny_configs  # noqa: E402
-from matrix import check_case, freeze_cases  # noqa: E402
+from matrix import REL_TOL, check_case, freeze_cases  # noqa: E402
+from specs_video import VIDEO_CONFIGS, VIDEO_CONTROLS, video_cases  # noqa: E402
 
 from mpipe_hf.data import qwen2_tokenizer  # noqa: E402
 from mpipe_hf.models import get_family, split  # noqa: E402
@@ -29,7 +32,8 @@ from mpipe_hf.runtime.memory import saved_bytes, storage_ids  # noqa: E402
 from mpipe_hf.schedule import ScheduleConfig  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
-CASES = freeze_cases()
+FREEZE_CASES, VIDEO_CASES, VIDEO_CONTROL = freeze_cases(), video_cases(), video_cases(VIDEO_CONTROLS)[0]
+CASES = FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL]
 CONFIGS = ("vl", "qwen3_vl", "llava", "gemma3", "qwen3-tied")
 
 
@@ -125,18 +129,38 @@ def test_a_frozen_vit_keeps_no_activation(configs):
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("freeze")
     fixture = str(out / "fixture.pt")
-    build_fixture(fixture, packed=(), only=list(CONFIGS))
+    build_fixture(fixture, packed=(), only=list(CONFIGS), videos=VIDEO_CONFIGS)
     run_torchrun(WORKER, 2, [fixture, str(out), json.dumps(CASES)], timeout=900)
     per_rank = read_results(str(out), 2)
     return {c["name"]: [r[c["name"]] for r in per_rank] for c in CASES}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+@pytest.mark.parametrize("case", FREEZE_CASES, ids=[c["name"] for c in FREEZE_CASES])
 def test_frozen_by_pattern_equals_one_process(case, results):
     per_rank = results[case["name"]]
     assert check_case(case, per_rank) == []
     trained = sorted(n for res in per_rank for n in res["names"])
     assert trained and trained == per_rank[0]["ref_names"]  # the same parameters train on both sides
+
+
+@pytest.mark.parametrize("case", VIDEO_CASES, ids=[c["name"] for c in VIDEO_CASES])
+def test_video_rows_equal_one_process(case, results):
+    """Issue 39: micro-batches mixing images and videos (Qwen2.5-VL, Qwen2-VL; frozen, trainable, identity and
+    ``freeze_vit`` towers; padded and packed): the loss and every gradient, per tensor, as the unsplit model's."""
+    per_rank = results[case["name"]]
+    assert check_case(case, per_rank) == []
+    tower_trains = any(n.startswith("model.visual.") for res in per_rank for n in res["names"])
+    assert tower_trains == (case["preprocess"] == "trainable")  # the tower's gradients were among those checked
+
+
+def test_the_video_time_matters_to_the_video_check(results):
+    """The negative control: the host's ``get_rope_index`` without Qwen2.5-VL's ``second_per_grid_ts`` (the videos'
+    temporal positions spaced as at one second a temporal patch) fails the check of
+    :func:`test_video_rows_equal_one_process`, attention weights' gradients off by far more than the tolerance."""
+    per_rank = results[VIDEO_CONTROL["name"]]
+    assert check_case(VIDEO_CONTROL, per_rank), "the wrong temporal positions went unnoticed"
+    worst = max(diff / top for res in per_rank for top, diff in res["grad_stats"].values() if top > 0)
+    assert worst > 100 * REL_TOL, worst
 
 
 def test_the_cost_model_knows_a_frozen_vit_backward_is_the_mergers():

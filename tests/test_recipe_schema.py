@@ -36,14 +36,17 @@ from mpipe_hf.train.recipe import SECTIONS, DataSection, ModelSource, ParallelSe
 INT_MIN = {
     "data.micro_batch_size": 1, "data.min_pixels": 1, "data.max_pixels": 1, "data.max_length": 1,
     "data.max_bad_rows": 1, "data.max_bad_steps": 1, "data.num_proc": 1, "data.max_tokens_per_micro": 1,
+    "data.video_max_pixels": 1, "data.max_frames": 2, "data.max_visual_tokens": 1,
     "parallel.pp_size": 1, "parallel.vpp": 1,
     "parallel.num_micro": 1, "parallel.text_layers": 0, "train.max_steps": 1, "train.logging_steps": 1,
     "train.warmup_steps": 0, "train.seed": 0, "train.save_steps": 0, "train.save_total_limit": 1, "train.eval_steps": 0, "parallel.dp_size": 1,
+    "parallel.ep_size": 1,
     "lora.r": 1, "swap.min_swap_gap": 2, "swap.min_bytes": 0,
 }
 FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s", "lora.lora_alpha"}  # > 0; other floats >= 0
 # module names for peft: a list of non-empty names, or (where the annotation allows a str) one regex
 MODULE_LISTS = {"lora.target_modules", "lora.exclude_modules", "lora.modules_to_save", "lora.target_parameters"}
+PATTERN_LISTS = {"train.freeze", "train.trainable"}  # parameter name patterns: a list of non-empty strings, or one
 CHOICES = {"data.on_bad_sample", "parallel.preprocess", "parallel.overflow", "parallel.placement",
            "parallel.mesh_order", "parallel.owners", "train.lr_scheduler_type",
            "train.loss_normalization", "data.format", "data.mix_stopping"}  # a string from a fixed set
@@ -136,6 +139,8 @@ def wrong_values(name: str, hint) -> list:
         values += [5, "banana", {"a": 1}, ["bogus"], [True], [1.5], [0, 0], [-1], [1]]
     elif typing.get_origin(base) is list and typing.get_args(base) == (int,):
         values += [5, "banana", {"a": 1}, ["bogus"], [0], [True], [1.5], [1, 1]]  # the minimal recipe has 1 stage
+    elif name in PATTERN_LISTS:  # whether a pattern matches is checked against the model (tests/test_freeze.py)
+        values += [5, True, 1.5, {"a": 1}, [5], [""], [["x"]]]
     elif typing.get_origin(base) is list and typing.get_args(base) == (str,):
         values += [5, "bogus", {"wandb": 1}, ["bogus"], [5], [["wandb"]]]
     else:

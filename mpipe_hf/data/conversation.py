@@ -2,11 +2,11 @@
 counted once (:mod:`.prepare`), its kept rows mixed with the other sources' by weight
 (``datasets.interleave_datasets``), as one :class:`ConversationDataset`.
 
-Every row becomes ``{"messages": [{"role", "content": [parts]}], "images": [references]}`` (or ``{"text"}`` in the
-``text`` layout); images stay where they are until the collator of the micro-batch that holds them opens them, so
-only a micro-batch's owner decodes its images (SPEC.md, "DATA_LOAD"). The rendering, tokens and labels are
-:mod:`.conversation_encoder`'s, the micro-batch :mod:`.conversation_collator`'s (their public names are importable
-from here too).
+Every row becomes ``{"messages": [{"role", "content": [parts]}], "images": [references], "videos":
+[references]}`` (or ``{"text"}`` in the ``text`` layout); images and videos stay where they are until the collator
+of the micro-batch that holds them opens them, so only a micro-batch's owner decodes them (SPEC.md,
+"DATA_LOAD"). The rendering, tokens and labels are :mod:`.conversation_encoder`'s, the micro-batch
+:mod:`.conversation_collator`'s (their public names are importable from here too).
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ class ConversationDataset:
 
     ``rows`` is a ``datasets.Dataset`` of :data:`~.prepare.FEATURES`; ``dataset[i]`` gives row ``i`` ready for
     the collator, ``where(i)`` its file and line (or row index). ``num_tokens[i]`` is row ``i``'s length in tokens
-    before truncation (images expanded); ``image_tokens[i]`` the tokens its images take, counted from the image
-    headers (every rank has them without decoding an image: what load-aware owners balance,
+    before truncation (images and videos expanded); ``image_tokens[i]`` the tokens its images take, counted from
+    the image headers, and ``video_tokens[i]`` its videos', from the video headers (every rank has them without
+    decoding anything; :attr:`visual_tokens`, their sum, is what load-aware owners balance,
     :mod:`mpipe_hf.schedule.owners`). ``dropped`` maps each row left out for ``max_length`` to the reason;
     ``bad`` lists ``(where, reason)`` of each row that failed the check, left out too. ``layout`` is the rows'
     layout (``text``: ``{"text"}`` rows of a decoder-only LM)."""
@@ -63,6 +64,14 @@ class ConversationDataset:
     image_tokens: list[int] = field(default_factory=list)
     bad: list[tuple[str, str]] = field(default_factory=list)
     layout: str = "messages"
+    video_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def visual_tokens(self) -> list[int]:
+        """Each row's image and video tokens together: what its rows cost the vision tower (a video token is
+        ``spatial_merge_size ** 2`` patches of the same tower, as an image token is)."""
+        videos = self.video_tokens or [0] * len(self.image_tokens)
+        return [i + v for i, v in zip(self.image_tokens, videos)]
 
     @property
     def num_dropped(self) -> int:
@@ -80,7 +89,9 @@ class ConversationDataset:
         if self.layout == "text":
             return {"where": row["where"], "text": row["text"]}
         return {"where": row["where"], "messages": plain_messages(row["messages"]),
-                "images": [open_image(ref) for ref in row["images"]]}
+                "images": [open_image(ref) for ref in row["images"]],
+                "videos": [json.loads(ref) for ref in row.get("videos") or []],
+                "resize": json.loads(row["visual"]).get("resize") if row.get("visual") else None}
 
 
 @dataclass
@@ -95,11 +106,12 @@ class Prepared:
 
 
 def read_source(source, processor, max_length: int | None, model_type: str | None = None, *,
-                chat_template: str | None = None, decode: bool = False, num_proc: int | None = None
-                ) -> Prepared:
+                chat_template: str | None = None, decode: bool = False, num_proc: int | None = None,
+                caps=None) -> Prepared:
     """The prepared rows of one ``source`` (:class:`Source`-like): read, the layout told
     (``format: auto``), every row checked and counted (:func:`~.prepare.prepare`; with ``decode`` every image is
-    decoded). A training start reuses the rows ``mpipe-hf check-data`` decoded.
+    decoded; ``caps``: the per-row visual caps, :class:`~.budgets.RowCaps`). A training start reuses the rows
+    ``mpipe-hf check-data`` decoded.
 
     Raises:
         ValueError: the container cannot be read, its image folder is not a folder, or its layout cannot be told
@@ -120,9 +132,9 @@ def read_source(source, processor, max_length: int | None, model_type: str | Non
                          f"(data.format: {source.format})")
     per_row = "auto" if source.format == "auto" and layout != "text" else layout  # a file may mix layouts
     check = RowCheck(container, per_row, os.path.abspath(base), processor, max_length, model_type, chat_template,
-                     decode)
+                     decode, caps)
     stricter = () if decode else (RowCheck(container, per_row, os.path.abspath(base), processor, max_length,
-                                           model_type, chat_template, True),)
+                                           model_type, chat_template, True, caps),)
     return Prepared(prepare(container, check, num_proc, stricter), layout, container.rows._fingerprint,
                     container.label)
 
@@ -163,10 +175,11 @@ def _no_rows(label: str, bad: list, dropped: dict) -> ValueError:
 
 def load_sources(sources: Sequence, processor, max_length: int | None, model_type: str | None = None, *,
                  seed: int = 0, stopping: str = "first_exhausted", clean_rows: str | None = None,
-                 num_proc: int | None = None, chat_template: str | None = None) -> ConversationDataset:
-    """The kept rows of ``sources`` (each :func:`read_source`; with ``clean_rows``, only the rows that list
-    keeps), mixed by weight when there are several (``interleave_datasets``, ``probabilities`` the weights
-    normalised, seeded by ``seed``, ``stopping_strategy`` ``stopping``). Rows that fail the check are left out and
+                 num_proc: int | None = None, chat_template: str | None = None, caps=None) -> ConversationDataset:
+    """The kept rows of ``sources`` (each :func:`read_source`, under ``caps``, the per-row visual caps of
+    :class:`~.budgets.RowCaps`; with ``clean_rows``, only the rows that list keeps), mixed by weight when there
+    are several (``interleave_datasets``, ``probabilities`` the weights normalised, seeded by ``seed``,
+    ``stopping_strategy`` ``stopping``). Rows that fail the check are left out and
     listed in ``bad``; the caller decides what they cost (:func:`mpipe_hf.train.sources.load_data`).
 
     Raises:
@@ -179,7 +192,7 @@ def load_sources(sources: Sequence, processor, max_length: int | None, model_typ
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
             raise ValueError(f"{source.path}: a source's weight must be a finite number > 0, got {weight!r}")
         done = read_source(source, processor, max_length, model_type, chat_template=chat_template,
-                           num_proc=num_proc)
+                           num_proc=num_proc, caps=caps)
         prepared = done.rows
         layouts.add("text" if done.layout == "text" else "conversation")
         listed = _clean_list(clean_rows, source, done.fingerprint)
@@ -202,7 +215,7 @@ def load_sources(sources: Sequence, processor, max_length: int | None, model_typ
     if len(rows) == 0:
         raise _no_rows(label, bad, dropped)
     return ConversationDataset(label, rows, column(rows, "num_tokens"), dropped, column(rows, "image_tokens"), bad,
-                               "text" if layouts == {"text"} else "messages")
+                               "text" if layouts == {"text"} else "messages", column(rows, "video_tokens"))
 
 
 def dropped_warning(dataset: ConversationDataset, max_length: int | None, limit: int = 20) -> str:

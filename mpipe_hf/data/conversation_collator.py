@@ -10,6 +10,7 @@ import PIL.Image
 import torch
 from transformers import BatchFeature
 
+from .budgets import resize_images
 from .collate import IGNORE, NULL_TEXT, nothing_to_learn
 from .conversation_encoder import ConversationEncoder
 from .conversation_rows import canonical_row
@@ -176,7 +177,9 @@ class ConversationCollator:
         wheres = [r.get("where") or f"row {i} of the micro-batch" for i, r in enumerate(rows)]
         rows = [r if "where" in r else canonical_row(r, os.getcwd(), where) for r, where in zip(rows, wheres)]
         texts = [self.encoder.render(r["messages"]) for r in rows]
-        images = [self._open(r, where) for r, where in zip(rows, wheres)]
+        image_processor = getattr(self.processor, "image_processor", None)  # a capped image to its counted size:
+        images = [resize_images(self._open(r, where), r.get("resize"), image_processor)  # .budgets
+                  for r, where in zip(rows, wheres)]
         videos = self._load_videos(rows, wheres)
         batch = self._process(texts, images, self.encoder.add_special_tokens(texts[0]), videos)
         ids, mask = batch["input_ids"], batch["attention_mask"]

@@ -74,8 +74,9 @@ class MicroBatchPlan:
 
     def micro_costs(self, step: int, row_costs) -> list[float]:
         """Each micro's cost in step ``step``: the sum of ``row_costs[i]`` over its rows ``i`` (e.g. a
-        :class:`~.conversation.ConversationDataset`'s ``image_tokens``). Every rank computes the same, with no
-        collective and nothing decoded: what load-aware owners are balanced by (:mod:`mpipe_hf.schedule.owners`).
+        :class:`~.conversation.ConversationDataset`'s ``visual_tokens``, its rows' image and video tokens: a video
+        token is as many tower patches as an image token). Every rank computes the same, with no collective and
+        nothing decoded: what load-aware owners are balanced by (:mod:`mpipe_hf.schedule.owners`).
 
         Raises:
             ValueError: ``row_costs`` does not give one cost per dataset row.

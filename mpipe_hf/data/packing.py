@@ -118,12 +118,16 @@ def default_window(lengths: Sequence[int], num_bins: int, budget: int) -> int:
     return max(num_bins, min(len(lengths), max(16, math.ceil(4 * num_bins * budget / mean))))
 
 
-def best_fit_decreasing(lengths: Sequence[int], num_bins: int, budget: int,
-                        stale: int = 0) -> tuple[list[list[int]], list[int]]:
+def best_fit_decreasing(lengths: Sequence[int], num_bins: int, budget: int, stale: int = 0,
+                        costs: Sequence[float] | None = None,
+                        cost_budget: float | None = None) -> tuple[list[list[int]], list[int]]:
     """Best-fit decreasing of items ``0 .. len(lengths) - 1`` into ``num_bins`` bins of ``budget`` tokens: the
     ``stale`` first items (rows that have waited long) in index order, then the others by (length desc, index
     asc), each into the fitting bin with the least room left (ties: lowest bin). Returns ``(bins, left)``: each
-    bin's items in placing order, and the items that fit nowhere, ascending. O(items * log bins)."""
+    bin's items in placing order, and the items that fit nowhere, ascending. O(items * log bins). With
+    ``cost_budget``, a bin also holds at most that much of ``costs`` (:func:`_best_fit_both`)."""
+    if cost_budget is not None:
+        return _best_fit_both(lengths, costs, num_bins, budget, cost_budget, stale)
     order = list(range(stale)) + sorted(range(stale, len(lengths)), key=lambda i: (-lengths[i], i))
     free = [(budget, b) for b in range(num_bins)]  # (room, bin), ascending
     bins: list[list[int]] = [[] for _ in range(num_bins)]
@@ -143,16 +147,37 @@ def best_fit_decreasing(lengths: Sequence[int], num_bins: int, budget: int,
     return bins, sorted(left)
 
 
+def _best_fit_both(lengths, costs, num_bins: int, budget: int, cost_budget: float, stale: int):
+    """Best-fit decreasing under two budgets, ``budget`` tokens and ``cost_budget`` of ``costs`` a bin: the
+    ``stale`` first items in index order, then the others by their larger share of either budget (desc; index
+    asc), each into the bin, of those with room for both, with the least cost room left (ties: least token room,
+    lowest bin). O(items * bins)."""
+    order = list(range(stale)) + sorted(range(stale, len(lengths)),
+                                        key=lambda i: (-max(lengths[i] / budget, costs[i] / cost_budget), i))
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    tokens, cost, left = [0] * num_bins, [0.0] * num_bins, []
+    for i in order:
+        fits = [b for b in range(num_bins) if tokens[b] + lengths[i] <= budget and cost[b] + costs[i] <= cost_budget]
+        if not fits:
+            left.append(i)
+            continue
+        b = min(fits, key=lambda b: (cost_budget - cost[b], budget - tokens[b], b))
+        bins[b].append(i)
+        tokens[b], cost[b] = tokens[b] + lengths[i], cost[b] + costs[i]
+    return bins, sorted(left)
+
+
 def balance_costs(lengths: Sequence[int], costs: Sequence[float], items: Sequence[int], num_bins: int,
-                  budget: int) -> list[list[int]] | None:
+                  budget: int, cost_budget: float | None = None) -> list[list[int]] | None:
     """LPT rebalancing (Graham 1969): ``items`` sorted by (cost desc, index asc), each into the bin with the
-    smallest cost so far that still has room for its tokens (ties: fewest tokens, then lowest bin). ``None`` when
-    some item fits in no bin (the caller keeps its best-fit bins)."""
+    smallest cost so far that still has room for its tokens, and within ``cost_budget`` (ties: fewest tokens, then
+    lowest bin). ``None`` when some item fits in no bin (the caller keeps its best-fit bins)."""
     heap = [(0.0, 0, b) for b in range(num_bins)]  # (cost, tokens, bin)
     bins: list[list[int]] = [[] for _ in range(num_bins)]
     for i in sorted(items, key=lambda i: (-costs[i], i)):
         skipped = []
-        while heap and budget - heap[0][1] < lengths[i]:
+        while heap and (budget - heap[0][1] < lengths[i] or (
+                cost_budget is not None and heap[0][0] + costs[i] > cost_budget + 1e-9)):
             skipped.append(heapq.heappop(heap))
         if not heap:
             return None
@@ -178,17 +203,18 @@ def _fill_empty(bins: list[list[int]]) -> list[list[int]]:
 
 
 def pack_step(lengths: Sequence[int], costs: Sequence[float], num_bins: int, budget: int,
-              stale: int = 0) -> tuple[list[list[int]], list[int]]:
+              stale: int = 0, cost_budget: float | None = None) -> tuple[list[list[int]], list[int]]:
     """One step's bins from a buffer of items (in stream order, the first ``stale`` of them rows that have waited
     long): (b) :func:`best_fit_decreasing` chooses the items and packs them; (c) :func:`balance_costs`
     redistributes the chosen items by cost, kept when every item fits and its most costly bin costs no more than
     best-fit's; an empty bin takes a row from the fullest (:func:`_fill_empty`); :func:`refine_costs` then moves
     and swaps items between the costliest and the cheapest bin; (d) each bin's items ascending
     (stream order). Returns ``(bins, left)``, ``left`` the items for a later step, ascending. With at least
-    ``num_bins`` items, every bin gets at least one."""
-    bins, left = best_fit_decreasing(lengths, num_bins, budget, stale)
+    ``num_bins`` items, every bin gets at least one. With ``cost_budget``, (b) and (c) keep each bin within that
+    much cost too (the moves of (c) never raise the costliest bin)."""
+    bins, left = best_fit_decreasing(lengths, num_bins, budget, stale, costs, cost_budget)
     chosen = sorted(i for items in bins for i in items)
-    balanced = balance_costs(lengths, costs, chosen, num_bins, budget)
+    balanced = balance_costs(lengths, costs, chosen, num_bins, budget, cost_budget)
     if balanced is not None and _max_cost(balanced, costs) <= _max_cost(bins, costs):
         bins = balanced
     bins = refine_costs(_fill_empty(bins), lengths, costs, budget)
@@ -280,22 +306,28 @@ class PackedPlan(MicroBatchPlan):
         costs: ``costs[i]``, row ``i``'s balancing cost (e.g. its text and image tokens weighed by the cost
             profile); default ``lengths``.
         window: rows in the buffer per step; default :func:`default_window`.
+        cost_budget: the most ``costs`` a micro-batch holds besides its tokens (:func:`pack_step`); ``None``: none.
 
     Raises:
         ValueError: naming the field: ``max_tokens_per_micro`` below 1, ``len(lengths)`` or ``len(costs)`` not
             ``len(dataset)``, a length below 1 or above the budget (naming the row), a negative or non-finite
-            cost, ``window`` below the step's bins, ``num_micro`` or ``num_replicas`` below 1, an empty dataset.
+            cost, ``window`` below the step's bins, ``num_micro`` or ``num_replicas`` below 1, an empty dataset, a
+            ``cost_budget`` below a row's cost.
     """
 
     def __init__(self, dataset, collate: Callable, num_micro: int, max_tokens_per_micro: int, lengths,
                  costs=None, validate: Callable[[dict], None] | None = None, shuffle: bool = False, seed: int = 0,
-                 replica: int = 0, num_replicas: int = 1, drop_bad_rows: bool = True, window: int | None = None):
+                 replica: int = 0, num_replicas: int = 1, drop_bad_rows: bool = True, window: int | None = None,
+                 cost_budget: float | None = None):
         super().__init__(dataset, collate, num_micro, 1, validate, shuffle, seed, replica, num_replicas,
                          drop_bad_rows)
         if num_micro < 1 or num_replicas < 1:
             raise ValueError(f"num_micro and num_replicas must be >= 1, got {num_micro} and {num_replicas}")
         self.budget = int(max_tokens_per_micro)
         self.lengths, self.costs = _checked_inputs(len(dataset), self.budget, lengths, costs)
+        if cost_budget is not None and not max(self.costs, default=0.0) <= cost_budget < math.inf:
+            raise ValueError(f"cost_budget = {cost_budget} is below a row's cost ({max(self.costs)}) or not finite")
+        self.cost_budget = cost_budget
         self.num_bins = num_replicas * num_micro
         self.window = default_window(self.lengths, self.num_bins, self.budget) if window is None else int(window)
         if self.window < self.num_bins:
@@ -318,7 +350,7 @@ class PackedPlan(MicroBatchPlan):
         items = self._buffer
         stale = bisect.bisect_right([entered for _, _, entered in items], step - STALE_AFTER)
         bins, left = pack_step([self.lengths[r] for _, r, _ in items], [self.costs[r] for _, r, _ in items],
-                               self.num_bins, self.budget, stale)
+                               self.num_bins, self.budget, stale, self.cost_budget)
         self._steps.append([[items[i][:2] for i in b] for b in bins])
         self._buffer = [items[i] for i in left]
 

@@ -12,8 +12,10 @@ see the image files, so a cached row that failed for an image is checked again o
 - ``where``: the file and 1-based line, or the file and row index (:meth:`~.containers.Container.where`);
 - ``status``: ``blank`` (a blank line), ``ok``, ``cut`` (longer than ``max_length``, cut there), ``dropped`` (the
   cut would go through an image's tokens, or leave no assistant token) or ``bad``, with ``error`` the reason;
-- ``messages``, ``images`` (references, :func:`~.layouts.image_ref`), ``text`` (the ``text`` layout), and
-  ``num_images``, ``num_tokens`` (before the cut, images expanded) and ``image_tokens`` (from the image headers).
+- ``messages``, ``images`` (references, :func:`~.layouts.image_ref`), ``videos`` (each a video reference,
+  :func:`~.video.video_ref`, as JSON), ``text`` (the ``text`` layout), and ``num_images``, ``num_videos``,
+  ``num_tokens`` (before the cut, images and videos expanded), ``image_tokens`` (from the image headers) and
+  ``video_tokens`` (from the video headers, :func:`~.video.video_tokens`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import uuid
 
 import datasets
 
+from .budgets import RowCaps, cap_row
 from .collate import IGNORE
 from .containers import JSON_COLUMN, MEMORY_COLUMN, Container, restore_images
 from .conversation_encoder import ConversationEncoder
 from .conversation_rows import canonical_messages
-from .layouts import conversation, detect, image_ref, read_image
+from .layouts import conversation, conversation_videos, detect, image_ref, read_image
+from .video import load_video, video_ref
 
 FEATURES = datasets.Features({
     "where": datasets.Value("string"),
@@ -45,9 +49,13 @@ FEATURES = datasets.Features({
     "num_images": datasets.Value("int64"),
     "num_tokens": datasets.Value("int64"),
     "image_tokens": datasets.Value("int64"),
+    "videos": datasets.List(datasets.Value("string")),  # video references (.video.video_ref) as JSON: options vary
+    "num_videos": datasets.Value("int64"),
+    "video_tokens": datasets.Value("int64"),
+    "visual": datasets.Value("string"),  # .budgets.RowBudget.metadata as JSON: per item tokens, resizes, caps over
 })
 CODE = ("layouts.py", "containers.py", "prepare.py", "conversation_rows.py", "conversation_encoder.py",
-        "templates.py", "processor.py", "processors_vlm.py")
+        "templates.py", "processor.py", "processors_vlm.py", "video.py", "video_processor.py", "budgets.py")
 
 
 def raw_row(container: Container, row: dict, index: int) -> dict:
@@ -100,13 +108,16 @@ class RowCheck:
         processor: the HF processor, or a tokenizer. max_length: the cut (``None``: none).
         model_type, chat_template: as :class:`~.conversation_encoder.ConversationEncoder`.
         decode: decode every image (``mpipe-hf check-data``), not only its header.
+        caps: the per-row visual caps (:func:`~.budgets.cap_row`; ``None``: none but counting).
     """
 
     def __init__(self, container: Container, layout: str, base: str, processor, max_length: int | None,
-                 model_type: str | None, chat_template: str | None = None, decode: bool = False):
+                 model_type: str | None, chat_template: str | None = None, decode: bool = False,
+                 caps: RowCaps | None = None):
         self.names, self.layout, self.base = Container(None, container.kind, container.label), layout, base
         self.processor, self.max_length, self.decode = processor, max_length, decode
         self.model_type, self.chat_template, self._encoder = model_type, chat_template, None
+        self.caps = caps
 
     def __getstate__(self):
         return {**self.__dict__, "_encoder": None}
@@ -114,12 +125,14 @@ class RowCheck:
     def __call__(self, row: dict, index: int) -> dict:
         where = self.names.where(index)
         out = {"where": where, "status": "ok", "error": "", "messages": [], "images": [], "text": None,
-               "num_images": 0, "num_tokens": 0, "image_tokens": 0}
+               "num_images": 0, "num_tokens": 0, "image_tokens": 0, "videos": [], "num_videos": 0, "video_tokens": 0,
+               "visual": ""}
         try:
             self._check(row, index, where, out)
         except ValueError as err:
             text = str(err)
-            out.update(status="bad", error=text.removeprefix(f"{where}: "), messages=[], images=[], text=None)
+            out.update(status="bad", error=text.removeprefix(f"{where}: "), messages=[], images=[], text=None,
+                       videos=[])
         return out
 
     def _check(self, row: dict, index: int, where: str, out: dict) -> None:
@@ -138,20 +151,23 @@ class RowCheck:
         layout = detect(obj, where) if self.layout == "auto" else self.layout
         if layout == "text":
             raise ValueError(f"{where}: a text row among conversations; a run reads one or the other")
-        messages, images = conversation(obj, layout, where)
-        canonical = canonical_messages(messages, len(images), where)
+        messages, images = conversation(obj, layout, where, videos=True)
+        videos = conversation_videos(obj, messages, where)
+        canonical = canonical_messages(messages, len(images), where, len(videos))
         refs = [image_ref(image, self.base, where) for image in images]
+        clips = [video_ref(source, self.base, where, options) for source, options in videos]
         encoder = self._encoder or ConversationEncoder(self.processor, self.chat_template, self.model_type)
         self._encoder = encoder
-        if refs and not encoder.vision:
-            raise ValueError(f"{where}: the row has images but {type(self.processor).__name__} is a tokenizer, not "
-                             f"a vision-language processor")
-        sizes = [read_image(ref, where, self.decode) for ref in refs]
+        if (refs or clips) and not encoder.vision:
+            raise ValueError(f"{where}: the row has images or videos but {type(self.processor).__name__} is a "
+                             f"tokenizer, not a vision-language processor")
+        budget, video_counts = self._capped(encoder, refs, clips, where)
+        sizes, clips = budget.sizes, budget.clips
         try:
             expansions = encoder.image_replacements_for_sizes(sizes)
         except ValueError as err:  # the processor's own limits (an aspect ratio past 200, say)
             raise ValueError(f"{where}: the image processor rejects an image: {err}") from err
-        enc = encoder.encode(canonical, expansions, where)
+        enc = encoder.encode(canonical, expansions, where, video_counts)
         if not any(label != IGNORE for label in enc.labels):
             raise ValueError(f"{where}: the assistant turns render to no token (nothing to learn)")
         status, limit = "ok", self.max_length
@@ -161,19 +177,52 @@ class RowCheck:
                 status, out["error"] = "dropped", f"max_length={limit} would cut through an image's tokens"
             elif all(label == IGNORE for label in enc.labels[:limit]):
                 status, out["error"] = "dropped", f"every assistant token lies past max_length={limit}"
+        status, out["error"] = ("dropped", budget.error) if budget.error else (status, out["error"])
         parts = [{"role": m["role"], "content": [{"type": p["type"], "text": p.get("text")} for p in m["content"]]}
                  for m in canonical]
+        visual = sum(end - start for start, end in enc.image_spans)
+        video = sum(end - start for start, end in enc.video_spans)
         out.update(status=status, messages=parts, images=refs, num_images=len(refs), num_tokens=len(enc.ids),
-                   image_tokens=sum(end - start for start, end in enc.image_spans))
+                   image_tokens=visual - video, videos=[json.dumps(clip) for clip in clips],
+                   num_videos=len(clips), video_tokens=video, visual=json.dumps(budget.metadata(enc)))
+
+    def _capped(self, encoder: ConversationEncoder, refs: list[dict], clips: list[dict], where: str):
+        """``(budget, video tokens)``: the row's images (read to their headers, or decoded) and videos under the
+        caps (:func:`~.budgets.cap_row`), and each capped video's tokens (:meth:`_videos`)."""
+        budget = cap_row(self.caps, encoder, [read_image(ref, where, self.decode) for ref in refs], clips, where)
+        return budget, self._videos(encoder, budget.clips, where)
+
+    def _videos(self, encoder: ConversationEncoder, clips: list[dict], where: str) -> list[int]:
+        """Tokens each of a row's videos ``clips`` takes, from its header (with ``decode``, every sampled frame
+        decoded too, as the collator decodes it).
+
+        Raises:
+            ValueError: naming ``where``: videos for a processor without a video processor
+                (:meth:`~.conversation_encoder.ConversationEncoder.video_tokens_for`), a video that cannot be read
+                or sampled.
+        """
+        if not clips:
+            return []
+        if encoder.video_token is None:
+            raise ValueError(f"{where}: the row has {len(clips)} video(s) but {type(self.processor).__name__} takes "
+                             f"no videos (docs/video.md lists the families that do)")
+        try:
+            counts = encoder.video_tokens_for(clips)
+            for clip in clips if self.decode else []:
+                load_video(clip, self.processor.video_processor)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from err
+        return counts
 
 
 def _signature(processor, chat_template: str | None) -> dict:
     """What of the processor the rendered tokens depend on."""
     tokenizer = getattr(processor, "tokenizer", processor)
-    image = getattr(processor, "image_processor", None)
+    image, video = getattr(processor, "image_processor", None), getattr(processor, "video_processor", None)
     return {"class": type(processor).__name__, "tokenizer": getattr(tokenizer, "name_or_path", ""),
             "vocab": len(tokenizer), "template": chat_template or getattr(processor, "chat_template", None),
-            "image_processor": image.to_json_string() if image is not None else None}
+            "image_processor": image.to_json_string() if image is not None else None,
+            "video_processor": None if video is None else json.dumps(video.to_dict(), sort_keys=True, default=str)}
 
 
 def cache_key(container: Container, check: RowCheck) -> str:
@@ -185,7 +234,7 @@ def cache_key(container: Container, check: RowCheck) -> str:
             code.update(f.read())
     settings = {"rows": container.rows._fingerprint, "kind": container.kind, "label": container.label,
                 "layout": check.layout, "base": check.base, "max_length": check.max_length,
-                "model_type": check.model_type, "decode": check.decode, "code": code.hexdigest(),
+                "model_type": check.model_type, "decode": check.decode, "code": code.hexdigest(), "caps": check.caps,
                 "processor": _signature(check.processor, check.chat_template)}
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -195,7 +244,9 @@ def cache_root() -> str:
     return os.path.join(str(datasets.config.HF_DATASETS_CACHE), "mpipe_hf")
 
 
-IMAGE_ERRORS = ("image file ", "cannot decode image", "cannot read image", "the image processor rejects")
+IMAGE_ERRORS = ("image file ", "cannot decode image", "cannot read image", "the image processor rejects",
+                "video file ", "cannot read video", "cannot decode video", "cannot read a video frame",
+                "video frame ")
 
 
 def _still_holds(container: Container, check: RowCheck, done: datasets.Dataset) -> bool:

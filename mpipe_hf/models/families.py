@@ -16,27 +16,31 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from .deepstack import deepstack_host_inputs
 from .family import Family
-from .host_metadata import VISION_META_KEYS, host_keys, qwen_host_inputs
+from .host_metadata import VIDEO_META_KEYS, VISION_META_KEYS, host_keys, qwen_host_inputs
 
 Tensors = dict[str, torch.Tensor]
 
 
-def validate_counted_micro(counter):
+def validate_counted_micro(counter, videos=None):
     """``family.validate`` for a family whose image-token count the host computes from a micro's vision inputs:
-    ``counter(model) -> count(raw)`` (``None`` when the model does not say: no check). ``validate_micro(raw)``
-    raises ``ValueError`` when ``input_ids`` holds another count (what stage 0's :func:`~.family.check_count`
-    would otherwise find on the device, where it ends the run)."""
+    ``counter(model) -> count(raw)`` (``None`` when the model does not say: no check); ``videos``: the same for
+    its video tokens (``pixel_values_videos``, the model's ``video_token_id``). ``validate_micro(raw)`` raises
+    ``ValueError`` when ``input_ids`` holds another count (what stage 0's :func:`~.family.check_count` would
+    otherwise find on the device, where it ends the run)."""
     def build(model: nn.Module):
-        image_token_id, count = model.config.image_token_id, counter(model)
+        checks = [("image", model.config.image_token_id, counter(model), "pixel_values")]
+        if videos is not None:
+            checks.append(("video", model.config.video_token_id, videos(model), "pixel_values_videos"))
 
         def validate_micro(raw: Tensors) -> None:
-            if count is None:
-                return
-            n_tokens = int((raw["input_ids"] == image_token_id).sum())
-            n_feats = count(raw) if "pixel_values" in raw else 0
-            if n_tokens != n_feats:
-                raise ValueError(f"image-token count {n_tokens} (id {image_token_id} in input_ids) differs from "
-                                 f"the {n_feats} image features the micro-batch's images give")
+            for kind, token_id, count, pixels in checks:
+                if count is None:
+                    continue
+                n_tokens = int((raw["input_ids"] == token_id).sum())
+                n_feats = count(raw) if pixels in raw else 0
+                if n_tokens != n_feats:
+                    raise ValueError(f"{kind}-token count {n_tokens} (id {token_id} in input_ids) differs from "
+                                     f"the {n_feats} {kind} features the micro-batch's {kind}s give")
         return validate_micro
     return build
 
@@ -45,6 +49,12 @@ def _qwen_tokens(model: nn.Module):
     """Qwen-VL, GLM-4V: the patches of ``image_grid_thw`` over ``spatial_merge_size ** 2``."""
     merge = model.config.vision_config.spatial_merge_size
     return lambda raw: int(raw["image_grid_thw"].prod(-1).sum()) // merge ** 2
+
+
+def _qwen_video_tokens(model: nn.Module):
+    """Qwen2-VL, Qwen2.5-VL videos: the patches of ``video_grid_thw`` over ``spatial_merge_size ** 2``."""
+    merge = model.config.vision_config.spatial_merge_size
+    return lambda raw: int(raw["video_grid_thw"].prod(-1).sum()) // merge ** 2
 
 
 def tokens_per_image(config, vision_tower: nn.Module) -> int | None:
@@ -127,13 +137,17 @@ QWEN_VL = dict(vision=("model.visual",), image_inputs=("pixel_values", "image_gr
                image_meta=VISION_META_KEYS, stage0_inputs=("position_ids",), positions="host",
                host=qwen_host_inputs, host_keys=lambda model: host_keys(model.model.visual),
                validate=validate_counted_micro(_qwen_tokens))
+# Qwen2-VL, Qwen2.5-VL: videos through the tower's second call (get_video_features), their grids and
+# second_per_grid_ts into get_rope_index on the host (.host_metadata)
+QWEN_VIDEO = dict(QWEN_VL, video_inputs=("pixel_values_videos", "video_grid_thw"), video_meta=VIDEO_META_KEYS,
+                  validate=validate_counted_micro(_qwen_tokens, _qwen_video_tokens))
 DEEPSTACK = dict(QWEN_VL, stage0_inputs=("position_ids", "visual_pos_index"), host=deepstack_host_inputs,
                  deepstack=True)
 TOWER = ("model.vision_tower", "model.multi_modal_projector")
 DECODER_ONLY = Family(text="model")
 
 FAMILIES: dict[str, Family] = {
-    "qwen2_vl": Family(**QWEN_VL), "qwen2_5_vl": Family(**QWEN_VL), "qwen3_vl": Family(**DEEPSTACK),
+    "qwen2_vl": Family(**QWEN_VIDEO), "qwen2_5_vl": Family(**QWEN_VIDEO), "qwen3_vl": Family(**DEEPSTACK),
     "qwen3_vl_moe": Family(**DEEPSTACK), "qwen3_5": Family(**QWEN_VL), "qwen3_5_moe": Family(**QWEN_VL),
     "glm4v": Family(**QWEN_VL), "glm4v_moe": Family(**QWEN_VL),
     "llava": Family(vision=TOWER, validate=validate_counted_micro(_llava_tokens)),

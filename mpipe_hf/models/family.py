@@ -45,6 +45,11 @@ class Family:
             ``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``, ``batch_num_images``).
         image_meta: raw keys ``P``'s vision part reads that ``host`` computed (the tower's precomputed keyword
             arguments, :mod:`.host_metadata`).
+        video_inputs: raw keys ``get_video_features`` takes, under its own argument names (``pixel_values_videos``,
+            ``video_grid_thw``); empty: the family takes no video, and a micro-batch with ``pixel_values_videos``
+            is refused at load naming the model type (:func:`.generic.micro_check`).
+        video_meta: raw keys of the tower's precomputed keyword arguments for the video call, computed by ``host``
+            from ``video_grid_thw`` (:data:`~.host_metadata.VIDEO_META_KEYS`).
         mask_inputs: raw keys every stage's masks read (``token_type_ids``); they travel with the hidden states.
         stage0_inputs: raw keys stage 0 reads besides ``input_ids``, ``attention_mask`` and ``labels``.
         positions: ``"arange"`` (``(1, L)``), ``"arange1"`` (from one, PaliGemma) or ``"host"`` (``position_ids``
@@ -76,6 +81,8 @@ class Family:
     vision: tuple[str, ...] = ()
     image_inputs: tuple[str, ...] = ("pixel_values",)
     image_meta: tuple[str, ...] = ()
+    video_inputs: tuple[str, ...] = ()
+    video_meta: tuple[str, ...] = ()
     mask_inputs: tuple[str, ...] = ()
     stage0_inputs: tuple[str, ...] = ()
     positions: str = "arange"
@@ -112,29 +119,36 @@ def flat_features(pooled) -> torch.Tensor:
 
 class ImageFeatures(nn.Module):
     """``P``'s vision part: the raw vision keys -> ``{"image_features": (n_image_tokens, H)}`` through the model's
-    own ``get_image_features`` (with DeepStack, also ``"deepstack_features"`` ``(K, n, H)``); a micro without
-    ``pixel_values`` gives ``(0, H)``. Floating-point inputs (``pixel_values``, and any other view's pixels such as
+    own ``get_image_features`` (with DeepStack, also ``"deepstack_features"`` ``(K, n, H)``) and, for a micro with
+    videos, ``"video_features"`` ``(n_video_tokens, H)`` through its ``get_video_features``: a second tower call,
+    as the model's ``forward`` makes it. A micro without ``pixel_values`` gives ``image_features`` ``(0, H)``.
+    Floating-point inputs (``pixel_values``, ``pixel_values_videos``, and any other view's pixels such as
     DeepSeek-OCR-2's ``pixel_values_local``) are cast to the parameters' dtype, as the processor writes fp32.
 
     Args:
         model: the HF model; parts: ``{fqn: module or parameter}`` of ``P``'s vision part (held here, so that
             ``P``'s parameters are theirs); image_inputs: as :attr:`Family.image_inputs`;
         extra: ``extra(inputs) -> kwargs`` added to the call (Qwen-VL's host metadata).
+        video_inputs: as :attr:`Family.video_inputs` (empty: no video call); video_extra: as ``extra``, for the
+            video call.
     """
 
     def __init__(self, model: nn.Module, parts: dict[str, nn.Module | nn.Parameter], image_inputs: tuple[str, ...],
-                 deepstack: int = 0, extra: Callable[[Tensors], dict] | None = None):
+                 deepstack: int = 0, extra: Callable[[Tensors], dict] | None = None,
+                 video_inputs: tuple[str, ...] = (), video_extra: Callable[[Tensors], dict] | None = None):
         super().__init__()
         self.parts = nn.ModuleDict({k.replace(".", "/"): v for k, v in parts.items() if isinstance(v, nn.Module)})
         self.params = nn.ParameterDict({k.replace(".", "/"): v for k, v in parts.items()
                                         if isinstance(v, nn.Parameter)})
         self.hidden_size = model.config.get_text_config().hidden_size
         self.image_inputs, self.deepstack, self.extra = image_inputs, deepstack, extra
+        self.video_inputs, self.video_extra = video_inputs, video_extra
         inner = model.model
         self.__dict__["_image_features"] = inner.get_image_features  # runs the modules above; not a submodule
-        names = inspect.signature(inner.get_image_features).parameters
-        self.config_kwargs = {k: getattr(model.config, k) for k in FEATURE_CONFIG_ARGS
-                              if k in names and getattr(model.config, k, None) is not None}
+        self.config_kwargs = _config_kwargs(model.config, inner.get_image_features)
+        if video_inputs:
+            self.__dict__["_video_features"] = inner.get_video_features
+            self.video_config_kwargs = _config_kwargs(model.config, inner.get_video_features)
 
     def empty(self) -> Tensors:
         zeros = next(self.parameters()).new_zeros(0, self.hidden_size)
@@ -143,27 +157,42 @@ class ImageFeatures(nn.Module):
             out["deepstack_features"] = zeros.new_zeros(self.deepstack, 0, self.hidden_size)
         return out
 
-    def forward(self, inputs: Tensors) -> Tensors:
-        if "pixel_values" not in inputs:
-            return self.empty()
+    def _call(self, features: Callable, keys: tuple[str, ...], config_kwargs: dict,
+              extra: Callable[[Tensors], dict] | None, inputs: Tensors):
         dtype = next(self.parameters()).dtype  # every floating input (the pixels of each view) in the model's dtype
         kwargs = {k: inputs[k].type(dtype) if inputs[k].is_floating_point() else inputs[k]
-                  for k in self.image_inputs if k in inputs}
-        out = self._image_features(**kwargs, **self.config_kwargs, **(self.extra(inputs) if self.extra else {}),
-                                   return_dict=True)
-        feats = {"image_features": flat_features(out.pooler_output)}
-        if self.deepstack:
-            feats["deepstack_features"] = torch.stack([flat_features(f) for f in out.deepstack_features])
+                  for k in keys if k in inputs}
+        return features(**kwargs, **config_kwargs, **(extra(inputs) if extra else {}), return_dict=True)
+
+    def forward(self, inputs: Tensors) -> Tensors:
+        if "pixel_values" not in inputs:
+            feats = self.empty()
+        else:
+            out = self._call(self._image_features, self.image_inputs, self.config_kwargs, self.extra, inputs)
+            feats = {"image_features": flat_features(out.pooler_output)}
+            if self.deepstack:
+                feats["deepstack_features"] = torch.stack([flat_features(f) for f in out.deepstack_features])
+        if self.video_inputs and self.video_inputs[0] in inputs:
+            out = self._call(self._video_features, self.video_inputs, self.video_config_kwargs, self.video_extra,
+                             inputs)
+            feats["video_features"] = flat_features(out.pooler_output)
         return feats
 
 
-def check_count(image_mask: torch.Tensor, n_feats: int, image_token_id: int) -> None:
-    """Check that ``image_mask`` (the image-token positions of ``input_ids``) holds ``n_feats`` tokens. On the host
-    exactly (``ValueError``); on a device without reading the count back (a device-side assert, which ends the
-    run: a host read here would stall the device once per micro-batch, and the loaders check the same count on
-    the host before the step, ``validate_micro``)."""
-    message = f"image tokens and features differ: {{}} image tokens (id {image_token_id}) in input_ids, {n_feats} " \
-              f"image features"
+def _config_kwargs(config, features: Callable) -> dict:
+    """The config's values of :data:`FEATURE_CONFIG_ARGS` that ``features`` (``get_image_features`` or
+    ``get_video_features``) takes as arguments."""
+    names = inspect.signature(features).parameters
+    return {k: getattr(config, k) for k in FEATURE_CONFIG_ARGS if k in names and getattr(config, k, None) is not None}
+
+
+def check_count(image_mask: torch.Tensor, n_feats: int, image_token_id: int, kind: str = "image") -> None:
+    """Check that ``image_mask`` (the image-token positions of ``input_ids``; ``kind`` ``video``: the video
+    tokens') holds ``n_feats`` tokens. On the host exactly (``ValueError``); on a device without reading the count
+    back (a device-side assert, which ends the run: a host read here would stall the device once per micro-batch,
+    and the loaders check the same count on the host before the step, ``validate_micro``)."""
+    message = f"{kind} tokens and features differ: {{}} {kind} tokens (id {image_token_id}) in input_ids, " \
+              f"{n_feats} {kind} features"
     if image_mask.device == torch.device("cpu"):
         n_tokens = int(image_mask.sum())
         if n_tokens != n_feats:
@@ -173,23 +202,27 @@ def check_count(image_mask: torch.Tensor, n_feats: int, image_token_id: int) -> 
 
 
 class ImageFront(nn.Module):
-    """The output consumer: token embedding, image features at the image-token positions, position ids.
+    """The output consumer: token embedding, image features at the image-token positions (and video features at
+    the video-token positions, with ``video_token_id``), position ids.
 
     Inputs: ``input_ids``/``attention_mask`` ``(B, L)``, the family's position keys, and either the vision
-    outputs (``image_features`` ``(n, H)`` and any extra feature keys) or, with ``vision``, the raw vision keys.
+    outputs (``image_features`` ``(n, H)``, ``video_features`` ``(n_video, H)`` for a micro with videos, and any
+    extra feature keys) or, with ``vision``, the raw vision keys.
     Output: ``{"hidden_states": (B, L, H), "position_ids": ..., **extras}``; ``extras``: keys read from the
     features and inputs that later layers need (DeepStack's). An image token id beyond the embedding (Gemma 3,
-    PaliGemma checkpoints) is looked up as id 0, as those models do, before its row is replaced.
+    PaliGemma checkpoints) is looked up as id 0, as those models do, before its row is replaced. The features are
+    put in place as the HF model's ``forward`` puts them (``masked_scatter`` at the placeholder tokens).
 
     Raises:
-        ValueError: the image-token count differs from the number of image features.
+        ValueError: the image-token (video-token) count differs from the number of image (video) features.
     """
 
     def __init__(self, embed_tokens: nn.Module, image_token_id: int | None, vision: nn.Module | None,
-                 positions: Callable[[Tensors], torch.Tensor], extras: tuple[str, ...] = ()):
+                 positions: Callable[[Tensors], torch.Tensor], extras: tuple[str, ...] = (),
+                 video_token_id: int | None = None):
         super().__init__()
         self.embed_tokens, self.image_token_id, self.vision = embed_tokens, image_token_id, vision
-        self.positions, self.extras = positions, extras
+        self.positions, self.extras, self.video_token_id = positions, extras, video_token_id
 
     def forward(self, inputs: Tensors) -> Tensors:
         ids = inputs["input_ids"]
@@ -199,10 +232,20 @@ class ImageFront(nn.Module):
         lookup = ids.masked_fill(image_mask, 0) if self.image_token_id >= self.embed_tokens.num_embeddings else ids
         hidden = self.embed_tokens(lookup)
         feats = self.vision(inputs) if self.vision is not None else inputs
-        n_feats = feats["image_features"].shape[0] if "image_features" in feats else 0
-        check_count(image_mask, n_feats, self.image_token_id)
-        if n_feats:
-            mask = image_mask.unsqueeze(-1).expand_as(hidden)
-            hidden = hidden.masked_scatter(mask, feats["image_features"].to(hidden.device, hidden.dtype))
+        hidden = _place(hidden, image_mask, feats.get("image_features"), self.image_token_id, "image")
+        if self.video_token_id is not None:
+            hidden = _place(hidden, ids == self.video_token_id, feats.get("video_features"), self.video_token_id,
+                            "video")
         extras = {k: feats[k] if k in feats else inputs[k] for k in self.extras}
         return {"hidden_states": hidden, "position_ids": self.positions(inputs), **extras}
+
+
+def _place(hidden: torch.Tensor, mask: torch.Tensor, features: torch.Tensor | None, token_id: int,
+           kind: str) -> torch.Tensor:
+    """``hidden`` ``(B, L, H)`` with ``features`` ``(n, H)`` (``None``: none) at the ``n`` positions of ``mask``
+    ``(B, L)``, in order (:func:`check_count` first)."""
+    n_feats = features.shape[0] if features is not None else 0
+    check_count(mask, n_feats, token_id, kind)
+    if not n_feats:
+        return hidden
+    return hidden.masked_scatter(mask.unsqueeze(-1).expand_as(hidden), features.to(hidden.device, hidden.dtype))

@@ -3,8 +3,9 @@
 
 ``P`` is one of:
 
-- the vision part (``text_layers = 0``): raw vision inputs -> ``{"image_features": (n_image_tokens, H), ...}``;
-  stage 0 embeds the tokens, puts the features at the image-token positions and takes the position ids;
+- the vision part (``text_layers = 0``): raw vision inputs -> ``{"image_features": (n_image_tokens, H), ...}``
+  (and ``"video_features"`` for a micro with videos, where the family declares ``video_inputs``); stage 0 embeds
+  the tokens, puts the features at the image- and video-token positions and takes the position ids;
 - the vision part (if any), the embedding and the first ``T = text_layers`` decoder layers: ``P`` returns hidden
   states and position ids, and stage 0 runs only what is left of its chunk (a decoder-only LM: ``T >= 1``);
 - an identity (preprocess ``identity``): stage 0 runs the (frozen) vision part and the embedding itself, and
@@ -28,7 +29,7 @@ from .costs import layer_costs, matmul_costs
 from .decoder import CARRIED_KEYS, DecoderStage, LMHead, decoder_stage, layer_type_masks
 from .deepstack import DEEPSTACK_KEYS, DeepStackStage, deepstack_layers
 from .family import Family, ImageFeatures, ImageFront
-from .host_metadata import vision_kwargs
+from .host_metadata import video_kwargs, vision_kwargs
 from .moe import router_spec
 from .packed import PACKED_KEYS, packed_host
 
@@ -94,6 +95,7 @@ class _Pieces:
         self.router = router_spec(self.text_model, self.text_config)
         self.masks = family.masks(model) if family.masks is not None else layer_type_masks
         self.image_token_id = getattr(model.config, "image_token_id", None) if family.vision else None
+        self.video_token_id = model.config.video_token_id if family.video_inputs else None
         self.host = packed_host(family.host(model) if family.host is not None else None, family.positions,
                                 self.image_token_id if family.deepstack else None)
         keys = family.host_keys(model) if family.host_keys is not None else frozenset()
@@ -101,7 +103,8 @@ class _Pieces:
         self.num_deepstack = deepstack_layers(model.config) if family.deepstack else 0
         self.cls = family.stage(model) if family.stage else DeepStackStage if family.deepstack else DecoderStage
         self.stage0_keys = RAW_KEYS + family.stage0_inputs + family.mask_inputs + ("labels",)
-        self.vision_keys = family.image_inputs + family.image_meta if family.vision else ()
+        self.vision_keys = (family.image_inputs + family.image_meta + family.video_inputs + family.video_meta
+                            if family.vision else ())
 
     def carry(self, last: int) -> tuple[str, ...]:
         """Keys a stage whose layers end at ``last`` passes on besides the hidden states and positions."""
@@ -113,11 +116,14 @@ class _Pieces:
             return None
         parts = {fqn: _part(self.model, fqn) for fqn in self.family.vision}
         extra = vision_kwargs if self.family.image_meta else None
-        return ImageFeatures(self.model, parts, self.family.image_inputs, self.num_deepstack, extra)
+        video_extra = video_kwargs if self.family.video_meta else None
+        return ImageFeatures(self.model, parts, self.family.image_inputs, self.num_deepstack, extra,
+                             self.family.video_inputs, video_extra)
 
     def front(self, vision: nn.Module | None) -> ImageFront:
         extras = DEEPSTACK_KEYS if self.family.deepstack else ()
-        return ImageFront(self.text_model.embed_tokens, self.image_token_id, vision, _positions(self.family), extras)
+        return ImageFront(self.text_model.embed_tokens, self.image_token_id, vision, _positions(self.family), extras,
+                          self.video_token_id)
 
     def stage(self, ids: list[int], front=None, head=None, carry=None) -> nn.Module:
         return decoder_stage(self.text_model, self.text_config, ids, front, head,
@@ -195,9 +201,20 @@ def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: in
 def micro_check(family: Family, model: nn.Module):
     """The load-time check of a raw micro-batch for ``model`` (``SplitModel.validate_micro``): ``raw -> None``,
     raising ``ValueError`` when the micro-batch does not fit the model (the family's ``validate``, e.g. its
-    image-token count). It reads only the model's config and module attributes, so a model on the meta device
-    serves (``mpipe-hf check-data``'s, :func:`mpipe_hf.train.sources.micro_validator`)."""
-    return family.validate(model) if family.validate is not None else _no_check
+    image-token count), or holds videos (``pixel_values_videos``) for a family that declares no ``video_inputs``
+    (its video path is not split: docs/video.md). It reads only the model's config and module attributes, so a
+    model on the meta device serves (``mpipe-hf check-data``'s, :func:`mpipe_hf.train.sources.micro_validator`)."""
+    check = family.validate(model) if family.validate is not None else _no_check
+    if family.video_inputs:
+        return check
+    model_type = model.config.model_type
+
+    def no_videos(raw: dict[str, torch.Tensor]) -> None:
+        check(raw)  # the family's own refusal first, where it has one (refuse_modalities)
+        if "pixel_values_videos" in raw:
+            raise ValueError(f"{model_type}: video inputs ('pixel_values_videos') are not supported; its video path "
+                             f"is not split (docs/video.md lists the families that take videos)")
+    return no_videos
 
 
 def _no_check(raw: dict[str, torch.Tensor]) -> None:

@@ -15,6 +15,10 @@ keyword arguments, so the owner computes them with the same helpers from the hos
   boundaries, which the SDPA and eager paths read back as Python lists; with FlashAttention, whose varlen kernel
   reads them, they go to the device (:func:`host_keys`).
 
+Videos (Qwen2-VL, Qwen2.5-VL) take the same path: the tower's second call, on ``video_grid_thw``, gets its own
+metadata under :data:`VIDEO_PREFIX`, and ``get_rope_index`` reads the video grids and Qwen2.5-VL's
+``second_per_grid_ts`` (seconds per temporal patch, which space the videos' temporal positions).
+
 The values are the ones the model would compute, from the same functions on the same integers, so the step is
 unchanged bit for bit.
 """
@@ -27,31 +31,34 @@ from transformers.utils.generic import get_max_seqlen, is_flash_attention_reques
 from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpolation_indices_and_weights,
                                        get_vision_position_ids, get_vision_window_index)
 
-from .packed import is_packed, mrope_positions
+from .packed import GRID_KEYS, is_packed, mrope_positions
 
 Tensors = dict[str, torch.Tensor]
 PREFIX = "vision_meta."  # raw keys of the tower's precomputed keyword arguments
-VISION_META_KEYS = tuple(PREFIX + k for k in ("position_ids", "cu_seqlens", "max_seqlen", "window_index",
-                                               "cu_window_seqlens", "max_window_seqlen", "interp_indices",
-                                               "interp_weights"))
+VIDEO_PREFIX = "video_meta."  # the same for the tower's video call
+_META = ("position_ids", "cu_seqlens", "max_seqlen", "window_index", "cu_window_seqlens", "max_window_seqlen",
+         "interp_indices", "interp_weights")
+VISION_META_KEYS = tuple(PREFIX + k for k in _META)
+VIDEO_META_KEYS = tuple(VIDEO_PREFIX + k for k in _META)
 _BOUNDARIES = ("cu_seqlens", "max_seqlen", "cu_window_seqlens", "max_window_seqlen")
 
 
 def host_keys(visual: nn.Module) -> frozenset[str]:
-    """Raw keys a ``DATA_LOAD`` keeps on the host for ``visual``: the grid, and the attention boundaries unless
-    the tower runs FlashAttention (its kernel reads them on the device)."""
-    keys = {"image_grid_thw"}
-    if not is_flash_attention_requested(visual.config):
-        keys |= {PREFIX + k for k in _BOUNDARIES}
-    else:
-        keys |= {PREFIX + "max_seqlen", PREFIX + "max_window_seqlen"}
+    """Raw keys a ``DATA_LOAD`` keeps on the host for ``visual``: the image and video grids, and the attention
+    boundaries unless the tower runs FlashAttention (its kernel reads them on the device)."""
+    keys = {"image_grid_thw", "video_grid_thw"}
+    for prefix in (PREFIX, VIDEO_PREFIX):
+        if not is_flash_attention_requested(visual.config):
+            keys |= {prefix + k for k in _BOUNDARIES}
+        else:
+            keys |= {prefix + "max_seqlen", prefix + "max_window_seqlen"}
     return frozenset(keys)
 
 
-def vision_metadata(visual: nn.Module, grid: torch.Tensor) -> Tensors:
-    """The keyword arguments ``visual.forward`` would compute from ``grid`` (``(images, 3)`` int64, on the host),
-    computed by transformers' own helpers, under :data:`PREFIX`; ``max_seqlen`` as a 0-d int64 (absent without
-    FlashAttention, as the helper gives ``None``)."""
+def vision_metadata(visual: nn.Module, grid: torch.Tensor, prefix: str = PREFIX) -> Tensors:
+    """The keyword arguments ``visual.forward`` would compute from ``grid`` (``(images, 3)`` int64, on the host;
+    or the videos' grid, with ``prefix`` :data:`VIDEO_PREFIX`), computed by transformers' own helpers, under
+    ``prefix``; ``max_seqlen`` as a 0-d int64 (absent without FlashAttention, as the helper gives ``None``)."""
     config, merge = visual.config, visual.spatial_merge_size
     meta = {"position_ids": get_vision_position_ids(grid, merge)}
     cu_seqlens = get_vision_cu_seqlens(grid)
@@ -64,34 +71,56 @@ def vision_metadata(visual: nn.Module, grid: torch.Tensor) -> Tensors:
         meta["interp_indices"], meta["interp_weights"] = get_vision_interpolation_indices_and_weights(
             grid, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
             align_corners=visual.interpolation_align_corners, spatial_merge_size=config.spatial_merge_size)
-    return {PREFIX + k: torch.tensor(v) if isinstance(v, int) else v for k, v in meta.items() if v is not None}
+    return {prefix + k: torch.tensor(v) if isinstance(v, int) else v for k, v in meta.items() if v is not None}
 
 
-def vision_kwargs(inputs: Tensors) -> dict:
-    """The tower's keyword arguments from a micro's raw inputs (:func:`vision_metadata`'s keys)."""
+def vision_kwargs(inputs: Tensors, prefix: str = PREFIX) -> dict:
+    """The tower's keyword arguments from a micro's raw inputs (:func:`vision_metadata`'s keys under ``prefix``)."""
     out = {}
     for key, value in inputs.items():
-        if key.startswith(PREFIX):
-            name = key[len(PREFIX):]
+        if key.startswith(prefix):
+            name = key[len(prefix):]
             out[name] = int(value) if name.startswith("max_") else value  # a host 0-d tensor: no device read
+    return out
+
+
+def video_kwargs(inputs: Tensors) -> dict:
+    """The tower's keyword arguments for the video call (:func:`vision_kwargs` under :data:`VIDEO_PREFIX`)."""
+    return vision_kwargs(inputs, VIDEO_PREFIX)
+
+
+def grids(raw: Tensors) -> dict:
+    """``get_rope_index``'s grid arguments from a host micro ``raw``: ``image_grid_thw``, ``video_grid_thw`` and
+    ``second_per_grid_ts`` where the micro has them (Qwen2-VL's ``get_rope_index`` takes the last in its
+    ``**kwargs`` and leaves it; its processor writes none)."""
+    return {k: raw[k] for k in GRID_KEYS if raw.get(k) is not None}
+
+
+def tower_metadata(visual: nn.Module, raw: Tensors) -> Tensors:
+    """:func:`vision_metadata` of the micro's image grid and, under :data:`VIDEO_PREFIX`, of its video grid (each
+    where it has one)."""
+    out = {}
+    if raw.get("image_grid_thw") is not None:
+        out.update(vision_metadata(visual, raw["image_grid_thw"]))
+    if raw.get("video_grid_thw") is not None:
+        out.update(vision_metadata(visual, raw["video_grid_thw"], VIDEO_PREFIX))
     return out
 
 
 def qwen_host_inputs(model: nn.Module):
     """``host(raw) -> extra raw inputs`` for a Qwen-VL ``model``: the M-RoPE ``position_ids`` ``(3, B, L)`` of
-    ``get_rope_index`` (``arange`` on all three axes for a micro without an image, as the text model does) and,
-    with images, :func:`vision_metadata`; a packed micro's ``(4, 1, N)`` per-row positions
-    (:func:`~.packed.mrope_positions`). ``raw`` is on the host."""
+    ``get_rope_index`` over the micro's images and videos (:func:`grids`; ``arange`` on all three axes for a micro
+    with neither, as the text model does) and :func:`tower_metadata`; a packed micro's ``(4, 1, N)`` per-row
+    positions (:func:`~.packed.mrope_positions`). ``raw`` is on the host."""
     rope_index, visual = model.model.get_rope_index, model.model.visual
 
     def host(raw: Tensors) -> Tensors:
-        ids, grid = raw["input_ids"], raw.get("image_grid_thw")
+        ids, given = raw["input_ids"], grids(raw)
         if is_packed(raw):  # each row's own positions, and the text-position row (issue 30)
-            positions = mrope_positions(rope_index, raw)
-            return {"position_ids": positions, **(vision_metadata(visual, grid) if grid is not None else {})}
-        if grid is None:
+            return {"position_ids": mrope_positions(rope_index, raw), **tower_metadata(visual, raw)}
+        if not given:
             return {"position_ids": torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, ids.shape[0], -1)}
-        positions, _ = rope_index(ids, mm_token_type_ids=raw["mm_token_type_ids"], image_grid_thw=grid,
-                                  attention_mask=raw.get("attention_mask"))
-        return {"position_ids": positions, **vision_metadata(visual, grid)}
+        positions, _ = rope_index(ids, mm_token_type_ids=raw["mm_token_type_ids"],
+                                  attention_mask=raw.get("attention_mask"), **given)
+        return {"position_ids": positions, **tower_metadata(visual, raw)}
     return host

@@ -33,6 +33,7 @@ from transformers.masking_utils import find_packed_sequence_indices
 Tensors = dict[str, torch.Tensor]
 PACKED_KEYS = ("packed_lengths", "packed_image_tokens")  # host integers (runtime.wire.HEADER_KEYS)
 LINEAR = "linear_attention"
+GRID_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")  # what get_rope_index reads of the visuals
 
 
 def is_packed(raw: Tensors) -> bool:
@@ -67,16 +68,18 @@ def gather_rows(padded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def mrope_positions(rope_index: Callable, raw: Tensors) -> torch.Tensor:
     """``(4, 1, N)``: the text-position row (:func:`row_positions`) and the 3 M-RoPE rows of ``rope_index`` (a
-    Qwen-VL model's ``get_rope_index``) computed over the packed rows unpacked to a padded batch with its mask,
-    exactly as the unpacked model computes them; without images an ``arange`` per row on all three axes."""
+    Qwen-VL model's ``get_rope_index``, given the micro's image and video grids and Qwen2.5-VL's
+    ``second_per_grid_ts``, each where it has them) computed over the packed rows unpacked to a padded batch with
+    its mask, exactly as the unpacked model computes them; without images and videos an ``arange`` per row on all
+    three axes."""
     lengths = raw["packed_lengths"].tolist()
     text = row_positions(lengths)
-    if raw.get("image_grid_thw") is None:
+    grids = {k: raw[k] for k in GRID_KEYS if raw.get(k) is not None}
+    if not grids:
         return torch.cat([text, text.expand(3, -1)]).unsqueeze(1)
     ids, mask = unpad_rows(raw["input_ids"], lengths)
     types, _ = unpad_rows(raw["mm_token_type_ids"], lengths)
-    positions, _ = rope_index(ids, mm_token_type_ids=types, image_grid_thw=raw["image_grid_thw"],
-                              attention_mask=mask)
+    positions, _ = rope_index(ids, mm_token_type_ids=types, attention_mask=mask, **grids)
     return torch.cat([text.unsqueeze(0), gather_rows(positions, mask)])
 
 

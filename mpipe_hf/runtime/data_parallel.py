@@ -102,15 +102,23 @@ class DataParallel:
         bf16: the run computes under bf16 autocast (``train.bf16``): with ``shard``, the matmul modules
             (:func:`bf16_units`) are gathered in bf16 and reduced in fp32 (the module docstring says why this is
             exact); no effect with ``replicate``, whose all-reduce sums the fp32 gradients.
+        experts: expert parallelism (issue 40): ``(this rank's expert shards, the edp mesh)``
+            (:class:`~mpipe_hf.models.expert_parallel.ExpertShards`' ``params``,
+            :func:`~.mesh.expert_mesh`'s ``["edp"]``). The shards differ between the EP ranks of ``dp``, and
+            the all-to-all's backward already summed their gradients over the EP group: FSDP2 leaves them alone
+            and they are summed over ``edp`` (the replicas holding the same experts), not ``dp``.
 
     Raises:
         ValueError: an unknown engine.
     """
 
-    def __init__(self, mesh: DeviceMesh, engine: str = "shard", bf16: bool = False):
+    def __init__(self, mesh: DeviceMesh, engine: str = "shard", bf16: bool = False,
+                 experts: tuple[list[nn.Parameter], DeviceMesh] | None = None):
         if engine not in ENGINES:
             raise ValueError(f"parallel.dp_shard: the data-parallel engine must be one of {ENGINES}, got {engine!r}")
         self.mesh, self.engine, self.bf16 = mesh, engine, bf16
+        self.experts = {id(p) for p in experts[0]} if experts is not None else set()
+        self.expert_group = experts[1].get_group() if experts is not None and experts[1].size() > 1 else None
         self.group, self.size = mesh.get_group(), mesh.size()
         self.rank = mesh.get_local_rank()
         # which parameters any replica gave a gradient is a host fact: voted on a gloo group, read on the host
@@ -136,7 +144,8 @@ class DataParallel:
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP(Linear|Conv[123]d)\) returned "
                                     r"a view tensor")
         for stage, module in stages.items():
-            fully_shard(module, mesh=self.mesh, reshard_after_forward=False)
+            ignored = {p for p in module.parameters() if id(p) in self.experts} or None
+            fully_shard(module, mesh=self.mesh, reshard_after_forward=False, ignored_params=ignored)
             self.chunks[stage] = module
 
     def start_step(self) -> None:
@@ -156,8 +165,16 @@ class DataParallel:
         """All-reduce (SUM) over ``dp`` the gradients of ``params`` that FSDP does not reduce (every one with
         ``replicate``, ``P``'s with ``shard``), in one flat buffer per dtype. A parameter no replica gave a
         gradient keeps none, as on one process (AdamW then leaves it alone); one that some replicas did not
-        reach counts zeros there."""
-        plain = [p for p in params if not is_sharded(p)]
+        reach counts zeros there. Expert shards (``experts``) are summed over ``edp`` instead (with zeros for a
+        missing gradient: the all-to-all gives every shard one in any step its layer trains)."""
+        params = list(params)
+        shards = [p for p in params if id(p) in self.experts]
+        if self.expert_group is not None and shards:
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in shards])
+            dist.all_reduce(flat, group=self.expert_group)
+            for p, g in zip(shards, flat.split([p.numel() for p in shards])):
+                p.grad = g.view_as(p).clone()
+        plain = [p for p in params if not is_sharded(p) and id(p) not in self.experts]
         if self.size == 1 or not plain:
             return
         reached = torch.tensor([p.grad is not None for p in plain], dtype=torch.int32)  # host values: voted there

@@ -63,3 +63,24 @@ def build_mesh(pp_size: int, dp_size: int = 1, order: str = "pp_inner") -> Devic
     if order == "dp_inner":  # the mesh's last dimension varies fastest over the global ranks
         return init_device_mesh(device_type, (pp_size, dp_size), mesh_dim_names=("pp", "dp"))
     return init_device_mesh(device_type, (dp_size, pp_size), mesh_dim_names=("dp", "pp"))
+
+
+def expert_mesh(mesh: DeviceMesh, ep_size: int) -> DeviceMesh:
+    """The expert-parallel view of a ``(dp, pp)`` mesh (issue 40): its ``dp`` dimension (the pipeline replicas,
+    each on its own micro-batches) split into ``(edp, ep, batch)``. ``mesh_view["ep"]`` is an EP group: ``ep_size``
+    replicas of one stage rank that each hold ``E / ep_size`` experts of the stage's MoE layers and exchange
+    tokens by all-to-all (``dp`` rank ``d`` is EP rank ``d % ep_size``); ``mesh_view["edp"]`` groups the
+    ``dp_size / ep_size`` replicas that hold the same experts, over which their gradients are summed
+    (Megatron-LM's expert data parallelism); ``mesh_view["batch"]``, of one rank, is the group that shares a
+    batch (transformers' ``AllToAllEP`` takes it as its TP mesh: here no two ranks hold the same tokens). The
+    global numbering is ``mesh``'s, in either order; its ``dp``
+    and ``pp`` groups are unchanged.
+
+    Raises:
+        ValueError: ``ep_size`` is not an integer >= 1 that divides the replicas (``dp_size``).
+    """
+    replicas = mesh["dp"].size()
+    if not isinstance(ep_size, int) or isinstance(ep_size, bool) or ep_size < 1 or replicas % ep_size:
+        raise ValueError(f"parallel.ep_size must be an integer >= 1 that divides parallel.dp_size ({replicas}: the "
+                         f"ranks that hold the same stage), got {ep_size!r}")
+    return mesh._unflatten("dp", (replicas // ep_size, ep_size, 1), ("edp", "ep", "batch"))

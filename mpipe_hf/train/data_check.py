@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+from ..data.budgets import CAPS, RowCaps
 from ..data.conversation import ConversationDataset, Source, column, read_source
 from ..data.owner import MicroBatchPlan
 from .recipe import Recipe
@@ -26,9 +27,11 @@ STATUSES = ("ok", "cut", "dropped", "bad")
 @dataclass
 class SourceReport:
     """One source's check: ``counts`` per status (:data:`STATUSES`), the ``bad`` rows ``[(where, reason)]``, the
-    rows ``dropped`` for ``max_length`` ``[(where, reason)]``, per kept row ``images`` and ``tokens``, and the kept
-    row indices with the raw rows' fingerprint (for the clean row list); ``load_bad``: the rows of ``bad`` that
-    passed the row check but failed as loaded (:func:`load_check`; ``None``: not run)."""
+    rows ``dropped`` for ``max_length`` or ``max_visual_tokens`` ``[(where, reason)]``, per kept row ``images``,
+    ``tokens``, ``image_tokens`` and ``video_tokens``, the rows ``over`` each visual cap (cap name -> their
+    ``where``, kept or dropped: :data:`~mpipe_hf.data.budgets.CAPS`), and the kept row indices with the raw rows'
+    fingerprint (for the clean row list); ``load_bad``: the rows of ``bad`` that passed the row check but failed as
+    loaded (:func:`load_check`; ``None``: not run)."""
 
     path: str
     layout: str
@@ -38,6 +41,9 @@ class SourceReport:
     images: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     keep: list[int] = field(default_factory=list)
+    image_tokens: list[int] = field(default_factory=list)
+    video_tokens: list[int] = field(default_factory=list)
+    over: dict[str, list[str]] = field(default_factory=dict)
     fingerprint: str = ""
     load_bad: int | None = None
 
@@ -54,8 +60,9 @@ def check_source(source: Source, processor, recipe: Recipe, config, decode: bool
     decoded in full) and summed up; unless ``validate`` is ``False``, each kept row then as loaded
     (:func:`load_check`, ``validate``: the model's micro-batch check or ``None``)."""
     done = read_source(source, processor, recipe.data.row_length, config.model_type, decode=decode,
-                       num_proc=num_proc)
-    table = {name: column(done.rows, name) for name in ("where", "status", "error", "num_images", "num_tokens")}
+                       num_proc=num_proc, caps=recipe.data.caps)
+    names = ("where", "status", "error", "num_images", "num_tokens", "image_tokens", "video_tokens", "visual")
+    table = {name: column(done.rows, name) for name in names}
     status = table["status"]
     report = SourceReport(source.path, done.layout, {s: status.count(s) for s in STATUSES},
                           fingerprint=done.fingerprint)
@@ -66,8 +73,11 @@ def check_source(source: Source, processor, recipe: Recipe, config, decode: bool
             report.dropped.append((table["where"][i], table["error"][i]))
         elif s in ("ok", "cut"):
             report.keep.append(i)
-            report.images.append(table["num_images"][i])
-            report.tokens.append(table["num_tokens"][i])
+            for key, name in (("images", "num_images"), ("tokens", "num_tokens"), ("image_tokens", "image_tokens"),
+                              ("video_tokens", "video_tokens")):
+                getattr(report, key).append(table[name][i])
+        for cap in json.loads(table["visual"][i]).get("over", []) if table["visual"][i] else []:
+            report.over.setdefault(cap, []).append(table["where"][i])
     if validate is not False:
         load_check(report, done.rows, status, row_collator(done.layout, processor, recipe.data, config), validate)
     return report
@@ -100,8 +110,8 @@ def load_check(report: SourceReport, rows, status: list[str], collate, validate)
     report.counts["bad"] += len(failed)
     report.load_bad = len(failed)
     gone = set(failed)
-    report.keep, report.images, report.tokens = ([v for j, v in enumerate(values) if j not in gone]
-                                                 for values in (report.keep, report.images, report.tokens))
+    for key in ("keep", "images", "tokens", "image_tokens", "video_tokens"):
+        setattr(report, key, [v for j, v in enumerate(getattr(report, key)) if j not in gone])
 
 
 def check_data(recipe: Recipe, decode: bool = True, num_proc: int | None = None) -> list[SourceReport]:
@@ -138,8 +148,9 @@ def precheck(recipe: Recipe) -> None:
         load_data(recipe, config, processor, path=recipe.data.eval_path)
 
 
-def format_report(reports: list[SourceReport], max_length: int) -> str:
-    """The check as text: every bad row (``where: reason``), then per source the counts."""
+def format_report(reports: list[SourceReport], max_length: int, caps: RowCaps | None = None) -> str:
+    """The check as text: every bad row (``where: reason``), then per source the counts, and for rows with images
+    or videos their visual tokens (:func:`visual_lines`) and the rows over each cap set in ``caps``."""
     lines = []
     for r in reports:
         lines += [f"{where}: {why}" for where, why in r.bad]
@@ -148,10 +159,54 @@ def format_report(reports: list[SourceReport], max_length: int) -> str:
         loaded = ("not loaded as training loads them (--headers-only)" if r.load_bad is None
                   else f"{r.load_bad} of the bad failed only as loaded (the collator, the model's check)")
         lines.append(f"{r.path} ({r.layout}): {n} rows; {r.counts['bad']} bad, {r.counts['dropped']} dropped for "
-                     f"max_length={max_length}, {r.counts['cut']} cut at it, {len(r.keep)} kept; images per row: "
-                     f"{_spread(r.images)}; tokens per row: {_spread(r.tokens)}; {loaded}")
+                     f"max_length={max_length} (or data.max_visual_tokens), {r.counts['cut']} cut at max_length, "
+                     f"{len(r.keep)} kept; images per row: {_spread(r.images)}; tokens per row: {_spread(r.tokens)}; "
+                     f"{loaded}")
         lines += [f"  dropped {where}: {why}" for where, why in r.dropped]
+        lines += visual_lines(r, caps)
     return "\n".join(lines)
+
+
+CAP_EFFECT = {"max_pixels": "resized down by the image processor", "video_max_pixels": "frames resized down",
+              "max_frames": "sampled down", "max_visual_tokens": "resized or sampled down, or dropped"}
+
+
+def histogram(columns: dict[str, list[int]], bins: int = 8, width: int = 30) -> list[str]:
+    """A text histogram of per-row counts: one line per range of values (``0``, then ``bins`` equal ranges up to
+    the largest), a count per column of ``columns`` (name -> values per row) in each, and a bar for the last."""
+    top = max((max(v) for v in columns.values() if v), default=0)
+    step = max(1, -(-top // bins))
+    edges = [(0, 0)] + [(lo, min(lo + step - 1, top)) for lo in range(1, top + 1, step)]
+    counts = {name: [sum(lo <= x <= hi for x in values) for lo, hi in edges] for name, values in columns.items()}
+    last = list(counts.values())[-1]
+    scale = width / max(1, max(last))
+    lines = [f"    {'tokens':>11} " + " ".join(f"{name:>7}" for name in columns)]
+    for k, (lo, hi) in enumerate(edges):
+        label = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        lines.append((f"    {label:>11} " + " ".join(f"{counts[n][k]:>7}" for n in columns) + " "
+                      + "#" * round(last[k] * scale)).rstrip())
+    return lines
+
+
+def visual_lines(report: SourceReport, caps: RowCaps | None, shown: int = 5) -> list[str]:
+    """The visual-token figures of a source with images or videos: image, video and total tokens per kept row
+    (min, median, max, and :func:`histogram`), then per cap set in ``caps`` the rows over it (count, what capping
+    did, the first ``shown``)."""
+    total = [i + v for i, v in zip(report.image_tokens, report.video_tokens)]
+    if not any(total) and not report.over:
+        return []
+    lines = [f"  visual tokens per row: images {_spread(report.image_tokens)}; videos {_spread(report.video_tokens)}; "
+             f"total {_spread(total)}"]
+    lines += histogram({"images": report.image_tokens, "videos": report.video_tokens, "total": total})
+    for cap in CAPS:
+        value = getattr(caps, cap, None) if caps is not None else None
+        if value is None:
+            continue
+        rows = report.over.get(cap, [])
+        more = f", ... ({len(rows) - shown} more)" if len(rows) > shown else ""
+        lines.append(f"  over data.{cap}={value}: {len(rows)} row(s)" + (
+            f" ({CAP_EFFECT[cap]}): {', '.join(rows[:shown])}{more}" if rows else ""))
+    return lines
 
 
 def write_clean(path: str, reports: list[SourceReport]) -> None:
@@ -173,7 +228,7 @@ def check_data_main(recipe_path: str, decode: bool, num_proc: int | None, clean:
     from .recipe import load_recipe
     recipe = load_recipe(recipe_path)
     reports = check_data(recipe, decode, num_proc)
-    print(format_report(reports, recipe.data.row_length), flush=True)
+    print(format_report(reports, recipe.data.row_length, recipe.data.caps), flush=True)
     bad = sum(r.counts["bad"] for r in reports)
     if clean is not None:
         write_clean(clean, reports)

@@ -9,6 +9,8 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from ..data.budgets import RowCaps
+
 FORMATS = ("auto", "messages", "trl", "llava", "sharegpt", "caption", "text")
 STOPPING = ("first_exhausted", "all_exhausted")
 
@@ -65,7 +67,16 @@ class DataSection:
         num_proc: processes for the data check and the tokenisation (``datasets.map``); ``None``: up to 8,
             at most the machine's cores.
         micro_batch_size: rows per micro-batch.
-        min_pixels, max_pixels: image resize bounds of the processor, in pixels.
+        min_pixels, max_pixels: image resize bounds of the processor, in pixels (video frames too, as the
+            family's video processor takes its image processor's); check-data counts the rows with an image over
+            ``max_pixels`` (resized down by the processor).
+        video_max_pixels: the most pixels a video frame keeps, at least ``min_pixels``: a video over it gets it as
+            its own ``max_pixels`` (:mod:`mpipe_hf.data.budgets`); ``None``: ``max_pixels``.
+        max_frames: the most frames a video keeps, at least 2 (one temporal patch): a video sampled to more keeps
+            this many; ``None``: the video processor's bound.
+        max_visual_tokens: the most image and video tokens a row takes: a row over it has its images and video
+            frames resized down, then its videos' frames thinned, and is dropped (counted, with the reason) when it
+            stays over at the smallest sizes; ``None``: no bound.
         shuffle: read each epoch's rows in an order drawn from ``train.seed`` and the epoch (default); else in
             file order.
         max_length: the most tokens a row may take (text and image tokens); a longer row is cut at
@@ -85,7 +96,8 @@ class DataSection:
             dropped at the smaller of the two by the ``max_length`` rules (:attr:`row_length`).
 
     Raises:
-        ValueError: a count that is not an integer >= 1, ``min_pixels > max_pixels``, a ``shuffle`` that is not a
+        ValueError: a count that is not an integer >= 1, ``min_pixels > max_pixels``, ``video_max_pixels`` below
+            ``min_pixels``, ``max_frames`` below 2, a ``shuffle`` that is not a
             boolean, an ``on_bad_sample`` other than ``skip``/``raise``, neither or both of ``path`` and
             ``sources``, a bad source (:class:`DataSource`), a ``mix_stopping`` outside :data:`STOPPING` (that the
             files exist is checked when the data loads: ``mpipe-hf plan`` needs no data).
@@ -102,6 +114,9 @@ class DataSection:
     micro_batch_size: int = 1
     min_pixels: int = 56 * 56
     max_pixels: int = 112 * 112
+    video_max_pixels: int | None = None
+    max_frames: int | None = None
+    max_visual_tokens: int | None = None
     shuffle: bool = True
     max_length: int = 2048
     on_bad_sample: str = "skip"
@@ -129,10 +144,10 @@ class DataSection:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"data.{key} must be a path or null, got {value!r}")
-        for key in ("micro_batch_size", "min_pixels", "max_pixels", "max_length", "max_bad_rows", "num_proc",
-                    "max_tokens_per_micro"):
+        optional = ("num_proc", "max_tokens_per_micro", "video_max_pixels", "max_frames", "max_visual_tokens")
+        for key in ("micro_batch_size", "min_pixels", "max_pixels", "max_length", "max_bad_rows") + optional:
             value = getattr(self, key)
-            if key in ("num_proc", "max_tokens_per_micro") and value is None:
+            if key in optional and value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"data.{key} must be an integer >= 1, got {value!r}")
@@ -148,6 +163,22 @@ class DataSection:
             raise ValueError(f"data.mix_stopping must be one of {list(STOPPING)}, got {self.mix_stopping!r}")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"data.min_pixels ({self.min_pixels}) exceeds data.max_pixels ({self.max_pixels})")
+        self._check_caps()
+
+    def _check_caps(self) -> None:
+        if self.video_max_pixels is not None and self.video_max_pixels < self.min_pixels:
+            raise ValueError(f"data.video_max_pixels ({self.video_max_pixels}) is below data.min_pixels "
+                             f"({self.min_pixels}): frames are never resized below min_pixels; allowed: an integer "
+                             f">= {self.min_pixels}, or null")
+        if self.max_frames is not None and self.max_frames < 2:
+            raise ValueError(f"data.max_frames must be an integer >= 2 (a video keeps at least one temporal patch "
+                             f"of 2 frames), or null; got {self.max_frames!r}")
+
+    @property
+    def caps(self) -> RowCaps:
+        """The per-row visual caps (:class:`~mpipe_hf.data.budgets.RowCaps`): ``max_pixels``,
+        ``video_max_pixels``, ``max_frames``, ``max_visual_tokens``."""
+        return RowCaps(self.max_pixels, self.video_max_pixels, self.max_frames, self.max_visual_tokens)
 
     @property
     def row_length(self) -> int:

@@ -29,6 +29,10 @@ class ParallelSection(ScheduleConfig):
         timeout_s: the longest any transfer may wait, in seconds.
         dp_size: pipeline replicas (data parallelism): ``dp_size * pp_size`` processes on one ``(dp, pp)`` mesh,
             each replica on its own share of the global batch (:mod:`mpipe_hf.runtime.data_parallel`).
+        ep_size: expert parallelism (issue 40): the replicas of a stage rank form groups of ``ep_size`` that
+            each hold ``E / ep_size`` experts of every MoE layer of the stage and exchange tokens by all-to-all
+            (:mod:`mpipe_hf.models.expert_parallel`, :func:`~mpipe_hf.runtime.mesh.expert_mesh`); must divide
+            ``dp_size`` (and, checked against the model before launch, ``E``).
         dp_shard: with ``dp_size > 1``: ``true``, FSDP2 shards each stage chunk over the replicas; ``false``,
             each replica keeps its stages whole and the gradients are summed by one all-reduce.
         mesh_order: how the ``(dp, pp)`` mesh numbers the processes (:mod:`mpipe_hf.schedule.mesh_order`):
@@ -55,12 +59,17 @@ class ParallelSection(ScheduleConfig):
     timeout_s: float = 300.0
     dp_size: int = 1
     dp_shard: bool = True
+    ep_size: int = 1
     mesh_order: str = "auto"
     owners: str = "modulo"
 
     def __post_init__(self):
         if not isinstance(self.dp_size, int) or isinstance(self.dp_size, bool) or self.dp_size < 1:
             raise ValueError(f"parallel.dp_size must be an integer >= 1, got {self.dp_size!r}")
+        if (not isinstance(self.ep_size, int) or isinstance(self.ep_size, bool) or self.ep_size < 1
+                or self.dp_size % self.ep_size):
+            raise ValueError(f"parallel.ep_size must be an integer >= 1 that divides parallel.dp_size "
+                             f"({self.dp_size}: the ranks that hold the same stage), got {self.ep_size!r}")
         if not isinstance(self.dp_shard, bool):
             raise ValueError(f"parallel.dp_shard must be true (FSDP2) or false (replicas with one all-reduce), got "
                              f"{self.dp_shard!r}")

@@ -97,7 +97,7 @@ def load_data(recipe: Recipe, config, processor, quiet: bool = False, path: str 
     sources = [Source(path)] if path is not None else list(data.all_sources)  # DataSource has Source's fields
     dataset = load_sources(sources, processor, data.row_length, config.model_type, seed=recipe.train.seed,
                            stopping=data.mix_stopping, clean_rows=None if path is not None else data.clean_rows,
-                           num_proc=num_proc or data.num_proc)
+                           num_proc=num_proc or data.num_proc, caps=data.caps)
     bad_rows_policy(dataset, data, quiet)
     if dataset.dropped and not quiet:
         print(f"mpipe_hf: warning: {dropped_warning(dataset, data.row_length)}", flush=True)
@@ -159,7 +159,8 @@ def trainer_rows(dataset, processor, data: DataSection, model_type: str, seed: i
         dataset = [dataset]
     sources = dataset if isinstance(dataset, list) and dataset and all(isinstance(s, Source) for s in dataset) \
         else [Source(dataset)]
-    rows = load_sources(sources, processor, data.row_length, model_type, seed=seed, stopping=data.mix_stopping)
+    rows = load_sources(sources, processor, data.row_length, model_type, seed=seed, stopping=data.mix_stopping,
+                        caps=data.caps)
     bad_rows_policy(rows, data, quiet=int(os.environ.get("RANK", 0)) != 0)
     return rows
 
@@ -193,19 +194,27 @@ def bad_rows_policy(dataset, data: DataSection, quiet: bool = False) -> None:
 
 def owner_costs(dataset, config) -> list[int]:
     """Each dataset row's preprocess cost for load-aware owners (``parallel.owners: balanced``), known on every
-    rank without decoding anything: a vision-language model's rows, their image tokens (the loader counted them
-    from the image file headers); a decoder-only LM's, their tokens, which its text layers' work grows with."""
-    return list(dataset.image_tokens if is_vision_language(config) else dataset.num_tokens)
+    rank without decoding anything: a vision-language model's rows, their image and video tokens (the loader counted
+    them from the image and video file headers; ``visual_tokens``); a decoder-only LM's, their tokens, which its
+    text layers' work grows with."""
+    return list(_visual_tokens(dataset) if is_vision_language(config) else dataset.num_tokens)
+
+
+def _visual_tokens(dataset) -> list[int]:
+    """Each row's image and video tokens (a :class:`~mpipe_hf.data.ConversationDataset`'s ``visual_tokens``; its
+    ``image_tokens`` for a dataset without videos)."""
+    return list(getattr(dataset, "visual_tokens", None) or dataset.image_tokens)
 
 
 def packing_rows(dataset, config, data: DataSection, profile=None) -> tuple[list[int], list[float]]:
     """``(lengths, costs)`` of every dataset row for the packer (``data.packing``, issue 30), known on every rank
     without decoding anything: a row's tokens after the cut (``min(num_tokens, data.row_length)``), and its cost
-    in decoder-token units, ``tokens + w * image_tokens`` with ``w`` the vision part's work per image token over
-    the decoder's per token (:func:`image_token_weight`; ``profile``: the recipe's measured one, or ``None``)."""
+    in decoder-token units, ``tokens + w * image_tokens`` (its images' and videos' tokens) with ``w`` the vision
+    part's work per image token over the decoder's per token (:func:`image_token_weight`; ``profile``: the
+    recipe's measured one, or ``None``)."""
     lengths = [min(int(n), data.row_length) for n in dataset.num_tokens]
     weight = image_token_weight(config, profile) if is_vision_language(config) else 0.0
-    return lengths, [n + weight * int(i) for n, i in zip(lengths, dataset.image_tokens)]
+    return lengths, [n + weight * int(i) for n, i in zip(lengths, _visual_tokens(dataset))]
 
 
 def image_token_weight(config, profile=None) -> float:

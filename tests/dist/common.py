@@ -84,6 +84,63 @@ def make_packed_pool(collate) -> list[dict[str, torch.Tensor]]:
     return pool
 
 
+# (photo, motion, frames, (width, height), fps, options of its video parts, as a frame folder): each samples 4
+# frames, at sampled rates that make Qwen2.5-VL's second_per_grid_ts differ (2.0 s, 0.5 s and 0.5 s a temporal
+# patch), which space the videos' temporal M-RoPE positions
+CLIPS = [("astronaut", "pan", 8, (56, 56), 2, {"fps": 1}, False), ("coffee", "zoom", 4, (84, 56), 4, {}, False),
+         ("rocket", "tilt", 4, (56, 84), 4, {"frames_fps": 4}, True)]
+
+
+def write_clips(folder: str) -> list[dict]:
+    """Short real clips (issue 39) made from the scikit-image photos as the demo makes its own
+    (``scripts/make_demo_videos.py``: a window panning, tilting or zooming over the photo, encoded with PyAV), 4
+    to 8 frames of 56 to 84 px each (:data:`CLIPS`); the last as a folder of PNG frames. Returns a video part of
+    each (``{"type": "video", "video": path, **options}``)."""
+    import runpy
+    demo = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "make_demo_videos.py"))
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for name, motion, count, size, fps, options, as_frames in CLIPS:
+        frames = demo["frames_of"](photo(name, 512), motion, count, size)
+        path = os.path.join(folder, f"{name}_{motion}" + ("" if as_frames else ".mp4"))
+        if as_frames:
+            os.makedirs(path, exist_ok=True)
+            for i, frame in enumerate(frames):
+                frame.save(os.path.join(path, f"frame_{i + 1}.png"))
+        else:
+            demo["encode"](path, frames, fps)
+        paths.append({"type": "video", "video": path, **options})
+    return paths
+
+
+def video_row(parts: list, answer: int, prompt_repeat: int, clips: list[dict]) -> dict:
+    """A one-turn conversation whose user turn holds ``parts`` in order: ``("video", k)`` clip ``k`` of ``clips``
+    (:func:`write_clips`),
+    ``("image", i)`` photo ``i`` (56 px), the prompt after them; answered with caption ``answer``."""
+    content, images = [], []
+    for kind, k in parts:
+        if kind == "video":
+            content.append(dict(clips[k]))
+        else:
+            content.append({"type": "image"})
+            images.append(photo(PHOTOS[k], 56))
+    content.append({"type": "text", "text": "What does it show?" + " Briefly." * prompt_repeat})
+    return {"messages": [{"role": "user", "content": content},
+                         {"role": "assistant", "content": [{"type": "text", "text": CAPTIONS[answer]}]}],
+            "images": images}
+
+
+def make_video_pool(collate, clips: list[dict]) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches of rows mixing images and videos (issue 39): a video alone, an image before a video and a
+    video before an image, two videos in one row, a frame-folder video, rows of one image or text only beside
+    them, and a micro-batch with no video."""
+    V, I = "video", "image"  # noqa: E741
+    micros = [[[(V, 0)]], [[(I, 1), (V, 1)], []], [[(V, 2)], [(I, 3)]], [[(V, 0), (V, 1)]],
+              [[(V, 1), (I, 4)], [(V, 2)]], [[(I, 5)], []]]
+    return [collate([video_row(parts, (m + j) % 8, (m + j) % 3, clips) for j, parts in enumerate(rows)])
+            for m, rows in enumerate(micros)]
+
+
 def make_vl_pools(collate) -> dict[str, list[dict[str, torch.Tensor]]]:
     """Micro-batches of real photos and captions, in three pools:
 
@@ -143,11 +200,14 @@ def new_family_configs(tokenizer, only: list[str] | None = None) -> dict:
     return {k: c for k, c in configs.items() if not only or k in only}
 
 
-def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: list[str] | None = None) -> None:
+def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: list[str] | None = None,
+                  videos: tuple[str, ...] = ()) -> None:
     """Configs (real HF classes, the Qwen2 vocabulary cut to :data:`VOCAB_RANKS` ranks) and micro-batch pools,
     built once and shared with the workers. Each VL family's pool is made by its own processor
     (``ragged-<config name>``), and so is the packed pool of each of ``packed`` (``packed-<config name>``;
-    ``packed-text`` for the decoder-only LMs). ``only``: the family pools of these configs alone."""
+    ``packed-text`` for the decoder-only LMs) and the video pool of each of ``videos`` (``video-<config name>``,
+    :func:`make_video_pool`, its clips written beside ``path``). ``only``: the family pools of these configs
+    alone."""
     tokenizer = qwen2_tokenizer(VOCAB_RANKS)
     configs = tiny_configs(tokenizer, only)
     pools = make_vl_pools(collator(configs["vl"], tokenizer))
@@ -161,6 +221,10 @@ def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: lis
             continue
         pools[f"packed-{name}"] = make_packed_pool(collator(configs[name], tokenizer))
     pools["packed-text"] = make_text_pool(tokenizer, rows=lambda m: 2 + m % 2)
+    if videos:
+        clips = write_clips(os.path.join(os.path.dirname(path), "clips"))
+        for name in videos:
+            pools[f"video-{name}"] = make_video_pool(collator(configs[name], tokenizer), clips)
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
 
 

@@ -18,7 +18,9 @@ def negative_controls(case):
     every axis; ``case["no_linear_reset"]``, the linear-attention layers run over the packed sequence at once (their
     state flows from one row into the next). Issue 38's: ``case["detach_features"]``, the image features cut from
     the tower's graph (:func:`detached_features`; the others are :func:`tamper_grads`); ``case["stage_sums"]``, the
-    MoE load-balancing term from each stage's own routers (the sums not relayed)."""
+    MoE load-balancing term from each stage's own routers (the sums not relayed). Issue 39's:
+    ``case["no_video_time"]``, the host's ``get_rope_index`` call without Qwen2.5-VL's ``second_per_grid_ts`` (the
+    videos' temporal positions spaced as at one second a temporal patch)."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -33,6 +35,10 @@ def negative_controls(case):
     if case.get("stage_sums"):  # the MoE term from each stage's own routers, not the relayed sums
         add = moe.RouterSums.add
         stack.enter_context(mock.patch.object(moe.RouterSums, "add", lambda self, state, *a: add(self, {}, *a)))
+    if case.get("no_video_time"):
+        grids = ("image_grid_thw", "video_grid_thw")
+        stack.enter_context(mock.patch.object(host_metadata, "GRID_KEYS", grids))
+        stack.enter_context(mock.patch.object(packed, "GRID_KEYS", grids))
     if case.get("no_linear_reset"):
         stack.enter_context(mock.patch.object(decoder.DecoderStage, "run_layers", leaky_run_layers))
     return stack

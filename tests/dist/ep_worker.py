@@ -1,0 +1,158 @@
+"""torchrun worker: expert parallelism under the pipeline (issue 40), ``pp = 2`` x ``ep = 2`` on 4 gloo processes
+(``dp_size = 2`` replicas, each an EP rank), case after case in one process group, against the unsplit Hugging
+Face model on one process.
+
+Usage: torchrun --nproc_per_node 4 ep_worker.py FIXTURE OUT_DIR CASES_JSON
+
+A case names a config of the fixture (``family``), its pool (``data``), the schedule (``vpp``, ``num_micro`` per
+replica, ``preprocess``, ``text_layers``, ``layers_per_stage``), ``steps`` AdamW steps, ``dp_shard`` (FSDP2 over
+the replicas for the dense weights, else one all-reduce), ``bf16`` (autocast), ``packed`` (each micro packed into
+one sequence) and, as a negative control, ``dp_experts`` (the expert shards' gradients summed over ``dp`` as if
+they were replicated, which must fail). Every rank carves its share of the same model, keeps its EP rank's half of
+every fused expert tensor of its stages (:func:`~mpipe_hf.models.expert_parallel.shard_experts`), and replica
+``d`` runs micro-batches ``d * M .. d * M + M - 1`` of each run's global batch of ``2 M``. Global rank 0 then runs
+the unsplit model over each global batch in the pipeline's order (summed token losses with the MoE term per micro,
+one division by the batch's label tokens: ``numerics_worker.reference_run``) under the same AdamW; every rank
+compares its own tensors (an expert shard with its rows of the reference's fused tensor). Each rank writes
+``OUT_DIR/rank{r}.json``.
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from common import run_cases
+from numerics_worker import TIMEOUT, build_model, compare_grads, reference_run
+from mpipe_hf.data.packing import pack_micro
+from mpipe_hf.models import split as split_model
+from mpipe_hf.models.base import freeze
+from mpipe_hf.models.expert_parallel import shard_experts
+from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
+from mpipe_hf.runtime.data_parallel import DataParallel
+from mpipe_hf.runtime.mesh import expert_mesh
+from mpipe_hf.schedule import ScheduleConfig
+from mpipe_hf.train.precision import autocast_modules
+
+PP, DP, EP = 2, 2, 2
+LR, EPS = 1e-3, 1e-6
+EXCHANGED = [0, 0]  # (split-size exchanges, rows received from the other EP rank), counted over a case
+
+
+def _counting(original):
+    """transformers' AllToAllEP exchanges each layer's per-expert counts with ``all_to_all_single`` first: count
+    the exchanges and the rows this rank then receives from its peer (evidence that tokens cross the EP group)."""
+    def exchange(output, input, *args, **kwargs):
+        work = original(output, input, *args, **kwargs)
+        peer = 1 - dist.get_rank(kwargs.get("group")) if EP == 2 else None
+        EXCHANGED[0] += 1
+        EXCHANGED[1] += int(output[peer].sum()) if peer is not None else 0
+        return work
+    return exchange
+
+
+import transformers.distributed.expert_parallel as _ep  # noqa: E402
+_ep.all_to_all_single = _counting(_ep.all_to_all_single)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def global_batch(case, pool, run):
+    """Run ``run``'s ``DP * M`` micro-batches, replica ``d``'s ``M`` from ``d * M`` on."""
+    n = DP * case["num_micro"]
+    return [pool[(run * n + i) % len(pool)] for i in range(n)]
+
+
+def pipelined(case, fixture, mesh, emesh, device):
+    """This rank's steps: ``(shards, params, losses, {step: grads}, params after the steps, expert shapes held,
+    the modules the split froze)``."""
+    rank, replica = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+    cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"])
+    model = build_model(fixture, case["family"])
+    carved = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
+    shards = shard_experts(carved, model.config, rank, PP, emesh["ep"], emesh["batch"])
+    experts = (shards.params, emesh["edp"]) if not case.get("dp_experts") else None
+    dp = DataParallel(mesh["dp"], "shard" if case.get("dp_shard") else "replicate", case.get("bf16", False), experts)
+    dp.wrap(carved.stages)
+    params = carved.trainable_parameters(cfg, rank)
+    stages, preprocess = (autocast_modules(carved.stages, carved.preprocess, device) if case.get("bf16")
+                          else (carved.stages, carved.preprocess))
+    executor = PipelineExecutor(cfg, rank, stages, preprocess, mesh.get_group("pp"), device, params.values(),
+                                TIMEOUT, carved.tied_parameters(cfg, rank), data_parallel=dp)
+    optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS)
+    pool = fixture["pools"][case["data"]]
+    losses, grads = [], {}
+    EXCHANGED[:] = [0, 0]
+    for step in range(case["steps"]):
+        micros = global_batch(case, pool, step)[replica * cfg.num_micro:(replica + 1) * cfg.num_micro]
+        load = (lambda m, micros=micros: pack_micro(micros[m]) if case.get("packed") else micros[m])
+        losses.append(executor.step(load).loss)
+        if step in (0, case["steps"] - 1):
+            grads[step] = {n: full(p.grad).detach().clone() for n, p in params.items() if p.grad is not None}
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    after = {n: full(p).detach().clone() for n, p in params.items()}
+    executor.close()
+    held = {n: tuple(t.shape) for n, t in carved.model.state_dict().items() if n in shards.names}
+    return shards, params, losses, grads, after, held, carved.frozen
+
+
+def reference(case, fixture, model, frozen):
+    """The unsplit model's losses, first and last step's gradients and weights after the steps (AdamW)."""
+    freeze(model, frozen)
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    opt = torch.optim.AdamW(trainable.values(), lr=LR, eps=EPS)
+    losses, grads = [], {}
+    for step in range(case["steps"]):
+        losses.append(reference_run(model, global_batch(case, fixture["pools"][case["data"]], step),
+                                    bf16=case.get("bf16", False), order="pipeline"))
+        if step in (0, case["steps"] - 1):
+            grads[step] = {n: p.grad.clone() for n, p in trainable.items() if p.grad is not None}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"losses": losses, "grads": grads, "params": {n: p.detach() for n, p in trainable.items()}}
+
+
+def as_shards(tensors: dict, shards) -> dict:
+    """``tensors`` with each fused expert tensor cut to this rank's rows."""
+    return {n: (t[shards.names[n][0]] if n in shards.names else t) for n, t in tensors.items()}
+
+
+def run_case(case, fixture, mesh, emesh, device, out_dir):
+    shards, params, losses, grads, after, held, frozen = pipelined(case, fixture, mesh, emesh, device)
+    path = os.path.join(out_dir, f"ref-{case['name']}.pt")
+    if dist.get_rank() == 0:  # the split freezes the same modules on every rank
+        torch.save(reference(case, fixture, build_model(fixture, case["family"]), frozen), path)
+    dist.barrier()
+    ref = torch.load(path)
+    steps = case["steps"]
+    first = compare_grads(params, grads[0], as_shards(ref["grads"][0], shards))
+    last = compare_grads(params, grads[steps - 1], as_shards(ref["grads"][steps - 1], shards))
+    want = as_shards(ref["params"], shards)
+    param_diff = max(float((t - want[n]).abs().max()) for n, t in after.items())
+    dist.barrier()
+    if dist.get_rank() == 0:
+        os.remove(path)
+    fused = {n: list(shape) for n, (_, shape) in shards.names.items()}
+    return {"losses": losses, "ref_losses": ref["losses"], "first": first, "last": last, "param_diff": param_diff,
+            "names": sorted(params), "experts": sorted(shards.names), "held": {n: list(s) for n, s in held.items()},
+            "fused": fused, "ep_rank": shards.ep_rank, "exchanges": EXCHANGED[0], "rows_from_peer": EXCHANGED[1]}
+
+
+def main():
+    fixture_path, out_dir, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    device = init_distributed()
+    fixture = torch.load(fixture_path, weights_only=False)
+    mesh = build_mesh(PP, DP)
+    emesh = expert_mesh(mesh, EP)
+    run_cases(cases, lambda case: run_case(case, fixture, mesh, emesh, device, out_dir), out_dir, dist.get_rank())
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

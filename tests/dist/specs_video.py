@@ -1,0 +1,32 @@
+"""Issue 39's video cases: micro-batches of rows mixing images and videos (``common.make_video_pool``: real clips
+made from the scikit-image photos, encoded with PyAV) through Qwen2.5-VL (``vl``) and Qwen2-VL, against the
+unsplit model on one process: frozen, trainable (``T`` 0 and 1) and identity towers, the ViT frozen with the merger
+trained (``freeze_vit``), padded and packed. ``R = 2``, ``V = 2``, ``M = 3``, 2 AdamW steps, every gradient
+checked per tensor at the first and the last step (``matrix.check_case``)."""
+
+from matrix import family_cases
+
+VIT = {"freeze_vit": True}
+VIDEO_CONFIGS = ("vl", "qwen2_vl")  # the configs whose video pools the fixture builds (video-<config>)
+# (config, preprocess, T, Trainable keywords, case options)
+VIDEO_SPECS = [
+    ("vl", "frozen", 0, {}, {}), ("vl", "trainable", 1, {}, {}), ("vl", "trainable", 0, VIT, {}),
+    ("vl", "identity", 0, {}, {}), ("vl", "frozen", 0, {}, {"packed": True}),
+    ("vl", "trainable", 0, {}, {"packed": True}), ("qwen2_vl", "trainable", 0, {}, {}),
+    ("qwen2_vl", "frozen", 1, {}, {"packed": True}),
+]
+# the negative control: the host drops Qwen2.5-VL's second_per_grid_ts (controls.py), so the videos' temporal
+# M-RoPE positions are spaced as at one second a temporal patch; the check must fail
+VIDEO_CONTROLS = [("vl", "frozen", 0, {}, {"no_video_time": True})]
+
+
+def video_cases(specs=None) -> list[dict]:
+    """The cases of ``specs`` (default :data:`VIDEO_SPECS`) on the ``video-<config>`` pools."""
+    cases = []
+    for config, preprocess, text_layers, freeze, options in VIDEO_SPECS if specs is None else specs:
+        case = family_cases([(config, preprocess, text_layers, None)], **options)[0]
+        case.update(data=f"video-{config}", reload=False, name="video-" + case["name"].removeprefix("family-"))
+        if freeze:
+            case.update(freeze=freeze, name=case["name"] + "-" + "-".join(sorted(freeze)))
+        cases.append(case)
+    return cases
