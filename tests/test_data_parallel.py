@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText
 
-from test_train import EPS, LR, NUM_MICRO, demo_plan, train_unsplit, write_recipe
+from train_common import EPS, LR, NUM_MICRO, demo_plan, train_unsplit, write_recipe
 from mpipe_hf.train.recipe import TrainSection
 
 STEPS = 3

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from mpipe_hf.models import tiny, tiny_vlms
-from test_train import ROOT, train_like_one_process
+from train_common import ROOT, train_like_one_process
 
 FAMILIES = {"qwen3_5_moe": lambda tok: tiny.tiny_qwen3_5_config(tok, moe=True),
             "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": lambda tok: tiny.tiny_glm4v_config(tok, moe=True),

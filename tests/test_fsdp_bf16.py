@@ -84,7 +84,7 @@ def test_dp2_pp2_fsdp_bf16_equals_the_replicas_bf16(demo, tmp_path):
     another order (measured 2.6e-6 relative; FSDP2 gathering in fp32 under one autocast region per step gave 6.516
     against 7.066: a micro-batch's gradients lost). Later steps differ by bf16's rounding of AdamW's updates."""
     sys.path.insert(0, os.path.dirname(__file__))
-    from test_train import write_recipe
+    from train_common import write_recipe
     rows = {}
     for shard in (True, False):
         out = str(tmp_path / f"shard{shard}")

@@ -20,7 +20,7 @@ from mpipe_hf.schedule.owners import (MicroCosts, balance_owners, canonical_owne
 from mpipe_hf.schedule.simulate import Costs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_train import (EPS, LR, conversation_rows, demo_plan, run, train_unsplit,  # noqa: E402,F401
+from train_common import (EPS, LR, conversation_rows, demo_plan, run, train_unsplit,  # noqa: E402,F401
                         write_recipe)
 
 

@@ -13,7 +13,7 @@ import sys
 import torch
 from transformers import AutoModelForImageTextToText
 
-from test_train import EPS, LR, train_unsplit, write_recipe
+from train_common import EPS, LR, train_unsplit, write_recipe
 from mpipe_hf.data.packing import PackedPlan
 from mpipe_hf.train import load_recipe
 from mpipe_hf.train.plan_packing import packed_plan

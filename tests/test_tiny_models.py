@@ -20,7 +20,7 @@ from PIL import Image
 from mpipe_hf.data import default_chat_template
 from mpipe_hf.data.template_family import check_template_family, template_families
 from mpipe_hf.data.templates import TEMPLATE_TYPES
-from test_train import EPS, ROOT, recipe_reference
+from train_common import EPS, ROOT, recipe_reference
 
 SCRIPT = runpy.run_path(os.path.join(ROOT, "scripts", "make_tiny_models.py"))
 BUILT = ("gemma3", "qwen2_5_vl", "llava_onevision", "qwen3")  # a few families: CI builds these, the script all

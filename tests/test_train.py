@@ -4,7 +4,6 @@ run of the unsplit model."""
 
 import copy
 import dataclasses
-from functools import partial
 import glob
 import json
 import os
@@ -20,100 +19,12 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from mpipe_hf.data import (ConversationCollator, MicroBatchPlan, load_conversation_dataset,
                            qwen2_5_vl_processor)
-from mpipe_hf.models import split
-from mpipe_hf.models.base import freeze
-from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train import load_recipe
-from mpipe_hf.train.recipe import SECTIONS, TrainSection
-from mpipe_hf.train.trainer import check, load_config, load_data, load_model, load_processor
+from mpipe_hf.train.recipe import TrainSection
+from mpipe_hf.train.trainer import check
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS, NUM_MICRO, LR = 2, 4, 2e-3
-# AdamW moves a parameter by about lr * g / (|g| + eps): with torch's eps = 1e-8, fp32 noise of 1e-8 on a
-# near-zero gradient element becomes a visible part of lr. eps = 1e-6 keeps that noise below 1e-5 * lr / 1e-3.
-EPS = 1e-6
-
-
-SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
-
-
-def set_keys(raw, **keys):
-    """Put each key into its section of the recipe mapping ``raw`` (an unknown key goes to ``train``)."""
-    for key, value in keys.items():
-        if key == "model":
-            raw["model"] = value
-        else:
-            raw.setdefault(SECTION_OF.get(key, "train"), {})[key] = value
-    return raw
-
-
-def write_recipe(demo, recipe_path, output_dir, **overrides):
-    recipe = set_keys({"data": {"path": os.path.join(demo, "data", "train.jsonl")}},
-                      model=os.path.join(demo, "model"), pp_size=2, vpp=2, num_micro=NUM_MICRO, max_steps=STEPS,
-                      learning_rate=LR, adam_epsilon=EPS, output_dir=output_dir, timeout_s=120)
-    set_keys(recipe, **overrides)
-    with open(recipe_path, "w") as f:
-        yaml.safe_dump(recipe, f)
-    return str(recipe_path)
-
-
-def run(cmd, timeout=600):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return proc
-
-
-def demo_plan(demo, path=None, num_micro=NUM_MICRO, micro_batch_size=1, shuffle=True):
-    """The demo's conversation rows (or ``path``'s) as the trainer reads them, with the recipe's defaults."""
-    processor = qwen2_5_vl_processor(AutoTokenizer.from_pretrained(os.path.join(demo, "model")))
-    dataset = load_conversation_dataset(path or os.path.join(demo, "data", "train.jsonl"), processor, 2048)
-    return MicroBatchPlan(dataset, ConversationCollator(processor, 2048), num_micro, micro_batch_size,
-                          shuffle=shuffle, seed=0)
-
-
-def train_unsplit(model, plan, num_micro, steps, train, skipped=()):
-    """``steps`` steps of the unsplit ``model`` on one process, as the HF Trainer does them: AdamW in the
-    Trainer's decay groups, ``get_scheduler``, ``clip_grad_norm_``, and with ``train.bf16`` the forward and
-    loss under bf16 autocast (AMP). The steps in ``skipped`` are left out (no optimizer or scheduler step).
-    Returns the losses, the gradient norms before clipping, and the last step's micro-batches."""
-    import contextlib
-    from transformers import Trainer, get_scheduler
-    decay = set(Trainer.get_decay_parameter_names(None, model))
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW([{"params": [p for n, p in named if n in decay], "weight_decay": train.weight_decay},
-                                   {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}],
-                                  lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2),
-                                  eps=train.adam_epsilon)
-    scheduler = get_scheduler(train.lr_scheduler_type, optimizer, num_warmup_steps=train.warmup_steps,
-                              num_training_steps=train.max_steps)
-    vocab = model.config.get_text_config().vocab_size
-    losses, norms = [], []
-    for step in range(steps):
-        if step in skipped:
-            continue
-        micros = [plan.load(step, m) for m in range(num_micro)]
-        total = sum(int((mb["labels"][..., 1:] != -100).sum()) for mb in micros)
-        loss_sum = 0.0
-        for mb in micros:
-            with torch.autocast("cpu", dtype=torch.bfloat16) if train.bf16 else contextlib.nullcontext():
-                out = model(**{k: v for k, v in mb.items() if k != "labels"})
-                loss = model.loss_function(logits=out.logits, labels=mb["labels"], vocab_size=vocab,
-                                           num_items_in_batch=total)
-                if getattr(out, "aux_loss", None) is not None:  # MoE: HF's load-balancing term, token-weighted
-                    tokens = int((mb["labels"][..., 1:] != -100).sum())
-                    loss = loss + model.config.get_text_config().router_aux_loss_coef * out.aux_loss * tokens / total
-            loss.backward()
-            loss_sum += loss.detach().item()
-        params = [p for _, p in named]
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, train.max_grad_norm) if train.max_grad_norm > 0
-                           else torch.nn.utils.get_total_norm([p.grad for p in params])))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        losses.append(loss_sum)
-    return losses, norms, micros
-
+from train_common import (EPS, LR, NUM_MICRO, ROOT, STEPS, demo_plan, run, set_keys,
+                          train_like_one_process, train_unsplit, write_recipe)
 
 def reference_training(demo, freeze_visual):
     """The unsplit model trained on one process over the same micro-batches: losses, gradient norms, the final
@@ -266,21 +177,6 @@ FAMILY_RECIPES = sorted(p for p in glob.glob(os.path.join(ROOT, "recipes", "*.ya
                         and (p.endswith(CI_RECIPES) or os.environ.get("MPIPE_HF_FULL") == "1"))
 
 
-def recipe_reference(recipe, steps):
-    """The recipe's model (same seed) trained unsplit on one process over the trainer's micro-batches: the
-    per-step losses, the gradient norms, the model and one micro-batch."""
-    cfg = recipe.schedule()
-    config = load_config(recipe.model)
-    model = load_model(recipe.model, config, recipe.train.seed)
-    carved = split(copy.deepcopy(model), cfg, 0, recipe.parallel.layers_per_stage, recipe.parallel.text_layers)
-    freeze(model, carved.frozen)  # what the pipeline freezes (a frozen P)
-    dataset, collate = load_data(recipe, config, load_processor(recipe, config))
-    plan = MicroBatchPlan(dataset, collate, cfg.num_micro, recipe.data.micro_batch_size, None, recipe.data.shuffle,
-                          recipe.train.seed)
-    losses, norms, micros = train_unsplit(model, plan, cfg.num_micro, steps, recipe.train)
-    return losses, norms, model, micros[0]
-
-
 @pytest.mark.parametrize("path", FAMILY_RECIPES, ids=[os.path.basename(p) for p in FAMILY_RECIPES])
 def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path):
     """Each family recipe as shipped (its model, schedule and data; 2 steps, eps 1e-6) through ``mpipe-hf
@@ -294,40 +190,6 @@ def test_family_recipe_trains_like_one_process_and_reloads(demo, tmp_path, path)
         image = Image.new("RGB", (80, 60), "red")
         a, b = (p(text=["<|image_pad|>\nhi"], images=[image], return_tensors="pt") for p in (reloaded, processor))
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
-
-
-def train_like_one_process(tmp_path, raw):
-    """``mpipe-hf train`` on the recipe ``raw`` (2 steps, eps 1e-6, run in ``tmp_path``) against the unsplit model:
-    equal losses and gradient norms, a checkpoint that ``from_pretrained`` loads to the one-process logits.
-    Returns the processor, the one-process model and one micro-batch."""
-    set_keys(raw, max_steps=2, adam_epsilon=EPS, output_dir=str(tmp_path / "out"), timeout_s=120)
-    (tmp_path / "recipes").mkdir()
-    with open(tmp_path / "recipes" / "recipe.yaml", "w") as f:
-        yaml.safe_dump(raw, f)
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        recipe = load_recipe("recipes/recipe.yaml")
-        ref_losses, ref_norms, ref_model, micro = recipe_reference(recipe, 2)
-        processor = load_processor(recipe, load_config(recipe.model))
-        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
-                               "recipes/recipe.yaml"], capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-    finally:
-        os.chdir(cwd)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
-    assert len(rows) == 2 and all(abs(r["loss"] - ref) < 1e-4 for r, ref in zip(rows, ref_losses)), (rows, ref_losses)
-    # the global norm over the ranks is the unsplit model's (a tied pair and P counted once); AdamW hides a wrong
-    # clip scale from the losses, so the norm itself is compared
-    assert all(abs(r["grad_norm"] - n) < 1e-4 * n for r, n in zip(rows, ref_norms)), (rows, ref_norms)
-    loaded, info = type(ref_model).from_pretrained(tmp_path / "out" / "checkpoint", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    with torch.no_grad():
-        inputs = {k: v for k, v in micro.items() if k != "labels"}
-        diff = (loaded(**inputs).logits - ref_model(**inputs).logits).abs().max().item()
-    assert diff < 1e-4, diff
-    return processor, ref_model, micro
 
 
 def test_owner_decodes_only_its_own_rows(demo):
@@ -424,191 +286,6 @@ def test_bf16_training_equals_one_process_bf16(demo, tmp_path):
         assert abs(row["loss"] - loss) <= 3e-4 * loss, (row, loss)
         assert abs(row["grad_norm"] - norm) <= 5e-3 * norm, (row, norm)
     assert abs(rows[0]["loss"] - fp32[0]) > 1e-5, "bf16 computes in bf16"
-
-
-def conversation_rows(images):
-    """Rows of every form the loader takes, three steps of 2 micros x 2 rows: text-only, 1, 2 and 3 images,
-    string and parts content, a system message, several turns; line 6 has a truncated image."""
-    def user(text, n, parts):
-        if parts:
-            return {"role": "user", "content": [{"type": "image"}] * n + [{"type": "text", "text": text}]}
-        return {"role": "user", "content": "<image>" * n + text}
-
-    def answer(text):
-        return {"role": "assistant", "content": text}
-    rows = []
-    for i in range(12):
-        n, parts = i % 4, i % 2 == 1
-        messages = [user(f"Describe {n} pictures." if n else "What is a stage?", n, parts),
-                    answer(f"Answer {i}: " + " and ".join(["a photo"] * n or ["a part of the model"]))]
-        if i % 3 == 0:
-            messages += [{"role": "user", "content": "Shorter, please."}, answer(f"Short {i}.")]
-        if i % 4 == 2:
-            messages.insert(0, {"role": "system", "content": "Answer briefly."})
-        rows.append({"messages": messages, "images": [images[(i + j) % len(images)] for j in range(n)]})
-    rows[5]["images"] = ["truncated.png"]
-    return rows
-
-
-def test_conversations_train_exactly_and_a_bad_row_is_dropped(demo, tmp_path):
-    """Conversation rows with 0 to 3 images, several turns, both content forms, through ``mpipe-hf train`` at
-    R = 2 (2 rows per micro-batch, padded): the losses, the gradient norms and the trained model equal one
-    process's. The second step holds an image that cannot be decoded: with ``on_bad_sample: skip`` its row is
-    dropped (a warning naming the JSONL line, ``bad_rows`` in the metrics) and the step trains on the rest, as one
-    process does without that row; with ``raise`` the run stops with one line naming the rank, the action and the
-    line, the tracebacks in ``output_dir/logs``."""
-    import shutil
-    data = tmp_path / "data"
-    data.mkdir()
-    names = sorted(os.listdir(os.path.join(demo, "data", "images")))[:6]
-    for name in names:
-        shutil.copy(os.path.join(demo, "data", "images", name), data / name)
-    good = open(data / names[0], "rb").read()
-    (data / "truncated.png").write_bytes(good[:len(good) // 2])  # the header reads, the pixels do not
-    with open(data / "conv.jsonl", "w") as f:
-        for row in conversation_rows(names):
-            f.write(json.dumps(row) + "\n")
-    keys = dict(path=str(data / "conv.jsonl"), shuffle=False, micro_batch_size=2, num_micro=2, vpp=1,
-                max_steps=3)
-    out = str(tmp_path / "skip")
-    proc = run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
-                write_recipe(demo, tmp_path / "skip.yaml", out, **keys)])
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert [r["step"] for r in rows] == [1, 2, 3] and not any(r.get("skipped") for r in rows), rows
-    assert [r["bad_rows"] for r in rows] == [0, 1, 0] and rows[2]["bad_rows_total"] == 1, rows
-    warnings = [line for line in proc.stdout.splitlines() if line.startswith("mpipe_hf: warning: dropped")]
-    assert len(warnings) == 1 and "conv.jsonl:6 (cannot decode image" in warnings[0], proc.stdout[-3000:]
-    plan = demo_plan(demo, str(data / "conv.jsonl"), num_micro=2, micro_batch_size=2, shuffle=False)
-    counts = [len(plan.dataset[i]["images"]) for i in range(12)]
-    assert sorted(set(counts)) == [0, 1, 2, 3]
-    assert plan.load(1, 0)["input_ids"].shape[0] == 1, "step 2's first micro-batch trains on its good row"
-    plan.take_dropped()
-    model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
-    model.model.visual.requires_grad_(False)
-    train = TrainSection(max_steps=3, learning_rate=LR, adam_epsilon=EPS)
-    losses, norms, micros = train_unsplit(model, plan, 2, 3, train)  # the plan drops the bad row here too
-    for row, loss, norm in zip(rows, losses, norms):
-        assert abs(row["loss"] - loss) < 1e-4 and abs(row["grad_norm"] - norm) < 1e-4 * norm, (row, loss, norm)
-    loaded = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "checkpoint"))
-    with torch.no_grad():
-        inputs = {k: v for k, v in micros[0].items() if k != "labels"}
-        assert (loaded(**inputs).logits - model(**inputs).logits).abs().max().item() < 1e-4
-
-    out = str(tmp_path / "raise")
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
-                           write_recipe(demo, tmp_path / "raise.yaml", out, on_bad_sample="raise", **keys)],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 1
-    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1 and errors[0].startswith("mpipe-hf: error: pipeline rank ") and "DATA_LOAD" in errors[0] \
-        and "conv.jsonl:6" in errors[0], proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]
-    logs = sorted(os.listdir(os.path.join(out, "logs")))
-    assert logs == ["rank0.log", "rank1.log"]
-    assert all("Traceback" in open(os.path.join(out, "logs", name)).read() for name in logs)
-
-
-class _Rows:
-    """Rows ``{"id", "where"}`` for :class:`MicroBatchPlan`, a collator that fails on the ``bad`` ones (PIL's
-    error for a truncated image) and, with ``null``, has a ``null_batch``."""
-
-    def __init__(self, bad, null=True):
-        self.bad, self.rows = set(bad), [{"id": i, "where": f"x.jsonl:{i + 1}"} for i in range(40)]
-        if null:
-            self.null_batch = lambda: {"ids": torch.tensor([-1])}
-
-    def __call__(self, rows):
-        if any(r["id"] in self.bad for r in rows):
-            raise OSError("image file is truncated")
-        return {"ids": torch.tensor([r["id"] for r in rows])}
-
-
-class _Executor:
-    """Loads micro 0 as the pipeline's owner would (a load's ValueError fails the step, as the vote raises it) and
-    counts the rows the loads dropped, as the vote sums them."""
-
-    cfg = ScheduleConfig(2, 1, 2)
-    step_index = 0
-
-    def step(self, load, next_load=None, num_micro=None, owners=None, next_owners=None, bad_rows=None):
-        from mpipe_hf.runtime import StepStats
-        self.batch = load(0)
-        dropped = bad_rows() if bad_rows is not None else []
-        return StepStats(1.0, 1, 0.0, 0.0, 0, bad_rows=len(dropped), bad_row=dropped[-1] if dropped else None)
-
-
-def test_load_rows_drops_the_bad_row_and_says_where(capsys):
-    """A micro-batch whose collation (or the model's check) fails is collated row by row: the bad row is dropped
-    with one warning naming its line and the rest is the micro-batch; a micro-batch of bad rows only becomes the
-    collator's null micro-batch, or fails without one; with ``drop_bad_rows`` off it fails as a whole."""
-    collate = _Rows(bad={1, 9})
-    plan = MicroBatchPlan(collate.rows, collate, num_micro=2, micro_batch_size=3)
-    assert plan.load_rows([0, 1, 2])["ids"].tolist() == [0, 2]
-    assert capsys.readouterr().out == ("mpipe_hf: warning: dropped x.jsonl:2 (OSError: image file is truncated); "
-                                       "the step trains on the rest\n")
-    assert plan.take_dropped() == ["x.jsonl:2 (OSError: image file is truncated)"] and plan.take_dropped() == []
-    assert plan.load_rows([9])["ids"].tolist() == [-1] and plan.take_dropped() == ["x.jsonl:10 (OSError: image "
-                                                                                   "file is truncated)"]
-
-    def validate(batch):  # the model's check of the collated micro-batch counts as the row's failure too
-        if 4 in batch["ids"].tolist():
-            raise ValueError("x.jsonl:5: image-token count 3 differs from 4")
-    checked = MicroBatchPlan(collate.rows, collate, 2, 3, validate)
-    assert checked.load_rows([3, 4, 5])["ids"].tolist() == [3, 5]
-    assert checked.take_dropped() == ["x.jsonl:5 (image-token count 3 differs from 4)"]
-    user = _Rows(bad={1, 9}, null=False)  # a user's collator: no null micro-batch, the micro-batch fails
-    with pytest.raises(ValueError, match=r"dataset rows \[9\]: OSError: image file is truncated"):
-        MicroBatchPlan(user.rows, user, 2, 1).load_rows([9])
-    with pytest.raises(ValueError, match=r"dataset rows \[0, 1, 2\]: OSError"):
-        MicroBatchPlan(collate.rows, collate, 2, 3, drop_bad_rows=False).load_rows([0, 1, 2])
-    capsys.readouterr()
-    from mpipe_hf.data import TextCollator, qwen2_tokenizer
-    null = TextCollator(qwen2_tokenizer(5120)).null_batch()
-    assert null["input_ids"].shape == null["labels"].shape == (1, null["input_ids"].shape[1]) and bool(
-        (null["labels"] == -100).all()) and null["input_ids"].shape[1] > 0
-
-
-def test_max_bad_rows_stops_the_run_with_the_last_error(tmp_path):
-    """``on_bad_sample: skip``: each bad row is dropped and counted; the run stops with the last row's text once
-    more than ``max_bad_rows`` failed in all, or after ``max_bad_rows`` skipped steps in a row (a micro-batch a
-    user's collator cannot load); a step that runs resets the steps in a row; ``raise`` stops at the first. The
-    count is saved and resumed with the rank's state; ``max_bad_steps`` is an alias, with a FutureWarning."""
-    from mpipe_hf.train.loop import Skips, run_step
-    from mpipe_hf.train.recipe import DataSection
-    from mpipe_hf.train.state import load_rank_state, rank_state, rank_state_name
-
-    data = DataSection(path="x.jsonl", max_bad_rows=2)
-    collate = _Rows(bad={1, 7, 13})  # one row of micro 0 (3 rows) in steps 0, 1 and 2
-    plan, skips = MicroBatchPlan(collate.rows, collate, 2, 3), Skips()
-    for step in range(2):
-        stats = run_step(_Executor(), partial(plan.load, step), data, skips, step, bad_rows=plan.take_dropped)
-        assert stats.bad_rows == 1 and skips.bad_rows == step + 1 and skips.total == 0
-    with pytest.raises(ValueError, match=r"x.jsonl:14 \(OSError: image file is truncated\) \(3 rows failed in all, "
-                                         r"more than data.max_bad_rows = 2\)"):
-        run_step(_Executor(), partial(plan.load, 2), data, skips, 2, bad_rows=plan.take_dropped)
-    torch.save(rank_state(3, None, None, skips, {}), tmp_path / rank_state_name(0))
-    resumed = Skips()
-    load_rank_state(str(tmp_path), 0, None, None, resumed, {})
-    assert resumed.bad_rows == 3
-
-    user = _Rows(bad={2, 6, 8}, null=False)  # micro 0 (1 row) of steps 1, 3 and 4: no row left, no null micro
-    plan, skips, results = MicroBatchPlan(user.rows, user, 2, 1), Skips(), []
-    with pytest.raises(ValueError, match=r"OSError: image file is truncated \(2 steps in a row skipped.*"
-                                         r"max_bad_rows = 2\)"):
-        for step in range(6):
-            stats = run_step(_Executor(), partial(plan.load, step), data, skips, step, bad_rows=plan.take_dropped)
-            results.append(stats and stats.bad_rows)
-    assert results == [0, None, 0, None] and skips.total == 3 and skips.bad_rows == 0
-    strict = MicroBatchPlan(collate.rows, collate, 2, 3, drop_bad_rows=False)
-    with pytest.raises(ValueError, match="dataset rows \\[0, 1, 2\\]: OSError"):
-        run_step(_Executor(), partial(strict.load, 0), dataclasses.replace(data, on_bad_sample="raise"), Skips(), 0)
-
-    from mpipe_hf.train.hf_parts import MPipeConfig
-    with pytest.warns(FutureWarning, match="max_bad_rows"):
-        assert DataSection(path="x.jsonl", max_bad_steps=4).max_bad_rows == 4
-    with pytest.warns(FutureWarning, match="max_bad_rows"):
-        config = MPipeConfig(pp_size=1, max_bad_steps=5)
-    assert config.max_bad_rows == 5 and config.data().max_bad_rows == 5 and MPipeConfig(pp_size=1).max_bad_rows == 10
 
 
 def test_eval_loss_equals_one_process_and_trackers_log_the_scalars(demo, tmp_path):

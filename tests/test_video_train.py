@@ -100,7 +100,7 @@ def test_the_video_demo_recipe_trains_like_one_process(demo, tmp_path):
     import subprocess
     import sys
     import yaml
-    from test_train import EPS, set_keys, train_unsplit
+    from train_common import EPS, set_keys, train_unsplit
     from mpipe_hf.data.owner import MicroBatchPlan
     from mpipe_hf.models import get_family
     from mpipe_hf.models.freeze import apply_trainable

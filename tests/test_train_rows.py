@@ -1,0 +1,179 @@
+"""End to end: bad rows, conversation rows of every form, and the loader's row-by-row recovery."""
+
+import dataclasses
+from functools import partial
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+from mpipe_hf.data import MicroBatchPlan
+from mpipe_hf.schedule import ScheduleConfig
+from mpipe_hf.train.recipe import TrainSection
+
+from train_common import EPS, LR, conversation_rows, demo_plan, run, train_unsplit, write_recipe
+
+
+def test_conversations_train_exactly_and_a_bad_row_is_dropped(demo, tmp_path):
+    """Conversation rows with 0 to 3 images, several turns, both content forms, through ``mpipe-hf train`` at
+    R = 2 (2 rows per micro-batch, padded): the losses, the gradient norms and the trained model equal one
+    process's. The second step holds an image that cannot be decoded: with ``on_bad_sample: skip`` its row is
+    dropped (a warning naming the JSONL line, ``bad_rows`` in the metrics) and the step trains on the rest, as one
+    process does without that row; with ``raise`` the run stops with one line naming the rank, the action and the
+    line, the tracebacks in ``output_dir/logs``."""
+    import shutil
+    data = tmp_path / "data"
+    data.mkdir()
+    names = sorted(os.listdir(os.path.join(demo, "data", "images")))[:6]
+    for name in names:
+        shutil.copy(os.path.join(demo, "data", "images", name), data / name)
+    good = open(data / names[0], "rb").read()
+    (data / "truncated.png").write_bytes(good[:len(good) // 2])  # the header reads, the pixels do not
+    with open(data / "conv.jsonl", "w") as f:
+        for row in conversation_rows(names):
+            f.write(json.dumps(row) + "\n")
+    keys = dict(path=str(data / "conv.jsonl"), shuffle=False, micro_batch_size=2, num_micro=2, vpp=1,
+                max_steps=3)
+    out = str(tmp_path / "skip")
+    proc = run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
+                write_recipe(demo, tmp_path / "skip.yaml", out, **keys)])
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3] and not any(r.get("skipped") for r in rows), rows
+    assert [r["bad_rows"] for r in rows] == [0, 1, 0] and rows[2]["bad_rows_total"] == 1, rows
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("mpipe_hf: warning: dropped")]
+    assert len(warnings) == 1 and "conv.jsonl:6 (cannot decode image" in warnings[0], proc.stdout[-3000:]
+    plan = demo_plan(demo, str(data / "conv.jsonl"), num_micro=2, micro_batch_size=2, shuffle=False)
+    counts = [len(plan.dataset[i]["images"]) for i in range(12)]
+    assert sorted(set(counts)) == [0, 1, 2, 3]
+    assert plan.load(1, 0)["input_ids"].shape[0] == 1, "step 2's first micro-batch trains on its good row"
+    plan.take_dropped()
+    model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
+    model.model.visual.requires_grad_(False)
+    train = TrainSection(max_steps=3, learning_rate=LR, adam_epsilon=EPS)
+    losses, norms, micros = train_unsplit(model, plan, 2, 3, train)  # the plan drops the bad row here too
+    for row, loss, norm in zip(rows, losses, norms):
+        assert abs(row["loss"] - loss) < 1e-4 and abs(row["grad_norm"] - norm) < 1e-4 * norm, (row, loss, norm)
+    loaded = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "checkpoint"))
+    with torch.no_grad():
+        inputs = {k: v for k, v in micros[0].items() if k != "labels"}
+        assert (loaded(**inputs).logits - model(**inputs).logits).abs().max().item() < 1e-4
+
+    out = str(tmp_path / "raise")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
+                           write_recipe(demo, tmp_path / "raise.yaml", out, on_bad_sample="raise", **keys)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("mpipe-hf: error: pipeline rank ") and "DATA_LOAD" in errors[0] \
+        and "conv.jsonl:6" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]
+    logs = sorted(os.listdir(os.path.join(out, "logs")))
+    assert logs == ["rank0.log", "rank1.log"]
+    assert all("Traceback" in open(os.path.join(out, "logs", name)).read() for name in logs)
+
+
+class _Rows:
+    """Rows ``{"id", "where"}`` for :class:`MicroBatchPlan`, a collator that fails on the ``bad`` ones (PIL's
+    error for a truncated image) and, with ``null``, has a ``null_batch``."""
+
+    def __init__(self, bad, null=True):
+        self.bad, self.rows = set(bad), [{"id": i, "where": f"x.jsonl:{i + 1}"} for i in range(40)]
+        if null:
+            self.null_batch = lambda: {"ids": torch.tensor([-1])}
+
+    def __call__(self, rows):
+        if any(r["id"] in self.bad for r in rows):
+            raise OSError("image file is truncated")
+        return {"ids": torch.tensor([r["id"] for r in rows])}
+
+
+class _Executor:
+    """Loads micro 0 as the pipeline's owner would (a load's ValueError fails the step, as the vote raises it) and
+    counts the rows the loads dropped, as the vote sums them."""
+
+    cfg = ScheduleConfig(2, 1, 2)
+    step_index = 0
+
+    def step(self, load, next_load=None, num_micro=None, owners=None, next_owners=None, bad_rows=None):
+        from mpipe_hf.runtime import StepStats
+        self.batch = load(0)
+        dropped = bad_rows() if bad_rows is not None else []
+        return StepStats(1.0, 1, 0.0, 0.0, 0, bad_rows=len(dropped), bad_row=dropped[-1] if dropped else None)
+
+
+def test_load_rows_drops_the_bad_row_and_says_where(capsys):
+    """A micro-batch whose collation (or the model's check) fails is collated row by row: the bad row is dropped
+    with one warning naming its line and the rest is the micro-batch; a micro-batch of bad rows only becomes the
+    collator's null micro-batch, or fails without one; with ``drop_bad_rows`` off it fails as a whole."""
+    collate = _Rows(bad={1, 9})
+    plan = MicroBatchPlan(collate.rows, collate, num_micro=2, micro_batch_size=3)
+    assert plan.load_rows([0, 1, 2])["ids"].tolist() == [0, 2]
+    assert capsys.readouterr().out == ("mpipe_hf: warning: dropped x.jsonl:2 (OSError: image file is truncated); "
+                                       "the step trains on the rest\n")
+    assert plan.take_dropped() == ["x.jsonl:2 (OSError: image file is truncated)"] and plan.take_dropped() == []
+    assert plan.load_rows([9])["ids"].tolist() == [-1] and plan.take_dropped() == ["x.jsonl:10 (OSError: image "
+                                                                                   "file is truncated)"]
+
+    def validate(batch):  # the model's check of the collated micro-batch counts as the row's failure too
+        if 4 in batch["ids"].tolist():
+            raise ValueError("x.jsonl:5: image-token count 3 differs from 4")
+    checked = MicroBatchPlan(collate.rows, collate, 2, 3, validate)
+    assert checked.load_rows([3, 4, 5])["ids"].tolist() == [3, 5]
+    assert checked.take_dropped() == ["x.jsonl:5 (image-token count 3 differs from 4)"]
+    user = _Rows(bad={1, 9}, null=False)  # a user's collator: no null micro-batch, the micro-batch fails
+    with pytest.raises(ValueError, match=r"dataset rows \[9\]: OSError: image file is truncated"):
+        MicroBatchPlan(user.rows, user, 2, 1).load_rows([9])
+    with pytest.raises(ValueError, match=r"dataset rows \[0, 1, 2\]: OSError"):
+        MicroBatchPlan(collate.rows, collate, 2, 3, drop_bad_rows=False).load_rows([0, 1, 2])
+    capsys.readouterr()
+    from mpipe_hf.data import TextCollator, qwen2_tokenizer
+    null = TextCollator(qwen2_tokenizer(5120)).null_batch()
+    assert null["input_ids"].shape == null["labels"].shape == (1, null["input_ids"].shape[1]) and bool(
+        (null["labels"] == -100).all()) and null["input_ids"].shape[1] > 0
+
+
+def test_max_bad_rows_stops_the_run_with_the_last_error(tmp_path):
+    """``on_bad_sample: skip``: each bad row is dropped and counted; the run stops with the last row's text once
+    more than ``max_bad_rows`` failed in all, or after ``max_bad_rows`` skipped steps in a row (a micro-batch a
+    user's collator cannot load); a step that runs resets the steps in a row; ``raise`` stops at the first. The
+    count is saved and resumed with the rank's state; ``max_bad_steps`` is an alias, with a FutureWarning."""
+    from mpipe_hf.train.loop import Skips, run_step
+    from mpipe_hf.train.recipe import DataSection
+    from mpipe_hf.train.state import load_rank_state, rank_state, rank_state_name
+
+    data = DataSection(path="x.jsonl", max_bad_rows=2)
+    collate = _Rows(bad={1, 7, 13})  # one row of micro 0 (3 rows) in steps 0, 1 and 2
+    plan, skips = MicroBatchPlan(collate.rows, collate, 2, 3), Skips()
+    for step in range(2):
+        stats = run_step(_Executor(), partial(plan.load, step), data, skips, step, bad_rows=plan.take_dropped)
+        assert stats.bad_rows == 1 and skips.bad_rows == step + 1 and skips.total == 0
+    with pytest.raises(ValueError, match=r"x.jsonl:14 \(OSError: image file is truncated\) \(3 rows failed in all, "
+                                         r"more than data.max_bad_rows = 2\)"):
+        run_step(_Executor(), partial(plan.load, 2), data, skips, 2, bad_rows=plan.take_dropped)
+    torch.save(rank_state(3, None, None, skips, {}), tmp_path / rank_state_name(0))
+    resumed = Skips()
+    load_rank_state(str(tmp_path), 0, None, None, resumed, {})
+    assert resumed.bad_rows == 3
+
+    user = _Rows(bad={2, 6, 8}, null=False)  # micro 0 (1 row) of steps 1, 3 and 4: no row left, no null micro
+    plan, skips, results = MicroBatchPlan(user.rows, user, 2, 1), Skips(), []
+    with pytest.raises(ValueError, match=r"OSError: image file is truncated \(2 steps in a row skipped.*"
+                                         r"max_bad_rows = 2\)"):
+        for step in range(6):
+            stats = run_step(_Executor(), partial(plan.load, step), data, skips, step, bad_rows=plan.take_dropped)
+            results.append(stats and stats.bad_rows)
+    assert results == [0, None, 0, None] and skips.total == 3 and skips.bad_rows == 0
+    strict = MicroBatchPlan(collate.rows, collate, 2, 3, drop_bad_rows=False)
+    with pytest.raises(ValueError, match="dataset rows \\[0, 1, 2\\]: OSError"):
+        run_step(_Executor(), partial(strict.load, 0), dataclasses.replace(data, on_bad_sample="raise"), Skips(), 0)
+
+    from mpipe_hf.train.hf_parts import MPipeConfig
+    with pytest.warns(FutureWarning, match="max_bad_rows"):
+        assert DataSection(path="x.jsonl", max_bad_steps=4).max_bad_rows == 4
+    with pytest.warns(FutureWarning, match="max_bad_rows"):
+        config = MPipeConfig(pp_size=1, max_bad_steps=5)
+    assert config.max_bad_rows == 5 and config.data().max_bad_rows == 5 and MPipeConfig(pp_size=1).max_bad_rows == 10
