@@ -32,9 +32,10 @@ from mpipe_hf.runtime.memory import saved_bytes, storage_ids  # noqa: E402
 from mpipe_hf.schedule import ScheduleConfig  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
-FREEZE_CASES, VIDEO_CASES, VIDEO_CONTROL = freeze_cases(), video_cases(), video_cases(VIDEO_CONTROLS)[0]
-CASES = FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL]
-CONFIGS = ("vl", "qwen3_vl", "llava", "gemma3", "qwen3-tied")
+FREEZE_CASES, VIDEO_CASES = freeze_cases(), video_cases()
+VIDEO_CONTROL, DEEPSTACK_CONTROL = video_cases(VIDEO_CONTROLS)
+CASES = FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL, DEEPSTACK_CONTROL]
+CONFIGS = ("vl", "qwen3_vl", "llava", "gemma3", "qwen3-tied", "qwen3_5")
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +146,9 @@ def test_frozen_by_pattern_equals_one_process(case, results):
 
 @pytest.mark.parametrize("case", VIDEO_CASES, ids=[c["name"] for c in VIDEO_CASES])
 def test_video_rows_equal_one_process(case, results):
-    """Issue 39: micro-batches mixing images and videos (Qwen2.5-VL, Qwen2-VL; frozen, trainable, identity and
-    ``freeze_vit`` towers; padded and packed): the loss and every gradient, per tensor, as the unsplit model's."""
+    """Issue 39: micro-batches mixing images and videos (Qwen2.5-VL, Qwen2-VL, Qwen3-VL, Qwen3.5; frozen,
+    trainable, identity and ``freeze_vit`` towers; padded and packed): the loss and every gradient, per tensor,
+    as the unsplit model's."""
     per_rank = results[case["name"]]
     assert check_case(case, per_rank) == []
     tower_trains = any(n.startswith("model.visual.") for res in per_rank for n in res["names"])
@@ -161,6 +163,13 @@ def test_the_video_time_matters_to_the_video_check(results):
     assert check_case(VIDEO_CONTROL, per_rank), "the wrong temporal positions went unnoticed"
     worst = max(diff / top for res in per_rank for top, diff in res["grad_stats"].values() if top > 0)
     assert worst > 100 * REL_TOL, worst
+
+
+def test_the_video_deepstack_order_matters_to_the_video_check(results):
+    """The second negative control: Qwen3-VL's video DeepStack features joined after the images' instead of in the
+    tokens' order (a micro holds a row with a video before a row with an image) fails the check."""
+    per_rank = results[DEEPSTACK_CONTROL["name"]]
+    assert check_case(DEEPSTACK_CONTROL, per_rank), "video DeepStack features out of order went unnoticed"
 
 
 def test_the_cost_model_knows_a_frozen_vit_backward_is_the_mergers():

@@ -173,7 +173,8 @@ def test_a_rank_holding_only_a_frozen_preprocess_trains(demo, tmp_path):
 CI_RECIPES = ("qwen3_vl_moe.yaml", "qwen3_5.yaml", "llava.yaml")  # the rest (qwen3 too) under MPIPE_HF_FULL=1
 FAMILY_RECIPES = sorted(p for p in glob.glob(os.path.join(ROOT, "recipes", "*.yaml"))  # the LoRA recipe: test_lora.py
                         if not p.endswith(("qwen2_5_vl_demo.yaml", "qwen2_5_vl_lora.yaml",
-                                           "qwen2_5_vl_video_demo.yaml"))  # freeze_vit: tests/test_video.py
+                                           "qwen2_5_vl_video_demo.yaml",  # freeze_vit: tests/test_video.py
+                                           "qwen3_vl_moe_ep.yaml"))  # 4 processes: tests/test_ep.py
                         and (p.endswith(CI_RECIPES) or os.environ.get("MPIPE_HF_FULL") == "1"))
 
 

@@ -248,11 +248,11 @@ def test_rows_mixing_images_and_videos_collate_as_the_processor_call(demo, data)
 
 
 def test_a_video_for_a_processor_without_videos_is_refused(data, tokenizer):
-    qwen3 = build_processor(tiny.tiny_qwen3_vl_config(tokenizer), tokenizer)
+    glm = build_processor(tiny.tiny_glm4v_config(tokenizer), tokenizer)  # GLM-4V: no video processor yet
     row = canonical_row(json.loads(open(os.path.join(data, "video.jsonl")).readline()), data, "video.jsonl:1")
     row["where"] = "video.jsonl:1"
     with pytest.raises(ValueError, match="video.jsonl:1: the row has a video but .* takes no videos"):
-        ConversationCollator(qwen3, None)([row])
+        ConversationCollator(glm, None)([row])
 
 
 def test_snapshots_keep_the_video_settings_only_where_they_differ(tokenizer, tmp_path):

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 import PIL.Image
+import torch
 from transformers import LlavaProcessor
 
 from .collate import IGNORE
@@ -85,6 +86,11 @@ class ConversationEncoder:
         # videos where the processor has a video processor (the Qwen2-VL / Qwen2.5-VL ones of build_processor)
         has_video = self.vision and getattr(processor, "video_processor", None) is not None
         self.video_token = getattr(processor, "video_token", None) if has_video else None
+        # Qwen3-VL's processor expands a video's whole <|vision_start|><|video_pad|><|vision_end|> (per-frame
+        # timestamps, each frame's tokens between its own markers): the placeholder it replaces, where written
+        self.video_wrapper = None
+        if self.video_token and hasattr(processor, "_calculate_timestamps"):
+            self.video_wrapper = processor.vision_start_token + self.video_token + processor.vision_end_token
         tok = self.tokenizer
         self.special_ids = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
 
@@ -135,9 +141,10 @@ class ConversationEncoder:
             spans.append((len(head) + start, len(head) + end, len(turn)))
         return spans
 
-    def _placeholders(self, text: str, images: list, videos: list, where: str) -> list[tuple[int, str]]:
-        """``(start, kind)`` of every image and video placeholder of ``text`` in order (found as the processor finds
-        them), checked against the numbers of ``images`` and ``videos``.
+    def _placeholders(self, text: str, images: list, videos: list, where: str) -> list[tuple[int, str, int]]:
+        """``(start, kind, length)`` of every image and video placeholder of ``text`` in order (found as the
+        processor finds them: Qwen3-VL's video wrapper, :attr:`video_wrapper`, before a bare video token), checked
+        against the numbers of ``images`` and ``videos``.
 
         Raises:
             ValueError: the counts differ; a video for a processor without a video processor.
@@ -145,23 +152,25 @@ class ConversationEncoder:
         if videos and self.video_token is None:
             raise ValueError(f"{where}: the row has {len(videos)} video(s) but {type(self.processor).__name__} "
                              f"takes no videos (docs/video.md lists the families that do)")
-        marks = {"image": self.image_token, "video": self.video_token}
-        pattern = "|".join(f"(?P<{kind}>{re.escape(mark)})" for kind, mark in marks.items() if mark)
-        found = [(m.start(), m.lastgroup) for m in re.finditer(pattern, text)] if pattern else []
+        marks = {"image": re.escape(self.image_token or ""), "video": re.escape(self.video_token or "")}
+        if self.video_wrapper:
+            marks["video"] = re.escape(self.video_wrapper) + "|" + marks["video"]
+        pattern = "|".join(f"(?P<{kind}>{mark})" for kind, mark in marks.items() if mark)
+        found = [(m.start(), m.lastgroup, m.end() - m.start()) for m in re.finditer(pattern, text)] if pattern else []
         for kind, given in (("image", images), ("video", videos)):
-            written = sum(k == kind for _, k in found)
+            written = sum(k == kind for _, k, _ in found)
             if written != len(given):
                 raise ValueError(f"{where}: the chat template wrote {written} {kind} token(s) for {len(given)} "
                                  f"{kind}(s); it must render each {kind} part as the family's {kind} placeholder")
         return found
 
     def expand(self, text: str, images: list, where: str, videos: list = ()
-               ) -> tuple[str, list[tuple[int, int]], list[int], list[str]]:
+               ) -> tuple[str, list[tuple[int, int]], list[int], list[str], list[int]]:
         """``text`` with its ``j``-th image placeholder (``processor.image_token``, found as the processor finds it)
         replaced by ``images[j]`` and its ``k``-th video placeholder (``processor.video_token``) by ``videos[k]``:
         the text the processor expands it to, or an int ``n`` (a :data:`REPEATED` family): the placeholder ``n``
         times. Returns the expanded text, each placeholder's ``[start, end)`` in it and its start in ``text`` (in
-        the text's order), and its kind (``image`` / ``video``).
+        the text's order), its kind (``image`` / ``video``) and its length in ``text``.
 
         Raises:
             ValueError: the numbers of placeholders differ from ``len(images)`` / ``len(videos)``; an int for a
@@ -172,7 +181,7 @@ class ConversationEncoder:
         queues = {"image": iter(images), "video": iter(videos)}
         marks = {"image": self.image_token, "video": self.video_token}
         pieces, chars, last = [], [], 0
-        for start, kind in found:
+        for start, kind, length in found:
             item = next(queues[kind])
             if not isinstance(item, str):
                 if self.model_type not in REPEATED:
@@ -183,9 +192,9 @@ class ConversationEncoder:
             at = sum(map(len, pieces))
             pieces.append(item)
             chars.append((at, at + len(item)))
-            last = start + len(marks[kind])
+            last = start + length
         pieces.append(text[last:])
-        return "".join(pieces), chars, [start for start, _ in found], [kind for _, kind in found]
+        return "".join(pieces), chars, [f[0] for f in found], [f[1] for f in found], [f[2] for f in found]
 
     def encode(self, messages: list[dict], images: list, where: str, videos: list = ()) -> Encoded:
         """Render ``messages`` (parts lists), expand each image placeholder to ``images[j]`` as the processor
@@ -205,9 +214,8 @@ class ConversationEncoder:
         """
         text = self.render(messages)
         spans = self.assistant_spans(messages, text, where)
-        expanded, chars, starts, kinds = self.expand(text, images, where, videos)
-        marks = {"image": self.image_token, "video": self.video_token}
-        grown = [end - start - len(marks[kind]) for (start, end), kind in zip(chars, kinds)]
+        expanded, chars, starts, kinds, lengths = self.expand(text, images, where, videos)
+        grown = [end - start - length for (start, end), length in zip(chars, lengths)]
 
         def moved(at: int) -> int:  # a character of ``text`` (not inside a placeholder) -> of ``expanded``
             return at + sum(g for start, g in zip(starts, grown) if start < at)
@@ -253,12 +261,22 @@ class ConversationEncoder:
                              return_text_replacement_offsets=True)
         return [item["replacement"] for item in out["text_replacement_offsets"][0]]
 
-    def video_tokens_for(self, refs: list[dict]) -> list[int]:
-        """Tokens each video reference (:func:`~.video.video_ref`) takes, without decoding it
-        (:func:`~.video.video_tokens`): what :meth:`encode` takes for a row's videos.
+    def video_tokens_for(self, refs: list[dict]) -> list:
+        """What :meth:`encode` takes for a row's videos (:func:`~.video.video_ref` references), without decoding
+        them: each video's tokens (:func:`~.video.video_tokens`), or for Qwen3-VL's processor the text it expands
+        the video to (per-frame ``<t seconds>`` and tokens, from the sampled frames' indices and the video's fps:
+        the stock ``replace_video_token`` on the counted grid).
 
         Raises:
             ValueError: a video whose header cannot be read or that cannot be sampled.
         """
-        from .video import video_tokens
-        return [video_tokens(ref, self.processor.video_processor) for ref in refs]
+        from .video import video_layout, video_tokens
+        video_processor = self.processor.video_processor
+        if not self.video_wrapper:
+            return [video_tokens(ref, video_processor) for ref in refs]
+        out = []
+        for ref in refs:
+            grid, metadata = video_layout(ref, video_processor)
+            inputs = {"video_grid_thw": [torch.tensor(grid)], "video_metadata": [metadata]}
+            out.append(self.processor.replace_video_token(inputs, 0))
+        return out

@@ -216,7 +216,7 @@ def load_checkpoint_processor(directory: str):
     from transformers.utils import is_torchvision_available
 
     from .processor import QWEN_PROCESSORS, VIDEO_TYPES, build_processor
-    from .processors_vlm import FAMILY_TYPES
+    from .processors_vlm import FAMILY_TYPES, QWEN3_LIKE
 
     adapter = os.path.join(directory, "adapter_config.json")
     source = directory
@@ -238,7 +238,9 @@ def load_checkpoint_processor(directory: str):
     image_processor = AutoImageProcessor.from_pretrained(directory)
     video = None
     if config.model_type in VIDEO_TYPES:  # the snapshot's video settings where it has them, as AutoVideoProcessor
-        video = video_processor_from_image(image_processor, video_processor_config(directory))
+        from .video_processor_qwen3 import qwen3_video_processor_from_image
+        derive = qwen3_video_processor_from_image if config.model_type in QWEN3_LIKE else video_processor_from_image
+        video = derive(image_processor, video_processor_config(directory))
     processor = build_processor(config, tokenizer, image_processor, video_processor=video)
     processor.chat_template = tokenizer.chat_template
     return processor

@@ -17,6 +17,7 @@ from .more_families import MORE
 from .processors_vlm import (FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE, conversation_class, family_image_processor,
                              family_processor)
 from .video_processor import video_processor_from_image
+from .video_processor_qwen3 import qwen3_video_processor_from_image
 
 QWEN_PROCESSORS = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}
 QWEN_PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
@@ -25,8 +26,8 @@ PROCESSOR_TYPES = sorted([*QWEN_PROCESSORS, "llava", *FAMILY_TYPES, *MORE])
 PIXEL_BOUNDED_TYPES = frozenset([*QWEN_PROCESSORS, *QWEN3_LIKE, *GLM_LIKE, *(t for t, d in MORE.items() if d.pixel_bounded)])
 
 
-VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl")  # families whose processor here takes videos (docs/video.md)
-# without torchvision's video processor (:func:`~.processors_vlm.conversation_class`): none (Qwen3-VL) or ours
+VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_LIKE)  # families whose processor here takes videos (docs/video.md)
+# without torchvision's video processor (:func:`~.processors_vlm.conversation_class`): ours
 _IMAGE_ONLY = {model_type: conversation_class(cls, model_type) for model_type, cls in QWEN_PROCESSORS.items()}
 
 
@@ -56,7 +57,8 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
     """The HF processor of ``config.model_type`` over ``tokenizer`` and ``image_processor`` (from
     :func:`image_processor_for` when ``None``). Qwen2-VL's and Qwen2.5-VL's take videos too, through
     ``video_processor`` (``None``: the torchvision-free :class:`~.video_processor.QwenVideoProcessor` with the
-    image processor's settings, as ``AutoVideoProcessor`` builds theirs; docs/video.md). LLaVA's takes its patch
+    image processor's settings, as ``AutoVideoProcessor`` builds theirs; docs/video.md), and so do the Qwen3-VL
+    family's (:class:`~.video_processor_qwen3.Qwen3VideoProcessor`). LLaVA's takes its patch
     size, feature strategy and image token from ``config`` (one extra position for a CLIP tower's CLS token); the
     other families' are :func:`~.processors_vlm.family_processor`'s (the tokenizer copied with the family's image
     markers named).
@@ -68,7 +70,8 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
         image_processor = image_processor_for(config, min_pixels, max_pixels)
     if config.model_type in QWEN_PROCESSORS:
         if video_processor is None and config.model_type in VIDEO_TYPES:
-            video_processor = video_processor_from_image(image_processor)
+            video_processor = (qwen3_video_processor_from_image if config.model_type in QWEN3_LIKE
+                               else video_processor_from_image)(image_processor)
         return _IMAGE_ONLY[config.model_type](image_processor=image_processor, tokenizer=tokenizer,
                                               video_processor=video_processor)
     if config.model_type == "llava":

@@ -347,7 +347,11 @@ def family_processor(config, tokenizer, image_processor):
         raise ValueError(f"model_type {model_type!r} has no processor here; supported: {FAMILY_TYPES}")
     cls = CLASSES[model_type] if model_type in CLASSES else _mistral3_class()
     tok = named_tokenizer(tokenizer, config)
-    if model_type in QWEN3_LIKE or model_type in GLM_LIKE:
+    if model_type in QWEN3_LIKE:  # videos through the torchvision-free Qwen3-VL video processor (docs/video.md)
+        from .video_processor_qwen3 import qwen3_video_processor_from_image
+        return cls(image_processor=image_processor, tokenizer=tok,
+                   video_processor=qwen3_video_processor_from_image(image_processor))
+    if model_type in GLM_LIKE:
         return cls(image_processor=image_processor, tokenizer=tok, video_processor=None)
     tiles = (_side(config) // _patch(config)) ** 2  # patches per tile (or image) of the tower
     if model_type == "gemma3":

@@ -268,3 +268,18 @@ def video_tokens(ref: dict, video_processor) -> int:
     metadata = video_metadata(ref)
     frames = len(_sampler(ref, video_processor)(metadata))
     return video_processor.tokens_for(frames, *_own_size(ref, video_processor, metadata.height, metadata.width))
+
+
+def video_layout(ref: dict, video_processor) -> tuple[tuple[int, int, int], VideoMetadata]:
+    """``ref``'s grid ``(grid_t, grid_h, grid_w)`` and metadata (``frames_indices`` the sampled frames) without
+    decoding it, as :func:`load_video` then the processor would give them (a processor with ``grid_for``:
+    :class:`~.video_processor_qwen3.Qwen3VideoProcessor`).
+
+    Raises:
+        ValueError: :func:`video_metadata`'s, or the sampling's.
+    """
+    metadata = video_metadata(ref)
+    indices = [int(i) for i in _sampler(ref, video_processor)(metadata)]
+    metadata.frames_indices = indices
+    size = _own_size(ref, video_processor, metadata.height, metadata.width)
+    return video_processor.grid_for(len(indices), *size), metadata

@@ -268,6 +268,16 @@ class QwenVideoProcessor(VideoProcessorMixin):
             return videos.sub(mean).div_(std)
         return videos * rescale_factor if do_rescale else videos
 
+    def _resized_size(self, stacked: torch.Tensor, size: SizeDict, patch_size: int, merge_size: int,
+                      temporal_patch_size: int, cap_pixels_per_frame, max_video_tokens: int) -> tuple[int, int]:
+        """``(height, width)`` the stock ``resize`` gives the videos ``stacked`` ``(B, T, C, H, W)``:
+        ``smart_resize`` per frame under :func:`frame_budget`."""
+        factor = patch_size * merge_size
+        budget = frame_budget(size, stacked.shape[1], factor, temporal_patch_size, cap_pixels_per_frame,
+                              max_video_tokens)
+        return smart_resize(stacked.shape[-2], stacked.shape[-1], factor=factor, min_pixels=size.shortest_edge,
+                            max_pixels=budget)
+
     def _preprocess(self, videos: list, do_resize: bool, size: SizeDict, resample, do_rescale: bool,
                     rescale_factor: float, do_normalize: bool, image_mean, image_std, patch_size: int | None = None,
                     temporal_patch_size: int | None = None, merge_size: int | None = None,
@@ -275,16 +285,13 @@ class QwenVideoProcessor(VideoProcessorMixin):
                     **kwargs) -> BatchFeature:
         """Resize (grouped by shape, as the stock class), normalise and patchify every video: the stock
         ``_preprocess``'s outputs."""
-        factor = patch_size * merge_size
         tokens = self.max_video_tokens if max_video_tokens is None else max_video_tokens
         grouped, index = group_videos_by_shape(videos)
         resized = {}
         for shape, stacked in grouped.items():
             if do_resize:
-                budget = frame_budget(size, stacked.shape[1], factor, temporal_patch_size, cap_pixels_per_frame,
-                                      tokens)
-                height, width = smart_resize(stacked.shape[-2], stacked.shape[-1], factor=factor,
-                                             min_pixels=size.shortest_edge, max_pixels=budget)
+                height, width = self._resized_size(stacked, size, patch_size, merge_size, temporal_patch_size,
+                                                   cap_pixels_per_frame, tokens)
                 stacked = resize_frames(stacked, height, width, resample)
             resized[shape] = stacked
         grouped, index = group_videos_by_shape(reorder_videos(resized, index))

@@ -3,7 +3,9 @@
 DeepStack (Meng et al. 2024, arXiv:2406.04334) adds features taken from ``K = len(deepstack_visual_indexes)``
 layers of the vision tower to the residual stream at the image-token positions, after decoder layers
 ``0 .. K-1``. ``P``'s vision part returns them as ``deepstack_features`` ``(K, n_image_tokens, H)`` next to
-``image_features``; the owner's host adds the image tokens' flat positions ``visual_pos_index`` ``(n,)`` at load
+``image_features`` (a micro's videos' features joined to them in the tokens' order: ``Qwen3VLModel.forward``'s
+joint features, :func:`deepstack_order`); the owner's host adds the visual tokens' flat positions
+``visual_pos_index`` ``(n,)`` at load
 (a boolean mask on the device would read its count back at every use), and both are *relayed*: every stage whose
 last layer is below ``K - 1`` passes them on with the hidden states, so the layers that consume them may sit in
 any stage (or in ``P``, with ``text_layers``), and their gradient flows back along the same path to ``P``. The
@@ -26,14 +28,33 @@ def deepstack_layers(config) -> int:
     return len(getattr(config.vision_config, "deepstack_visual_indexes", None) or ())
 
 
+def deepstack_order(ids: torch.Tensor, video_token_id: int) -> torch.Tensor:
+    """``(n,)`` int64: for each visual token of ``ids`` (the image and video tokens at ``visual_pos_index``, in
+    order), its row in ``cat(image DeepStack features, video DeepStack features)``: what ``Qwen3VLModel.forward``
+    writes into its joint features (``embed_joint[image_mask_joint] = image``, ``[video_mask_joint] = video``), as
+    an index gathered on the device (a mask would read its count back)."""
+    is_video = ids == video_token_id
+    images = int((~is_video).sum())
+    return torch.where(is_video, images + is_video.long().cumsum(0) - 1, (~is_video).long().cumsum(0) - 1)
+
+
 def deepstack_host_inputs(model: nn.Module):
     """:func:`~.host_metadata.qwen_host_inputs`, and ``visual_pos_index``: the flat positions ``(n,)`` of the
-    image tokens in ``(B * L)``, computed on the host (a boolean index on the device reads its count back)."""
+    image and video tokens in ``(B * L)``, computed on the host (a boolean index on the device reads its count
+    back); for a micro with videos, also ``deepstack_order`` (:func:`deepstack_order`)."""
     qwen, image_token_id = qwen_host_inputs(model), model.config.image_token_id
+    video_token_id = getattr(model.config, "video_token_id", None)
 
     def host(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        index = (raw["input_ids"] == image_token_id).flatten().nonzero().squeeze(1)
-        return {**qwen(raw), "visual_pos_index": index}
+        flat = raw["input_ids"].flatten()
+        visual = flat == image_token_id
+        if "pixel_values_videos" in raw:
+            visual |= flat == video_token_id
+        index = visual.nonzero().squeeze(1)
+        out = {**qwen(raw), "visual_pos_index": index}
+        if "pixel_values_videos" in raw:
+            out["deepstack_order"] = deepstack_order(flat[index], video_token_id)
+        return out
     return host
 
 

@@ -138,10 +138,13 @@ class ExpertShards:
         ep_rank, ep_size: this rank's place in its EP group.
         names: ``{name in the model: (rows of the fused (E, ...) tensor, fused shape)}``.
         params: the sharded parameters (their gradients are summed over ``edp``, not ``dp``).
+        group: the EP group's :class:`~mpipe_hf.runtime.watchdog.WatchedGroup` (the all-to-alls' group, which the
+            watchdog breaks when a step fails and renews after), or ``None``.
     """
 
     ep_rank: int
     ep_size: int
+    group: object = None
     names: dict[str, tuple[slice, tuple[int, ...]]] = field(default_factory=dict)
     params: list[nn.Parameter] = field(default_factory=list)
 
@@ -149,14 +152,45 @@ class ExpertShards:
         """``state`` with every expert shard replaced by the fused ``(E, ...)`` tensor, all-gathered over the
         EP ``group`` (a collective: every EP rank calls it with the same names), for a checkpoint that
         ``from_pretrained`` loads."""
-        import torch.distributed as dist
         out = dict(state)
         for name in sorted(n for n in state if n in self.names):
-            shard = state[name].detach().contiguous()
-            parts = [torch.empty_like(shard) for _ in range(self.ep_size)]
-            dist.all_gather(parts, shard, group=group)
-            out[name] = torch.cat(parts, dim=0)
+            out[name] = _gathered(state[name], self.ep_size, group)
         return out
+
+    def fused_optimizer(self, state: dict, names: list[str], group) -> dict:
+        """An optimizer ``state_dict`` (``state``, its per-parameter entries indexed as ``names``) with each AdamW
+        moment of an expert shard (a tensor of the shard's shape) all-gathered over the EP ``group`` into the
+        fused ``(E, ...)`` moment, so that a checkpoint's training state holds every expert's moments whatever
+        ``ep_size`` wrote it (:meth:`slice_optimizer` cuts them for the run that reads it). A collective, as
+        :meth:`fused`."""
+        shapes = {name: tuple(p.shape) for name, p in zip(self.names, self.params)}
+        out = {**state, "state": dict(state["state"])}
+        for index, name in enumerate(names):
+            if name not in shapes or index not in state["state"]:
+                continue
+            out["state"][index] = {k: _gathered(v, self.ep_size, group)
+                                   if torch.is_tensor(v) and tuple(v.shape) == shapes[name] else v
+                                   for k, v in state["state"][index].items()}
+        return out
+
+    def slice_optimizer(self, optimizer) -> None:
+        """Cut every fused ``(E, ...)`` AdamW moment of ``optimizer``'s expert shards (as a checkpoint holds them:
+        :meth:`fused_optimizer`, or a run without EP) to this rank's rows, in place; a moment of the shard's own
+        shape (a fresh state) is left alone."""
+        for (rows, fused), param in zip(self.names.values(), self.params):
+            state = optimizer.state.get(param, {})
+            for key, value in list(state.items()):
+                if torch.is_tensor(value) and tuple(value.shape) == fused and tuple(param.shape) != fused:
+                    state[key] = value[rows].clone()
+
+
+def _gathered(tensor: torch.Tensor, ep_size: int, group) -> torch.Tensor:
+    """The rows of ``tensor`` of every rank of the EP ``group``, concatenated in EP rank order (all_gather)."""
+    import torch.distributed as dist
+    shard = tensor.detach().contiguous()
+    parts = [torch.empty_like(shard) for _ in range(ep_size)]
+    dist.all_gather(parts, shard, group=group)
+    return torch.cat(parts, dim=0)
 
 
 def shard_experts(carved: SplitModel, config, rank: int, pp_size: int, ep_mesh, tp_mesh) -> ExpertShards:
@@ -175,10 +209,12 @@ def shard_experts(carved: SplitModel, config, rank: int, pp_size: int, ep_mesh, 
             ``E / ep_size``.
     """
     from transformers.distributed.expert_parallel import EPImplementationInterface
+
+    from ..runtime.watchdog import watched
     ep_size, ep_rank = ep_mesh.size(), ep_mesh.get_local_rank()
     check_expert_parallel(config, ep_size)
     total, rows = num_experts(config), expert_rows(config, ep_rank, ep_size)
-    shards = ExpertShards(ep_rank, ep_size)
+    shards = ExpertShards(ep_rank, ep_size, group=watched(ep_mesh))
     for fqn, tensors in expert_tensors(carved.model, config, stage_prefixes(carved, rank, pp_size)).items():
         module = carved.model.get_submodule(fqn)
         for key in tensors:
@@ -192,7 +228,7 @@ def shard_experts(carved: SplitModel, config, rank: int, pp_size: int, ep_mesh, 
             shards.params.append(param)
         module.num_experts = total // ep_size
         module._is_expert_parallel = True  # transformers' batched and grouped kernels then mask off-rank ids
-        dispatch = EPImplementationInterface()["all_to_all"](module, ep_mesh, tp_mesh)
+        dispatch = EPImplementationInterface()["all_to_all"](module, shards.group, tp_mesh)
         module.forward = _dispatching(dispatch)
     return shards
 

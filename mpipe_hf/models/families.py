@@ -52,7 +52,7 @@ def _qwen_tokens(model: nn.Module):
 
 
 def _qwen_video_tokens(model: nn.Module):
-    """Qwen2-VL, Qwen2.5-VL videos: the patches of ``video_grid_thw`` over ``spatial_merge_size ** 2``."""
+    """Qwen-VL videos: the patches of ``video_grid_thw`` over ``spatial_merge_size ** 2``."""
     merge = model.config.vision_config.spatial_merge_size
     return lambda raw: int(raw["video_grid_thw"].prod(-1).sum()) // merge ** 2
 
@@ -143,12 +143,18 @@ QWEN_VIDEO = dict(QWEN_VL, video_inputs=("pixel_values_videos", "video_grid_thw"
                   validate=validate_counted_micro(_qwen_tokens, _qwen_video_tokens))
 DEEPSTACK = dict(QWEN_VL, stage0_inputs=("position_ids", "visual_pos_index"), host=deepstack_host_inputs,
                  deepstack=True)
+# Qwen3-VL(-MoE): videos as Qwen2's, their DeepStack features joined to the images' in the tokens' order
+# (.deepstack.deepstack_order, a host key P's vision part reads); Qwen3.5(-MoE): no DeepStack. Their processors
+# write per-frame timestamps, and get_rope_index splits each video into one grid per temporal patch
+DEEPSTACK_VIDEO = dict(DEEPSTACK, video_inputs=QWEN_VIDEO["video_inputs"],
+                       video_meta=VIDEO_META_KEYS + ("deepstack_order",), validate=QWEN_VIDEO["validate"])
 TOWER = ("model.vision_tower", "model.multi_modal_projector")
 DECODER_ONLY = Family(text="model")
 
 FAMILIES: dict[str, Family] = {
-    "qwen2_vl": Family(**QWEN_VIDEO), "qwen2_5_vl": Family(**QWEN_VIDEO), "qwen3_vl": Family(**DEEPSTACK),
-    "qwen3_vl_moe": Family(**DEEPSTACK), "qwen3_5": Family(**QWEN_VL), "qwen3_5_moe": Family(**QWEN_VL),
+    "qwen2_vl": Family(**QWEN_VIDEO), "qwen2_5_vl": Family(**QWEN_VIDEO), "qwen3_vl": Family(**DEEPSTACK_VIDEO),
+    "qwen3_vl_moe": Family(**DEEPSTACK_VIDEO), "qwen3_5": Family(**QWEN_VIDEO),
+    "qwen3_5_moe": Family(**QWEN_VIDEO),
     "glm4v": Family(**QWEN_VL), "glm4v_moe": Family(**QWEN_VL),
     "llava": Family(vision=TOWER, validate=validate_counted_micro(_llava_tokens)),
     "llava_next": Family(vision=TOWER + ("model.image_newline",), image_inputs=("pixel_values", "image_sizes")),

@@ -121,7 +121,9 @@ class ImageFeatures(nn.Module):
     """``P``'s vision part: the raw vision keys -> ``{"image_features": (n_image_tokens, H)}`` through the model's
     own ``get_image_features`` (with DeepStack, also ``"deepstack_features"`` ``(K, n, H)``) and, for a micro with
     videos, ``"video_features"`` ``(n_video_tokens, H)`` through its ``get_video_features``: a second tower call,
-    as the model's ``forward`` makes it. A micro without ``pixel_values`` gives ``image_features`` ``(0, H)``.
+    as the model's ``forward`` makes it (with DeepStack, the videos' DeepStack features joined to the images' in the
+    tokens' order, by the host's ``deepstack_order``). A micro without ``pixel_values`` gives ``image_features``
+    ``(0, H)``.
     Floating-point inputs (``pixel_values``, ``pixel_values_videos``, and any other view's pixels such as
     DeepSeek-OCR-2's ``pixel_values_local``) are cast to the parameters' dtype, as the processor writes fp32.
 
@@ -176,6 +178,10 @@ class ImageFeatures(nn.Module):
             out = self._call(self._video_features, self.video_inputs, self.video_config_kwargs, self.video_extra,
                              inputs)
             feats["video_features"] = flat_features(out.pooler_output)
+            if self.deepstack:  # image and video DeepStack features in the tokens' order (.deepstack)
+                video = torch.stack([flat_features(f) for f in out.deepstack_features])
+                joint = torch.cat([feats["deepstack_features"], video.to(feats["deepstack_features"].dtype)], 1)
+                feats["deepstack_features"] = joint[:, inputs["deepstack_order"]]
         return feats
 
 

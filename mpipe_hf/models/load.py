@@ -217,8 +217,11 @@ def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: 
     """
     report = LoadReport()
     files = checkpoint_files(path)
-    source = disk_names(carved.model, list(files), _holder(carved.model.config))
     state = carved.state_dict(cfg, rank)
+    if all(n in files for n in state):  # a checkpoint of this project: the model's own names and layouts, written
+        source = {n: n for n in state}  # by save_checkpoint (a family whose conversion fuses experts included)
+    else:
+        source = disk_names(carved.model, list(files), _holder(carved.model.config))
     missing = [n for n in state if n not in source]
     if missing:
         raise ValueError(f"checkpoint {path!r} lacks tensors rank {rank} holds: {missing[:5]}"

@@ -98,8 +98,9 @@ def packed_host(host: Callable[[Tensors], Tensors] | None, positions: str,
     """``host(raw) -> more raw inputs`` for ``DATA_LOAD`` (module docstring): the family's ``host`` as it is for
     an unpacked micro; for a packed one, also the 1-D families' per-row ``position_ids`` (``positions``:
     ``"arange"`` or ``"arange1"``; a ``"host"`` family's own host computes them, :func:`mrope_positions`),
-    ``packed_lengths`` read back from them (:func:`lengths_from`) and, with ``image_token_id``,
-    ``packed_image_tokens`` ``(rows,)``: each row's image tokens (what DeepStack's per-row cut reads). ``raw`` is
+    ``packed_lengths`` read back from them (:func:`lengths_from`) and, with ``image_token_id`` (an id or a tuple
+    of ids), ``packed_image_tokens`` ``(rows,)``: each row's tokens of those ids (what DeepStack's per-row cut
+    reads: its image and video tokens). ``raw`` is
     on the host."""
     def run(raw: Tensors) -> Tensors:
         out = dict(host(raw)) if host is not None else {}
@@ -108,8 +109,8 @@ def packed_host(host: Callable[[Tensors], Tensors] | None, positions: str,
         if positions != "host":
             out["position_ids"] = row_positions(raw["packed_lengths"].tolist(), 1 if positions == "arange1" else 0)
         out["packed_lengths"] = lengths = lengths_from(out["position_ids"])
-        if image_token_id is not None:
-            rows = (raw["input_ids"][0] == image_token_id).split(lengths.tolist())
+        if image_token_id is not None:  # an id, or ids (DeepStack's image and video tokens)
+            rows = torch.isin(raw["input_ids"][0], torch.tensor(image_token_id)).split(lengths.tolist())
             out["packed_image_tokens"] = torch.stack([r.sum() for r in rows])
         return out
     return run

@@ -106,19 +106,22 @@ class DataParallel:
             (:class:`~mpipe_hf.models.expert_parallel.ExpertShards`' ``params``,
             :func:`~.mesh.expert_mesh`'s ``["edp"]``). The shards differ between the EP ranks of ``dp``, and
             the all-to-all's backward already summed their gradients over the EP group: FSDP2 leaves them alone
-            and they are summed over ``edp`` (the replicas holding the same experts), not ``dp``.
+            and they are summed over ``edp`` (the replicas holding the same experts), not ``dp``. A third item,
+            the EP group (a :class:`~.watchdog.WatchedGroup`), lets :meth:`expert_sum` sum over it (the experts'
+            squared gradient norms), and :meth:`start_step` renews it after a failed step broke it.
 
     Raises:
         ValueError: an unknown engine.
     """
 
     def __init__(self, mesh: DeviceMesh, engine: str = "shard", bf16: bool = False,
-                 experts: tuple[list[nn.Parameter], DeviceMesh] | None = None):
+                 experts: tuple | None = None):
         if engine not in ENGINES:
             raise ValueError(f"parallel.dp_shard: the data-parallel engine must be one of {ENGINES}, got {engine!r}")
         self.mesh, self.engine, self.bf16 = mesh, engine, bf16
         self.experts = {id(p) for p in experts[0]} if experts is not None else set()
         self.expert_group = experts[1].get_group() if experts is not None and experts[1].size() > 1 else None
+        self.ep_group = experts[2] if experts is not None and len(experts) > 2 else None
         self.group, self.size = mesh.get_group(), mesh.size()
         self.rank = mesh.get_local_rank()
         # which parameters any replica gave a gradient is a host fact: voted on a gloo group, read on the host
@@ -149,7 +152,10 @@ class DataParallel:
             self.chunks[stage] = module
 
     def start_step(self) -> None:
-        """Before a step: the chunks keep their gradients unsharded and their weights gathered."""
+        """Before a step: the chunks keep their gradients unsharded and their weights gathered; an EP group that
+        a failed step broke is made anew (every rank of every replica calls this at the same point)."""
+        if self.ep_group is not None:
+            self.ep_group.renew()
         for module in self.chunks.values():
             module.set_requires_gradient_sync(False)
             module.set_reshard_after_backward(False)
@@ -188,6 +194,13 @@ class DataParallel:
             for p in group:
                 p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
+
+    def expert_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` summed over the EP group (in place; unchanged without one): a sum over every expert of a
+        stage's MoE layers, each shard counted once (the ``edp`` replicas of a shard are not summed)."""
+        if self.ep_group is not None:
+            dist.all_reduce(values, group=self.ep_group.get_group())
+        return values
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` summed over the replicas (in place), e.g. the step's loss sum and label tokens."""

@@ -18,6 +18,13 @@ to fresh groups.
 A peer's connection that closes is therefore either a peer that broke its groups, which it does only after its
 error is in the store (or, for a timeout, after it marked one as coming: ``KEY/pending``), or a peer whose process
 is gone; :meth:`Watchdog.failure` tells the two apart.
+
+Expert parallelism (issue 40) adds collectives that no wait of the watchdog posts: the all-to-alls of the MoE
+layers, inside a stage's forward and backward, on the EP group (a :class:`WatchedGroup`). While a step runs, the
+monitor also looks at the key when the caller is not blocked, and on a peer's error breaks every watched group, so
+an EP peer waiting in an all-to-all for a rank that failed gets gloo's error at once (the executor then raises the
+first error) instead of waiting for the group's timeout; :meth:`Watchdog.break_groups` breaks them too, on every
+rank of a failed step, and each is made anew before the next step (:meth:`WatchedGroup.renew`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,71 @@ BACKSTOP_S = 5.0        # gloo's own bound on a blocked wait, past the watchdog'
 _MAX_PAUSE_S = 1e-3     # longest sleep between two polls of a work, seconds
 _BREAK_TAG = 987_654_321  # the tag of the receive that breaks a group: no message ever carries it
 _TYPES = {"ValueError": ValueError, "TimeoutError": TimeoutError}
+
+
+class WatchedGroup:
+    """A process group that collectives inside a stage's compute use (the EP group's all-to-alls), which the
+    watchdogs break when a step fails; it looks like the 1-D ``DeviceMesh`` it was made from (``get_group``,
+    ``size``, ``get_local_rank``), which is how transformers' ``AllToAllEP`` reads it, and hands out the current
+    group. Registered in :data:`WATCHED` while the run lives (:func:`watched` makes one).
+
+    Args:
+        mesh: a 1-D ``DeviceMesh`` (``expert_mesh(...)["ep"]``).
+        timeout: the group's timeout, for the groups made anew.
+    """
+
+    def __init__(self, mesh, timeout: timedelta | None = None):
+        self.mesh, self.timeout = mesh, timeout
+        self.group, self.broken = mesh.get_group(), False
+        self.ranks = dist.get_process_group_ranks(self.group)
+        WATCHED.append(self)
+
+    def get_group(self, *_):
+        return self.group
+
+    def size(self, *_) -> int:
+        return self.mesh.size()
+
+    def get_local_rank(self, *_) -> int:
+        return self.mesh.get_local_rank()
+
+    def breaks(self) -> None:
+        """Fail what is pending on the group and close it (once); :meth:`renew` replaces it."""
+        if not self.broken:
+            self.broken = True
+            break_group(self.group)
+
+    def renew(self) -> None:
+        """A fresh group over the same ranks after a break (every rank of the world calls this at the same point,
+        as :func:`~.groups.fresh_groups` makes the pipeline's, so that the groups' names agree)."""
+        if self.broken:
+            self.group = dist.new_group(self.ranks, timeout=self.timeout, use_local_synchronization=True)
+            self.broken = False
+
+
+WATCHED: list[WatchedGroup] = []  # this process's watched groups (one per EP group)
+
+
+def watched(mesh, timeout: timedelta | None = None) -> WatchedGroup:
+    """The :class:`WatchedGroup` of the 1-D ``mesh`` (made on first use; the same object for the same group)."""
+    group = mesh.get_group()
+    for holder in WATCHED:
+        if holder.mesh.get_group() is group:
+            return holder
+    return WatchedGroup(mesh, timeout)
+
+
+def break_group(group) -> None:
+    """Fail every operation pending on gloo ``group`` and close its connections: a receive nobody sends, waited on
+    for a millisecond (a group already broken raises at once). Nothing on other backends."""
+    if dist.get_backend(group) != "gloo" or group.size() < 2:
+        return
+    peer = (group.rank() + 1) % group.size()
+    try:
+        dist.irecv(torch.empty(1, dtype=torch.uint8), group=group, group_src=peer,
+                   tag=_BREAK_TAG).wait(timedelta(milliseconds=1))
+    except RuntimeError:
+        pass
 
 
 class PeerFailed(RuntimeError):
@@ -146,7 +218,10 @@ class Watchdog:
         """The monitor thread: while the caller is blocked, look at the key and the deadline."""
         while not self._closed.wait(CHECK_S):
             blocked = self._blocked
-            if blocked is None or self._reason is not None:
+            if self._reason is not None:
+                continue
+            if blocked is None:
+                self._watch_collectives()
                 continue
             what, deadline = blocked
             try:
@@ -160,6 +235,17 @@ class Watchdog:
             except RuntimeError:  # the store is gone (the job is ending): nothing to watch
                 return
             self.break_groups()
+
+    def _watch_collectives(self) -> None:
+        """The caller is not blocked in a wait of ours: it may be in a watched group's collective. A peer's error
+        breaks the watched groups (the caller's collective fails; the executor raises the first error)."""
+        watched = [g for g in WATCHED if not g.broken]
+        try:
+            if watched and self.store.check([self.key]):
+                for group in watched:
+                    group.breaks()
+        except RuntimeError:  # the store is gone (the job is ending)
+            pass
 
     def _expired(self, what) -> TimeoutError:
         return TimeoutError(f"{what} did not complete within {self.timeout.total_seconds():.0f}s")
@@ -187,16 +273,11 @@ class Watchdog:
         """Fail every operation pending on this rank's :attr:`groups` and close their connections (gloo: a
         receive nobody sends, waited on for a millisecond; a group already broken raises at once). Called on
         every rank when a step fails; the groups are not used again. Nothing to do on NCCL, whose groups the
-        executor aborts."""
+        executor aborts. The :data:`WATCHED` groups (expert parallelism's) are broken too."""
         for group in self.groups:
-            if dist.get_backend(group) != "gloo" or group.size() < 2:
-                continue
-            peer = (group.rank() + 1) % group.size()
-            try:
-                dist.irecv(torch.empty(1, dtype=torch.uint8), group=group, group_src=peer,
-                           tag=_BREAK_TAG).wait(timedelta(milliseconds=1))
-            except RuntimeError:
-                pass
+            break_group(group)
+        for group in WATCHED:
+            group.breaks()
 
     def close(self) -> None:
         """End the monitor thread; the watchdog is not used afterwards."""

@@ -91,9 +91,6 @@ def check(recipe: Recipe) -> list[int]:
         check_adapter(config, cfg, recipe.lora.peft_config(), counts, recipe.parallel.text_layers, recipe.lora.merge)
     check_expert_parallel(config, recipe.parallel.ep_size, cfg.zero_bubble,  # issue 40
                           recipe.lora.peft_config() if recipe.lora is not None else None, recipe.data.packing)
-    if recipe.parallel.ep_size > 1:  # the runtime's pieces run (tests/test_ep.py); PipelineRun does not use them yet
-        raise ValueError(f"parallel.ep_size = {recipe.parallel.ep_size}: mpipe-hf train does not run expert "
-                         f"parallelism yet (docs/models.md, 'Expert parallelism'); set parallel.ep_size: 1")
     check_trainable(config, cfg, recipe.train.trainable_spec(),
                     recipe.lora.peft_config() if recipe.lora is not None else None, recipe.parallel.text_layers)
     processes = cfg.pp_size * recipe.parallel.dp_size

@@ -70,20 +70,26 @@ def clip_grad_norm(params: list[nn.Parameter], counted: list[nn.Parameter], max_
     ``counted`` only: every rank of ``group`` calls it with the parameters it counts, so that each tied pair and
     each ``P`` is counted once over the pipeline, while both copies of a tied pair are scaled alike. With data
     parallelism (``data_parallel``), a sharded gradient's squares are summed over the replicas' shards, and a
-    replicated one (already summed over them) counts once: the norm of the global batch's gradient.
+    replicated one (already summed over them) counts once: the norm of the global batch's gradient. With expert
+    parallelism (``data_parallel.experts``), an expert shard's squares are summed over its EP group (each shard
+    once; its ``edp`` replicas hold the same gradient), as Megatron-LM's expert-parallel norm.
 
     The norm is ``sqrt(sum over ranks of the squared norms)`` in fp32, the scale ``max_norm / (norm + 1e-6)``
     capped at 1, as ``torch.nn.utils.clip_grad_norm_``.
     """
     from ..runtime.data_parallel import is_sharded, local
 
-    def squares(sharded: bool) -> torch.Tensor:
+    experts = data_parallel.experts if data_parallel is not None else set()
+
+    def squares(sharded: bool, expert: bool = False) -> torch.Tensor:
         parts = [local(p.grad).detach().float().norm() ** 2 for p in counted
-                 if p.grad is not None and is_sharded(p.grad) == sharded]
+                 if p.grad is not None and is_sharded(p.grad) == sharded and (id(p) in experts) == expert]
         return (torch.stack(parts).sum() if parts else torch.zeros(())).to(device=device, dtype=torch.float32)
     total = squares(False)
     if data_parallel is not None and data_parallel.chunks:  # the same chunks on every replica of this stage
         total = total + data_parallel.sum(squares(True))
+    if data_parallel is not None and data_parallel.ep_group is not None:  # the same experts modules in the group
+        total = total + data_parallel.expert_sum(squares(False, expert=True))
     dist.all_reduce(total, group=group)
     norm = total.sqrt()
     if max_norm > 0:

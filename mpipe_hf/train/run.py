@@ -33,6 +33,7 @@ from ..models.freeze import Trainable, apply_trainable
 from ..models.load import load_adapter_values, load_share_values
 from ..runtime import PipelineExecutor, StepStats, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
+from ..runtime.mesh import expert_mesh
 from ..schedule.mesh_order import ORDERS, position
 from ..schedule.owners import step_owners
 from .checkpoint import save_adapter, save_checkpoint
@@ -89,6 +90,7 @@ class PipelineRun:
         self.device = self.mesh = self.group = self.every = None
         self.carved = self.source = self.counts = None
         self.data_parallel = self.executor = None
+        self.experts = None  # expert parallelism (ep_size > 1): this rank's shards and their EP group
         self.params, self.counted, self.skips = {}, [], Skips()
         self._owner_costs = None  # (plan, row costs, headroom) of load-aware owners
 
@@ -174,7 +176,8 @@ class PipelineRun:
         """
         par, carved = self.parallel, self.carved
         if par.dp_size > 1:  # FSDP2 per stage chunk, before the optimizer sees the (then DTensor) parameters
-            self.data_parallel = DataParallel(self.mesh["dp"], "shard" if par.dp_shard else "replicate", bf16=bf16)
+            self.data_parallel = DataParallel(self.mesh["dp"], "shard" if par.dp_shard else "replicate", bf16=bf16,
+                                              experts=self.shard_experts())
             self.data_parallel.wrap(carved.stages)
         self.params = carved.trainable_parameters(self.cfg, self.rank)  # none where a frozen P is all it holds
         tied = carved.tied_parameters(self.cfg, self.rank)
@@ -188,6 +191,19 @@ class PipelineRun:
                                          loss_normalization=loss_normalization, data_parallel=self.data_parallel,
                                          swap=swap)
         return self.executor
+
+    def shard_experts(self):
+        """With ``parallel.ep_size > 1``: keep this rank's experts of its stages' MoE layers, dispatched by
+        all-to-all over its EP group (:func:`~mpipe_hf.models.expert_parallel.shard_experts` on
+        :func:`~mpipe_hf.runtime.mesh.expert_mesh`), and return ``(shards, edp mesh, EP group)`` for
+        :class:`~mpipe_hf.runtime.data_parallel.DataParallel`; ``None`` without EP. Every rank calls it."""
+        if self.parallel.ep_size == 1:
+            return None
+        from ..models.expert_parallel import shard_experts
+        emesh = expert_mesh(self.mesh, self.parallel.ep_size)
+        self.experts = shard_experts(self.carved, self.carved.model.config, self.rank, self.cfg.pp_size,
+                                     emesh["ep"], emesh["batch"])
+        return self.experts.params, emesh["edp"], self.experts.group
 
     def placement_costs(self):
         """The simulator costs of ``parallel.profile`` for this layout (placement ``fill`` places by them), or
@@ -301,6 +317,8 @@ class PipelineRun:
         if adapter_only:  # the frozen base is not saved again (nor gathered from its FSDP2 shards)
             state = {n: t for n, t in state.items() if is_adapter_tensor(n)}
         state, rank_files = gather_full(state), gather_full(rank_files or {})
+        if self.experts is not None:  # the fused (E, ...) tensors, as from_pretrained loads them
+            state = self.experts.fused(state, self.experts.group.get_group())
         failure = None
         if self.dp_rank == 0:
             try:
@@ -326,7 +344,11 @@ class PipelineRun:
     def rank_files(self, done: int, optimizer, scheduler) -> dict:
         """``{rank<r>_state.pt: this rank's training state after ``done`` steps}`` (:func:`~.state.rank_state`:
         the optimizer, the LR schedule, the RNG states, the skips and the step)."""
-        return {rank_state_name(self.rank): rank_state(done, optimizer, scheduler, self.skips, self.params)}
+        state = rank_state(done, optimizer, scheduler, self.skips, self.params)
+        if self.experts is not None and state["optimizer"] is not None:  # the experts' moments fused, as the weights
+            state["optimizer"] = self.experts.fused_optimizer(state["optimizer"], state["param_names"],
+                                                              self.experts.group.get_group())
+        return {rank_state_name(self.rank): state}
 
     def save(self, path: str, done: int, optimizer, scheduler, extras: Callable[[str], None] | None) -> None:
         """A resumable checkpoint at ``path`` after ``done`` steps, whole or not at all: the weights (as
@@ -344,8 +366,11 @@ class PipelineRun:
         """Restore this rank's optimizer, LR schedule, RNG states and skips from ``path``
         (:func:`~.state.load_rank_state`, onto this run's device); return the steps done. A failure on any rank
         is raised on every rank."""
-        return together(lambda: load_rank_state(path, self.rank, optimizer, scheduler, self.skips, self.params,
+        done = together(lambda: load_rank_state(path, self.rank, optimizer, scheduler, self.skips, self.params,
                                                 reset_optimizer), "resume", *self.every)
+        if self.experts is not None and optimizer is not None:  # a checkpoint holds the fused moments: any ep_size
+            self.experts.slice_optimizer(optimizer)
+        return done
 
 
 def gather_full(tree):

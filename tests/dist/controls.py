@@ -7,7 +7,7 @@ from unittest import mock
 
 import torch
 
-from mpipe_hf.models import decoder, family, host_metadata, moe, packed
+from mpipe_hf.models import decoder, deepstack, family, host_metadata, moe, packed
 
 _flat_features = family.flat_features
 
@@ -20,7 +20,8 @@ def negative_controls(case):
     the tower's graph (:func:`detached_features`; the others are :func:`tamper_grads`); ``case["stage_sums"]``, the
     MoE load-balancing term from each stage's own routers (the sums not relayed). Issue 39's:
     ``case["no_video_time"]``, the host's ``get_rope_index`` call without Qwen2.5-VL's ``second_per_grid_ts`` (the
-    videos' temporal positions spaced as at one second a temporal patch)."""
+    videos' temporal positions spaced as at one second a temporal patch); ``case["deepstack_apart"]``, Qwen3-VL's
+    video DeepStack features put after the images' instead of in the tokens' order."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -39,6 +40,8 @@ def negative_controls(case):
         grids = ("image_grid_thw", "video_grid_thw")
         stack.enter_context(mock.patch.object(host_metadata, "GRID_KEYS", grids))
         stack.enter_context(mock.patch.object(packed, "GRID_KEYS", grids))
+    if case.get("deepstack_apart"):
+        stack.enter_context(mock.patch.object(deepstack, "deepstack_order", lambda ids, _: torch.arange(len(ids))))
     if case.get("no_linear_reset"):
         stack.enter_context(mock.patch.object(decoder.DecoderStage, "run_layers", leaky_run_layers))
     return stack

@@ -144,13 +144,62 @@ def run_case(case, fixture, mesh, emesh, device, out_dir):
             "fused": fused, "ep_rank": shards.ep_rank, "exchanges": EXCHANGED[0], "rows_from_peer": EXCHANGED[1]}
 
 
+def failing(case, fixture, mesh, emesh, device, out_dir):
+    """Step 0 fails on one rank mid-forward (replica 0's last stage rank raises in its second call of its first
+    experts module) while its EP peer waits in that layer's all-to-all: every rank raises the first error within
+    seconds (the watchdog breaks the EP group; the pipeline's timeout is 60 s), and step 1 runs on a renewed EP
+    group, its loss the unsplit model's over its batch."""
+    import time
+    rank, replica = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+    cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"])
+    model = build_model(fixture, case["family"])
+    carved = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
+    shards = shard_experts(carved, model.config, rank, PP, emesh["ep"], emesh["batch"])
+    dp = DataParallel(mesh["dp"], "replicate", False, (shards.params, emesh["edp"], shards.group))
+    dp.wrap(carved.stages)
+    params = carved.trainable_parameters(cfg, rank)
+    executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, mesh.get_group("pp"), device,
+                                params.values(), TIMEOUT, carved.tied_parameters(cfg, rank), data_parallel=dp)
+    if replica == 0 and rank == PP - 1:
+        module = carved.model.get_submodule(sorted(shards.names)[0].rpartition(".")[0])
+        calls, forward = [0], module.forward
+
+        def broken(*args):
+            calls[0] += 1
+            if calls[0] == 2:
+                raise ValueError("an injected failure in an experts module")
+            return forward(*args)
+        module.forward = broken
+    pool = fixture["pools"][case["data"]]
+    loads = [lambda m, s=s: global_batch(case, pool, s)[replica * cfg.num_micro + m] for s in range(2)]
+    start, error = time.perf_counter(), None
+    try:
+        executor.step(loads[0])
+    except ValueError as err:
+        error = str(err)
+    failed_s = time.perf_counter() - start
+    for p in params.values():
+        p.grad = None
+    loss = executor.step(loads[1]).loss
+    executor.close()
+    path = os.path.join(out_dir, f"ref-{case['name']}.pt")
+    if dist.get_rank() == 0:
+        torch.save(reference_run(build_model(fixture, case["family"]), global_batch(case, pool, 1), order="pipeline"),
+                   path)
+    dist.barrier()
+    ref = torch.load(path)
+    dist.barrier()
+    return {"error": error, "failed_s": failed_s, "loss": loss, "ref_loss": float(ref)}
+
+
 def main():
     fixture_path, out_dir, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     device = init_distributed()
     fixture = torch.load(fixture_path, weights_only=False)
     mesh = build_mesh(PP, DP)
     emesh = expert_mesh(mesh, EP)
-    run_cases(cases, lambda case: run_case(case, fixture, mesh, emesh, device, out_dir), out_dir, dist.get_rank())
+    run_cases(cases, lambda case: (failing if case.get("fail") else run_case)(case, fixture, mesh, emesh, device,
+                                                                              out_dir), out_dir, dist.get_rank())
     dist.destroy_process_group()
 
 

@@ -1,5 +1,6 @@
 """Issue 39's video cases: micro-batches of rows mixing images and videos (``common.make_video_pool``: real clips
-made from the scikit-image photos, encoded with PyAV) through Qwen2.5-VL (``vl``) and Qwen2-VL, against the
+made from the scikit-image photos, encoded with PyAV) through Qwen2.5-VL (``vl``), Qwen2-VL, Qwen3-VL and Qwen3.5
+(per-frame timestamps; Qwen3-VL's DeepStack features of videos and images joined), against the
 unsplit model on one process: frozen, trainable (``T`` 0 and 1) and identity towers, the ViT frozen with the merger
 trained (``freeze_vit``), padded and packed. ``R = 2``, ``V = 2``, ``M = 3``, 2 AdamW steps, every gradient
 checked per tensor at the first and the last step (``matrix.check_case``)."""
@@ -7,17 +8,22 @@ checked per tensor at the first and the last step (``matrix.check_case``)."""
 from matrix import family_cases
 
 VIT = {"freeze_vit": True}
-VIDEO_CONFIGS = ("vl", "qwen2_vl")  # the configs whose video pools the fixture builds (video-<config>)
+VIDEO_CONFIGS = ("vl", "qwen2_vl", "qwen3_vl", "qwen3_5")  # the configs whose video pools the fixture builds
 # (config, preprocess, T, Trainable keywords, case options)
 VIDEO_SPECS = [
     ("vl", "frozen", 0, {}, {}), ("vl", "trainable", 1, {}, {}), ("vl", "trainable", 0, VIT, {}),
     ("vl", "identity", 0, {}, {}), ("vl", "frozen", 0, {}, {"packed": True}),
     ("vl", "trainable", 0, {}, {"packed": True}), ("qwen2_vl", "trainable", 0, {}, {}),
     ("qwen2_vl", "frozen", 1, {}, {"packed": True}),
+    # Qwen3-VL (DeepStack: the videos' features joined to the images'; per-frame timestamps) and Qwen3.5
+    ("qwen3_vl", "trainable", 0, {}, {}), ("qwen3_vl", "frozen", 1, {}, {"packed": True}),
+    ("qwen3_vl", "trainable", 0, VIT, {"packed": True}), ("qwen3_5", "frozen", 0, {}, {}),
 ]
 # the negative control: the host drops Qwen2.5-VL's second_per_grid_ts (controls.py), so the videos' temporal
 # M-RoPE positions are spaced as at one second a temporal patch; the check must fail
 VIDEO_CONTROLS = [("vl", "frozen", 0, {}, {"no_video_time": True})]
+# the second: Qwen3-VL's video DeepStack features after the images' (not in the tokens' order); must fail too
+VIDEO_CONTROLS += [("qwen3_vl", "frozen", 0, {}, {"deepstack_apart": True})]
 
 
 def video_cases(specs=None) -> list[dict]:
