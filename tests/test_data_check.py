@@ -73,7 +73,7 @@ def test_check_data_runs_the_load_time_image_token_check_on_both_splits(demo, tm
         assert report.keep == [i for i in range(n) if i not in with_images]
         assert sum(report.counts.values()) == n
     text = format_report([train, evaluation], recipe.data.row_length)
-    assert f"{len(train.bad)} of the bad failed only as loaded" in text
+    assert f"{len(train.bad)} of the bad rows passed the row check and failed only when collated" in text
     headers = check_data(recipe, decode=False, num_proc=1)  # --headers-only: not loaded, and it says so
     assert all(r.load_bad is None and not r.bad for r in headers)
     assert "not loaded as training loads them (--headers-only)" in format_report(headers, 2048)

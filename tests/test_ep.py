@@ -1,6 +1,8 @@
 """Expert parallelism under the pipeline (issue 40): ``pp = 2`` x ``ep = 2`` on 4 gloo processes
 (``tests/dist/ep_worker.py``, one torchrun for every case) against the unsplit model on one process, for a tiny
-Qwen3-VL-MoE, a tiny Qwen3.5-MoE (shared expert) and a tiny GLM-4.5V (a dense first layer, a shared expert); and the checks made before any collective."""
+Qwen3-VL-MoE, a tiny Qwen3.5-MoE (shared expert) and a tiny GLM-4.5V (a dense first layer, a shared expert), a
+failed step while an EP peer waits in the all-to-all, and the checks made before any collective; then
+``mpipe-hf train`` on recipes/qwen3_vl_moe_ep.yaml against one process, its checkpoint, and its resume."""
 
 from __future__ import annotations
 

@@ -82,6 +82,7 @@ def test_a_tied_pair_is_frozen_together_on_every_rank(configs):
 @pytest.mark.parametrize("spec, preprocess, match", [
     (Trainable(freeze=["model.no_such_module"]), "trainable", "train.freeze: 'model.no_such_module' matches no"),
     (Trainable(trainable=["model.visual.merger"]), "frozen", "set parallel.preprocess: trainable"),
+    (Trainable(freeze_vit=True), "frozen", "freeze_vit trains the projector .* set parallel.preprocess: trainable"),
     (Trainable(freeze_vit=True, freeze_aligner=True), "trainable", "set parallel.preprocess: frozen"),
     (Trainable(freeze_vit=True, freeze_aligner=True, freeze_llm=True), "trainable", "leave no parameter")])
 def test_contradictions_are_refused_before_launch(configs, spec, preprocess, match):

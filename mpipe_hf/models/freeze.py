@@ -174,6 +174,10 @@ def check_trainable(config, cfg, spec: Trainable, adapter=None, text_layers: int
     whole = ScheduleConfig(1, 1, 1, cfg.preprocess)  # every layer on one rank: every name is there
     carved = split(model, whole, 0, None, text_layers)
     apply_trainable(carved.model, get_family(config.model_type), spec, carved.frozen, carved.tied)
+    if spec.freeze_vit and not spec.freeze_aligner and cfg.transposed and cfg.preprocess == "frozen":
+        raise ValueError("train.freeze_vit trains the projector (merger) with the language model, but "
+                         "parallel.preprocess: frozen freezes the whole preprocess, projector included: set "
+                         "parallel.preprocess: trainable")
     trained = carved.trainable_parameters(whole, 0)
     if not trained:
         raise ValueError("train.freeze and the freeze_* shortcuts leave no parameter to train")

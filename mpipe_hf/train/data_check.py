@@ -157,7 +157,8 @@ def format_report(reports: list[SourceReport], max_length: int, caps: RowCaps | 
     for r in reports:
         n = sum(r.counts.values())
         loaded = ("not loaded as training loads them (--headers-only)" if r.load_bad is None
-                  else f"{r.load_bad} of the bad failed only as loaded (the collator, the model's check)")
+                  else f"{r.load_bad} of the bad rows passed the row check and failed only when collated as training collates "
+                     "them (the processor, the model's token-count check)")
         lines.append(f"{r.path} ({r.layout}): {n} rows; {r.counts['bad']} bad, {r.counts['dropped']} dropped for "
                      f"max_length={max_length} (or data.max_visual_tokens), {r.counts['cut']} cut at max_length, "
                      f"{len(r.keep)} kept; images per row: {_spread(r.images)}; tokens per row: {_spread(r.tokens)}; "
@@ -180,7 +181,7 @@ def histogram(columns: dict[str, list[int]], bins: int = 8, width: int = 30) -> 
     counts = {name: [sum(lo <= x <= hi for x in values) for lo, hi in edges] for name, values in columns.items()}
     last = list(counts.values())[-1]
     scale = width / max(1, max(last))
-    lines = [f"    {'tokens':>11} " + " ".join(f"{name:>7}" for name in columns)]
+    lines = [f"    {'tokens':>11} " + " ".join(f"{name:>7}" for name in columns) + f"  (rows; bars: {list(columns)[-1]})"]
     for k, (lo, hi) in enumerate(edges):
         label = f"{lo}" if lo == hi else f"{lo}-{hi}"
         lines.append((f"    {label:>11} " + " ".join(f"{counts[n][k]:>7}" for n in columns) + " "

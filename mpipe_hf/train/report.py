@@ -96,7 +96,7 @@ def log_failure(err: BaseException, output_dir: str, rank: int) -> str:
 
 def setup_line(recipe: Recipe, run, config, resume: str | None, start_step: int) -> str:
     """The line rank 0 prints before the first step: the model, the schedule's knobs, the precision, swap, the
-    layout, a LoRA run's trained share of rank 0 and where a resumed run continues from."""
+    layout, the freeze patterns, rank 0's trained share of its parameters and where a resumed run continues from."""
     cfg, par, opt = run.cfg, recipe.parallel, recipe.train
     line = (f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} "
             f"preprocess={cfg.preprocess} placement={cfg.placement} owners={par.owners} "
@@ -104,10 +104,15 @@ def setup_line(recipe: Recipe, run, config, resume: str | None, start_step: int)
             f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
             f"swap={'off' if not recipe.swap.enabled else recipe.swap.ranks or 'every rank'} "
             f"layers per stage={run.counts}")
+    spec = opt.trainable_spec()
+    if spec.freezes():
+        line += "; " + " ".join([k for k in ("freeze_vit", "freeze_aligner", "freeze_llm") if getattr(spec, k)]
+                                + [f"freeze={list(spec.freeze)}"] * bool(spec.freeze)
+                                + [f"trainable={list(spec.trainable)}"] * bool(spec.trainable))
     if recipe.lora is not None:
-        line += (f"; lora r={recipe.lora.r} alpha={recipe.lora.lora_alpha}: rank 0 trains "
-                 f"{sum(p.numel() for p in run.params.values())} of "
-                 f"{sum(p.numel() for p in run.carved.model.parameters())} parameters it holds")
+        line += f"; lora r={recipe.lora.r} alpha={recipe.lora.lora_alpha}"
+    line += (f"; rank 0 trains {sum(p.numel() for p in run.params.values())} of "
+             f"{sum(p.numel() for p in run.carved.model.parameters())} parameters it holds")
     return line + (f"; resumed from {resume} at step {start_step}" if resume is not None else "")
 
 

@@ -293,8 +293,10 @@ class PipelineRun:
         """End the executor's helper threads and destroy the process groups while Python is still whole (a gloo
         group torn down during interpreter finalisation can abort a finished run: "terminate called without an
         active exception")."""
+        from ..runtime.watchdog import release_watched
         if self.executor is not None:
             self.executor.watchdog.close()
+        release_watched()
         if dist.is_initialized():
             dist.destroy_process_group()
 
