@@ -206,6 +206,7 @@ def test_recipe_with_ep_size_2_trains_like_one_process(ep_run):
     assert worst < 1e-4, worst
 
 
+@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="one more 4-process launch: MPIPE_HF_FULL=1")
 def test_resume_with_the_same_ep_size_is_bit_exact(ep_run):
     """From the run's ``checkpoint-1`` (its fused experts and fused AdamW moments, sliced again per EP rank),
     step 2's loss and norm and the final weights are the uninterrupted run's, bit for bit."""
