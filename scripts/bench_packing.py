@@ -346,7 +346,7 @@ def main(argv=None):
 
 
 def run_all(args, work: str) -> None:
-    """Draw the data, run the three arms, simulate the pipelined ones and print the table and the ratios."""
+    """Draw the data, run the three arms, simulate the pipelined ones, print the table and the ratios; the rows."""
     from mpipe_hf.train import load_recipe
     from mpipe_hf.train.sources import load_config
     demo = demo_dir(args.demo, work)
@@ -367,6 +367,7 @@ def run_all(args, work: str) -> None:
     plain_recipe = write_recipe(os.path.join(work, "plain_rows"), demo, data, 8, args.steps, micro_batch_size=batch)
     results = [arms[0][0], arms[1][0], plain_arm(demo, data, work, batch, args, plain_recipe, macs)]
     report(results, kind, args)
+    return results  # scripts/bench_compute.py reads them
 
 
 def report(results: list[dict], kind: str, args) -> None:

@@ -24,16 +24,18 @@ def test_demo_gantt_help_and_default_output(tmp_path):
     assert (tmp_path / "gantt.png").stat().st_size > 0 and os.path.getmtime(tracked) == before
 
 
+@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="about 60 s: the full suite (MPIPE_HF_FULL=1)")
 def test_bench_compute_runs_its_schedules_at_tiny_size(tmp_path):
     """``scripts/bench_compute.py --tiny --skip-packing`` (issue 41): MPipe and torch's schedules over real
     Qwen2.5-VL layers on 2 gloo ranks, at hidden 64 and one step a row; every row runs and the report names the
     best rows and the goal of each tower mode."""
     script = os.path.join(ROOT, "scripts", "bench_compute.py")
     run = subprocess.run([sys.executable, script, "--tiny", "--skip-packing", "--out", str(tmp_path)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         capture_output=True, text=True, cwd=ROOT, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "failed" not in run.stdout, run.stdout[-3000:]
     for mode in ("frozen", "trainable"):
         assert f"### {mode} tower" in run.stdout
-    assert run.stdout.count("best torch ") == 2 and run.stdout.count("goal ") == 2
+    summaries = [line for line in run.stdout.splitlines() if line.startswith("best torch ")]
+    assert len(summaries) == 2 and all("; goal " in line for line in summaries), run.stdout[-3000:]
