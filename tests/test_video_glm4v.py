@@ -9,7 +9,6 @@ is the stock code on one side and ours on the other, compared with ``torch.equal
 sampling and prompt) is compiled the same way from its module's source (the module imports torchvision).
 """
 
-import ast
 import importlib
 import os
 import types
@@ -19,61 +18,31 @@ import pytest
 import torch
 from transformers.video_utils import VideoMetadata
 
-from mpipe_hf.data.video_processor import QwenVideoProcessor, resize_frames
 from mpipe_hf.data.video_processor_glm4v import (Glm4vVideoProcessorNoTV, Glm46vVideoProcessorNoTV,
                                                  glm_video_processor_from_image)
+from stock_video_code import pan, stock_class
 
 stock_module = importlib.import_module("transformers.models.glm4v.video_processing_glm4v")
 stock_processor = importlib.import_module("transformers.models.glm4v.processing_glm4v")
 glm46v_processor = importlib.import_module("transformers.models.glm46v.processing_glm46v")
 
 
-class _TorchvisionSteps(QwenVideoProcessor):
-    """The base the stock class's code runs on: torchvision's resize and the fused normalisation as ours."""
-
-    def resize(self, image, size, resample, **kwargs):
-        return resize_frames(image, size.height, size.width, resample)
-
-    def rescale_and_normalize(self, videos, do_rescale, rescale_factor, do_normalize, image_mean, image_std):
-        return self._normalize(videos, do_rescale, rescale_factor, do_normalize, image_mean, image_std)
-
-
-def _class_node(path, name):
-    return next(n for n in ast.walk(ast.parse(open(path).read())) if isinstance(n, ast.ClassDef) and n.name == name)
-
-
-def _stock_class(path: str, name: str) -> type:
-    """The class ``name`` as the installed transformers writes it in ``path``, compiled over
-    :class:`_TorchvisionSteps` with GLM-4.1V's module's names (GLM-4.6V's module imports torchvision; it uses the
-    same names, its kwargs class GLM-4.1V's under another name)."""
-    node = _class_node(path, name)
-    node.decorator_list = []
-    space = dict(vars(stock_module), BaseVideoProcessor=_TorchvisionSteps,  # its module's names, our base
-                 Glm46VVideoProcessorInitKwargs=stock_module.Glm4vVideoProcessorInitKwargs)
-    exec(compile(ast.Module([node], []), path, "exec"), space)  # noqa: S102 - transformers' own code
-    return space[name]
-
-
 GLM46V_PATH = os.path.join(os.path.dirname(os.path.dirname(stock_module.__file__)), "glm46v",
                            "video_processing_glm46v.py")
-STOCK = _stock_class(stock_module.__file__, "Glm4vVideoProcessor")
-STOCK46 = _stock_class(GLM46V_PATH, "Glm46VVideoProcessor")
+# GLM-4.6V's module imports torchvision: its class is compiled with GLM-4.1V's module's names (the same names, its
+# kwargs class GLM-4.1V's under another name)
+NAMES = dict(vars(stock_module), Glm46VVideoProcessorInitKwargs=stock_module.Glm4vVideoProcessorInitKwargs)
+STOCK = stock_class(stock_module.__file__, "Glm4vVideoProcessor", NAMES)
+STOCK46 = stock_class(GLM46V_PATH, "Glm46VVideoProcessor", NAMES)
 PAIRS = {"glm4v": (STOCK, Glm4vVideoProcessorNoTV), "glm46v": (STOCK46, Glm46vVideoProcessorNoTV)}
-
-
-def _pan(frames, height, width, step=5):
-    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
-    out = [np.stack([128 + 127 * np.sin((x + step * t) / 7.0 + y / 11.0), (3 * (x + step * t) + 2 * y) % 256,
-                     128 + 127 * np.cos(y / 5.0)], -1) for t in range(frames)]
-    return np.stack(out).round().clip(0, 255).astype(np.uint8)
 
 
 def _videos(seed):
     rng = np.random.default_rng(seed)
     noise = rng.integers(0, 256, (9, 70, 110, 3), dtype=np.uint8)
     return [(noise, VideoMetadata(total_num_frames=9, fps=3.0, duration=3.0)),
-            (_pan(13, 48, 40), VideoMetadata(total_num_frames=13, fps=25.0, duration=13 / 25)),
-            (_pan(12, 200, 120, 3), VideoMetadata(total_num_frames=12, fps=4.0, duration=None))]
+            (pan(13, 48, 40), VideoMetadata(total_num_frames=13, fps=25.0, duration=13 / 25)),
+            (pan(12, 200, 120, 3), VideoMetadata(total_num_frames=12, fps=4.0, duration=None))]
 
 
 SETTINGS = [

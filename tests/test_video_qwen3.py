@@ -10,7 +10,6 @@ between Qwen3-VL's class and Qwen2-VL's (sampling, the whole-video budget, the c
 code itself on one side and ours on the other, compared with ``torch.equal``.
 """
 
-import ast
 import importlib
 import os
 import sys
@@ -24,52 +23,23 @@ from transformers.video_utils import VideoMetadata
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.data.processor import build_processor
 from mpipe_hf.data.video import video_ref
-from mpipe_hf.data.video_processor import QwenVideoProcessor, resize_frames
 from mpipe_hf.data.video_processor_qwen3 import Qwen3VideoProcessor
 from mpipe_hf.models import tiny
+from stock_video_code import pan, stock_class
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 stock_module = importlib.import_module("transformers.models.qwen3_vl.video_processing_qwen3_vl")
 
 
-class _TorchvisionSteps(QwenVideoProcessor):
-    """The base the stock class's code runs on: torchvision's resize and the fused normalisation as ours."""
-
-    def resize(self, image, size, resample, **kwargs):
-        return resize_frames(image, size.height, size.width, resample)
-
-    def rescale_and_normalize(self, videos, do_rescale, rescale_factor, do_normalize, image_mean, image_std):
-        return self._normalize(videos, do_rescale, rescale_factor, do_normalize, image_mean, image_std)
-
-
-def _stock_class() -> type:
-    """``Qwen3VLVideoProcessor`` as the installed transformers writes it, compiled over :class:`_TorchvisionSteps`."""
-    path = stock_module.__file__
-    text = open(path).read()
-    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef)
-                and n.name == "Qwen3VLVideoProcessor")
-    node.decorator_list = []
-    space = dict(vars(stock_module), BaseVideoProcessor=_TorchvisionSteps)  # its module's names, our base
-    exec(compile(ast.Module([node], []), path, "exec"), space)  # noqa: S102 - transformers' own code
-    return space["Qwen3VLVideoProcessor"]
-
-
-STOCK = _stock_class()
-
-
-def _pan(frames, height, width, step=5):
-    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
-    out = [np.stack([128 + 127 * np.sin((x + step * t) / 7.0 + y / 11.0), (3 * (x + step * t) + 2 * y) % 256,
-                     128 + 127 * np.cos(y / 5.0)], -1) for t in range(frames)]
-    return np.stack(out).round().clip(0, 255).astype(np.uint8)
+STOCK = stock_class(stock_module.__file__, "Qwen3VLVideoProcessor", vars(stock_module))
 
 
 def _videos(seed):
     rng = np.random.default_rng(seed)
     noise = rng.integers(0, 256, (9, 70, 110, 3), dtype=np.uint8)
     return [(noise, VideoMetadata(total_num_frames=9, fps=3.0, duration=3.0)),
-            (_pan(13, 48, 40), VideoMetadata(total_num_frames=13, fps=25.0, duration=13 / 25)),
-            (_pan(6, 200, 120, 3), VideoMetadata(total_num_frames=6, fps=None, duration=0.0))]
+            (pan(13, 48, 40), VideoMetadata(total_num_frames=13, fps=25.0, duration=13 / 25)),
+            (pan(6, 200, 120, 3), VideoMetadata(total_num_frames=6, fps=None, duration=0.0))]
 
 
 SETTINGS = [
