@@ -160,3 +160,30 @@ class DeviceModel(TorchFunctionMode):
             _mark([t for k, t in got.items() if not in_header(k, t)])  # the header's integers arrive on the host
             return got
         p2p.send, p2p.recv = quiet_send, device_recv
+
+
+def syncs_per_step(built, preprocess: str, pool: list, world, offset: int = 0) -> dict[int, Counter]:
+    """``{M: the device reads of one step}`` for ``M`` = 2 and 3 micro-batches: a copy of the model ``built``
+    split at ``R = 1``, ``V = 2`` with ``preprocess``, micro ``m`` being ``pool[(m + offset) % len(pool)]``, its
+    second step counted under :class:`DeviceModel` in strict device mode (the first warms up)."""
+    import copy
+    from mpipe_hf.models import split
+    from mpipe_hf.runtime import PipelineExecutor
+    from mpipe_hf.schedule import ScheduleConfig
+    counts = {}
+    for num_micro in (2, 3):
+        cfg = ScheduleConfig(1, 2, num_micro, preprocess)
+        carved = split(copy.deepcopy(built), cfg, 0)
+        params = carved.trainable_parameters(cfg, 0)
+        modules = [*carved.stages.values(), *([carved.preprocess.module] if carved.preprocess.module else [])]
+        data = [pool[(m + offset) % len(pool)] for m in range(num_micro)]
+        with DeviceModel(modules) as counter:
+            ex = PipelineExecutor(cfg, 0, carved.stages, carved.preprocess, world, DEVICE, params.values(),
+                                  strict=True)
+            counter.transport(ex.p2p)
+            ex.step(lambda m: data[m])
+            counter.syncs.clear()
+            ex.step(lambda m: data[m])
+        ex.close()
+        counts[num_micro] = counter.syncs
+    return counts

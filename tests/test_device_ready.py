@@ -12,7 +12,6 @@
 - The peak-activation metric leaves FSDP2's gathered weights out, as it leaves the weights out.
 """
 
-import copy
 import os
 
 import pytest
@@ -158,28 +157,11 @@ def test_a_vision_language_step_reads_nothing_back_per_micro(world, vl_models, f
     owner, frozen, or in stage 0 (identity)."""
     import sys
     sys.path.insert(0, os.path.dirname(__file__))
-    from device_model import DEVICE, DeviceModel
+    from device_model import syncs_per_step
     from transformers import AutoModelForImageTextToText
     config, pool = vl_models[family]
-    counts = {}
     torch.manual_seed(0)
-    built = AutoModelForImageTextToText.from_config(config)
-    for num_micro in (2, 3):
-        model = copy.deepcopy(built)
-        cfg = ScheduleConfig(1, 2, num_micro, preprocess)
-        split = split_model(model, cfg, 0)
-        params = split.trainable_parameters(cfg, 0)
-        modules = [*split.stages.values(), *([split.preprocess.module] if split.preprocess.module else [])]
-        data = [pool[m % len(pool)] for m in range(num_micro)]
-        with DeviceModel(modules) as counter:
-            ex = PipelineExecutor(cfg, 0, split.stages, split.preprocess, world, DEVICE, params.values(),
-                                  strict=True)
-            counter.transport(ex.p2p)
-            ex.step(lambda m: data[m])
-            counter.syncs.clear()
-            ex.step(lambda m: data[m])
-        ex.close()
-        counts[num_micro] = counter.syncs
+    counts = syncs_per_step(AutoModelForImageTextToText.from_config(config), preprocess, pool, world)
     assert sum(counts[3].values()) == sum(counts[2].values()), f"per micro: {counts[3] - counts[2]}"
     assert sum(counts[2].values()) <= 2, counts[2]
 

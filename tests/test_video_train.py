@@ -142,37 +142,17 @@ def test_a_video_step_reads_nothing_back_per_micro(world, tmp_path, preprocess):
     mixing images and videos: the video grids, the tower's video metadata and the M-RoPE positions with the
     videos' ``second_per_grid_ts`` are computed on the host at load, so the same few syncs for 2 and 3
     micro-batches (none per micro), with ``P`` trained, frozen, or in stage 0."""
-    import copy
     import sys
     sys.path.insert(0, os.path.dirname(__file__))
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
     from common import VOCAB_RANKS, collator, make_video_pool, tiny_configs, write_clips
-    from device_model import DEVICE, DeviceModel
+    from device_model import syncs_per_step
     from transformers import AutoModelForImageTextToText
-    from mpipe_hf.models import split
-    from mpipe_hf.runtime import PipelineExecutor
-    from mpipe_hf.schedule import ScheduleConfig
     words = qwen2_tokenizer(VOCAB_RANKS)
     config = tiny_configs(words, ["vl"])["vl"]
     pool = make_video_pool(collator(config, words), write_clips(str(tmp_path / "clips")))
     torch.manual_seed(0)
-    built = AutoModelForImageTextToText.from_config(config)
-    counts = {}
-    for num_micro in (2, 3):
-        model = copy.deepcopy(built)
-        cfg = ScheduleConfig(1, 2, num_micro, preprocess)
-        carved = split(model, cfg, 0)
-        params = carved.trainable_parameters(cfg, 0)
-        modules = [*carved.stages.values(), *([carved.preprocess.module] if carved.preprocess.module else [])]
-        data = [pool[(m + 3) % len(pool)] for m in range(num_micro)]  # two videos; a video and an image; no video
-        with DeviceModel(modules) as counter:
-            ex = PipelineExecutor(cfg, 0, carved.stages, carved.preprocess, world, DEVICE, params.values(),
-                                  strict=True)
-            counter.transport(ex.p2p)
-            ex.step(lambda m: data[m])
-            counter.syncs.clear()
-            ex.step(lambda m: data[m])
-        ex.close()
-        counts[num_micro] = counter.syncs
+    # micro m: pool[m + 3]: two videos; a video and an image; no video
+    counts = syncs_per_step(AutoModelForImageTextToText.from_config(config), preprocess, pool, world, offset=3)
     assert sum(counts[3].values()) == sum(counts[2].values()), f"per micro: {counts[3] - counts[2]}"
     assert sum(counts[2].values()) <= 2, counts[2]
