@@ -6,6 +6,8 @@ and synthetic clips."""
 import ast
 
 import numpy as np
+import torch
+from transformers.video_utils import VideoMetadata
 
 from mpipe_hf.data.video_processor import QwenVideoProcessor, resize_frames
 
@@ -36,3 +38,20 @@ def pan(frames: int, height: int, width: int, step: int = 5) -> np.ndarray:
     out = [np.stack([128 + 127 * np.sin((x + step * t) / 7.0 + y / 11.0), (3 * (x + step * t) + 2 * y) % 256,
                      128 + 127 * np.cos(y / 5.0)], -1) for t in range(frames)]
     return np.stack(out).round().clip(0, 255).astype(np.uint8)
+
+
+def compare_with_stock(stock, ours, videos: list, call: dict):
+    """``(stock's output, ours)`` for ``videos`` (``(frames, metadata)`` pairs, each call given fresh metadata)
+    with the call's keywords ``call``, after asserting equal ``pixel_values_videos`` and ``video_grid_thw`` (dtype
+    and every value) and, per video, equal sampled frame indices (where ours reports them) and fps."""
+    kwargs = dict(videos=[v for v, _ in videos], video_metadata=[VideoMetadata(**vars(m)) for _, m in videos],
+                  return_metadata=True, return_tensors="pt", **call)
+    want = stock(**kwargs)
+    kwargs["video_metadata"] = [VideoMetadata(**vars(m)) for _, m in videos]
+    got = ours(**kwargs)
+    for key in ("pixel_values_videos", "video_grid_thw"):
+        assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
+    for g, w in zip(got["video_metadata"], want["video_metadata"]):
+        assert g.frames_indices is None or list(g.frames_indices) == list(w.frames_indices)
+        assert g.fps == w.fps
+    return want, got

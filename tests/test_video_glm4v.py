@@ -20,7 +20,7 @@ from transformers.video_utils import VideoMetadata
 
 from mpipe_hf.data.video_processor_glm4v import (Glm4vVideoProcessorNoTV, Glm46vVideoProcessorNoTV,
                                                  glm_video_processor_from_image)
-from stock_video_code import pan, stock_class
+from stock_video_code import compare_with_stock, pan, stock_class
 
 stock_module = importlib.import_module("transformers.models.glm4v.video_processing_glm4v")
 stock_processor = importlib.import_module("transformers.models.glm4v.processing_glm4v")
@@ -59,16 +59,7 @@ SETTINGS = [
 def test_outputs_equal_the_stock_code(settings, call, family):
     stock, ours = PAIRS[family][0](**settings), PAIRS[family][1](**settings)
     videos = _videos(len(settings))
-    kwargs = dict(videos=[v for v, _ in videos], video_metadata=[VideoMetadata(**vars(m)) for _, m in videos],
-                  return_metadata=True, return_tensors="pt", **call)
-    want = stock(**kwargs)
-    kwargs["video_metadata"] = [VideoMetadata(**vars(m)) for _, m in videos]
-    got = ours(**kwargs)
-    for key in ("pixel_values_videos", "video_grid_thw"):
-        assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
-    for g, w in zip(got["video_metadata"], want["video_metadata"]):
-        assert g.frames_indices is None or list(g.frames_indices) == list(w.frames_indices)
-        assert g.fps == w.fps
+    want, got = compare_with_stock(stock, ours, videos, call)
     for (video, meta), grid, m in zip(videos, want["video_grid_thw"], want["video_metadata"]):
         frames = len(m.frames_indices) if call.get("do_sample_frames", True) else meta.total_num_frames
         size = (video.shape[1], video.shape[2])

@@ -217,16 +217,6 @@ def glm_video_processor_from_image(image_processor, model_type: str = "glm4v",
     GLM-4.6V's class, else GLM-4.1V's): ``image_processor``'s patch and normalisation settings, the whole-video
     budget ``[shortest_edge, FRAMES_PER_BUDGET * longest_edge]`` of the image's (as for Qwen3-VL), ``settings``
     (a snapshot's ``video_preprocessor_config.json``, whose own ``size`` wins) over them."""
-    import json
-
-    from .video_processor_qwen3 import FRAMES_PER_BUDGET, QWEN3_IMAGE_KEYS
+    from .video_processor_qwen3 import whole_video_processor
     cls = Glm46vVideoProcessorNoTV if model_type == "glm46v" else Glm4vVideoProcessorNoTV
-    own = json.loads(image_processor.to_json_string())
-    merged = {key: own[key] for key in QWEN3_IMAGE_KEYS if key in own}
-    size = own.get("size") or {}
-    if size.get("shortest_edge") and size.get("longest_edge"):
-        merged["size"] = {"shortest_edge": size["shortest_edge"],
-                          "longest_edge": size["longest_edge"] * FRAMES_PER_BUDGET}
-    allowed = set(cls.valid_kwargs.__annotations__) | set(QWEN3_IMAGE_KEYS) | {"size", "fps", "num_frames"}
-    merged.update({k: v for k, v in (settings or {}).items() if k in allowed})
-    return cls(**merged)
+    return whole_video_processor(cls, image_processor, settings)

@@ -156,9 +156,16 @@ FRAMES_PER_BUDGET = 8  # a whole video's default budget: this many frames at the
 
 def qwen3_video_processor_from_image(image_processor, settings: dict | None = None) -> Qwen3VideoProcessor:
     """The video processor of a Qwen3-VL-like processor built without a snapshot (a recipe's ``min_pixels`` /
-    ``max_pixels``): ``image_processor``'s patch and normalisation settings, the whole-video budget
-    ``[shortest_edge, FRAMES_PER_BUDGET * longest_edge]`` of the image's, ``settings`` (a snapshot's
-    ``video_preprocessor_config.json``) over them. Qwen3-VL snapshots ship that file, whose own ``size`` wins."""
+    ``max_pixels``): :func:`whole_video_processor` of :class:`Qwen3VideoProcessor`. Qwen3-VL snapshots ship a
+    ``video_preprocessor_config.json``, whose own ``size`` wins."""
+    return whole_video_processor(Qwen3VideoProcessor, image_processor, settings)
+
+
+def whole_video_processor(cls, image_processor, settings: dict | None = None):
+    """``cls`` (a video processor with a whole-video pixel budget: Qwen3-VL's, GLM-4.xV's) built from
+    ``image_processor``'s patch and normalisation settings, the whole-video budget ``[shortest_edge,
+    FRAMES_PER_BUDGET * longest_edge]`` of the image's, ``settings`` (a snapshot's
+    ``video_preprocessor_config.json``) over them."""
     import json
     own = json.loads(image_processor.to_json_string())
     merged = {key: own[key] for key in QWEN3_IMAGE_KEYS if key in own}
@@ -166,7 +173,6 @@ def qwen3_video_processor_from_image(image_processor, settings: dict | None = No
     if size.get("shortest_edge") and size.get("longest_edge"):
         merged["size"] = {"shortest_edge": size["shortest_edge"],
                           "longest_edge": size["longest_edge"] * FRAMES_PER_BUDGET}
-    allowed = set(Qwen3VideoProcessor.valid_kwargs.__annotations__) | set(QWEN3_IMAGE_KEYS) | {"size", "fps",
-                                                                                                "num_frames"}
+    allowed = set(cls.valid_kwargs.__annotations__) | set(QWEN3_IMAGE_KEYS) | {"size", "fps", "num_frames"}
     merged.update({k: v for k, v in (settings or {}).items() if k in allowed})
-    return Qwen3VideoProcessor(**merged)
+    return cls(**merged)
