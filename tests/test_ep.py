@@ -31,6 +31,9 @@ CASES = [
     dict(name="glm4v_moe-trainable-T1", family="glm4v_moe", preprocess="trainable", text_layers=1),
     dict(name="qwen3_vl_moe-dp-experts", family="qwen3_vl_moe", preprocess="frozen", text_layers=0,
          dp_experts=True),
+    dict(name="qwen3_vl_moe-trainable-T1-packed", family="qwen3_vl_moe", preprocess="trainable", text_layers=1,
+         packed=True),
+    dict(name="glm4v_moe-frozen-T0-packed", family="glm4v_moe", preprocess="frozen", text_layers=0, packed=True),
     dict(name="qwen3_vl_moe-failed-step", family="qwen3_vl_moe", preprocess="frozen", text_layers=0, fail=True),
 ]
 for c in CASES:
@@ -115,8 +118,9 @@ def test_bad_ep_values_name_the_field():
         check_expert_parallel(moe, 8)
     with pytest.raises(ValueError, match="has none"):
         check_expert_parallel(tiny.tiny_qwen3_5_config(tok, num_layers=4), 2)  # dense: no EP plan
-    with pytest.raises(ValueError, match="data.packing"):
-        check_expert_parallel(moe, 2, packed=True)
+    check_expert_parallel(moe, 2, packed=True)  # one all-to-all per MoE layer and micro, whatever its rows
+    with pytest.raises(ValueError, match="linear_attention.*data.packing"):  # Gated DeltaNet runs once per row
+        check_expert_parallel(tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True), 2, packed=True)
     with pytest.raises(ValueError, match="zero_bubble"):
         check_expert_parallel(moe, 2, zero_bubble=True)
     with pytest.raises(ValueError, match="target_parameters"):

@@ -20,7 +20,7 @@ from torch import nn
 from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
 
 from .moe import ROUTER_KEYS, RouterSums, aux_loss
-from .packed import LINEAR, PACKED_KEYS, flash_kwargs, per_row, row_lengths, row_slice, uses_flash
+from .packed import PACKED_KEYS, RECURRENT, ROW_BLIND, flash_kwargs, per_row, row_lengths, row_slice, uses_flash
 
 Tensors = dict[str, torch.Tensor]
 # raw keys that travel with the hidden states to the last stage
@@ -158,11 +158,13 @@ class DecoderStage(nn.Module):
 
     def run_layers(self, hidden: torch.Tensor, state: Tensors, padding: torch.Tensor | None) -> torch.Tensor:
         """The layers over ``hidden`` ``(B, L, H)``, as the HF text model's loop. A packed micro-batch of several
-        rows (:mod:`.packed`) goes through them row by row, each as the unpacked model sees it alone (attention
-        over its own ``n^2`` pairs, no ``N x N`` mask; a linear-attention state from zero); with FlashAttention
-        in one pass, the varlen kernel keeping the rows apart and each linear-attention layer run per row."""
+        rows (:mod:`.packed`) goes through them in one pass, each row seen as the unpacked model sees it alone:
+        the mask builders find the rows from their own positions (transformers' ``find_packed_sequence_indices``:
+        one block-causal mask; FlashAttention's varlen kernel instead) and each linear-attention layer runs per
+        row. A family whose masks cannot see the rows (:data:`~.packed.ROW_BLIND`: PaliGemma's prefix) runs the
+        rows one by one."""
         lengths = row_lengths(state)
-        if lengths is None or uses_flash(self.text_config):  # a packed micro of one row: nothing to search for
+        if lengths is None or uses_flash(self.text_config) or not getattr(self.masks, ROW_BLIND, False):
             return self._layers(hidden, state, padding, lengths, "packed_lengths" not in state)
         outs, start = [], 0
         for n in lengths:  # a row is one sequence: nothing for the mask builders to search its positions for
@@ -172,11 +174,14 @@ class DecoderStage(nn.Module):
 
     def _layers(self, hidden: torch.Tensor, state: Tensors, padding: torch.Tensor | None,
                 lengths: list[int] | None, search: bool = True) -> torch.Tensor:
-        """:meth:`run_layers` over one sequence, or (``lengths``, FlashAttention) one packed micro in one pass;
-        ``search``: hand the builders the text-position row of ``(4, B, L)`` ids, as the HF models do."""
+        """:meth:`run_layers` over one sequence, or one packed micro of ``lengths`` rows in one pass; ``search``:
+        hand the builders the text-position row of ``(4, B, L)`` ids, as the HF models do."""
         rope_positions, text_positions = split_positions(state["position_ids"], self.rope_axes)
         types = set(self.layer_types)
-        text_row = text_positions if search and lengths is None and state["position_ids"].dim() == 3 else None
+        if lengths is not None:  # the rows' own positions: the builders make one block-causal mask of them
+            text_row = None if uses_flash(self.text_config) else text_positions
+        else:
+            text_row = text_positions if search and state["position_ids"].dim() == 3 else None
         masks = self.masks(self.text_config, hidden, padding, text_row, state, types)
         if self.per_type_rotary:
             rotary = {t: self.rotary_emb(hidden, rope_positions, t) for t in sorted(types)}
@@ -185,7 +190,7 @@ class DecoderStage(nn.Module):
             rotary = {t: shared for t in types}
         varlen = flash_kwargs(self.text_config, lengths, hidden.device)
         for layer_id, layer, layer_type in zip(self.layer_ids, self.layers, self.layer_types):
-            if lengths is not None and layer_type == LINEAR:  # its state starts afresh at every packed row
+            if lengths is not None and layer_type in RECURRENT:  # its state starts afresh at every packed row
                 hidden = per_row(layer, hidden, lengths, rotary[layer_type], text_positions,
                                  attention_mask=masks[layer_type], cache=None, use_cache=False)
             else:
@@ -242,12 +247,12 @@ def decoder_stage(text_model: nn.Module, text_config, layer_ids: list[int], fron
                head, carry + (ROUTER_KEYS if router is not None and head is None else ()), masks, sums)
 
 
-PACKABLE = ("full_attention", "sliding_attention", LINEAR)  # the layer types a packed row goes through alone
+PACKABLE = ("full_attention", "sliding_attention", *sorted(RECURRENT))  # the layer types packed exactly
 
 
 def check_packable(text_config) -> None:
     """Raise ``ValueError`` when a model with ``text_config``'s decoder layers cannot be packed exactly: only full,
-    sliding-window and linear attention can (with FlashAttention a chunked layer's chunks would count from the
+    sliding-window attention and the recurrent types (linear attention, short convolution) can (with FlashAttention a chunked layer's chunks would count from the
     start of the packed sequence, so a row would be chunked differently than alone)."""
     other = sorted(set(layer_types(text_config)) - set(PACKABLE))
     if other:

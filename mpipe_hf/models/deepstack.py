@@ -62,20 +62,6 @@ class DeepStackStage(DecoderStage):
     """A :class:`~.decoder.DecoderStage` that adds ``deepstack_features[i]`` at the image-token positions after
     decoder layer ``i < K``, as ``Qwen3VLTextModel._deepstack_process``."""
 
-    def row_state(self, state: dict[str, torch.Tensor], start: int, length: int) -> dict[str, torch.Tensor]:
-        """A packed row's state (:meth:`~.decoder.DecoderStage.row_state`) with the row's own image tokens: their
-        positions within the row and their DeepStack features, cut by the rows' image-token counts
-        (``packed_image_tokens``, from the host)."""
-        out = super().row_state(state, start, length)
-        if state.get("deepstack_features") is None:
-            return out
-        lengths, counts = state["packed_lengths"].tolist(), state["packed_image_tokens"].tolist()
-        row = [sum(lengths[:r]) for r in range(len(lengths))].index(start)
-        first = sum(counts[:row])
-        out["visual_pos_index"] = state["visual_pos_index"][first:first + counts[row]] - start
-        out["deepstack_features"] = state["deepstack_features"][:, first:first + counts[row]]
-        return out
-
     def after_layer(self, layer_id: int, hidden: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
         features = state.get("deepstack_features")  # carried up to the stage that holds layer K - 1
         if features is None or layer_id >= features.shape[0]:

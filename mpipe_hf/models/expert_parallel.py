@@ -41,6 +41,8 @@ import torch
 from torch import nn
 
 from .base import SplitModel
+from .decoder import layer_types
+from .packed import RECURRENT
 
 DISPATCH, SHARD = "ep_dispatch_experts", "grouped_gemm"  # the styles of transformers' EP plans that this reads
 
@@ -69,10 +71,11 @@ def check_expert_parallel(config, ep_size: int, zero_bubble: bool = False, adapt
             experts, an ``E`` that ``ep_size`` does not divide, ``parallel.zero_bubble`` (its ``W`` would run the
             experts' weight gradients after the all-to-all's backward; not done), a LoRA adapter on the
             experts' fused tensors (``target_parameters``: its ``(E, ...)`` adapter would need slicing too), or
-            packed micro-batches (``packed``, ``data.packing``): a stage runs a packed micro row by row (every
-            layer, or with FlashAttention the linear-attention ones, :mod:`.packed`), so two EP peers whose micros
-            hold different numbers of rows would call their MoE layers, and so the all-to-all, a different number
-            of times (measured: a gloo collective mismatch).
+            packed micro-batches (``packed``, ``data.packing``) of a model with recurrent layers (Qwen3.5-MoE's
+            linear attention, :data:`~.packed.RECURRENT`): each such layer, MoE MLP included, runs once per
+            packed row, so two EP peers whose micros hold different numbers of rows would call the all-to-all a
+            different number of times (measured: a gloo collective mismatch). Other layers take a packed micro
+            in one pass, one all-to-all per MoE layer whatever its rows.
     """
     if ep_size == 1:
         return
@@ -83,10 +86,11 @@ def check_expert_parallel(config, ep_size: int, zero_bubble: bool = False, adapt
                          f"set parallel.ep_size: 1")
     if experts % ep_size:
         raise ValueError(f"parallel.ep_size must divide the model's {experts} experts per layer, got {ep_size}")
-    if packed:
-        raise ValueError("parallel.ep_size > 1 with data.packing is not supported: a packed micro-batch runs its "
-                         "layers row by row, so the EP peers' all-to-alls would not pair up; set data.packing: "
-                         "false or parallel.ep_size: 1")
+    recurrent = sorted(set(layer_types(config.get_text_config())) & RECURRENT)
+    if packed and recurrent:
+        raise ValueError(f"parallel.ep_size > 1 with data.packing is not supported for {config.model_type}: its "
+                         f"{recurrent} layers run once per packed row, so the EP peers' all-to-alls would not pair "
+                         f"up; set data.packing: false or parallel.ep_size: 1")
     if zero_bubble:
         raise ValueError("parallel.ep_size > 1 with parallel.zero_bubble is not supported: set zero_bubble: false")
     targets = getattr(adapter, "target_parameters", None) or []

@@ -17,6 +17,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from .deepstack import deepstack_host_inputs
 from .family import Family
 from .host_metadata import VIDEO_META_KEYS, VISION_META_KEYS, host_keys, qwen_host_inputs
+from .packed import ROW_BLIND
 
 Tensors = dict[str, torch.Tensor]
 
@@ -109,6 +110,9 @@ def model_class_masks(model: nn.Module, key: str = "token_type_ids"):
         out = build(config, inputs_embeds=hidden, attention_mask=padding, cache=None, position_ids=text_row,
                     is_first_iteration=True, **{key: state.get(key)})
         return out if isinstance(out, dict) else {t: out for t in types}
+    # transformers remaps a packed micro's indices to positions before the token-type overlay reads them: the
+    # image blocks would be looked up at the wrong tokens, so a packed micro runs row by row
+    setattr(masks, ROW_BLIND, True)
     return masks
 
 
@@ -130,6 +134,7 @@ def prefix_masks(model: nn.Module):
         if sliding:
             out["sliding_attention"] = create_sliding_window_causal_mask(**kwargs)
         return {t: out.get(t, out["full_attention"]) for t in types}
+    setattr(masks, ROW_BLIND, True)  # it cannot see packed rows: a packed micro runs row by row
     return masks
 
 

@@ -96,9 +96,7 @@ class _Pieces:
         self.masks = family.masks(model) if family.masks is not None else layer_type_masks
         self.image_token_id = getattr(model.config, "image_token_id", None) if family.vision else None
         self.video_token_id = model.config.video_token_id if family.video_inputs else None
-        visual_ids = tuple(i for i in (self.image_token_id, self.video_token_id) if i is not None)
-        self.host = packed_host(family.host(model) if family.host is not None else None, family.positions,
-                                visual_ids if family.deepstack else None)
+        self.host = packed_host(family.host(model) if family.host is not None else None, family.positions)
         keys = family.host_keys(model) if family.host_keys is not None else frozenset()
         self.host_keys = keys | set(PACKED_KEYS)  # Python integers for the owner's own stages (.packed)
         self.num_deepstack = deepstack_layers(model.config) if family.deepstack else 0

@@ -14,11 +14,14 @@ owner's host computes at load (``DATA_LOAD``, :func:`packed_host`):
   row). The positions are the one source of the row boundaries, as they are in transformers; the lengths travel
   to the other stages in the transfers' headers, on the host (:data:`~mpipe_hf.runtime.wire.HEADER_KEYS`).
 
-Every stage then runs a packed micro row by row (:meth:`~.decoder.DecoderStage.run_layers`): each row through its
-layers as alone, so attention spans the row's own ``n^2`` pairs (no ``N x N`` mask) and a linear-attention
-layer's (Gated DeltaNet's) convolution and state start from zero. With FlashAttention the micro goes through in
-one pass: the varlen kernel takes ``cu_seq_lens`` (:func:`flash_kwargs`) and each linear-attention layer runs per
-row (:func:`per_row`). The labels were cut at the row boundaries when the micro was packed (a row's first token
+Every stage then runs a packed micro in one pass (:meth:`~.decoder.DecoderStage.run_layers`), each row as the
+unpacked model sees it alone: transformers' mask builders find the rows from the positions
+(``find_packed_sequence_indices``) and build one block-causal mask, so attention never crosses a row (with
+FlashAttention the varlen kernel takes ``cu_seq_lens`` instead, :func:`flash_kwargs`), and a linear-attention
+layer's (Gated DeltaNet's) convolution and state start from zero at every row (:func:`per_row`). Each GEMM is as
+tall as the whole micro (issue 41: row by row, a third as tall, lost packing's gain to per-call overhead). A family
+whose masks ignore the positions (:data:`ROW_BLIND`: PaliGemma's prefix) runs its rows one by one.
+The labels were cut at the row boundaries when the micro was packed (a row's first token
 is no target).
 """
 
@@ -28,11 +31,17 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers.masking_utils import find_packed_sequence_indices
+from transformers.masking_utils import (LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, create_recurrent_attention_mask,
+                                        find_packed_sequence_indices)
 
 Tensors = dict[str, torch.Tensor]
-PACKED_KEYS = ("packed_lengths", "packed_image_tokens")  # host integers (runtime.wire.HEADER_KEYS)
+PACKED_KEYS = ("packed_lengths",)  # host integers (runtime.wire.HEADER_KEYS)
 LINEAR = "linear_attention"
+# the layer types that carry a state along the sequence (Gated DeltaNet's linear attention, LFM2's short
+# convolution): those transformers masks with create_recurrent_attention_mask; a packed micro runs them per row
+RECURRENT = frozenset(t for t, build in LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.items()
+                      if build is create_recurrent_attention_mask)
+ROW_BLIND = "row_blind"  # set True on a mask builder that cannot see packed rows from the positions
 GRID_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")  # what get_rope_index reads of the visuals
 
 
@@ -93,25 +102,18 @@ def lengths_from(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.bincount(found[0])
 
 
-def packed_host(host: Callable[[Tensors], Tensors] | None, positions: str,
-                image_token_id: int | None = None) -> Callable[[Tensors], Tensors]:
+def packed_host(host: Callable[[Tensors], Tensors] | None, positions: str) -> Callable[[Tensors], Tensors]:
     """``host(raw) -> more raw inputs`` for ``DATA_LOAD`` (module docstring): the family's ``host`` as it is for
     an unpacked micro; for a packed one, also the 1-D families' per-row ``position_ids`` (``positions``:
     ``"arange"`` or ``"arange1"``; a ``"host"`` family's own host computes them, :func:`mrope_positions`),
-    ``packed_lengths`` read back from them (:func:`lengths_from`) and, with ``image_token_id`` (an id or a tuple
-    of ids), ``packed_image_tokens`` ``(rows,)``: each row's tokens of those ids (what DeepStack's per-row cut
-    reads: its image and video tokens). ``raw`` is
-    on the host."""
+    ``packed_lengths`` read back from them (:func:`lengths_from`). ``raw`` is on the host."""
     def run(raw: Tensors) -> Tensors:
         out = dict(host(raw)) if host is not None else {}
         if not is_packed(raw):
             return out
         if positions != "host":
             out["position_ids"] = row_positions(raw["packed_lengths"].tolist(), 1 if positions == "arange1" else 0)
-        out["packed_lengths"] = lengths = lengths_from(out["position_ids"])
-        if image_token_id is not None:  # an id, or ids (DeepStack's image and video tokens)
-            rows = torch.isin(raw["input_ids"][0], torch.tensor(image_token_id)).split(lengths.tolist())
-            out["packed_image_tokens"] = torch.stack([r.sum() for r in rows])
+        out["packed_lengths"] = lengths_from(out["position_ids"])
         return out
     return run
 
@@ -146,7 +148,7 @@ def uses_flash(text_config) -> bool:
 
 
 def per_row(layer: nn.Module, hidden: torch.Tensor, lengths: list[int], rotary, text_positions, **kwargs):
-    """``layer`` (a decoder layer with linear attention) run once per packed row of ``hidden`` ``(1, N, H)`` and
+    """``layer`` (a decoder layer of a :data:`RECURRENT` type) run once per packed row of ``hidden`` ``(1, N, H)`` and
     the outputs joined: its causal convolution and recurrent state start from zero at every row, as for the row
     alone (the rest of the layer is per token). ``rotary``: the ``(cos, sin)`` pair ``(1, N, d)``, cut the same
     way; ``text_positions``: ``(1, N)`` or ``None``."""

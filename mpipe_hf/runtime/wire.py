@@ -35,11 +35,11 @@ _NUMPY = {torch.float32: (np.float32, None), torch.float16: (np.float16, None), 
 
 # keys whose small integer tensors, when they are on the host, travel in the header, as their values, and arrive on
 # the host: integers a receiving stage needs in Python, which a payload on the device would make it read back, one
-# host synchronisation per read (issue 37). A packed micro's row lengths and image tokens per row
+# host synchronisation per read (issue 37). A packed micro's row lengths
 # (mpipe_hf.models.packed), the image and video grids and the vision tower's attention boundaries (the keys
 # mpipe_hf.models.host_metadata keeps on the owner's host; with FlashAttention the boundaries are on the device,
 # which its kernel reads, and travel in the payload as any other tensor)
-HEADER_KEYS = frozenset({"packed_lengths", "packed_image_tokens", "image_grid_thw", "video_grid_thw"} | {
+HEADER_KEYS = frozenset({"packed_lengths", "image_grid_thw", "video_grid_thw"} | {
     prefix + key for prefix in ("vision_meta.", "video_meta.")
     for key in ("cu_seqlens", "max_seqlen", "cu_window_seqlens", "max_window_seqlen")})
 _HEADER_CODE = len(DTYPES)  # the dtype code of a header key's entry: its dtype's code, shape and values follow
