@@ -36,7 +36,11 @@ CASES = [
     dict(name="glm4v_moe-frozen-T0-packed", family="glm4v_moe", preprocess="frozen", text_layers=0, packed=True),
     dict(name="qwen3_vl_moe-failed-step", family="qwen3_vl_moe", preprocess="frozen", text_layers=0, fail=True),
 ]
-for c in CASES:
+# pp 2 x dp 4 x ep 2 on 8 processes: each expert shard held by edp = 2 replicas, its gradient summed over them
+EDP_CASES = [dict(name="qwen3_vl_moe-trainable-T1-edp2", family="qwen3_vl_moe", preprocess="trainable", text_layers=1),
+             dict(name="glm4v_moe-frozen-T0-edp2-packed", family="glm4v_moe", preprocess="frozen", text_layers=0,
+                  packed=True)]
+for c in CASES + EDP_CASES:
     c.update(data=f"ragged-{c['family']}", vpp=1, num_micro=2, steps=2)
 
 
@@ -51,12 +55,21 @@ def build_fixture(path: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def fixture_path(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("ep-fixture") / "fixture.pt")
+    build_fixture(path)
+    return path
+
+
+def launch(tmp_path_factory, fixture_path: str, cases: list[dict], nproc: int) -> list[dict]:
     out = str(tmp_path_factory.mktemp("ep"))
-    fixture = os.path.join(out, "fixture.pt")
-    build_fixture(fixture)
-    run_torchrun(WORKER, 4, [fixture, out, json.dumps(CASES)], timeout=600)
-    return read_results(out, 4)
+    run_torchrun(WORKER, nproc, [fixture_path, out, json.dumps(cases)], timeout=600)
+    return read_results(out, nproc)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, fixture_path):
+    return launch(tmp_path_factory, fixture_path, CASES, 4)
 
 
 def problems(res: dict) -> list[str]:
@@ -70,10 +83,9 @@ def problems(res: dict) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.get("dp_experts") and not c.get("fail")],
-                         ids=lambda c: c["name"])
-def test_pp2_ep2_equals_one_process(case, results):
-    per_rank = [r[case["name"]] for r in results]
+def check_case(per_rank: list[dict], case: dict) -> None:
+    """Every rank's loss, gradients (first and last step) and weights after AdamW equal the unsplit model's; each
+    holds ``E / 2`` experts of every fused tensor, and tokens crossed its EP group."""
     for rank, res in enumerate(per_rank):
         assert not problems(res), (rank, problems(res))
         assert res["experts"], rank  # every rank holds MoE layers
@@ -81,6 +93,21 @@ def test_pp2_ep2_equals_one_process(case, results):
         for name, shape in res["held"].items():  # E / ep experts of each fused tensor, never all E
             assert shape[0] * 2 == res["fused"][name][0] and shape[1:] == res["fused"][name][1:], (name, shape)
     print({case["name"]: [r["wall_s"] for r in per_rank]})
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.get("dp_experts") and not c.get("fail")],
+                         ids=lambda c: c["name"])
+def test_pp2_ep2_equals_one_process(case, results):
+    check_case([r[case["name"]] for r in results], case)
+
+
+def test_pp2_dp4_ep2_sums_expert_gradients_over_edp(tmp_path_factory, fixture_path):
+    """``pp 2 x dp 4 x ep 2`` (8 processes): two EP groups per stage rank, each expert shard held by 2 replicas
+    (``edp``) whose gradients are summed over that sub-mesh only, against the unsplit model over the global batch
+    of 4 replicas, for Qwen3-VL-MoE (trainable tower) and GLM-4.5V (packed)."""
+    results = launch(tmp_path_factory, fixture_path, EDP_CASES, 8)
+    for case in EDP_CASES:
+        check_case([r[case["name"]] for r in results], case)
 
 
 def test_a_failed_step_aborts_the_ep_group(results):

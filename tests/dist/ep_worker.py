@@ -1,8 +1,9 @@
 """torchrun worker: expert parallelism under the pipeline (issue 40), ``pp = 2`` x ``ep = 2`` on 4 gloo processes
-(``dp_size = 2`` replicas, each an EP rank), case after case in one process group, against the unsplit Hugging
+(``dp_size = 2`` replicas, each an EP rank) or 8 (``dp_size = 4``: two EP groups per stage rank, each expert shard
+held by ``edp = 2`` replicas whose gradients are summed), case after case in one process group, against the unsplit Hugging
 Face model on one process.
 
-Usage: torchrun --nproc_per_node 4 ep_worker.py FIXTURE OUT_DIR CASES_JSON
+Usage: torchrun --nproc_per_node 4|8 ep_worker.py FIXTURE OUT_DIR CASES_JSON
 
 A case names a config of the fixture (``family``), its pool (``data``), the schedule (``vpp``, ``num_micro`` per
 replica, ``preprocess``, ``text_layers``, ``layers_per_stage``), ``steps`` AdamW steps, ``dp_shard`` (FSDP2 over
@@ -10,7 +11,7 @@ the replicas for the dense weights, else one all-reduce), ``bf16`` (autocast), `
 one sequence) and, as a negative control, ``dp_experts`` (the expert shards' gradients summed over ``dp`` as if
 they were replicated, which must fail). Every rank carves its share of the same model, keeps its EP rank's half of
 every fused expert tensor of its stages (:func:`~mpipe_hf.models.expert_parallel.shard_experts`), and replica
-``d`` runs micro-batches ``d * M .. d * M + M - 1`` of each run's global batch of ``2 M``. Global rank 0 then runs
+``d`` runs micro-batches ``d * M .. d * M + M - 1`` of each run's global batch of ``dp_size * M``. Global rank 0 then runs
 the unsplit model over each global batch in the pipeline's order (summed token losses with the MoE term per micro,
 one division by the batch's label tokens: ``numerics_worker.reference_run``) under the same AdamW; every rank
 compares its own tensors (an expert shard with its rows of the reference's fused tensor). Each rank writes
@@ -37,7 +38,8 @@ from mpipe_hf.runtime.mesh import expert_mesh
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.precision import autocast_modules
 
-PP, DP, EP = 2, 2, 2
+PP, EP = 2, 2
+DP = int(os.environ.get("WORLD_SIZE", "4")) // PP  # 4 processes: edp 1; 8: edp 2 (experts summed over edp)
 LR, EPS = 1e-3, 1e-6
 EXCHANGED = [0, 0]  # (split-size exchanges, rows received from the other EP rank), counted over a case
 
