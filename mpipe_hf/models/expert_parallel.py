@@ -62,20 +62,20 @@ def num_experts(config) -> int | None:
     return None
 
 
-def check_expert_parallel(config, ep_size: int, zero_bubble: bool = False, adapter=None,
-                          packed: bool = False) -> None:
+def check_expert_parallel(config, ep_size: int, adapter=None, packed: bool = False) -> None:
     """The checks of ``parallel.ep_size`` against the model, made before any collective.
 
     Raises:
         ValueError: ``ep_size > 1`` with a model whose config has no ``base_model_ep_plan`` that dispatches
-            experts, an ``E`` that ``ep_size`` does not divide, ``parallel.zero_bubble`` (its ``W`` would run the
-            experts' weight gradients after the all-to-all's backward; not done), a LoRA adapter on the
+            experts, an ``E`` that ``ep_size`` does not divide, a LoRA adapter on the
             experts' fused tensors (``target_parameters``: its ``(E, ...)`` adapter would need slicing too), or
             packed micro-batches (``packed``, ``data.packing``) of a model with recurrent layers (Qwen3.5-MoE's
             linear attention, :data:`~.packed.RECURRENT`): each such layer, MoE MLP included, runs once per
             packed row, so two EP peers whose micros hold different numbers of rows would call the all-to-all a
             different number of times (measured: a gloo collective mismatch). Other layers take a packed micro
-            in one pass, one all-to-all per MoE layer whatever its rows.
+            in one pass, one all-to-all per MoE layer whatever its rows. Zero-bubble needs no check: ``B`` runs
+            both all-to-alls' backward (they lie on the inputs' path) and ``W`` only the experts' grouped GEMMs
+            from the dispatched tokens their nodes keep (:mod:`mpipe_hf.runtime.zero_bubble`).
     """
     if ep_size == 1:
         return
@@ -91,8 +91,6 @@ def check_expert_parallel(config, ep_size: int, zero_bubble: bool = False, adapt
         raise ValueError(f"parallel.ep_size > 1 with data.packing is not supported for {config.model_type}: its "
                          f"{recurrent} layers run once per packed row, so the EP peers' all-to-alls would not pair "
                          f"up; set data.packing: false or parallel.ep_size: 1")
-    if zero_bubble:
-        raise ValueError("parallel.ep_size > 1 with parallel.zero_bubble is not supported: set zero_bubble: false")
     targets = getattr(adapter, "target_parameters", None) or []
     touched = [t for t in targets if any(_full_match(t, p.replace("*", "0")) or _full_match(p, t)
                                          for p, s in plan.items() if s == SHARD)]

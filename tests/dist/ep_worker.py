@@ -35,6 +35,7 @@ from mpipe_hf.models.expert_parallel import shard_experts
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.data_parallel import DataParallel
 from mpipe_hf.runtime.mesh import expert_mesh
+from mpipe_hf.runtime.zero_bubble import WeightWork
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.precision import autocast_modules
 
@@ -58,6 +59,19 @@ def _counting(original):
 
 import transformers.distributed.expert_parallel as _ep  # noqa: E402
 _ep.all_to_all_single = _counting(_ep.all_to_all_single)
+EXPERT_W = [set(), 0]  # (the expert shards' ids, how many of their gradients a zero-bubble W computed)
+
+
+def _counting_w(original):
+    """``WeightWork.run`` counting the expert shards among the weights it computes: evidence that ``W`` (not ``B``)
+    computed their gradients from the dispatched tokens it kept."""
+    def run(self):
+        EXPERT_W[1] += sum(id(w) in EXPERT_W[0] for w in self.weights) if self.groups else 0
+        return original(self)
+    return run
+
+
+WeightWork.run = _counting_w(WeightWork.run)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -74,10 +88,12 @@ def pipelined(case, fixture, mesh, emesh, device):
     """This rank's steps: ``(shards, params, losses, {step: grads}, params after the steps, expert shapes held,
     the modules the split froze)``."""
     rank, replica = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
-    cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"])
+    cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"],
+                         zero_bubble=case.get("zero_bubble", False))
     model = build_model(fixture, case["family"])
     carved = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
     shards = shard_experts(carved, model.config, rank, PP, emesh["ep"], emesh["batch"])
+    EXPERT_W[:] = [{id(p) for p in shards.params}, 0]
     experts = (shards.params, emesh["edp"]) if not case.get("dp_experts") else None
     dp = DataParallel(mesh["dp"], "shard" if case.get("dp_shard") else "replicate", case.get("bf16", False), experts)
     dp.wrap(carved.stages)
@@ -143,7 +159,7 @@ def run_case(case, fixture, mesh, emesh, device, out_dir):
     fused = {n: list(shape) for n, (_, shape) in shards.names.items()}
     return {"losses": losses, "ref_losses": ref["losses"], "first": first, "last": last, "param_diff": param_diff,
             "names": sorted(params), "experts": sorted(shards.names), "held": {n: list(s) for n, s in held.items()},
-            "fused": fused, "ep_rank": shards.ep_rank, "exchanges": EXCHANGED[0], "rows_from_peer": EXCHANGED[1]}
+            "fused": fused, "ep_rank": shards.ep_rank, "exchanges": EXCHANGED[0], "rows_from_peer": EXCHANGED[1], "expert_w": EXPERT_W[1]}
 
 
 def failing(case, fixture, mesh, emesh, device, out_dir):
