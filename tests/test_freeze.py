@@ -7,8 +7,9 @@
   ``saved_tensors_hooks``) and the profile's backward is the merger's;
 - one torchrun (R = 2): every case of ``matrix.FREEZE_SPECS`` against the unsplit model frozen by the same
   patterns (loss, every gradient at the first and last step, per tensor; parameters after 2 AdamW steps);
-- in the same launch, issue 39's video cases (``dist/specs_video.py``): rows mixing images and videos, exact
-  against the unsplit model, and a negative control that must fail (docs/video.md).
+- in the same launch, issue 39's video cases (``dist/specs_video.py``): rows mixing images and videos (GLM-4.xV:
+  micro-batches of videos and of images apart), exact against the unsplit model, and negative controls that must
+  fail (docs/video.md).
 """
 
 import json
@@ -35,7 +36,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
 FREEZE_CASES, VIDEO_CASES = freeze_cases(), video_cases()
 VIDEO_CONTROL, DEEPSTACK_CONTROL = video_cases(VIDEO_CONTROLS)
 CASES = FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL, DEEPSTACK_CONTROL]
-CONFIGS = ("vl", "qwen3_vl", "llava", "gemma3", "qwen3-tied", "qwen3_5")
+CONFIGS = ("vl", "qwen3_vl", "llava", "gemma3", "qwen3-tied", "qwen3_5", "glm4v", "glm46v", "llava_onevision")
 
 
 @pytest.fixture(scope="module")
@@ -147,12 +148,13 @@ def test_frozen_by_pattern_equals_one_process(case, results):
 
 @pytest.mark.parametrize("case", VIDEO_CASES, ids=[c["name"] for c in VIDEO_CASES])
 def test_video_rows_equal_one_process(case, results):
-    """Issue 39: micro-batches mixing images and videos (Qwen2.5-VL, Qwen2-VL, Qwen3-VL, Qwen3.5; frozen,
-    trainable, identity and ``freeze_vit`` towers; padded and packed): the loss and every gradient, per tensor,
-    as the unsplit model's."""
+    """Issue 39: micro-batches mixing images and videos (Qwen2.5-VL, Qwen2-VL, Qwen3-VL, Qwen3.5, LLaVA-OneVision;
+    GLM-4.1V and GLM-4.6V with images and videos in different micro-batches; frozen, trainable, identity and
+    ``freeze_vit`` towers; padded and packed): the loss and every gradient, per tensor, as the unsplit model's."""
     per_rank = results[case["name"]]
     assert check_case(case, per_rank) == []
-    tower_trains = any(n.startswith("model.visual.") for res in per_rank for n in res["names"])
+    tower = ("model.visual.", "model.vision_tower.", "model.multi_modal_projector.")  # P's vision part
+    tower_trains = any(n.startswith(tower) for res in per_rank for n in res["names"])
     assert tower_trains == (case["preprocess"] == "trainable")  # the tower's gradients were among those checked
 
 

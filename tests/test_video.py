@@ -248,11 +248,12 @@ def test_rows_mixing_images_and_videos_collate_as_the_processor_call(demo, data)
 
 
 def test_a_video_for_a_processor_without_videos_is_refused(data, tokenizer):
-    glm = build_processor(tiny.tiny_glm4v_config(tokenizer), tokenizer)  # GLM-4V: no video processor yet
+    from mpipe_hf.models.tiny_vlms import tiny_internvl_config
+    internvl = build_processor(tiny_internvl_config(tokenizer), tokenizer)  # InternVL: no video processor
     row = canonical_row(json.loads(open(os.path.join(data, "video.jsonl")).readline()), data, "video.jsonl:1")
     row["where"] = "video.jsonl:1"
     with pytest.raises(ValueError, match="video.jsonl:1: the row has a video but .* takes no videos"):
-        ConversationCollator(glm, None)([row])
+        ConversationCollator(internvl, None)([row])
 
 
 def test_snapshots_keep_the_video_settings_only_where_they_differ(tokenizer, tmp_path):

@@ -55,7 +55,7 @@ def test_the_loader_reads_video_rows_and_counts_them_from_the_headers(demo, data
 
 
 def test_a_family_without_videos_refuses_them_at_load_and_in_the_split(data, tokenizer, tmp_path):
-    """GLM-4V (and every family that declares no ``video_inputs``) refuses a video: the loader reports the row,
+    """InternVL (and every family that declares no ``video_inputs``) refuses a video: the loader reports the row,
     naming it, and the split's load-time check refuses ``pixel_values_videos`` naming the model type, rather than
     train the video's placeholder tokens as text."""
     from mpipe_hf.data import load_conversation_dataset
@@ -63,12 +63,12 @@ def test_a_family_without_videos_refuses_them_at_load_and_in_the_split(data, tok
     from mpipe_hf.models.generic import micro_check
     from mpipe_hf.models import tiny_vlms
     from mpipe_hf.models.materialize import meta_model
-    glm = build_processor(tiny.tiny_glm4v_config(tokenizer), tokenizer)
+    internvl = build_processor(tiny_vlms.tiny_internvl_config(tokenizer), tokenizer)
     with pytest.raises(ValueError, match="video.jsonl:1: the row has 1 video\\(s\\) but .* takes no videos"):
-        load_conversation_dataset(os.path.join(data, "video.jsonl"), glm, 2048)
+        load_conversation_dataset(os.path.join(data, "video.jsonl"), internvl, 2048)
     micro = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "pixel_values_videos": torch.zeros(4, 8)}
-    for config in (tiny.tiny_glm4v_config(tokenizer),
-                   tiny_vlms.tiny_llava_onevision_config(tokenizer)):
+    for config in (tiny_vlms.tiny_internvl_config(tokenizer),
+                   tiny_vlms.tiny_llava_next_config(tokenizer)):
         check = micro_check(get_family(config.model_type), meta_model(config))
         with pytest.raises(ValueError, match=f"{config.model_type}: video inputs .* are not supported"):
             check(micro)

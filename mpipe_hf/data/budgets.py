@@ -201,13 +201,19 @@ def cap_row(caps: RowCaps | None, encoder, sizes: list[tuple[int, int]], clips: 
 
     Raises:
         ValueError: naming ``where``: a video whose header cannot be read or that cannot be sampled; an image the
-            processor rejects.
+            processor rejects; ``video_max_pixels`` or ``max_visual_tokens`` for videos whose processor resizes
+            every frame to one size (LLaVA-OneVision).
     """
     caps = caps or RowCaps()
     over = [] if caps.max_pixels is None or all(h * w <= caps.max_pixels for h, w in sizes) else ["max_pixels"]
     processor = getattr(encoder.processor, "video_processor", None)
     try:
         videos = [_Video(ref, processor) for ref in clips] if processor is not None else []
+        fixed = videos and not hasattr(processor, "merge_size")  # frames resized to one size (LLaVA-OneVision)
+        named = [k for k in ("video_max_pixels", "max_visual_tokens") if getattr(caps, k) is not None]
+        if fixed and named:
+            raise ValueError(f"data.{named[0]} cannot cap these videos: {type(processor).__name__} resizes every "
+                             f"frame to one size; use data.max_frames, or leave data.{named[0]} unset")
         if caps.max_frames is not None and any(v.frames() > caps.max_frames for v in videos):
             over.append("max_frames")
             for video in videos:

@@ -91,6 +91,10 @@ class ConversationEncoder:
         self.video_wrapper = None
         if self.video_token and hasattr(processor, "_calculate_timestamps"):
             self.video_wrapper = processor.vision_start_token + self.video_token + processor.vision_end_token
+        # Qwen3-VL's and GLM-4.xV's expand a video to text (per temporal patch, its tokens and its time), not to
+        # its placeholder repeated: the stock replace_video_token's text (GLM's replaces the bare <|video|>)
+        self.video_text = bool(self.video_token) and (self.video_wrapper is not None
+                                                      or hasattr(processor, "replace_frame_token_id"))
         tok = self.tokenizer
         self.special_ids = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
 
@@ -168,14 +172,14 @@ class ConversationEncoder:
                ) -> tuple[str, list[tuple[int, int]], list[int], list[str], list[int]]:
         """``text`` with its ``j``-th image placeholder (``processor.image_token``, found as the processor finds it)
         replaced by ``images[j]`` and its ``k``-th video placeholder (``processor.video_token``) by ``videos[k]``:
-        the text the processor expands it to, or an int ``n`` (a :data:`REPEATED` family): the placeholder ``n``
-        times. Returns the expanded text, each placeholder's ``[start, end)`` in it and its start in ``text`` (in
-        the text's order), its kind (``image`` / ``video``) and its length in ``text``.
+        the text the processor expands it to, or an int ``n`` (any video; an image of a :data:`REPEATED` family):
+        the placeholder ``n`` times. Returns the expanded text, each placeholder's ``[start, end)`` in it and its
+        start in ``text`` (in the text's order), its kind (``image`` / ``video``) and its length in ``text``.
 
         Raises:
-            ValueError: the numbers of placeholders differ from ``len(images)`` / ``len(videos)``; an int for a
-                family whose expansion is not the placeholder repeated; videos for a processor without a video
-                processor.
+            ValueError: the numbers of placeholders differ from ``len(images)`` / ``len(videos)``; an int for an
+                image of a family whose expansion is not the placeholder repeated; videos for a processor without a
+                video processor.
         """
         found = self._placeholders(text, images, videos, where)
         queues = {"image": iter(images), "video": iter(videos)}
@@ -183,8 +187,8 @@ class ConversationEncoder:
         pieces, chars, last = [], [], 0
         for start, kind, length in found:
             item = next(queues[kind])
-            if not isinstance(item, str):
-                if self.model_type not in REPEATED:
+            if not isinstance(item, str):  # a count: any video's, or an image's of a REPEATED family
+                if kind == "image" and self.model_type not in REPEATED:
                     raise ValueError(f"{where}: {self.model_type} expands an image to more than its placeholder "
                                      f"repeated; pass each image's expansion (image_replacements_for_sizes)")
                 item = marks[kind] * int(item)
@@ -263,16 +267,16 @@ class ConversationEncoder:
 
     def video_tokens_for(self, refs: list[dict]) -> list:
         """What :meth:`encode` takes for a row's videos (:func:`~.video.video_ref` references), without decoding
-        them: each video's tokens (:func:`~.video.video_tokens`), or for Qwen3-VL's processor the text it expands
-        the video to (per-frame ``<t seconds>`` and tokens, from the sampled frames' indices and the video's fps:
-        the stock ``replace_video_token`` on the counted grid).
+        them: each video's tokens (:func:`~.video.video_tokens`), or for Qwen3-VL's and GLM-4.xV's processors the
+        text they expand the video to (per temporal patch its tokens and time, from the sampled frames' indices and
+        the video's fps: the stock ``replace_video_token`` on the counted grid).
 
         Raises:
             ValueError: a video whose header cannot be read or that cannot be sampled.
         """
         from .video import video_layout, video_tokens
         video_processor = self.processor.video_processor
-        if not self.video_wrapper:
+        if not self.video_text:
             return [video_tokens(ref, video_processor) for ref in refs]
         out = []
         for ref in refs:

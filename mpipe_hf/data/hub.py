@@ -203,8 +203,8 @@ def load_checkpoint_processor(directory: str):
     ``AutoProcessor.from_pretrained(directory)`` where torchvision is installed or the family's processor has no
     video processor (LLaVA); else (the Qwen families without torchvision, whose stock processor needs it for the
     video processor) :func:`mpipe_hf.data.build_processor` over ``AutoTokenizer`` and ``AutoImageProcessor``
-    (images and text processed as by the stock class; Qwen2-VL / Qwen2.5-VL videos by the torchvision-free video
-    processor, with the snapshot's video settings where it has any). A LoRA adapter directory (PEFT's
+    (images and text processed as by the stock class; Qwen2-VL / Qwen2.5-VL, Qwen3-VL and GLM-4.1V / GLM-4.5V
+    videos by the torchvision-free video processors, with the snapshot's video settings where it has any). A LoRA adapter directory (PEFT's
     ``adapter_config.json`` and the processor files, no ``config.json``) takes the model type from the config
     of its ``base_model_name_or_path``.
 
@@ -216,7 +216,7 @@ def load_checkpoint_processor(directory: str):
     from transformers.utils import is_torchvision_available
 
     from .processor import QWEN_PROCESSORS, VIDEO_TYPES, build_processor
-    from .processors_vlm import FAMILY_TYPES, QWEN3_LIKE
+    from .processors_vlm import FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE
 
     adapter = os.path.join(directory, "adapter_config.json")
     source = directory
@@ -229,7 +229,7 @@ def load_checkpoint_processor(directory: str):
                              f"directory, or one with its config.json")
     config = AutoConfig.from_pretrained(source)
     # the families of processors_vlm always get build_processor's (the stock PaliGemma/Idefics3 processors add
-    # tokens and rewrite the text; InternVL, LLaVA-OneVision, SmolVLM, GLM-4V need torchvision for video)
+    # tokens and rewrite the text; InternVL, LLaVA-OneVision, SmolVLM need torchvision for video, GLM-4.1V's ours)
     if config.model_type not in FAMILY_TYPES and (is_torchvision_available()
                                                   or config.model_type not in QWEN_PROCESSORS):
         return AutoProcessor.from_pretrained(directory)
@@ -241,6 +241,9 @@ def load_checkpoint_processor(directory: str):
         from .video_processor_qwen3 import qwen3_video_processor_from_image
         derive = qwen3_video_processor_from_image if config.model_type in QWEN3_LIKE else video_processor_from_image
         video = derive(image_processor, video_processor_config(directory))
+    elif config.model_type in GLM_LIKE:  # GLM-4.1V / GLM-4.5V snapshots ship their video processor's settings
+        from .video_processor_glm4v import glm_video_processor_from_image
+        video = glm_video_processor_from_image(image_processor, config.model_type, video_processor_config(directory))
     processor = build_processor(config, tokenizer, image_processor, video_processor=video)
     processor.chat_template = tokenizer.chat_template
     return processor

@@ -58,7 +58,8 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
     :func:`image_processor_for` when ``None``). Qwen2-VL's and Qwen2.5-VL's take videos too, through
     ``video_processor`` (``None``: the torchvision-free :class:`~.video_processor.QwenVideoProcessor` with the
     image processor's settings, as ``AutoVideoProcessor`` builds theirs; docs/video.md), and so do the Qwen3-VL
-    family's (:class:`~.video_processor_qwen3.Qwen3VideoProcessor`). LLaVA's takes its patch
+    family's (:class:`~.video_processor_qwen3.Qwen3VideoProcessor`) and GLM-4.1V / GLM-4.5V's
+    (:func:`~.processors_glm.glm_processor`). LLaVA's takes its patch
     size, feature strategy and image token from ``config`` (one extra position for a CLIP tower's CLS token); the
     other families' are :func:`~.processors_vlm.family_processor`'s (the tokenizer copied with the family's image
     markers named).
@@ -81,7 +82,7 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
                               image_token=tokenizer.convert_ids_to_tokens(config.image_token_id),
                               num_additional_image_tokens=1 if vision.model_type == "clip_vision_model" else 0)
     if config.model_type in FAMILY_TYPES:
-        return family_processor(config, tokenizer, image_processor)
+        return family_processor(config, tokenizer, image_processor, video_processor)
     if config.model_type in MORE:
         return MORE[config.model_type].processor(config, tokenizer, image_processor)
     raise ValueError(f"model_type {config.model_type!r} has no processor; supported: {PROCESSOR_TYPES}")

@@ -5,7 +5,8 @@ px and writes an image as its placeholder repeated once per merged patch (``imag
 
 - ``glm46v``, ``glmga``, ``glm_ocr``: ``Glm46VProcessor`` (the class the GLM-4.6V, Glmga and GLM-OCR hub
   snapshots name) over ``Glm46VImageProcessorPil`` (Glmga: ``GlmgaImageProcessorPil``), images
-  ``<|begin_of_image|><|image|><|end_of_image|>`` with the Qwen2 vision tokens standing in;
+  ``<|begin_of_image|><|image|><|end_of_image|>`` with the Qwen2 vision tokens standing in; GLM-4.6V's with
+  videos (:mod:`.processors_glm`, docs/video.md);
 - ``cosmos3_omni``: ``Qwen3VLProcessor`` (Cosmos3-Omni's model is Qwen3-VL's) over ``Qwen2VLImageProcessorPil`` in
   16-px patches, ChatML;
 - ``cosmos3_edge``: ``Cosmos3EdgeProcessor`` over ``Cosmos3EdgeImageProcessorPil`` (16-px patches, no temporal
@@ -42,8 +43,9 @@ from transformers import (Cosmos3EdgeProcessor, Ernie4_5_VLMoeProcessor, Exaone4
 from transformers.processing_utils import ProcessorMixin
 
 from .family_data import FamilyData
+from .processors_glm import GLM_VIDEO_IDS, GLM_VIDEO_TOKENS, glm_processor, with_video_markers
 from .processors_vlm import conversation_class, named_tokenizer
-from .templates import _CONTENT, _GENERATION, _GLM4V, _IMAGES, _TEXTS, _chatml
+from .templates import _CONTENT, _GENERATION, _GLM4V, _GLM_CONTENT, _IMAGES, _TEXTS, _chatml
 
 DATA: dict[str, FamilyData] = {}
 
@@ -59,7 +61,7 @@ _GLM46V = ("{{- '[gMASK]<sop>' -}}"
            "{%- for message in messages -%}"
            "{%- if message['role'] == 'assistant' -%}{{- '<|assistant|>\\n<think></think>\\n' -}}"
            "{%- else -%}{{- '<|' + message['role'] + '|>\\n' -}}{%- endif -%}"
-           + _CONTENT.replace("IMAGE", "'<|begin_of_image|>IMAGE_TOKEN<|end_of_image|>'") +
+           + _GLM_CONTENT +
            "{%- if message['role'] == 'assistant' -%}{{- eos_token -}}{%- endif -%}"
            "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|assistant|>\\n<think></think>\\n'"))
 
@@ -93,7 +95,17 @@ def _glm(model_type: str, image_cls: str, template: str) -> FamilyData:
                       pixel_bounded=True)
 
 
-DATA["glm46v"] = _glm("glm46v", "Glm46VImageProcessorPil", _GLM46V)
+_GLM46V_CLASS = conversation_class(with_video_markers(Glm46VProcessor), "glm46v")
+
+
+def _glm46v_processor(config, tokenizer, image_processor):
+    """GLM-4.6V's processor with its torchvision-free video processor (:func:`~.processors_glm.glm_processor`)."""
+    return glm_processor(_GLM46V_CLASS, config, named_tokenizer(tokenizer, config), image_processor)
+
+
+DATA["glm46v"] = FamilyData(_glm_image_processor("Glm46VImageProcessorPil"), _glm46v_processor, _GLM46V,
+                            hub_image_token="<|image|>", tokens={**GLM_TOKENS, **GLM_VIDEO_TOKENS},
+                            config_ids={**GLM_IDS, **GLM_VIDEO_IDS}, repeated=True, pixel_bounded=True)
 DATA["glmga"] = _glm("glmga", "GlmgaImageProcessorPil", _GLM46V)
 DATA["glm_ocr"] = _glm("glm_ocr", "Glm46VImageProcessorPil", _GLM4V)  # GLM-4.1V's turns, no reasoning block
 DATA["cosmos3_omni"] = FamilyData(_glm_image_processor("Qwen2VLImageProcessorPil"),

@@ -4,8 +4,9 @@
 Every processor built here is a thin subclass of the stock ``transformers`` class (:func:`conversation_class`):
 
 - families whose stock class holds a video processor (Qwen, GLM-4V, InternVL, LLaVA-OneVision, SmolVLM) take
-  ``video_processor=None`` (the stock class check refuses ``None``, and their video processors need torchvision);
-  images and text are processed exactly as by the stock class;
+  ``video_processor=None`` (the stock class check refuses ``None``, and their video processors need torchvision)
+  or a torchvision-free one (Qwen3-VL's, GLM-4.xV's: :mod:`.processors_glm`); images and text are processed
+  exactly as by the stock class;
 - ``save_pretrained`` writes what a hub snapshot holds (:func:`mpipe_hf.data.hub.save_processor`: the stock class's
   name, the chat template);
 - three classes change what their stock ``__init__``/``__call__`` would do to a shared tokenizer or a conversation:
@@ -35,9 +36,12 @@ from transformers.processing_utils import ProcessorMixin
 from transformers.utils import is_torchvision_available
 from transformers.video_processing_utils import VideoProcessorMixin
 
+from .processors_glm import GLM_VIDEO_IDS, GLM_VIDEO_TOKENS, glm_processor, with_video_markers
+
 # model_type -> {tokenizer attribute: (the hub checkpoints' token, the Qwen2 special token standing in)}
 FAMILY_TOKENS = {
-    "glm4v": {"image_token": ("<|image|>", "<|image_pad|>"), "video_token": ("<|video|>", "<|video_pad|>")},
+    "glm4v": {"image_token": ("<|image|>", "<|image_pad|>"), "video_token": ("<|video|>", "<|video_pad|>"),
+              **GLM_VIDEO_TOKENS},
     "gemma3": {"image_token": ("<image_soft_token>", "<|image_pad|>"),
                "boi_token": ("<start_of_image>", "<|vision_start|>"),
                "eoi_token": ("<end_of_image>", "<|vision_end|>")},
@@ -59,7 +63,7 @@ FAMILY_TOKENS["smolvlm"] = {**FAMILY_TOKENS["idefics3"], "video_token": ("<video
 
 # model_type -> {tokenizer attribute: the config attribute holding its id}
 CONFIG_TOKEN_IDS = {
-    "glm4v": {"image_token": "image_token_id", "video_token": "video_token_id"},
+    "glm4v": {"image_token": "image_token_id", "video_token": "video_token_id", **GLM_VIDEO_IDS},
     "gemma3": {"image_token": "image_token_index", "boi_token": "boi_token_index", "eoi_token": "eoi_token_index"},
     "paligemma": {"image_token": "image_token_index"},
     "internvl": {"context_image_token": "image_token_id"},
@@ -205,7 +209,7 @@ class _SmolVLMProcessor(SmolVLMProcessor):
 
 CLASSES = {
     **{t: conversation_class(Qwen3VLProcessor, t) for t in QWEN3_LIKE[1:]},
-    **{t: conversation_class(Glm4vProcessor, t) for t in GLM_LIKE},
+    **{t: conversation_class(with_video_markers(Glm4vProcessor), t) for t in GLM_LIKE},
     "gemma3": conversation_class(Gemma3Processor, "gemma3"),
     "paligemma": conversation_class(_ConversationPaliGemmaProcessor, "paligemma"),
     "internvl": conversation_class(InternVLProcessor, "internvl"),
@@ -333,10 +337,11 @@ def family_image_processor(config, min_pixels: int, max_pixels: int):
     raise ValueError(f"model_type {model_type!r} has no image processor here; supported: {FAMILY_TYPES}")
 
 
-def family_processor(config, tokenizer, image_processor):
+def family_processor(config, tokenizer, image_processor, video_processor=None):
     """The processor of ``config.model_type`` (:data:`FAMILY_TYPES`) over :func:`named_tokenizer` of ``tokenizer`` and
     ``image_processor``, with the family's arguments from ``config`` (tokens per image or tile, patch sizes, feature
-    strategy), as the hub checkpoints' ``processor_config.json`` holds them.
+    strategy), as the hub checkpoints' ``processor_config.json`` holds them; ``video_processor``: GLM-4.1V /
+    GLM-4.5V's (``None``: built from the image processor, :func:`~.processors_glm.glm_processor`).
 
     Raises:
         ValueError: ``config.model_type`` is not one of :data:`FAMILY_TYPES`; a marker has no token in the
@@ -351,8 +356,8 @@ def family_processor(config, tokenizer, image_processor):
         from .video_processor_qwen3 import qwen3_video_processor_from_image
         return cls(image_processor=image_processor, tokenizer=tok,
                    video_processor=qwen3_video_processor_from_image(image_processor))
-    if model_type in GLM_LIKE:
-        return cls(image_processor=image_processor, tokenizer=tok, video_processor=None)
+    if model_type in GLM_LIKE:  # videos through the torchvision-free GLM-4.1V video processor (docs/video.md)
+        return glm_processor(cls, config, tok, image_processor, video_processor)
     tiles = (_side(config) // _patch(config)) ** 2  # patches per tile (or image) of the tower
     if model_type == "gemma3":
         return cls(image_processor, tok, image_seq_length=config.mm_tokens_per_image)
@@ -371,8 +376,9 @@ def family_processor(config, tokenizer, image_processor):
         return cls(image_processor, tok, patch_size=_patch(config), image_token=tok.image_token,
                    vision_feature_select_strategy=config.vision_feature_select_strategy,
                    num_additional_image_tokens=1 if cls_token else 0)
-    if model_type == "llava_onevision":
-        return cls(image_processor, tok, None, num_image_tokens=tiles, image_token=tok.image_token,
+    if model_type == "llava_onevision":  # videos through the torchvision-free video processor (docs/video.md)
+        from .video_processor_onevision import onevision_video_processor
+        return cls(image_processor, tok, onevision_video_processor(config), num_image_tokens=tiles, image_token=tok.image_token,
                    video_token=tok.video_token, vision_aspect_ratio=config.vision_aspect_ratio,
                    vision_feature_select_strategy=config.vision_feature_select_strategy)
     image_seq_len = int(tiles / config.scale_factor ** 2)  # idefics3, smolvlm

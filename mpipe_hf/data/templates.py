@@ -30,7 +30,8 @@ In every template a message's ``content`` is a string or a list of parts ``{"typ
 ``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA: ``<image>\\n``, the newline left out when the next text
 starts with one; the others ``processor.image_token``), which the processor then expands to the image's tokens.
 The Qwen templates write a video part ``{"type": "video"}`` as ``<|vision_start|><|video_pad|><|vision_end|>``, as
-the hub templates do (docs/video.md). ``add_generation_prompt`` appends the assistant header (ChatML
+the hub templates do, and the GLM ones as ``<|begin_of_video|><|video|><|end_of_video|>`` (``VIDEO_TOKEN``, the
+processor's ``video_token``; docs/video.md). ``add_generation_prompt`` appends the assistant header (ChatML
 ``<|im_start|>assistant\\n``, LLaVA ``ASSISTANT:``; nothing where the hub format has none: PaliGemma, Mistral 3, LLaVA-NeXT). Rendering a
 conversation's first turns with the generation prompt gives a prefix of rendering it all (how the collator finds
 the assistant tokens).
@@ -181,13 +182,15 @@ _LLAVA_NEXT = ("{%- for message in messages -%}"
                "{%- endfor -%}")
 
 # LLaVA-OneVision (llava-onevision-qwen2-*-ov-hf): <|im_start|>user <image>\ntext<|im_end|>, images first, then
-# each text part after a newline; no newline after <|im_end|>. The hub template opens an assistant turn
-# "<|im_start|>assistant " + "\n" + text but prompts with "<|im_start|>assistant\n"; here both are the latter, so a
-# conversation's prefix renders as a prefix of it (and as the original LLaVA-OneVision ChatML trains it).
+# videos (<video>: VIDEO_TOKEN), then each text part after a newline; no newline after <|im_end|>. The hub template
+# opens an assistant turn "<|im_start|>assistant " + "\n" + text but prompts with "<|im_start|>assistant\n"; here
+# both are the latter, so a conversation's prefix renders as a prefix of it (and as the original LLaVA-OneVision
+# ChatML trains it).
 _LLAVA_ONEVISION = ("{%- for message in messages -%}"
                     "{%- if message['role'] == 'assistant' -%}{{- '<|im_start|>assistant\\n' -}}" + _TEXTS +
                     "{%- else -%}{{- '<|im_start|>' + message['role'] + ' ' -}}" +
                     _IMAGES.replace("IMAGE", "'IMAGE_TOKEN'") +
+                    _IMAGES.replace("'image'", "'video'").replace("IMAGE", "'VIDEO_TOKEN'") +
                     "{%- if message['content'] is string -%}{{- '\\n' + message['content'] -}}{%- else -%}"
                     "{%- for part in message['content'] if part['type'] == 'text' -%}{{- '\\n' + part['text'] -}}"
                     "{%- endfor -%}{%- endif -%}"
@@ -213,9 +216,13 @@ def _idefics(start: str) -> str:
 # labelled and a model fine-tuned on it would never learn to stop. As GLM fine-tuning recipes do (LLaMA-Factory's
 # glm4v template, efficient_eos), each assistant turn ends with the tokenizer's eos token, which the encoder labels
 # as the turn's end token (a special token right after the answer, ConversationEncoder.encode).
+# A video part <|begin_of_video|><|video|><|end_of_video|> (the hub templates'), which the processor expands to a
+# <|begin_of_image|>...<|end_of_image|> and a time per temporal patch (docs/video.md).
+_GLM_CONTENT = _with_video(_image("'<|begin_of_image|>IMAGE_TOKEN<|end_of_image|>'"),
+                           "'<|begin_of_video|>VIDEO_TOKEN<|end_of_video|>'")
 _GLM4V = ("{{- '[gMASK]<sop>' -}}"
           "{%- for message in messages -%}"
-          "{{- '<|' + message['role'] + '|>\\n' -}}" + _image("'<|begin_of_image|>IMAGE_TOKEN<|end_of_image|>'") +
+          "{{- '<|' + message['role'] + '|>\\n' -}}" + _GLM_CONTENT +
           "{%- if message['role'] == 'assistant' -%}{{- eos_token -}}{%- endif -%}"
           "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|assistant|>\\n'"))
 
@@ -247,18 +254,23 @@ HUB_IMAGE_TOKENS = {"llava": "<image>", "glm4v": "<|image|>", "glm4v_moe": "<|im
 # Markers of the hub templates that a vocabulary without them (the Qwen2 one) writes as the Qwen2 special token
 # standing in, so that they stay one token each and an end-of-turn marker is still labelled. Other missing markers
 # ([gMASK], <|user|>, [INST]...) are written as they are and tokenized as plain text.
+HUB_VIDEO_TOKENS = {"llava_onevision": "<video>"}  # a template's VIDEO_TOKEN where not GLM's <|video|>
 STAND_INS = {"<start_of_turn>": "<|im_start|>", "<end_of_turn>": "<|im_end|>",  # Gemma 3
              "<end_of_utterance>": "<|im_end|>",  # Idefics3, SmolVLM
              "<|begin_of_image|>": "<|vision_start|>", "<|end_of_image|>": "<|vision_end|>",  # GLM-4V
+             "<|begin_of_video|>": "<|box_start|>", "<|end_of_video|>": "<|box_end|>",  # (.processors_glm)
              "<|turn>": "<|im_start|>", "<turn|>": "<|im_end|>",  # Gemma 4
              "[|endofturn|]": "<|im_end|>",  # EXAONE 4.5
              "<|vision_bos|>": "<|vision_start|>", "<|vision_eos|>": "<|vision_end|>"}  # Qwen2.5-Omni
 
 
-def default_chat_template(model_type: str, image_token: str | None = None, tokenizer=None) -> str:
+def default_chat_template(model_type: str, image_token: str | None = None, tokenizer=None,
+                          video_token: str | None = None) -> str:
     """The family's Jinja chat template (module docstring), for ``apply_chat_template(..., chat_template=...)``.
     ``image_token``: the image placeholder (``processor.image_token``; ``None``: the hub checkpoints' one,
-    :data:`HUB_IMAGE_TOKENS`; the Qwen templates write ``<|vision_start|><|image_pad|><|vision_end|>``).
+    :data:`HUB_IMAGE_TOKENS`; the Qwen templates write ``<|vision_start|><|image_pad|><|vision_end|>``);
+    ``video_token``: the video placeholder where a template writes ``VIDEO_TOKEN`` (``processor.video_token``;
+    ``None``: the hub checkpoints' one, :data:`HUB_VIDEO_TOKENS`, else GLM's ``<|video|>``).
     ``tokenizer``: where given, each marker of :data:`STAND_INS` its vocabulary lacks is written as its stand-in.
 
     Raises:
@@ -271,6 +283,8 @@ def default_chat_template(model_type: str, image_token: str | None = None, token
     hub = MORE[model_type].hub_image_token if model_type in MORE else HUB_IMAGE_TOKENS.get(model_type, "<image>")
     image_token = image_token or hub
     template = templates[model_type].replace("IMAGE_TOKEN", image_token.replace("'", "\\'"))
+    video_token = video_token or HUB_VIDEO_TOKENS.get(model_type, "<|video|>")
+    template = template.replace("VIDEO_TOKEN", video_token.replace("'", "\\'"))
     if tokenizer is not None:
         vocab = tokenizer.get_vocab()
         for marker, stand_in in STAND_INS.items():
@@ -296,4 +310,5 @@ def chat_template_for(processor_or_tokenizer, model_type: str) -> str:
     if own:
         return own
     return default_chat_template(model_type, getattr(processor_or_tokenizer, "image_token", None),
-                                 getattr(processor_or_tokenizer, "tokenizer", processor_or_tokenizer))
+                                 getattr(processor_or_tokenizer, "tokenizer", processor_or_tokenizer),
+                                 getattr(processor_or_tokenizer, "video_token", None))

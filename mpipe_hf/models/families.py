@@ -153,6 +153,56 @@ DEEPSTACK = dict(QWEN_VL, stage0_inputs=("position_ids", "visual_pos_index"), ho
 # write per-frame timestamps, and get_rope_index splits each video into one grid per temporal patch
 DEEPSTACK_VIDEO = dict(DEEPSTACK, video_inputs=QWEN_VIDEO["video_inputs"],
                        video_meta=VIDEO_META_KEYS + ("deepstack_order",), validate=QWEN_VIDEO["validate"])
+
+
+def validate_glm_micro(model: nn.Module):
+    """``family.validate`` for GLM-4.1V / 4.5V / 4.6V: ``validate_micro(raw)`` raises ``ValueError`` for a
+    micro-batch that holds both images and videos (their model writes a video's tokens as image tokens and finds
+    both with one mask, ``get_placeholder_mask``'s ``special_video_mask = special_image_mask``, so its forward
+    raises on such a micro-batch: images and videos must go in different micro-batches), or whose image (video)
+    tokens, ``mm_token_type_ids`` 1 (2), differ in number from the features ``image_grid_thw``
+    (``video_grid_thw``) gives."""
+    config, merge = model.config, model.config.vision_config.spatial_merge_size
+    ids = (config.image_token_id, config.video_token_id)  # the video tokens before and after glm_host_inputs
+
+    def validate_micro(raw: Tensors) -> None:
+        if "pixel_values" in raw and "pixel_values_videos" in raw:
+            raise ValueError(f"{config.model_type}: a micro-batch holds both images and videos; the model finds a "
+                             f"video's tokens with the image tokens' mask (they share the image token), so its "
+                             f"forward cannot take both at once: put images and videos in different micro-batches "
+                             f"(docs/video.md)")
+        visual = torch.isin(raw["input_ids"], torch.tensor(ids))
+        types = raw.get("mm_token_type_ids")
+        types = torch.ones_like(raw["input_ids"]) if types is None else types  # none: every token an image's
+        for kind, type_id, grid in (("image", 1, "image_grid_thw"), ("video", 2, "video_grid_thw")):
+            n_tokens = int((visual & (types == type_id)).sum())
+            n_feats = int(raw[grid].prod(-1).sum()) // merge ** 2 if raw.get(grid) is not None else 0
+            if n_tokens != n_feats:
+                raise ValueError(f"{kind}-token count {n_tokens} (id {ids[0]}, mm_token_type_ids {type_id}) differs "
+                                 f"from the {n_feats} {kind} features the micro-batch's {kind}s give")
+    return validate_micro
+
+
+def glm_host_inputs(model: nn.Module):
+    """:func:`~.host_metadata.qwen_host_inputs` for GLM-4.xV, and for a micro with videos ``input_ids`` with each
+    video token (the image token where ``mm_token_type_ids`` is 2) as ``config.video_token_id``: stage 0 then puts
+    the video features at the video tokens (:class:`~.family.ImageFront`). The features replace these tokens'
+    embeddings in both models, so the id they are looked up under changes neither the loss nor a gradient."""
+    host, config = qwen_host_inputs(model), model.config
+
+    def run(raw: Tensors) -> Tensors:
+        out = host(raw)
+        if "pixel_values_videos" in raw:
+            video = (raw["input_ids"] == config.image_token_id) & (raw["mm_token_type_ids"] == 2)
+            out["input_ids"] = raw["input_ids"].masked_fill(video, config.video_token_id)
+        return out
+    return run
+
+
+# GLM-4.1V / 4.5V / 4.6V: videos as Qwen2's (the tower's second call), each temporal patch its own grid in
+# get_rope_index; a video's tokens are image tokens, told apart on the host (glm_host_inputs), and a micro-batch
+# never holds both images and videos (validate_glm_micro)
+GLM_VIDEO = dict(QWEN_VIDEO, host=glm_host_inputs, validate=validate_glm_micro)
 TOWER = ("model.vision_tower", "model.multi_modal_projector")
 DECODER_ONLY = Family(text="model")
 
@@ -160,7 +210,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2_vl": Family(**QWEN_VIDEO), "qwen2_5_vl": Family(**QWEN_VIDEO), "qwen3_vl": Family(**DEEPSTACK_VIDEO),
     "qwen3_vl_moe": Family(**DEEPSTACK_VIDEO), "qwen3_5": Family(**QWEN_VIDEO),
     "qwen3_5_moe": Family(**QWEN_VIDEO),
-    "glm4v": Family(**QWEN_VL), "glm4v_moe": Family(**QWEN_VL),
+    "glm4v": Family(**GLM_VIDEO), "glm4v_moe": Family(**GLM_VIDEO),
     "llava": Family(vision=TOWER, validate=validate_counted_micro(_llava_tokens)),
     "llava_next": Family(vision=TOWER + ("model.image_newline",), image_inputs=("pixel_values", "image_sizes")),
     "llava_onevision": Family(vision=TOWER + ("model.image_newline",),

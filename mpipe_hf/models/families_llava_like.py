@@ -13,15 +13,24 @@ connector: a fixed ``resampler_n_latents`` tokens per real image. DeepSeek-OCR-2
 local tiles', its global view's and the learned ``model.view_separator`` (a bare parameter of ``P``); its
 DeepSeek-V2 MoE text model adds no load-balancing term to the loss (``DeepseekOcr2ForConditionalGeneration``), so
 none is added here (``output_router_logits`` stays off, as for ``mistral4``).
+
+LLaVA-OneVision (declared in :mod:`.families` for its images) takes videos here: its ``get_video_features`` (the
+tower per frame, the projector, ``apply_pooling`` 2 x 2 and ``image_newline`` after each video) is ``P``'s second
+vision call, as its ``forward`` makes it, and the load-time check counts its image tokens (``get_image_features``'
+anyres packing) and video tokens (docs/video.md).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+
+import torch
 
 from .families import FAMILIES as _BASE, TOWER, _fixed, real_tiles, validate_counted_micro
 from .family import Family, no_pil
 from . import tiny_llava_like as tiny
+from .tiny_vlms import tiny_llava_onevision_config
 
 Tensors = dict
 
@@ -57,6 +66,43 @@ def _ocr2_tokens(model):
         tiles = local.shape[0] * queries(local) if local is not None and local.numel() else 0
         return raw["pixel_values"].shape[0] * (queries(raw["pixel_values"]) + 1) + tiles
     return count
+
+
+def _onevision_images(model):
+    """LLaVA-OneVision's image tokens, as ``get_image_features`` packs each image (``image_sizes``): the base
+    tile's patches, then, for an image alone in its row (``batch_num_images``), its anyres grid unpadded to the
+    image's aspect (transformers' ``get_anyres_image_grid_shape`` and ``unpad_image``, on the meta device), shrunk
+    where it holds more than ``anyres_max_N`` tiles' patches, a newline a line; an image among several, one
+    newline."""
+    from transformers.models.llava_onevision.modeling_llava_onevision import get_anyres_image_grid_shape, unpad_image
+    config = model.config
+    tile = config.vision_config.image_size
+    side = tile // config.vision_config.patch_size
+    most = int(config.vision_aspect_ratio.strip("anyres_max_"))
+
+    def image(height: int, width: int) -> int:
+        rows, cols = get_anyres_image_grid_shape((height, width), config.image_grid_pinpoints, tile)
+        grid = unpad_image(torch.empty(1, rows * side, cols * side, device="meta"), [height, width])
+        h, w = grid.shape[1:]
+        ratio = math.sqrt(h * w / (most * side ** 2))
+        if ratio > 1.1:
+            h, w = int(h // ratio), int(w // ratio)
+        return side * side + h * (w + 1)
+
+    def count(raw) -> int:
+        sizes = raw["image_sizes"].tolist()
+        per_row = raw.get("batch_num_images")
+        alone = [True] * len(sizes) if per_row is None else [n == 1 for n in per_row.tolist() for _ in range(n)]
+        return sum(image(h, w) if one else side * side + 1 for (h, w), one in zip(sizes, alone))
+    return count
+
+
+def _onevision_videos(model):
+    """LLaVA-OneVision's video tokens: per video (``pixel_values_videos`` ``(videos, frames, C, H, W)``) each
+    frame's patches pooled to ``ceil(side / 2) ** 2`` (``apply_pooling``), and one ``image_newline``."""
+    vision = model.config.vision_config
+    per_frame = math.ceil(vision.image_size // vision.patch_size / 2) ** 2
+    return lambda raw: raw["pixel_values_videos"].shape[0] * (raw["pixel_values_videos"].shape[1] * per_frame + 1)
 
 
 def refuse_modalities(keys: dict[str, str], inner=None):
@@ -114,6 +160,9 @@ FAMILIES: dict[str, Family] = {
 }
 # model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
 TINY: dict = {t: getattr(tiny, f"tiny_{t}_config") for t in FAMILIES}
+FAMILIES["llava_onevision"] = replace(_BASE["llava_onevision"], video_inputs=("pixel_values_videos",),
+                                      validate=validate_counted_micro(_onevision_images, _onevision_videos))
+TINY["llava_onevision"] = tiny_llava_onevision_config
 _TIMM = ("its vision tower is a timm model (TimmWrapperModel): timm is not installed and needs torchvision, which "
          "cannot be imported here")
 # model_type -> why it cannot be split, in the user's terms

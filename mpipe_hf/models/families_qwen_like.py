@@ -1,9 +1,9 @@
 """The qwen_like families added in issue 38: declarations (:class:`~.family.Family`) and tiny configs.
 
 - Families whose ``...Model`` is, module for module, one already declared (:data:`~.families.QWEN_VL`, with
-  ``get_rope_index`` on the host): GLM-4.6V and Glmga (``Glm46VModel``, GLM-4.1V's code under another name),
-  GLM-OCR (GLM-4.1V's structure with its own tower and text classes), Cosmos3-Omni (``Qwen3VLModel`` with DeepStack
-  under another name);
+  ``get_rope_index`` on the host): GLM-4.6V (videos too, :data:`~.families.GLM_VIDEO`) and Glmga
+  (``Glm46VModel``, GLM-4.1V's code under another name), GLM-OCR (GLM-4.1V's structure with its own tower and
+  text classes), Cosmos3-Omni (``Qwen3VLModel`` with DeepStack under another name);
 - M-RoPE families with towers of their own, positions from their ``get_rope_index`` on the host
   (:func:`rope_family`): PaddleOCR-VL, Cosmos3-Edge, ERNIE 4.5 VL (:mod:`.families_qwen_like_moe`), MiniCPM-V 4.7
   (:func:`canvas_host_inputs`), HunYuan-VL (:mod:`.families_qwen_like_hunyuan`), the Qwen Omni thinkers
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from transformers import CONFIG_MAPPING
 
-from .families import DEEPSTACK, QWEN_VL, _qwen_tokens, validate_counted_micro
+from .families import DEEPSTACK, GLM_VIDEO, QWEN_VL, _qwen_tokens, validate_counted_micro
 from .families_qwen_like_hunyuan import HUNYUAN_VL, tiny_hunyuan_vl_config
 from .families_qwen_like_lfm import (Lfm3Stage, MupStage, tiny_hyperclovax_vision_v2_config, tiny_lfm3_vl_config,
                                      tiny_minicpmv4_6_config, tiny_minicpmv4_7_config)
@@ -190,7 +190,7 @@ def canvas_host_inputs(model):
     return host
 
 
-FAMILIES.update({"glm46v": Family(**QWEN_VL), "glmga": Family(**QWEN_VL), "glm_ocr": Family(**QWEN_VL),
+FAMILIES.update({"glm46v": Family(**GLM_VIDEO), "glmga": Family(**QWEN_VL), "glm_ocr": Family(**QWEN_VL),
                  "cosmos3_omni": Family(**DEEPSTACK)})
 TINY.update({"glm46v": tiny_glm46v_config, "glmga": tiny_glmga_config, "glm_ocr": tiny_glm_ocr_config,
              "cosmos3_omni": tiny_cosmos3_omni_config})

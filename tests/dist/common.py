@@ -130,13 +130,29 @@ def video_row(parts: list, answer: int, prompt_repeat: int, clips: list[dict]) -
             "images": images}
 
 
-def make_video_pool(collate, clips: list[dict]) -> list[dict[str, torch.Tensor]]:
+# families whose model cannot take images and videos in one micro-batch (GLM-4.xV: they share the image token)
+VIDEO_APART = ("glm4v", "glm4v_moe", "glm46v")
+# families whose model stacks a micro-batch's videos (LLaVA-OneVision): every clip sampled to this many frames
+VIDEO_FRAMES = {"llava_onevision": 4}
+
+
+def frames_of(clips: list[dict], count: int) -> list[dict]:
+    """``clips`` (:func:`write_clips`' parts) each sampled to ``count`` frames (``num_frames``, no ``fps``)."""
+    return [{**{k: v for k, v in clip.items() if k != "fps"}, "num_frames": count} for clip in clips]
+
+
+def make_video_pool(collate, clips: list[dict], apart: bool = False) -> list[dict[str, torch.Tensor]]:
     """Micro-batches of rows mixing images and videos (issue 39): a video alone, an image before a video and a
     video before an image, two videos in one row, a frame-folder video, rows of one image or text only beside
-    them, and a micro-batch with no video."""
+    them, and a micro-batch with no video. ``apart``: no micro-batch holds both an image and a video (GLM-4.xV,
+    :data:`VIDEO_APART`): a video alone, two videos in a row, a frame folder beside a clip, video or image rows
+    beside text-only ones, micro-batches of images alone between them."""
     V, I = "video", "image"  # noqa: E741
     micros = [[[(V, 0)]], [[(I, 1), (V, 1)], []], [[(V, 2)], [(I, 3)]], [[(V, 0), (V, 1)]],
               [[(V, 1), (I, 4)], [(V, 2)]], [[(I, 5)], []]]
+    if apart:
+        micros = [[[(V, 0)]], [[(I, 1)], []], [[(V, 2)], [(V, 1)]], [[(V, 0), (V, 1)]], [[(I, 4)], [(I, 3)]],
+                  [[(V, 1)], []]]
     return [collate([video_row(parts, (m + j) % 8, (m + j) % 3, clips) for j, parts in enumerate(rows)])
             for m, rows in enumerate(micros)]
 
@@ -224,7 +240,9 @@ def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: lis
     if videos:
         clips = write_clips(os.path.join(os.path.dirname(path), "clips"))
         for name in videos:
-            pools[f"video-{name}"] = make_video_pool(collator(configs[name], tokenizer), clips)
+            own = frames_of(clips, VIDEO_FRAMES[name]) if name in VIDEO_FRAMES else clips
+            pools[f"video-{name}"] = make_video_pool(collator(configs[name], tokenizer), own,
+                                                     apart=name in VIDEO_APART)
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
 
 
