@@ -18,7 +18,8 @@
   owner-backward, stage 0's layers) and lists them fastest first;
 - ``mpipe-hf plan RECIPE.yaml [--profile PROFILE.yaml] [--gpu-gib 80]`` prints every rank's parameter, gradient,
   optimizer-state and activation bytes (exact counts on the meta device; activations from the profile, or
-  estimated from the config) and the predicted step time; with ``data.packing`` also step 0's packed
+  estimated from the config; with ``parallel.ep_size`` a rank's share of the experts and the all-to-all's
+  buffers) and the predicted step time; with ``data.packing`` also step 0's packed
   micro-batches and the simulated packed step against the same rows padded (:mod:`.train.plan_packing`; needs
   the data); exits 1 when a rank does not fit;
 - ``mpipe-hf profile RECIPE.yaml`` measures a cost profile of the recipe's model and data on one process;
@@ -154,9 +155,13 @@ def _plan(args) -> None:
             print(f"note: balanced by {args.profile}'s costs the layout would be {by_profile}; set parallel.profile: "
                   f"{args.profile} in the recipe to train with it (planned below: the recipe's {layers})")
     ckpt, text_layers = recipe.train.gradient_checkpointing, recipe.parallel.text_layers
-    result = plan(config, cfg, profile, layers, text_layers, ckpt)
-    print(f"{config.model_type}: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} preprocess={cfg.preprocess} "
-          f"text_layers={text_layers} gradient_checkpointing={ckpt}; costs from {source}")
+    from .train.plan_experts import ep_within_node
+    parallel = recipe.parallel
+    result = plan(config, cfg, profile, layers, text_layers, ckpt, parallel.ep_size,
+                  ep_within_node(parallel, config, recipe.data))
+    print(f"{config.model_type}: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} dp_size={parallel.dp_size} "
+          f"ep_size={parallel.ep_size} preprocess={cfg.preprocess} text_layers={text_layers} "
+          f"gradient_checkpointing={ckpt}; costs from {source}")
     print(result.table(args.gpu_gib * 2**30))
     if recipe.data.packing:
         from .train.plan_packing import packed_section

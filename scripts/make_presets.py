@@ -8,7 +8,12 @@ Usage: python scripts/make_presets.py [--tokens 2048] [--image-tokens 1024] [--o
 For each model, every ``R`` in 2, 4, 8, 16, 32, ``V`` in 1, 2, 4 and both warm-ups (frozen visual tower, ``M = 4R``, layers
 balanced by cost) is planned on the config-estimated profile (``tokens`` per micro-batch, H100 bf16 peak at
 40% MFU); the preset takes the smallest ``R`` whose fullest rank fits 80 GiB with 10% headroom, and at that
-``R`` the ``V`` with the shortest predicted step. The sizes are the public ones of each checkpoint's
+``R`` the ``V`` with the shortest predicted step. A mixture-of-experts model (issue 40) also tries expert
+parallelism, ``ep_size`` in 1, 2, 4, 8 dividing its experts (``dp_size = ep_size`` replicas, ``mesh_order:
+dp_inner`` so that an EP group's all-to-all stays within an 8-GPU node): the preset takes the fewest GPUs
+(``R * ep_size``) that fit, and among those the shape with the most micro-batches per second (``ep_size * M``
+over the predicted step, the all-to-alls charged). A preset in :data:`FIXED` keeps a published layout instead.
+The sizes are the public ones of each checkpoint's
 config.json (hidden size, layers, heads, key-value heads, MLP width, vocabulary; the vision tower's depth,
 width and patching; experts and linear-attention heads). Hubs are out of reach here, so each newer preset names
 the public text its sizes were read from (two that agree where one did not give every field).
@@ -44,7 +49,7 @@ parallel:
   preprocess: frozen
   less_memory: {less}
   layers_per_stage: {layout}
-train:
+{ep_lines}train:
   max_steps: 1000
   learning_rate: 1.0e-5
   gradient_checkpointing: {ckpt}
@@ -115,6 +120,21 @@ def qwen3_vl_30b_a3b():
         tie_word_embeddings=False, **QWEN_IDS)
 
 
+def qwen3_vl_235b_a22b():
+    """Qwen/Qwen3-VL-235B-A22B-Instruct. Text: THUDM/slime scripts/models/qwen3-vl-235b-a22b.sh (94 layers, hidden
+    4096, 64 heads over 4 KV groups of 128, 128 experts of 1536 with top 8 in every layer, rope base 5e6,
+    vocabulary 151936, untied head); the tower of the Qwen3-VL 8B and 30B-A3B presets (depth 27, width 1152,
+    DeepStack at blocks 8, 16 and 24), projecting to the text width 4096 as the 8B's does."""
+    return Qwen3VLMoeConfig(
+        text_config={**_qwen_text(4096, 12288, 94, 64, 4, 151936, False, theta=5e6, mrope=(24, 20, 20),
+                                  head_dim=128, moe_intermediate_size=1536, num_experts=128, num_experts_per_tok=8,
+                                  decoder_sparse_step=1, mlp_only_layers=[]), "max_position_embeddings": 262144},
+        vision_config=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
+                           temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=4096,
+                           num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24]),
+        tie_word_embeddings=False, **QWEN_IDS)
+
+
 def internvl3_8b():
     """OpenGVLab/InternVL3-8B-hf. Text (Qwen2.5-7B): Ascend/MindSpeed-MM examples/internvl3/model_8B.json (28
     layers, hidden 3584, MLP 18944, 28 heads over 4 KV, vocabulary 151674, rope base 1e6 with dynamic factor 2,
@@ -180,36 +200,89 @@ PRESETS = {
     "qwen3_5_27b": ("Qwen/Qwen3.5-27B", qwen3_5_27b),
     "qwen3_5_35b_a3b": ("Qwen/Qwen3.5-35B-A3B", qwen3_5_35b_a3b),
     "qwen3_vl_30b_a3b": ("Qwen/Qwen3-VL-30B-A3B-Instruct", qwen3_vl_30b_a3b),
+    "qwen3_vl_235b_a22b": ("Qwen/Qwen3-VL-235B-A22B-Instruct", qwen3_vl_235b_a22b),
     "internvl3_8b": ("OpenGVLab/InternVL3-8B-hf", internvl3_8b),
     "gemma3_12b": ("google/gemma-3-12b-it", gemma3_12b),
 }
 
 
-def choose(config, tokens, image_tokens):
-    """``(R, V, M, layout, plan, why)``: the smallest R that fits, and at that R the fastest V."""
+# presets that keep a published layout ``(R, ep_size)`` rather than the fewest GPUs, and why
+FIXED = {"qwen3_vl_235b_a22b": ((16, 8), "R = 16 and ep_size = 8 are Megatron-Bridge's pipeline and expert "
+                                         "parallel sizes for this model on H100s (its recipe "
+                                         "qwen3_vl_235b_a22b_pretrain_256gpu_h100_bf16_mock_config, with TP 4 and "
+                                         "CP 2 besides, which mpipe_hf does not have)")}
+
+
+def shapes(config, name):
+    """``[(R, ep_size), ...]`` to try, by GPUs ``R * ep_size`` then ``R``: ``FIXED[name]`` alone; else every ``R``
+    in 2 to 32 with ``ep_size`` 1 (a dense model), or 1, 2, 4, 8 dividing its experts (a MoE one)."""
+    if name in FIXED:
+        return [FIXED[name][0]]
+    from mpipe_hf.models.expert_parallel import num_experts
+    experts = num_experts(config) or 0
+    eps = [ep for ep in (1, 2, 4, 8) if ep == 1 or (experts and experts % ep == 0)]
+    return sorted(((pp, ep) for pp in (2, 4, 8, 16, 32) for ep in eps), key=lambda s: (s[0] * s[1], s[0]))
+
+
+def choose(config, tokens, image_tokens, name=""):
+    """``(cfg, ep_size, layout, plan, worst GiB, checkpointing, tried)``: among :func:`shapes` the fewest GPUs
+    that fit and, there, the most micro-batches per second (``ep_size * M`` over the predicted step: for one
+    ``R``, the fastest ``V``)."""
     from mpipe_hf.models import get_family
     from mpipe_hf.schedule import ScheduleConfig
     from mpipe_hf.train.plan import estimate_profile, plan
     profile = estimate_profile(config, tokens, image_tokens if hasattr(config, "vision_config") else 0)
-    tried = []
-    for pp in (2, 4, 8, 16, 32):  # R = 1 is no pipeline
-        fits, least = [], float("inf")
+    tried, fits, world = [], [], None
+    for pp, ep in shapes(config, name):
+        if fits and pp * ep > world:
+            break
+        least = float("inf")
         for vpp, less, ckpt in itertools.product((1, 2, 4), (False, True), (False, True)):
-            layers = config.get_text_config().num_hidden_layers
-            if pp * vpp > layers:
+            if pp * vpp > config.get_text_config().num_hidden_layers:
                 continue
             cfg = ScheduleConfig(pp, vpp, 4 * pp, "frozen", less_memory=less)
             layout = get_family(config.model_type).layer_counts(config, cfg)
-            result = plan(config, cfg, profile, layout, gradient_checkpointing=ckpt)
+            result = plan(config, cfg, profile, layout, gradient_checkpointing=ckpt, ep_size=ep)
             worst = max(r.total_bytes for r in result.ranks) / 2**30
             least = min(least, worst)
             if result.fits(80 * 2**30):
-                fits.append((result.step_s, cfg, layout, result, worst, ckpt))
-        tried.append(f"R={pp}: {least:.0f} GiB")
-        if fits:
-            step, cfg, layout, result, worst, ckpt = min(fits, key=lambda f: f[0])
-            return cfg, layout, result, worst, ckpt, tried
-    raise SystemExit(f"nothing fits: {tried}")
+                fits.append((ep * cfg.num_micro / result.step_s, cfg, ep, layout, result, worst, ckpt))
+                world = pp * ep
+        tried.append(f"R={pp}: {least:.0f} GiB" if ep == 1 else f"R={pp}, ep_size={ep}: {least:.0f} GiB")
+    if not fits:
+        raise SystemExit(f"nothing fits: {tried}")
+    return *max(fits, key=lambda f: f[0])[1:], tried
+
+
+def explain(name, cfg, ep, result, worst, ckpt) -> str:
+    """Why the preset has its shape (the recipe's comment)."""
+    pp, vpp = cfg.pp_size, cfg.vpp
+    fullest = max(result.ranks, key=lambda r: r.total_bytes)
+    needs = (f"rank {fullest.rank} needs {worst:.1f} GiB (params {fullest.param_bytes / 2**30:.1f}, grads "
+             f"{fullest.grad_bytes / 2**30:.1f}, AdamW {fullest.optimizer_bytes / 2**30:.1f}, activations "
+             f"{fullest.activation_bytes / 2**30:.1f}"
+             + (f", all-to-all buffers {fullest.all_to_all_bytes / 2**30:.2f}" if ep > 1 else "") + ")")
+    shape = (f"V = {vpp}{' with the shallow warm-up (less_memory)' if cfg.less_memory else ''}"
+             f"{' and gradient checkpointing' if ckpt else ''}")
+    if name in FIXED:
+        head = (f"{FIXED[name][1]}; {pp * ep} GPUs, dp_size = ep_size = {ep} replicas. Under 72 GiB (80 less 10% "
+                f"headroom) {needs}. There, {shape} predicts the most micro-batches a second")
+    elif ep == 1:
+        head = (f"R = {pp} is the fewest ranks whose fullest rank fits under 72 GiB (80 less 10% headroom): {needs}. "
+                f"At that R, {shape} predicts the shortest step")
+    else:
+        head = (f"R = {pp} with ep_size = {ep} (dp_size = {ep} replicas, each EP rank holding 1/{ep} of the "
+                f"experts of its stages; {pp * ep} GPUs) is among the fewest GPUs whose fullest rank fits under 72 "
+                f"GiB (80 less 10% headroom): {needs}. Of those shapes, {shape} predicts the most micro-batches a "
+                f"second, {ep} replicas of M = {cfg.num_micro} a step")
+    return (f"{head} ({result.step_s:.2f} s, bubble {result.bubble:.3f}"
+            + (f"; the all-to-alls {1e3 * result.experts.forward_s:.2f} ms forward and "
+               f"{1e3 * result.experts.backward_s:.2f} ms backward a MoE layer and micro-batch" if ep > 1 else "")
+            + "); M = 4R keeps the bubble small."
+            f"{' Without gradient checkpointing the activations do not fit.' if ckpt else ''} The layout is "
+            f"balanced by cost: the LM head counts as the layers its matmul equals. The plan counts fp32 "
+            f"activations; `train: {{bf16: true}}` (autocast) makes most of them bf16, and bf16 weights (not yet "
+            f"in mpipe_hf) would halve the weights' share.")
 
 
 def main(argv=None):
@@ -223,21 +296,11 @@ def main(argv=None):
         config = build()
         os.makedirs(os.path.join(OUT, name), exist_ok=True)
         config.to_json_file(os.path.join(OUT, name, "config.json"))
-        cfg, layout, result, worst, ckpt, tried = choose(config, args.tokens, args.image_tokens)
+        cfg, ep, layout, result, worst, ckpt, tried = choose(config, args.tokens, args.image_tokens, name)
         pp, vpp, micro = cfg.pp_size, cfg.vpp, cfg.num_micro
-        fullest = max(result.ranks, key=lambda r: r.total_bytes)
-        why = (f"R = {pp} is the fewest ranks whose fullest rank fits under 72 GiB (80 less 10% headroom): rank "
-               f"{fullest.rank} needs {worst:.1f} GiB (params {fullest.param_bytes / 2**30:.1f}, grads "
-               f"{fullest.grad_bytes / 2**30:.1f}, AdamW {fullest.optimizer_bytes / 2**30:.1f}, activations "
-               f"{fullest.activation_bytes / 2**30:.1f}). At that R, V = {vpp}"
-               f"{' with the shallow warm-up (less_memory)' if cfg.less_memory else ''}"
-               f"{' and gradient checkpointing' if ckpt else ''} predicts the shortest step ({result.step_s:.2f} s, "
-               f"bubble {result.bubble:.3f}); M = 4R keeps the bubble small."
-               f"{' Without gradient checkpointing the activations do not fit.' if ckpt else ''} The layout is "
-               f"balanced by cost: the LM head counts as the layers its matmul equals. The plan counts fp32 "
-               f"activations; `train: {{bf16: true}}` (autocast) makes most of them bf16, and bf16 weights (not yet "
-               f"in mpipe_hf) would halve the weights' share.")
-        comment = "\n".join("# " + line for line in textwrap.wrap(why, 110))
+        least = f"rank needs at each {'R' if ep == 1 else 'shape'}: {', '.join(tried)}."
+        comment = "\n".join("# " + line for text in (least, explain(name, cfg, ep, result, worst, ckpt))
+                             for line in textwrap.wrap(text, 110))
         recipe = f"""# {hub}: MPipe Transpose fine-tuning preset (written by scripts/make_presets.py).
 # The architecture is {name}/config.json, the checkpoint's real sizes. To fine-tune, replace `config:` by
 # `name_or_path: /path/to/{hub.split('/')[-1]}` (the downloaded checkpoint) and point `data` at your JSONL.
@@ -245,14 +308,14 @@ def main(argv=None):
 #
 # Chosen with `mpipe-hf plan` and the simulator for 80 GB GPUs, {args.tokens} tokens ({args.image_tokens} image tokens)
 # per micro-batch, fp32 weights, gradients and AdamW states (16 bytes per trained parameter). The least the fullest
-# rank needs at each R: {', '.join(tried)}.
 {comment}
 """
+        ep_lines = f"  dp_size: {ep}\n  ep_size: {ep}\n  mesh_order: dp_inner\n" if ep > 1 else ""
         with open(os.path.join(OUT, f"{name}.yaml"), "w") as f:
-            f.write(recipe + RECIPE.format(name=name, pp=pp, vpp=vpp, micro=micro, layout=layout,
+            f.write(recipe + RECIPE.format(name=name, pp=pp, vpp=vpp, micro=micro, layout=layout, ep_lines=ep_lines,
                                            less=str(cfg.less_memory).lower(), ckpt=str(ckpt).lower()))
-        print(f"{name}: R={pp} V={vpp} M={micro} fullest rank {worst:.1f} GiB; step {result.step_s:.2f} s, "
-              f"bubble {result.bubble:.3f}", flush=True)
+        print(f"{name}: R={pp} V={vpp} M={micro} ep_size={ep} fullest rank {worst:.1f} GiB; step "
+              f"{result.step_s:.2f} s, bubble {result.bubble:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ the device). What runs inside autograd's C++ backward is not seen. Point-to-poin
 own (NCCL): :meth:`transport` wraps a ``P2P`` so that its sends and receives are not counted and what it receives
 is on the device (but the host integers of its header). ``tests/dist/host_syncs_worker.py`` runs NCCL's own path
 instead, with gloo groups standing for NCCL's.
+
+The second half (issue 40) puts expert parallelism's all-to-all into the op order of the stream model of
+:mod:`mpipe_hf.schedule.eager`: :func:`ep_ops` gives every process of several pipeline replicas its transfers with
+each MoE layer's all-to-alls inside its stage's ``F`` and ``B``, and :func:`ep_streams` runs them
+(``tests/test_ep_deadlock.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ def rooted(path: str) -> str:
 
 def on_device(t) -> bool:
     return isinstance(t, torch.Tensor) and getattr(t, "_on_emulated_device", False)
+
+
+def _batched(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a functorch batched tensor (inside ``torch.vmap``)."""
+    return torch._C._functorch.is_batchedtensor(t)
 
 
 def _mark(out):
@@ -122,6 +132,10 @@ class DeviceModel(TorchFunctionMode):
                 on_device(args[-1]):
             self._count("copy to host")
             return func(*args, **kwargs)  # the destination stays on the host
+        if func is torch.Tensor.to and any(_batched(t) for t in tensors):
+            # inside transformers' vmap-ed mask functions (and_masks: ``mask(...).to(result.device)``) the mark of
+            # a batched tensor is not seen, so its device reads as the host; every operand there is on one device
+            return func(*args, **kwargs)
         if func in (torch.Tensor.to, torch.Tensor.cpu):
             target = HOST if func is torch.Tensor.cpu else _target(args, kwargs)
             if target is not None and target.index is None and reads_device:  # device -> host
@@ -187,3 +201,116 @@ def syncs_per_step(built, preprocess: str, pool: list, world, offset: int = 0) -
         ex.close()
         counts[num_micro] = counter.syncs
     return counts
+
+
+# ---- expert parallelism's all-to-all in the communicator model (issue 40) -----------------------------------------
+
+def all_to_all_ops(me: int, group: list[int], label) -> list:
+    """``me``'s operations of one all-to-all over ``group`` (global ranks), as the pairwise exchanges it is made of
+    (NCCL runs an all-to-all as a send to and a receive from every peer on the group's one stream): each pair
+    ``(i, j)``, ``i < j``, in sorted order, ``i`` sending to ``j`` and then receiving from it (``j`` the reverse).
+    Every member walks its pairs in that one order, so on the FIFO stream model of
+    :func:`~mpipe_hf.schedule.eager.eager_streams` the exchange completes exactly when every member reaches it (and
+    a member that never does holds the others), as the collective does."""
+    from itertools import combinations
+
+    from mpipe_hf.schedule.connect import Op
+    ops = []
+    for i, j in combinations(sorted(group), 2):
+        if me == i:
+            ops += [Op("send", i, j, label), Op("recv", j, i, label)]
+        elif me == j:
+            ops += [Op("recv", i, j, label), Op("send", j, i, label)]
+    return ops
+
+
+def ep_stage_ops(me: int, group: list[int], action, layers: int, whole: bool = False) -> list:
+    """The all-to-alls of a body ``F``, ``B`` or ``W`` of a stage with ``layers`` MoE layers under transformers'
+    ``AllToAllEP``: per layer forward, the per-expert counts (which the host reads back: a ``sync``), the rows'
+    dispatch and the combine; per layer backward, in reverse layer order, the combine's and the dispatch's
+    backwards, run by the ``B`` (zero-bubble's ``W`` runs only the experts' weight GEMMs) or by a ``W`` that is the
+    ``whole`` backward. Labelled ``(kind, stage, layer, part)``: the micro is not in it, EP peers run their own."""
+    from mpipe_hf.schedule import Kind
+    from mpipe_hf.schedule.connect import Op
+    ops = []
+    if action.kind is Kind.F:
+        for layer in range(layers):
+            tag = ("F", action.stage, layer)
+            ops += all_to_all_ops(me, group, (*tag, "counts")) + [Op("sync", what=(*tag, "split sizes"))]
+            ops += all_to_all_ops(me, group, (*tag, "dispatch")) + all_to_all_ops(me, group, (*tag, "combine"))
+    elif action.kind is Kind.B or (action.kind is Kind.W and whole):
+        for layer in reversed(range(layers)):
+            tag = ("B", action.stage, layer)
+            ops += all_to_all_ops(me, group, (*tag, "combine")) + all_to_all_ops(me, group, (*tag, "dispatch"))
+    return ops
+
+
+def ep_ops(replicas: list[dict], moe_layers: list[int]) -> dict[int, list]:
+    """Every process's operations of one step of ``len(replicas)`` pipeline replicas that form EP groups
+    (``replicas[e]``: replica ``e``'s ``{pipeline rank: action list}``; global rank ``e * R + p``; the EP group of
+    pipeline rank ``p`` is ``{e * R + p}``, so its peers hold the same stages): each replica's pipeline operations
+    as the executor runs them (:func:`~mpipe_hf.schedule.connect.step_ops`, behind the connect prologue), with a
+    stage's all-to-alls (:func:`ep_stage_ops`, ``moe_layers[stage]`` layers) right after each of its ``F`` and
+    ``B`` (and a zero-bubble ``W`` that is a whole backward). The step's all-reduce (``barrier``) is taken over
+    every process (more waiting than its pipeline group's: a model that finishes with it finishes without it)."""
+    from mpipe_hf.schedule.connect import Op, action_ops, connect_ops, connect_order, step_ops
+    from mpipe_hf.schedule.simulate import split_pairs
+    pp_size, out = len(replicas[0]), {}
+
+    def moved(ops, base):
+        """A replica's operations on the global ranks (its rank ``q`` is process ``base + q``)."""
+        return [op if op.src is None else Op(op.kind, base + op.src, base + op.dst, op.what) for op in ops]
+    for e, orders in enumerate(replicas):
+        for p, order in orders.items():
+            me, group = e * pp_size + p, [q * pp_size + p for q in range(len(replicas))]
+            ops, split = moved(connect_ops(p, connect_order(p, action_ops(p, order))), e * pp_size), split_pairs(order)
+            for a in order:
+                ops += moved(action_ops(p, [a]), e * pp_size)
+                layers = 0 if a.stage is None else moe_layers[a.stage]
+                ops += ep_stage_ops(me, group, a, layers, (a.stage, a.micro) not in split)
+            out[me] = ops + moved(step_ops(p, []), e * pp_size)
+    return out
+
+
+def ep_streams(ops: dict[int, list], pp_size: int):
+    """:func:`~mpipe_hf.schedule.eager.eager_streams`, conservative, with a group per directed pair of pipeline
+    ranks and one EP group per pipeline rank (its all-to-alls on that group's one stream), and the host's ``sync``:
+    it waits until every receive and every EP operation the rank posted completed on the device (the compute stream
+    waited for them before the split sizes it reads back)."""
+    from mpipe_hf.schedule.eager import SetupOutcome, _Streams
+
+    def group_of(src, dst):
+        return ("ep", src % pp_size) if src % pp_size == dst % pp_size else (src, dst)
+
+    class Streams(_Streams):
+        def host(self, rank, op):
+            if op.kind != "sync":
+                return super().host(rank, op)
+            late = sorted({pair[0] if pair[1] == rank else pair[1] for (r, pair), n in self.posted.items()
+                           if r == rank and (pair[1] == rank or group_of(*pair)[0] == "ep")
+                           for i in range(n) if (rank, pair, i) not in self.done})
+            return ("the split sizes' all-to-all and the receives before it", late) if late else None
+
+    model = Streams(ops, group_of, conservative=True)
+    moved = True
+    while moved:
+        moved, waits = model.device(), {}
+        for rank, rank_ops in ops.items():
+            while model.pc[rank] < len(rank_ops):
+                blocked = model.host(rank, rank_ops[model.pc[rank]])
+                if blocked is not None:
+                    waits[rank] = (rank_ops[model.pc[rank]], *blocked)
+                    break
+                model.pc[rank] += 1
+                moved = True
+    return SetupOutcome(waits or model.stuck(), {r: [] for r in ops})
+
+
+def ep_labels(ops: dict[int, list], me: int) -> list:
+    """The labels of ``me``'s all-to-alls in order, one per all-to-all (its operations are consecutive and share
+    a label; two all-to-alls in a row never do: their parts differ)."""
+    out = []
+    for op in ops[me]:
+        if isinstance(op.what, tuple) and op.kind in ("send", "recv") and (not out or out[-1] != op.what):
+            out.append(op.what)
+    return out

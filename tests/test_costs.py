@@ -208,3 +208,147 @@ def test_the_meta_count_prints_no_kernel_fallback_warning(capfd):
     err = capfd.readouterr().err
     assert "much slower" not in err and "falling back" not in err, err
     assert hf_logging.get_verbosity() == level
+
+
+def moe_vl_config(experts: int = 6):
+    """A Qwen3-VL-MoE config of 6 layers, layers 1 and 3 sparse (every second one, 5 dense by ``mlp_only_layers``),
+    ``experts`` experts, 2 a token, and a one-block tower."""
+    text = CONFIGS["qwen3_vl_moe"]().to_dict()
+    text.update(num_hidden_layers=6, num_local_experts=experts, num_experts_per_tok=2, decoder_sparse_step=2,
+                mlp_only_layers=[5])
+    return Qwen3VLMoeConfig(text_config=text, vision_config=dict(
+        depth=1, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=48, deepstack_visual_indexes=[]))
+
+
+class EPMesh:
+    """What :func:`~mpipe_hf.models.expert_parallel.shard_experts` reads of its EP mesh: the size and this rank's
+    place (the dispatch it would build is stubbed: nothing runs)."""
+
+    def __init__(self, size, rank):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def get_local_rank(self):
+        return self._rank
+
+
+@pytest.mark.parametrize("ep_size", [2, 3])
+def test_ep_plan_holds_what_shard_experts_leaves_a_rank(monkeypatch, ep_size):
+    """Issue 40: with ``ep_size`` each rank's parameters, gradients and AdamW moments are those of its carved meta
+    model after the runtime's own slicing (:func:`shard_experts`: ``E / ep_size`` rows of each fused expert tensor of
+    its stages; ``P``'s two text layers, one of them sparse, keep every expert), and fewer than without EP."""
+    import transformers.distributed.expert_parallel as hf_ep
+    from mpipe_hf.models import split
+    from mpipe_hf.models.expert_parallel import shard_experts
+    from mpipe_hf.runtime import watchdog
+    monkeypatch.setattr(watchdog, "watched", lambda mesh: None)
+    monkeypatch.setattr(hf_ep, "EPImplementationInterface", lambda: {"all_to_all": lambda *args: None})
+    config, cfg, text_layers = moe_vl_config(), ScheduleConfig(2, 2, 4, "trainable"), 2
+    layers = get_family(config.model_type).layer_counts(config, cfg, None, text_layers)
+    profile = estimate_profile(config, 32, 8)
+    whole = plan(config, cfg, profile, layers, text_layers)
+    result = plan(config, cfg, profile, layers, text_layers, ep_size=ep_size)
+    assert sum(result.experts.moe_layers) == 1  # layer 3; layer 1 is in P, whose experts stay whole
+    for rank, rp in enumerate(result.ranks):
+        carved = split(meta_model(config), cfg, rank, layers, text_layers)
+        shards = shard_experts(carved, config, rank, cfg.pp_size, EPMesh(ep_size, ep_size - 1), None)
+        assert rp.param_bytes == sum(p.numel() * 4 for p in carved.model.parameters())
+        trained = carved.trainable_parameters(cfg, rank)
+        assert rp.grad_bytes == sum(p.numel() * 4 for p in trained.values())
+        assert rp.optimizer_bytes == 2 * rp.grad_bytes
+        assert (rp.param_bytes < whole.ranks[rank].param_bytes) == bool(shards.params)
+        assert rp.all_to_all_bytes == (2 * result.experts.dispatch_bytes if shards.params else 0)
+
+
+def test_plan_charges_each_moe_layers_all_to_all():
+    """The plan's step is the simulator's with each stage's ``F`` and ``B`` longer by its MoE layers (counted here
+    from the meta model's modules) times one layer's all-to-alls on the micro-batch's rows (``tokens * top_k *
+    hidden`` fp32) over NVLink, and longer than the step without EP."""
+    import dataclasses
+    from mpipe_hf.schedule import build_schedule
+    from mpipe_hf.schedule.hardware import moe_all_to_all_seconds
+    from mpipe_hf.schedule.simulate import simulate
+    from mpipe_hf.schedule.tune import costs_for
+    config, cfg, tokens = moe_vl_config(), ScheduleConfig(2, 2, 4, "frozen"), 64
+    layers = get_family(config.model_type).layer_counts(config, cfg)
+    profile = estimate_profile(config, tokens, 16)
+    decoder = meta_model(config).get_decoder().layers
+    starts = [sum(layers[:s]) for s in range(len(layers))]
+    moe = [sum(hasattr(decoder[i].mlp, "experts") for i in range(a, a + n)) for a, n in zip(starts, layers)]
+    assert sum(moe) == 2
+    text = config.get_text_config()
+    forward, backward = moe_all_to_all_seconds(tokens * text.num_experts_per_tok * text.hidden_size * 4, 3)
+    costs = costs_for(profile, cfg, layers)
+    costs = dataclasses.replace(costs, forward=tuple(f + n * forward for f, n in zip(costs.forward, moe)),
+                                backward=tuple(b + n * backward for b, n in zip(costs.backward, moe)))
+    result = plan(config, cfg, profile, layers, ep_size=3)
+    assert result.step_s == pytest.approx(simulate(build_schedule(cfg, costs), costs).makespan, rel=1e-12)
+    assert result.step_s > plan(config, cfg, profile, layers).step_s
+    assert "ep_size 3: 2 of 6 experts" in result.table()
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_all_to_all_rows_and_saved_bytes_are_what_the_plan_counts(world, monkeypatch, bf16):
+    """A sparse decoder layer through transformers' ``AllToAllEP`` over this process's gloo group (the all-to-alls
+    run, moving the rows to this one rank) against the same layer's grouped-mm experts: each all-to-all of rows
+    sends the plan's ``dispatch_bytes``, and the layer saves for its backward the plan's ``saved_bytes`` more; in
+    fp32 and under bf16 autocast (the rows stay fp32: the residual stream's)."""
+    import transformers.distributed.expert_parallel as hf_ep
+    from torch.distributed.device_mesh import DeviceMesh
+    from mpipe_hf.schedule.tune import Profile
+    from mpipe_hf.train.plan import _experts_fallback
+    from mpipe_hf.train.plan_experts import expert_plan
+    config = moe_vl_config()
+    text = config.get_text_config()
+    torch.manual_seed(0)
+    model = AutoModel.from_config(text)
+    model.set_experts_implementation("grouped_mm")
+    tokens, layer = 37, model.layers[1]
+    hidden = torch.randn(1, tokens, text.hidden_size, requires_grad=True)
+    rope = model.rotary_emb(hidden, torch.arange(tokens).expand(3, 1, tokens))
+    params = storage_ids(model.parameters())
+    sent = []
+    rows = hf_ep.all_to_all_single_autograd
+    monkeypatch.setattr(hf_ep, "all_to_all_single_autograd", lambda t, *a: sent.append(t.nbytes) or rows(t, *a))
+    region = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
+    def saved():
+        with region, _experts_fallback():
+            return saved_bytes(lambda: layer(hidden, attention_mask=None, position_embeddings=rope,
+                                             position_ids=None), params)
+    alone = saved()
+    mesh = DeviceMesh.from_group(world, "cpu", mesh_dim_names=("ep",))
+    dispatch = hf_ep.EPImplementationInterface()["all_to_all"](layer.mlp.experts, mesh, mesh)
+    layer.mlp.experts.forward = lambda h, i, w: dispatch(h, i, w).to(h.dtype)
+    with_ep = saved()
+    profile = Profile(num_layers=6, layer_forward_s=1.0, layer_backward_s=1.0,
+                      activation_bytes=4.0 * tokens * text.hidden_size)
+    expected = expert_plan(config, profile, [3, 3], 0, ep_size=2)
+    assert sent == [expected.dispatch_bytes] * 2
+    assert with_ep - alone == expected.saved_bytes
+
+
+def test_all_to_all_seconds_and_where_the_ep_group_lies():
+    """An all-to-all sends ``(ep - 1) / ep`` of a rank's rows over NVLink within a node, InfiniBand across (the
+    cluster's published rates at its efficiency), nothing for one rank; a MoE layer's forward adds the counts'
+    exchange to two all-to-alls of rows, its backward has the two. An EP group lies in a node when its block of
+    processes (``ep_size`` with ``dp_inner``, ``ep_size * pp_size`` with ``pp_inner``) divides the node's 8."""
+    from mpipe_hf.schedule.cluster import Cluster
+    from mpipe_hf.schedule.hardware import all_to_all_seconds, moe_all_to_all_seconds
+    from mpipe_hf.train.plan_experts import ep_within_node
+    from mpipe_hf.train.recipe_parallel import ParallelSection
+    c, nbytes = Cluster(), 3e8
+    for within, rate, latency in ((True, c.nvlink_bytes_per_s * c.nvlink_efficiency, c.nvlink_latency_s),
+                                  (False, c.ib_bytes_per_s * c.ib_efficiency, c.ib_latency_s)):
+        assert all_to_all_seconds(nbytes, 4, c, within) == pytest.approx(latency + nbytes * 3 / 4 / rate)
+        forward, backward = moe_all_to_all_seconds(nbytes, 4, c, within)
+        assert forward == pytest.approx(backward + latency) and backward == pytest.approx(2 * (latency + nbytes * 3
+                                                                                               / 4 / rate))
+    assert all_to_all_seconds(nbytes, 1) == 0 and moe_all_to_all_seconds(nbytes, 1) == (0.0, 0.0)
+    cases = {("dp_inner", 8, 2): True, ("dp_inner", 2, 8): True, ("pp_inner", 8, 2): False, ("pp_inner", 2, 4): True,
+             ("dp_inner", 2, 16): False}
+    for (order, pp, ep), within in cases.items():
+        parallel = ParallelSection(pp_size=pp, num_micro=pp, dp_size=ep, ep_size=ep, mesh_order=order)
+        assert ep_within_node(parallel, None, None) is within, (order, pp, ep)

@@ -131,7 +131,8 @@ def test_1b_load_never_holds_the_whole_model(checkpoint_1b):
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "recipes", "presets", "*.yaml"))))
 def test_every_preset_plan_fits_80gb(path):
-    """Each preset's shipped config on the meta device: the planned shape fits 80 GiB with 10% headroom."""
+    """Each preset's shipped config on the meta device: the planned shape fits 80 GiB with 10% headroom (with
+    ``parallel.ep_size``, each EP rank holding ``E / ep_size`` of the experts, issue 40)."""
     from mpipe_hf.train import load_recipe
     from mpipe_hf.train.plan import estimate_profile, plan
     from mpipe_hf.train.trainer import check_layout, load_config
@@ -144,8 +145,9 @@ def test_every_preset_plan_fits_80gb(path):
         os.chdir(cwd)
     profile = estimate_profile(config, 2048, 1024)
     layers = check_layout(recipe, config)
+    ep_size = recipe.parallel.ep_size
     result = plan(config, recipe.schedule(), profile, layers, recipe.parallel.text_layers,
-                  recipe.train.gradient_checkpointing)
+                  recipe.train.gradient_checkpointing, ep_size)
     assert result.fits(80 * 2**30), result.table(80 * 2**30)
     assert recipe.parallel.pp_size >= 2 and result.ranks[0].param_bytes > 0
     total = sum(r.param_bytes for r in result.ranks)
@@ -156,8 +158,10 @@ def test_every_preset_plan_fits_80gb(path):
                 if n.startswith(("model.visual.", "model.vision_tower.", "model.multi_modal_projector.")))
     tied = dict(named).get("lm_head.weight") is None  # a tied head is a second copy on the last rank
     head = config.get_text_config().hidden_size * config.get_text_config().vocab_size * 4 if tied else 0
-    # the shares cover the model once, plus a replica of the frozen tower on every other rank
-    assert total == whole + (recipe.parallel.pp_size - 1) * tower + head
+    experts = sum(p.numel() * 4 for n, p in named if p.dim() == 3 and ".experts." in n)  # fused (E, ...) tensors
+    # the shares cover the model once (an EP rank 1 / ep_size of the experts), plus a replica of the frozen tower on
+    # every other rank
+    assert total == whole - experts + experts // ep_size + (recipe.parallel.pp_size - 1) * tower + head
 
 
 @pytest.mark.parametrize("name,preprocess,text_layers", [("qwen3_vl", "trainable", 0), ("qwen2_5_vl", "frozen", 0),

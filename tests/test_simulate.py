@@ -139,3 +139,27 @@ def test_fill_needs_a_frozen_preprocess():
         ScheduleConfig(4, 2, 8, "trainable", placement="fill")
     with pytest.raises(ValueError, match="placement must be one of"):
         ScheduleConfig(4, 2, 8, "frozen", placement="middle")
+
+
+@pytest.mark.parametrize("zero_bubble", [False, True])
+def test_all_to_all_is_time_inside_the_stage_forward_and_backward(zero_bubble):
+    """``Costs.all_to_all`` (issue 40): an ``F`` takes its stage's all-to-alls on top of its compute, a ``B`` (and a
+    ``W`` that is the whole backward) the backward ones, a split ``W`` none, each scaled by its micro-batch's
+    weight: the timeline equals the same schedule's with those seconds added to ``forward`` and ``backward`` (a
+    zero-bubble ``weight`` kept, so the ``W`` is unchanged), and the step is longer than without them."""
+    cfg = ScheduleConfig(2, 2, 6, "frozen", zero_bubble=zero_bubble)
+    a2a, a2a_back = (0.3, 0.0, 0.5, 0.2), (0.25, 0.0, 0.4, 0.1)
+    base = dict(forward=(1.0, 1.2, 0.8, 1.1), backward=(2.0, 2.2, 1.8, 2.4), preprocess_forward=0.7,
+                weight=(1.0, 1.1, 0.9, 1.2) if zero_bubble else None, micro_weights=(1.0, 0.5, 2.0, 1.5, 1.0, 0.7))
+    charged = Costs(**base, all_to_all=a2a, all_to_all_backward=a2a_back)
+    folded = Costs(**{**base, "forward": tuple(f + x for f, x in zip(base["forward"], a2a)),
+                      "backward": tuple(b + x for b, x in zip(base["backward"], a2a_back))})
+    orders = build_schedule(cfg)
+    if zero_bubble:
+        assert any(a.kind is Kind.W for order in orders.values() for a in order)
+    sim, ref = simulate(orders, charged), simulate(orders, folded)
+    for r in orders:
+        assert [e.action for e in sim.timeline[r]] == [e.action for e in ref.timeline[r]]
+        assert [e.end for e in sim.timeline[r]] == pytest.approx([e.end for e in ref.timeline[r]], rel=1e-12)
+    assert sim.makespan > simulate(orders, Costs(**base)).makespan
+    assert Costs(**base, all_to_all=0.5).compute(Action(Kind.B, 0, 1)) == pytest.approx(2.2 + 0.5)

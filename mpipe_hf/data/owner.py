@@ -4,9 +4,12 @@ rank decodes them."""
 
 from __future__ import annotations
 
+import bisect
 from typing import Callable
 
 import torch
+
+from .apart import apart_blocks, apart_kinds
 
 
 def epoch_order(num_rows: int, seed: int, epoch: int) -> list[int]:
@@ -20,6 +23,13 @@ class MicroBatchPlan:
     consecutive blocks of ``micro_batch_size``, ``num_micro`` blocks per step. With ``shuffle``, each epoch reads
     the rows in its own order, a permutation drawn from ``seed + epoch`` (the same on every rank, so each owner
     knows its rows without asking).
+
+    For a model that cannot take images and videos in one forward (its family's ``media_apart``, GLM-4.xV: told by
+    the collator's model type, :func:`~.apart.media_apart`) and a dataset holding both, each epoch's rows are cut
+    instead into micro-batches of at most ``micro_batch_size`` rows, none holding both an image row and a video
+    row (:func:`~.apart.apart_blocks`: text-only rows go with either; at most two short micro-batches an epoch),
+    read one after the other, epoch after epoch: every row once an epoch, the same on every rank and after a
+    resume.
 
     Args:
         dataset: anything with ``len`` and ``__getitem__(int) -> row``.
@@ -35,6 +45,8 @@ class MicroBatchPlan:
 
     Attributes:
         dropped: the rows dropped and not yet taken (:meth:`take_dropped`), each ``"WHERE (WHY)"``.
+        kinds: each row's visual kind (``"image"``, ``"video"`` or ``None``, :func:`~.apart.row_kinds`) where image
+            rows and video rows must go apart (:func:`~.apart.apart_kinds`), else ``None``.
 
     Raises:
         ValueError: ``micro_batch_size`` below 1, or an empty dataset.
@@ -53,9 +65,14 @@ class MicroBatchPlan:
         self._orders: dict[int, list[int]] = {}
         self.drop_bad_rows, self.dropped = drop_bad_rows, []
         self.rest = "the evaluation runs on the rest" if evaluation else "the step trains on the rest"
+        self.kinds = apart_kinds(dataset, collate)  # None: images and videos may share a micro-batch
+        self._blocks: dict[int, list[list[int]]] = {}  # epoch -> its micro-batches (with kinds)
+        self._starts = [0]  # the index of epoch e's first micro-batch in the stream (with kinds)
 
     def steps_per_epoch(self) -> float:
         """Optimizer steps one pass over the rows takes (a fraction when the last step spans two epochs)."""
+        if self.kinds is not None:
+            return len(self._epoch_blocks(0)) / (self.num_replicas * self.num_micro)
         return len(self.dataset) / (self.num_replicas * self.num_micro * self.mbs)
 
     def _order(self, epoch: int) -> list[int]:
@@ -65,12 +82,30 @@ class MicroBatchPlan:
 
     def rows(self, step: int, micro: int) -> list[int]:
         """The dataset indices of micro ``micro`` of step ``step``."""
-        start = ((step * self.num_replicas + self.replica) * self.num_micro + micro) * self.mbs
-        n = len(self.dataset)
+        index = (step * self.num_replicas + self.replica) * self.num_micro + micro
+        if self.kinds is not None:
+            return self._block(index)
+        start, n = index * self.mbs, len(self.dataset)
         positions = [start + i for i in range(self.mbs)]
         if not self.shuffle:
             return [p % n for p in positions]
         return [self._order(p // n)[p % n] for p in positions]
+
+    def _epoch_blocks(self, epoch: int) -> list[list[int]]:
+        """Epoch ``epoch``'s micro-batches with kinds (:func:`~.apart.apart_blocks` of its order); the last two
+        epochs' are kept."""
+        if epoch not in self._blocks:
+            order = self._order(epoch) if self.shuffle else range(len(self.dataset))
+            self._blocks = {e: b for e, b in self._blocks.items() if e == epoch - 1}
+            self._blocks[epoch] = apart_blocks(order, self.kinds, self.mbs)
+        return self._blocks[epoch]
+
+    def _block(self, index: int) -> list[int]:
+        """Micro-batch ``index`` of the stream of every epoch's micro-batches with kinds."""
+        while self._starts[-1] <= index:
+            self._starts.append(self._starts[-1] + len(self._epoch_blocks(len(self._starts) - 1)))
+        epoch = bisect.bisect_right(self._starts, index) - 1
+        return list(self._epoch_blocks(epoch)[index - self._starts[epoch]])
 
     def micro_costs(self, step: int, row_costs) -> list[float]:
         """Each micro's cost in step ``step``: the sum of ``row_costs[i]`` over its rows ``i`` (e.g. a

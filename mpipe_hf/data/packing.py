@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .apart import keep_apart
 from .collate import IGNORE
 from .owner import MicroBatchPlan
 
@@ -204,14 +205,13 @@ def _fill_empty(bins: list[list[int]]) -> list[list[int]]:
 
 def pack_step(lengths: Sequence[int], costs: Sequence[float], num_bins: int, budget: int,
               stale: int = 0, cost_budget: float | None = None) -> tuple[list[list[int]], list[int]]:
-    """One step's bins from a buffer of items (in stream order, the first ``stale`` of them rows that have waited
-    long): (b) :func:`best_fit_decreasing` chooses the items and packs them; (c) :func:`balance_costs`
-    redistributes the chosen items by cost, kept when every item fits and its most costly bin costs no more than
-    best-fit's; an empty bin takes a row from the fullest (:func:`_fill_empty`); :func:`refine_costs` then moves
-    and swaps items between the costliest and the cheapest bin; (d) each bin's items ascending
-    (stream order). Returns ``(bins, left)``, ``left`` the items for a later step, ascending. With at least
-    ``num_bins`` items, every bin gets at least one. With ``cost_budget``, (b) and (c) keep each bin within that
-    much cost too (the moves of (c) never raise the costliest bin)."""
+    """One step's bins from a buffer of items (in stream order, the first ``stale`` of them rows that have waited long):
+    (b) :func:`best_fit_decreasing` chooses the items and packs them; (c) :func:`balance_costs` redistributes the chosen
+    items by cost, kept when every item fits and its most costly bin costs no more than best-fit's; an empty bin takes a
+    row from the fullest (:func:`_fill_empty`); :func:`refine_costs` then moves and swaps items between the costliest
+    and the cheapest bin; (d) each bin's items ascending (stream order). Returns ``(bins, left)``, ``left`` the items
+    for a later step, ascending. With at least ``num_bins`` items, every bin gets at least one. With ``cost_budget``,
+    (b) and (c) keep each bin within that much cost too (the moves of (c) never raise the costliest bin)."""
     bins, left = best_fit_decreasing(lengths, num_bins, budget, stale, costs, cost_budget)
     chosen = sorted(i for items in bins for i in items)
     balanced = balance_costs(lengths, costs, chosen, num_bins, budget, cost_budget)
@@ -290,7 +290,8 @@ class PackedPlan(MicroBatchPlan):
     without, epoch after epoch). Step ``k`` fills ``num_replicas * num_micro`` bins of ``max_tokens_per_micro``
     tokens: the buffer is refilled from the stream up to ``window`` rows; :func:`pack_step` chooses rows by
     best-fit decreasing on length and rebalances them by cost (LPT); rows that fit nowhere wait in the buffer, and
-    a row that has waited :data:`STALE_AFTER` steps goes first (oldest first), so none waits for long.
+    a row that has waited :data:`STALE_AFTER` steps goes first (oldest first), so none waits for long; with
+    ``kinds`` (the collator's family's ``media_apart``) no bin holds both an image and a video row (:mod:`.apart`).
     A row is never split. Bin ``replica * num_micro + micro`` is micro ``micro`` of replica ``replica``. Every rank
     computes the same bins (a pure function of lengths, costs, seed, shuffle, window, budget and bins), with no
     dataset read: steps are computed in order, once (a resume at step ``k`` replays steps ``0 .. k-1``).
@@ -319,8 +320,7 @@ class PackedPlan(MicroBatchPlan):
                  costs=None, validate: Callable[[dict], None] | None = None, shuffle: bool = False, seed: int = 0,
                  replica: int = 0, num_replicas: int = 1, drop_bad_rows: bool = True, window: int | None = None,
                  cost_budget: float | None = None):
-        super().__init__(dataset, collate, num_micro, 1, validate, shuffle, seed, replica, num_replicas,
-                         drop_bad_rows)
+        super().__init__(dataset, collate, num_micro, 1, validate, shuffle, seed, replica, num_replicas, drop_bad_rows)
         if num_micro < 1 or num_replicas < 1:
             raise ValueError(f"num_micro and num_replicas must be >= 1, got {num_micro} and {num_replicas}")
         self.budget = int(max_tokens_per_micro)
@@ -342,15 +342,18 @@ class PackedPlan(MicroBatchPlan):
         return self._order(position // n)[position % n] if self.shuffle else position % n
 
     def _pack_next(self) -> None:
-        """Compute the next step's bins from the buffer, refilled from the stream."""
+        """The next step's bins from the buffer, refilled from the stream."""
         step = len(self._steps)
         while len(self._buffer) < self.window:
             self._buffer.append((self._next, self._row_at(self._next), step))
             self._next += 1
         items = self._buffer
         stale = bisect.bisect_right([entered for _, _, entered in items], step - STALE_AFTER)
-        bins, left = pack_step([self.lengths[r] for _, r, _ in items], [self.costs[r] for _, r, _ in items],
-                               self.num_bins, self.budget, stale, self.cost_budget)
+        lengths, costs = [self.lengths[r] for _, r, _ in items], [self.costs[r] for _, r, _ in items]
+        bins, left = pack_step(lengths, costs, self.num_bins, self.budget, stale, self.cost_budget)
+        if self.kinds is not None:  # the collator's family's media_apart (MicroBatchPlan.kinds)
+            bins, left = keep_apart(bins, left, [self.kinds[r] for _, r, _ in items], lengths, costs, self.budget,
+                                    self.cost_budget)
         self._steps.append([[items[i][:2] for i in b] for b in bins])
         self._buffer = [items[i] for i in left]
 
@@ -387,9 +390,8 @@ class PackedPlan(MicroBatchPlan):
         return self._per_epoch
 
     def packing_stats(self, step: int, all_replicas: bool = False) -> dict[str, list]:
-        """This replica's micro-batches of step ``step`` (every bin with ``all_replicas``): ``tokens`` (real
-        tokens of each), ``fill`` (tokens / ``max_tokens_per_micro``), ``cost`` (sum of ``costs``), ``rows``
-        (rows in each)."""
+        """This replica's micro-batches of step ``step`` (every bin with ``all_replicas``): ``tokens`` (real tokens of
+        each), ``fill`` (tokens / ``max_tokens_per_micro``), ``cost`` (sum of ``costs``), ``rows`` (rows in each)."""
         bins = self.bins(step)
         if not all_replicas:
             bins = bins[self.replica * self.num_micro:(self.replica + 1) * self.num_micro]

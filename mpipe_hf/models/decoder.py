@@ -17,10 +17,10 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
+from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, packed_sequence_mask_function
 
 from .moe import ROUTER_KEYS, RouterSums, aux_loss
-from .packed import PACKED_KEYS, RECURRENT, ROW_BLIND, flash_kwargs, per_row, row_lengths, row_slice, uses_flash
+from .packed import PACKED_KEYS, RECURRENT, ROW_BLIND, row_ids, flash_kwargs, per_row, row_lengths, row_slice, uses_flash
 
 Tensors = dict[str, torch.Tensor]
 # raw keys that travel with the hidden states to the last stage
@@ -75,23 +75,34 @@ def layer_type_masks(text_config, hidden: torch.Tensor, padding: torch.Tensor | 
     ids, which the HF models hand to their builders; ``None`` otherwise (a model's 1-D ``arange`` positions say
     nothing a builder needs, and would be searched for packed sequences on the device). ``types`` are checked
     when the stage is built (:func:`check_layer_types`).
+
+    A packed micro of several rows (``state["packed_lengths"]``, on the host) under SDPA or eager attention: each
+    builder ANDs in transformers' ``packed_sequence_mask_function`` over the rows' ids (:func:`~.packed.row_ids`),
+    so a token attends to its own row only: one block-causal (or block-sliding) mask, made without searching the
+    positions on the device (transformers' search reads its result back to the host).
     """
+    lengths = row_lengths(state)
+    rows = row_ids(lengths, hidden.device) if lengths is not None and not uses_flash(text_config) else None
     masks = {}
     for layer_type in sorted(types):
         kwargs = dict(config=text_config, inputs_embeds=hidden, attention_mask=padding, cache=None,
                       position_ids=text_positions)
-        if MASK_BUILDERS[layer_type]:
+        skip, ands = MASK_BUILDERS[layer_type]
+        if skip:
             kwargs["allow_is_causal_skip"] = padding is None
+        if rows is not None and ands:
+            kwargs["and_mask_function"] = packed_sequence_mask_function(rows)
         masks[layer_type] = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[layer_type](**kwargs)
     return masks
 
 
-def _takes_skip(build) -> bool:
-    return "allow_is_causal_skip" in inspect.signature(getattr(build, "func", build)).parameters
+def _takes(build) -> tuple[bool, bool]:
+    params = inspect.signature(getattr(build, "func", build)).parameters
+    return "allow_is_causal_skip" in params, "and_mask_function" in params
 
 
-# layer type -> whether transformers' builder for it takes allow_is_causal_skip (read once, not per forward)
-MASK_BUILDERS = {t: _takes_skip(b) for t, b in LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.items() if callable(b)}
+# layer type -> whether transformers' builder for it takes (allow_is_causal_skip, and_mask_function), read once
+MASK_BUILDERS = {t: _takes(b) for t, b in LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.items() if callable(b)}
 
 
 def check_layer_types(types: list[str]) -> None:
@@ -174,14 +185,12 @@ class DecoderStage(nn.Module):
 
     def _layers(self, hidden: torch.Tensor, state: Tensors, padding: torch.Tensor | None,
                 lengths: list[int] | None, search: bool = True) -> torch.Tensor:
-        """:meth:`run_layers` over one sequence, or one packed micro of ``lengths`` rows in one pass; ``search``:
-        hand the builders the text-position row of ``(4, B, L)`` ids, as the HF models do."""
+        """:meth:`run_layers` over one sequence, or one packed micro of ``lengths`` rows in one pass (the masks keep
+        its rows apart, :func:`layer_type_masks`); ``search``: hand the builders the text-position row of
+        ``(4, B, L)`` ids, as the HF models do."""
         rope_positions, text_positions = split_positions(state["position_ids"], self.rope_axes)
         types = set(self.layer_types)
-        if lengths is not None:  # the rows' own positions: the builders make one block-causal mask of them
-            text_row = None if uses_flash(self.text_config) else text_positions
-        else:
-            text_row = text_positions if search and state["position_ids"].dim() == 3 else None
+        text_row = text_positions if search and lengths is None and state["position_ids"].dim() == 3 else None
         masks = self.masks(self.text_config, hidden, padding, text_row, state, types)
         if self.per_type_rotary:
             rotary = {t: self.rotary_emb(hidden, rope_positions, t) for t in sorted(types)}

@@ -201,8 +201,8 @@ def glm_host_inputs(model: nn.Module):
 
 # GLM-4.1V / 4.5V / 4.6V: videos as Qwen2's (the tower's second call), each temporal patch its own grid in
 # get_rope_index; a video's tokens are image tokens, told apart on the host (glm_host_inputs), and a micro-batch
-# never holds both images and videos (validate_glm_micro)
-GLM_VIDEO = dict(QWEN_VIDEO, host=glm_host_inputs, validate=validate_glm_micro)
+# never holds both images and videos (validate_glm_micro): the loader plans image and video rows apart
+GLM_VIDEO = dict(QWEN_VIDEO, host=glm_host_inputs, validate=validate_glm_micro, media_apart=True)
 TOWER = ("model.vision_tower", "model.multi_modal_projector")
 DECODER_ONLY = Family(text="model")
 

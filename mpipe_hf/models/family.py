@@ -75,6 +75,9 @@ class Family:
         checkpoint: ``(class name, attribute)``: the family's checkpoints hold transformers' class ``name``, whose
             ``attribute`` is this model (ShieldGemma 2's are ``ShieldGemma2ForImageClassification``'s), so their
             names are read through that class's conversion mapping; ``None``: this model's own.
+        media_apart: the model cannot take images and videos in one forward (GLM-4.xV finds a video's tokens with
+            the image tokens' mask): the loader's planner and packer put image rows and video rows in different
+            micro-batches (:mod:`mpipe_hf.data.apart`), and ``validate`` refuses a micro-batch holding both.
     """
 
     text: str = "model.language_model"
@@ -98,6 +101,7 @@ class Family:
     stage: Callable | None = None
     norm: str = "norm"
     checkpoint: tuple[str, str] | None = None
+    media_apart: bool = False
 
     def layer_counts(self, config, cfg, layers_per_stage=None, text_layers: int = 0) -> list[int]:
         """Decoder layers per stage (the registry protocol; :func:`.generic.layer_counts`)."""

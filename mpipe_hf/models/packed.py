@@ -15,12 +15,13 @@ owner's host computes at load (``DATA_LOAD``, :func:`packed_host`):
   to the other stages in the transfers' headers, on the host (:data:`~mpipe_hf.runtime.wire.HEADER_KEYS`).
 
 Every stage then runs a packed micro in one pass (:meth:`~.decoder.DecoderStage.run_layers`), each row as the
-unpacked model sees it alone: transformers' mask builders find the rows from the positions
-(``find_packed_sequence_indices``) and build one block-causal mask, so attention never crosses a row (with
-FlashAttention the varlen kernel takes ``cu_seq_lens`` instead, :func:`flash_kwargs`), and a linear-attention
-layer's (Gated DeltaNet's) convolution and state start from zero at every row (:func:`per_row`). Each GEMM is as
-tall as the whole micro (issue 41: row by row, a third as tall, lost packing's gain to per-call overhead). A family
-whose masks ignore the positions (:data:`ROW_BLIND`: PaliGemma's prefix) runs its rows one by one.
+unpacked model sees it alone: transformers' mask builders AND in its ``packed_sequence_mask_function`` over the
+rows' ids (:func:`row_ids`, from the host lengths: no search of the positions on the device), one block-causal
+mask, so attention never crosses a row (with FlashAttention the varlen kernel takes ``cu_seq_lens`` instead,
+:func:`flash_kwargs`); a recurrent layer's (Gated DeltaNet's, LFM2's short convolution's) state starts from zero
+at every row (:func:`per_row`). Each GEMM is as tall as the whole micro (issue 41: row by row, a third as tall,
+lost packing's gain to per-call overhead). A family whose masks cannot take the rows (:data:`ROW_BLIND`: Gemma's
+token-type blocks, PaliGemma's prefix) runs its rows one by one.
 The labels were cut at the row boundaries when the micro was packed (a row's first token
 is no target).
 """
@@ -116,6 +117,13 @@ def packed_host(host: Callable[[Tensors], Tensors] | None, positions: str) -> Ca
         out["packed_lengths"] = lengths_from(out["position_ids"])
         return out
     return run
+
+
+def row_ids(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """``(1, N)`` int64: each token's row of a packed micro of ``lengths`` rows (``0 0 1 1 1 2 ...``), made on the
+    host and copied without a wait: what transformers' ``packed_sequence_mask_function`` compares."""
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).unsqueeze(0)
+    return ids.to(device, non_blocking=True)
 
 
 def row_lengths(state: Tensors) -> list[int] | None:

@@ -9,7 +9,7 @@ in the docstring of the field that holds it; every assumption says so.
 The pieces live in sibling modules, and every name stays importable from here: :mod:`.cluster` (the GPU
 class, its links, ZeRO stage 1's bytes and seconds), :mod:`.shapes` (the model's sizes and the workload) and
 :mod:`.counts` (the closed forms and their FLOP conventions); this module puts them together into
-:func:`figures_estimate`.
+:func:`figures_estimate`, and times expert parallelism's all-to-all (:func:`all_to_all_seconds`, issue 40).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = ["GIB", "Cluster", "Estimate", "Flops", "TextShape", "VisionShape", "W
            "decoder_layer_params", "dp_group_within_node", "embedding_params", "figures_estimate",
            "head_activation_bytes", "head_flops", "head_params", "shapes_from_config", "vision_activation_bytes",
            "vision_flops", "vision_matmul_params", "vision_params", "window_lengths", "zero1_state_bytes",
-           "zero1_sync_seconds"]
+           "zero1_sync_seconds", "all_to_all_seconds", "moe_all_to_all_seconds"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +95,36 @@ def figures_estimate(text: TextShape, vision: VisionShape | None, workload: Work
     return Estimate(profile, layer.weight / rate, head.weight / rate, tower.weight / rate,
                     decoder_layer_params(text), embedding_params(text), head_params(text), tower_params,
                     float(tokens * text.hidden * dtype_bytes), tower_input)
+
+
+def all_to_all_seconds(nbytes: float, ep_size: int, cluster: Cluster = Cluster(), within_node: bool = True) -> float:
+    """One all-to-all over an EP group of ``ep_size`` GPUs in which every GPU holds ``nbytes`` to scatter (the
+    rows it routes, the same on every GPU): ``latency + nbytes * (ep_size - 1) / ep_size / bandwidth``. Each GPU
+    keeps the ``1 / ep_size`` share bound for its own experts and sends the rest while it receives as much from
+    its peers (balanced routing; the links are full duplex). ``latency, bandwidth`` are :meth:`Cluster.link`'s:
+    NVLink 4 at 450 GB/s per GPU and direction through NVSwitch within a node, NDR InfiniBand at 50 GB/s per GPU
+    across nodes (datasheets), both at the cluster's 0.8 efficiency (an assumption). That an all-to-all reaches
+    the link's rate is measured for DeepEP's dispatch and combine kernels: 153 and 158 GB/s of the ~160 GB/s
+    NVLink of an H800 at EP 8 within a node, 43 to 58 GB/s of a 50 GB/s 400 Gb/s NIC at EP 16 to 64
+    (deepseek-ai/DeepEP, ``docs/legacy.md``, "Normal kernels with NVLink and RDMA forwarding"); torch's
+    ``all_to_all_single`` over NCCL, which the runtime runs, is assumed to reach the same 0.8 as the cluster's
+    other collectives. 0 for one GPU (nothing moves)."""
+    if ep_size <= 1:
+        return 0.0
+    latency, bandwidth = cluster.link(within_node)
+    return latency + nbytes * (ep_size - 1) / ep_size / bandwidth
+
+
+def moe_all_to_all_seconds(dispatch_bytes: float, ep_size: int, cluster: Cluster = Cluster(),
+                           within_node: bool = True) -> tuple[float, float]:
+    """``(forward, backward)`` seconds of one MoE layer's all-to-alls on one micro-batch under transformers'
+    ``AllToAllEP`` (:mod:`mpipe_hf.models.expert_parallel`), ``dispatch_bytes`` being the rows a GPU routes
+    (``tokens * top_k * hidden * bytes``). Forward: the per-expert counts (a latency: a few integers), the
+    dispatch of the rows and the combine of the experts' outputs (the same size back); backward: the two
+    all-to-alls' backwards, a combine and a dispatch of the gradients (the counts are not exchanged again). Each
+    all-to-all is :func:`all_to_all_seconds`."""
+    if ep_size <= 1:
+        return 0.0, 0.0
+    rows = all_to_all_seconds(dispatch_bytes, ep_size, cluster, within_node)
+    counts = all_to_all_seconds(0.0, ep_size, cluster, within_node)
+    return counts + 2 * rows, 2 * rows

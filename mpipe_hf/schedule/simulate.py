@@ -55,6 +55,15 @@ class Costs:
             token counts costs ``weight[m]`` times them, issue 30); ``None``: every micro 1 (uniform).
         micro_preprocess_weights: likewise for micro ``m``'s ``TRANSPOSE_FWD``, ``TRANSPOSE_BWD`` and
             ``DATA_LOAD`` (its image tokens); ``None``: uniform.
+        all_to_all: expert parallelism (issue 40): the time a body ``F`` spends in the all-to-alls of its MoE
+            layers (each layer's dispatch and combine, :func:`~.hardware.moe_all_to_all_seconds`); one number, or
+            a tuple by stage (a stage's MoE layers times one layer's). The all-to-all is a collective of the EP
+            peers inside the stage's forward: they hold the same stage and run the same action list in step, so
+            here it is time the rank spends, with no other rank to wait for (``tests/test_connect.py`` checks that
+            the peers' all-to-alls pair up against the pipeline's transfers). Scaled by ``micro_weights`` (the
+            rows dispatched follow the tokens).
+        all_to_all_backward: the same for a ``B`` (the all-to-alls' backwards; ``None``: as ``all_to_all``), or
+            for a ``W`` that is the whole backward; a split ``W`` has none (the input gradient's ``B`` moves them).
 
     Both weight tuples hold one finite number ``>= 0`` per micro-batch of the simulated schedule (micros
     ``0 .. M-1``, or ``0 .. 2M-1`` with placement ``fill``'s look-ahead).
@@ -77,6 +86,8 @@ class Costs:
     weight: float | tuple[float, ...] | None = None
     micro_weights: tuple[float, ...] | None = None
     micro_preprocess_weights: tuple[float, ...] | None = None
+    all_to_all: float | tuple[float, ...] = 0.0
+    all_to_all_backward: float | tuple[float, ...] | None = None
 
     def __post_init__(self):
         for name in MICRO_WEIGHT_FIELDS:
@@ -119,7 +130,7 @@ class Costs:
         backward is split in two (the rank runs both). Scaled by ``a.micro``'s weight (:attr:`micro_weights`,
         :attr:`micro_preprocess_weights`)."""
         if a.kind in (Kind.F, Kind.B, Kind.W):
-            return self._body(a, split) * self._scale("micro_weights", a.micro)
+            return (self._body(a, split) + self._exchange(a, split)) * self._scale("micro_weights", a.micro)
         if a.kind is Kind.TRANSPOSE_FWD:
             cost = self.preprocess_forward
         elif a.kind is Kind.TRANSPOSE_BWD:
@@ -139,6 +150,16 @@ class Costs:
         weight = self.weight[a.stage] if isinstance(self.weight, (tuple, list)) else self.weight
         weight = cost / 2 if weight is None else min(weight, cost)
         return weight if a.kind is Kind.W else cost - weight
+
+    def _exchange(self, a: Action, split: bool) -> float:
+        """The all-to-alls of a body ``F``/``B``/``W`` of the profile's micro-batch (unweighted): ``all_to_all``
+        for an ``F``, ``all_to_all_backward`` for a ``B`` or a whole-backward ``W``, 0 for a split ``W``."""
+        if a.kind is Kind.W and split:
+            return 0.0
+        cost = self.all_to_all
+        if a.kind is not Kind.F and self.all_to_all_backward is not None:
+            cost = self.all_to_all_backward
+        return cost[a.stage] if isinstance(cost, (tuple, list)) else cost
 
     def transfer(self, kind: Kind) -> float:
         """Time one message (or collective) of ``kind`` takes to arrive."""

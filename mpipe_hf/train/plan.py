@@ -11,6 +11,9 @@ runs, before any GPU is booked.
   counted on the meta device by running one decoder layer and the head under ``saved_tensors_hooks``. With
   gradient checkpointing a layer in flight keeps only its input hidden states.
 - The step time and bubble are the simulator's (:func:`~mpipe_hf.schedule.tune.predict`) on that profile.
+- With expert parallelism (``parallel.ep_size``, issue 40) a rank holds ``E / ep_size`` experts of each MoE layer of
+  its stages, the all-to-all's buffers, and its stages' ``F`` and ``B`` take the all-to-alls' time
+  (:mod:`.plan_experts`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from ..models.decoder import layer_types
 from ..models.load import meta_model
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import Kind
-from ..schedule.tune import Profile, predict
+from ..schedule.simulate import simulate
+from ..schedule.tune import Profile, costs_for
+from .plan_experts import ExpertPlan, expert_plan, rank_bytes, sharded_names, with_all_to_all
 from .plan_vision import patches_per_image_token, vision_parts, with_frozen_vit
 
 ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per trained element
@@ -40,7 +45,8 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class RankPlan:
-    """One rank's device memory, in bytes (``activation_bytes``: the peak of saved activations)."""
+    """One rank's device memory, in bytes (``activation_bytes``: the peak of saved activations;
+    ``all_to_all_bytes``: expert parallelism's all-to-all buffers, :mod:`.plan_experts`)."""
 
     rank: int
     param_bytes: int
@@ -48,21 +54,25 @@ class RankPlan:
     optimizer_bytes: int
     activation_bytes: int
     peak_in_flight: int
+    all_to_all_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
+        return (self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
+                + self.all_to_all_bytes)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Every rank's :class:`RankPlan`, the layout, and the simulator's step time (seconds) and bubble."""
+    """Every rank's :class:`RankPlan` (one pipeline, as every replica's is), the layout, the simulator's step time
+    (seconds) and bubble, and with expert parallelism its :class:`~.plan_experts.ExpertPlan`."""
 
     ranks: list[RankPlan]
     layers_per_stage: list[int]
     step_s: float
     bubble: float
     profile: Profile
+    experts: ExpertPlan | None = None
 
     def fits(self, device_bytes: float, headroom: float = 0.1) -> bool:
         """Whether every rank's total stays under ``device_bytes`` less a ``headroom`` share (allocator
@@ -70,14 +80,18 @@ class Plan:
         return all(r.total_bytes <= device_bytes * (1 - headroom) for r in self.ranks)
 
     def table(self, device_bytes: float | None = None) -> str:
-        lines = [f"{'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'activ':>9} {'in-flight':>9} {'total':>9}"
-                 "  (GiB)"]
+        """The per-rank table (GiB), the layout line (layers per stage, ``ep_size``, the predicted step) and, with
+        ``device_bytes``, whether it fits."""
+        ep = self.experts is not None
+        lines = [f"{'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'activ':>9} {'in-flight':>9}"
+                 + (f" {'all2all':>9}" if ep else "") + f" {'total':>9}  (GiB)"]
         for r in self.ranks:
             lines.append(f"{r.rank:>4} {r.param_bytes / GIB:9.2f} {r.grad_bytes / GIB:9.2f} "
                          f"{r.optimizer_bytes / GIB:9.2f} {r.activation_bytes / GIB:9.2f} {r.peak_in_flight:>9} "
-                         f"{r.total_bytes / GIB:9.2f}")
-        lines.append(f"layers per stage {self.layers_per_stage}; predicted step {self.step_s:.3f} s, bubble "
-                     f"{self.bubble:.3f}")
+                         + (f"{r.all_to_all_bytes / GIB:9.2f} " if ep else "") + f"{r.total_bytes / GIB:9.2f}")
+        lines.append(f"layers per stage {self.layers_per_stage}; "
+                     + (f"{self.experts.describe()}; " if ep else "ep_size 1; ")
+                     + f"predicted step {self.step_s:.3f} s, bubble {self.bubble:.3f}")
         if device_bytes:
             worst = max(r.total_bytes for r in self.ranks)
             lines.append(f"{'fits' if self.fits(device_bytes) else 'does NOT fit'} on {device_bytes / GIB:.0f} GiB "
@@ -310,33 +324,42 @@ def _peak_activation_bytes(order, stage_bytes: list[float], graph_bytes: float =
 
 
 def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[int], text_layers: int = 0,
-         gradient_checkpointing: bool = False) -> Plan:
+         gradient_checkpointing: bool = False, ep_size: int = 1, ep_within_node: bool = True) -> Plan:
     """Every rank's memory and the predicted step of ``cfg`` with ``layers_per_stage`` on ``profile`` (see the
     module docstring). With ``gradient_checkpointing`` a layer keeps only its input (``profile.activation_bytes``)
     per micro in flight, and each rank adds one layer's full activations, rebuilt during a backward. A trainable
-    ``P``'s graphs count as the tower's activations plus ``text_layers`` layers' per micro-batch.
+    ``P``'s graphs count as the tower's activations plus ``text_layers`` layers' per micro-batch. ``ep_size``:
+    expert parallelism (``parallel.ep_size``; :mod:`.plan_experts`), its all-to-all over NVLink when
+    ``ep_within_node``, else InfiniBand.
 
     Raises:
-        ValueError: as :func:`~mpipe_hf.models.split` (the layout, ``text_layers``, the model type).
+        ValueError: as :func:`~mpipe_hf.models.split` (the layout, ``text_layers``, the model type); as
+            :func:`~.plan_experts.expert_plan` (``ep_size`` against the model).
     """
     orders = build_schedule(cfg)
+    experts = expert_plan(config, profile, layers_per_stage, text_layers, ep_size, ep_within_node)
     counts = list(layers_per_stage)
     counts[0] -= text_layers
     per_layer = profile.activation_bytes if gradient_checkpointing else profile.layer_activation_bytes
     stage_bytes = [n * per_layer for n in counts]
+    if experts is not None and not gradient_checkpointing:  # AllToAllEP's own saved tensors, per MoE layer
+        stage_bytes = [b + n * experts.saved_bytes for b, n in zip(stage_bytes, experts.moe_layers)]
     stage_bytes[-1] += profile.head_activation_bytes
-    recompute = profile.layer_activation_bytes if gradient_checkpointing else 0
+    recompute = profile.layer_activation_bytes + (experts.saved_bytes if experts else 0.0) \
+        if gradient_checkpointing else 0
     graph = profile.preprocess_activation_bytes + text_layers * per_layer if cfg.trains_preprocess else 0.0
     shadow = meta_model(config)
     # by name: a tied weight is two copies (embedding on rank 0, head on the last rank) once split over ranks
     params = dict(shadow.named_parameters(remove_duplicate=cfg.pp_size == 1))
-    sizes = {n: p.numel() * p.element_size() for n, p in params.items()}
     carved = split(copy.deepcopy(shadow), cfg, 0, layers_per_stage, text_layers)  # the layout is every rank's
 
     def under(name, prefixes):
         return any(name == p or name.startswith(p + ".") for p in prefixes)
     ranks = []
     for rank in range(cfg.pp_size):
+        shards = sharded_names(shadow, config, carved, rank, cfg.pp_size, ep_size)  # E / ep_size rows held
+        numel = {n: p.numel() // (ep_size if n in shards else 1) for n, p in params.items()}
+        sizes = {n: numel[n] * p.element_size() for n, p in params.items()}
         owned = carved.owned_prefixes(cfg, rank)
         held = [n for n in sizes if under(n, owned + carved.preprocess_fqns)]
         trained = [n for n in held if under(n, owned) and not under(n, carved.frozen)]
@@ -344,8 +367,10 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
         grads = trained + (replicas if cfg.trains_preprocess and cfg.owner_backward else [])  # owners backprop P
         act, in_flight = _peak_activation_bytes(orders[rank], stage_bytes, graph, cfg.owner_backward)
         ranks.append(RankPlan(rank, sum(sizes[n] for n in held), sum(sizes[n] for n in grads),
-                              ADAM_STATE_BYTES * sum(params[n].numel() for n in trained), act + recompute, in_flight))
+                              ADAM_STATE_BYTES * sum(numel[n] for n in trained), round(act + recompute), in_flight,
+                              rank_bytes(experts, rank, cfg.pp_size)))
     if gradient_checkpointing:  # each backward first recomputes its layers' forward
         profile = dataclasses.replace(profile, layer_backward_s=profile.layer_backward_s + profile.layer_forward_s)
-    sim = predict(profile, cfg, layers_per_stage, text_layers)
-    return Plan(ranks, list(layers_per_stage), sim.step_s, sim.bubble, profile)
+    costs = with_all_to_all(costs_for(profile, cfg, layers_per_stage, text_layers), experts)
+    sim = simulate(build_schedule(cfg, costs), costs)
+    return Plan(ranks, list(layers_per_stage), sim.makespan, sim.mean_bubble, profile, experts)

@@ -28,6 +28,7 @@ from ..schedule import build_schedule
 from ..schedule.owners import step_owners, with_owners
 from ..schedule.simulate import simulate
 from ..schedule.tune import costs_for
+from .plan_experts import with_all_to_all
 from .sources import image_token_weight, is_vision_language, load_data, load_processor, packing_rows
 
 
@@ -263,11 +264,12 @@ def micro_weights(micros: StepMicros, reference_tokens: float,
 
 
 def simulate_micros(profile, cfg, layers_per_stage: list[int], text_layers: int, micros: StepMicros,
-                    reference: tuple[float, float], owners: str = "modulo") -> SimulatedRows:
+                    reference: tuple[float, float], owners: str = "modulo", experts=None) -> SimulatedRows:
     """Simulate ``micros`` in schedule runs of ``cfg.num_micro`` micro-batches (the last of what is left), each
     under ``profile``'s costs (:func:`~mpipe_hf.schedule.tune.costs_for`) weighed by :func:`micro_weights` against
     ``reference`` (tokens, image tokens). ``owners="balanced"``: each run's owners by
     :func:`~mpipe_hf.schedule.owners.step_owners` on its image tokens (its tokens when it has none), starting even.
+    ``experts``: expert parallelism's :class:`~.plan_experts.ExpertPlan` (its all-to-alls weighed with the tokens).
     Returns the runs' summed time (seconds) and their time-weighted bubble."""
     seconds = idle = 0.0
     weights, pre = micro_weights(micros, *reference)
@@ -278,7 +280,8 @@ def simulate_micros(profile, cfg, layers_per_stage: list[int], text_layers: int,
         if owners == "balanced":
             load = micros.image_tokens[part] if sum(micros.image_tokens[part]) else micros.tokens[part]
             run = with_owners(run, step_owners("balanced", load, run))
-        costs = dataclasses.replace(costs_for(profile, run, layers_per_stage, text_layers), micro_weights=weights[part],
+        costs = dataclasses.replace(with_all_to_all(costs_for(profile, run, layers_per_stage, text_layers), experts),
+                                    micro_weights=weights[part],
                                     micro_preprocess_weights=None if pre is None else pre[part])
         sim = simulate(build_schedule(run, costs), costs)
         seconds, idle = seconds + sim.makespan, idle + sim.mean_bubble * sim.makespan
@@ -311,8 +314,8 @@ def packed_section(recipe, config, result, reference: tuple[float, float] | None
     source = "the profile's micro-batch" if reference else "the packed step's mean micro-batch (measured profile)"
     reference = reference or mean_tokens(packed)
     args = (result.profile, cfg, result.layers_per_stage, recipe.parallel.text_layers)
-    fast = simulate_micros(*args, packed, reference, recipe.parallel.owners)
-    slow = simulate_micros(*args, padded, reference, recipe.parallel.owners)
+    fast = simulate_micros(*args, packed, reference, recipe.parallel.owners, result.experts)
+    slow = simulate_micros(*args, padded, reference, recipe.parallel.owners, result.experts)
     rows, tokens = sum(packed.rows), sum(packed.tokens)
     lines = [f"packed step {step} (data.packing, {data.token_budget} tokens a micro-batch; replica 0 of "
              f"{recipe.parallel.dp_size}); weights against {source}: {reference[0]:g} tokens, {reference[1]:g} "
