@@ -1,17 +1,24 @@
 """Data: the Qwen2 tokenizer, each family's processor, chat templates, the collators and owner-only micro-batch
-loading."""
+loading.
 
-from .collate import TextCollator
-from .conversation import (ConversationCollator, ConversationDataset, ConversationEncoder, Source,
-                           load_conversation_dataset, load_sources)
-from .hub import load_checkpoint_processor
-from .owner import MicroBatchPlan
-from .packing import PackedCollate, PackedPlan, pack_micro
-from .processor import build_processor, image_processor_for, qwen2_5_vl_processor
-from .templates import chat_template_for, default_chat_template
-from .tokenizer import qwen2_tokenizer
+The names below are imported on first use (PEP 562), as in :mod:`mpipe_hf.models`: a light submodule (the
+recipe's :mod:`.budgets`) does not load transformers' processors."""
 
-__all__ = ["ConversationCollator", "ConversationDataset", "ConversationEncoder", "MicroBatchPlan", "PackedCollate",
-           "PackedPlan", "Source", "TextCollator", "build_processor", "chat_template_for", "default_chat_template",
-           "image_processor_for", "load_checkpoint_processor", "load_conversation_dataset", "load_sources",
-           "pack_micro", "qwen2_5_vl_processor", "qwen2_tokenizer"]
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {"TextCollator": ".collate", "MicroBatchPlan": ".owner", "load_checkpoint_processor": ".hub",
+         **dict.fromkeys(["ConversationCollator", "ConversationDataset", "ConversationEncoder", "Source",
+                          "load_conversation_dataset", "load_sources"], ".conversation"),
+         **dict.fromkeys(["PackedCollate", "PackedPlan", "pack_micro"], ".packing"),
+         **dict.fromkeys(["build_processor", "image_processor_for", "qwen2_5_vl_processor"], ".processor"),
+         **dict.fromkeys(["chat_template_for", "default_chat_template"], ".templates"),
+         "qwen2_tokenizer": ".tokenizer"}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name], __name__), name)

@@ -1,8 +1,20 @@
 """The model layer: one generic splitter (:mod:`.generic`) driven by a short declaration per family
-(:class:`~.family.Family`, all of them in :mod:`.families`), the registry and :func:`split`, the one entry point."""
+(:class:`~.family.Family`, all of them in :mod:`.families`), the registry and :func:`split`, the one entry point.
 
-from .base import SplitModel, balanced_layers
-from .family import Family
-from .registry import FAMILIES, get_family, register, split
+The registry's names are imported on first use (PEP 562): importing a light submodule (the recipe's
+:mod:`.freeze`) does not load every family's transformers classes (about 4 s), so ``mpipe-hf`` answers a bad
+recipe at once."""
 
-__all__ = ["FAMILIES", "Family", "SplitModel", "balanced_layers", "get_family", "register", "split"]
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {"SplitModel": ".base", "balanced_layers": ".base", "Family": ".family", "FAMILIES": ".registry",
+         "get_family": ".registry", "register": ".registry", "split": ".registry"}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name], __name__), name)
