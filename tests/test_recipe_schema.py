@@ -45,7 +45,7 @@ MODULE_LISTS = {"lora.target_modules", "lora.exclude_modules", "lora.modules_to_
 PATTERN_LISTS = {"train.freeze", "train.trainable"}  # parameter name patterns: a list of non-empty strings, or one
 CHOICES = {"data.on_bad_sample", "parallel.preprocess", "parallel.overflow", "parallel.placement",
            "parallel.mesh_order", "parallel.owners", "train.lr_scheduler_type",
-           "train.loss_normalization", "data.format", "data.mix_stopping"}  # a string from a fixed set
+           "train.loss_normalization", "data.format", "data.mix_stopping", "data.video_decoder"}  # a fixed set
 PATHS = {"model.name_or_path", "model.config", "model.tokenizer", "data.path", "data.eval_path", "parallel.profile",
          "train.resume", "train.output_dir", "data.images", "data.clean_rows"}  # a string naming a file or directory
 NAMES = {"data.split"}  # a non-empty string of the user's choosing

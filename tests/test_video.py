@@ -7,7 +7,9 @@ import json
 import math
 import os
 import runpy
+import sys
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -254,6 +256,22 @@ def test_a_video_for_a_processor_without_videos_is_refused(data, tokenizer):
     row["where"] = "video.jsonl:1"
     with pytest.raises(ValueError, match="video.jsonl:1: the row has a video but .* takes no videos"):
         ConversationCollator(internvl, None)([row])
+
+
+def test_the_recipes_decoder_reaches_the_collator(demo, data, monkeypatch):
+    from mpipe_hf.train.recipe_data import DataSection
+    from mpipe_hf.train.sources import row_collator
+    processor = load_checkpoint_processor(os.path.join(demo, "model"))
+    row = canonical_row(json.loads(open(os.path.join(data, "video.jsonl")).readline()), data, "video.jsonl:1")
+    section = DataSection(path="video.jsonl", video_decoder="torchcodec")
+    collate = row_collator("conversation", processor, section, SimpleNamespace(model_type=None))
+    assert collate.video_decoder == "torchcodec"
+    monkeypatch.setitem(sys.modules, "torchcodec", None)  # torchcodec cannot load: the error names the field
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)
+    with pytest.raises(ImportError, match=r"data\.video_decoder is 'torchcodec'"):
+        collate([row])
+    default = row_collator("conversation", processor, DataSection(path="video.jsonl"), SimpleNamespace(model_type=None))
+    assert default.video_decoder == "pyav"
 
 
 def test_snapshots_keep_the_video_settings_only_where_they_differ(tokenizer, tmp_path):

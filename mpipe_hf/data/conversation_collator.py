@@ -73,6 +73,8 @@ class ConversationCollator:
         processor: the HF processor, or a tokenizer for a decoder-only LM (rows without images).
         max_length: the most tokens a row keeps; ``None``: no cut.
         chat_template, model_type: as :class:`ConversationEncoder`.
+        video_decoder: what decodes video files (``pyav`` or ``torchcodec``: :data:`~.video.DECODERS`,
+            ``data.video_decoder``).
 
     Raises (on call):
         ValueError: naming the JSONL line: an image or video that cannot be decoded, a video for a processor
@@ -82,9 +84,9 @@ class ConversationCollator:
     """
 
     def __init__(self, processor, max_length: int | None, chat_template: str | None = None,
-                 model_type: str | None = None):
+                 model_type: str | None = None, video_decoder: str = "pyav"):
         self.encoder = ConversationEncoder(processor, chat_template, model_type)
-        self.processor, self.max_length = processor, max_length
+        self.processor, self.max_length, self.video_decoder = processor, max_length, video_decoder
 
     def _open(self, row: dict, where: str) -> list:
         """The row's images as RGB PIL images: each path opened and decoded here, as is an image already opened (a
@@ -115,7 +117,7 @@ class ConversationCollator:
                     raise ValueError(f"{where}: the row has a video but {type(self.processor).__name__} takes no "
                                      f"videos (docs/video.md lists the families that do)")
                 try:
-                    video, meta = load_video(ref, self.processor.video_processor)
+                    video, meta = load_video(ref, self.processor.video_processor, self.video_decoder)
                 except ValueError as err:
                     raise ValueError(f"{where}: {err}") from err
                 frames.append(video)

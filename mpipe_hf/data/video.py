@@ -1,10 +1,11 @@
 """Videos of the conversation rows: decoding a file with PyAV, frame folders and lists of frames, a row's video
 reference and its per-video options, and one video loaded as its processor takes it (docs/video.md).
 
-A video is given as a file (decoded with PyAV: ``av``, which ``transformers``' own ``read_video_pyav`` uses too),
-a folder of frame images (every image in it, in natural name order: ``f2`` before ``f10``) or a list of frame
-paths. A row's video becomes a *reference*, a JSON-able mapping ``{"path": str}`` (a file) or ``{"frames":
-[str]}`` (frames), absolute paths, with the options the row gives for it (:data:`OPTIONS`):
+A video is given as a file (decoded with PyAV: ``av``, which ``transformers``' own ``read_video_pyav`` uses too;
+or with torchcodec where ``data.video_decoder`` says so: :data:`DECODERS`, :mod:`.video_torchcodec`), a folder of
+frame images (every image in it, in natural name order: ``f2`` before ``f10``) or a list of frame paths. A row's
+video becomes a *reference*, a JSON-able mapping ``{"path": str}`` (a file) or ``{"frames": [str]}`` (frames),
+absolute paths, with the options the row gives for it (:data:`OPTIONS`):
 
 - ``fps``: frames a second to sample (the processor's ``fps`` or ``num_frames`` otherwise, else :data:`FPS`),
   or ``num_frames``: frames to keep; both bounded by ``min_frames`` / ``max_frames`` as
@@ -33,6 +34,7 @@ OPTIONS = {"fps": float, "num_frames": int, "min_frames": int, "max_frames": int
            "max_pixels": int, "frames_fps": float}
 ALIASES = {"nframes": "num_frames", "sample_fps": "frames_fps"}  # qwen-vl-utils' names
 SAMPLING = ("fps", "num_frames", "min_frames", "max_frames")
+DECODERS = ("pyav", "torchcodec")  # data.video_decoder: PyAV (a dependency, the default) or torchcodec (optional)
 
 
 def _natural(name: str) -> list:
@@ -60,14 +62,25 @@ def _indices(sample_indices_fn, metadata: VideoMetadata) -> list[int]:
     return [int(i) for i in sample_indices_fn(metadata=metadata)]
 
 
-def probe_video(path: str) -> VideoMetadata:
+def _decoder(decoder: str) -> str:
+    if decoder not in DECODERS:
+        raise ValueError(f"video decoder must be one of {list(DECODERS)}, got {decoder!r}")
+    return decoder
+
+
+def probe_video(path: str, decoder: str = "pyav") -> VideoMetadata:
     """A video file's metadata from its header, as ``transformers``' ``read_video_pyav`` reads it: frames
     (``stream.frames``; counted by decoding when the container does not say), ``fps`` (``average_rate``),
-    ``duration`` (frames / fps, s), height and width (px).
+    ``duration`` (frames / fps, s), height and width (px). ``decoder``: :data:`DECODERS` (torchcodec reads the
+    same header fields, :func:`~.video_torchcodec.probe_torchcodec`).
 
     Raises:
-        ValueError: PyAV cannot open the file or it has no video stream (naming the file).
+        ValueError: the file cannot be opened or has no video stream (naming the file); an unknown ``decoder``.
+        ImportError: ``decoder`` is ``torchcodec`` and it does not load (naming ``data.video_decoder``).
     """
+    if _decoder(decoder) == "torchcodec":
+        from .video_torchcodec import probe_torchcodec
+        return probe_torchcodec(path)
     import av
     try:
         with av.open(path) as container:
@@ -83,17 +96,25 @@ def probe_video(path: str) -> VideoMetadata:
                          video_backend="pyav", height=height, width=width)
 
 
-def decode_video(path: str, sample_indices_fn=None) -> tuple[np.ndarray, VideoMetadata]:
+def decode_video(path: str, sample_indices_fn=None, decoder: str = "pyav") -> tuple[np.ndarray, VideoMetadata]:
     """The frames of a video file at ``sample_indices_fn(metadata=...)`` (every frame when ``None``), decoded in
-    order with PyAV to RGB as ``read_video_pyav`` decodes them: ``uint8`` ``(T, H, W, 3)``, and the metadata of
-    :func:`probe_video` with ``frames_indices`` set.
+    order with PyAV to RGB as ``read_video_pyav`` decodes them (or by torchcodec, ``decoder``: :data:`DECODERS`,
+    the same frames: :func:`~.video_torchcodec.decode_torchcodec`): ``uint8`` ``(T, H, W, 3)``, and the metadata
+    of :func:`probe_video` with ``frames_indices`` set.
 
     Raises:
-        ValueError: the file cannot be opened or decoded, or holds fewer frames than the indices need.
+        ValueError: the file cannot be opened or decoded, or holds fewer frames than the indices need; an unknown
+            ``decoder``.
+        ImportError: ``decoder`` is ``torchcodec`` and it does not load (naming ``data.video_decoder``).
     """
-    import av
-    metadata = probe_video(path)
+    metadata = probe_video(path, decoder)
     wanted = _indices(sample_indices_fn, metadata)
+    if decoder == "torchcodec":
+        from .video_torchcodec import decode_torchcodec
+        frames = decode_torchcodec(path, wanted)
+        metadata.frames_indices = wanted
+        return frames, metadata
+    import av
     keep, frames = set(wanted), []
     try:
         with av.open(path) as container:
@@ -217,20 +238,22 @@ def _own_size(ref: dict, video_processor, height: int, width: int) -> tuple[int,
                         max_pixels=ref.get("max_pixels") or size["longest_edge"])
 
 
-def load_video(ref: dict, video_processor) -> tuple[np.ndarray, VideoMetadata]:
+def load_video(ref: dict, video_processor, decoder: str = "pyav") -> tuple[np.ndarray, VideoMetadata]:
     """The video ``ref`` as its processor takes it (with ``do_sample_frames=False``): the sampled frames, ``uint8``
     ``(T, H, W, 3)``, resized to the ref's own pixel budget where it sets one (module docstring), and its metadata
-    (the whole video's frames and fps, ``frames_indices`` the sampled ones).
+    (the whole video's frames and fps, ``frames_indices`` the sampled ones). A file is decoded by ``decoder``
+    (:data:`DECODERS`; ``data.video_decoder``), frames read with PIL.
 
     Raises:
         ValueError: the video cannot be decoded or sampled (naming the file).
+        ImportError: ``decoder`` is ``torchcodec`` and it does not load (naming ``data.video_decoder``).
     """
     from .video_processor import resize_frames
     sampler = _sampler(ref, video_processor)
     if "frames" in ref:
         frames, metadata = read_frames(ref["frames"], ref.get("frames_fps"), sampler)
     else:
-        frames, metadata = decode_video(ref["path"], sampler)
+        frames, metadata = decode_video(ref["path"], sampler, decoder)
     height, width = _own_size(ref, video_processor, frames.shape[1], frames.shape[2])
     if (height, width) != frames.shape[1:3]:
         moved = torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous()

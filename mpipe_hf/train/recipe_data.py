@@ -10,6 +10,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..data.budgets import RowCaps
+from ..data.video import DECODERS
 
 FORMATS = ("auto", "messages", "trl", "llava", "sharegpt", "caption", "text")
 STOPPING = ("first_exhausted", "all_exhausted")
@@ -74,6 +75,10 @@ class DataSection:
             its own ``max_pixels`` (:mod:`mpipe_hf.data.budgets`); ``None``: ``max_pixels``.
         max_frames: the most frames a video keeps, at least 2 (one temporal patch): a video sampled to more keeps
             this many; ``None``: the video processor's bound.
+        video_decoder: what decodes the rows' video files when a micro-batch is collated (:data:`~mpipe_hf.data.
+            video.DECODERS`): ``pyav`` (default, a dependency) or ``torchcodec`` (optional: the ``torchcodec`` extra
+            and FFmpeg's shared libraries; docs/video.md, "Decoder"): the same metadata and frames (H.264 bit for
+            bit). Token counts read the file's header with PyAV either way (the same fields).
         max_visual_tokens: the most image and video tokens a row takes: a row over it has its images and video
             frames resized down, then its videos' frames thinned, and is dropped (counted, with the reason) when it
             stays over at the smallest sizes; ``None``: no bound.
@@ -97,10 +102,11 @@ class DataSection:
 
     Raises:
         ValueError: a count that is not an integer >= 1, ``min_pixels > max_pixels``, ``video_max_pixels`` below
-            ``min_pixels``, ``max_frames`` below 2, a ``shuffle`` that is not a
-            boolean, an ``on_bad_sample`` other than ``skip``/``raise``, neither or both of ``path`` and
-            ``sources``, a bad source (:class:`DataSource`), a ``mix_stopping`` outside :data:`STOPPING` (that the
-            files exist is checked when the data loads: ``mpipe-hf plan`` needs no data).
+            ``min_pixels``, ``max_frames`` below 2, a ``shuffle`` that is not a boolean, an ``on_bad_sample`` other
+            than ``skip``/``raise``, neither or both of ``path`` and ``sources``, a bad source (:class:`DataSource`),
+            a ``mix_stopping`` outside :data:`STOPPING`, a ``video_decoder`` outside ``DECODERS`` (that the files
+            exist is checked when the data loads, that torchcodec loads when it first decodes a video: ``mpipe-hf
+            plan`` needs neither).
     """
 
     path: str | None = None
@@ -125,6 +131,7 @@ class DataSection:
     eval_path: str | None = None
     packing: bool = False
     max_tokens_per_micro: int | None = None
+    video_decoder: str = "pyav"
 
     def __post_init__(self):
         if self.max_bad_steps is not None:
@@ -161,6 +168,8 @@ class DataSection:
             raise ValueError(f"data.on_bad_sample must be 'skip' or 'raise', got {self.on_bad_sample!r}")
         if self.mix_stopping not in STOPPING:
             raise ValueError(f"data.mix_stopping must be one of {list(STOPPING)}, got {self.mix_stopping!r}")
+        if self.video_decoder not in DECODERS:
+            raise ValueError(f"data.video_decoder must be one of {list(DECODERS)}, got {self.video_decoder!r}")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"data.min_pixels ({self.min_pixels}) exceeds data.max_pixels ({self.max_pixels})")
         self._check_caps()

@@ -109,7 +109,8 @@ def row_collator(layout: str, processor, data: DataSection, config):
     else :class:`ConversationCollator` for ``config``'s family, both cutting at ``data.row_length`` tokens."""
     if layout == "text":
         return TextCollator(processor, data.row_length)
-    return ConversationCollator(processor, data.row_length, model_type=config.model_type)
+    return ConversationCollator(processor, data.row_length, model_type=config.model_type,
+                                video_decoder=data.video_decoder)
 
 
 def micro_validator(config):
