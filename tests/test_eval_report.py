@@ -53,10 +53,11 @@ def test_the_recipe_runs_evaluation_counts_the_rows_its_owners_dropped(capsys):
     row, the warning and the summary's ``eval_rows``."""
     from mpipe_hf.train.job import RecipeJob
     logged = []
-    run = SimpleNamespace(evaluate=lambda load, n, mbs: (1.5, 40), pipeline_rows=lambda mine: mine + ["b.jsonl:2 (x)"],
+    run = SimpleNamespace(evaluate=lambda load, micros: (1.5, 40), pipeline_rows=lambda mine: mine + ["b.jsonl:2 (x)"],
                           lead=True)
     job = SimpleNamespace(run=run, eval_set=list(range(12)), metrics=SimpleNamespace(log=logged.append),
-                          eval_plan=SimpleNamespace(load_rows=None, take_dropped=lambda: ["a.jsonl:3 (y)"]),
+                          eval_plan=SimpleNamespace(load_rows=None, take_dropped=lambda: ["a.jsonl:3 (y)"],
+                                                    eval_micros=lambda: [[0, 1]]),
                           recipe=SimpleNamespace(data=SimpleNamespace(micro_batch_size=2)))
     RecipeJob.evaluate(job, 4)
     assert job.eval_rows == (10, 12)

@@ -101,6 +101,23 @@ def test_the_planner_keeps_images_and_videos_apart_and_every_row_once_an_epoch(g
     assert any(len(k) == 2 for k in _kind_sets([plain.rows(s, m) for s in range(4) for m in range(2)], kinds))
 
 
+def test_an_evaluation_keeps_images_and_videos_apart_and_reads_every_row_once(glm):
+    """An evaluation's micro-batches (:meth:`MicroBatchPlan.eval_micros`, what ``mpipe-hf train``'s and
+    ``MPipeTrainer``'s evaluations run): every row once, none holding both kinds, each loading with no row
+    dropped; without kinds, consecutive blocks in dataset order."""
+    dataset, collate, validate = glm
+    kinds = row_kinds(dataset)
+    plan = MicroBatchPlan(dataset, collate, 2, 3, validate, evaluation=True)
+    micros = plan.eval_micros()
+    assert sorted(i for m in micros for i in m) == list(range(len(dataset)))
+    assert all(len(k) <= 1 for k in _kind_sets(micros, kinds)) and all(1 <= len(m) <= 3 for m in micros)
+    for rows in micros:
+        assert plan.load_rows(rows)["input_ids"].shape[0] == len(rows)
+    assert not plan.take_dropped()
+    plain = MicroBatchPlan(dataset, list, 2, 3, validate, evaluation=True).eval_micros()
+    assert plain == [list(range(s, min(s + 3, len(dataset)))) for s in range(0, len(dataset), 3)]
+
+
 def test_the_packer_keeps_images_and_videos_apart(glm):
     """Packed micro-batches of whole rows up to 2 rows' tokens, 3 micro-batches a step, shuffled: every stream
     position is placed once (every row once an epoch), no bin holds both an image row and a video row, each bin

@@ -107,6 +107,15 @@ class MicroBatchPlan:
         epoch = bisect.bisect_right(self._starts, index) - 1
         return list(self._epoch_blocks(epoch)[index - self._starts[epoch]])
 
+    def eval_micros(self) -> list[list[int]]:
+        """Every row once, in dataset order, cut into micro-batches of at most ``micro_batch_size`` rows, as an
+        evaluation reads them: consecutive blocks, or with :attr:`kinds` none holding both an image row and a
+        video row (:func:`~.apart.apart_blocks` over ``0 .. len - 1``)."""
+        if self.kinds is not None:
+            return apart_blocks(range(len(self.dataset)), self.kinds, self.mbs)
+        n = len(self.dataset)
+        return [list(range(s, min(s + self.mbs, n))) for s in range(0, n, self.mbs)]
+
     def micro_costs(self, step: int, row_costs) -> list[float]:
         """Each micro's cost in step ``step``: the sum of ``row_costs[i]`` over its rows ``i`` (e.g. a
         :class:`~.conversation.ConversationDataset`'s ``visual_tokens``, its rows' image and video tokens: a video

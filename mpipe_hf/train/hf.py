@@ -287,7 +287,7 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         dataset = self._rows(dataset)
         plan = self._plan(dataset, self.args.per_device_eval_batch_size, evaluation=True)
         n = len(dataset)
-        loss, tokens = self.run.evaluate(plan.load_rows, n, self.args.per_device_eval_batch_size)
+        loss, tokens = self.run.evaluate(plan.load_rows, plan.eval_micros())
         dropped = self.run.pipeline_rows(plan.take_dropped())
         if dropped and self.run.rank == 0:
             logger.warning(f"MPipeTrainer: the {prefix} set ran on {n - len(dropped)} of {n} rows: {len(dropped)} "

@@ -181,8 +181,7 @@ class RecipeJob:
         count towards no limit). Rank 0 prints the loss and the rows, and a warning when any were left out."""
         import time
         begin = time.perf_counter()
-        loss, tokens = self.run.evaluate(self.eval_plan.load_rows, len(self.eval_set),
-                                         self.recipe.data.micro_batch_size)
+        loss, tokens = self.run.evaluate(self.eval_plan.load_rows, self.eval_plan.eval_micros())
         dropped = self.run.pipeline_rows(self.eval_plan.take_dropped())
         total = len(self.eval_set)
         used = total - len(dropped)

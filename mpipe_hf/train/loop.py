@@ -137,19 +137,19 @@ def finite_step(stats: StepStats, grad_norm: float, params, skips: Skips, data: 
     return False
 
 
-def evaluate_rows(executor: PipelineExecutor, load_rows: Callable[[list[int]], dict], num_rows: int,
-                  micro_batch_size: int) -> tuple[float, int]:
-    """``(eval loss, label tokens)`` over rows ``0 .. num_rows - 1`` in order, ``micro_batch_size`` rows per
-    micro-batch and ``M`` micro-batches per forward-only run (the last run shorter): the token losses summed over
-    the whole set and divided once by its label tokens, as one process computes it. The same on every rank.
+def evaluate_rows(executor: PipelineExecutor, load_rows: Callable[[list[int]], dict], micros: list[list[int]]
+                  ) -> tuple[float, int]:
+    """``(eval loss, label tokens)`` over the micro-batches ``micros`` (each a list of row indices; e.g.
+    :meth:`~mpipe_hf.data.owner.MicroBatchPlan.eval_micros`), ``M`` micro-batches per forward-only run (the last
+    run shorter): the token losses summed over the whole set and divided once by its label tokens, as one process
+    computes it. The same on every rank.
 
     Raises:
         ValueError, TimeoutError, RuntimeError: as :meth:`PipelineExecutor.evaluate`.
     """
-    loss_sum, tokens, per_run = 0.0, 0, executor.cfg.num_micro * micro_batch_size
-    for first in range(0, num_rows, per_run):
-        micros = [list(range(s, min(s + micro_batch_size, num_rows)))
-                  for s in range(first, min(first + per_run, num_rows), micro_batch_size)]
-        run_loss, run_tokens = executor.evaluate(lambda m: load_rows(micros[m]), len(micros))
+    loss_sum, tokens, per_run = 0.0, 0, executor.cfg.num_micro
+    for first in range(0, len(micros), per_run):
+        run = micros[first:first + per_run]
+        run_loss, run_tokens = executor.evaluate(lambda m: load_rows(run[m]), len(run))
         loss_sum, tokens = loss_sum + run_loss, tokens + run_tokens
     return loss_sum / max(tokens, 1), tokens

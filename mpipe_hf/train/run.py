@@ -270,11 +270,11 @@ class PipelineRun:
                               self.data_parallel)
         return StepResult(stats, norm, finite_step(stats, norm, self.params.values(), self.skips, self.data))
 
-    def evaluate(self, load_rows: Callable[[list[int]], dict], num_rows: int, micro_batch_size: int
-                 ) -> tuple[float, int]:
-        """``(eval loss, label tokens)`` of the forward-only schedule over rows ``0 .. num_rows - 1`` once
+    def evaluate(self, load_rows: Callable[[list[int]], dict], micros: list[list[int]]) -> tuple[float, int]:
+        """``(eval loss, label tokens)`` of the forward-only schedule over the micro-batches ``micros`` (row
+        indices, every row once: :meth:`~mpipe_hf.data.owner.MicroBatchPlan.eval_micros`) once
         (:func:`~.loop.evaluate_rows`): the token losses summed over the set over its label tokens."""
-        return evaluate_rows(self.executor, load_rows, num_rows, micro_batch_size)
+        return evaluate_rows(self.executor, load_rows, micros)
 
     def pipeline_rows(self, mine: Sequence[str]) -> list[str]:
         """Every pipeline rank's ``mine`` (e.g. the rows its loads dropped, each owner knowing only its own),
