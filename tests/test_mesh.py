@@ -120,3 +120,23 @@ def test_resolve_mesh_order():
     assert order == choice.order and set(choice.step_s) == {"pp_inner", "dp_inner"}
     with pytest.raises(ValueError, match=r"parallel.mesh_order must be one of \('pp_inner', 'dp_inner', 'auto'\)"):
         ParallelSection(pp_size=2, mesh_order="dp_outer")
+
+
+def test_auto_order_across_nodes_reads_moe_configs():
+    """``auto`` across nodes on the real MoE configs: Qwen3.5-MoE has no dense ``intermediate_size`` (its MLP is
+    routed experts and a shared expert), which the simulator reads as the width a token runs through
+    (``token_mlp_width``: top-k experts' width plus the shared expert's)."""
+    from mpipe_hf.data import qwen2_tokenizer
+    from mpipe_hf.models import tiny
+    from mpipe_hf.schedule.shapes import token_mlp_width
+    tok = qwen2_tokenizer(5120)
+    data = DataSection(path="x", max_length=256)
+    par = ParallelSection(pp_size=2, num_micro=4, dp_size=2)
+    for config in (tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True), tiny.tiny_qwen3_vl_moe_config(tok)):
+        text = config.get_text_config()
+        shared = getattr(text, "shared_expert_intermediate_size", 0) or 0
+        want = getattr(text, "intermediate_size", None) or (
+            text.moe_intermediate_size * text.num_experts_per_tok + shared)
+        assert token_mlp_width(text) == want > 0
+        order, choice = resolve_mesh_order(par, config, data, 4, 2)
+        assert order in ("pp_inner", "dp_inner") and order == choice.order

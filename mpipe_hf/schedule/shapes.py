@@ -14,7 +14,8 @@ from dataclasses import dataclass
 class TextShape:
     """The decoder's sizes (the HF text config's ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
     ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``vocab_size``, ``tie_word_embeddings``).
-    ``qkv_bias``: the q, k and v projections carry a bias (Qwen2 and Qwen2.5 do)."""
+    ``qkv_bias``: the q, k and v projections carry a bias (Qwen2 and Qwen2.5 do). A mixture-of-experts decoder's
+    ``intermediate`` is the gated-MLP width a token runs through (:func:`token_mlp_width`)."""
 
     hidden: int
     intermediate: int
@@ -52,10 +53,26 @@ class VisionShape:
     in_channels: int = 3
 
 
+def token_mlp_width(text) -> int:
+    """The gated-MLP width one token runs through in a decoder layer of the HF text config ``text``: its
+    ``intermediate_size``; for a mixture-of-experts config with no dense width (Qwen3.5-MoE's), the routed
+    experts' ``moe_intermediate_size`` times the experts a token picks (``num_experts_per_tok``) plus the shared
+    expert's ``shared_expert_intermediate_size``: the same multiply-adds per token.
+
+    Raises:
+        AttributeError: a config with neither.
+    """
+    dense = getattr(text, "intermediate_size", None)
+    if dense:
+        return int(dense)
+    shared = getattr(text, "shared_expert_intermediate_size", None) or 0
+    return int(text.moe_intermediate_size * text.num_experts_per_tok + shared)
+
+
 def shapes_from_config(config) -> tuple[TextShape, VisionShape | None]:
     """The shapes of an HF config object (``Qwen2_5_VLConfig``, or a text-only config: no tower)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    shape = TextShape(hidden=text.hidden_size, intermediate=text.intermediate_size, layers=text.num_hidden_layers,
+    shape = TextShape(hidden=text.hidden_size, intermediate=token_mlp_width(text), layers=text.num_hidden_layers,
                       heads=text.num_attention_heads,
                       kv_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
                       vocab=text.vocab_size, head_dim=getattr(text, "head_dim", None) or 0,

@@ -145,14 +145,10 @@ def ep_within_node(parallel, config, data, gpus_per_node: int = 8) -> bool:
     ``gpus_per_node`` GPUs under the mesh order training resolves
     (:func:`~mpipe_hf.train.recipe_parallel.resolve_mesh_order`): with ``dp_inner`` an EP group is ``ep_size``
     consecutive processes, with ``pp_inner`` it spans ``ep_size * pp_size`` of them; the block must divide the
-    node. An ``auto`` order the at-scale simulator cannot resolve (a text config its closed forms do not read, such
-    as Qwen3.5-MoE's, which has no dense ``intermediate_size``) is taken as ``dp_inner``."""
+    node."""
     if parallel.ep_size == 1:
         return True
     from .recipe_parallel import resolve_mesh_order
-    try:
-        order, _ = resolve_mesh_order(parallel, config, data, parallel.dp_size * parallel.pp_size, gpus_per_node)
-    except AttributeError:
-        order = "dp_inner"
+    order, _ = resolve_mesh_order(parallel, config, data, parallel.dp_size * parallel.pp_size, gpus_per_node)
     span = parallel.ep_size * (1 if order == "dp_inner" else parallel.pp_size)
     return gpus_per_node % span == 0
