@@ -236,13 +236,26 @@ def merged_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, 
             name, base = named[id(module)], state[keys[plain]]
             factors = {f"m.lora_{x}.{ADAPTER}.weight": state[f"{name}.lora_{x}.{ADAPTER}.weight"].float()
                        for x in "AB"}
-            delta = torch.func.functional_call(_Delta(module), factors, ())
+            delta = _delta(module, factors)
             out[plain] = (base.float() + delta.float()).to(base.dtype)
     for key, t in state.items():
         if ".lora_" in key or ".original_module." in key:
             continue
         out.setdefault(base_name(key), t)
     return out
+
+
+def _delta(module: nn.Module, factors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """peft's ``ParamWrapper.get_delta_weight`` of ``module`` on ``factors`` (``{m.lora_A/B...: tensor}``), with
+    the wrapper's ``num_experts`` (which it reshapes by) read from the given ``lora_A`` ``(E r, in)`` for the call:
+    under expert parallelism the wrapper counts its rank's experts while the factors are the gathered ``E``."""
+    a = factors[f"m.lora_A.{ADAPTER}.weight"]
+    held = module.num_experts
+    module.num_experts = a.shape[0] // module.r[ADAPTER]  # 1 for a 2-D parameter's (r, in)
+    try:
+        return torch.func.functional_call(_Delta(module), factors, ())
+    finally:
+        module.num_experts = held
 
 
 class _Delta(nn.Module):

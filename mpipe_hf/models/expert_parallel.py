@@ -21,7 +21,11 @@ What is transformers' and what is not:
   which the runtime reads as FSDP2 shards (their gradients averaged over ``dp``, their squares summed over ``dp``
   in the norm, gathered at save), and FSDP2 would shard them again over every replica. Here each rank's expert
   weights are plain tensors, sliced once (at load, :mod:`.load`, or from a whole model, :func:`shard_experts`),
-  and :class:`ExpertShards` says which they are, so that their gradients are summed over ``edp`` only.
+  and :class:`ExpertShards` says which they are, so that their gradients are summed over ``edp`` only;
+- LoRA on the experts (peft's ``ParamWrapper``, ``lora.target_parameters``): each wrapper's ``lora_A`` / ``lora_B``
+  are cut with the experts (:class:`ExpertCut`: ``lora_B``'s experts are strided columns) and recorded in
+  :class:`ExpertShards` beside them, so that peft's own forward, the gradient sums, the norm and the fused save
+  treat them as the experts' tensors (docs/lora.md, "MoE layers").
 
 Exactness: with top-2 routing, ``AllToAllEP``'s combine (``w_0 y_0 + w_1 y_1`` per token) adds the same two
 products as the eager experts' ``index_add_`` in expert order (fp32 addition of two terms commutes), and the expert
@@ -67,15 +71,18 @@ def check_expert_parallel(config, ep_size: int, adapter=None, packed: bool = Fal
 
     Raises:
         ValueError: ``ep_size > 1`` with a model whose config has no ``base_model_ep_plan`` that dispatches
-            experts, an ``E`` that ``ep_size`` does not divide, a LoRA adapter on the
-            experts' fused tensors (``target_parameters``: its ``(E, ...)`` adapter would need slicing too), or
+            experts, an ``E`` that ``ep_size`` does not divide, a LoRA adapter (``target_parameters``) on a fused
+            per-expert bias (a plan tensor named ``*_bias``, ``(E, out)``: peft's ``ParamWrapper`` reads a 2-D
+            parameter as one ``(out, in)`` matrix, so its ``lora_A`` spans every expert and no EP rank holds its
+            experts' part alone), or
             packed micro-batches (``packed``, ``data.packing``) of a model with recurrent layers (Qwen3.5-MoE's
             linear attention, :data:`~.packed.RECURRENT`): each such layer, MoE MLP included, runs once per
             packed row, so two EP peers whose micros hold different numbers of rows would call the all-to-all a
             different number of times (measured: a gloo collective mismatch). Other layers take a packed micro
             in one pass, one all-to-all per MoE layer whatever its rows. Zero-bubble needs no check: ``B`` runs
             both all-to-alls' backward (they lie on the inputs' path) and ``W`` only the experts' grouped GEMMs
-            from the dispatched tokens their nodes keep (:mod:`mpipe_hf.runtime.zero_bubble`).
+            from the dispatched tokens their nodes keep (:mod:`mpipe_hf.runtime.zero_bubble`). LoRA on the
+            ``(E, ...)`` expert tensors themselves is sliced with them (:func:`shard_experts`).
     """
     if ep_size == 1:
         return
@@ -92,11 +99,13 @@ def check_expert_parallel(config, ep_size: int, adapter=None, packed: bool = Fal
                          f"{recurrent} layers run once per packed row, so the EP peers' all-to-alls would not pair "
                          f"up; set data.packing: false or parallel.ep_size: 1")
     targets = getattr(adapter, "target_parameters", None) or []
-    touched = [t for t in targets if any(_full_match(t, p.replace("*", "0")) or _full_match(p, t)
-                                         for p, s in plan.items() if s == SHARD)]
-    if touched:
-        raise ValueError(f"parallel.ep_size > 1 with LoRA on the fused expert tensors ({touched}) is not "
-                         f"supported: drop them from lora.target_parameters, or set parallel.ep_size: 1")
+    biases = [t for t in targets if any(_full_match(t, p.replace("*", "0")) or _full_match(p, t)
+                                        for p, s in plan.items() if s == SHARD and p.endswith("_bias"))]
+    if biases:
+        raise ValueError(f"parallel.ep_size > 1 with LoRA on the experts' fused biases ({biases}) is not "
+                         f"supported: peft adapts a 2-D (E, out) parameter with one lora_A shared by every expert, "
+                         f"which no EP rank holds alone; drop them from lora.target_parameters, or set "
+                         f"parallel.ep_size: 1")
 
 
 def expert_tensors(model: nn.Module, config, under: list[str] | None = None) -> dict[str, list[str]]:
@@ -132,14 +141,54 @@ def expert_rows(config, ep_rank: int, ep_size: int) -> slice:
     return slice(ep_rank * per, (ep_rank + 1) * per)
 
 
+@dataclass(frozen=True)
+class ExpertCut:
+    """Where an EP rank's experts lie in a fused tensor of shape ``fused``: its dimension ``dim`` read as
+    ``(outer, E, inner)``, the rank holding experts ``rows`` of the middle axis (:func:`expert_rows`).
+
+    - the experts' own ``(E, ...)`` tensors (``gate_up_proj``, ``down_proj``): ``dim`` 0, ``outer`` 1, ``inner`` 1,
+      a row range;
+    - peft's ``ParamWrapper`` adapter of one (``lora.layer.ParamWrapper.get_delta_weight`` reads ``lora_A``
+      ``(E r, in)`` as ``(E, r, in)`` and ``lora_B`` ``(out, r E)`` as ``(out, r, E)``): ``lora_A`` ``dim`` 0,
+      ``inner`` ``r`` (expert-major, a row range); ``lora_B`` ``dim`` 1, ``outer`` ``r`` (strided: expert ``e``'s
+      columns are ``e, e + E, ..., e + (r - 1) E``).
+
+    The cut keeps the layout: a cut ``lora_B`` is ``(out, r E_local)`` read as ``(out, r, E_local)``.
+    """
+
+    dim: int
+    outer: int
+    inner: int
+    rows: slice
+    fused: tuple[int, ...]
+
+    @property
+    def experts(self) -> int:
+        """``E``, the experts of the fused tensor."""
+        return self.fused[self.dim] // (self.outer * self.inner)
+
+    def cut(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a tensor of the ``fused`` shape (a copy when the part is strided)."""
+        view = tensor.unflatten(self.dim, (self.outer, self.experts, self.inner))
+        return view[(slice(None),) * (self.dim + 1) + (self.rows,)].flatten(self.dim, self.dim + 2)
+
+    def joined(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The fused tensor from every EP rank's part (each of this rank's part's shape), in EP rank order."""
+        per = self.rows.stop - self.rows.start
+        views = [p.unflatten(self.dim, (self.outer, per, self.inner)) for p in parts]
+        return torch.cat(views, dim=self.dim + 1).flatten(self.dim, self.dim + 2)
+
+
 @dataclass
 class ExpertShards:
-    """This rank's expert shards: ``{parameter name: (rows of the fused tensor, fused shape)}`` and the parameters.
+    """This rank's expert shards (the experts' fused tensors and, under LoRA, their adapters): ``{parameter name:
+    its cut}`` and the parameters.
 
     Attributes:
         ep_rank, ep_size: this rank's place in its EP group.
-        names: ``{name in the model: (rows of the fused (E, ...) tensor, fused shape)}``.
-        params: the sharded parameters (their gradients are summed over ``edp``, not ``dp``).
+        names: ``{name in the model: its :class:`ExpertCut` of the fused tensor}``, in the order of ``params``.
+        params: the sharded parameters (their gradients are summed over ``edp``, not ``dp``; the clipping norm
+            sums their squares over the EP group).
         group: the EP group's :class:`~mpipe_hf.runtime.watchdog.WatchedGroup` (the all-to-alls' group, which the
             watchdog breaks when a step fails and renews after), or ``None``.
     """
@@ -147,52 +196,62 @@ class ExpertShards:
     ep_rank: int
     ep_size: int
     group: object = None
-    names: dict[str, tuple[slice, tuple[int, ...]]] = field(default_factory=dict)
+    names: dict[str, ExpertCut] = field(default_factory=dict)
     params: list[nn.Parameter] = field(default_factory=list)
 
+    def add(self, name: str, cut: ExpertCut, param: nn.Parameter) -> None:
+        """Record shard ``name`` (``param``, cut from its fused tensor as ``cut`` says)."""
+        self.names[name] = cut
+        self.params.append(param)
+
+    def cut(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (``name``'s value as a checkpoint holds it) cut to this rank's part when ``name`` is a shard
+        and ``tensor`` has the fused shape; else ``tensor`` itself."""
+        cut = self.names.get(name)
+        return cut.cut(tensor) if cut is not None and tuple(tensor.shape) == cut.fused else tensor
+
     def fused(self, state: dict[str, torch.Tensor], group) -> dict[str, torch.Tensor]:
-        """``state`` with every expert shard replaced by the fused ``(E, ...)`` tensor, all-gathered over the
-        EP ``group`` (a collective: every EP rank calls it with the same names), for a checkpoint that
-        ``from_pretrained`` loads."""
+        """``state`` with every expert shard replaced by the fused tensor, all-gathered over the EP ``group`` (a
+        collective: every EP rank calls it with the same names), for a checkpoint that ``from_pretrained`` (or
+        PEFT's ``PeftModel.from_pretrained``) loads."""
         out = dict(state)
         for name in sorted(n for n in state if n in self.names):
-            out[name] = _gathered(state[name], self.ep_size, group)
+            out[name] = self.names[name].joined(_gathered(state[name], self.ep_size, group))
         return out
 
     def fused_optimizer(self, state: dict, names: list[str], group) -> dict:
         """An optimizer ``state_dict`` (``state``, its per-parameter entries indexed as ``names``) with each AdamW
         moment of an expert shard (a tensor of the shard's shape) all-gathered over the EP ``group`` into the
-        fused ``(E, ...)`` moment, so that a checkpoint's training state holds every expert's moments whatever
-        ``ep_size`` wrote it (:meth:`slice_optimizer` cuts them for the run that reads it). A collective, as
-        :meth:`fused`."""
+        fused moment, so that a checkpoint's training state holds every expert's moments whatever ``ep_size``
+        wrote it (:meth:`slice_optimizer` cuts them for the run that reads it). A collective, as :meth:`fused`."""
         shapes = {name: tuple(p.shape) for name, p in zip(self.names, self.params)}
         out = {**state, "state": dict(state["state"])}
         for index, name in enumerate(names):
             if name not in shapes or index not in state["state"]:
                 continue
-            out["state"][index] = {k: _gathered(v, self.ep_size, group)
+            out["state"][index] = {k: self.names[name].joined(_gathered(v, self.ep_size, group))
                                    if torch.is_tensor(v) and tuple(v.shape) == shapes[name] else v
                                    for k, v in state["state"][index].items()}
         return out
 
     def slice_optimizer(self, optimizer) -> None:
-        """Cut every fused ``(E, ...)`` AdamW moment of ``optimizer``'s expert shards (as a checkpoint holds them:
-        :meth:`fused_optimizer`, or a run without EP) to this rank's rows, in place; a moment of the shard's own
+        """Cut every fused AdamW moment of ``optimizer``'s expert shards (as a checkpoint holds them:
+        :meth:`fused_optimizer`, or a run without EP) to this rank's part, in place; a moment of the shard's own
         shape (a fresh state) is left alone."""
-        for (rows, fused), param in zip(self.names.values(), self.params):
+        for cut, param in zip(self.names.values(), self.params):
             state = optimizer.state.get(param, {})
             for key, value in list(state.items()):
-                if torch.is_tensor(value) and tuple(value.shape) == fused and tuple(param.shape) != fused:
-                    state[key] = value[rows].clone()
+                if torch.is_tensor(value) and tuple(value.shape) == cut.fused and tuple(param.shape) != cut.fused:
+                    state[key] = cut.cut(value).clone()
 
 
-def _gathered(tensor: torch.Tensor, ep_size: int, group) -> torch.Tensor:
-    """The rows of ``tensor`` of every rank of the EP ``group``, concatenated in EP rank order (all_gather)."""
+def _gathered(tensor: torch.Tensor, ep_size: int, group) -> list[torch.Tensor]:
+    """``tensor`` of every rank of the EP ``group``, in EP rank order (all_gather)."""
     import torch.distributed as dist
     shard = tensor.detach().contiguous()
     parts = [torch.empty_like(shard) for _ in range(ep_size)]
     dist.all_gather(parts, shard, group=group)
-    return torch.cat(parts, dim=0)
+    return parts
 
 
 def shard_experts(carved: SplitModel, config, rank: int, pp_size: int, ep_mesh, tp_mesh) -> ExpertShards:
@@ -203,12 +262,19 @@ def shard_experts(carved: SplitModel, config, rank: int, pp_size: int, ep_mesh, 
     transformers' ``AllToAllEP`` over ``ep_mesh`` (``tp_mesh``: a one-rank mesh, the ranks sharing a batch).
     Every rank of the EP group calls it (no collective runs here).
 
+    Under LoRA on the fused tensors (``target_parameters``), the plan's experts FQN holds peft's ``ParamWrapper``
+    (nested, one per adapted tensor) and the experts module is its innermost ``base_layer``: that module is
+    sharded as above, and each wrapper keeps its experts' part of its ``lora_A`` / ``lora_B`` (:class:`ExpertCut`)
+    and counts the local experts, so that the wrapped forward (the base weight plus ``scaling B_e @ A_e`` for each
+    expert ``e``, peft's parametrization, then the dispatch) is the unsharded one's for this rank's experts.
+
     Returns:
-        the :class:`ExpertShards` of this rank.
+        the :class:`ExpertShards` of this rank (the adapter shards included).
 
     Raises:
         ValueError: as :func:`check_expert_parallel`; a fused tensor whose first dimension is neither ``E`` nor
-            ``E / ep_size``.
+            ``E / ep_size``; an adapter that is neither; another peft wrapper on an experts module
+            (``lora.modules_to_save``).
     """
     from transformers.distributed.expert_parallel import EPImplementationInterface
 
@@ -218,21 +284,75 @@ def shard_experts(carved: SplitModel, config, rank: int, pp_size: int, ep_mesh, 
     total, rows = num_experts(config), expert_rows(config, ep_rank, ep_size)
     shards = ExpertShards(ep_rank, ep_size, group=watched(ep_mesh))
     for fqn, tensors in expert_tensors(carved.model, config, stage_prefixes(carved, rank, pp_size)).items():
-        module = carved.model.get_submodule(fqn)
+        wrappers, path = _param_wrappers(carved.model.get_submodule(fqn), fqn)
+        module = carved.model.get_submodule(path)
         for key in tensors:
-            param = getattr(module, key)
-            if param.shape[0] == total:
-                param = nn.Parameter(param.detach()[rows].clone(), requires_grad=param.requires_grad)
-                setattr(module, key, param)
-            elif param.shape[0] != total // ep_size:
-                raise ValueError(f"{fqn}.{key} has {param.shape[0]} experts; expected {total} or {total // ep_size}")
-            shards.names[f"{fqn}.{key}"] = (rows, (total, *param.shape[1:]))
-            shards.params.append(param)
+            _shard_tensor(module, key, f"{path}.{key}", total, rows, shards)
+        for name, wrapper in wrappers:
+            if wrapper.parameter_name in tensors:
+                _shard_adapter(wrapper, name, total, rows, shards)
         module.num_experts = total // ep_size
         module._is_expert_parallel = True  # transformers' batched and grouped kernels then mask off-rank ids
         dispatch = EPImplementationInterface()["all_to_all"](module, shards.group, tp_mesh)
         module.forward = _dispatching(dispatch)
     return shards
+
+
+def _param_wrappers(module: nn.Module, fqn: str) -> tuple[list[tuple[str, nn.Module]], str]:
+    """``([(FQN, peft ParamWrapper)] from the outermost, the experts module's FQN)`` of the module at ``fqn``.
+
+    Raises:
+        ValueError: another peft wrapper (``modules_to_save``' copy of the experts could not be sharded).
+    """
+    wrappers = []
+    while any(c.__name__ == "BaseTunerLayer" for c in type(module).__mro__) or hasattr(module, "original_module"):
+        if type(module).__name__ != "ParamWrapper":
+            raise ValueError(f"{fqn} is a {type(module).__name__} (lora.modules_to_save or target_modules on an "
+                             f"experts module), which parallel.ep_size > 1 cannot shard; adapt the experts with "
+                             f"lora.target_parameters, or set parallel.ep_size: 1")
+        wrappers.append((fqn, module))
+        module, fqn = module.base_layer, f"{fqn}.base_layer"
+    return wrappers, fqn
+
+
+def _shard_tensor(module: nn.Module, key: str, name: str, total: int, rows: slice, shards: ExpertShards) -> None:
+    """Keep ``rows`` of ``module``'s fused ``(E, ...)`` parameter ``key`` (``name`` in the model) in its place."""
+    param = getattr(module, key)
+    cut = ExpertCut(0, 1, 1, rows, (total, *param.shape[1:]))
+    if param.shape[0] == total:
+        param = nn.Parameter(cut.cut(param.detach()).clone(), requires_grad=param.requires_grad)
+        setattr(module, key, param)
+    elif param.shape[0] != rows.stop - rows.start:
+        raise ValueError(f"{name} has {param.shape[0]} experts; expected {total} or {rows.stop - rows.start}")
+    shards.add(name, cut, param)
+
+
+def _shard_adapter(wrapper: nn.Module, fqn: str, total: int, rows: slice, shards: ExpertShards) -> None:
+    """Keep the part of experts ``rows`` of each adapter of peft's ``ParamWrapper`` ``wrapper`` (at ``fqn``) on a
+    fused ``(E, ...)`` tensor: ``lora_A`` ``(E r, in)`` and ``lora_B`` ``(out, r E)`` cut as :class:`ExpertCut`
+    says, and ``wrapper.num_experts`` (which ``get_delta_weight`` and ``get_delta_factors`` reshape by) the local
+    count.
+
+    Raises:
+        ValueError: an adapter of neither ``E`` nor ``E / ep_size`` experts, or of a parameter that is not 3-D.
+    """
+    per = rows.stop - rows.start
+    if getattr(wrapper, "_param_ndim", 3) != 3 or wrapper.num_experts not in (total, per):
+        raise ValueError(f"{fqn}: its LoRA adapter of {wrapper.parameter_name} holds {wrapper.num_experts} experts "
+                         f"of a {getattr(wrapper, '_param_ndim', '?')}-D parameter; expected (E, ...) with {total} "
+                         f"or {per}")
+    whole = wrapper.num_experts == total
+    for adapter in wrapper.lora_A:
+        r, a, b = wrapper.r[adapter], wrapper.lora_A[adapter], wrapper.lora_B[adapter]
+        for part, layer, cut in (("lora_A", a, ExpertCut(0, 1, r, rows, (total * r, a.weight.shape[1]))),
+                                 ("lora_B", b, ExpertCut(1, r, 1, rows, (b.weight.shape[0], r * total)))):
+            weight = layer.weight
+            if whole:
+                weight = nn.Parameter(cut.cut(weight.detach()).clone(), requires_grad=weight.requires_grad)
+                layer.weight = weight
+            shards.add(f"{fqn}.{part}.{adapter}.weight", cut, weight)
+        a.out_features, b.in_features = r * per, r * per
+    wrapper.num_experts = per
 
 
 def _dispatching(dispatch):

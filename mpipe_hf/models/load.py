@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 
 import torch
 from accelerate.utils import set_seed
 from torch import nn
 
 from ..schedule import ScheduleConfig
-from .adapters import (ADAPTER_WEIGHTS, apply_adapter, base_name, check_adapter_placement, check_mergeable,
-                       is_adapter_tensor, load_adapter_state)
+from .adapters import (ADAPTER, ADAPTER_WEIGHTS, PEFT_PREFIX, apply_adapter, base_name, check_adapter_placement,
+                       check_mergeable, is_adapter_tensor, load_adapter_state)
 from .base import SplitModel
 from .materialize import (RANDOM_OPS, LoadReport, ParameterOrder, ReplayRandomOnMeta, check_materialized, full_bytes,
                           kept_names, materialize, meta_model, model_class)
@@ -234,9 +235,12 @@ def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: 
     return report
 
 
-def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: int) -> None:
+def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: int, experts=None) -> None:
     """Copy the adapter checkpoint at ``path`` (PEFT's ``adapter_model.safetensors``) into ``carved``'s adapter
     tensors in place, ``P``'s replica included; the base weights stay as loaded. For resuming a LoRA run.
+    ``experts``: the :class:`~.expert_parallel.ExpertShards` of a share already made expert-parallel (the HF
+    Trainer resumes after :meth:`~mpipe_hf.train.run.PipelineRun.start`): each fused expert adapter of the file is
+    cut to this rank's part (:meth:`~.expert_parallel.ExpertShards.cut`) first.
 
     Raises:
         ValueError: ``path`` holds no adapter (a full fine-tuning checkpoint), or lacks an adapter tensor this
@@ -248,8 +252,12 @@ def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank
         raise ValueError(f"checkpoint {path!r} has no {ADAPTER_WEIGHTS}: it is not a LoRA checkpoint "
                          f"(resume it without a lora section)")
     owned = [n for n in carved.state_dict(cfg, rank) if is_adapter_tensor(n)]
+    weights = load_file(file, device="cpu")
+    if experts is not None and experts.names:  # PEFT's X.lora_A.weight is the model's X.lora_A.default.weight
+        weights = {k: experts.cut(re.sub(r"\.(lora_[AB])\.", rf".\1.{ADAPTER}.", k.removeprefix(PEFT_PREFIX)), t)
+                   for k, t in weights.items()}
     try:
-        load_adapter_state(carved.peft, load_file(file, device="cpu"), owned)
+        load_adapter_state(carved.peft, weights, owned)
     except RuntimeError as err:  # load_state_dict's size mismatch: another r, or other layers
         raise ValueError(f"checkpoint {path!r}: its adapter does not fit this run's lora section (saved with "
                          f"another r or target_modules?): {' '.join(str(err).split())[:300]}") from err

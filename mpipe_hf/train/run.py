@@ -155,10 +155,14 @@ class PipelineRun:
             apply_trainable(self.carved.model, family, spec, self.carved.frozen, self.carved.tied, strict=False)
 
     def load_weights(self, path: str) -> None:
-        """This rank's share of ``path``'s weights (a LoRA run's: its adapter) into the model, in place; a
-        failure on any rank is raised on every rank."""
-        load = load_adapter_values if self.carved.peft is not None else load_share_values
-        together(lambda: load(path, self.carved, self.cfg, self.rank), "resume", *self.every)
+        """This rank's share of ``path``'s weights (a LoRA run's: its adapter; after :meth:`start` under expert
+        parallelism, its expert adapters cut to this rank's experts) into the model, in place; a failure on any
+        rank is raised on every rank."""
+        if self.carved.peft is not None:
+            together(lambda: load_adapter_values(path, self.carved, self.cfg, self.rank, self.experts), "resume",
+                     *self.every)
+            return
+        together(lambda: load_share_values(path, self.carved, self.cfg, self.rank), "resume", *self.every)
 
     # ---- the executor -------------------------------------------------------------------------------------
 
@@ -319,7 +323,7 @@ class PipelineRun:
         if adapter_only:  # the frozen base is not saved again (nor gathered from its FSDP2 shards)
             state = {n: t for n, t in state.items() if is_adapter_tensor(n)}
         state, rank_files = gather_full(state), gather_full(rank_files or {})
-        if self.experts is not None:  # the fused (E, ...) tensors, as from_pretrained loads them
+        if self.experts is not None:  # the fused (E, ...) tensors and adapters, as from_pretrained (PEFT's) loads them
             state = self.experts.fused(state, self.experts.group.get_group())
         failure = None
         if self.dp_rank == 0:

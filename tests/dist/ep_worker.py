@@ -8,8 +8,12 @@ Usage: torchrun --nproc_per_node 4|8 ep_worker.py FIXTURE OUT_DIR CASES_JSON
 A case names a config of the fixture (``family``), its pool (``data``), the schedule (``vpp``, ``num_micro`` per
 replica, ``preprocess``, ``text_layers``, ``layers_per_stage``), ``steps`` AdamW steps, ``dp_shard`` (FSDP2 over
 the replicas for the dense weights, else one all-reduce), ``bf16`` (autocast), ``packed`` (each micro packed into
-one sequence) and, as a negative control, ``dp_experts`` (the expert shards' gradients summed over ``dp`` as if
-they were replicated, which must fail). Every rank carves its share of the same model, keeps its EP rank's half of
+one sequence), ``lora`` (peft's LoRA on the attention and, by ``target_parameters``, the fused experts, put into
+the model before the split as on one process: the adapter shards of the experts are cut per EP rank too),
+``reload`` (the trained adapter saved fused, as ``PipelineRun.save_weights`` does, and read back by
+``PeftModel.from_pretrained`` on the unsplit model; the merged weights too) and, as negative controls,
+``dp_experts`` (the expert shards' gradients summed over ``dp`` as if they were replicated) and ``wrong_cut`` (each
+expert ``lora_B`` shard a contiguous block of columns, as if expert-major like ``lora_A``), which must fail. Every rank carves its share of the same model, keeps its EP rank's half of
 every fused expert tensor of its stages (:func:`~mpipe_hf.models.expert_parallel.shard_experts`), and replica
 ``d`` runs micro-batches ``d * M .. d * M + M - 1`` of each run's global batch of ``dp_size * M``. Global rank 0 then runs
 the unsplit model over each global batch in the pipeline's order (summed token losses with the MoE term per micro,
@@ -30,14 +34,18 @@ from common import run_cases
 from numerics_worker import TIMEOUT, build_model, compare_grads, reference_run
 from mpipe_hf.data.packing import pack_micro
 from mpipe_hf.models import split as split_model
+from mpipe_hf.models.adapters import apply_adapter, is_adapter_tensor, merged_state
 from mpipe_hf.models.base import freeze
-from mpipe_hf.models.expert_parallel import shard_experts
+from mpipe_hf.models.expert_parallel import ExpertCut, shard_experts
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.data_parallel import DataParallel
 from mpipe_hf.runtime.mesh import expert_mesh
 from mpipe_hf.runtime.zero_bubble import WeightWork
 from mpipe_hf.schedule import ScheduleConfig
+from mpipe_hf.train.checkpoint import save_adapter, save_checkpoint
 from mpipe_hf.train.precision import autocast_modules
+from mpipe_hf.train.recipe_lora import LoraSection
+from mpipe_hf.train.run import gather_full
 
 PP, EP = 2, 2
 DP = int(os.environ.get("WORLD_SIZE", "4")) // PP  # 4 processes: edp 1; 8: edp 2 (experts summed over edp)
@@ -78,6 +86,17 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def adapt(model, case):
+    """With ``case["lora"]``: peft's LoRA (r 2, both factors drawn: no zero gradient at step 0) on the attention
+    and the fused experts, put into ``model`` in place from seed 1; returns the ``PeftModel`` (``None`` without)."""
+    if not case.get("lora"):
+        return None
+    torch.manual_seed(1)
+    section = LoraSection(r=2, lora_alpha=4, init_lora_weights=False, target_modules=["q_proj", "k_proj", "v_proj",
+                          "o_proj"], target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    return apply_adapter(model, section.peft_config())
+
+
 def global_batch(case, pool, run):
     """Run ``run``'s ``DP * M`` micro-batches, replica ``d``'s ``M`` from ``d * M`` on."""
     n = DP * case["num_micro"]
@@ -86,13 +105,20 @@ def global_batch(case, pool, run):
 
 def pipelined(case, fixture, mesh, emesh, device):
     """This rank's steps: ``(shards, params, losses, {step: grads}, params after the steps, expert shapes held,
-    the modules the split froze)``."""
+    the modules the split froze, the share)``."""
     rank, replica = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
     cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"],
                          zero_bubble=case.get("zero_bubble", False))
     model = build_model(fixture, case["family"])
+    peft_model = adapt(model, case)
     carved = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
+    carved.peft = peft_model
+    whole = {n: t.detach().clone() for n, t in carved.model.state_dict().items()} if case.get("wrong_cut") else {}
     shards = shard_experts(carved, model.config, rank, PP, emesh["ep"], emesh["batch"])
+    for (name, cut), param in zip(shards.names.items(), shards.params):  # the control: lora_B read as (out, E, r)
+        if ".lora_B." in name and whole:
+            with torch.no_grad():
+                param.copy_(ExpertCut(1, 1, cut.outer, cut.rows, cut.fused).cut(whole[name]))
     EXPERT_W[:] = [{id(p) for p in shards.params}, 0]
     experts = (shards.params, emesh["edp"]) if not case.get("dp_experts") else None
     dp = DataParallel(mesh["dp"], "shard" if case.get("dp_shard") else "replicate", case.get("bf16", False), experts)
@@ -102,7 +128,7 @@ def pipelined(case, fixture, mesh, emesh, device):
                           else (carved.stages, carved.preprocess))
     executor = PipelineExecutor(cfg, rank, stages, preprocess, mesh.get_group("pp"), device, params.values(),
                                 TIMEOUT, carved.tied_parameters(cfg, rank), data_parallel=dp)
-    optimizer = torch.optim.AdamW(params.values(), lr=LR, eps=EPS)
+    optimizer = torch.optim.AdamW(params.values(), lr=case.get("lr", LR), eps=case.get("adam_eps", EPS))
     pool = fixture["pools"][case["data"]]
     losses, grads = [], {}
     EXCHANGED[:] = [0, 0]
@@ -117,14 +143,15 @@ def pipelined(case, fixture, mesh, emesh, device):
     after = {n: full(p).detach().clone() for n, p in params.items()}
     executor.close()
     held = {n: tuple(t.shape) for n, t in carved.model.state_dict().items() if n in shards.names}
-    return shards, params, losses, grads, after, held, carved.frozen
+    return shards, params, losses, grads, after, held, carved.frozen, carved
 
 
 def reference(case, fixture, model, frozen):
     """The unsplit model's losses, first and last step's gradients and weights after the steps (AdamW)."""
+    adapt(model, case)
     freeze(model, frozen)
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    opt = torch.optim.AdamW(trainable.values(), lr=LR, eps=EPS)
+    opt = torch.optim.AdamW(trainable.values(), lr=case.get("lr", LR), eps=case.get("adam_eps", EPS))
     losses, grads = [], {}
     for step in range(case["steps"]):
         losses.append(reference_run(model, global_batch(case, fixture["pools"][case["data"]], step),
@@ -137,12 +164,12 @@ def reference(case, fixture, model, frozen):
 
 
 def as_shards(tensors: dict, shards) -> dict:
-    """``tensors`` with each fused expert tensor cut to this rank's rows."""
-    return {n: (t[shards.names[n][0]] if n in shards.names else t) for n, t in tensors.items()}
+    """``tensors`` with each fused expert tensor (and expert adapter) cut to this rank's part."""
+    return {n: shards.cut(n, t) for n, t in tensors.items()}
 
 
 def run_case(case, fixture, mesh, emesh, device, out_dir):
-    shards, params, losses, grads, after, held, frozen = pipelined(case, fixture, mesh, emesh, device)
+    shards, params, losses, grads, after, held, frozen, carved = pipelined(case, fixture, mesh, emesh, device)
     path = os.path.join(out_dir, f"ref-{case['name']}.pt")
     if dist.get_rank() == 0:  # the split freezes the same modules on every rank
         torch.save(reference(case, fixture, build_model(fixture, case["family"]), frozen), path)
@@ -156,10 +183,47 @@ def run_case(case, fixture, mesh, emesh, device, out_dir):
     dist.barrier()
     if dist.get_rank() == 0:
         os.remove(path)
-    fused = {n: list(shape) for n, (_, shape) in shards.names.items()}
-    return {"losses": losses, "ref_losses": ref["losses"], "first": first, "last": last, "param_diff": param_diff,
+    fused = {n: [list(cut.fused), cut.dim] for n, cut in shards.names.items()}
+    reloaded = reload_check(case, fixture, carved, shards, mesh, out_dir, ref["params"]) if case.get("reload") else {}
+    return {**reloaded, "losses": losses, "ref_losses": ref["losses"], "first": first, "last": last,
+            "param_diff": param_diff,
             "names": sorted(params), "experts": sorted(shards.names), "held": {n: list(s) for n, s in held.items()},
             "fused": fused, "ep_rank": shards.ep_rank, "exchanges": EXCHANGED[0], "rows_from_peer": EXCHANGED[1], "expert_w": EXPERT_W[1]}
+
+
+def reload_check(case, fixture, carved, shards, mesh, out_dir, want):
+    """The trained share saved as ``PipelineRun.save_weights`` saves a LoRA run (the EP shards fused over the EP
+    group on every rank, then replica 0's pipeline writes): the adapter in PEFT's format, and the merged weights.
+    Global rank 0 reads the adapter with ``PeftModel.from_pretrained`` into the unsplit model and reports the
+    largest difference of its tensors from the one-process run's after the same steps (``want``), and of the
+    merged checkpoint's experts from that adapter merged (``merge_and_unload``)."""
+    from peft import PeftModel
+    rank, replica, group = mesh.get_local_rank("pp"), mesh.get_local_rank("dp"), mesh.get_group("pp")
+    cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"])
+    state = shards.fused(gather_full(carved.state_dict(cfg, rank)), shards.group.get_group())
+    adapter_dir, merged_dir = (os.path.join(out_dir, f"{kind}-{case['name']}") for kind in ("adapter", "merged"))
+    if replica == 0:
+        save_adapter(adapter_dir, carved.peft, {n: t for n, t in state.items() if is_adapter_tensor(n)}, rank, PP,
+                     group)
+        save_checkpoint(merged_dir, merged_state(carved.model, state), rank, PP, group,
+                        carved.model.config.save_pretrained)
+    dist.barrier()
+    out = {}
+    if dist.get_rank() == 0:
+        base = build_model(fixture, case["family"]).state_dict()
+        loaded = PeftModel.from_pretrained(build_model(fixture, case["family"]), adapter_dir)
+        got = {n.removeprefix("base_model.model."): p.detach() for n, p in loaded.named_parameters()
+               if is_adapter_tensor(n)}
+        out["adapter_keys"] = sorted(got) == sorted(n for n in want if is_adapter_tensor(n))
+        out["adapter_diff"] = max(float((t - want[n]).abs().max()) for n, t in got.items())
+        merged = type(loaded.base_model.model).from_pretrained(merged_dir).state_dict()
+        expected = loaded.merge_and_unload().state_dict()
+        experts = [n for n in expected if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+        out["merged_keys"] = sorted(merged) == sorted(expected)
+        out["merged_diff"] = max(float((merged[n] - expected[n]).abs().max()) for n in expected)
+        out["merged_experts_moved"] = min(float((expected[n] - base[n]).abs().max()) for n in experts)
+    dist.barrier()
+    return out
 
 
 def failing(case, fixture, mesh, emesh, device, out_dir):
