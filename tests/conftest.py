@@ -4,9 +4,14 @@ import os
 import runpy
 
 import pytest
+import torch
 import torch.distributed as dist
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# one thread per test worker and per process a test starts: two xdist workers share the machine's cores, and a
+# launch's ranks share them again (CI's 2 cores); more threads would only contend
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,8 @@ from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import ConversationCollator, build_processor, default_chat_template, qwen2_tokenizer
 from mpipe_hf.models import split
-from mpipe_hf.models.families_llava_like import FAMILIES, REFUSED, TINY
+from mpipe_hf.models.families_llava_like import FAMILIES, REFUSED
+from mpipe_hf.models.tiny_all import LLAVA_LIKE as TINY
 from mpipe_hf.schedule import ScheduleConfig
 
 ANSWERS = ["A cup of coffee.", "Yes, on a saucer.", "Hello there!"]

@@ -1,4 +1,5 @@
-"""The llava_like families added in issue 38: declarations (:class:`~.family.Family`), tiny configs, refusals.
+"""The llava_like families added in issue 38: declarations (:class:`~.family.Family`) and refusals
+(their tiny configs: :mod:`.tiny_llava_like`, gathered in :mod:`.tiny_all`).
 
 Each declaration is read from transformers' own surface, as :mod:`.families` does: where the model keeps its
 tower and projector, the keys its ``get_image_features`` takes, and what its ``forward`` adds around the decoder
@@ -29,8 +30,6 @@ import torch
 
 from .families import FAMILIES as _BASE, TOWER, _fixed, real_tiles, validate_counted_micro
 from .family import Family, no_pil
-from . import tiny_llava_like as tiny
-from .tiny_vlms import tiny_llava_onevision_config
 
 Tensors = dict
 
@@ -158,11 +157,8 @@ FAMILIES: dict[str, Family] = {
     "lighton_ocr": Family(vision=("model.vision_encoder", "model.vision_projection"),
                           image_inputs=("pixel_values", "image_sizes")),
 }
-# model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
-TINY: dict = {t: getattr(tiny, f"tiny_{t}_config") for t in FAMILIES}
 FAMILIES["llava_onevision"] = replace(_BASE["llava_onevision"], video_inputs=("pixel_values_videos",),
                                       validate=validate_counted_micro(_onevision_images, _onevision_videos))
-TINY["llava_onevision"] = tiny_llava_onevision_config
 _TIMM = ("its vision tower is a timm model (TimmWrapperModel): timm is not installed and needs torchvision, which "
          "cannot be imported here")
 # model_type -> why it cannot be split, in the user's terms

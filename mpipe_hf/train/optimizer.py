@@ -19,7 +19,7 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers import Trainer, get_scheduler
+from transformers.optimization import get_scheduler
 
 from .recipe import TrainSection
 
@@ -27,6 +27,7 @@ from .recipe import TrainSection
 def decay_names(model: nn.Module) -> set[str]:
     """Names of the parameters of ``model`` that take weight decay: the HF Trainer's own choice (not biases, not
     LayerNorm or RMSNorm weights)."""
+    from transformers import Trainer  # at call time: the Trainer's module costs a process about 1 s to import
     return set(Trainer.get_decay_parameter_names(None, model))  # reads only the model
 
 
