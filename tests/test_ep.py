@@ -149,13 +149,14 @@ def test_pp2_dp4_ep2_sums_expert_gradients_over_edp(tmp_path_factory, fixture_pa
 
 def test_a_failed_step_aborts_the_ep_group(results):
     """One rank raises inside an experts module while its EP peer waits in the all-to-all: every rank of both
-    replicas raises that error within seconds, not after the 60 s timeout, and the next step runs exact on a
-    renewed EP group."""
+    replicas raises that error within seconds, not after the 60 s timeout, and an evaluation right after it and the
+    next step run exact on a renewed EP group."""
     per_rank = [r["qwen3_vl_moe-failed-step"] for r in results]
     for res in per_rank:
         assert res["error"] and "an injected failure in an experts module" in res["error"], res
         assert res["failed_s"] < 20, res
         assert abs(res["loss"] - res["ref_loss"]) < LOSS_ATOL, res
+        assert abs(res["eval_loss"] - res["ref_loss"]) < LOSS_ATOL, res  # an evaluation right after it
 
 
 def test_expert_gradients_summed_over_dp_fail(results):

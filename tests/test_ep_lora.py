@@ -197,3 +197,34 @@ def test_an_adapter_checkpoint_loads_into_ep_shards(tmp_path, monkeypatch):
         load_adapter_values(str(tmp_path), carved, cfg, 0, shards)
         assert sum(n in shards.names for n in params) == 8  # 2 layers x 2 tensors x (lora_A, lora_B)
         assert all(torch.equal(p, shards.cut(n, state[n])) for n, p in params.items())
+
+
+def test_a_full_checkpoint_loads_into_ep_shards(tmp_path, monkeypatch):
+    """Full fine-tuning, resumed by the HF Trainer after the share was made expert-parallel: each expert shard
+    reads only its experts' rows of the checkpoint's fused tensors (``load_share_values`` with the rank's
+    ``ExpertShards``), every other tensor whole; without the shards the fused shape is refused by name."""
+    import transformers.distributed.expert_parallel as hf_ep
+    from transformers import AutoModelForImageTextToText
+    from mpipe_hf.models.load import load_share_values
+    from mpipe_hf.runtime import watchdog
+    monkeypatch.setattr(watchdog, "watched", lambda mesh: None)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(tiny.tiny_qwen3_vl_moe_config(qwen2_tokenizer(5120),
+                                                                                  num_layers=2))
+    model.save_pretrained(tmp_path)
+    state = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    cfg = ScheduleConfig(1, 1, 1, "frozen")
+    for ep_rank in range(EP):
+        monkeypatch.setattr(hf_ep, "EPImplementationInterface",
+                            lambda r=ep_rank: {"all_to_all": lambda experts, group, tp: masked(experts, r)})
+        carved = split(copy.deepcopy(model), cfg, 0)
+        shards = shard_experts(carved, carved.model.config, 0, 1, EPMesh(EP, ep_rank), None)
+        with torch.no_grad():
+            for p in carved.model.parameters():
+                p.zero_()
+        with pytest.raises(ValueError, match="has shape"):
+            load_share_values(str(tmp_path), carved, cfg, 0)
+        load_share_values(str(tmp_path), carved, cfg, 0, shards)
+        held = carved.model.state_dict()
+        assert len(shards.names) == 4 and all(held[n].shape[0] * EP == state[n].shape[0] for n in shards.names)
+        assert all(torch.equal(t, shards.cut(n, state[n])) for n, t in held.items()), ep_rank

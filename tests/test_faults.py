@@ -1,6 +1,6 @@
 """The CI subset of the fault suite (``scripts/fault_suite.py``, issue 14): real runs of the demo model broken
-on purpose, each checked against an uninterrupted run, bit for bit (``restart`` and ``preempt-in-save`` with
-``MPIPE_HF_FULL=1``).
+on purpose, each checked against an uninterrupted run, bit for bit (``restart``, ``preempt`` and
+``preempt-in-save`` with ``MPIPE_HF_FULL=1``).
 
 - ``restart``: rank 1 SIGKILLed in the middle of a step under ``--max-restarts 1`` with placement ``fill``:
   torchrun restarts the group, which resumes by itself, exactly (on NCCL every mid-step failure ends the run
@@ -34,11 +34,13 @@ def suite(demo, tmp_path_factory):
     return SUITE["Suite"](demo, str(tmp_path_factory.mktemp("faults")))
 
 
-# restart and preempt-in-save (each a minute or more) run with MPIPE_HF_FULL=1 and in scripts/fault_suite.py
+# restart, preempt and preempt-in-save (each a minute or more) run with MPIPE_HF_FULL=1 and in
+# scripts/fault_suite.py; CI stops every rank on a signal in tests/test_preempt.py and saves and stops a preempted
+# MPipeTrainer in tests/test_hf_trainer.py
 FULL = os.environ.get("MPIPE_HF_FULL") == "1"
 
 
-@pytest.mark.parametrize("case", ["preempt", "nan", "disk-full"] + (["restart", "preempt-in-save"] if FULL else []))
+@pytest.mark.parametrize("case", ["nan", "disk-full"] + (["restart", "preempt", "preempt-in-save"] if FULL else []))
 def test_fault(suite, case):
     outcome = SUITE["CASES"][case](suite)
     assert outcome.hung == 0, outcome.happened

@@ -141,6 +141,38 @@ def expert_rows(config, ep_rank: int, ep_size: int) -> slice:
     return slice(ep_rank * per, (ep_rank + 1) * per)
 
 
+def narrow_experts(model: nn.Module, config, ep_rank: int, ep_size: int, under: list[str],
+                   names: set[str] | None = None) -> dict[str, ExpertCut]:
+    """Give each fused ``(E, ...)`` parameter of the experts modules of the meta ``model`` below ``under`` (a rank's
+    stages, :func:`stage_prefixes`) ``E / ep_size`` rows in its place, still on the meta device, so that
+    materialising the model makes only EP rank ``ep_rank``'s experts (:func:`expert_rows`) real; ``names``: only
+    the parameters named there (those a checkpoint stores fused). :func:`~.load.split_from_checkpoint` then reads
+    each with :func:`~.shards.read_experts_into`, and :func:`shard_experts` finds it cut (and checks the rows: the
+    experts module's ``_expert_cuts``, ``{parameter: its cut}``, say them).
+
+    Returns:
+        ``{parameter name: its :class:`ExpertCut`}``.
+
+    Raises:
+        ValueError: as :func:`check_expert_parallel`; a parameter not on the meta device or not of ``E`` rows.
+    """
+    check_expert_parallel(config, ep_size)
+    total, rows = num_experts(config), expert_rows(config, ep_rank, ep_size)
+    cuts = {}
+    for fqn, tensors in expert_tensors(model, config, under).items():
+        module = model.get_submodule(fqn)
+        for key in [k for k in tensors if names is None or f"{fqn}.{k}" in names]:
+            param = getattr(module, key)
+            if not param.is_meta or param.shape[0] != total:
+                raise ValueError(f"{fqn}.{key}: expected a meta tensor of {total} experts, got {tuple(param.shape)} "
+                                 f"on {param.device}")
+            cuts[f"{fqn}.{key}"] = ExpertCut(0, 1, 1, rows, tuple(param.shape))
+            part = torch.empty((rows.stop - rows.start, *param.shape[1:]), dtype=param.dtype, device="meta")
+            setattr(module, key, nn.Parameter(part, requires_grad=param.requires_grad))
+            module._expert_cuts = {**getattr(module, "_expert_cuts", {}), key: cuts[f"{fqn}.{key}"]}
+    return cuts
+
+
 @dataclass(frozen=True)
 class ExpertCut:
     """Where an EP rank's experts lie in a fused tensor of shape ``fused``: its dimension ``dim`` read as
@@ -258,8 +290,9 @@ def shard_experts(carved: SplitModel, config, rank: int, pp_size: int, ep_mesh, 
     """Make ``carved`` expert-parallel over ``ep_mesh`` (the 1-D ``ep`` mesh of
     :func:`~mpipe_hf.runtime.mesh.expert_mesh`): every experts module of ``rank``'s stages keeps its EP rank's
     rows (:func:`expert_rows`) of each fused tensor (sliced here when it is still whole; a share loaded with
-    ``ep`` already holds them), its ``num_experts`` becomes the local count, and its forward becomes
-    transformers' ``AllToAllEP`` over ``ep_mesh`` (``tp_mesh``: a one-rank mesh, the ranks sharing a batch).
+    ``experts``, :func:`narrow_experts`, already holds them: this EP rank's), its ``num_experts`` becomes the
+    local count, and its forward becomes transformers' ``AllToAllEP`` over ``ep_mesh`` (``tp_mesh``: a one-rank
+    mesh, the ranks sharing a batch).
     Every rank of the EP group calls it (no collective runs here).
 
     Under LoRA on the fused tensors (``target_parameters``), the plan's experts FQN holds peft's ``ParamWrapper``
@@ -273,8 +306,8 @@ def shard_experts(carved: SplitModel, config, rank: int, pp_size: int, ep_mesh, 
 
     Raises:
         ValueError: as :func:`check_expert_parallel`; a fused tensor whose first dimension is neither ``E`` nor
-            ``E / ep_size``; an adapter that is neither; another peft wrapper on an experts module
-            (``lora.modules_to_save``).
+            ``E / ep_size``, or loaded for another EP rank; an adapter that is neither; another peft wrapper on an
+            experts module (``lora.modules_to_save``).
     """
     from transformers.distributed.expert_parallel import EPImplementationInterface
 
@@ -286,6 +319,10 @@ def shard_experts(carved: SplitModel, config, rank: int, pp_size: int, ep_mesh, 
     for fqn, tensors in expert_tensors(carved.model, config, stage_prefixes(carved, rank, pp_size)).items():
         wrappers, path = _param_wrappers(carved.model.get_submodule(fqn), fqn)
         module = carved.model.get_submodule(path)
+        loaded = {(c.rows.start, c.rows.stop) for c in getattr(module, "_expert_cuts", {}).values()}  # at load
+        if loaded - {(rows.start, rows.stop)}:
+            raise ValueError(f"{path} was loaded with the experts {loaded.pop()} (narrow_experts), but EP rank "
+                             f"{ep_rank} of {ep_size} holds {(rows.start, rows.stop)}")
         for key in tensors:
             _shard_tensor(module, key, f"{path}.{key}", total, rows, shards)
         for name, wrapper in wrappers:

@@ -6,7 +6,8 @@ tensors that rank keeps are materialised:
 - from a checkpoint: each kept tensor is read from the checkpoint's safetensors shards, one at a time, with
   ``safe_open``; on-disk names are mapped to the model's names by transformers' own conversion mapping (a hub
   Qwen2.5-VL stores ``model.layers.*`` for ``model.language_model.layers.*``). Buffers the checkpoint does not
-  hold (rotary ``inv_freq``) are computed by the model's own ``_init_weights``.
+  hold (rotary ``inv_freq``) are computed by the model's own ``_init_weights``. Under expert parallelism each fused
+  ``(E, ...)`` expert tensor of the rank's stages is made real, and read, with its EP rank's experts alone.
 - from a config (random weights): the values equal ``set_seed(seed); cls.from_config(config)`` bit for bit. The
   meta build and the model's ``initialize_weights`` run as in the unsplit model, and every random draw on a meta
   tensor is replayed on a scratch CPU tensor of the same shape and dtype, so the torch generator advances exactly
@@ -34,7 +35,8 @@ from .base import SplitModel
 from .materialize import (RANDOM_OPS, LoadReport, ParameterOrder, ReplayRandomOnMeta, check_materialized, full_bytes,
                           kept_names, materialize, meta_model, model_class)
 from .registry import get_family, split
-from .shards import READ_BLOCK_BYTES, checkpoint_files, disk_names, read_into, untie_if_saved_apart
+from .shards import (READ_BLOCK_BYTES, checkpoint_files, disk_names, read_experts_into, read_into,
+                     untie_if_saved_apart)
 
 __all__ = ["RANDOM_OPS", "READ_BLOCK_BYTES", "LoadReport", "check_adapter", "load_adapter_values", "load_share_values",
            "meta_model", "model_class", "split_checked", "split_from_checkpoint", "split_from_config"]
@@ -52,6 +54,9 @@ def split_from_config(config, cfg: ScheduleConfig, rank: int, layers_per_stage: 
     on it is replayed on a scratch tensor: the generator runs through the same sequence as in the unsplit
     build, and each kept parameter gets the unsplit model's values. Buffers (position ids, rotary
     frequencies) are built for real; they are small. The adapter's tensors are numbered and drawn the same way.
+    Under expert parallelism the experts are drawn whole (the draws must be ``from_config``'s, which fill each
+    fused ``(E, ...)`` tensor in one call) and :func:`~.expert_parallel.shard_experts` slices them after; only
+    :func:`split_from_checkpoint` cuts them at load.
 
     Returns:
         ``(carved model on CPU, report)``; ``carved.peft`` is the ``PeftModel`` with an adapter.
@@ -123,13 +128,14 @@ def split_checked(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_s
 
 
 def _adapt_for_rank(model: nn.Module, adapter, cfg: ScheduleConfig, rank: int, layers_per_stage,
-                    text_layers: int, seed: int, report: LoadReport):
+                    text_layers: int, seed: int, report: LoadReport, narrow):
     """Put ``adapter`` into the meta ``model`` of a checkpoint as ``set_seed(seed); get_peft_model(model,
     adapter)`` would into the loaded one: the base tensors this rank keeps are made real first (filled with
     NaN, to be read from the checkpoint), so that the adapter's tensors this rank keeps are real and get the
     unsplit draws. Each other adapter tensor moves to the meta device as ``nn.Linear`` registers it (one
     layer's ``torch.empty`` at a time is allocated first) and its draws are replayed on a scratch tensor.
-    Returns the ``PeftModel``."""
+    ``narrow`` (:func:`_expert_narrowing`) cuts the rank's fused experts on ``model`` before any is made real.
+    Returns ``(the PeftModel, narrow's cuts)``."""
     shadow = copy.deepcopy(model)
     with ParameterOrder() as probe:
         trained = _adapt_on_meta(shadow, adapter)
@@ -137,20 +143,44 @@ def _adapt_for_rank(model: nn.Module, adapter, cfg: ScheduleConfig, rank: int, l
     carved = split_checked(shadow, cfg, rank, layers_per_stage, text_layers, trained)
     kept = kept_names(carved)
     keep = {number[id(p)] for n, p in shadow.named_parameters(remove_duplicate=False) if id(p) in number}
+    cuts = narrow(model, carved)  # the experts' FQNs are the shadow's: the adapter leaves the experts alone
     materialize(model, {base_name(n) for n in kept})
     del shadow, carved
     set_seed(seed)
     with ReplayRandomOnMeta(report), ParameterOrder(keep, [p.shape for p in probe.order]):
-        return apply_adapter(model, adapter)
+        return apply_adapter(model, adapter), cuts
+
+
+def _expert_narrowing(config, cfg: ScheduleConfig, rank: int, experts, adapter, source: dict[str, str],
+                      layouts: dict[str, tuple[int, int]]):
+    """The function ``(meta model, its split) -> {name: ExpertCut}`` that gives the fused experts of the split's
+    stages on the model EP rank ``experts[0]``'s rows alone (:func:`~.expert_parallel.narrow_experts`), or one
+    that cuts nothing: without ``experts`` (or ``ep_size`` 1), and under an adapter with ``target_parameters``
+    (peft's ``ParamWrapper`` sizes its ``lora_A`` / ``lora_B`` by the experts it finds, and their draws must be
+    the unsplit model's: the experts load whole and :func:`~.expert_parallel.shard_experts` cuts both). Only the
+    tensors the checkpoint stores under the model's name (``source``) with the experts on dimension 0
+    (``layouts``: a transposition that leaves it) are cut; any other loads whole, as without ``experts``, and is
+    sliced by ``shard_experts`` (a family whose checkpoints hold per-expert tensors, fused by transformers'
+    converters, has none: :func:`~.shards.disk_names` refuses its checkpoints for now)."""
+    from .expert_parallel import narrow_experts, stage_prefixes
+    if experts is None or experts[1] == 1 or getattr(adapter, "target_parameters", None):
+        return lambda model, carved: {}
+    names = {n for n in source if 0 not in layouts.get(n, (1, 1))}
+    return lambda model, carved: narrow_experts(model, config, experts[0], experts[1],
+                                                stage_prefixes(carved, rank, cfg.pp_size), names)
 
 
 def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
                           layers_per_stage: list[int] | None = None, text_layers: int = 0, adapter=None,
-                          seed: int = 0) -> tuple[SplitModel, LoadReport]:
+                          seed: int = 0, experts: tuple[int, int] | None = None) -> tuple[SplitModel, LoadReport]:
     """Rank ``rank``'s share of the checkpoint at ``path`` (fp32, eval mode as ``from_pretrained`` leaves it),
     reading only the tensors it keeps, one at a time. With ``adapter`` (a ``peft.LoraConfig``), the share of
     ``set_seed(seed); peft.get_peft_model(from_pretrained(path), adapter)``: the base tensors from the
-    checkpoint, the adapter's as peft draws them (:func:`_adapt_for_rank`).
+    checkpoint, the adapter's as peft draws them (:func:`_adapt_for_rank`). ``experts``: ``(ep_rank, ep_size)``
+    under expert parallelism: each fused ``(E, ...)`` expert tensor of the rank's stages (not ``P``'s) is made
+    real with EP rank ``ep_rank``'s ``E / ep_size`` experts only, and only those rows are read
+    (:func:`_expert_narrowing` says which tensors; :func:`~.expert_parallel.shard_experts` then takes them as
+    they are), so no rank builds all ``E``; the report counts those rows alone.
 
     Returns:
         ``(carved model on CPU, report)``; ``carved.peft`` is the ``PeftModel`` with an adapter.
@@ -158,22 +188,27 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
     Raises:
         ValueError: as :func:`~.registry.split`; no safetensors weights; a tensor this rank keeps that the
             checkpoint lacks, or whose shape differs (the message names them); an adapter peft cannot put in, or
-            one the split would freeze.
+            one the split would freeze; with ``experts``, as :func:`~.expert_parallel.check_expert_parallel`.
     """
     report = LoadReport()
     model = meta_model(config)
     files = checkpoint_files(path)
-    source = disk_names(model, list(files), _holder(config))  # the carved model's names are a subset of the whole model's
+    layouts: dict[str, tuple[int, int]] = {}  # the tensors stored transposed: {model name: (dim0, dim1)}
+    source = disk_names(model, list(files), _holder(config), layouts)  # the carved model's names are a subset
     untie_if_saved_apart(model, source)
     report.full_model_bytes = full_bytes(model)
+    narrow = _expert_narrowing(config, cfg, rank, experts, adapter, source, layouts)
     peft_model = None
     if adapter is not None:
-        peft_model = _adapt_for_rank(model, adapter, cfg, rank, layers_per_stage, text_layers, seed, report)
+        peft_model, cuts = _adapt_for_rank(model, adapter, cfg, rank, layers_per_stage, text_layers, seed, report,
+                                           narrow)
         names = [n for n, _ in [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]]
         source = {n: source[base_name(n)] for n in names if base_name(n) in source}
     carved = split(model, cfg, rank, layers_per_stage, text_layers)
     carved.peft = peft_model
     model = carved.model
+    if adapter is None:
+        cuts = narrow(model, carved)
     for embed, head in carved.tied:  # lm_head's own copy of a tied embedding is read from the embedding
         if head not in source and embed in source:
             source[head] = source[embed]
@@ -183,6 +218,17 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
                          f"{' ...' if len(missing) > 5 else ''}")
     materialize(model)
     report.kept_bytes = full_bytes(model)
+    _read_share(model, source, files, {n: layouts.get(base_name(n)) for n in source}, cuts, report, path)
+    model.eval()
+    return carved, report
+
+
+def _read_share(model: nn.Module, source: dict[str, str], files: dict[str, str], layouts: dict, cuts: dict,
+                report: LoadReport, path: str) -> None:
+    """Read every tensor of the materialised ``model`` that ``source`` names from its shard (``files``; an
+    expert tensor that ``cuts`` names: only its rows, :func:`~.shards.read_experts_into`; ``layouts``: each
+    name's transposition, or ``None``), shard by shard; compute the buffers the checkpoint does not hold; check
+    that every tensor was written."""
     state = model.state_dict(keep_vars=True)
     for name, t in state.items():  # the adapter's drawn values: neither read nor initialised again below
         if ".lora_" in name:
@@ -196,25 +242,31 @@ def split_from_checkpoint(path: str, config, cfg: ScheduleConfig, rank: int,
     with torch.no_grad():
         for file, names in sorted(by_file.items()):
             for name in names:
-                read_into(file, source[name], state[name], report, path)
+                if name in cuts:
+                    read_experts_into(file, source[name], state[name], cuts[name], report, path, layouts[name])
+                    state[name]._is_hf_initialized = True
+                else:
+                    read_into(file, source[name], state[name], report, path, layouts[name])
     model.initialize_weights()  # buffers the checkpoint does not hold (the loaded tensors are flagged)
     loaded = frozenset(id(t) for t in state.values() if hasattr(t, "_is_hf_initialized"))
     for t in state.values():
         if hasattr(t, "_is_hf_initialized"):
             del t._is_hf_initialized
     check_materialized(model, loaded)
-    model.eval()
-    return carved, report
 
 
-def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: int) -> LoadReport:
+def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: int, experts=None) -> LoadReport:
     """Copy into ``carved`` (in place: the modules, stages and optimizer keep their tensors) every tensor rank
     ``rank`` saves (``carved.state_dict``), read from the safetensors checkpoint at ``path`` block by block, as
-    :func:`split_from_checkpoint` reads them. For resuming a run.
+    :func:`split_from_checkpoint` reads them. For resuming a run. ``experts``: the
+    :class:`~.expert_parallel.ExpertShards` of a share already made expert-parallel (the HF Trainer resumes after
+    :meth:`~mpipe_hf.train.run.PipelineRun.start`): each of its shards reads only this rank's experts of the
+    checkpoint's fused ``(E, ...)`` tensor (:func:`~.shards.read_experts_into`); without it, so do the experts
+    :func:`split_from_checkpoint` cut at load (``mpipe-hf train`` resumes before ``start``).
 
     Raises:
         ValueError: no safetensors weights; a tensor the rank holds that the checkpoint lacks, or whose shape
-            differs.
+            differs (an expert shard's: from the fused shape).
     """
     report = LoadReport()
     files = checkpoint_files(path)
@@ -228,11 +280,19 @@ def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: 
         raise ValueError(f"checkpoint {path!r} lacks tensors rank {rank} holds: {missing[:5]}"
                          f"{' ...' if len(missing) > 5 else ''}")
     live = carved.model.state_dict(keep_vars=True)
+    cuts = experts.names if experts is not None else {  # before shard_experts: the cuts made at load, if any
+        f"{fqn}.{key}": cut for fqn, m in carved.model.named_modules()
+        for key, cut in getattr(m, "_expert_cuts", {}).items()}
     with torch.no_grad():
         for name in sorted(state, key=lambda n: files[source[n]]):
-            read_into(files[source[name]], source[name], live[name], report, path)
-            del live[name]._is_hf_initialized
+            cut = cuts.get(name)
+            if cut is not None and tuple(live[name].shape) != cut.fused:
+                read_experts_into(files[source[name]], source[name], live[name], cut, report, path)
+            else:
+                read_into(files[source[name]], source[name], live[name], report, path)
+                del live[name]._is_hf_initialized
     return report
+
 
 
 def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: int, experts=None) -> None:

@@ -151,11 +151,16 @@ class DataParallel:
             fully_shard(module, mesh=self.mesh, reshard_after_forward=False, ignored_params=ignored)
             self.chunks[stage] = module
 
-    def start_step(self) -> None:
-        """Before a step: the chunks keep their gradients unsharded and their weights gathered; an EP group that
-        a failed step broke is made anew (every rank of every replica calls this at the same point)."""
+    def renew_ep_group(self) -> None:
+        """Make the EP group anew if a failed step broke it (every rank of every replica calls this at the same
+        point: before each step's and each evaluation's loads, :meth:`~.executor.PipelineExecutor._begin`)."""
         if self.ep_group is not None:
             self.ep_group.renew()
+
+    def start_step(self) -> None:
+        """Before a step: the chunks keep their gradients unsharded and their weights gathered; an EP group that
+        a failed step broke is made anew (:meth:`renew_ep_group`)."""
+        self.renew_ep_group()
         for module in self.chunks.values():
             module.set_requires_gradient_sync(False)
             module.set_reshard_after_backward(False)

@@ -182,6 +182,8 @@ class PipelineExecutor:
             raise RuntimeError(f"this pipeline executor ended after a failed step: {self.ended}")
         if self.broken:
             self._fresh_group()
+        if self.dp is not None:  # an EP group a failed step broke, made anew (an evaluation runs no start_step)
+            self.dp.renew_ep_group()
         self.watchdog.start_step()
         prepare = partial(host_prepare, self.preprocess, pin=self.device.type == "cuda")
         loaded, error = load_owned(order, load, self.rank, prepare)

@@ -127,9 +127,14 @@ class PipelineRun:
     def carve(self, source: ModelSource, config, counts: list[int], adapter=None) -> None:
         """This rank's share of ``source`` (read tensor by tensor, or drawn from ``seed`` as the unsplit model
         would be; with ``adapter``, a ``peft.LoraConfig``, with that adapter), on :meth:`connect`'s device in
-        train mode. ``counts``: the decoder layers per stage. A failure on any rank is raised on every rank."""
+        train mode. ``counts``: the decoder layers per stage. With ``parallel.ep_size > 1`` a checkpoint's fused
+        experts are read for this rank's EP rank alone: ``dp`` rank ``d`` is EP rank ``d % ep_size``, as
+        :func:`~mpipe_hf.runtime.mesh.expert_mesh` numbers it (no collective; :meth:`shard_experts` checks it).
+        A failure on any rank is raised on every rank."""
+        ep = self.parallel.ep_size
+        experts = (self.dp_rank % ep, ep) if ep > 1 else None
         self.carved, _ = together(lambda: load_share(source, config, self.cfg, self.rank, counts,
-                                                     self.parallel.text_layers, self.seed, adapter),
+                                                     self.parallel.text_layers, self.seed, adapter, experts),
                                   "model load", *self.every)
         self.source, self.counts = source.name_or_path, counts
         self.carved.model.to(self.device).train()  # from_pretrained leaves eval mode; the HF Trainer trains
@@ -156,13 +161,14 @@ class PipelineRun:
 
     def load_weights(self, path: str) -> None:
         """This rank's share of ``path``'s weights (a LoRA run's: its adapter; after :meth:`start` under expert
-        parallelism, its expert adapters cut to this rank's experts) into the model, in place; a failure on any
-        rank is raised on every rank."""
+        parallelism, its experts and expert adapters cut to this rank's experts) into the model, in place; a
+        failure on any rank is raised on every rank."""
         if self.carved.peft is not None:
             together(lambda: load_adapter_values(path, self.carved, self.cfg, self.rank, self.experts), "resume",
                      *self.every)
             return
-        together(lambda: load_share_values(path, self.carved, self.cfg, self.rank), "resume", *self.every)
+        together(lambda: load_share_values(path, self.carved, self.cfg, self.rank, self.experts), "resume",
+                 *self.every)
 
     # ---- the executor -------------------------------------------------------------------------------------
 

@@ -52,14 +52,16 @@ def load_model(source: ModelSource, config, seed: int):
 
 
 def load_share(source: ModelSource, config, cfg, rank: int, layers_per_stage: list[int], text_layers: int,
-               seed: int, adapter=None):
+               seed: int, adapter=None, experts: tuple[int, int] | None = None):
     """``(SplitModel, LoadReport)``: this rank's share of the model, built on the meta device and materialised
     alone, from the checkpoint's safetensors (read tensor by tensor) or drawn from ``seed`` exactly as the unsplit
     ``load_model`` would (see :mod:`mpipe_hf.models.load`). With ``adapter`` (a ``peft.LoraConfig``), the share of
-    that model after ``set_seed(seed); peft.get_peft_model(model, adapter)``."""
+    that model after ``set_seed(seed); peft.get_peft_model(model, adapter)``. ``experts``: ``(ep_rank, ep_size)``
+    under expert parallelism; a checkpoint's fused experts are then read for that EP rank alone
+    (:func:`~mpipe_hf.models.load.split_from_checkpoint`), drawn ones are drawn whole."""
     if source.name_or_path is not None:
         return split_from_checkpoint(source.name_or_path, config, cfg, rank, layers_per_stage, text_layers,
-                                     adapter, seed)
+                                     adapter, seed, experts)
     return split_from_config(config, cfg, rank, layers_per_stage, text_layers, seed, adapter)
 
 

@@ -229,8 +229,8 @@ def reload_check(case, fixture, carved, shards, mesh, out_dir, want):
 def failing(case, fixture, mesh, emesh, device, out_dir):
     """Step 0 fails on one rank mid-forward (replica 0's last stage rank raises in its second call of its first
     experts module) while its EP peer waits in that layer's all-to-all: every rank raises the first error within
-    seconds (the watchdog breaks the EP group; the pipeline's timeout is 60 s), and step 1 runs on a renewed EP
-    group, its loss the unsplit model's over its batch."""
+    seconds (the watchdog breaks the EP group; the pipeline's timeout is 60 s), then an evaluation and step 1 run
+    on a renewed EP group, the evaluation's loss and the step's the unsplit model's over step 1's batch."""
     import time
     rank, replica = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
     cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"])
@@ -262,6 +262,9 @@ def failing(case, fixture, mesh, emesh, device, out_dir):
     failed_s = time.perf_counter() - start
     for p in params.values():
         p.grad = None
+    # an evaluation right after the failed step (the EP group made anew before its loads), then the next step
+    evaluated = torch.tensor(executor.evaluate(loads[1]), dtype=torch.float64)
+    dist.all_reduce(evaluated, group=mesh.get_group("dp"))
     loss = executor.step(loads[1]).loss
     executor.close()
     path = os.path.join(out_dir, f"ref-{case['name']}.pt")
@@ -271,7 +274,8 @@ def failing(case, fixture, mesh, emesh, device, out_dir):
     dist.barrier()
     ref = torch.load(path)
     dist.barrier()
-    return {"error": error, "failed_s": failed_s, "loss": loss, "ref_loss": float(ref)}
+    return {"error": error, "failed_s": failed_s, "loss": loss, "ref_loss": float(ref),
+            "eval_loss": float(evaluated[0] / evaluated[1])}
 
 
 def main():
