@@ -48,7 +48,8 @@ HEADER = """\
 # then `mpipe-hf train recipes/tiny/{model_type}.yaml` from any directory (paths are relative to this file).
 """
 MODEL = "model: ../../tiny/{model_type}\n"
-# per-rank loading (mpipe_hf.models.shards.disk_names) reads renamed tensors only, not experts saved one by one
+# per-rank loading (mpipe_hf.models.shards.disk_names) reads renamed and transposed tensors, not experts saved one
+# by one
 FROM_CONFIG = """\
 # The folder's weights are not read: this family's checkpoint conversion merges tensors (its experts), which
 # per-rank loading does not do yet; the model is drawn from the folder's config, with the folder's tokenizer.
@@ -179,13 +180,16 @@ def build_all(out_dir: str, only: list[str] | None) -> int:
 @functools.lru_cache(maxsize=1)
 def merging_families() -> frozenset:
     """The model types whose ``transformers`` checkpoint conversion merges or splits tensors (experts saved one by
-    one, fused in the model), which per-rank loading refuses: their recipes draw the model from the config."""
+    one, fused in the model), which per-rank loading refuses: their recipes draw the model from the config. A
+    conversion that only transposes a tensor (Qwen3-VL-MoE's experts, :func:`~mpipe_hf.models.shards.transpose_of`)
+    is read per rank."""
     import torch
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter
 
     from mpipe_hf.data import qwen2_tokenizer
     from mpipe_hf.models.materialize import model_class
+    from mpipe_hf.models.shards import transpose_of
     tokenizer, merging = qwen2_tokenizer(DEMO_RANKS), set()
     for model_type, build in builders().items():
         try:
@@ -194,7 +198,8 @@ def merging_families() -> frozenset:
                 model = model_class(config).from_config(config)
         except Exception:  # noqa: BLE001 - a family that cannot be built here fails in build_all, by name
             continue
-        if any(isinstance(t, WeightConverter) for t in get_model_conversion_mapping(model)):
+        if any(isinstance(t, WeightConverter) and transpose_of(t) is None
+               for t in get_model_conversion_mapping(model)):
             merging.add(model_type)
     return frozenset(merging)
 

@@ -20,6 +20,8 @@ from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.plan import (estimate_profile, meta_activation_bytes, patches_per_image_token, plan,
                                  register_fused_attention, vision_parts)
 
+from ep_stubs import EPMesh
+
 # every width distinct, so a field read in the wrong place changes the count
 LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=12, linear_value_head_dim=10,
               linear_conv_kernel_dim=3)
@@ -218,20 +220,6 @@ def moe_vl_config(experts: int = 6):
                 mlp_only_layers=[5])
     return Qwen3VLMoeConfig(text_config=text, vision_config=dict(
         depth=1, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=48, deepstack_visual_indexes=[]))
-
-
-class EPMesh:
-    """What :func:`~mpipe_hf.models.expert_parallel.shard_experts` reads of its EP mesh: the size and this rank's
-    place (the dispatch it would build is stubbed: nothing runs)."""
-
-    def __init__(self, size, rank):
-        self._size, self._rank = size, rank
-
-    def size(self):
-        return self._size
-
-    def get_local_rank(self):
-        return self._rank
 
 
 @pytest.mark.parametrize("ep_size", [2, 3])

@@ -21,6 +21,8 @@ from mpipe_hf.models.expert_parallel import shard_experts
 from mpipe_hf.models.load import load_share_values, model_class, split_from_checkpoint
 from mpipe_hf.schedule import ScheduleConfig
 
+from ep_stubs import EPMesh, masked
+
 E, EP, T = 4, 2, 1  # experts, EP ranks, P's text layers (its experts stay whole)
 CFG = ScheduleConfig(2, 1, 2, "trainable")  # pp 2: rank 0 holds layers 1-2 of 4, rank 1 layer 3 (layer 0 in P)
 FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
@@ -101,30 +103,6 @@ def test_hub_layout_experts_read_transposed(saved):
         got = carved.model.state_dict()
         cut = stage_experts(got, 0) if experts else []
         assert all(torch.equal(t, full[n][E // EP:] if n in cut else full[n]) for n, t in got.items()), experts
-
-
-class EPMesh:
-    """What ``shard_experts`` reads of its EP mesh: the size and this rank's place."""
-
-    def __init__(self, size, rank):
-        self._size, self._rank = size, rank
-
-    def size(self):
-        return self._size
-
-    def get_local_rank(self):
-        return self._rank
-
-
-def masked(experts, ep_rank):
-    """One EP rank's part of the experts' output without the exchange: its experts on every row, the routes to
-    other ranks' experts sent to the sentinel id ``num_experts`` with weight 0."""
-    forward, per = experts.forward, experts.num_experts
-
-    def dispatch(hidden, index, weights):
-        local = (index >= ep_rank * per) & (index < (ep_rank + 1) * per)
-        return forward(hidden, torch.where(local, index - ep_rank * per, per), torch.where(local, weights, 0))
-    return dispatch
 
 
 def test_shard_experts_takes_the_cut_share(saved, monkeypatch):

@@ -23,31 +23,9 @@ from mpipe_hf.models.expert_parallel import ExpertCut, shard_experts
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.recipe_lora import LoraSection
 
+from ep_stubs import EPMesh, masked
+
 EP, R = 2, 2
-
-
-class EPMesh:
-    """What ``shard_experts`` reads of its EP mesh: the size and this rank's place."""
-
-    def __init__(self, size, rank):
-        self._size, self._rank = size, rank
-
-    def size(self):
-        return self._size
-
-    def get_local_rank(self):
-        return self._rank
-
-
-def masked(experts, ep_rank):
-    """AllReduceEP's share of one rank, without the all-reduce: its experts run on every row, the routes to other
-    ranks' experts sent to the sentinel id ``num_experts`` with weight 0 (the experts forward skips them)."""
-    forward, per = experts.forward, experts.num_experts
-
-    def dispatch(hidden, index, weights):
-        local = (index >= ep_rank * per) & (index < (ep_rank + 1) * per)
-        return forward(hidden, torch.where(local, index - ep_rank * per, per), torch.where(local, weights, 0))
-    return dispatch
 
 
 def first_experts(model) -> str:

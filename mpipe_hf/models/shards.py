@@ -48,7 +48,7 @@ def disk_names(model: nn.Module, disk_names: list[str], holder: tuple[str, str] 
     """``{model tensor name: on-disk name}`` through transformers' conversion mapping of ``model``, or with
     ``holder`` (``(class name, attribute)``, :attr:`.family.Family.checkpoint`) through that of transformers' class
     which holds ``model`` at ``attribute``, whose checkpoints they are. A converter that transposes one tensor
-    under its own name (:func:`_transpose_of`) is a renaming here; ``layouts``, when given, receives
+    under its own name (:func:`transpose_of`) is a renaming here; ``layouts``, when given, receives
     ``{model tensor name: (dim0, dim1)}`` of the tensors it maps, for :func:`read_into`'s ``transpose``.
 
     Raises:
@@ -62,7 +62,7 @@ def disk_names(model: nn.Module, disk_names: list[str], holder: tuple[str, str] 
             model = getattr(transformers, holder[0])(model.config)
         prefix = holder[1] + "."
     transforms = get_model_conversion_mapping(model)
-    converters = [t for t in transforms if isinstance(t, WeightConverter) and _transpose_of(t) is None]
+    converters = [t for t in transforms if isinstance(t, WeightConverter) and transpose_of(t) is None]
     if converters:
         raise ValueError(f"{type(model).__name__}'s checkpoint conversion merges or splits tensors "
                          f"({converters[0]!r}); per-rank loading supports renamings only")
@@ -75,11 +75,11 @@ def disk_names(model: nn.Module, disk_names: list[str], holder: tuple[str, str] 
         name = name.removeprefix(prefix) if name.startswith(prefix) else name
         out[name] = disk
         if pattern is not None and layouts is not None:
-            layouts[name] = next(_transpose_of(t) for t in transposes if pattern in t.source_patterns)
+            layouts[name] = next(transpose_of(t) for t in transposes if pattern in t.source_patterns)
     return out
 
 
-def _transpose_of(converter) -> tuple[int, int] | None:
+def transpose_of(converter) -> tuple[int, int] | None:
     """``(dim0, dim1)`` of a converter that only transposes one tensor under its own name (one source, one target
     pattern, equal; one ``Transpose`` operation), else ``None``."""
     from transformers.core_model_loading import Transpose
