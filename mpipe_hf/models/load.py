@@ -244,7 +244,6 @@ def _read_share(model: nn.Module, source: dict[str, str], files: dict[str, str],
             for name in names:
                 if name in cuts:
                     read_experts_into(file, source[name], state[name], cuts[name], report, path, layouts[name])
-                    state[name]._is_hf_initialized = True
                 else:
                     read_into(file, source[name], state[name], report, path, layouts[name])
     model.initialize_weights()  # buffers the checkpoint does not hold (the loaded tensors are flagged)
@@ -290,9 +289,8 @@ def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: 
                 read_experts_into(files[source[name]], source[name], live[name], cut, report, path)
             else:
                 read_into(files[source[name]], source[name], live[name], report, path)
-                del live[name]._is_hf_initialized
+            del live[name]._is_hf_initialized
     return report
-
 
 
 def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: int, experts=None) -> None:

@@ -155,17 +155,18 @@ def read_experts_into(file: str, key: str, target: torch.Tensor, cut, report: Lo
         target.copy_(piece)
         report.read_bytes += nbytes(whole)
         report.largest_temporary_bytes = max(report.largest_temporary_bytes, nbytes(whole))
-        return
-    rows = cut.rows
-    step = max(1, READ_BLOCK_BYTES * target.shape[0] // max(1, nbytes(target)))
-    for start in range(rows.start, rows.stop, step):
-        with safe_open(file, "pt", device="cpu") as f:
-            piece = f.get_slice(key)[start:min(start + step, rows.stop)]
-            target[start - rows.start:start - rows.start + piece.shape[0]].copy_(
-                piece if swap is None else piece.transpose(*swap))
-            report.read_bytes += nbytes(piece)
-            report.largest_temporary_bytes = max(report.largest_temporary_bytes, nbytes(piece))
-            del piece
+    else:
+        rows = cut.rows
+        step = max(1, READ_BLOCK_BYTES * target.shape[0] // max(1, nbytes(target)))
+        for start in range(rows.start, rows.stop, step):
+            with safe_open(file, "pt", device="cpu") as f:
+                piece = f.get_slice(key)[start:min(start + step, rows.stop)]
+                target[start - rows.start:start - rows.start + piece.shape[0]].copy_(
+                    piece if swap is None else piece.transpose(*swap))
+                report.read_bytes += nbytes(piece)
+                report.largest_temporary_bytes = max(report.largest_temporary_bytes, nbytes(piece))
+                del piece
+    target._is_hf_initialized = True  # as read_into: read, not to be initialised again
 
 
 def untie_if_saved_apart(model: nn.Module, source: dict[str, str]) -> None:

@@ -163,12 +163,8 @@ class PipelineRun:
         """This rank's share of ``path``'s weights (a LoRA run's: its adapter; after :meth:`start` under expert
         parallelism, its experts and expert adapters cut to this rank's experts) into the model, in place; a
         failure on any rank is raised on every rank."""
-        if self.carved.peft is not None:
-            together(lambda: load_adapter_values(path, self.carved, self.cfg, self.rank, self.experts), "resume",
-                     *self.every)
-            return
-        together(lambda: load_share_values(path, self.carved, self.cfg, self.rank, self.experts), "resume",
-                 *self.every)
+        load = load_adapter_values if self.carved.peft is not None else load_share_values
+        together(lambda: load(path, self.carved, self.cfg, self.rank, self.experts), "resume", *self.every)
 
     # ---- the executor -------------------------------------------------------------------------------------
 
