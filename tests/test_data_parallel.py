@@ -32,11 +32,13 @@ def reference(demo, freeze_visual):
     return losses, norms, model
 
 
-# CI runs ("trainable", False) here and ("frozen", True), the recipe defaults, through two nodes
-# (test_two_nodes_train_exactly_and_resume_onto_one_replica, with the same checks); MPIPE_HF_DP_GRID=full runs
-# every pair here, and owner-backward
-GRID = [("trainable", False, False)]
-if os.environ.get("MPIPE_HF_DP_GRID") == "full":
+# CI covers two of the grid's points in other launches, with the same checks: ("frozen", True), the recipe
+# defaults, through two nodes (test_two_nodes_train_exactly_and_resume_onto_one_replica) and with a bad row below;
+# ("trainable", False) packed (tests/test_packing_train.py). MPIPE_HF_FULL=1 runs ("trainable", False) unpacked
+# here too; MPIPE_HF_DP_GRID=full every pair, and owner-backward
+FULL_GRID = os.environ.get("MPIPE_HF_DP_GRID") == "full"
+GRID = [("trainable", False, False)] if FULL_GRID or os.environ.get("MPIPE_HF_FULL") == "1" else []
+if FULL_GRID:
     GRID += [("frozen", True, False), ("trainable", True, False), ("frozen", False, False),
              ("trainable", True, True), ("trainable", False, True)]
 

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -31,6 +32,12 @@ def launch(cmd, timeout=600):
 def torchrun(script, args, nproc=2, timeout=600):
     return launch([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                    script, *args], timeout=timeout)
+
+
+def accelerate_launch(script, args, nproc=2, timeout=600):
+    return launch([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", script, *args],
+                  timeout=timeout)
 
 
 def history(out):
@@ -60,17 +67,19 @@ def final_state(out):
     # a trainable tower under bf16 autocast with fp32 master weights (in fp32, a trainable tower's steps equal one
     # process at 1e-5 in tests/test_numerics.py and tests/test_train.py; here, the Trainer's bf16 path)
     dict(train_tower=True, bf16=True, max_grad_norm=0.5, learning_rate=2e-5),
-    # the ViT frozen by the user (requires_grad_) and by MPipeConfig(freeze_vit=True), the merger trained
-    dict(train_merger=True, max_grad_norm=0.5, learning_rate=1e-3),
-], ids=["frozen-packed", "trainable-bf16", "merger"])
+    # the ViT frozen by the user (requires_grad_) and by MPipeConfig(freeze_vit=True), the merger trained; launched
+    # with accelerate launch (the others with torchrun)
+    dict(train_merger=True, max_grad_norm=0.5, learning_rate=1e-3, launcher=accelerate_launch),
+], ids=["frozen-packed", "trainable-bf16", "merger-accelerate"])
 def test_mpipe_trainer_equals_plain_trainer(demo, tmp_path, options):
-    """3 steps (5 across an epoch's end, packed) of the pipelined script under torchrun equal the plain Trainer's on
-    one process: every step's loss, global grad norm, learning rate and epoch, and every parameter after the last
-    step (atol 1e-4)."""
+    """3 steps (5 across an epoch's end, packed) of the pipelined script under torchrun or accelerate launch equal
+    the plain Trainer's on one process: every step's loss, global grad norm, learning rate and epoch, and every
+    parameter after the last step (atol 1e-4)."""
     plain, piped, options = str(tmp_path / "plain"), str(tmp_path / "piped"), dict(options)
     packing = {"packing": options.pop("packing")} if "packing" in options else {}  # the pipelined script's flag
+    launcher = options.pop("launcher", torchrun)
     launch([sys.executable, PLAIN, *common(demo, plain, **options)])
-    proc = torchrun(PIPELINED, common(demo, piped, **options, **packing))
+    proc = launcher(PIPELINED, common(demo, piped, **options, **packing))
     ref, got = history(plain), history(piped)
     assert sorted(ref) == sorted(got) == list(range(1, options.get("max_steps", 3) + 1))
     tol = 1e-3 if options.get("bf16") else 1e-5
@@ -153,15 +162,6 @@ def test_save_steps_resume_and_evaluate(demo, tmp_path):
     assert abs(eval_loss - total / tokens) < 1e-5 * eval_loss, (eval_loss, total / tokens)
 
 
-def test_accelerate_launch_runs_the_pipelined_script(demo, tmp_path):
-    out = str(tmp_path / "acc")
-    launch([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", PIPELINED,
-            *common(demo, out, max_steps=2)])
-    assert sorted(history(out)) == [1, 2]
-    AutoModelForImageTextToText.from_pretrained(out)
-
-
 def test_arguments_a_pipeline_cannot_honour_are_named(tmp_path):
     from transformers import TrainingArguments
     from mpipe_hf import MPipeConfig
@@ -185,36 +185,27 @@ CHECKPOINT_FILES = {"rank0_state.pt", "rank1_state.pt", "rng_state_0.pth", "rng_
                     "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
 
 
-def checkpoint_worker(out: str, report: str, fail_step: int) -> None:
-    """Run by torchrun (this file as a script, 2 processes): 4 steps of a tiny Qwen2 LM with ``save_steps=1``,
-    ``save_total_limit=2``, an evaluation at every step and ``load_best_model_at_end``. With ``fail_step`` > 0 the
-    training state file of rank 1 fails half-written at that step's save (``OSError``, a full disk). Each rank writes
-    what ``train()`` raised (empty: nothing) to ``report/rank<r>.txt``. With ``fail_step`` < 0, rank 1 receives
-    SIGUSR1 (preemption) in step ``-fail_step``: every rank then stops after that step."""
+SCENARIOS = (0, -2, 3)  # uninterrupted; SIGUSR1 in step 2; rank 1's save of step 3 fails (last: it raises)
+
+
+def checkpoint_worker(work: str) -> None:
+    """Run by torchrun (this file as a script, 2 processes): for each of :data:`SCENARIOS` in turn (one launch,
+    one process group, a new trainer each), 4 steps of a tiny Qwen2 LM with ``save_steps=1``,
+    ``save_total_limit=2``, an evaluation at every step and ``load_best_model_at_end``, into
+    ``work/<scenario>/out``. With ``fail_step`` > 0 the training state file of rank 1 fails half-written at that
+    step's save (``OSError``, a full disk). With ``fail_step`` < 0, rank 1 receives SIGUSR1 (preemption) in step
+    ``-fail_step``: every rank then stops after that step. Each rank writes what ``train()`` raised (empty:
+    nothing) to ``work/<scenario>/rank<r>.txt``."""
     import errno
     from transformers import Qwen2Config, Qwen2ForCausalLM, TrainingArguments
     from mpipe_hf import MPipeConfig, MPipeTrainer
 
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)
-    rows = [{"input_ids": torch.randint(0, 96, (12,)).tolist()} for _ in range(8)]
-
-    def collate(batch):
-        ids = torch.tensor([row["input_ids"] for row in batch])
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
-
-    if fail_step < 0:
-        step = MPipeTrainer.training_step
-
+    step, write = MPipeTrainer.training_step, MPipeTrainer._save_optimizer_and_scheduler
+    for fail_step in SCENARIOS:
         def signalled(self, *a, **k):
             if self.run.rank == 1 and self.state.global_step + 1 == -fail_step:
                 os.kill(os.getpid(), signal.SIGUSR1)
             return step(self, *a, **k)
-        MPipeTrainer.training_step = signalled
-    elif fail_step:
-        write = MPipeTrainer._save_optimizer_and_scheduler
 
         def failing(self, output_dir):
             if self.run.rank == 1 and self.state.global_step == fail_step:
@@ -222,29 +213,49 @@ def checkpoint_worker(out: str, report: str, fail_step: int) -> None:
                     f.write(b"half of it")
                 raise OSError(errno.ENOSPC, "No space left on device (injected)")
             write(self, output_dir)
-        MPipeTrainer._save_optimizer_and_scheduler = failing
-    args = TrainingArguments(output_dir=out, max_steps=4, per_device_train_batch_size=1,
-                             gradient_accumulation_steps=2, learning_rate=1e-3, logging_steps=1, save_steps=1,
-                             save_total_limit=2, eval_strategy="steps", eval_steps=1, load_best_model_at_end=True,
-                             metric_for_best_model="eval_loss", report_to="none", remove_unused_columns=False,
-                             train_sampling_strategy="sequential", use_cpu=True, seed=0)
-    trainer = MPipeTrainer(model=Qwen2ForCausalLM(config), args=args,
-                           mpipe_config=MPipeConfig(pp_size=2, preprocess="identity", timeout_s=60),
-                           train_dataset=rows, eval_dataset=rows[:2], data_collator=collate)
-    try:
-        trainer.train()
-        error = ""
-    except Exception as err:  # noqa: BLE001 - reported to the test
-        error = f"{type(err).__name__}: {err}"
-    with open(os.path.join(report, f"rank{os.environ['RANK']}.txt"), "w") as f:
-        f.write(error)
+        MPipeTrainer.training_step = signalled if fail_step < 0 else step
+        MPipeTrainer._save_optimizer_and_scheduler = failing if fail_step > 0 else write
+        torch.manual_seed(0)
+        config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                             tie_word_embeddings=False)
+        rows = [{"input_ids": torch.randint(0, 96, (12,)).tolist()} for _ in range(8)]
+
+        def collate(batch):
+            ids = torch.tensor([row["input_ids"] for row in batch])
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+        folder = os.path.join(work, str(fail_step))
+        args = TrainingArguments(output_dir=os.path.join(folder, "out"), max_steps=4, per_device_train_batch_size=1,
+                                 gradient_accumulation_steps=2, learning_rate=1e-3, logging_steps=1, save_steps=1,
+                                 save_total_limit=2, eval_strategy="steps", eval_steps=1, load_best_model_at_end=True,
+                                 metric_for_best_model="eval_loss", report_to="none", remove_unused_columns=False,
+                                 train_sampling_strategy="sequential", use_cpu=True, seed=0)
+        trainer = MPipeTrainer(model=Qwen2ForCausalLM(config), args=args,
+                               mpipe_config=MPipeConfig(pp_size=2, preprocess="identity", timeout_s=60),
+                               train_dataset=rows, eval_dataset=rows[:2], data_collator=collate)
+        try:
+            trainer.train()
+            error = ""
+        except Exception as err:  # noqa: BLE001 - reported to the test
+            error = f"{type(err).__name__}: {err}"
+        with open(os.path.join(folder, f"rank{os.environ['RANK']}.txt"), "w") as f:
+            f.write(error)
 
 
-def run_checkpoint_worker(tmp_path, fail_step: int = 0):
-    out, report = tmp_path / "out", tmp_path / "report"
-    report.mkdir()
-    torchrun(os.path.abspath(__file__), [str(out), str(report), str(fail_step)], timeout=300)
-    return str(out), [(report / f"rank{r}.txt").read_text() for r in range(2)]
+@pytest.fixture(scope="module")
+def checkpoint_runs(tmp_path_factory):
+    """``{fail_step: (output_dir, [each rank's error text])}`` of :func:`checkpoint_worker`'s one launch; before
+    it, a crashed save's leftover in the uninterrupted scenario's output directory."""
+    from mpipe_hf.train.hf import STAGING_PREFIX
+    work = tmp_path_factory.mktemp("checkpoints")
+    for fail_step in SCENARIOS:
+        (work / str(fail_step)).mkdir()
+    stale = work / "0" / "out" / f"{STAGING_PREFIX}checkpoint-99"
+    stale.mkdir(parents=True)
+    (stale / "model-00001-of-00002.safetensors").write_bytes(b"partial")
+    torchrun(os.path.abspath(__file__), [str(work)], timeout=400)
+    return {f: (str(work / str(f) / "out"), [(work / str(f) / f"rank{r}.txt").read_text() for r in range(2)])
+            for f in SCENARIOS}
 
 
 def assert_complete(checkpoint: str, step: int):
@@ -261,7 +272,7 @@ def leftovers(out: str) -> list[str]:
     return [name for name in os.listdir(out) if name.startswith("tmp-") or name.endswith((".tmp", ".old"))]
 
 
-def test_trainer_checkpoints_are_renamed_in_whole(tmp_path):
+def test_trainer_checkpoints_are_renamed_in_whole(checkpoint_runs):
     """Every ``checkpoint-<step>`` is written as ``tmp-checkpoint-<step>`` (a name the Trainer's resume and
     rotation do not match) and renamed in complete: after training every kept checkpoint has every rank's files,
     ``save_total_limit`` and ``best_model_checkpoint`` name final directories, and what a crashed save left is gone
@@ -271,12 +282,10 @@ def test_trainer_checkpoints_are_renamed_in_whole(tmp_path):
     from mpipe_hf.train.hf import STAGING_PREFIX
     staged = f"{STAGING_PREFIX}checkpoint-12"
     assert _re_checkpoint.search(staged) is None and _re_checkpoint.search(staged + ".tmp") is None
-    stale = tmp_path / "out" / f"{STAGING_PREFIX}checkpoint-99"  # a crashed save's leftover
-    stale.mkdir(parents=True)
-    (stale / "model-00001-of-00002.safetensors").write_bytes(b"partial")
-    assert get_last_checkpoint(str(tmp_path / "out")) is None
-    assert not list(Path(tmp_path / "out").glob("checkpoint-*"))  # rotation's glob
-    out, errors = run_checkpoint_worker(tmp_path)
+    with tempfile.TemporaryDirectory() as folder:  # a crashed save's leftover, as the launch had it at its start
+        (Path(folder) / f"{STAGING_PREFIX}checkpoint-99").mkdir()
+        assert get_last_checkpoint(folder) is None and not list(Path(folder).glob("checkpoint-*"))  # rotation's glob
+    out, errors = checkpoint_runs[0]
     assert errors == ["", ""], errors
     assert leftovers(out) == []
     kept = sorted(name for name in os.listdir(out) if name.startswith("checkpoint-"))
@@ -288,10 +297,10 @@ def test_trainer_checkpoints_are_renamed_in_whole(tmp_path):
     assert best is not None and os.path.basename(best) in kept, (best, kept)
 
 
-def test_a_preempted_trainer_saves_and_stops_on_every_rank(tmp_path):
+def test_a_preempted_trainer_saves_and_stops_on_every_rank(checkpoint_runs):
     """SIGUSR1 to rank 1 in step 2 (as SLURM's ``--signal``): both ranks finish step 2, ``checkpoint-2`` is saved
     whole and ``train()`` returns on both, without an error and without steps 3 and 4."""
-    out, errors = run_checkpoint_worker(tmp_path, fail_step=-2)
+    out, errors = checkpoint_runs[-2]
     assert errors == ["", ""], errors
     kept = sorted(name for name in os.listdir(out) if name.startswith("checkpoint-"))
     assert kept == ["checkpoint-1", "checkpoint-2"], kept
@@ -299,12 +308,12 @@ def test_a_preempted_trainer_saves_and_stops_on_every_rank(tmp_path):
     assert leftovers(out) == []
 
 
-def test_a_failed_trainer_save_leaves_the_last_checkpoint(tmp_path):
+def test_a_failed_trainer_save_leaves_the_last_checkpoint(checkpoint_runs):
     """The training state file of rank 1 fails half-written in step 3's save: every rank raises that rank's error (none
     waits for the other), no ``checkpoint-3`` nor temporary directory is left, and ``checkpoint-2``, complete, is
     what ``resume_from_checkpoint=True`` would take."""
     from transformers.trainer_utils import get_last_checkpoint
-    out, errors = run_checkpoint_worker(tmp_path, fail_step=3)
+    out, errors = checkpoint_runs[3]
     for error in errors:
         assert error.startswith("RuntimeError: pipeline rank 1, saving ") and "checkpoint-3" in error, errors
         assert "OSError: [Errno 28] No space left on device (injected)" in error, errors
@@ -316,4 +325,4 @@ def test_a_failed_trainer_save_leaves_the_last_checkpoint(tmp_path):
 
 
 if __name__ == "__main__":
-    checkpoint_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    checkpoint_worker(sys.argv[1])

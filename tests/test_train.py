@@ -261,6 +261,10 @@ def test_shuffled_epochs_read_every_row_once_in_a_seeded_order():
     assert TrainSection(max_steps=5).total_steps(plan.steps_per_epoch()) == 5
 
 
+# bf16 in CI: MPipeTrainer's path against the plain Trainer (tests/test_hf_trainer.py, trainable-bf16: the same
+# PipelineRun, tests/test_run.py) and the precision policy bitwise in tests/test_numerics.py
+@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="the full suite (MPIPE_HF_FULL=1); CI runs bf16 "
+                    "through MPipeTrainer (test_hf_trainer.py) and bitwise in test_numerics.py")
 def test_bf16_training_equals_one_process_bf16(demo, tmp_path):
     """``train: {bf16: true}`` (fp32 master weights, bf16 autocast) through ``mpipe-hf train`` at R = 2, V = 2
     against the unsplit model under the same autocast on one process: the losses and the global gradient norm

@@ -174,7 +174,7 @@ def run_case(case, fixture, mesh, emesh, device, out_dir):
     if dist.get_rank() == 0:  # the split freezes the same modules on every rank
         torch.save(reference(case, fixture, build_model(fixture, case["family"]), frozen), path)
     dist.barrier()
-    ref = torch.load(path)
+    ref = torch.load(path, weights_only=False)  # this run's own file
     steps = case["steps"]
     first = compare_grads(params, grads[0], as_shards(ref["grads"][0], shards))
     last = compare_grads(params, grads[steps - 1], as_shards(ref["grads"][steps - 1], shards))
@@ -272,7 +272,7 @@ def failing(case, fixture, mesh, emesh, device, out_dir):
         torch.save(reference_run(build_model(fixture, case["family"]), global_batch(case, pool, 1), order="pipeline"),
                    path)
     dist.barrier()
-    ref = torch.load(path)
+    ref = torch.load(path, weights_only=False)  # this run's own file
     dist.barrier()
     return {"error": error, "failed_s": failed_s, "loss": loss, "ref_loss": float(ref),
             "eval_loss": float(evaluated[0] / evaluated[1])}

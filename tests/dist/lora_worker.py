@@ -199,7 +199,7 @@ def run_case(case, rank, group, device, out_dir):
                                if p.requires_grad}}, ref_path)
     dist.barrier(group=group)
     if not case.get("repeat"):
-        ref = torch.load(ref_path)
+        ref = torch.load(ref_path, weights_only=False)  # this run's own file
         result["ref_losses"], result["ref_norms"] = ref["losses"], ref["norms"]
         # every adapter gradient of every step; one the reference lacks (or has alone) is an infinite difference
         result["grad_diff"] = [max((float((g[n] - want[n].to(g[n])).abs().max()) if n in want else float("inf")
