@@ -5,14 +5,13 @@
 - bad patterns and contradictions refused before launch, naming the field;
 - with the ViT frozen and the merger trained, ``P``'s forward saves no ViT activation (measured with
   ``saved_tensors_hooks``) and the profile's backward is the merger's;
-- one torchrun (R = 2): every case of ``matrix.FREEZE_SPECS`` against the unsplit model frozen by the same
-  patterns (loss, every gradient at the first and last step, per tensor; parameters after 2 AdamW steps);
-- in the same launch, issue 39's video cases (``dist/specs_video.py``): rows mixing images and videos (GLM-4.xV:
+- in tests/test_numerics.py's R = 2 launch: every case of ``matrix.FREEZE_SPECS`` against the unsplit model frozen
+  by the same patterns (loss, every gradient at the first and last step, per tensor; parameters after 2 AdamW
+  steps), and issue 39's video cases (``dist/specs_video.py``): rows mixing images and videos (GLM-4.xV:
   micro-batches of videos and of images apart), exact against the unsplit model, and negative controls that must
   fail (docs/video.md).
 """
 
-import json
 import os
 import sys
 
@@ -20,9 +19,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
-from common import build_fixture, collator, make_ragged_pool, read_results, run_torchrun, tiny_configs  # noqa: E402
-from matrix import REL_TOL, check_case, freeze_cases  # noqa: E402
-from specs_video import VIDEO_CONFIGS, VIDEO_CONTROLS, video_cases  # noqa: E402
+from common import collator, make_ragged_pool, tiny_configs  # noqa: E402
 
 from mpipe_hf.data import qwen2_tokenizer  # noqa: E402
 from mpipe_hf.models import get_family, split  # noqa: E402
@@ -32,10 +29,6 @@ from mpipe_hf.models.materialize import model_class  # noqa: E402
 from mpipe_hf.runtime.memory import saved_bytes, storage_ids  # noqa: E402
 from mpipe_hf.schedule import ScheduleConfig  # noqa: E402
 
-WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
-FREEZE_CASES, VIDEO_CASES = freeze_cases(), video_cases()
-VIDEO_CONTROL, DEEPSTACK_CONTROL = video_cases(VIDEO_CONTROLS)
-CASES = FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL, DEEPSTACK_CONTROL]
 CONFIGS = ("vl", "qwen3_vl", "llava", "gemma3", "qwen3-tied", "qwen3_5", "glm4v", "glm46v", "llava_onevision")
 
 
@@ -126,53 +119,6 @@ def test_a_frozen_vit_keeps_no_activation(configs):
     merger_only = _preprocess_saved(configs, Trainable(freeze_vit=True))
     nothing = _preprocess_saved(configs, Trainable(freeze_vit=True, freeze_aligner=True))
     assert nothing == 0 and 0 < merger_only < 0.05 * whole, (merger_only, whole)
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("freeze")
-    fixture = str(out / "fixture.pt")
-    build_fixture(fixture, packed=(), only=list(CONFIGS), videos=VIDEO_CONFIGS)
-    run_torchrun(WORKER, 2, [fixture, str(out), json.dumps(CASES)], timeout=900)
-    per_rank = read_results(str(out), 2)
-    return {c["name"]: [r[c["name"]] for r in per_rank] for c in CASES}
-
-
-@pytest.mark.parametrize("case", FREEZE_CASES, ids=[c["name"] for c in FREEZE_CASES])
-def test_frozen_by_pattern_equals_one_process(case, results):
-    per_rank = results[case["name"]]
-    assert check_case(case, per_rank) == []
-    trained = sorted(n for res in per_rank for n in res["names"])
-    assert trained and trained == per_rank[0]["ref_names"]  # the same parameters train on both sides
-
-
-@pytest.mark.parametrize("case", VIDEO_CASES, ids=[c["name"] for c in VIDEO_CASES])
-def test_video_rows_equal_one_process(case, results):
-    """Issue 39: micro-batches mixing images and videos (Qwen2.5-VL, Qwen2-VL, Qwen3-VL, Qwen3.5, LLaVA-OneVision;
-    GLM-4.1V and GLM-4.6V with images and videos in different micro-batches; frozen, trainable, identity and
-    ``freeze_vit`` towers; padded and packed): the loss and every gradient, per tensor, as the unsplit model's."""
-    per_rank = results[case["name"]]
-    assert check_case(case, per_rank) == []
-    tower = ("model.visual.", "model.vision_tower.", "model.multi_modal_projector.")  # P's vision part
-    tower_trains = any(n.startswith(tower) for res in per_rank for n in res["names"])
-    assert tower_trains == (case["preprocess"] == "trainable")  # the tower's gradients were among those checked
-
-
-def test_the_video_time_matters_to_the_video_check(results):
-    """The negative control: the host's ``get_rope_index`` without Qwen2.5-VL's ``second_per_grid_ts`` (the videos'
-    temporal positions spaced as at one second a temporal patch) fails the check of
-    :func:`test_video_rows_equal_one_process`, attention weights' gradients off by far more than the tolerance."""
-    per_rank = results[VIDEO_CONTROL["name"]]
-    assert check_case(VIDEO_CONTROL, per_rank), "the wrong temporal positions went unnoticed"
-    worst = max(diff / top for res in per_rank for top, diff in res["grad_stats"].values() if top > 0)
-    assert worst > 100 * REL_TOL, worst
-
-
-def test_the_video_deepstack_order_matters_to_the_video_check(results):
-    """The second negative control: Qwen3-VL's video DeepStack features joined after the images' instead of in the
-    tokens' order (a micro holds a row with a video before a row with an image) fails the check."""
-    per_rank = results[DEEPSTACK_CONTROL["name"]]
-    assert check_case(DEEPSTACK_CONTROL, per_rank), "video DeepStack features out of order went unnoticed"
 
 
 def test_the_cost_model_knows_a_frozen_vit_backward_is_the_mergers():

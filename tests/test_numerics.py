@@ -18,6 +18,8 @@
 - A bad row (issue 28): an image that does not decode costs its row, not the step: the owner drops it (or, alone
   in its micro-batch, a null micro-batch stands in), every rank learns the count, and the step equals one process
   trained without that row.
+- What trains by pattern and video rows (issue 39): ``train.freeze`` / ``train.trainable`` and the shortcuts
+  against the unsplit model frozen the same way; rows mixing images and videos; two video negative controls.
 
 One torchrun per world size runs all its cases in one process group.
 """
@@ -31,10 +33,11 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
-from matrix import NEGATIVE_CONTROLS, check_case, check_reload  # noqa: E402
-from specs_ci import (CONTROL_CASES, DROPOUT_CASES, ERROR_CASES, FAMILY_CASES, FILL_CASES,  # noqa: E402
-                      GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES, PACKED_CASES, PIXEL_CASES, PRECISION_CASES,
-                      ROW_CASES, SWAP_CASES, ZB_CASES, cases)
+from matrix import NEGATIVE_CONTROLS, REL_TOL, check_case, check_reload  # noqa: E402
+from specs_ci import (CONTROL_CASES, DEEPSTACK_CONTROL, DROPOUT_CASES, ERROR_CASES, FAMILY_CASES,  # noqa: E402
+                      FILL_CASES, FREEZE_CASES, GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES, PACKED_CASES, PIXEL_CASES,
+                      PRECISION_CASES, ROW_CASES, SWAP_CASES, VIDEO_CASES, VIDEO_CONTROL, ZB_CASES, cases)
+from specs_video import VIDEO_CONFIGS  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
 HIDDEN = 64  # the tiny config's hidden size
@@ -42,7 +45,7 @@ HIDDEN = 64  # the tiny config's hidden size
 @pytest.fixture(scope="module")
 def fixture_path(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("numerics") / "fixture.pt")
-    build_fixture(path)
+    build_fixture(path, videos=VIDEO_CONFIGS)
     return path
 
 
@@ -323,3 +326,42 @@ def test_every_pair_is_connected_before_the_step_in_one_global_order(pp_size, re
     stray = {name: [res["stray_first_uses"] for res in per_rank]
              for name, per_rank in results(pp_size).items() if any(res["stray_first_uses"] for res in per_rank)}
     assert not stray, stray
+
+
+# ---- issue 39: what trains by pattern, and video rows (tests/test_freeze.py has the rest) ------------------
+
+@pytest.mark.parametrize("case", FREEZE_CASES, ids=[c["name"] for c in FREEZE_CASES])
+def test_frozen_by_pattern_equals_one_process(case, results):
+    per_rank = results(2)[case["name"]]
+    assert check_case(case, per_rank) == []
+    trained = sorted(n for res in per_rank for n in res["names"])
+    assert trained and trained == per_rank[0]["ref_names"]  # the same parameters train on both sides
+
+
+@pytest.mark.parametrize("case", VIDEO_CASES, ids=[c["name"] for c in VIDEO_CASES])
+def test_video_rows_equal_one_process(case, results):
+    """Issue 39: micro-batches mixing images and videos (Qwen2.5-VL, Qwen2-VL, Qwen3-VL, Qwen3.5, LLaVA-OneVision;
+    GLM-4.1V and GLM-4.6V with images and videos in different micro-batches; frozen, trainable, identity and
+    ``freeze_vit`` towers; padded and packed): the loss and every gradient, per tensor, as the unsplit model's."""
+    per_rank = results(2)[case["name"]]
+    assert check_case(case, per_rank) == []
+    tower = ("model.visual.", "model.vision_tower.", "model.multi_modal_projector.")  # P's vision part
+    tower_trains = any(n.startswith(tower) for res in per_rank for n in res["names"])
+    assert tower_trains == (case["preprocess"] == "trainable")  # the tower's gradients were among those checked
+
+
+def test_the_video_time_matters_to_the_video_check(results):
+    """The negative control: the host's ``get_rope_index`` without Qwen2.5-VL's ``second_per_grid_ts`` (the videos'
+    temporal positions spaced as at one second a temporal patch) fails the check of
+    :func:`test_video_rows_equal_one_process`, attention weights' gradients off by far more than the tolerance."""
+    per_rank = results(2)[VIDEO_CONTROL["name"]]
+    assert check_case(VIDEO_CONTROL, per_rank), "the wrong temporal positions went unnoticed"
+    worst = max(diff / top for res in per_rank for top, diff in res["grad_stats"].values() if top > 0)
+    assert worst > 100 * REL_TOL, worst
+
+
+def test_the_video_deepstack_order_matters_to_the_video_check(results):
+    """The second negative control: Qwen3-VL's video DeepStack features joined after the images' instead of in the
+    tokens' order (a micro holds a row with a video before a row with an image) fails the check."""
+    per_rank = results(2)[DEEPSTACK_CONTROL["name"]]
+    assert check_case(DEEPSTACK_CONTROL, per_rank), "video DeepStack features out of order went unnoticed"

@@ -282,7 +282,7 @@ PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
 
 # case options whose cases must fail (numerics_worker.py, controls.py): issue 30's packing bugs, issue 38's gradients
 NEGATIVE_CONTROLS = ("one_range", "no_linear_reset", "detach_features", "scale_small", "scale_later",
-                     "keep_zero_init", "stage_sums")
+                     "keep_zero_init", "stage_sums", "no_video_time", "deepstack_apart")
 
 
 def packed_cases(specs=None, **options) -> list[dict]:

@@ -1,8 +1,9 @@
 """The cases tests/test_numerics.py runs in CI, one torchrun per world size (:func:`cases`): the covering
 subset of the gradient matrix and the extra cases each behaviour's test reads (issue numbers in the comments)."""
 
-from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, covering_subset, family_cases, gradient_controls,
+from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, covering_subset, family_cases, freeze_cases, gradient_controls,
                     make_case, packed_cases, packing_controls)
+from specs_video import VIDEO_CONTROLS, video_cases
 
 
 PIXEL_CASES = [make_case("vision", 2, 1, 4, "frozen", data="images"),
@@ -81,8 +82,12 @@ OWNER_CASES = [make_case("vision", 4, 2, 8, "frozen", owners="balanced", steps=2
 # and Qwen3.5's linear attention run over the packed sequence at once (its state flows into the next row)
 PACKED_CASES = packed_cases() + packed_cases([("qwen3_vl", "frozen", 1, [1, 3, 4, 4])], attn="eager")
 CONTROL_CASES, GRADIENT_CONTROLS = packing_controls(), gradient_controls()  # matrix.py: the bugs each must catch
-EXTRA = {2: PACKED_CASES + CONTROL_CASES + GRADIENT_CONTROLS + PIXEL_CASES + FAMILY_CASES + MOE_CASES[-len(MOE_ORDER_SPECS):] + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
-         + OWNER_CASES[3:],
+# issue 39: what trains by pattern (matrix.FREEZE_SPECS), rows mixing images and videos, and the two video controls
+FREEZE_CASES, VIDEO_CASES = freeze_cases(), video_cases()
+VIDEO_CONTROL, DEEPSTACK_CONTROL = video_cases(VIDEO_CONTROLS)
+EXTRA = {2: PACKED_CASES + CONTROL_CASES + GRADIENT_CONTROLS + PIXEL_CASES + FAMILY_CASES
+         + MOE_CASES[-len(MOE_ORDER_SPECS):] + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
+         + OWNER_CASES[3:] + FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL, DEEPSTACK_CONTROL],
          3: FILL_CASES[1:] + ZB_CASES[3:5] + OWNER_CASES[2:3],
          4: ERROR_CASES + ROW_CASES + FILL_CASES[:1] + SWAP_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
          + ZB_CASES[:3] + OWNER_CASES[:2]}
