@@ -118,7 +118,9 @@ def test_qwen_template_on_gemma3_is_refused_before_any_process_starts(demo, tiny
 def test_tiny_gemma3_recipe_trains_from_another_directory_like_one_process(demo, tiny, tmp_path):
     """recipes/tiny/gemma3.yaml in a copy of the repository's layout (demo/, tiny/, recipes/tiny/), with 2 steps and
     eps 1e-6, run by ``mpipe-hf train`` from a working directory outside it: the losses and gradient norms equal
-    the unsplit model's on one process, and the checkpoint loads with ``from_pretrained``."""
+    the unsplit model's on one process, and the checkpoint loads with ``from_pretrained``. Stage 0's only layer is
+    moved into the frozen ``P`` (``V = 1``, layers ``[1, 7]``, ``T = 1``): rank 0 holds nothing to train, and the
+    run trains all the same (rank 1 does)."""
     repo = tmp_path / "repo"
     (repo / "recipes" / "tiny").mkdir(parents=True)
     os.symlink(demo, repo / "demo")
@@ -126,6 +128,7 @@ def test_tiny_gemma3_recipe_trains_from_another_directory_like_one_process(demo,
     os.symlink(os.path.join(tiny, "gemma3"), repo / "tiny" / "gemma3")
     raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "tiny", "gemma3.yaml")))
     raw["train"].update(max_steps=2, adam_epsilon=EPS)  # the paths stay as shipped, relative to the file
+    raw["parallel"].update(vpp=1, layers_per_stage=[1, 7], text_layers=1)  # rank 0: only the frozen P
     path = repo / "recipes" / "tiny" / "gemma3.yaml"
     path.write_text(yaml.safe_dump(raw))
     (tmp_path / "elsewhere").mkdir()

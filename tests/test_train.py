@@ -151,6 +151,8 @@ def test_config_without_model_type_is_a_value_error(demo, tmp_path):
         check(load_recipe(recipe))
 
 
+@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="the full suite (MPIPE_HF_FULL=1); CI runs the "
+                    "same layout on Gemma 3 in test_tiny_models.py, exact against one process")
 def test_a_rank_holding_only_a_frozen_preprocess_trains(demo, tmp_path):
     """Llama with stage 0's only layer moved into a frozen P: rank 0 has nothing to optimise, and the run
     still trains (rank 1 does)."""
