@@ -86,6 +86,24 @@ def template_families(template) -> list[str]:
                   key=lambda model_type: (model_type not in TEMPLATE_TYPES, model_type))
 
 
+def _is_own_default(template, model_type: str) -> bool:
+    """Whether ``template`` (or a dict's ``default``) is ``model_type``'s own default chat template, as the hub
+    writes it or with every stand-in of :data:`~.templates.STAND_INS`: a string comparison, no rendering."""
+    from .templates import STAND_INS, default_chat_template
+    if isinstance(template, dict):
+        template = template.get("default")
+    if not isinstance(template, str):
+        return False
+    try:
+        hub = default_chat_template(model_type)
+    except ValueError:  # no default here: the full check decides
+        return False
+    stood_in = hub
+    for marker, stand_in in STAND_INS.items():
+        stood_in = stood_in.replace(marker, stand_in)
+    return template in (hub, stood_in)
+
+
 def check_template_family(template, model_type: str, where: str = "the tokenizer") -> None:
     """Refuse a chat template that belongs to another family than ``model_type`` (:func:`template_families`).
 
@@ -100,6 +118,8 @@ def check_template_family(template, model_type: str, where: str = "the tokenizer
         ValueError: ``template`` belongs to one or more families and ``model_type`` is not among them; the message
             names both families and the fix.
     """
+    if _is_own_default(template, model_type):  # the common case, without rendering every family's template
+        return
     patterns = _family_patterns()
     if model_type not in patterns:
         return
