@@ -8,6 +8,7 @@ learning_rate of every step) and their final checkpoints must agree.
 
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -38,6 +39,12 @@ def accelerate_launch(script, args, nproc=2, timeout=600):
     return launch([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", script, *args],
                   timeout=timeout)
+
+
+def train_plain(demo, out, **options):
+    """The plain script's ``main`` in this process, on one process as a user runs it (a process start less per
+    case)."""
+    runpy.run_path(PLAIN)["main"](common(demo, out, **options))
 
 
 def history(out):
@@ -78,7 +85,7 @@ def test_mpipe_trainer_equals_plain_trainer(demo, tmp_path, options):
     plain, piped, options = str(tmp_path / "plain"), str(tmp_path / "piped"), dict(options)
     packing = {"packing": options.pop("packing")} if "packing" in options else {}  # the pipelined script's flag
     launcher = options.pop("launcher", torchrun)
-    launch([sys.executable, PLAIN, *common(demo, plain, **options)])
+    train_plain(demo, plain, **options)
     proc = launcher(PIPELINED, common(demo, piped, **options, **packing))
     ref, got = history(plain), history(piped)
     assert sorted(ref) == sorted(got) == list(range(1, options.get("max_steps", 3) + 1))
@@ -107,7 +114,7 @@ def test_mpipe_trainer_takes_a_peft_model(demo, tmp_path):
     from safetensors.torch import load_file
     plain, piped = str(tmp_path / "plain"), str(tmp_path / "piped")
     options = dict(lora=8, learning_rate=1e-3, max_grad_norm=0.5)
-    launch([sys.executable, PLAIN, *common(demo, plain, **options)])
+    train_plain(demo, plain, **options)
     proc = torchrun(PIPELINED, common(demo, piped, **options))
     ref, got = history(plain), history(piped)
     assert sorted(ref) == sorted(got) == [1, 2, 3]
