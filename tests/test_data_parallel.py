@@ -33,9 +33,9 @@ def reference(demo, freeze_visual):
 
 
 # CI covers two of the grid's points in other launches, with the same checks: ("frozen", True), the recipe
-# defaults, through two nodes (test_two_nodes_train_exactly_and_resume_onto_one_replica) and with a bad row below;
-# ("trainable", False) packed (tests/test_packing_train.py). MPIPE_HF_FULL=1 runs ("trainable", False) unpacked
-# here too; MPIPE_HF_DP_GRID=full every pair, and owner-backward
+# defaults, through two nodes with a bad row on one replica (test_two_nodes_train_exactly_and_resume_onto_one_
+# replica); ("trainable", False) packed (tests/test_packing_train.py). MPIPE_HF_FULL=1 runs ("trainable", False)
+# unpacked here too; MPIPE_HF_DP_GRID=full every pair, and owner-backward
 FULL_GRID = os.environ.get("MPIPE_HF_DP_GRID") == "full"
 GRID = [("trainable", False, False)] if FULL_GRID or os.environ.get("MPIPE_HF_FULL") == "1" else []
 if FULL_GRID:
@@ -73,19 +73,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def data_with_a_bad_row(demo, tmp_path):
+    """The demo's rows with one image cut short (its header reads, its pixels do not): a row with an image in
+    replica 1's share of step 1 (rows ``M .. 2M - 1`` unshuffled). Returns ``(the JSONL path, the row's index)``."""
+    import shutil
+    rows = [json.loads(line) for line in open(os.path.join(demo, "data", "train.jsonl")) if line.strip()]
+    shutil.copytree(os.path.join(demo, "data", "images"), tmp_path / "images")
+    bad = next(k for k in range(NUM_MICRO, 2 * NUM_MICRO) if rows[k].get("images"))  # replica 1, step 1
+    good = open(tmp_path / rows[bad]["images"][0], "rb").read()
+    (tmp_path / "images" / "truncated.png").write_bytes(good[:len(good) // 2])
+    rows[bad]["images"][0] = "images/truncated.png"
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(data), bad
+
+
 def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     """Two ``mpipe-hf train --nnodes 2`` launchers on this machine, joined over 127.0.0.1, with
     ``parallel.mesh_order: dp_inner`` (global rank ``p * dp + d``: node 0 holds stage rank 0 of both replicas,
     node 1 stage rank 1, so every pipeline transfer crosses the nodes and each FSDP2 group stays in one; rank 0
-    prints the mesh's pipelines), train exactly as one process (frozen tower, FSDP2:
-    the grid's ``("frozen", True)`` point in ``pp_inner``, with its checks: losses, norms, clipping and the
-    trained weights); then the run's ``checkpoint-2`` (its ``rank<r>_state.pt`` by stage rank, written by
-    replica 0 on both nodes) resumes onto ``dp = 1`` with ``num_micro = 2 M`` (the same global batch): step 3
-    equals the uninterrupted run's, the AdamW moments loaded from the checkpoint's whole tensors."""
+    prints the mesh's pipelines), train exactly as one process (frozen tower, FSDP2: the grid's
+    ``("frozen", True)`` point in ``pp_inner``, with its checks: losses, norms, clipping and the trained weights).
+    An image that cannot be decoded sits in replica 1's share of step 1: its owner drops the row (a null
+    micro-batch stands in for its one-row micro-batch), every rank of both replicas counts it (the step's vote
+    spans the replicas), and every step equals one process's trained without that row. Then the run's
+    ``checkpoint-2`` (its ``rank<r>_state.pt`` by stage rank, written by replica 0 on both nodes) resumes onto
+    ``dp = 1`` with ``num_micro = 2 M`` (the same global batch): step 3 equals the uninterrupted run's, the AdamW
+    moments loaded from the checkpoint's whole tensors."""
     cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
+    data, bad = data_with_a_bad_row(demo, tmp_path)
     out = str(tmp_path / "run")
-    recipe = write_recipe(demo, tmp_path / "nodes.yaml", out, dp_size=2, dp_shard=True, preprocess="frozen",
-                          max_steps=STEPS, save_steps=2, mesh_order="dp_inner")
+    recipe = write_recipe(demo, tmp_path / "nodes.yaml", out, path=data, shuffle=False, dp_size=2, dp_shard=True,
+                          preprocess="frozen", max_steps=STEPS, save_steps=2, mesh_order="dp_inner")
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen([cli, "train", recipe, "--nnodes", "2", "--node-rank", str(i), "--master-addr",
@@ -94,8 +113,14 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     outputs = [node.communicate(timeout=900)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "mesh_order dp_inner; the pipelines' global ranks [[0, 2], [1, 3]]" in outputs[0], outputs[0][-3000:]
+    assert any(f"train.jsonl:{bad + 1} (cannot decode image" in text for text in outputs), outputs[1][-3000:]
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    losses, norms, model = reference(demo, True)
+    assert not any(r.get("skipped") for r in rows) and rows[0]["bad_rows"] == 1, rows
+    model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
+    model.model.visual.requires_grad_(False)
+    plan = demo_plan(demo, data, num_micro=2 * NUM_MICRO, shuffle=False)  # it drops the bad row too
+    losses, norms, _ = train_unsplit(model, plan, 2 * NUM_MICRO, STEPS,
+                                     TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS))
     assert len(rows) == STEPS
     for step, (row, loss, norm) in enumerate(zip(rows, losses, norms)):
         atol = 1e-5 if step == 0 else 1e-4
@@ -110,8 +135,8 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     assert worst < 1e-4, worst
 
     one = str(tmp_path / "one")
-    recipe = write_recipe(demo, tmp_path / "one.yaml", one, num_micro=2 * NUM_MICRO, max_steps=STEPS,
-                          resume=os.path.join(out, "checkpoint-2"))
+    recipe = write_recipe(demo, tmp_path / "one.yaml", one, path=data, shuffle=False, num_micro=2 * NUM_MICRO,
+                          max_steps=STEPS, resume=os.path.join(out, "checkpoint-2"))
     proc = subprocess.run([cli, "train", recipe], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = [json.loads(line) for line in open(os.path.join(one, "metrics.jsonl"))]
@@ -121,35 +146,3 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     a = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "checkpoint"), dtype=torch.float32).state_dict()
     b = AutoModelForImageTextToText.from_pretrained(os.path.join(one, "checkpoint"), dtype=torch.float32).state_dict()
     assert max((a[n] - b[n]).abs().max().item() for n in a) < 1e-4
-
-
-def test_a_bad_row_on_one_replica_costs_that_row_on_every_rank(demo, tmp_path):
-    """An image that cannot be decoded in replica 1's share of step 1: its owner drops the row (a null micro-batch
-    stands in for its one-row micro-batch), every rank of both replicas counts it (the step's vote spans the
-    replicas), and every step equals one process's trained without that row."""
-    import shutil
-    rows = [json.loads(line) for line in open(os.path.join(demo, "data", "train.jsonl")) if line.strip()]
-    shutil.copytree(os.path.join(demo, "data", "images"), tmp_path / "images")
-    bad = next(k for k in range(NUM_MICRO, 2 * NUM_MICRO) if rows[k].get("images"))  # replica 1, step 1
-    good = open(tmp_path / rows[bad]["images"][0], "rb").read()
-    (tmp_path / "images" / "truncated.png").write_bytes(good[:len(good) // 2])
-    rows[bad]["images"][0] = "images/truncated.png"
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = str(tmp_path / "run")
-    recipe = write_recipe(demo, tmp_path / "bad.yaml", out, path=str(data), shuffle=False, dp_size=2,
-                          max_steps=STEPS, timeout_s=60)
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train", recipe],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    logged = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert not any(r.get("skipped") for r in logged) and logged[0]["bad_rows"] == 1, logged
-    assert f"train.jsonl:{bad + 1} (cannot decode image" in proc.stdout, proc.stdout[-3000:]
-    model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
-    model.model.visual.requires_grad_(False)
-    plan = demo_plan(demo, str(data), num_micro=2 * NUM_MICRO, shuffle=False)  # it drops the bad row too
-    losses, norms, _ = train_unsplit(model, plan, 2 * NUM_MICRO, STEPS,
-                                     TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS))
-    assert len(losses) == len(logged) == STEPS
-    for row, loss, norm in zip(logged, losses, norms):
-        assert abs(row["loss"] - loss) < 1e-4 and abs(row["grad_norm"] - norm) < 1e-4, (row, loss, norm)
