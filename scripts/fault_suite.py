@@ -5,7 +5,8 @@ lost (issue 14; README, "Failures and restarts").
 
 Every case runs the demo model (``scripts/make_demo.py``) on 2 pipeline ranks (``V = 2``, ``M = 4``, 6 steps,
 ``save_steps: 2``) as ``mpipe-hf train`` or under ``torchrun``, and compares with an uninterrupted run of the same
-recipe: every step's loss and gradient norm and the final weights, bit for bit. It prints one table row per case:
+recipe: every step's loss and gradient norm and the final weights, bit for bit (``disk-full``: the failed run's own
+steps before its failed save). It prints one table row per case:
 what happened, whether a process outlived the case's time limit (a hang), and how many steps or rows were lost.
 
 The faults a real run cannot be made to hit on cue (a kill in the middle of a checkpoint write, a NaN in one
