@@ -186,11 +186,15 @@ def weights(directory: str) -> dict:
     return out
 
 
+def step_metrics(output_dir: str) -> dict[int, tuple[float, float]]:
+    """``{step: (loss, grad_norm)}`` of the steps a run's ``metrics.jsonl`` logged as trained."""
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in rows(output_dir) if "loss" in r}
+
+
 def lost(reference: str, output_dir: str) -> tuple[int, str]:
     """``(steps lost, detail)``: the steps whose loss or gradient norm differ from the reference's, or are
     missing, bit for bit; the final weights must be equal too (else every step counts as lost)."""
-    ref = {r["step"]: (r["loss"], r["grad_norm"]) for r in rows(reference) if "loss" in r}
-    got = {r["step"]: (r["loss"], r["grad_norm"]) for r in rows(output_dir) if "loss" in r}
+    ref, got = step_metrics(reference), step_metrics(output_dir)
     bad = [s for s in ref if got.get(s) != ref[s]]
     a, b = weights(os.path.join(reference, "checkpoint")), weights(os.path.join(output_dir, "checkpoint"))
     same = bool(a) and sorted(a) == sorted(b) and all(a[k].equal(b[k]) for k in a)

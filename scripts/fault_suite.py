@@ -33,7 +33,7 @@ from typing import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fault_harness import (LIMIT_S, PP, SAVE, STEPS, Run, kill_rank, launch, lost, once, rows,  # noqa: E402
-                           weights, worker)
+                           step_metrics, weights, worker)
 
 
 # ---- the cases ----------------------------------------------------------------------------------------------
@@ -226,10 +226,10 @@ def case_disk_full(suite: Suite) -> Outcome:
     line = next((ln for ln in first.out.splitlines() if ln.startswith("mpipe-hf: error:")), "")
     found = [step for step, _ in checkpoints(out)]
     left = sorted(n for n in os.listdir(out) if n.endswith(".tmp"))
-    before = {r["step"]: (r["loss"], r["grad_norm"]) for r in rows(out) if "loss" in r}
+    before = step_metrics(out)
     path, _ = suite.recipe("disk-full", max_steps=4, resume="auto")
     second = launch(path)
-    after = {r["step"]: (r["loss"], r["grad_norm"]) for r in rows(out) if "loss" in r}
+    after = step_metrics(out)
     bad = [step for step in (3, 4) if after.get(step) is None or after[step] != before.get(step)]
     ok = (first.rc == 1 and "No space left on device" in line and found == [2] and not left and second.rc == 0
           and sorted(before) == [1, 2, 3, 4] and not bad)

@@ -23,10 +23,12 @@ STEPS = 3
 
 
 @functools.lru_cache(maxsize=None)
-def reference(demo, freeze_visual):
+def reference(demo, freeze_visual, path=None, shuffle=True):
+    """The unsplit model trained on one process over the global batch of the demo's rows (or ``path``'s, whose
+    bad rows the plan drops as the pipeline does): the losses, gradient norms and the trained model."""
     model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
     model.model.visual.requires_grad_(not freeze_visual)
-    plan = demo_plan(demo, num_micro=2 * NUM_MICRO)  # the global batch: both replicas' micro-batches
+    plan = demo_plan(demo, path, num_micro=2 * NUM_MICRO, shuffle=shuffle)  # both replicas' micro-batches
     train = TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS)
     losses, norms, _ = train_unsplit(model, plan, 2 * NUM_MICRO, STEPS, train)
     return losses, norms, model
@@ -116,11 +118,7 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     assert any(f"train.jsonl:{bad + 1} (cannot decode image" in text for text in outputs), outputs[1][-3000:]
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert not any(r.get("skipped") for r in rows) and rows[0]["bad_rows"] == 1, rows
-    model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
-    model.model.visual.requires_grad_(False)
-    plan = demo_plan(demo, data, num_micro=2 * NUM_MICRO, shuffle=False)  # it drops the bad row too
-    losses, norms, _ = train_unsplit(model, plan, 2 * NUM_MICRO, STEPS,
-                                     TrainSection(max_steps=STEPS, learning_rate=LR, adam_epsilon=EPS))
+    losses, norms, model = reference(demo, True, data, shuffle=False)  # without the bad row
     assert len(rows) == STEPS
     for step, (row, loss, norm) in enumerate(zip(rows, losses, norms)):
         atol = 1e-5 if step == 0 else 1e-4

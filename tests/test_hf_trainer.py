@@ -207,6 +207,14 @@ def checkpoint_worker(work: str) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM, TrainingArguments
     from mpipe_hf import MPipeConfig, MPipeTrainer
 
+    config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+
+    def collate(batch):
+        ids = torch.tensor([row["input_ids"] for row in batch])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
     step, write = MPipeTrainer.training_step, MPipeTrainer._save_optimizer_and_scheduler
     for fail_step in SCENARIOS:
         def signalled(self, *a, **k):
@@ -222,15 +230,8 @@ def checkpoint_worker(work: str) -> None:
             write(self, output_dir)
         MPipeTrainer.training_step = signalled if fail_step < 0 else step
         MPipeTrainer._save_optimizer_and_scheduler = failing if fail_step > 0 else write
-        torch.manual_seed(0)
-        config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                             tie_word_embeddings=False)
+        torch.manual_seed(0)  # each scenario: the same rows and model
         rows = [{"input_ids": torch.randint(0, 96, (12,)).tolist()} for _ in range(8)]
-
-        def collate(batch):
-            ids = torch.tensor([row["input_ids"] for row in batch])
-            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
         folder = os.path.join(work, str(fail_step))
         args = TrainingArguments(output_dir=os.path.join(folder, "out"), max_steps=4, per_device_train_batch_size=1,
                                  gradient_accumulation_steps=2, learning_rate=1e-3, logging_steps=1, save_steps=1,

@@ -49,20 +49,25 @@ def _pattern(rendered: str) -> re.Pattern:
     return re.compile(parts[0] + r"(\S+?)" + r"\1".join(parts[1:]), re.DOTALL)
 
 
+def _stood_in(template: str) -> str:
+    """``template`` with every hub marker of :data:`~.templates.STAND_INS` written as its stand-in."""
+    from .templates import STAND_INS
+    for marker, stand_in in STAND_INS.items():
+        template = template.replace(marker, stand_in)
+    return template
+
+
 @functools.lru_cache(maxsize=1)
 def _family_patterns() -> dict[str, list[tuple[int, re.Pattern]]]:
     """``{model_type: [(probe index, pattern)]}`` for every family with a default chat template: its renderings of
     the first probe it renders, in the hub markers and with the stand-ins."""
     from .more_families import MORE
-    from .templates import STAND_INS, TEMPLATE_TYPES, default_chat_template
+    from .templates import TEMPLATE_TYPES, default_chat_template
     patterns = {}
     for model_type in sorted({*TEMPLATE_TYPES, *MORE}):
         hub = default_chat_template(model_type, PROBE_IMAGE)
-        stood_in = hub
-        for marker, stand_in in STAND_INS.items():
-            stood_in = stood_in.replace(marker, stand_in)
         for index, probe in enumerate(PROBES):
-            renderings = {_render(t, probe) for t in (hub, stood_in)} - {None}
+            renderings = {_render(t, probe) for t in (hub, _stood_in(hub))} - {None}
             if renderings:
                 patterns[model_type] = [(index, _pattern(r)) for r in sorted(renderings)]
                 break
@@ -89,7 +94,7 @@ def template_families(template) -> list[str]:
 def _is_own_default(template, model_type: str) -> bool:
     """Whether ``template`` (or a dict's ``default``) is ``model_type``'s own default chat template, as the hub
     writes it or with every stand-in of :data:`~.templates.STAND_INS`: a string comparison, no rendering."""
-    from .templates import STAND_INS, default_chat_template
+    from .templates import default_chat_template
     if isinstance(template, dict):
         template = template.get("default")
     if not isinstance(template, str):
@@ -98,10 +103,7 @@ def _is_own_default(template, model_type: str) -> bool:
         hub = default_chat_template(model_type)
     except ValueError:  # no default here: the full check decides
         return False
-    stood_in = hub
-    for marker, stand_in in STAND_INS.items():
-        stood_in = stood_in.replace(marker, stand_in)
-    return template in (hub, stood_in)
+    return template in (hub, _stood_in(hub))
 
 
 def check_template_family(template, model_type: str, where: str = "the tokenizer") -> None:
