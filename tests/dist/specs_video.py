@@ -1,6 +1,7 @@
-"""Issue 39's video cases: micro-batches of rows mixing images and videos (``common.make_video_pool``: real clips
+"""The video cases: micro-batches of rows mixing images and videos (``common.make_video_pool``: real clips
 made from the scikit-image photos, encoded with PyAV) through Qwen2.5-VL (``vl``), Qwen2-VL, Qwen3-VL and Qwen3.5
-(per-frame timestamps; Qwen3-VL's DeepStack features of videos and images joined), and GLM-4.1V / GLM-4.6V
+(per-frame timestamps; Qwen3-VL's DeepStack features of videos and images joined), their MoE models
+(Qwen3-VL-MoE, Qwen3.5-MoE), and GLM-4.1V / GLM-4.6V
 (per-temporal-patch times; micro-batches of videos and of images, never both: ``common.VIDEO_APART``), against the
 unsplit model on one process: frozen, trainable (``T`` 0 and 1) and identity towers, the ViT frozen with the merger
 trained (``freeze_vit``), padded and packed. ``R = 2``, ``V = 2``, ``M = 3``, 2 AdamW steps, every gradient
@@ -10,7 +11,8 @@ from matrix import family_cases
 
 VIT = {"freeze_vit": True}
 # the configs whose video pools the fixture builds
-VIDEO_CONFIGS = ("vl", "qwen2_vl", "qwen3_vl", "qwen3_5", "glm4v", "glm46v", "llava_onevision")
+VIDEO_CONFIGS = ("vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm46v",
+                 "llava_onevision")
 # (config, preprocess, T, Trainable keywords, case options)
 VIDEO_SPECS = [
     ("vl", "frozen", 0, {}, {}), ("vl", "trainable", 1, {}, {}), ("vl", "trainable", 0, VIT, {}),
@@ -20,6 +22,8 @@ VIDEO_SPECS = [
     # Qwen3-VL (DeepStack: the videos' features joined to the images'; per-frame timestamps) and Qwen3.5
     ("qwen3_vl", "trainable", 0, {}, {}), ("qwen3_vl", "frozen", 1, {}, {"packed": True}),
     ("qwen3_vl", "trainable", 0, VIT, {"packed": True}), ("qwen3_5", "frozen", 0, {}, {}),
+    # the MoE text models of the same towers: the experts' routing over video tokens
+    ("qwen3_vl_moe", "trainable", 0, {}, {}), ("qwen3_5_moe", "frozen", 1, {}, {}),
     # GLM-4.1V and GLM-4.6V (a video's tokens are image tokens, typed 2 in mm_token_type_ids; each temporal patch
     # its own M-RoPE grid after its time)
     ("glm4v", "trainable", 0, {}, {}), ("glm4v", "frozen", 1, {}, {"packed": True}),
