@@ -84,6 +84,24 @@ def test_contradictions_are_refused_before_launch(configs, spec, preprocess, mat
         check_trainable(configs[1]["vl"], ScheduleConfig(2, 1, 2, preprocess), spec)
 
 
+def test_every_unmatched_pattern_is_named_with_its_nearest_names(configs):
+    """Every pattern that matches nothing is named in one error line, each with the names closest to it (a
+    misspelt module is answered with that module, not with the model's first names in sorted order)."""
+    from mpipe_hf.models.freeze import nearest_names
+    spec = Trainable(freeze=["model.visual.mergr", "model.visual"], trainable=["model.langauge_model.norm"])
+    with pytest.raises(ValueError) as raised:
+        check_trainable(configs[1]["vl"], ScheduleConfig(2, 1, 2, "trainable"), spec)
+    text = str(raised.value)
+    assert "\n" not in text and text.count("matches no parameter") == 2, text
+    assert "train.freeze: 'model.visual.mergr' matches no parameter of the model (nearest: ['model.visual.merger'" \
+        in text, text
+    assert "train.trainable: 'model.langauge_model.norm' matches no parameter of the model (nearest: " \
+        "['model.language_model.norm'" in text, text
+    names = ["a.b.weight", "lm_head.weight", "model.visual.merger.mlp.0.weight", "z.weight"]
+    assert nearest_names(names, "model.visual.mergr", 1) == ["model.visual.merger"]
+    assert sorted(names)[:1] != nearest_names(names, "model.visual.mergr", 1)  # not the first names sorted
+
+
 def test_a_decoder_only_lm_has_no_vit(configs):
     with pytest.raises(ValueError, match="train.freeze_vit: .* has no vit parameters"):
         check_trainable(configs[1]["qwen3-tied"], ScheduleConfig(2, 1, 2, "frozen"), Trainable(freeze_vit=True), None,

@@ -16,6 +16,7 @@ backward runs through the merger alone (SPEC.md, "Trainable preprocess").
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from dataclasses import dataclass
 
@@ -90,7 +91,7 @@ def parts(family, model: nn.Module) -> dict[str, list[str]]:
         inner = [f"{fqn}.{n}" for n in children if n in ALIGNER_NAMES]
         aligner += inner
         vit += [f"{fqn}.{n}" for n in children if n not in ALIGNER_NAMES] if inner else [fqn]
-    return {"vit": vit, "aligner": aligner, "llm": [family.text, "lm_head"]}
+    return {"vit": vit, "aligner": aligner, "llm": [family.text, family.head]}
 
 
 def _module_or_none(model: nn.Module, fqn: str) -> nn.Module | None:
@@ -112,7 +113,8 @@ def apply_trainable(model: nn.Module, family, spec: Trainable, split_frozen=(), 
         the names frozen here, sorted.
 
     Raises:
-        ValueError: with ``strict``, a pattern that matches no parameter, or a shortcut whose part is empty (a
+        ValueError: with ``strict``, patterns that match no parameter (every one, each with the nearest names:
+            :func:`unmatched_text`), or a shortcut whose part is empty (a
             decoder-only LM has no ViT); a ``trainable`` pattern whose matches the split or an adapter froze
             (``split_frozen``: :attr:`~.base.SplitModel.frozen` FQNs), naming the recipe field that trains them.
     """
@@ -126,8 +128,10 @@ def apply_trainable(model: nn.Module, family, spec: Trainable, split_frozen=(), 
             raise ValueError(f"train.{key}: {type(model).__name__} has no {key.removeprefix('freeze_')} "
                              f"parameters (the parts its family names: {part})")
         freeze += part if getattr(spec, key) else []
-    frozen = _matched(params, freeze, "train.freeze", spec.freeze if strict else ())
-    given = _matched(params, spec.trainable, "train.trainable", spec.trainable if strict else ())
+    frozen, missed = _matched(params, freeze, "train.freeze", spec.freeze if strict else ())
+    given, also = _matched(params, spec.trainable, "train.trainable", spec.trainable if strict else ())
+    if missed or also:
+        raise ValueError(unmatched_text(params, missed + also))
     blocked = sorted(n for n in given if n not in before)
     if blocked:
         in_p = any(matches(n, f) for n in blocked for f in split_frozen)
@@ -144,16 +148,31 @@ def apply_trainable(model: nn.Module, family, spec: Trainable, split_frozen=(), 
     return sorted(names)
 
 
-def _matched(params: dict, patterns, field: str, required: tuple[str, ...]) -> set[str]:
-    """The names of ``params`` matching any of ``patterns``; each of ``required`` must match one."""
-    out = set()
+def _matched(params: dict, patterns, field: str, required: tuple[str, ...]) -> tuple[set[str], list]:
+    """``(names, missed)``: the names of ``params`` matching any of ``patterns``, and ``[(field, pattern)]`` for
+    each of ``required`` that matches none."""
+    out, missed = set(), []
     for pattern in patterns:
         hit = {n for n in params if matches(n, pattern)}
         if not hit and pattern in required:
-            raise ValueError(f"{field}: {pattern!r} matches no parameter of the model (names such as "
-                             f"{sorted(params)[:3]})")
+            missed.append((field, pattern))
         out |= hit
-    return out
+    return out, missed
+
+
+def nearest_names(names, pattern: str, count: int = 3) -> list[str]:
+    """The ``count`` names closest to ``pattern`` among ``names`` and the modules holding them (every dotted
+    prefix), by :class:`difflib.SequenceMatcher`'s ratio (closest first), so a misspelt module name is answered
+    with the module, not with the first parameters of the model in sorted order."""
+    candidates = {".".join(name.split(".")[:k]) for name in names for k in range(1, name.count(".") + 2)}
+    return difflib.get_close_matches(pattern, sorted(candidates), n=count, cutoff=0.0)
+
+
+def unmatched_text(params: dict, missed: list) -> str:
+    """The one-line error for patterns that match no parameter: each ``(field, pattern)`` of ``missed`` with the
+    nearest names of ``params`` (:func:`nearest_names`), joined by ``"; "``."""
+    return "; ".join(f"{field}: {pattern!r} matches no parameter of the model (nearest: "
+                     f"{nearest_names(params, pattern)})" for field, pattern in missed)
 
 
 def check_trainable(config, cfg, spec: Trainable, adapter=None, text_layers: int = 0) -> None:
