@@ -87,7 +87,7 @@ def test_model_families(case, results):
     """Loss, every gradient and the parameters after 2 AdamW steps equal the unsplit model's; the checkpoint
     reloads with ``from_pretrained`` to the trained parameters, bit for bit, and the one-process logits."""
     per_rank = results(2)[case["name"]]
-    problems = check_case(case, per_rank) + check_reload(per_rank)
+    problems = check_case(case, per_rank) + (check_reload(per_rank) if case["reload"] else [])
     assert not problems, problems
 
 

@@ -1,8 +1,8 @@
 """The cases tests/test_numerics.py runs in CI, one torchrun per world size (:func:`cases`): the covering
 subset of the gradient matrix and the extra cases each behaviour's test reads (issue numbers in the comments)."""
 
-from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, covering_subset, family_cases, freeze_cases, gradient_controls,
-                    make_case, packed_cases, packing_controls)
+from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, TEXT_CONFIGS, covering_subset, family_cases, freeze_cases,
+                    gradient_controls, make_case, packed_cases, packing_controls)
 from specs_video import VIDEO_CONTROLS, video_cases
 
 
@@ -20,6 +20,11 @@ ERROR_CASES = [
 # runs accumulated, the bad row one of three in run 0's micro 2, alone in run 1's micro 3
 ROW_CASES = [make_case("vision", 4, 1, 4, "trainable", bad_rows=True, accumulate=2)]
 FAMILY_CASES = family_cases()
+# every family checked above with a trainable tower only is checked with its tower frozen too (T = 0: the tower
+# runs in the preprocess under no_grad and ships features only); the reload is the trainable case's
+_TRAINABLE_ONLY = sorted({c["family"] for c in FAMILY_CASES if c["preprocess"] == "trainable"}
+                         - {c["family"] for c in FAMILY_CASES if c["preprocess"] == "frozen"} - set(TEXT_CONFIGS))
+FAMILY_CASES += [dict(case, reload=False) for case in family_cases([(f, "frozen", 0, None) for f in _TRAINABLE_ONLY])]
 # the MoE load-balancing loss in the HF Trainer's order (each micro's own loss: what MPipeTrainer runs for them)
 MOE_CASES = [c for c in FAMILY_CASES if c["family"] in ("qwen3_vl_moe", "qwen3_5_moe", "glm4v_moe")] + family_cases(
     MOE_ORDER_SPECS, order="micro")
