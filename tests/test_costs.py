@@ -340,3 +340,15 @@ def test_all_to_all_seconds_and_where_the_ep_group_lies():
     for (order, pp, ep), within in cases.items():
         parallel = ParallelSection(pp_size=pp, num_micro=pp, dp_size=ep, ep_size=ep, mesh_order=order)
         assert ep_within_node(parallel, None, None) is within, (order, pp, ep)
+
+
+def test_plan_table_gives_each_column_its_unit():
+    """``mpipe-hf plan``'s table: a units row under the headings says GiB under each memory column, and the
+    in-flight column, a count of stage forwards, stands apart from them with its own unit (it is no size)."""
+    from mpipe_hf.train.plan import Plan, RankPlan
+    table = Plan([RankPlan(0, 2**30, 2**30, 2**31, 2**29, 47)], [2], 1.0, 0.1, None).table().splitlines()
+    head, units, row = (line.split() for line in table[:3])
+    assert head == ["rank", "params", "grads", "optim", "activ", "total", "|", "in-flight"], table
+    assert units == ["GiB"] * 5 + ["|", "forwards"], table
+    assert row == ["0", "1.00", "1.00", "2.00", "0.50", "4.50", "|", "47"], table
+    assert all("(GiB)" not in line for line in table), table
