@@ -80,15 +80,19 @@ class Plan:
         return all(r.total_bytes <= device_bytes * (1 - headroom) for r in self.ranks)
 
     def table(self, device_bytes: float | None = None) -> str:
-        """The per-rank table (GiB), the layout line (layers per stage, ``ep_size``, the predicted step) and, with
-        ``device_bytes``, whether it fits."""
+        """The per-rank table, the layout line (layers per stage, ``ep_size``, the predicted step) and, with
+        ``device_bytes``, whether it fits. A units row under the headings gives each column's unit: the memory
+        columns in GiB, then ``in-flight``, a count (the stage forwards a rank holds for their backward at its
+        peak), apart from them."""
         ep = self.experts is not None
-        lines = [f"{'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'activ':>9} {'in-flight':>9}"
-                 + (f" {'all2all':>9}" if ep else "") + f" {'total':>9}  (GiB)"]
+        gib = ["params", "grads", "optim", "activ"] + ["all2all"] * ep + ["total"]
+        lines = [f"{'rank':>4} " + " ".join(f"{h:>9}" for h in gib) + f" | {'in-flight':>9}",
+                 f"{'':>4} " + " ".join(f"{'GiB':>9}" for _ in gib) + f" | {'forwards':>9}"]
         for r in self.ranks:
             lines.append(f"{r.rank:>4} {r.param_bytes / GIB:9.2f} {r.grad_bytes / GIB:9.2f} "
-                         f"{r.optimizer_bytes / GIB:9.2f} {r.activation_bytes / GIB:9.2f} {r.peak_in_flight:>9} "
-                         + (f"{r.all_to_all_bytes / GIB:9.2f} " if ep else "") + f"{r.total_bytes / GIB:9.2f}")
+                         f"{r.optimizer_bytes / GIB:9.2f} {r.activation_bytes / GIB:9.2f} "
+                         + (f"{r.all_to_all_bytes / GIB:9.2f} " if ep else "") + f"{r.total_bytes / GIB:9.2f} | "
+                         f"{r.peak_in_flight:>9}")
         lines.append(f"layers per stage {self.layers_per_stage}; "
                      + (f"{self.experts.describe()}; " if ep else "ep_size 1; ")
                      + f"predicted step {self.step_s:.3f} s, bubble {self.bubble:.3f}")
