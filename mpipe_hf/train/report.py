@@ -94,11 +94,21 @@ def log_failure(err: BaseException, output_dir: str, rank: int) -> str:
 
 
 
+def layout_text(parallel, cfg) -> str:
+    """The run's whole layout, ``pp_size=R vpp=V dp_size=D ep_size=E engine=...``: the data-parallel engine is
+    ``FSDP2`` (``parallel.dp_shard``: sharded replicas) or ``replicas`` (whole replicas, gradients all-reduced),
+    ``none`` with one pipeline (``dp_size`` 1)."""
+    engine = "none" if parallel.dp_size == 1 else "FSDP2" if parallel.dp_shard else "replicas"
+    return (f"pp_size={cfg.pp_size} vpp={cfg.vpp} dp_size={parallel.dp_size} ep_size={parallel.ep_size} "
+            f"engine={engine}")
+
+
 def setup_line(recipe: Recipe, run, config, resume: str | None, start_step: int) -> str:
-    """The line rank 0 prints before the first step: the model, the schedule's knobs, the precision, swap, the
-    layout, the freeze patterns, rank 0's trained share of its parameters and where a resumed run continues from."""
+    """The line rank 0 prints before the first step: the model, the whole layout (:func:`layout_text`), the
+    schedule's knobs, the precision, swap, the layers per stage, the freeze patterns, rank 0's trained share of its
+    parameters and where a resumed run continues from."""
     cfg, par, opt = run.cfg, recipe.parallel, recipe.train
-    line = (f"mpipe_hf: {config.model_type} R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} "
+    line = (f"mpipe_hf: {config.model_type} {layout_text(par, cfg)} M={cfg.num_micro} "
             f"preprocess={cfg.preprocess} placement={cfg.placement} owners={par.owners} "
             f"text_layers={par.text_layers} overflow={cfg.overflow} owner_backward={cfg.owner_backward} "
             f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
