@@ -156,9 +156,10 @@ def transfers(group, rank, rounds: int, repeats: int) -> dict[str, tuple[float, 
         value = torch.tensor([statistics.median(figures["ours"]), statistics.median(figures["plain"])])
         dist.broadcast(value, 0, group=group)
         out[name] = tuple(value.tolist())
+    # The pair groups stay: they are locally synchronised, so torch names them by their ranks and the count of live
+    # groups, and destroying them would give the executor's groups made next the same names; gloo's set-up would
+    # then read the destroyed groups' addresses from the store (connectFullMesh: "Connection refused").
     watchdog.close()
-    for g in pairs.values():
-        dist.destroy_process_group(g)
     return out
 
 
