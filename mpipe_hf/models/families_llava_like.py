@@ -29,6 +29,7 @@ from dataclasses import replace
 import torch
 
 from .families import FAMILIES as _BASE, TOWER, _fixed, real_tiles, validate_counted_micro
+from .families_llava_like_tv import FAMILIES as _TV
 from .family import Family, no_pil
 
 Tensors = dict
@@ -159,17 +160,15 @@ FAMILIES: dict[str, Family] = {
 }
 FAMILIES["llava_onevision"] = replace(_BASE["llava_onevision"], video_inputs=("pixel_values_videos",),
                                       validate=validate_counted_micro(_onevision_images, _onevision_videos))
+FAMILIES.update(_TV)  # the families whose processors need torchvision (their own module)
 _TIMM = ("its vision tower is a timm model (TimmWrapperModel): timm is not installed and needs torchvision, which "
          "cannot be imported here")
 # model_type -> why it cannot be split, in the user's terms
 REFUSED: dict[str, str] = {
-    "cohere2_vision": no_pil("Cohere2VisionImageProcessor"),
     "molmo2": no_pil("Molmo2ImageProcessor"),
     "step3p7": no_pil("Step3p7ImageProcessor"),
     "unlimited_ocr": no_pil("UnlimitedOcrImageProcessor"),
     "minimax_m3_vl": no_pil("MiniMaxM3VLImageProcessor"),
-    "lfm2_vl": no_pil("Lfm2VlImageProcessor") + "; its LFM2 text model also ends in 'embedding_norm', "
-               "where the split reads 'norm'",
     "ovis2": "its front puts the visual embedding table's indicator embeddings at the visual indicator tokens besides "
              "the image features at the image tokens; the split's stage-0 front places image features only",
     "fuyu": "it has no vision tower: image patches are embedded by a linear layer and gathered into each row at "

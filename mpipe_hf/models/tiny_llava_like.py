@@ -205,3 +205,28 @@ def tiny_deepseek_ocr2_config(tokenizer, num_layers: int = 8, hidden_size: int =
     return DeepseekOcr2Config(vision_config=dict(sam_config=sam, encoder_config=dict(VISION, num_key_value_heads=1)),
                               text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
                               tie_word_embeddings=False)
+
+
+def tiny_cohere2_vision_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56):
+    """A ``Cohere2VisionConfig``: a 2-layer SigLIP tower on ``image_size``-px tiles in 14-px patches, pixel-shuffled
+    by ``downsample_factor`` 2 to 4 tokens a tile, the SwiGLU projector, and a Cohere 2 text model
+    (:func:`_cohere2`); embeddings tied, as the hub's."""
+    from transformers import Cohere2VisionConfig
+    text = dict(_cohere2(tokenizer, num_layers, hidden_size), tie_word_embeddings=True)
+    return Cohere2VisionConfig(vision_config=_siglip(image_size), text_config=text, downsample_factor=2,
+                               alignment_intermediate_size=2 * hidden_size,
+                               image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=True)
+
+
+def tiny_lfm2_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, patch_size: int = 8):
+    """An ``Lfm2VlConfig``: a 2-layer SigLIP 2 tower (``patch_size``-px patches of images at their own aspect
+    ratio, a learned 4 x 4 position grid resized to each image's), pixel-unshuffled by ``downsample_factor`` 2,
+    the layer-normed projector, and an LFM2 text model in its real pattern (short-convolution layers, every third a
+    full attention layer); embeddings tied, as the hub's."""
+    from transformers import Lfm2VlConfig
+    vision = dict(model_type="siglip2_vision_model", patch_size=patch_size, num_patches=16, **VISION)
+    types = ["full_attention" if (i + 1) % 3 == 0 else "conv" for i in range(num_layers)]
+    text = _lm(tokenizer, "lfm2", num_layers, hidden_size, layer_types=types, block_auto_adjust_ff_dim=False,
+               tie=True)
+    return Lfm2VlConfig(vision_config=vision, text_config=text, projector_hidden_size=hidden_size,
+                        image_token_id=_id(tokenizer, "<|image_pad|>"), downsample_factor=2, tie_word_embeddings=True)
