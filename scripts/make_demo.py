@@ -18,9 +18,9 @@ model directory is an ordinary Hugging Face checkpoint: ``from_pretrained`` load
 download.
 """
 
+import argparse
 import os
 import runpy
-import sys
 
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
@@ -38,7 +38,9 @@ DEMO_LAYERS = 16
 
 
 def main(argv=None):
-    out = (argv if argv is not None else sys.argv[1:] or ["demo"])[0]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", nargs="?", default="demo", help="where the demo goes (default: demo)")
+    out = parser.parse_args(argv).out_dir
     model_dir = os.path.join(out, "model")
     tokenizer = qwen2_tokenizer(DEMO_RANKS)
     torch.manual_seed(0)

@@ -14,8 +14,8 @@ Usage::
     python scripts/make_demo_videos.py OUT_DIR
 """
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -106,7 +106,10 @@ def rows(words: dict[str, str]) -> list[dict]:
 
 
 def main(argv=None):
-    out = Path((argv if argv is not None else sys.argv[1:] or ["demo/data"])[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", nargs="?", default="demo/data", type=Path,
+                        help="the demo's data folder, holding images/ (default: demo/data)")
+    out = parser.parse_args(argv).out_dir
     start = time.perf_counter()
     folder = out / "videos"
     folder.mkdir(parents=True, exist_ok=True)

@@ -173,6 +173,9 @@ def compare(folder: str, record: str | None = None) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if len(argv) < 2 or argv[0] not in ("tokenizer", "stock", "compare"):
         print(__doc__)
         return 2
