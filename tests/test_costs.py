@@ -57,6 +57,10 @@ CONFIGS = {
         num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
         topk_group=1, first_k_dense_replace=1, n_shared_experts=1, q_lora_rank=None, kv_lora_rank=14,
         qk_rope_head_dim=6, qk_nope_head_dim=10, v_head_dim=12),
+    "llama4": lambda: Llama4TextConfig(  # dense layers intermediate_size_mlp wide; experts and shared intermediate_size
+        vocab_size=97, hidden_size=48, intermediate_size=24, intermediate_size_mlp=88, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=20, num_local_experts=4, num_experts_per_tok=2,
+        interleave_moe_layer_step=2),
 }
 
 
@@ -99,10 +103,10 @@ def test_layer_kinds_differ_where_the_config_says():
 
 
 def test_unknown_moe_layout_and_layer_type_are_refused():
-    llama4 = Llama4TextConfig(hidden_size=48, intermediate_size=24, intermediate_size_mlp=88, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, num_local_experts=4)
-    with pytest.raises(ValueError, match="moe_intermediate_size"):  # its experts' width is intermediate_size
-        layer_costs(llama4)
+    unknown = CONFIGS["qwen3_vl_moe"]()
+    unknown.__dict__["moe_intermediate_size"] = None  # an expert layout the module does not know
+    with pytest.raises(ValueError, match="moe_intermediate_size"):
+        layer_costs(unknown)
     config = CONFIGS["gemma3"]()
     config.layer_types = ["sliding_attention", "mamba", "full_attention"]
     with pytest.raises(ValueError, match="mamba"):

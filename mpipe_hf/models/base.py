@@ -51,7 +51,8 @@ def stage_layer_ids(counts: list[int], text_layers: int) -> tuple[list[int], lis
     return ids[0][:text_layers], [ids[0][text_layers:]] + ids[1:]
 
 
-def tied_lm_head(model: nn.Module, cfg: ScheduleConfig, embed_fqn: str, frozen: list[str]) -> list[tuple[str, str]]:
+def tied_lm_head(model: nn.Module, cfg: ScheduleConfig, embed_fqn: str, frozen: list[str],
+                 head_fqn: str = "lm_head") -> list[tuple[str, str]]:
     """Untie ``lm_head`` from the input embedding ``embed_fqn`` when the two live on different ranks.
 
     With tied embeddings (``lm_head.weight is embed_tokens.weight``) and ``pp_size > 1``, the embedding (stage 0
@@ -63,13 +64,13 @@ def tied_lm_head(model: nn.Module, cfg: ScheduleConfig, embed_fqn: str, frozen: 
     Returns:
         ``[(embedding weight name, lm_head weight name)]``, or ``[]`` when nothing is tied or ``pp_size == 1``.
     """
-    embed = model.get_submodule(embed_fqn)
-    if cfg.pp_size == 1 or model.lm_head.weight is not embed.weight:
+    embed, head = model.get_submodule(embed_fqn), model.get_submodule(head_fqn)  # head_fqn: the LM head's FQN
+    if cfg.pp_size == 1 or head.weight is not embed.weight:
         return []
-    model.lm_head.weight = nn.Parameter(embed.weight.detach().clone(), requires_grad=embed.weight.requires_grad)
+    head.weight = nn.Parameter(embed.weight.detach().clone(), requires_grad=embed.weight.requires_grad)
     if embed_fqn in frozen:
-        frozen.append("lm_head")
-    return [(f"{embed_fqn}.weight", "lm_head.weight")]
+        frozen.append(head_fqn)
+    return [(f"{embed_fqn}.weight", f"{head_fqn}.weight")]
 
 
 def freeze(model: nn.Module, fqns: list[str]) -> None:

@@ -83,6 +83,8 @@ def is_sparse(c, layer: int) -> bool:
     if not num_experts(c):
         return False
     kinds = getattr(c, "mlp_layer_types", None)  # ERNIE 4.5 VL: "dense" / "sparse" per layer
+    if getattr(c, "moe_layers", None) is not None:  # Llama 4: the sparse layers' ids
+        return layer in c.moe_layers
     if kinds:
         return kinds[layer] == "sparse"
     first_dense = getattr(c, "first_k_dense_replace", None)
@@ -95,15 +97,19 @@ def is_sparse(c, layer: int) -> bool:
 
 def mlp_cost(c, layer: int) -> int:
     """Active MLP weights of decoder layer ``layer``: ``3 x hidden x intermediate_size`` when dense; else the
-    router, ``num_experts_per_tok`` experts and the shared expert.
+    router, ``num_experts_per_tok`` experts and the shared expert. Llama 4's dense layers are
+    ``intermediate_size_mlp`` wide, its experts and its one shared expert ``intermediate_size``.
 
     Raises:
         ValueError: a sparse layer whose config has no ``moe_intermediate_size`` (an MoE layout this module
             does not know, e.g. Llama 4's), rather than a wrong count.
     """
     h = c.hidden_size
+    llama4 = getattr(c, "intermediate_size_mlp", None)
     if not is_sparse(c, layer):
-        return 3 * h * c.intermediate_size
+        return 3 * h * (llama4 or c.intermediate_size)
+    if llama4:
+        return h * num_experts(c) + (c.num_experts_per_tok + 1) * 3 * h * c.intermediate_size
     width = getattr(c, "moe_intermediate_size", None)
     if width is None:
         raise ValueError(f"{getattr(c, 'model_type', type(c).__name__)}: an MoE config without "

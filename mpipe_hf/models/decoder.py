@@ -37,9 +37,11 @@ class LMHead(nn.Module):
     logits are multiplied by it first (Aya Vision's ``logit_scale``)."""
 
     def __init__(self, model: nn.Module, norm: nn.Module, vocab_size: int, softcap: float | None = None,
-                 router: tuple[int, float] | None = None, scale: float | None = None):
+                 router: tuple[int, float] | None = None, scale: float | None = None,
+                 lm_head: nn.Module | None = None):
         super().__init__()
-        self.norm, self.lm_head, self.vocab_size, self.softcap = norm, model.lm_head, vocab_size, softcap
+        head = model.lm_head if lm_head is None else lm_head  # Llama 4's sits inside its language_model
+        self.norm, self.lm_head, self.vocab_size, self.softcap = norm, head, vocab_size, softcap
         self.router, self.scale = router, scale  # (E, coefficient)
         self.__dict__["_loss_function"] = model.loss_function  # reads only the config; not a submodule
 

@@ -39,6 +39,14 @@ def _both(*checks):
     return build
 
 
+def _llama4_tokens(model: nn.Module):
+    """Llama 4: each tile's patches (its pixels over ``patch_size``, both sides) times ``pixel_shuffle_ratio **
+    2``, over the tiles of ``pixel_values`` ``(tiles, 3, H, W)``."""
+    vision = model.config.vision_config
+    return lambda raw: int(raw["pixel_values"].shape[0] * (raw["pixel_values"].shape[-2] // vision.patch_size)
+                           * (raw["pixel_values"].shape[-1] // vision.patch_size) * vision.pixel_shuffle_ratio ** 2)
+
+
 GEMMA4_OTHER = {"pixel_values_videos": "video", "input_features": "audio"}
 
 FAMILIES: dict[str, Family] = {
@@ -48,6 +56,8 @@ FAMILIES: dict[str, Family] = {
                      validate=_both(refuse_other_modalities(GEMMA4_OTHER),
                                     validate_counted_micro(_gemma4_tokens))),
     "mistral4": Family(text="model"),
+    "llama4": Family(text="language_model.model", vision=("vision_model", "multi_modal_projector"),
+                     head="language_model.lm_head", validate=validate_counted_micro(_llama4_tokens)),
 }
 
 
@@ -75,6 +85,29 @@ def tiny_gemma4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sl
                         boi_token_id=_id(tokenizer, "<|vision_start|>"), eoi_token_id=_id(tokenizer, "<|vision_end|>"))
 
 
+def tiny_llama4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
+    """A ``Llama4Config`` (Llama 4 Scout, scaled down): a 2-layer Llama 4 vision tower of width 32 over 56-px
+    tiles in 14-px patches (a class token, 2-D rotary), pixel-shuffled 2 x 2 to 4 tokens a tile by its 2-layer
+    adapter, the projector into the text model; a text model whose every fourth layer has no rotary embedding
+    (full attention, its queries scaled by the temperature tuning of ``floor_scale`` 4) and whose other layers
+    attend in chunks of 8 tokens, every other layer a mixture of 4 experts (1 active, a shared expert beside it);
+    untied embeddings, as the real models. The LM head is ``language_model.lm_head``. Images are
+    ``<|image_pad|>`` x 4 per tile."""
+    from transformers import Llama4Config
+    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, intermediate_size_mlp=2 * hidden_size,
+                 num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layer_interval=4,
+                 attention_chunk_size=8, floor_scale=4, attn_scale=0.1, rope_parameters={"rope_type": "default",
+                                                                                       "rope_theta": 10000.0})
+    vision = dict(hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=56,
+                  patch_size=14, vision_output_dim=hidden_size, projector_input_dim=hidden_size,
+                  projector_output_dim=hidden_size, pixel_shuffle_ratio=0.5, rope_parameters={
+                      "rope_type": "default", "rope_theta": 10000.0})
+    return Llama4Config(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                        image_token_index=_id(tokenizer, "<|image_pad|>"),
+                        boi_token_index=_id(tokenizer, "<|vision_start|>"),
+                        eoi_token_index=_id(tokenizer, "<|vision_end|>"))
+
+
 def tiny_mistral4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
     """A ``Mistral4Config`` (Mistral Small 4, scaled down): multi-head latent attention (query rank 32, key-value
     rank 16, 8 rotary + 8 plain query/key dims, 16-wide values, 4 heads), the first layer dense, then 4 routed
@@ -92,13 +125,10 @@ def tiny_mistral4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
 
 
 # model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
-TINY: dict = {"gemma4": tiny_gemma4_config, "mistral4": tiny_mistral4_config}
+TINY: dict = {"gemma4": tiny_gemma4_config, "mistral4": tiny_mistral4_config, "llama4": tiny_llama4_config}
 REFUSED: dict[str, str] = {  # model_type -> why it cannot be split, in the user's terms
     "gemma4_unified": no_pil("Gemma4UnifiedImageProcessor: raw 48-px patches for the encoder-free embedder")
                       + "; the text model is Gemma 4's, whose split is gemma4's",
-    "llama4": no_pil("Llama4ImageProcessor, tiles") + "; besides, "
-              "Llama4ForConditionalGeneration keeps the LM head inside language_model (no model.lm_head), which the "
-              "splitter's head does not read yet",
     "diffusion_gemma": "block diffusion: a Gemma encoder and a diffusion decoder that attends bidirectionally over "
                        "a noised block and reads the encoder's cache, trained by denoising, not a causal decoder "
                        "stack under a next-token loss",

@@ -78,6 +78,7 @@ class Family:
         media_apart: the model cannot take images and videos in one forward (GLM-4.xV finds a video's tokens with
             the image tokens' mask): the loader's planner and packer put image rows and video rows in different
             micro-batches (:mod:`mpipe_hf.data.apart`), and ``validate`` refuses a micro-batch holding both.
+        head: FQN of the LM head (Llama 4's is ``language_model.lm_head``, inside its causal LM).
     """
 
     text: str = "model.language_model"
@@ -102,6 +103,7 @@ class Family:
     norm: str = "norm"
     checkpoint: tuple[str, str] | None = None
     media_apart: bool = False
+    head: str = "lm_head"
 
     def layer_counts(self, config, cfg, layers_per_stage=None, text_layers: int = 0) -> list[int]:
         """Decoder layers per stage (the registry protocol; :func:`.generic.layer_counts`)."""
@@ -149,7 +151,7 @@ class ImageFeatures(nn.Module):
         self.hidden_size = model.config.get_text_config().hidden_size
         self.image_inputs, self.deepstack, self.extra = image_inputs, deepstack, extra
         self.video_inputs, self.video_extra = video_inputs, video_extra
-        inner = model.model
+        inner = getattr(model, "model", model)  # Llama 4's own class computes them (it has no inner model)
         self.__dict__["_image_features"] = inner.get_image_features  # runs the modules above; not a submodule
         self.config_kwargs = _config_kwargs(model.config, inner.get_image_features)
         if video_inputs:

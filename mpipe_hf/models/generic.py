@@ -134,7 +134,8 @@ class _Pieces:
         router = (self.router[2], self.router[4]) if self.router is not None else None
         scale = self.text_config.logit_scale if self.family.logit_scale else None
         norm = self.text_model.get_submodule(self.family.norm)
-        return LMHead(self.model, norm, self.text_config.vocab_size, cap, router, scale)
+        return LMHead(self.model, norm, self.text_config.vocab_size, cap, router, scale,
+                      self.model.get_submodule(self.family.head))
 
     def preprocess(self, text_layers: int, p_ids: list[int]) -> tuple[Preprocess, list[str], ImageFront | None]:
         """``(P, P's FQNs, stage 0's front)`` for ``cfg.preprocess`` and ``T = text_layers``."""
@@ -175,7 +176,7 @@ def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: in
     counts = layer_counts(family, model.config, cfg, layers_per_stage, text_layers)
     p_ids, ids = stage_layer_ids(counts, text_layers)
     layout = [[f"{family.text}.layers.{i}" for i in ids[s]] for s in range(cfg.num_stages)]
-    layout[-1] += [f"{family.text}.{family.norm}", "lm_head"]
+    layout[-1] += [f"{family.text}.{family.norm}", family.head]
     preprocess, p_fqns, front = pieces.preprocess(text_layers, p_ids)
     if not cfg.transposed:
         layout[0][:0] = list(family.vision) + pieces.embeds
@@ -192,7 +193,7 @@ def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: in
     def stage(s):
         return pieces.stage(ids[s], front if s == 0 else None, head if s == cfg.num_stages - 1 else None,
                             pieces.carry(ends[s]))
-    tied = tied_lm_head(model, cfg, pieces.embed, frozen)
+    tied = tied_lm_head(model, cfg, pieces.embed, frozen, family.head)
     validate = micro_check(family, model)
     return assemble(model, cfg, rank, layout, stage, preprocess, p_fqns, frozen, validate, tied)
 

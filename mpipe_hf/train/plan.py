@@ -253,7 +253,8 @@ def _count(model, text, tokens: int, layer_ids: list[int], device: str, region) 
             rope = inner.rotary_emb(hidden, positions, types[i]) if per_type else inner.rotary_emb(hidden, positions)
             layers.append(saved_bytes(lambda: inner.layers[i](hidden, attention_mask=None, position_embeddings=rope,
                                                               position_ids=None), params))
-        head = saved_bytes(lambda: model.loss_function(logits=model.lm_head(inner.norm(hidden)), labels=labels,
+        lm_head = model.get_output_embeddings()  # Llama 4's sits inside its language_model
+        head = saved_bytes(lambda: model.loss_function(logits=lm_head(inner.norm(hidden)), labels=labels,
                                                        vocab_size=text.vocab_size), params)
     return layers, head
 

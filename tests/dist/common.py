@@ -53,6 +53,18 @@ def collator(config, tokenizer) -> ConversationCollator:
     return ConversationCollator(build_processor(config, tokenizer), None, model_type=config.model_type)
 
 
+def family_collator(config, tokenizer):
+    """The collator of a family's ragged pool: its processor's, or, for a family whose stock image processor
+    needs torchvision, its vision inputs built directly (:mod:`pools_without_processor`)."""
+    import direct_llava_like
+    from pools_without_processor import BUILDERS, direct_collator
+    if config.model_type in direct_llava_like.TYPES:
+        return direct_llava_like.direct_collator(config, tokenizer)
+    if config.model_type in BUILDERS:
+        return direct_collator(config, tokenizer)
+    return collator(config, tokenizer)
+
+
 def make_ragged_pool(collate) -> list[dict[str, torch.Tensor]]:
     """Micro-batches of real photos and captions: images, rows without an image next to rows with one, and
     micro-batches without any image."""
@@ -231,7 +243,7 @@ def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: lis
     for name in ("qwen2_vl", "qwen3_vl", "llava", "llava-full", *new_family_configs(tokenizer)):
         if (only and name not in only) or not hasattr(configs[name], "vision_config"):
             continue  # a decoder-only LM (issue 38's mistral4) runs on the text pool
-        pools[f"ragged-{name}"] = make_ragged_pool(collator(configs[name], tokenizer))
+        pools[f"ragged-{name}"] = make_ragged_pool(family_collator(configs[name], tokenizer))
     for name in packed:
         if only and name not in only:
             continue

@@ -29,3 +29,6 @@ LATER_STEPS = {"adam_eps": 1e-3, "lr": 1e-4, "last_step_rel": 1e-4}  # the setti
 # with AVX2): every gradient within the tolerance, the parameters 1.08e-4 apart after 2 steps at lr 1e-3, eps 1e-6
 OPTIONS = {"gemma4": LATER_STEPS, "gemma3": LATER_STEPS, "shieldgemma2": LATER_STEPS}
 PACKED_OPTIONS = {"lfm3_vl": LATER_STEPS}
+# families whose stock image processor needs torchvision: their vision inputs built directly
+# (pools_without_processor.py)
+SPECS += [("llama4", "trainable", 1, None)]

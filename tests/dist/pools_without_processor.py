@@ -1,0 +1,108 @@
+"""Micro-batches for the Qwen-like and new families whose stock image processor exists in transformers only with a
+torchvision backend: the split needs no processor, so the tests build each family's vision inputs directly, in the
+layout and shapes its stock processor writes (read from the processor's source in the installed transformers),
+from the same canonical rows as every other pool (:func:`common.make_ragged_pool`: messages and PIL photos).
+
+Each builder maps one image to ``(tensors, image tokens)``; :func:`direct_collator` joins a micro-batch's images
+as the stock processor joins them, puts ``<|vision_start|>``, the image tokens and ``<|vision_end|>`` before each
+row's prompt, and labels the answer alone (``-100`` on the prompt, the images and the padding, right-padded).
+"""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+
+
+def _pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
+    """``image`` resized to ``height x width`` (bicubic), ``(3, H, W)`` scaled to [-1, 1] (mean and std 0.5, the
+    stock processors' defaults for these towers)."""
+    array = torch.tensor(list(image.convert("RGB").resize((width, height), Image.BICUBIC).getdata()),
+                         dtype=torch.float32)
+    return (array.view(height, width, 3).permute(2, 0, 1) / 255.0 - 0.5) / 0.5
+
+
+def _even_grid(image: Image.Image, patch: int, merge: int = 2, cap: int = 8) -> tuple[int, int]:
+    """The patch grid ``(h, w)`` of ``image`` at one pixel a pixel, rounded to multiples of ``merge`` (at least
+    ``merge``, at most ``cap``), as the stock processors' ``factor = merge * patch`` rounding gives."""
+    width, height = image.size
+    return tuple(min(cap, max(merge, round(side / (patch * merge)) * merge)) for side in (height, width))
+
+
+def llama4_image(config, image: Image.Image) -> tuple[dict, int]:
+    """``Llama4ImageProcessor``: square tiles of ``image_size`` px (an image wider than one tile: 2 tiles side by
+    side and the whole image as a global tile after them), ``(tiles, 3, S, S)``; each tile gives ``(S / patch)
+    ** 2 * pixel_shuffle_ratio ** 2`` tokens."""
+    vision = config.vision_config
+    side = vision.image_size
+    per_tile = int((side // vision.patch_size) ** 2 * vision.pixel_shuffle_ratio ** 2)
+    cols = 2 if image.size[0] > side else 1
+    whole = _pixels(image, side, side * cols)
+    tiles = [whole[:, :, c * side:(c + 1) * side] for c in range(cols)]
+    if cols > 1:
+        tiles.append(_pixels(image, side, side))
+    return {"pixel_values": torch.stack(tiles)}, per_tile * len(tiles)
+
+
+def kimi_k25_image(config, image: Image.Image) -> tuple[dict, int]:
+    """``Kimi_K25ImageProcessor``: the image resized to a grid of ``merge * patch`` multiples, its patches in
+    row-major order ``(h * w, 3, patch, patch)``, ``image_grid_thw`` ``(1, h, w)``; ``h * w / merge ** 2``
+    tokens."""
+    vision = config.vision_config
+    patch, merge = vision.patch_size, vision.merge_kernel_size[0]
+    h, w = _even_grid(image, patch, merge)
+    pixels = _pixels(image, h * patch, w * patch)
+    patches = pixels.view(3, h, patch, w, patch).permute(1, 3, 0, 2, 4).reshape(h * w, 3, patch, patch)
+    return {"pixel_values": patches, "image_grid_thw": torch.tensor([[1, h, w]])}, h * w // merge ** 2
+
+
+def minicpm_image(config, image: Image.Image) -> tuple[dict, int]:
+    """``MiniCPMOcrImageProcessor`` (one slice, the whole image): NaViT-packed patches ``(1, 3, patch, h * w *
+    patch)`` (``reshape_by_patch``), ``target_sizes`` ``(1, 2)`` int32; ``h * w / 4`` tokens in the ``4x``
+    downsample mode, ``/ 16`` in ``16x``."""
+    patch = config.vision_config.patch_size
+    merge = 2 if config.downsample_mode == "4x" else 4
+    h, w = _even_grid(image, patch, merge)
+    pixels = _pixels(image, h * patch, w * patch)
+    unfolded = torch.nn.functional.unfold(pixels.unsqueeze(0), (patch, patch), stride=(patch, patch))
+    packed = unfolded.reshape(3, patch, patch, -1).permute(0, 1, 3, 2).reshape(3, patch, -1)
+    return {"pixel_values": packed.unsqueeze(0), "target_sizes": torch.tensor([[h, w]], dtype=torch.int32)}, \
+        h * w // merge ** 2
+
+
+# model type -> (one image's builder, the dimension a micro-batch's images' pixels are joined along)
+BUILDERS = {"llama4": (llama4_image, 0), "kimi_k25": (kimi_k25_image, 0), "minicpm_ocr": (minicpm_image, -1)}
+
+
+def direct_collator(config, tokenizer):
+    """``collate(rows) -> micro-batch`` for ``config``'s model type (:data:`BUILDERS`): ``input_ids``,
+    ``attention_mask``, ``labels`` ``(B, L)`` and, when a row has an image, the family's vision keys."""
+    build, dim = BUILDERS[config.model_type]
+    ids_of = tokenizer.convert_tokens_to_ids
+    start, end = ids_of("<|vision_start|>"), ids_of("<|vision_end|>")
+    image_token = config.image_token_id
+
+    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+        seqs, vision = [], []
+        for row in rows:
+            user, answer = row["messages"]
+            prompt = tokenizer(" ".join(p["text"] for p in user["content"] if p["type"] == "text"))["input_ids"]
+            reply = tokenizer(answer["content"][0]["text"])["input_ids"] + [tokenizer.eos_token_id]
+            head = []
+            for image in row["images"]:
+                tensors, n = build(config, image)
+                vision.append(tensors)
+                head += [start] + [image_token] * n + [end]
+            seqs.append((head + prompt, reply))
+        length = max(len(a) + len(b) for a, b in seqs)
+        out = {k: torch.full((len(rows), length), fill, dtype=torch.long)
+               for k, fill in (("input_ids", tokenizer.pad_token_id), ("attention_mask", 0), ("labels", -100))}
+        for r, (context, reply) in enumerate(seqs):
+            n = len(context) + len(reply)
+            out["input_ids"][r, :n] = torch.tensor(context + reply)
+            out["attention_mask"][r, :n] = 1
+            out["labels"][r, len(context):n] = torch.tensor(reply)
+        for key in vision[0] if vision else ():
+            out[key] = torch.cat([v[key] for v in vision], dim=dim if key == "pixel_values" else 0)
+        return out
+    return collate
