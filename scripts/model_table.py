@@ -31,17 +31,42 @@ def ci_types() -> set[str]:
     return {CONFIG_TYPES.get(config, config) for config, *_ in FAMILY_SPECS + NEW_FAMILY_SPECS}
 
 
+def video_ci_types() -> set[str]:
+    """The model types a CI numerics case runs with video rows (``tests/dist/specs_video.py``)."""
+    from specs_video import VIDEO_SPECS
+    return {CONFIG_TYPES.get(config, config) for config, *_ in VIDEO_SPECS}
+
+
+def inputs(model_type: str, class_name: str, video_in_ci: set[str]) -> str:
+    """What an exact type's CI cases feed it: images, and videos where a video case runs; a model class that takes
+    videos (``pixel_values_videos``) without a video case refuses video rows, and the table says so."""
+    import inspect
+
+    import transformers
+    cls = getattr(transformers, class_name, None)
+    takes_video = cls is not None and "pixel_values_videos" in inspect.signature(cls.forward).parameters
+    from mpipe_hf.models import FAMILIES
+    if model_type in video_in_ci:
+        return "images and video"
+    if getattr(FAMILIES[model_type], "video_inputs", ()):
+        return "images; video rows split, no CI case"
+    return "images; video rows refused" if takes_video else "images"
+
+
 def rows() -> list[tuple[str, str, str, str]]:
     """``(model_type, class, status, note)`` for every type, sorted by status then name."""
     from mpipe_hf.models import FAMILIES
     from mpipe_hf.models.coverage import NOTES, image_text_types, refusal
-    types, in_ci = image_text_types(), ci_types()
+    types, in_ci, video_in_ci = image_text_types(), ci_types(), video_ci_types()
     out = []
     for model_type in sorted(set(types) | {t for t in FAMILIES if FAMILIES[t].vision == ()}):
         reason = refusal(model_type)
         status = "refused" if reason else ("exact (CI)" if model_type in in_ci else "declared")
         recipe = os.path.join("recipes", "tiny", f"{model_type}.yaml")
         note = reason or (f"[`{recipe}`](../{recipe})" if os.path.exists(os.path.join(ROOT, recipe)) else "")
+        if status == "exact (CI)" and model_type in types:
+            what = inputs(model_type, types[model_type], video_in_ci)
+            note = f"{what}: {note}" if note else what
         if status == "declared" and model_type in NOTES:
             note = f"{note}: {NOTES[model_type]}" if note else NOTES[model_type]
         out.append((model_type, types.get(model_type, "ForCausalLM (decoder-only)"), status, note))
@@ -54,7 +79,7 @@ def render() -> str:
     table = rows()
     counts = {s: sum(r[2] == s for r in table) for s in ("exact (CI)", "declared", "refused")}
     lines = [START, "", ", ".join(f"{n} {s}" for s, n in counts.items()) + f", of {len(table)} types.", "",
-             "| `model_type` | class | status | tiny recipe, or why it is refused |", "|---|---|---|---|"]
+             "| `model_type` | class | status | exact for what, tiny recipe, or why it is refused |", "|---|---|---|---|"]
     lines += [f"| `{t}` | `{cls}` | {status} | {note} |" for t, cls, status, note in table]
     return "\n".join(lines + ["", END])
 

@@ -11,8 +11,8 @@ from matrix import family_cases
 
 VIT = {"freeze_vit": True}
 # the configs whose video pools the fixture builds
-VIDEO_CONFIGS = ("vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm46v",
-                 "llava_onevision")
+VIDEO_CONFIGS = ("vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v", "glm4v_moe",
+                 "glm46v", "llava_onevision")
 # (config, preprocess, T, Trainable keywords, case options)
 VIDEO_SPECS = [
     ("vl", "frozen", 0, {}, {}), ("vl", "trainable", 1, {}, {}), ("vl", "trainable", 0, VIT, {}),
@@ -27,7 +27,7 @@ VIDEO_SPECS = [
     # GLM-4.1V and GLM-4.6V (a video's tokens are image tokens, typed 2 in mm_token_type_ids; each temporal patch
     # its own M-RoPE grid after its time)
     ("glm4v", "trainable", 0, {}, {}), ("glm4v", "frozen", 1, {}, {"packed": True}),
-    ("glm46v", "trainable", 1, {}, {"packed": True}),
+    ("glm46v", "trainable", 1, {}, {"packed": True}), ("glm4v_moe", "frozen", 0, {}, {}),
     # LLaVA-OneVision (each frame's features pooled 2 x 2, image_newline after each video; 4 frames a clip)
     ("llava_onevision", "frozen", 0, {}, {}), ("llava_onevision", "trainable", 1, {}, {"packed": True}),
     ("llava_onevision", "trainable", 0, VIT, {}),
