@@ -25,9 +25,11 @@ from .families_qwen_like_hunyuan import HUNYUAN_VL, tiny_hunyuan_vl_config
 from .families_qwen_like_lfm import (Lfm3Stage, MupStage, tiny_hyperclovax_vision_v2_config, tiny_lfm3_vl_config,
                                      tiny_minicpmv4_6_config, tiny_minicpmv4_7_config)
 from .families_qwen_like_moe import MOE_TYPES, TokenTypeStage, tiny_ernie4_5_vl_moe_config
+from .families_qwen_like_tv import FAMILIES as TV_FAMILIES
+from .families_qwen_like_tv import TINY as TV_TINY
 from .families_qwen_like_omni import (QWEN2_5_OMNI, QWEN3_OMNI, tiny_qwen2_5_omni_thinker_config,
                                       tiny_qwen3_omni_moe_thinker_config)
-from .family import Family, no_pil
+from .family import Family
 from .packed import is_packed, mrope_positions
 from .tiny import _mrope, _qwen_specials, _text, tiny_glm4v_config, tiny_qwen3_vl_config
 from .tiny_vlms import VISION
@@ -168,6 +170,22 @@ def _merged_tokens(model):
     return lambda raw: int((raw["image_grid_thw"].prod(-1) // raw["image_merge_sizes"] ** 2).sum())
 
 
+def _minicpm_tokens(model):
+    """MiniCPM-V 4.6 / 4.7: each image's patch grid (``target_sizes``, in patches) halved on each side by the
+    tower's window merger (not with ``downsample_mode`` ``"4x"``, as ``get_image_features`` skips it), then
+    divided by ``merge_kernel_size`` ``merger_times`` times by the merger (each round's floor, as its views)."""
+    config = model.config
+    halve, (merge_h, merge_w) = config.downsample_mode != "4x", config.merge_kernel_size
+
+    def image(height: int, width: int) -> int:
+        if halve:
+            height, width = height // 2, width // 2
+        for _ in range(config.merger_times):
+            height, width = height // merge_h, width // merge_w
+        return height * width
+    return lambda raw: sum(image(h, w) for h, w in raw["target_sizes"].tolist())
+
+
 def canvas_host_inputs(model):
     """``host(raw) -> {"position_ids": (3, B, L)}`` for MiniCPM-V 4.7: its canvas M-RoPE (``get_rope_index`` over
     ``mm_token_type_ids`` and ``target_sizes``) for a micro with images; ``arange`` on all three axes without, as
@@ -218,11 +236,16 @@ FAMILIES["hyperclovax_vision_v2"] = Family(vision=("model.vision_model", "model.
                                            stage=lambda model: MupStage, **GRID_1D)
 TINY["hyperclovax_vision_v2"] = tiny_hyperclovax_vision_v2_config
 FAMILIES["minicpmv4_6"] = Family(vision=("model.vision_tower", "model.merger"),
-                                 image_inputs=("pixel_values", "target_sizes"))
+                                 image_inputs=("pixel_values", "target_sizes"),
+                                 validate=validate_counted_micro(_minicpm_tokens))
 TINY["minicpmv4_6"] = tiny_minicpmv4_6_config
+FAMILIES["minicpm_ocr"] = Family(vision=("model.vision_tower", "model.merger"),  # MiniCPM-V 4.6's model code
+                                 image_inputs=("pixel_values", "target_sizes"),
+                                 validate=validate_counted_micro(_minicpm_tokens))
 FAMILIES["minicpmv4_7"] = Family(vision=("model.vision_tower", "model.merger"),
                                  image_inputs=("pixel_values", "target_sizes"), stage0_inputs=("position_ids",),
-                                 positions="host", host=canvas_host_inputs)
+                                 positions="host", host=canvas_host_inputs,
+                                 validate=validate_counted_micro(_minicpm_tokens))
 TINY["minicpmv4_7"] = tiny_minicpmv4_7_config
 FAMILIES["hunyuan_vl"] = HUNYUAN_VL
 TINY["hunyuan_vl"] = tiny_hunyuan_vl_config
@@ -232,6 +255,6 @@ REFUSED.update({
                "start and end tokens besides the image features at the image tokens (Ovis2_5Model."
                "_merge_visual_features); the split's stage-0 front places features at image tokens only, so those "
                "two embeddings (and their gradient to the projector) have no path across the preprocess boundary",
-    "kimi_k25": no_pil("Kimi_K25ImageProcessor"),
-    "minicpm_ocr": no_pil("MiniCPMOcrImageProcessor; MiniCPM-V 4.6's PIL one slices images differently"),
 })
+FAMILIES.update(TV_FAMILIES)  # Kimi K2.5, MiniCPM-OCR: their stock image processors need torchvision, not their models
+TINY.update(TV_TINY)

@@ -12,3 +12,6 @@ SPECS: list[tuple] = [("glm46v", "trainable", 1, None), ("glmga", "trainable", 1
                       ("minicpmv4_6", "trainable", 1, None),
                       ("minicpmv4_7", "trainable", 1, None),
                       ("hunyuan_vl", "trainable", 1, None)]
+# families whose stock image processor needs torchvision: their vision inputs built directly
+# (pools_without_processor.py)
+SPECS += [("kimi_k25", "trainable", 1, None), ("minicpm_ocr", "trainable", 1, None)]
