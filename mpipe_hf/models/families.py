@@ -58,25 +58,73 @@ def _qwen_video_tokens(model: nn.Module):
     return lambda raw: int(raw["video_grid_thw"].prod(-1).sum()) // merge ** 2
 
 
-def tokens_per_image(config, vision_tower: nn.Module) -> int | None:
+def tokens_per_image(config, vision_tower: nn.Module, drop_cls: bool | None = None) -> int | None:
     """Image tokens one LLaVA image expands to (``num_positions`` of the tower's embeddings, less the CLS token
-    with strategy ``"default"``); ``None`` when the tower does not say."""
+    with strategy ``"default"``, or where ``drop_cls`` says so: Vip-LLaVA drops it always); ``None`` when the
+    tower does not say."""
     embeddings = getattr(getattr(vision_tower, "vision_model", vision_tower), "embeddings", None)
     positions = getattr(embeddings, "num_positions", None)
     if positions is None:
         return None
-    return positions - (1 if config.vision_feature_select_strategy == "default" else 0)
+    if drop_cls is None:
+        drop_cls = config.vision_feature_select_strategy == "default"
+    return positions - (1 if drop_cls else 0)
 
 
-def _llava_tokens(model: nn.Module):
-    """LLaVA: images x :func:`tokens_per_image` (``None`` when the tower does not say)."""
-    per_image = tokens_per_image(model.config, model.model.vision_tower)
-    return None if per_image is None else (lambda raw: raw["pixel_values"].shape[0] * per_image)
+def tower_tokens(path: str = "model.vision_tower", drop_cls: bool | None = None):
+    """``counter`` for :func:`validate_counted_micro`: images (``pixel_values.shape[0]``) x
+    :func:`tokens_per_image` of the tower at ``path`` (LLaVA, Vip-LLaVA, Video-LLaVA's image tower); ``None`` when
+    the tower does not say."""
+    def counter(model: nn.Module):
+        per_image = tokens_per_image(model.config, model.get_submodule(path), drop_cls)
+        return None if per_image is None else (lambda raw: raw["pixel_values"].shape[0] * per_image)
+    return counter
+
+
+_llava_tokens = tower_tokens()
+
+
+def anyres_tokens(model: nn.Module):
+    """LLaVA-NeXT(-Video)'s image tokens, as ``get_image_features`` packs each image (``image_sizes``): the base
+    tile's :func:`tokens_per_image`, then its anyres grid of tiles (transformers' ``get_anyres_image_grid_shape``)
+    unpadded to the image's aspect (``unpad_image``, on the meta device), with ``image_newline`` after each line
+    of it; ``None`` when the tower does not say."""
+    from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
+    config = model.config
+    per_tile, tile = tokens_per_image(config, model.model.vision_tower), config.vision_config.image_size
+    side = tile // config.vision_config.patch_size
+    newline = int(getattr(model.model, "image_newline", None) is not None)
+
+    def image(height: int, width: int) -> int:
+        rows, cols = get_anyres_image_grid_shape((height, width), config.image_grid_pinpoints, tile)
+        h, w = unpad_image(torch.empty(1, rows * side, cols * side, device="meta"), [height, width]).shape[1:]
+        return per_tile + h * (w + newline)
+    return None if per_tile is None else (lambda raw: sum(image(h, w) for h, w in raw["image_sizes"].tolist()))
 
 
 def _fixed(tokens):
-    """Images (or tiles, ``pixel_values.shape[0]``) x ``tokens(config)``: Gemma 3, PaliGemma, InternVL."""
+    """Images (or tiles, ``pixel_values.shape[0]``) x ``tokens(config)``: Gemma 3, whose projector pools each image
+    to ``mm_tokens_per_image`` tokens."""
     return lambda model: (lambda raw, n=tokens(model.config): raw["pixel_values"].shape[0] * n)
+
+
+def patch_grid(pixels: torch.Tensor, patch_size) -> tuple[int, int]:
+    """The patches ``(rows, cols)`` of a tile of ``pixels`` ``(..., H, W)`` in ``patch_size`` (an int, or a
+    ``[h, w]`` pair) patches, as a stride-``patch_size`` convolution cuts it."""
+    patch_h, patch_w = patch_size if isinstance(patch_size, (list, tuple)) else (patch_size, patch_size)
+    return pixels.shape[-2] // patch_h, pixels.shape[-1] // patch_w
+
+
+def pixel_shuffled_tokens(model: nn.Module):
+    """InternVL, Qianfan-OCR: each tile's patch grid (:func:`patch_grid`) pixel-shuffled by ``downsample_ratio``
+    on each side, as ``get_image_features``' ``pixel_shuffle`` does, over the tiles of ``pixel_values``."""
+    config = model.config
+    ratio, patch = config.downsample_ratio, config.vision_config.patch_size
+
+    def count(raw: Tensors) -> int:
+        rows, cols = patch_grid(raw["pixel_values"], patch)
+        return raw["pixel_values"].shape[0] * int(rows * ratio) * int(cols * ratio)
+    return count
 
 
 def real_tiles(raw: Tensors) -> int:
@@ -212,17 +260,18 @@ FAMILIES: dict[str, Family] = {
     "qwen3_5_moe": Family(**QWEN_VIDEO),
     "glm4v": Family(**GLM_VIDEO), "glm4v_moe": Family(**GLM_VIDEO),
     "llava": Family(vision=TOWER, validate=validate_counted_micro(_llava_tokens)),
-    "llava_next": Family(vision=TOWER + ("model.image_newline",), image_inputs=("pixel_values", "image_sizes")),
+    "llava_next": Family(vision=TOWER + ("model.image_newline",), image_inputs=("pixel_values", "image_sizes"),
+                         validate=validate_counted_micro(anyres_tokens)),
     "llava_onevision": Family(vision=TOWER + ("model.image_newline",),
                               image_inputs=("pixel_values", "image_sizes", "batch_num_images")),
     "mistral3": Family(vision=TOWER, image_inputs=("pixel_values", "image_sizes"),
                         validate=validate_counted_micro(_pixtral_tokens)),
-    "internvl": Family(vision=TOWER, validate=validate_counted_micro(_fixed(lambda c: c.image_seq_length))),
+    "internvl": Family(vision=TOWER, validate=validate_counted_micro(pixel_shuffled_tokens)),
     "gemma3": Family(vision=TOWER, mask_inputs=("token_type_ids",), masks=model_class_masks,
                      validate=validate_counted_micro(_fixed(lambda c: c.mm_tokens_per_image))),
     "paligemma": Family(vision=TOWER, mask_inputs=("token_type_ids",), masks=prefix_masks, positions="arange1",
                         softcap=True,
-                        validate=validate_counted_micro(_fixed(lambda c: c.text_config.num_image_tokens))),
+                        validate=validate_counted_micro(tower_tokens(drop_cls=False))),
     "idefics3": Family(text="model.text_model", vision=("model.vision_model", "model.connector"),
                        image_inputs=("pixel_values", "pixel_attention_mask"),
                        validate=validate_counted_micro(_idefics_tokens)),

@@ -28,7 +28,8 @@ from dataclasses import replace
 
 import torch
 
-from .families import FAMILIES as _BASE, TOWER, _fixed, real_tiles, validate_counted_micro
+from .families import (FAMILIES as _BASE, TOWER, _pixtral_tokens, anyres_tokens, patch_grid, pixel_shuffled_tokens,
+                       real_tiles, tower_tokens, validate_counted_micro)
 from .families_llava_like_tv import FAMILIES as _TV
 from .family import Family, no_pil
 
@@ -40,6 +41,17 @@ def _tile_tokens(model) -> int:
     config = model.config
     side = config.vision_config.image_size // config.vision_config.patch_size
     return (side // config.downsample_factor) ** 2
+
+
+def _sam_conv_tokens(model):
+    """GOT-OCR2, PP-Chart2Table: each tile's SAM patch grid (:func:`~.families.patch_grid`) halved, rounding up,
+    on each side by each of the projector's two stride-2 convolutions (kernel 3, padding 1), over the tiles."""
+    patch = model.config.vision_config.patch_size
+
+    def count(raw) -> int:
+        rows, cols = (-(-(-(-side // 2)) // 2) for side in patch_grid(raw["pixel_values"], patch))
+        return raw["pixel_values"].shape[0] * rows * cols
+    return count
 
 
 def _resampled_tokens(model):
@@ -65,6 +77,25 @@ def _ocr2_tokens(model):
         local = raw.get("pixel_values_local")
         tiles = local.shape[0] * queries(local) if local is not None and local.numel() else 0
         return raw["pixel_values"].shape[0] * (queries(raw["pixel_values"]) + 1) + tiles
+    return count
+
+
+def _aria_tokens(model):
+    """Aria: each crop (``pixel_values`` ``(crops, C, H, W)``) pooled by the projector's cross-attention to
+    ``projector_patch_to_query_dict[patches]`` queries, ``patches`` the crop's ``(H // patch) * (W // patch)``.
+
+    Raises:
+        ValueError: (from the count) a crop size whose patches the table lacks (the projector raises then).
+    """
+    table, patch = model.config.projector_patch_to_query_dict, model.config.vision_config.patch_size
+
+    def count(raw) -> int:
+        height, width = raw["pixel_values"].shape[-2:]
+        patches = (height // patch) * (width // patch)
+        if patches not in table:
+            raise ValueError(f"aria: a {height} x {width} crop has {patches} patches, which the projector's "
+                             f"projector_patch_to_query_dict ({sorted(table)}) does not pool")
+        return raw["pixel_values"].shape[0] * table[patches]
     return count
 
 
@@ -124,39 +155,42 @@ def refuse_modalities(keys: dict[str, str], inner=None):
     return build
 
 
-_SEQ = validate_counted_micro(_fixed(lambda c: c.image_seq_length))
-_PATCHES = validate_counted_micro(_fixed(lambda c: (c.vision_config.image_size // c.vision_config.patch_size) ** 2))
+_SAM = validate_counted_micro(_sam_conv_tokens)
+_IMAGE_TOWER = validate_counted_micro(tower_tokens("model.image_tower"))
+_PATCHES = validate_counted_micro(tower_tokens("model.vision_model", drop_cls=False))
 VIDEOS = {"pixel_values_videos": "video"}
 
 FAMILIES: dict[str, Family] = {
-    "vipllava": Family(vision=TOWER, validate=_SEQ),
+    "vipllava": Family(vision=TOWER, validate=validate_counted_micro(tower_tokens(drop_cls=True))),
     "shieldgemma2": replace(_BASE["gemma3"], checkpoint=("ShieldGemma2ForImageClassification", "model")),
     "aya_vision": Family(vision=TOWER, logit_scale=True,
                          validate=validate_counted_micro(lambda m: (lambda raw, n=_tile_tokens(m):
                                                                     raw["pixel_values"].shape[0] * n))),
-    "qianfan_ocr": Family(vision=TOWER, validate=_SEQ),
-    "got_ocr2": Family(vision=TOWER, validate=_SEQ),
-    "pp_chart2table": Family(vision=TOWER, validate=_SEQ),
+    "qianfan_ocr": Family(vision=TOWER, validate=validate_counted_micro(pixel_shuffled_tokens)),
+    "got_ocr2": Family(vision=TOWER, validate=_SAM),
+    "pp_chart2table": Family(vision=TOWER, validate=_SAM),
     "llava_next_video": Family(vision=TOWER + ("model.image_newline",), image_inputs=("pixel_values", "image_sizes"),
-                               validate=refuse_modalities(VIDEOS)),
+                               validate=refuse_modalities(VIDEOS, validate_counted_micro(anyres_tokens))),
     "video_llava": Family(vision=("model.image_tower", "model.multi_modal_projector"),
-                          unused=("model.video_tower",), validate=refuse_modalities(VIDEOS, _SEQ)),
+                          unused=("model.video_tower",), validate=refuse_modalities(VIDEOS, _IMAGE_TOWER)),
     "janus": Family(vision=("model.vision_model", "model.aligner"),
                     unused=("model.vqmodel", "model.generation_embeddings", "model.generation_aligner",
                             "model.generation_head"),
-                    validate=validate_counted_micro(_fixed(lambda c: c.vision_config.num_image_tokens))),
+                    validate=validate_counted_micro(tower_tokens("model.vision_model", drop_cls=False))),
     "deepseek_vl": Family(vision=("model.vision_model", "model.aligner"), validate=_PATCHES),
     "deepseek_vl_hybrid": Family(vision=("model.high_res_vision_model", "model.high_res_vision_neck",
                                          "model.high_res_vision_proj", "model.high_res_vision_alpha",
                                          "model.vision_model", "model.aligner"),
                                  image_inputs=("pixel_values", "high_res_pixel_values"), validate=_PATCHES),
-    "aria": Family(vision=TOWER, image_inputs=("pixel_values", "pixel_mask")),
+    "aria": Family(vision=TOWER, image_inputs=("pixel_values", "pixel_mask"),
+                   validate=validate_counted_micro(_aria_tokens)),
     "idefics2": replace(_BASE["idefics3"], validate=validate_counted_micro(_resampled_tokens)),
     "deepseek_ocr2": Family(vision=TOWER + ("model.view_separator",),
                             image_inputs=("pixel_values", "pixel_values_local", "num_local_patches"),
                             validate=validate_counted_micro(_ocr2_tokens)),
     "lighton_ocr": Family(vision=("model.vision_encoder", "model.vision_projection"),
-                          image_inputs=("pixel_values", "image_sizes")),
+                          image_inputs=("pixel_values", "image_sizes"),
+                          validate=validate_counted_micro(_pixtral_tokens)),
 }
 FAMILIES["llava_onevision"] = replace(_BASE["llava_onevision"], video_inputs=("pixel_values_videos",),
                                       validate=validate_counted_micro(_onevision_images, _onevision_videos))

@@ -1,0 +1,183 @@
+"""Every declared family checks each micro-batch at load against its tower's real output size.
+
+A row whose image-token count differs from the features its images give would reach stage 0, whose count check on
+a GPU is a device-side assert that ends the run. The load-time check (``SplitModel.validate_micro``, built here on
+the meta device as ``mpipe-hf check-data`` builds it) refuses it first with a ``ValueError`` naming the counts, and
+the owner's :class:`~mpipe_hf.data.MicroBatchPlan` then drops that row alone.
+
+For each family of the registry: one conversation row with a non-square photo, collated by the family's own
+processor, passes; the same row with one image token more, or one less, is refused. Decoder-only families take no
+images, so they have nothing to count (:data:`NO_IMAGES`).
+"""
+
+import PIL.Image
+import pytest
+import skimage
+import torch
+from transformers import AutoModelForImageTextToText
+
+from mpipe_hf.data import ConversationCollator, MicroBatchPlan, build_processor, qwen2_tokenizer
+from mpipe_hf.models import tiny
+from mpipe_hf.models.family import flat_features
+from mpipe_hf.models.registry import FAMILIES
+from mpipe_hf.models.tiny_all import TINY_MODELS
+from mpipe_hf.train.sources import micro_validator
+
+# the families declared before the tiny-config registry (mpipe_hf.models.tiny), by model type
+OLDER = {"qwen2_vl": tiny.tiny_qwen2_vl_config, "qwen2_5_vl": tiny.tiny_qwen2_5_vl_config,
+         "qwen3_vl": tiny.tiny_qwen3_vl_config, "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config,
+         "qwen3_5": tiny.tiny_qwen3_5_config, "qwen3_5_moe": lambda t, **k: tiny.tiny_qwen3_5_config(t, moe=True, **k),
+         "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": lambda t, **k: tiny.tiny_glm4v_config(t, moe=True, **k),
+         "llava": tiny.tiny_llava_config}
+BUILDERS = {**OLDER, **TINY_MODELS}
+# decoder-only language models: no tower, no image token, nothing to count
+NO_IMAGES = sorted(t for t, family in FAMILIES.items() if not getattr(family, "vision", ()))
+VISION = sorted(t for t in FAMILIES if t not in NO_IMAGES)
+REFUSED = "image-token count"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return qwen2_tokenizer(5120)
+
+
+def image_row(answer: str = "A cup of coffee.") -> dict:
+    photo = PIL.Image.fromarray(skimage.data.coffee()).resize((84, 56))  # wide: anyres grids unpad to it
+    return {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": answer}]}], "images": [photo]}
+
+
+def one_token_off(batch: dict, image_token_id: int, more: bool) -> dict:
+    """``batch`` (one row) with one image token more (a text token of the prompt made one) or one less (the first
+    image token made a text token); ``mm_token_type_ids``, where the family has them, follow as its processor
+    writes them."""
+    ids, real = batch["input_ids"].clone(), batch["attention_mask"].bool()
+    image = ids == image_token_id
+    text = real & ~image & (batch["labels"] == -100)
+    where = (text if more else image)[0].nonzero()[-1 if more else 0].item()
+    plain = ids[0][text[0]][0].item()  # a text token of the same row
+    ids[0, where] = image_token_id if more else plain
+    out = {**batch, "input_ids": ids}
+    if "mm_token_type_ids" in batch:
+        types = batch["mm_token_type_ids"].clone()
+        types[0, where] = 1 if more else 0
+        out["mm_token_type_ids"] = types
+    return out
+
+
+def family_row(model_type: str, tokenizer):
+    config = BUILDERS[model_type](tokenizer, num_layers=1)
+    collate = ConversationCollator(build_processor(config, tokenizer), None, model_type=model_type)
+    return config, collate
+
+
+def stock_row(config, tokenizer) -> dict:
+    """One row for a family the project has no processor for yet, whose images are fixed-size tiles (its
+    ``get_image_features`` takes ``pixel_values`` alone): one random tile of the tower's ``image_size``, and as
+    many image tokens as the stock tiny model's ``get_image_features`` gives features for it."""
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config).eval()
+    side = config.vision_config.image_size
+    pixels = torch.randn(1, 3, side, side)
+    with torch.no_grad():
+        features = model.get_image_features(pixel_values=pixels)
+    count = flat_features(getattr(features, "pooler_output", features)).shape[0]
+    prompt = tokenizer("What is this?")["input_ids"]
+    answer = tokenizer(" A cup of coffee.")["input_ids"]
+    ids = torch.tensor([prompt + [config.image_token_id] * count + answer])
+    labels = torch.tensor([[-100] * (len(prompt) + count) + answer])
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "pixel_values": pixels}
+
+
+def one_row(model_type: str, tokenizer):
+    """``(config, batch)``: one image row of ``model_type`` collated by its own processor, or, for a family of
+    fixed-size tiles whose processor the project lacks, :func:`stock_row`."""
+    try:
+        config, collate = family_row(model_type, tokenizer)
+    except ValueError as err:
+        if "has no image processor" not in str(err):
+            raise
+        config = BUILDERS[model_type](tokenizer, num_layers=1)
+        if tuple(FAMILIES[model_type].image_inputs) != ("pixel_values",):
+            pytest.skip(f"{model_type}: no processor in the project yet, and its images are not fixed-size tiles "
+                        f"(it takes {FAMILIES[model_type].image_inputs}): no row can be made without one")
+        return config, stock_row(config, tokenizer)
+    return config, collate([image_row()])
+
+
+def test_every_declared_family_is_covered():
+    """Every family of the registry is checked here (a tiny config) or takes no images."""
+    assert set(FAMILIES) == set(VISION) | set(NO_IMAGES)
+    assert not set(VISION) - set(BUILDERS), "a vision family without a tiny config: add it to BUILDERS"
+    assert {"llama", "qwen2", "qwen3", "mistral4"} <= set(NO_IMAGES)
+
+
+@pytest.mark.parametrize("model_type", VISION)
+def test_a_row_one_image_token_off_is_refused_at_load(model_type, tokenizer):
+    config, batch = one_row(model_type, tokenizer)
+    validate = micro_validator(config)
+    assert validate is not None, f"{model_type} declares no load-time check"
+    image_token_id = config.image_token_id
+    assert (batch["input_ids"] == image_token_id).any()
+    validate(batch)  # the processor's own row passes
+    for more in (True, False):
+        with pytest.raises(ValueError, match=REFUSED):
+            validate(one_token_off(batch, image_token_id, more))
+
+
+# the config fields that state an image's token count beside the tower: the check reads the tower's real output
+# (its positions, patch grid, pooling), so a field that disagrees with it changes nothing
+COUNT_FIELDS = {"vipllava": "image_seq_length", "video_llava": "image_seq_length", "internvl": "image_seq_length",
+                "qianfan_ocr": "image_seq_length", "got_ocr2": "image_seq_length", "pp_chart2table": "image_seq_length",
+                "janus": "vision_config.num_image_tokens", "paligemma": "text_config.num_image_tokens",
+                "llava_next": "image_seq_length", "llava_next_video": "image_seq_length"}
+
+
+@pytest.mark.parametrize("model_type", sorted(COUNT_FIELDS))
+def test_the_count_is_the_towers_not_a_config_field(model_type, tokenizer):
+    config, batch = one_row(model_type, tokenizer)
+    *path, field = COUNT_FIELDS[model_type].split(".")
+    owner = config
+    for name in path:
+        owner = getattr(owner, name)
+    setattr(owner, field, getattr(owner, field) + 1)  # one token more than the tower gives
+    validate = micro_validator(config)
+    validate(batch)
+    with pytest.raises(ValueError, match=REFUSED):
+        validate(one_token_off(batch, config.image_token_id, True))
+
+
+@pytest.mark.parametrize("model_type", NO_IMAGES)
+def test_a_decoder_only_family_has_nothing_to_count(model_type):
+    family = FAMILIES[model_type]
+    assert not family.vision and family.validate is None
+
+
+class BreakRows:
+    """The family's collator, with each row marked ``"extra_image_token"`` given one image token too many."""
+
+    def __init__(self, collate, image_token_id: int):
+        self.collate, self.image_token_id = collate, image_token_id
+        self.null_batch = collate.null_batch
+
+    def __call__(self, rows):
+        batch = self.collate(rows)
+        for i, row in enumerate(rows):
+            if row.get("extra_image_token"):
+                text = batch["attention_mask"][i].bool() & (batch["input_ids"][i] != self.image_token_id)
+                batch["input_ids"][i, text.nonzero()[-1].item()] = self.image_token_id
+        return batch
+
+
+@pytest.mark.parametrize("model_type", ["aria", "llava_next"])
+def test_a_bad_row_costs_that_row(model_type, tokenizer):
+    config, collate = family_row(model_type, tokenizer)
+    rows = [dict(image_row("A cup."), where="rows.jsonl:1"),
+            dict(image_row("Coffee."), where="rows.jsonl:2", extra_image_token=True),
+            dict(image_row("A mug."), where="rows.jsonl:3")]
+    plan = MicroBatchPlan(rows, BreakRows(collate, config.image_token_id), 1, 3, micro_validator(config))
+    batch = plan.load_rows([0, 1, 2])
+    assert batch["input_ids"].shape[0] == 2  # the step trains on the other two
+    assert torch.equal(batch["input_ids"], collate([rows[0], rows[2]])["input_ids"])
+    dropped = plan.take_dropped()
+    assert len(dropped) == 1 and "rows.jsonl:2" in dropped[0] and REFUSED in dropped[0]
