@@ -191,14 +191,14 @@ def tiny_idefics2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, 
 def tiny_deepseek_ocr2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 128
                               ) -> DeepseekOcr2Config:
     """A ``DeepseekOcr2Config`` scaled as the hub's 1,024-px global view and 768-px tiles are: :func:`_sam`'s tower
-    in 2-px patches (windows of 4 in both layers: a global layer over the 64 x 64 grid tripled a training step's
-    time) on ``image_size``-px global views (a 64 x 64 grid, downsampled 4 x
-    to the 256 queries of ``query_1024_resolution``) and ``image_size * 3 / 4``-px tiles (the 144 of
-    ``query_768_resolution``), a 2-layer Qwen2-style encoder of width 32 over patches and queries, and a
-    DeepSeek-V2 text model with plain multi-head attention: the first layer dense, then 4 routed experts of width
-    ``hidden_size / 2`` (2 active) and one shared."""
-    sam = dict(_sam(image_size), patch_size=2, window_size=4, global_attn_indexes=[],
-               downsample_channels=[32, VISION["hidden_size"]])
+    in 2-px patches (windows of 4 in layer 0, global attention in layer 1, as the hub's tower mixes them) on
+    ``image_size``-px global views (a 64 x 64 grid, downsampled 4 x to the 256 queries of
+    ``query_1024_resolution``) and ``image_size * 3 / 4``-px tiles (the 144 of ``query_768_resolution``). The grids
+    cannot shrink: the processor counts a view's tokens as its grid / 4 squared, which must equal the 256 or 144
+    queries the tower returns, and a tile is 3/4 of the global view. Then a 2-layer Qwen2-style encoder of width 32
+    over patches and queries, and a DeepSeek-V2 text model with plain multi-head attention: the first layer dense,
+    then 4 routed experts of width ``hidden_size / 2`` (2 active) and one shared."""
+    sam = dict(_sam(image_size), patch_size=2, window_size=4, downsample_channels=[32, VISION["hidden_size"]])
     text = _lm(tokenizer, "deepseek_ocr2_text", num_layers, hidden_size, moe_intermediate_size=hidden_size // 2,
                n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1))
