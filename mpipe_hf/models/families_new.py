@@ -15,8 +15,8 @@ from __future__ import annotations
 from torch import nn
 
 from .families import validate_counted_micro
-from .family import Family, no_pil
-from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage
+from .family import Family
+from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage, unified_masks
 from .tiny import _text
 from .tiny_vlms import _id
 
@@ -39,6 +39,11 @@ def _both(*checks):
     return build
 
 
+def _unified_tokens(model: nn.Module):
+    """Gemma 4 Unified: each image's real model patches (``image_position_ids`` not ``-1``); no pooling after."""
+    return lambda raw: int((raw["image_position_ids"] != -1).all(-1).sum())
+
+
 def _llama4_tokens(model: nn.Module):
     """Llama 4: each tile's patches (its pixels over ``patch_size``, both sides) times ``pixel_shuffle_ratio **
     2``, over the tiles of ``pixel_values`` ``(tiles, 3, H, W)``."""
@@ -56,6 +61,10 @@ FAMILIES: dict[str, Family] = {
                      validate=_both(refuse_other_modalities(GEMMA4_OTHER),
                                     validate_counted_micro(_gemma4_tokens))),
     "mistral4": Family(text="model"),
+    "gemma4_unified": Family(vision=("model.embed_vision",), image_inputs=("pixel_values", "image_position_ids"),
+                             mask_inputs=("mm_token_type_ids",), masks=unified_masks, softcap=True,
+                             stage=shared_kv_stage, validate=_both(refuse_other_modalities(GEMMA4_OTHER),
+                                                                   validate_counted_micro(_unified_tokens))),
     "llama4": Family(text="language_model.model", vision=("vision_model", "multi_modal_projector"),
                      head="language_model.lm_head", validate=validate_counted_micro(_llama4_tokens)),
 }
@@ -83,6 +92,29 @@ def tiny_gemma4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sl
     return Gemma4Config(text_config=text, vision_config=vision, audio_config=None, tie_word_embeddings=False,
                         image_token_id=_id(tokenizer, "<|image_pad|>"), video_token_id=_id(tokenizer, "<|video_pad|>"),
                         boi_token_id=_id(tokenizer, "<|vision_start|>"), eoi_token_id=_id(tokenizer, "<|vision_end|>"))
+
+
+def tiny_gemma4_unified_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sliding_window: int = 16):
+    """A ``Gemma4UnifiedConfig`` (encoder-free, scaled down): the vision embedder over raw 8-px model patches (4-px
+    patches merged 2 x 2 by the processor; layer norms, a dense layer to ``hidden_size``, a factorized 16-entry
+    position table, the multimodal projection), no audio; :func:`tiny_gemma4_config`'s text model without
+    per-layer inputs (every third layer global, 32-wide heads with keys as values and one key-value head; the last
+    third reusing earlier layers' keys and values; bidirectional image blocks), logits soft-capped at 30, the head
+    tied as the real model's. Images are ``<|vision_start|>`` ``<|image_pad|>`` x patches ``<|vision_end|>``."""
+    from transformers import Gemma4UnifiedConfig
+    types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(num_layers)]
+    types[-1] = "full_attention"
+    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, global_head_dim=hidden_size // 2,
+                 sliding_window=sliding_window, layer_types=types, num_kv_shared_layers=num_layers // 3,
+                 attention_k_eq_v=True, num_global_key_value_heads=1, use_bidirectional_attention="vision",
+                 final_logit_softcapping=30.0)
+    vision = dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=hidden_size, mm_posemb_size=16,
+                  output_proj_dims=hidden_size)
+    return Gemma4UnifiedConfig(text_config=text, vision_config=vision, audio_config=None, tie_word_embeddings=True,
+                               image_token_id=_id(tokenizer, "<|image_pad|>"),
+                               video_token_id=_id(tokenizer, "<|video_pad|>"),
+                               boi_token_id=_id(tokenizer, "<|vision_start|>"),
+                               eoi_token_id=_id(tokenizer, "<|vision_end|>"))
 
 
 def tiny_llama4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
@@ -125,10 +157,9 @@ def tiny_mistral4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
 
 
 # model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
-TINY: dict = {"gemma4": tiny_gemma4_config, "mistral4": tiny_mistral4_config, "llama4": tiny_llama4_config}
+TINY: dict = {"gemma4": tiny_gemma4_config, "mistral4": tiny_mistral4_config, "llama4": tiny_llama4_config,
+              "gemma4_unified": tiny_gemma4_unified_config}
 REFUSED: dict[str, str] = {  # model_type -> why it cannot be split, in the user's terms
-    "gemma4_unified": no_pil("Gemma4UnifiedImageProcessor: raw 48-px patches for the encoder-free embedder")
-                      + "; the text model is Gemma 4's, whose split is gemma4's",
     "diffusion_gemma": "block diffusion: a Gemma encoder and a diffusion decoder that attends bidirectionally over "
                        "a noised block and reads the encoder's cache, trained by denoising, not a causal decoder "
                        "stack under a next-token loss",

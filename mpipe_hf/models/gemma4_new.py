@@ -27,6 +27,7 @@ from transformers.cache_utils import KVSharingDict
 
 from .decoder import CARRIED_KEYS, DecoderStage, layer_type_masks
 from .families import model_class_masks
+from .packed import ROW_BLIND
 
 Tensors = dict[str, torch.Tensor]
 PER_LAYER_KEY = "per_layer_inputs"
@@ -137,6 +138,32 @@ def gemma4_masks(model: nn.Module):
     ``mm_token_type_ids``): causal on the global layers; on the sliding layers the window AND (causal OR one
     bidirectional block per image) when the text config sets ``use_bidirectional_attention = "vision"``."""
     return model_class_masks(model, "mm_token_type_ids")
+
+
+def unified_masks(model: nn.Module):
+    """Gemma 4 Unified's masks as its ``forward`` builds them for training: transformers'
+    ``create_masks_for_generate`` per layer type with, when the text config sets ``use_bidirectional_attention =
+    "vision"``, one bidirectional block per run of image tokens (``get_block_sequence_ids_for_mask`` over
+    ``mm_token_type_ids``; every token its own causal block without them) on every layer type, the sliding layers
+    under their window (the forward does not call the class's ``create_masks_for_generate``, whose global layers
+    stay causal)."""
+    from transformers.masking_utils import create_masks_for_generate
+    from transformers.models.gemma4_unified.modeling_gemma4_unified import get_block_sequence_ids_for_mask
+    config = model.config.get_text_config()
+    blocks = config.use_bidirectional_attention == "vision"
+
+    def masks(text_config, hidden, padding, text_row, state, types) -> dict:
+        kwargs = {}
+        if blocks:
+            token_types = state.get("mm_token_type_ids")
+            kwargs["block_sequence_ids"] = (get_block_sequence_ids_for_mask(token_types, hidden.device)
+                                            if token_types is not None
+                                            else torch.full(hidden.shape[:-1], -1, device=hidden.device))
+        out = create_masks_for_generate(config=config, inputs_embeds=hidden, attention_mask=padding, cache=None,
+                                        position_ids=text_row, **kwargs)
+        return out if isinstance(out, dict) else {t: out for t in types}
+    setattr(masks, ROW_BLIND, True)  # the blocks are read by position: a packed micro runs row by row
+    return masks
 
 
 def refuse_other_modalities(keys: dict[str, str]):

@@ -70,8 +70,30 @@ def minicpm_image(config, image: Image.Image) -> tuple[dict, int]:
         h * w // merge ** 2
 
 
+def gemma4_unified_image(config, image: Image.Image, max_patches: int = 28) -> tuple[dict, int]:
+    """``Gemma4UnifiedImageProcessor``: the image resized to whole model patches (``patch_size *
+    pooling_kernel_size`` px, at most 5 a side), each patch's pixels flattened ``(p, q, channel)``, padded to
+    ``max_patches`` rows: ``pixel_values`` ``(1, max_patches, (k * patch) ** 2 * 3)``, ``image_position_ids``
+    ``(1, max_patches, 2)`` as ``(x, y)``, ``-1`` on padding; one token a real patch."""
+    vision = config.vision_config
+    side = vision.patch_size * vision.pooling_kernel_size
+    width, height = image.size
+    h, w = (min(5, max(1, round(s / side))) for s in (height, width))
+    pixels = _pixels(image, h * side, w * side)
+    patches = pixels.view(3, h, side, w, side).permute(1, 3, 2, 4, 0).reshape(h * w, -1)
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    positions = torch.stack([cols.reshape(-1), rows.reshape(-1)], -1)
+    padded = torch.zeros(1, max_patches, patches.shape[-1])
+    padded[0, :h * w] = patches
+    ids = torch.full((1, max_patches, 2), -1, dtype=torch.long)
+    ids[0, :h * w] = positions
+    return {"pixel_values": padded, "image_position_ids": ids}, h * w
+
+
 # model type -> (one image's builder, the dimension a micro-batch's images' pixels are joined along)
-BUILDERS = {"llama4": (llama4_image, 0), "kimi_k25": (kimi_k25_image, 0), "minicpm_ocr": (minicpm_image, -1)}
+BUILDERS = {"llama4": (llama4_image, 0), "kimi_k25": (kimi_k25_image, 0), "minicpm_ocr": (minicpm_image, -1),
+            "gemma4_unified": (gemma4_unified_image, 0)}
+TOKEN_TYPES = ("gemma4_unified",)  # families whose masks read mm_token_type_ids (1 at each image token)
 
 
 def direct_collator(config, tokenizer):
@@ -104,5 +126,7 @@ def direct_collator(config, tokenizer):
             out["labels"][r, len(context):n] = torch.tensor(reply)
         for key in vision[0] if vision else ():
             out[key] = torch.cat([v[key] for v in vision], dim=dim if key == "pixel_values" else 0)
+        if config.model_type in TOKEN_TYPES:
+            out["mm_token_type_ids"] = (out["input_ids"] == image_token).long()
         return out
     return collate
