@@ -6,21 +6,19 @@ runs in two environments over the same inputs (:func:`cases`, made here from see
     python scripts/video_stock_check.py tokenizer DIR   # project venv: saves the Qwen2 tokenizer to DIR/tokenizer
     python scripts/video_stock_check.py stock DIR       # a venv with torchvision + transformers (no mpipe_hf):
                                                         # the stock classes' outputs -> DIR/stock.pt
-    python scripts/video_stock_check.py compare DIR [--record FILE]
-                                                        # project venv: ours vs DIR/stock.pt, every tensor
-                                                        # compared with torch.equal; --record writes the stock
-                                                        # outputs' digests (tests/video_stock.json)
+    python scripts/video_stock_check.py compare DIR     # project venv: ours vs DIR/stock.pt, every tensor
+                                                        # compared with torch.equal
 
 Each case is a video processor call (``Qwen2VLVideoProcessor`` vs :class:`mpipe_hf.data.video_processor.
 QwenVideoProcessor`) or a processor call with text, images and videos (``Qwen2VLProcessor`` /
-``Qwen2_5_VLProcessor`` over ``Qwen2VLImageProcessorPil`` and each video processor). ``tests/test_video.py``
-replays the recorded digests without torchvision (docs/video.md, "Exactness").
+``Qwen2_5_VLProcessor`` over ``Qwen2VLImageProcessorPil`` and each video processor). The same cases' stock outputs
+are recorded in ``tests/stock_processor_outputs.npz`` by ``scripts/record_stock_processors.py`` (one environment
+with torchvision and mpipe_hf, no tokenizer hand-over), which ``tests/test_video.py`` replays without torchvision on
+any CPU (docs/video.md, "Exactness").
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 
@@ -128,13 +126,6 @@ def stock(folder: str) -> None:
     print(f"wrote {os.path.join(folder, 'stock.pt')}: {len(outputs)} cases, {versions}")
 
 
-def digest(tensor: torch.Tensor) -> str:
-    """sha256 of a tensor's dtype, shape and bytes."""
-    tensor = tensor.contiguous()
-    head = f"{tensor.dtype}{tuple(tensor.shape)}".encode()
-    return hashlib.sha256(head + tensor.numpy().tobytes()).hexdigest()
-
-
 def ours(tokenizer=None) -> dict:
     """mpipe_hf's outputs of every case (the tokenizer: the full Qwen2 one unless given)."""
     from mpipe_hf.data import qwen2_tokenizer
@@ -149,9 +140,8 @@ def ours(tokenizer=None) -> dict:
     return {case["name"]: run(case, QwenVideoProcessor, processor_of) for case in cases()}
 
 
-def compare(folder: str, record: str | None = None) -> int:
-    """Ours against ``folder/stock.pt``: prints each case's verdict; with ``record`` writes the stock outputs'
-    digests there. Returns the number of tensors that differ."""
+def compare(folder: str) -> int:
+    """Ours against ``folder/stock.pt``: prints each case's verdict. Returns the number of tensors that differ."""
     saved = torch.load(os.path.join(folder, "stock.pt"), map_location="cpu")
     mine, bad = ours(), 0
     for name, expected in saved["outputs"].items():
@@ -162,12 +152,6 @@ def compare(folder: str, record: str | None = None) -> int:
             bad += not same
             shape = tuple(expected[key].shape) if key in expected else None
             print(f"{name:28s} {key:22s} {shape!s:18s} {'equal' if same else 'DIFFERS'}")
-    if record:
-        table = {name: {key: digest(t) for key, t in out.items()} for name, out in saved["outputs"].items()}
-        with open(record, "w") as f:
-            json.dump({"versions": saved["versions"], "digests": table}, f, indent=1, sort_keys=True)
-            f.write("\n")
-        print(f"wrote {record}")
     print(f"{bad} tensor(s) differ; stock run: {saved['versions']}")
     return bad
 
@@ -188,8 +172,7 @@ def main(argv: list[str]) -> int:
     if command == "stock":
         stock(folder)
         return 0
-    record = argv[argv.index("--record") + 1] if "--record" in argv else None
-    return 1 if compare(folder, record) else 0
+    return 1 if compare(folder) else 0
 
 
 if __name__ == "__main__":

@@ -118,20 +118,22 @@ def test_sampling_equals_the_stock_method():
     assert stock_sample_indices(12, 4.0, 2, 4, 768, fps=2.0).tolist() == [0, 2, 4, 6, 8, 10]
 
 
-def test_outputs_equal_the_recorded_stock_outputs(tokenizer):
+def test_outputs_equal_the_recorded_stock_outputs():
     """The cases of scripts/video_stock_check.py against the stock classes' outputs recorded with torchvision
-    (tests/video_stock.json: sha256 of every tensor), replayed here without it."""
-    with open(os.path.join(ROOT, "tests", "video_stock.json")) as f:
-        recorded = json.load(f)
-    versions = recorded["versions"]
-    if torch.backends.cpu.get_cpu_capability() != versions["cpu"] or torch.__version__ != versions["torch"]:
-        pytest.skip(f"recorded with torch {versions['torch']} on {versions['cpu']}: rerun the script to compare")
-    mine = CHECK["ours"](qwen2_tokenizer())
-    assert sorted(mine) == sorted(recorded["digests"])
-    for name, outputs in recorded["digests"].items():
-        assert sorted(mine[name]) == sorted(outputs), name
-        for key, want in outputs.items():
-            assert CHECK["digest"](mine[name][key]) == want, (name, key)
+    (scripts/record_stock_processors.py -> tests/stock_processor_outputs.npz), replayed here without it, bit for bit
+    on any CPU (why no tolerance: tests/test_stock_recorded.py's docstring)."""
+    record = runpy.run_path(os.path.join(ROOT, "scripts", "record_stock_processors.py"))
+    meta, arrays = record["load"](os.path.join(ROOT, "tests", "stock_processor_outputs.npz"))
+    names = sorted(n for n in meta["cases"] if n.startswith("qwen2_case/"))
+    assert [n.split("/", 1)[1] for n in names] == sorted(case["name"] for case in CHECK["cases"]())
+    ours = record["Ours"](meta, arrays)
+    for name in names:
+        got, unit = ours.run(name)
+        outputs = meta["cases"][name]["outputs"]
+        assert sorted(got) == sorted(outputs), name
+        for key, info in outputs.items():
+            verdict = record["compare_tensor"](info, arrays[info["key"]], got[key], unit)
+            assert verdict["exact"], (name, key, verdict)
 
 
 def test_the_resize_rounding_path_matters():

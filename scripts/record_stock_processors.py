@@ -1,0 +1,392 @@
+"""Record what the stock ``transformers`` image and video processors (their torchvision classes) output, so that CI
+compares mpipe_hf's torchvision-free processors with them on any CPU (``tests/test_stock_recorded.py``).
+
+The project replaces two kinds of stock class:
+
+- video processors (the stock ones derive from ``BaseVideoProcessor``, which needs torchvision): Qwen2-VL and
+  Qwen2.5-VL (:class:`~mpipe_hf.data.video_processor.QwenVideoProcessor`), Qwen3-VL and Qwen3.5
+  (``Qwen3VideoProcessor``), GLM-4.1V/4.5V and GLM-4.6V (``Glm4vVideoProcessorNoTV`` / ``Glm46vVideoProcessorNoTV``),
+  LLaVA-OneVision (``OnevisionVideoProcessor``); each names its stock class (``stock_class_name``) and saves its
+  settings as the stock class does (``to_dict``), so the stock side is that class over the same settings;
+- image processors: every family's ``*ImageProcessorPil`` (PIL + numpy) stands in for the class transformers
+  builds by default, the same name without ``Pil`` (the torchvision backend), over the same settings.
+
+Run it in an environment with torchvision (docs/video.md, "Stock comparisons": the PyPI torch build with its
+torchvision, timm and the project's transformers, ``pip install -e . --no-deps`` plus the project's light deps)::
+
+    python scripts/record_stock_processors.py record tests/stock_processor_outputs.npz
+    python scripts/record_stock_processors.py compare tests/stock_processor_outputs.npz   # any environment
+
+``record`` runs every case through the stock classes and writes the inputs (``uint8``), the outputs and the
+versions into one compressed ``.npz``: integer tensors in full, float tensors of at most :data:`FULL` values in
+``float16`` (1 ``uint8`` level after normalisation is 0.0078 or more; ``float16``'s spacing below 4 is at most
+0.002), larger ones as a sha256, sums and an evenly strided ``float16`` sample of :data:`SAMPLE` values.
+``compare`` runs mpipe_hf's processors over the recorded inputs and prints each tensor's verdict and worst
+difference in ``uint8`` levels (what the test's tolerances are stated in).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import runpy
+import sys
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FULL = 60_000  # float values kept in full (float16) per tensor
+SAMPLE = 4096  # float values sampled from a larger tensor
+VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v", "glm46v", "llava_onevision")
+
+
+def _photos() -> dict:
+    """Small ``uint8`` RGB images: scikit-image's photos shrunk with PIL, and a smooth synthetic pattern."""
+    from PIL import Image
+    from skimage import data
+    astronaut = Image.fromarray(data.astronaut()).resize((64, 48), Image.BICUBIC)
+    chelsea = Image.fromarray(data.chelsea()).crop((100, 0, 300, 300)).resize((40, 60), Image.BICUBIC)
+    y, x = np.mgrid[0:33, 0:75].astype(np.float64)
+    wide = np.stack([128 + 127 * np.sin(x / 6 + y / 9), (4 * x + 3 * y) % 256, 128 + 127 * np.cos(y / 4)], -1)
+    return {"astronaut_48x64": np.asarray(astronaut), "chelsea_60x40": np.asarray(chelsea),
+            "pattern_33x75": wide.round().clip(0, 255).astype(np.uint8)}
+
+
+def _clips() -> dict:
+    """Small ``uint8`` ``(T, H, W, 3)`` clips and their metadata (``total_num_frames``, ``fps``, ``duration``)."""
+    pan = runpy.run_path(os.path.join(ROOT, "tests", "stock_video_code.py"))["pan"]
+    rng = np.random.default_rng(49)
+    clips = {"pan_6x36x44": pan(6, 36, 44), "noise_6x30x70": rng.integers(0, 256, (6, 30, 70, 3), dtype=np.uint8),
+             "pan_12x40x52": pan(12, 40, 52, step=3)}
+    fps = {"pan_6x36x44": 3.0, "noise_6x30x70": 2.0, "pan_12x40x52": 6.0}
+    return {name: (clip, {"total_num_frames": len(clip), "fps": fps[name], "duration": len(clip) / fps[name]})
+            for name, clip in clips.items()}
+
+
+def tiny_config(model_type: str, tokenizer):
+    """The project's tiny config of ``model_type`` (what the image and video processors are set from)."""
+    from mpipe_hf.models import tiny
+    from mpipe_hf.models.tiny_all import TINY_MODELS
+    build = getattr(tiny, f"tiny_{model_type}_config", None) or TINY_MODELS.get(model_type)
+    if build is None and model_type.endswith("_moe"):  # glm4v_moe, qwen3_5_moe: the dense builder's MoE variant
+        return getattr(tiny, f"tiny_{model_type[:-4]}_config")(tokenizer, moe=True)
+    return build(tokenizer)
+
+
+def image_families() -> list[str]:
+    """Every ``model_type`` whose image processor the project builds (:func:`~mpipe_hf.data.processor.
+    image_processor_for`)."""
+    from mpipe_hf.data.processor import PROCESSOR_TYPES
+    return sorted(PROCESSOR_TYPES)
+
+
+def settings_of(processor) -> dict:
+    """A processor's settings as keyword arguments (``to_dict`` less the class names)."""
+    out = dict(processor.to_dict())
+    for key in ("image_processor_type", "video_processor_type", "processor_class", "_processor_class"):
+        out.pop(key, None)
+    return out
+
+
+def described(ours) -> dict:
+    """``ours``'s class (``module:name``) and settings, from which :func:`rebuilt` makes it again: the record
+    compares the classes under the settings the project's data path gave them when it was made."""
+    return {"ours": f"{type(ours).__module__}:{type(ours).__qualname__}",
+            "settings": json.loads(json.dumps(settings_of(ours), default=list))}
+
+
+def rebuilt(case: dict):
+    """The project's processor of a recorded ``case``: its class over its recorded settings."""
+    import importlib
+    module, name = case["ours"].split(":")
+    return getattr(importlib.import_module(module), name)(**case["settings"])
+
+
+def stock_image_class(ours):
+    """The torchvision class transformers builds by default that ``ours`` (a ``*ImageProcessorPil``) stands in for,
+    or ``None`` where ``ours`` is not a PIL stand-in."""
+    import transformers
+    name = type(ours).__name__
+    return getattr(transformers, name[:-3], None) if name.endswith("Pil") else None
+
+
+def video_calls() -> list[tuple[str, list[str], dict]]:
+    """``(call name, clip names, keyword arguments)`` of every video processor call."""
+    return [("whole_two", ["pan_6x36x44", "noise_6x30x70"], {"do_sample_frames": False}),
+            ("sampled", ["pan_12x40x52"], {"do_sample_frames": True, "fps": 2, "num_frames": None}),
+            ("four_frames", ["pan_12x40x52"], {"do_sample_frames": True, "num_frames": 4, "fps": None})]
+
+
+def call_video(processor, clips: dict, names: list[str], call: dict) -> dict:
+    """One video processor call: its tensors and, per clip, the sampled frame indices (``indices<i>``)."""
+    from transformers.video_utils import VideoMetadata
+    out = processor(videos=[clips[n][0].copy() for n in names], video_metadata=[VideoMetadata(**clips[n][1])
+                                                                                for n in names],
+                    return_metadata=True, return_tensors="pt", **call)
+    got = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+    for i, meta in enumerate(out.get("video_metadata") or []):
+        if getattr(meta, "frames_indices", None) is not None:
+            got[f"indices{i}"] = torch.as_tensor(np.asarray(meta.frames_indices, dtype=np.int64))
+    return got
+
+
+def call_image(processor, image: np.ndarray) -> dict:
+    """One image processor call on one image: its tensors."""
+    from PIL import Image
+    out = processor(images=[Image.fromarray(image)], return_tensors="pt")
+    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def our_video_processor(model_type: str, tokenizer):
+    """The project's video processor of ``model_type`` as its data path builds it."""
+    from mpipe_hf.data import build_processor
+    return build_processor(tiny_config(model_type, tokenizer), tokenizer).video_processor
+
+
+def digest(tensor: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and bytes."""
+    tensor = tensor.detach().contiguous()
+    return hashlib.sha256(f"{tensor.dtype}{tuple(tensor.shape)}".encode() + tensor.numpy().tobytes()).hexdigest()
+
+
+def store(arrays: dict, prefix: str, tensor: torch.Tensor) -> dict:
+    """Put ``tensor`` into ``arrays`` under ``prefix`` (module docstring's rule; a tensor recorded already, as for
+    families sharing settings, is kept once); returns its description (``key``: where its values are)."""
+    info = {"dtype": str(tensor.dtype), "shape": list(tensor.shape), "sha256": digest(tensor), "key": prefix}
+    seen = arrays.setdefault("__seen__", {})
+    if info["sha256"] in seen:
+        return dict(seen[info["sha256"]])
+    seen[info["sha256"]] = info
+    flat = tensor.detach().flatten()
+    if not tensor.dtype.is_floating_point:
+        arrays[prefix] = tensor.numpy()
+        info["kept"] = "full"
+    elif flat.numel() <= FULL:
+        arrays[prefix] = tensor.numpy().astype(np.float16)
+        info["kept"] = "full"
+    else:
+        step, flat = -(-flat.numel() // SAMPLE), flat.double()
+        arrays[prefix] = flat[::step].numpy().astype(np.float16)
+        info.update(kept="sample", step=step, sums=[float(flat.sum()), float(flat.abs().sum())])
+    return dict(info)
+
+
+def _record_outputs(arrays: dict, cases: dict, name: str, describe: dict, run) -> None:
+    try:
+        outputs = run()
+    except Exception as err:  # noqa: BLE001 - a call the stock class refuses is recorded as refused
+        cases[name] = dict(describe, error=f"{type(err).__name__}: {err}"[:300])
+        return
+    cases[name] = dict(describe, outputs={k: store(arrays, f"{name}/{k}", v) for k, v in sorted(outputs.items())})
+
+
+def record_videos(arrays: dict, cases: dict, clips: dict, tokenizer) -> None:
+    """Every video processor of :data:`VIDEO_TYPES` under every :func:`video_calls` through its stock class."""
+    import transformers
+    for model_type in VIDEO_TYPES:
+        ours = our_video_processor(model_type, tokenizer)
+        stock = getattr(transformers, ours.stock_class_name)(**settings_of(ours))
+        for call_name, names, call in video_calls():
+            describe = {"kind": "video", "family": model_type, "stock": type(stock).__name__, "clips": names,
+                        "call": call, **described(ours)}
+            _record_outputs(arrays, cases, f"video/{model_type}/{call_name}", describe,
+                            lambda: call_video(stock, clips, names, call))
+
+
+def record_images(arrays: dict, cases: dict, photos: dict, tokenizer) -> None:
+    """Every family's image processor (:func:`image_families`) on every photo through its torchvision class."""
+    from mpipe_hf.data.processor import image_processor_for
+    for model_type in image_families():
+        ours = image_processor_for(tiny_config(model_type, tokenizer))
+        cls = stock_image_class(ours)
+        if cls is None:
+            cases[f"image/{model_type}"] = {"kind": "image", "family": model_type, **described(ours),
+                                            "error": "the stock class itself: no torchvision class stands behind it"}
+            continue
+        stock = cls(**settings_of(ours))
+        for image in photos:
+            describe = {"kind": "image", "family": model_type, "stock": cls.__name__, "image": image,
+                        **described(ours)}
+            _record_outputs(arrays, cases, f"image/{model_type}/{image}", describe,
+                            lambda: call_image(stock, photos[image]))
+
+
+def record(path: str) -> None:
+    """Every case through the stock classes -> ``path`` (a compressed ``.npz``; needs torchvision)."""
+    import torchvision
+    import transformers
+    from mpipe_hf.data import qwen2_tokenizer
+    tokenizer = qwen2_tokenizer(5120)
+    arrays, cases, photos, clips = {}, {}, _photos(), _clips()
+    arrays.update({f"input/image/{k}": v for k, v in photos.items()})
+    arrays.update({f"input/video/{k}": v for k, (v, _) in clips.items()})
+    record_videos(arrays, cases, clips, tokenizer)
+    record_images(arrays, cases, photos, tokenizer)
+    record_qwen2_cases(arrays, cases, qwen2_tokenizer())
+    versions = {"torch": str(torch.__version__), "torchvision": str(torchvision.__version__),
+                "transformers": transformers.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
+                "clip_metadata": {k: m for k, (_, m) in clips.items()}}
+    arrays.pop("__seen__")
+    arrays["__meta__"] = np.frombuffer(json.dumps({"versions": versions, "cases": cases}).encode(), dtype=np.uint8)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    with open(path, "wb") as f:
+        f.write(buffer.getvalue())
+    refused = sorted(n for n, c in cases.items() if "error" in c)
+    print(f"wrote {path}: {len(cases)} cases ({len(refused)} refused), {len(buffer.getvalue()) / 1e6:.2f} MB")
+    print(f"  {versions}")
+    for name in refused:
+        print(f"  refused {name}: {cases[name]['error'][:150]}")
+
+
+def load(path: str) -> tuple[dict, dict]:
+    """``(metadata, arrays)`` of a recorded file."""
+    with np.load(path) as saved:
+        arrays = {k: saved[k] for k in saved.files}
+    return json.loads(arrays.pop("__meta__").tobytes().decode()), arrays
+
+
+def qwen2_cases() -> list[dict]:
+    """``scripts/video_stock_check.py``'s cases: Qwen2-VL's video processor under eight settings, and the Qwen2-VL and
+    Qwen2.5-VL processors over text, an image and videos."""
+    return runpy.run_path(os.path.join(ROOT, "scripts", "video_stock_check.py"))["cases"]()
+
+
+def _inputs_digest(case: dict) -> str:
+    return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for v in [*case["videos"], *case.get(
+        "images", [])])).hexdigest()
+
+
+def run_qwen2_case(case: dict, stock_side: bool, tokenizer) -> dict:
+    """One of :func:`qwen2_cases` through the stock classes (``stock_side``) or mpipe_hf's."""
+    check = runpy.run_path(os.path.join(ROOT, "scripts", "video_stock_check.py"))
+    if stock_side:
+        from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+        classes, video_cls = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor}, Qwen2VLVideoProcessor
+    else:
+        from mpipe_hf.data.processor import QWEN_PROCESSORS
+        from mpipe_hf.data.processors_vlm import conversation_class
+        from mpipe_hf.data.video_processor import QwenVideoProcessor
+        classes = {k: conversation_class(QWEN_PROCESSORS[k], k) for k in ("qwen2_vl", "qwen2_5_vl")}
+        video_cls = QwenVideoProcessor
+
+    def processor_of(family, video):
+        return classes[family](image_processor=check["_image_processor"](), tokenizer=tokenizer, video_processor=video)
+    return check["run"](case, video_cls, processor_of)
+
+
+def record_qwen2_cases(arrays: dict, cases: dict, tokenizer) -> None:
+    """:func:`qwen2_cases` through the stock classes into ``arrays`` / ``cases`` (their inputs made again by the
+    test, so only their digest is kept)."""
+    for case in qwen2_cases():
+        describe = {"kind": "qwen2_case", "family": case.get("family", "qwen2_vl"), "stock": "Qwen2VLVideoProcessor",
+                    "case": case["name"], "inputs_sha256": _inputs_digest(case)}
+        _record_outputs(arrays, cases, f"qwen2_case/{case['name']}", describe,
+                        lambda: run_qwen2_case(case, True, tokenizer))
+
+
+def level(processor) -> float:
+    """One ``uint8`` level of ``processor``'s output: ``rescale_factor / min(image_std)`` where it normalises."""
+    unit = processor.rescale_factor if getattr(processor, "do_rescale", True) else 1.0
+    if getattr(processor, "do_normalize", False):
+        unit /= float(np.min(processor.image_std))
+    return float(unit)
+
+
+def compare_tensor(info: dict, stored: np.ndarray, got: torch.Tensor, unit: float) -> dict:
+    """``got`` (ours) against one recorded tensor: ``exact`` (same dtype, shape and sha256), ``shape`` (same dtype
+    and shape), and for float tensors the worst and mean difference in levels of ``unit`` (ours cast to ``float16``
+    as the record was, so equal tensors differ by 0)."""
+    same_shape = str(got.dtype) == info["dtype"] and list(got.shape) == info["shape"]
+    out = {"exact": same_shape and digest(got) == info["sha256"], "shape": same_shape, "max": 0.0, "mean": 0.0}
+    if not same_shape or out["exact"]:
+        return out
+    if not got.dtype.is_floating_point:
+        out["max"] = out["mean"] = float("inf")
+        return out
+    flat = got.detach().double().flatten()
+    mine = flat if info["kept"] == "full" else flat[::info["step"]]
+    diff = np.abs(mine.numpy().astype(np.float16).astype(np.float64) - stored.astype(np.float64).ravel()) / unit
+    out["max"], out["mean"] = float(diff.max()), float(diff.mean())
+    if info["kept"] == "sample":  # the whole tensor's mean difference bounded through its sum
+        out["mean"] = max(out["mean"], abs(float(flat.sum()) - info["sums"][0]) / flat.numel() / unit)
+    return out
+
+
+class Ours:
+    """mpipe_hf's side of every recorded case (run in any environment)."""
+
+    def __init__(self, meta: dict, arrays: dict):
+        self.meta, self.arrays, self.tokenizer, self.processors = meta, arrays, None, {}
+
+    def processor(self, case: dict):
+        key = (case["ours"], json.dumps(case["settings"], sort_keys=True))
+        if key not in self.processors:
+            self.processors[key] = rebuilt(case)
+        return self.processors[key]
+
+    def run(self, name: str, case: dict | None = None) -> tuple[dict, float]:
+        """Ours on case ``name`` (its recorded description, or ``case`` in its place): ``(outputs, one level)``."""
+        case = case or self.meta["cases"][name]
+        if case["kind"] == "qwen2_case":
+            from mpipe_hf.data import qwen2_tokenizer
+            self.tokenizer = self.tokenizer or qwen2_tokenizer()
+            wanted = next(c for c in qwen2_cases() if c["name"] == case["case"])
+            if _inputs_digest(wanted) != case["inputs_sha256"]:
+                raise AssertionError(f"{name}: the case's inputs differ from the recorded ones")
+            out = run_qwen2_case(wanted, False, self.tokenizer)
+            from mpipe_hf.data.video_processor import QwenVideoProcessor
+            return out, level(QwenVideoProcessor(**wanted["settings"]))
+        processor = self.processor(case)
+        if case["kind"] == "video":
+            clips = {n: (self.arrays[f"input/video/{n}"], self.meta["versions"]["clip_metadata"][n])
+                     for n in case["clips"]}
+            return call_video(processor, clips, case["clips"], case["call"]), level(processor)
+        return call_image(processor, self.arrays[f"input/image/{case['image']}"]), level(processor)
+
+
+def compare(path: str, names: list[str] | None = None) -> dict:
+    """Ours against the record at ``path`` (every case, or ``names``): ``{case: {key: compare_tensor's verdict,
+    or "missing" / "extra"}}``; a case the stock class refused is skipped."""
+    meta, arrays = load(path)
+    ours, verdicts = Ours(meta, arrays), {}
+    for name in names or sorted(meta["cases"]):
+        case = meta["cases"][name]
+        if "error" in case:
+            continue
+        got, unit = ours.run(name)
+        verdict = {key: compare_tensor(info, arrays[info["key"]], got[key], unit) if key in got else "missing"
+                   for key, info in case["outputs"].items()}
+        verdict.update({key: "extra" for key in got if key not in case["outputs"]})
+        verdicts[name] = verdict
+    return verdicts
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("record", "compare"):
+        print(__doc__)
+        return 2
+    if argv[0] == "record":
+        record(argv[1])
+        return 0
+    worst, exact, total = 0.0, 0, 0
+    for name, verdict in compare(argv[1]).items():
+        for key, v in verdict.items():
+            total += 1
+            if isinstance(v, str) or not v["shape"]:
+                print(f"{name:52s} {key:22s} {v if isinstance(v, str) else 'DTYPE/SHAPE DIFFER'}")
+                worst = float("inf")
+                continue
+            exact += v["exact"]
+            worst = max(worst, v["max"])
+            verdict = "exact" if v["exact"] else f"max {v['max']:.3f} mean {v['mean']:.5f} levels"
+            print(f"{name:52s} {key:22s} {verdict}")
+    print(f"{exact}/{total} tensors bit-identical; worst difference {worst:.3f} uint8 levels")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

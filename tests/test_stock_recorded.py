@@ -1,0 +1,151 @@
+"""mpipe_hf's torchvision-free image and video processors against the stock ``transformers`` classes' outputs,
+recorded with torchvision by ``scripts/record_stock_processors.py`` into ``tests/stock_processor_outputs.npz``
+and compared here without torchvision, on any CPU (docs/video.md, "Stock comparisons").
+
+Differences are counted in ``uint8`` levels of the output (one level: ``rescale_factor / min(image_std)``, the
+smallest step a one-level change of an input pixel makes after normalisation). The record keeps floats as
+``float16``, and ours is cast the same way before comparing, so equal outputs differ by 0 and a one-level
+difference reads as 1 +- :data:`SLACK`.
+
+Video processors (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V, GLM-4.6V, LLaVA-OneVision): bit for bit, no
+tolerance. Both sides resize with ``torch.nn.functional.interpolate`` on the ``uint8`` frames (torchvision's path
+for bicubic; ours reproduces it, ``mpipe_hf/data/video_processor.py``), and that kernel gave the same bits in every
+setting measured: the stock classes under torch 2.13.0 + torchvision 0.28 on an AVX-512 CPU (the digests this
+record replaced) and under torch 2.14.1 + torchvision 0.29.1 on an AVX2 CPU (this record), ours under torch 2.13.0
+with ``ATEN_CPU_CAPABILITY`` ``avx2`` and ``default`` (no vector kernel): 0 of 84 recorded video tensors differ.
+
+Image processors: the project uses each family's ``*ImageProcessorPil`` where transformers builds the torchvision
+class by default; the two resize with different kernels (Pillow's fixed-point resampling against torch's), so
+values may differ by rounding: see :data:`IMAGE_MAX` and :data:`IMAGE_MEAN`. Shapes, dtypes and integer outputs
+(grids, patch counts) must be equal.
+"""
+
+import copy
+import os
+import runpy
+
+import pytest
+
+import mpipe_hf.data.video_processor as video_processor_module
+from mpipe_hf.data.processor import PROCESSOR_TYPES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORD = os.path.join(ROOT, "tests", "stock_processor_outputs.npz")
+SCRIPT = runpy.run_path(os.path.join(ROOT, "scripts", "record_stock_processors.py"))
+
+SLACK = 0.25  # float16 keeps values below 4 to 0.002 (0.001 below 2): at most 0.25 of the smallest level, 0.0078
+# Pillow and torch resize a uint8 image with different fixed-point weights and round once each: at most one level
+# apart per resize (measured: 1 level at 0.01-20 % of the values, 0 elsewhere, over 3 images x 49 families).
+IMAGE_MAX = 1 + SLACK
+IMAGE_MAX_FOR = {
+    # two resizes in a row (each up to one level): Idefics3 / SmolVLM resize to the longest edge, then to the
+    # tower's multiple; DeepSeek-VL-Hybrid's low-resolution view is resized from the high-resolution one;
+    # DeepSeek-OCR-2's global view is resized then padded. Measured: 2 levels.
+    **{family: 2 + SLACK for family in ("idefics3", "smolvlm", "deepseek_vl_hybrid", "deepseek_ocr2")},
+    # a 33 x 75 image of hard 255 -> 0 edges that the GLM processors shrink in height and grow in width (28 x 84):
+    # Pillow resizes the vertical pass first, torch the horizontal, and each clips its uint8 intermediate, so
+    # bicubic's overshoot at an edge is clipped at a different place. Measured: 14 levels at 96 of 14112 values
+    # (mean 0.08); Pillow's own resize in the two orders differs by the same 14 (torch's order matches Pillow's
+    # horizontal-first resize within 1 level). Photos stay within one level.
+    **{(family, "pattern_33x75"): 14 + SLACK for family in ("glm4v", "glm4v_moe", "glm46v", "glm_ocr", "glmga")},
+}
+# The mean difference over a tensor, in levels: the share of values one level apart. Measured worst: 0.20
+# (MiniCPM-V 4.6 / PaliGemma's SigLIP on the 60 x 40 photo grown to 56 x 56); a processor off by one level
+# everywhere (a shifted mean, the wrong resampling filter) reads about 1.
+IMAGE_MEAN = 0.3
+VIDEO_CALLS = [name for name, _, _ in SCRIPT["video_calls"]()]
+
+
+@pytest.fixture(scope="module")
+def record():
+    meta, arrays = SCRIPT["load"](RECORD)
+    return meta, arrays, SCRIPT["Ours"](meta, arrays)
+
+
+def _verdicts(record, name: str, case: dict | None = None) -> dict:
+    meta, arrays, ours = record
+    got, unit = ours.run(name, case)
+    recorded = meta["cases"][name]["outputs"]
+    assert sorted(got) == sorted(recorded), name
+    return {key: SCRIPT["compare_tensor"](info, arrays[info["key"]], got[key], unit) for key, info in recorded.items()}
+
+
+def _image_failures(record, family: str, names: list[str], cases: dict | None = None) -> list[str]:
+    """What breaks the stated tolerances among ``names`` (``cases``: descriptions put in place of the record's)."""
+    bad = []
+    for name in names:
+        image = record[0]["cases"][name]["image"]
+        bound = IMAGE_MAX_FOR.get((family, image), IMAGE_MAX_FOR.get(family, IMAGE_MAX))
+        for key, v in _verdicts(record, name, (cases or {}).get(name)).items():
+            if not v["shape"] or v["max"] > bound or v["mean"] > IMAGE_MEAN:
+                bad.append(f"{name} {key}: {v} (bounds {bound}, mean {IMAGE_MEAN})")
+    return bad
+
+
+def _image_cases(record, family: str) -> list[str]:
+    return sorted(n for n, c in record[0]["cases"].items() if c["kind"] == "image" and c["family"] == family
+                  and "error" not in c)
+
+
+def test_the_record_covers_every_replaced_processor(record):
+    """Every video processor the project ships under every call, and every family's image processor; small enough
+    for the repository; and each family's data path still builds the class the record compared."""
+    from mpipe_hf.data import qwen2_tokenizer
+    from mpipe_hf.data.processor import image_processor_for
+    meta, _, _ = record
+    assert os.path.getsize(RECORD) < 2_000_000
+    cases = meta["cases"]
+    tokenizer = qwen2_tokenizer(5120)
+    for family in SCRIPT["VIDEO_TYPES"]:
+        ours = SCRIPT["our_video_processor"](family, tokenizer)
+        for call in VIDEO_CALLS:
+            case = cases[f"video/{family}/{call}"]
+            assert "error" not in case and case["stock"] == ours.stock_class_name, (family, call)
+            assert case["ours"] == SCRIPT["described"](ours)["ours"], (family, call)
+    for family in PROCESSOR_TYPES:
+        ours = SCRIPT["described"](image_processor_for(SCRIPT["tiny_config"](family, tokenizer)))["ours"]
+        if family == "video_llava":  # the stock VideoLlavaImageProcessor itself: nothing replaced
+            assert "error" in cases["image/video_llava"] and cases["image/video_llava"]["ours"] == ours
+            continue
+        names = _image_cases(record, family)
+        assert len(names) == 3 and all(cases[n]["ours"] == ours for n in names), family
+    assert [n for n, c in cases.items() if "error" in c] == ["image/video_llava"]
+
+
+@pytest.mark.parametrize("family", SCRIPT["VIDEO_TYPES"])
+def test_video_outputs_equal_the_stock_record(record, family):
+    for call in VIDEO_CALLS:
+        name = f"video/{family}/{call}"
+        for key, v in _verdicts(record, name).items():
+            assert v["exact"], (name, key, v)
+
+
+def test_a_video_resize_rounded_through_float_differs_from_the_record(record, monkeypatch):
+    """The video check's teeth: the resize through float32 and rounding (torchvision's path where it has no
+    native uint8 kernel; a bilinear video resize without AVX2) instead of the native uint8 kernel."""
+    monkeypatch.setattr(video_processor_module, "_native_uint8", lambda mode: False)
+    verdict = _verdicts(record, "video/qwen2_5_vl/whole_two")
+    assert not verdict["pixel_values_videos"]["exact"] and verdict["pixel_values_videos"]["shape"]
+    assert verdict["video_grid_thw"]["exact"]
+
+
+@pytest.mark.parametrize("family", sorted(set(PROCESSOR_TYPES) - {"video_llava"}))
+def test_image_outputs_match_the_stock_record(record, family):
+    assert not _image_failures(record, family, _image_cases(record, family))
+
+
+@pytest.mark.parametrize("change, family", [("mean", "qwen2_vl"), ("filter", "qwen2_5_vl"), ("filter", "gemma3"),
+                                            ("filter", "llava"), ("filter", "idefics3")])
+def test_a_changed_image_processor_breaks_the_tolerances(record, change, family):
+    """The image check's teeth: the mean shifted by one level, or the other filter of bilinear and bicubic, is
+    caught for each family tried (Idefics3's under its wider two-resize bound)."""
+    names = _image_cases(record, family)
+    cases = {}
+    for name in names:
+        cases[name] = copy.deepcopy(record[0]["cases"][name])
+        settings = cases[name]["settings"]
+        if change == "mean":
+            settings["image_mean"] = [settings["image_mean"][0] + 1 / 255, *settings["image_mean"][1:]]
+        else:
+            settings["resample"] = 2 if settings["resample"] == 3 else 3
+    assert _image_failures(record, family, names, cases)
