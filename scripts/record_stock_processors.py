@@ -11,7 +11,7 @@ The project replaces two kinds of stock class:
 - image processors: every family's ``*ImageProcessorPil`` (PIL + numpy) stands in for the class transformers
   builds by default, the same name without ``Pil`` (the torchvision backend), over the same settings.
 
-Run it in an environment with torchvision (docs/video.md, "Stock comparisons": the PyPI torch build with its
+Run it in an environment with torchvision (docs/video.md, "Exactness against the stock processor": the PyPI torch build with its
 torchvision, timm and the project's transformers, ``pip install -e . --no-deps`` plus the project's light deps)::
 
     python scripts/record_stock_processors.py record tests/stock_processor_outputs.npz
