@@ -2,8 +2,9 @@
 conversations (photos and captions), equals the unsplit model on one process: the losses and gradient norms of 2
 steps, and the checkpoint reloads with ``from_pretrained`` to the one-process logits.
 
-CI trains Qwen3.5 and Qwen3-VL-MoE through their shipped recipes (tests/test_train.py) and every family's
-splitter exactly in tests/test_numerics.py; the whole list here runs with ``MPIPE_HF_FULL=1``.
+CI trains the demo (Qwen2.5-VL), the shipped Qwen3-VL-MoE recipe (tests/test_train.py) and the tiny recipes of
+Gemma 3, GLM-4.1V, Idefics3 and Aria (tests/test_tiny_models.py) through ``mpipe-hf train``, and checks every
+family's splitter exactly in tests/test_numerics.py; the whole list here runs with ``MPIPE_HF_FULL=1``.
 """
 
 import os
@@ -20,8 +21,9 @@ FAMILIES = {"qwen3_5_moe": lambda tok: tiny.tiny_qwen3_5_config(tok, moe=True),
 FULL = os.environ.get("MPIPE_HF_FULL") == "1"
 
 
-@pytest.mark.skipif(not FULL, reason="the full suite (MPIPE_HF_FULL=1); CI trains the Qwen3.5 and Qwen3-VL-MoE "
-                                     "recipes and checks every family's split in test_numerics.py")
+@pytest.mark.skipif(not FULL, reason="the full suite (MPIPE_HF_FULL=1); CI trains the demo, the Qwen3-VL-MoE "
+                                     "recipe and the tiny Gemma 3, GLM-4.1V, Idefics3 and Aria recipes through "
+                                     "mpipe-hf train, and checks every family's split in test_numerics.py")
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_family_trains_through_the_cli_like_one_process(demo, tmp_path, family):
     from transformers import AutoTokenizer

@@ -1,6 +1,6 @@
 """The tiny family folders of ``scripts/make_tiny_models.py`` load back as hub snapshots do, their recipes in
-recipes/tiny/ are what the generator writes, the Gemma 3 one trains through ``mpipe-hf train`` from another working
-directory like one process, and a chat template of another family is refused before any process starts (issue 38).
+recipes/tiny/ are what the generator writes, the Gemma 3 one and one of each family group train through ``mpipe-hf
+train`` from another working directory like one process, and a chat template of another family is refused before any process starts (issue 38).
 
 The slow check, every family's recipe trained, is ``scripts/train_tiny_recipes.py``.
 """
@@ -23,7 +23,8 @@ from mpipe_hf.data.templates import TEMPLATE_TYPES
 from train_common import EPS, ROOT, recipe_reference
 
 SCRIPT = runpy.run_path(os.path.join(ROOT, "scripts", "make_tiny_models.py"))
-BUILT = ("gemma3", "qwen2_5_vl", "llava_onevision", "qwen3")  # a few families: CI builds these, the script all
+GROUPS = ("glm4v", "idefics3", "aria")  # one family a group: CI trains its recipe
+BUILT = ("gemma3", "qwen2_5_vl", "qwen3") + GROUPS  # a few families: CI builds these, the script all
 
 
 @pytest.fixture(scope="module")
@@ -129,30 +130,29 @@ def test_qwen_template_on_gemma3_is_refused_before_any_process_starts(demo, tiny
         check(load_recipe(str(tmp_path / "recipes" / "good.yaml")))
 
 
-def test_tiny_gemma3_recipe_trains_from_another_directory_like_one_process(demo, tiny, tmp_path):
-    """recipes/tiny/gemma3.yaml in a copy of the repository's layout (demo/, tiny/, recipes/tiny/), with 2 steps and
-    eps 1e-6, run by ``mpipe-hf train`` from a working directory outside it: the losses and gradient norms equal
-    the unsplit model's on one process, and the checkpoint loads with ``from_pretrained``. Stage 0's only layer is
-    moved into the frozen ``P`` (``V = 1``, layers ``[1, 7]``, ``T = 1``): rank 0 holds nothing to train, and the
-    run trains all the same (rank 1 does)."""
+def train_tiny_recipe(demo, tiny, tmp_path, model_type: str, **parallel) -> None:
+    """recipes/tiny/<model_type>.yaml in a copy of the repository's layout (demo/, tiny/, recipes/tiny/), with 2
+    steps, eps 1e-6 and ``parallel``'s keys, run by ``mpipe-hf train`` from a working directory outside it: the
+    losses and gradient norms equal the unsplit model's on one process, and the checkpoint loads with
+    ``from_pretrained`` to the one-process logits."""
     repo = tmp_path / "repo"
     (repo / "recipes" / "tiny").mkdir(parents=True)
     os.symlink(demo, repo / "demo")
     (repo / "tiny").mkdir()
-    os.symlink(os.path.join(tiny, "gemma3"), repo / "tiny" / "gemma3")
-    raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "tiny", "gemma3.yaml")))
+    os.symlink(os.path.join(tiny, model_type), repo / "tiny" / model_type)
+    raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "tiny", f"{model_type}.yaml")))
     raw["train"].update(max_steps=2, adam_epsilon=EPS)  # the paths stay as shipped, relative to the file
-    raw["parallel"].update(vpp=1, layers_per_stage=[1, 7], text_layers=1)  # rank 0: only the frozen P
-    path = repo / "recipes" / "tiny" / "gemma3.yaml"
+    raw["parallel"].update(parallel)
+    path = repo / "recipes" / "tiny" / f"{model_type}.yaml"
     path.write_text(yaml.safe_dump(raw))
     (tmp_path / "elsewhere").mkdir()
     from mpipe_hf.train import load_recipe
     ref_losses, ref_norms, ref_model, micro = recipe_reference(load_recipe(str(path)), 2)
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
-                           "../repo/recipes/tiny/gemma3.yaml"], capture_output=True, text=True, timeout=600,
+                           f"../repo/recipes/tiny/{model_type}.yaml"], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path / "elsewhere", env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-5000:]
-    out = repo / "outputs" / "tiny" / "gemma3"
+    out = repo / "outputs" / "tiny" / model_type
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert len(rows) == 2 and all(abs(r["loss"] - ref) < 1e-4 for r, ref in zip(rows, ref_losses)), (rows, ref_losses)
     assert all(abs(r["grad_norm"] - n) < 1e-4 * n for r, n in zip(rows, ref_norms)), (rows, ref_norms)
@@ -161,6 +161,20 @@ def test_tiny_gemma3_recipe_trains_from_another_directory_like_one_process(demo,
     with torch.no_grad():
         inputs = {k: v for k, v in micro.items() if k != "labels"}
         assert (loaded(**inputs).logits - ref_model(**inputs).logits).abs().max().item() < 1e-4
+
+
+def test_tiny_gemma3_recipe_trains_from_another_directory_like_one_process(demo, tiny, tmp_path):
+    """The Gemma 3 recipe (:func:`train_tiny_recipe`), stage 0's only layer moved into the frozen ``P`` (``V = 1``,
+    layers ``[1, 7]``, ``T = 1``): rank 0 holds nothing to train, and the run trains all the same (rank 1 does)."""
+    train_tiny_recipe(demo, tiny, tmp_path, "gemma3", vpp=1, layers_per_stage=[1, 7], text_layers=1)
+
+
+@pytest.mark.parametrize("model_type", GROUPS)
+def test_a_tiny_recipe_of_each_family_group_trains_like_one_process(demo, tiny, tmp_path, model_type):
+    """``mpipe-hf train`` on one family of each group as shipped in recipes/tiny/ (:func:`train_tiny_recipe`): GLM,
+    Idefics, and Aria for the LLaVA-like ones and those with their own towers; the Qwen-like ones train through
+    the demo and the shipped Qwen3-VL-MoE recipe (tests/test_train.py), Gemma above."""
+    train_tiny_recipe(demo, tiny, tmp_path, model_type)
 
 
 def test_shieldgemma2_checkpoint_loads_per_rank_as_shieldgemma2_reads_it(tmp_path):
