@@ -1,6 +1,7 @@
 """The tiny family folders of ``scripts/make_tiny_models.py`` load back as hub snapshots do, their recipes in
 recipes/tiny/ are what the generator writes, the Gemma 3 one and one of each family group train through ``mpipe-hf
-train`` from another working directory like one process, and a chat template of another family is refused before any process starts (issue 38).
+train`` from another working directory like one process, and a chat template of another family is refused before
+any process starts.
 
 The slow check, every family's recipe trained, is ``scripts/train_tiny_recipes.py``.
 """
