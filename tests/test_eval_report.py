@@ -44,7 +44,7 @@ def test_an_evaluation_that_drops_a_row_says_so(capsys):
                           losses=[2.0, 1.0], eval_rows=(2, 12))
     line = summary_line(job, 1.0, "out")
     assert "the last evaluation ran on 2 of 12 eval rows (10 failed to load and were left out)" in line, line
-    assert "left out" not in summary_line(SimpleNamespace(**{**vars(job), "eval_rows": (12, 12)}), 1.0, "out")
+    assert "were left out" not in summary_line(SimpleNamespace(**{**vars(job), "eval_rows": (12, 12)}), 1.0, "out")
     assert "evaluation" not in summary_line(SimpleNamespace(**{**vars(job), "eval_rows": None}), 1.0, "out")
 
 

@@ -248,6 +248,50 @@ def checkpoint_worker(work: str) -> None:
             error = f"{type(err).__name__}: {err}"
         with open(os.path.join(folder, f"rank{os.environ['RANK']}.txt"), "w") as f:
             f.write(error)
+    MPipeTrainer.training_step, MPipeTrainer._save_optimizer_and_scheduler = step, write
+    for bad in BAD_ROWS:
+        bad_rows_scenario(os.path.join(work, "bad-" + "-".join(map(str, bad))), bad, config)
+
+
+BAD_ROWS = ((2,), (2, 5))  # rows whose "image" does not decode: one (two epochs), then two with max_bad_rows 1
+
+
+def bad_rows_scenario(folder: str, bad: tuple[int, ...], config) -> None:
+    """Run by :func:`checkpoint_worker` in its launch: 8 steps (two epochs of 8 rows, 2 one-row micro-batches a
+    step) of a tiny Qwen2 LM whose collator fails on the rows ``bad`` as on an image that does not decode (a null
+    micro-batch stands in for a bad row's), ``max_bad_rows=1``, no ``save_steps``. Each rank writes
+    ``rank<r>.json``: what ``train()`` raised (empty: nothing) and the logged ``bad_rows`` and ``bad_rows_total``
+    of each step."""
+    from transformers import Qwen2ForCausalLM, TrainingArguments
+    from mpipe_hf import MPipeConfig, MPipeTrainer
+
+    class Collate:
+        def __call__(self, batch):
+            if any(row["id"] in bad for row in batch):
+                raise OSError("image file is truncated")
+            ids = torch.tensor([row["input_ids"] for row in batch])
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+        def null_batch(self):
+            ids = torch.zeros(1, 12, dtype=torch.long)
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.full_like(ids, -100)}
+    torch.manual_seed(0)
+    rows = [{"id": i, "input_ids": torch.randint(0, 96, (12,)).tolist()} for i in range(8)]
+    args = TrainingArguments(output_dir=os.path.join(folder, "out"), max_steps=8, per_device_train_batch_size=1,
+                             gradient_accumulation_steps=2, learning_rate=1e-3, logging_steps=1, save_strategy="no",
+                             report_to="none", remove_unused_columns=False, train_sampling_strategy="sequential",
+                             use_cpu=True, seed=0)
+    trainer = MPipeTrainer(model=Qwen2ForCausalLM(config), args=args,
+                           mpipe_config=MPipeConfig(pp_size=2, preprocess="identity", timeout_s=60, max_bad_rows=1),
+                           train_dataset=rows, data_collator=Collate())
+    try:
+        trainer.train()
+        error = ""
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        error = f"{type(err).__name__}: {err}"
+    logged = [[h["bad_rows"], h["bad_rows_total"]] for h in trainer.state.log_history if "bad_rows" in h]
+    with open(os.path.join(folder, f"rank{os.environ['RANK']}.json"), "w") as f:
+        json.dump({"error": error, "logged": logged}, f)
 
 
 @pytest.fixture(scope="module")
@@ -258,12 +302,18 @@ def checkpoint_runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("checkpoints")
     for fail_step in SCENARIOS:
         (work / str(fail_step)).mkdir()
+    for bad in BAD_ROWS:
+        (work / ("bad-" + "-".join(map(str, bad)))).mkdir()
     stale = work / "0" / "out" / f"{STAGING_PREFIX}checkpoint-99"
     stale.mkdir(parents=True)
     (stale / "model-00001-of-00002.safetensors").write_bytes(b"partial")
     torchrun(os.path.abspath(__file__), [str(work)], timeout=400)
-    return {f: (str(work / str(f) / "out"), [(work / str(f) / f"rank{r}.txt").read_text() for r in range(2)])
+    runs = {f: (str(work / str(f) / "out"), [(work / str(f) / f"rank{r}.txt").read_text() for r in range(2)])
             for f in SCENARIOS}
+    for bad in BAD_ROWS:
+        folder = work / ("bad-" + "-".join(map(str, bad)))
+        runs[bad] = (str(folder / "out"), [json.load(open(folder / f"rank{r}.json")) for r in range(2)])
+    return runs
 
 
 def assert_complete(checkpoint: str, step: int):
@@ -331,6 +381,24 @@ def test_a_failed_trainer_save_leaves_the_last_checkpoint(checkpoint_runs):
     assert_complete(os.path.join(out, "checkpoint-2"), 2)
     assert get_last_checkpoint(out) == os.path.join(out, "checkpoint-2")
 
+
+
+def test_the_trainer_remembers_a_failed_row_and_saves_before_it_stops(checkpoint_runs):
+    """``MPipeTrainer`` with ``max_bad_rows=1``: a row that fails in both epochs is dropped and counted once (the
+    run ends, ``bad_rows_total`` 1); a second failed row stops the run in step 3 with the count, after saving an
+    ordinary ``checkpoint-2`` (no ``save_steps``), complete and resumable."""
+    out, results = checkpoint_runs[(2,)]
+    for res in results:
+        assert res["error"] == "", res
+        assert [count for count, _ in res["logged"]] == [0, 1, 0, 0, 0, 0, 0, 0], res["logged"]
+        assert res["logged"][-1][1] == 1, res["logged"]
+    out, results = checkpoint_runs[(2, 5)]
+    for res in results:
+        assert res["error"].startswith("ValueError: a row failed to load: dataset row 5 (OSError: image file is "
+                                       "truncated) (2 rows failed in all, more than data.max_bad_rows = 1)"), res
+    assert sorted(name for name in os.listdir(out) if name.startswith("checkpoint-")) == ["checkpoint-2"]
+    assert_complete(os.path.join(out, "checkpoint-2"), 2)
+    assert leftovers(out) == []
 
 if __name__ == "__main__":
     checkpoint_worker(sys.argv[1])

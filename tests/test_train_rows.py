@@ -20,11 +20,13 @@ from train_common import EPS, LR, conversation_rows, demo_plan, run, train_unspl
 
 def test_conversations_train_exactly_and_a_bad_row_is_dropped(demo, tmp_path):
     """Conversation rows with 0 to 3 images, several turns, both content forms, through ``mpipe-hf train`` at
-    R = 2 (2 rows per micro-batch, padded): the losses, the gradient norms and the trained model equal one
-    process's. The second step holds an image that cannot be decoded: with ``on_bad_sample: skip`` its row is
+    R = 2 (2 rows per micro-batch, padded), two epochs: the losses, the gradient norms and the trained model equal
+    one process's. The second step holds an image that cannot be decoded: with ``on_bad_sample: skip`` its row is
     dropped (a warning naming the JSONL line, ``bad_rows`` in the metrics) and the step trains on the rest, as one
-    process does without that row; with ``raise`` the run stops with one line naming the rank, the action and the
-    line, the tracebacks in ``output_dir/logs``."""
+    process does without that row; in the second epoch the row is left out without a second try, warning or count.
+    A last row too long for ``max_length`` is left out at launch; the closing line counts each reason apart. With
+    ``raise`` the run stops with one line naming the rank, the action and the line, the tracebacks in
+    ``output_dir/logs``."""
     import shutil
     data = tmp_path / "data"
     data.mkdir()
@@ -36,16 +38,21 @@ def test_conversations_train_exactly_and_a_bad_row_is_dropped(demo, tmp_path):
     with open(data / "conv.jsonl", "w") as f:
         for row in conversation_rows(names):
             f.write(json.dumps(row) + "\n")
+        too_long = [{"role": "user", "content": "word " * 2100 + "<image>"}, {"role": "assistant", "content": "No."}]
+        f.write(json.dumps({"messages": too_long, "images": [names[0]]}) + "\n")  # over max_length at launch
     keys = dict(path=str(data / "conv.jsonl"), shuffle=False, micro_batch_size=2, num_micro=2, vpp=1,
-                max_steps=3)
+                max_steps=6)
     out = str(tmp_path / "skip")
     proc = run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
                 write_recipe(demo, tmp_path / "skip.yaml", out, **keys)])
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert [r["step"] for r in rows] == [1, 2, 3] and not any(r.get("skipped") for r in rows), rows
-    assert [r["bad_rows"] for r in rows] == [0, 1, 0] and rows[2]["bad_rows_total"] == 1, rows
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and not any(r.get("skipped") for r in rows), rows
+    assert [r["bad_rows"] for r in rows] == [0, 1, 0, 0, 0, 0] and rows[-1]["bad_rows_total"] == 1, rows
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("mpipe_hf: warning: dropped")]
     assert len(warnings) == 1 and "conv.jsonl:6 (cannot decode image" in warnings[0], proc.stdout[-3000:]
+    closing = [line for line in proc.stdout.splitlines() if line.startswith("mpipe_hf: 6 steps in ")]
+    assert len(closing) == 1 and "(0 steps skipped; rows left out: 1 over max_length, 1 failed to load)" in \
+        closing[0], proc.stdout[-3000:]
     plan = demo_plan(demo, str(data / "conv.jsonl"), num_micro=2, micro_batch_size=2, shuffle=False)
     counts = [len(plan.dataset[i]["images"]) for i in range(12)]
     assert sorted(set(counts)) == [0, 1, 2, 3]
@@ -53,8 +60,8 @@ def test_conversations_train_exactly_and_a_bad_row_is_dropped(demo, tmp_path):
     plan.take_dropped()
     model = AutoModelForImageTextToText.from_pretrained(os.path.join(demo, "model"), dtype=torch.float32)
     model.model.visual.requires_grad_(False)
-    train = TrainSection(max_steps=3, learning_rate=LR, adam_epsilon=EPS)
-    losses, norms, micros = train_unsplit(model, plan, 2, 3, train)  # the plan drops the bad row here too
+    train = TrainSection(max_steps=6, learning_rate=LR, adam_epsilon=EPS)
+    losses, norms, micros = train_unsplit(model, plan, 2, 6, train)  # the plan drops the bad row here too
     for row, loss, norm in zip(rows, losses, norms):
         assert abs(row["loss"] - loss) < 1e-4 and abs(row["grad_norm"] - norm) < 1e-4 * norm, (row, loss, norm)
     loaded = AutoModelForImageTextToText.from_pretrained(os.path.join(out, "checkpoint"))
@@ -177,3 +184,97 @@ def test_max_bad_rows_stops_the_run_with_the_last_error(tmp_path):
     with pytest.warns(FutureWarning, match="max_bad_rows"):
         config = MPipeConfig(pp_size=1, max_bad_steps=5)
     assert config.max_bad_rows == 5 and config.data().max_bad_rows == 5 and MPipeConfig(pp_size=1).max_bad_rows == 10
+
+
+def test_a_failed_row_is_remembered_and_counted_once(capsys, tmp_path):
+    """A row whose image does not decode comes up every epoch (one step is one epoch here): it is tried, warned
+    about and counted once, then left out of every later load; ``max_bad_rows`` counts distinct rows, so a
+    limit of 1 lets six epochs run. The rows are saved with the rank's state by index and place: a resumed plan
+    leaves them out without trying them, unless the row at that index is another one now (the data changed)."""
+    from mpipe_hf.train.loop import Skips, run_step
+    from mpipe_hf.train.recipe import DataSection
+    from mpipe_hf.train.state import load_rank_state, rank_state, rank_state_name
+
+    data = DataSection(path="x.jsonl", max_bad_rows=1)
+    collate = _Rows(bad={1})
+    rows = collate.rows[:6]
+    plan, skips, tried = MicroBatchPlan(rows, collate, 2, 3), Skips(), []
+    real = plan._checked
+    plan._checked = lambda ids: tried.append(list(ids)) or real(ids)
+    counts = [run_step(_Executor(), partial(plan.load, step), data, skips, step, plan=plan).bad_rows
+              for step in range(6)]
+    assert counts == [1, 0, 0, 0, 0, 0] and skips.bad_rows == 1 and skips.rows == {1: "x.jsonl:2"}, counts
+    assert sum(1 in ids for ids in tried) == 2  # the micro-batch, then the row alone, in the first epoch only
+    assert capsys.readouterr().out.count("warning: dropped x.jsonl:2") == 1
+    assert plan.failed == {1} and plan.take_failed() == []
+
+    torch.save(rank_state(6, None, None, skips, {}), tmp_path / rank_state_name(0))
+    resumed = Skips()
+    load_rank_state(str(tmp_path), 0, None, None, resumed, {})
+    assert resumed.rows == {1: "x.jsonl:2"} and resumed.bad_rows == 1
+    again, tried = MicroBatchPlan(rows, collate, 2, 3), []
+    again._checked = lambda ids: tried.append(list(ids)) or real(ids)
+    assert run_step(_Executor(), partial(again.load, 6), data, resumed, 6, plan=again).bad_rows == 0
+    assert again.failed == {1} and not any(1 in ids for ids in tried), tried
+    moved = MicroBatchPlan(collate.rows[2:8], collate, 2, 3)  # two rows left out: index 1 is x.jsonl:4 now
+    moved.remember(resumed.rows)
+    assert moved.failed == set()
+    evaluation = MicroBatchPlan(rows, collate, 2, 3, evaluation=True)
+    evaluation.load_rows([0, 1, 2])
+    evaluation.remember([1])
+    assert evaluation.failed == set()  # each evaluation counts the rows it lost
+
+
+def test_a_micro_batch_of_known_failed_rows_is_the_null_micro_batch():
+    """Every row of a micro-batch failed before: the collator's null micro-batch stands in without a load; a
+    user's collator without one fails the micro-batch (the step is skipped), naming the rows."""
+    collate = _Rows(bad={1})
+    plan = MicroBatchPlan(collate.rows, collate, 2, 1)
+    assert plan.load_rows([1])["ids"].tolist() == [-1] and plan.failed == {1}
+    plan.take_dropped()
+    assert plan.load_rows([1])["ids"].tolist() == [-1] and plan.take_dropped() == []
+    user = _Rows(bad={1}, null=False)
+    bare = MicroBatchPlan(user.rows, user, 2, 1)
+    bare.remember([1])
+    with pytest.raises(ValueError, match=r"dataset rows \[1\]: every row failed to load before"):
+        bare.load_rows([1])
+
+
+def test_the_run_saves_a_checkpoint_before_it_stops_for_bad_data(capsys):
+    """The stop for too many bad rows saves an ordinary ``checkpoint-<step>`` first (the steps done), then raises;
+    so does the stop for too many skipped steps in a row without data parallelism (with it, a failed step may
+    leave a replica's collective pending, which a save would wait on: no save); any other error saves nothing."""
+    from types import SimpleNamespace
+    from mpipe_hf.train.job import RecipeJob
+    from mpipe_hf.train.loop import Skips
+    from mpipe_hf.train.recipe import DataSection
+
+    data = DataSection(path="x.jsonl", max_bad_rows=1)
+
+    def stop_for_rows():
+        Skips(bad_rows=1).drop_rows(1, "x.jsonl:3 (OSError: truncated)", data)
+
+    def stop_for_steps():
+        Skips(in_row=0).record("no row left", DataSection(path="x.jsonl", max_bad_rows=1))
+
+    def other():
+        raise ValueError("pipeline rank 1, FORWARD3: shapes differ")
+    for raiser, data_parallel, saves in [(stop_for_rows, None, True), (stop_for_rows, object(), True),
+                                         (stop_for_steps, None, True), (stop_for_steps, object(), False),
+                                         (other, None, False)]:
+        saved = []
+
+        def step(*args, **kwargs):
+            raiser()
+        job = SimpleNamespace(plan=SimpleNamespace(load=lambda step, m: None), steps=30,
+                              recipe=SimpleNamespace(train=SimpleNamespace(max_grad_norm=1.0)),
+                              run=SimpleNamespace(step=step, data_parallel=data_parallel, lead=True),
+                              save_before_stop=saved.append)
+        with pytest.raises(ValueError):
+            RecipeJob.train_step(job, 22)
+        assert saved == ([22] if saves else []), (raiser.__name__, data_parallel, saved)
+    job = SimpleNamespace(save=lambda done: f"/out/checkpoint-{done}", run=SimpleNamespace(lead=True))
+    RecipeJob.save_before_stop(job, 22)
+    line = capsys.readouterr().out
+    assert line.startswith("mpipe_hf: stopping for bad data after step 22: saved /out/checkpoint-22; ") and \
+        "train.resume: auto" in line, line

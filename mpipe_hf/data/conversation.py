@@ -166,11 +166,42 @@ def _clean_list(path: str | None, source, key_rows: str) -> set[int] | None:
     return set(entry["keep"])
 
 
+LEFT_OUT = ("over max_length", "over max_visual_tokens", "failed the data check", "failed to load")
+"""Why a row is left out of a run, in the order the counts are given: too long for ``data.max_length`` (the cut
+would go through an image's tokens, or leave no assistant token), its images and videos over
+``data.max_visual_tokens`` even at the floors, failing the check at launch (a file that cannot be read, a row the
+template cannot render, ...), or failing to load during training (a frame or image that does not decode)."""
+
+
+def size_reason(error: str) -> str:
+    """The :data:`LEFT_OUT` reason of a row dropped for its size, from its ``dropped`` text."""
+    return LEFT_OUT[1] if error.startswith("max_visual_tokens=") else LEFT_OUT[0]
+
+
+def left_out_counts(dropped: dict[str, str], bad: int = 0, failed_to_load: int = 0) -> dict[str, int]:
+    """``{reason: rows}`` a run left out (:data:`LEFT_OUT`, in that order, each reason with at least one row): the
+    rows ``dropped`` for their size (a :class:`ConversationDataset`'s ``{where: why}``), ``bad`` rows that failed
+    the check at launch and ``failed_to_load`` rows that failed during training."""
+    counts = dict.fromkeys(LEFT_OUT, 0)
+    for error in dropped.values():
+        counts[size_reason(error)] += 1
+    counts[LEFT_OUT[2]] += bad
+    counts[LEFT_OUT[3]] += failed_to_load
+    return {reason: n for reason, n in counts.items() if n}
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """``"2 over max_length, 1 failed to load"``, or ``"none"``."""
+    return ", ".join(f"{n} {reason}" for reason, n in counts.items()) or "none"
+
+
 def _no_rows(label: str, bad: list, dropped: dict) -> ValueError:
-    """The error for a source (or a mix) with no row left: the counts, and the first bad (else dropped) row."""
+    """The error for a source (or a mix) with no row left: the counts by reason, and the first bad (else dropped)
+    row."""
     first = [f"{where}: {why}" for where, why in (bad or list(dropped.items()))[:1]]
-    return ValueError(f"{label}: no row left to train on (rows that failed the check: {len(bad)}, dropped for "
-                      f"max_length: {len(dropped)}" + (f"; the first: {first[0]}" if first else "") + ")")
+    counts = counts_text(left_out_counts(dropped, len(bad)))
+    return ValueError(f"{label}: no row left to train on (rows left out: {counts}"
+                      + (f"; the first: {first[0]}" if first else "") + ")")
 
 
 def load_sources(sources: Sequence, processor, max_length: int | None, model_type: str | None = None, *,
@@ -219,11 +250,16 @@ def load_sources(sources: Sequence, processor, max_length: int | None, model_typ
 
 
 def dropped_warning(dataset: ConversationDataset, max_length: int | None, limit: int = 20) -> str:
-    """One line: how many rows ``max_length`` left out, and where (at most ``limit`` named)."""
+    """One line: how many rows were dropped for their size, by reason (over ``max_length``, over
+    ``max_visual_tokens``: :func:`size_reason`), and where (at most ``limit`` named)."""
     shown = [f"{where} ({why})" for where, why in list(dataset.dropped.items())[:limit]]
     more = f", ... ({dataset.num_dropped - limit} more)" if dataset.num_dropped > limit else ""
-    return (f"{dataset.path}: dropped {dataset.num_dropped} of {dataset.num_dropped + len(dataset)} rows that do "
-            f"not fit max_length={max_length}: {'; '.join(shown)}{more}")
+    counts = {}
+    for why in dataset.dropped.values():
+        reason = size_reason(why) + (f"={max_length}" if size_reason(why) == LEFT_OUT[0] else "")
+        counts[reason] = counts.get(reason, 0) + 1
+    return (f"{dataset.path}: dropped {dataset.num_dropped} of {dataset.num_dropped + len(dataset)} rows "
+            f"({counts_text(counts)}): {'; '.join(shown)}{more}")
 
 
 def load_conversation_dataset(path: str, processor, max_length: int | None, chat_template: str | None = None,

@@ -41,10 +41,12 @@ class MicroBatchPlan:
         drop_bad_rows: a row that fails to load is dropped from its micro-batch (:meth:`load_rows`); else the
             whole micro-batch fails (``on_bad_sample: raise``).
         evaluation: the rows are an evaluation's (a dropped row's warning says the evaluation runs on the rest,
-            not the step).
+            not the step, and a dropped row is not remembered: each evaluation counts the rows it lost).
 
     Attributes:
         dropped: the rows dropped and not yet taken (:meth:`take_dropped`), each ``"WHERE (WHY)"``.
+        failed: the dataset rows known to fail (a training plan's: those it dropped, and those other ranks dropped,
+            :meth:`remember`): every later load leaves them out without trying them again, a warning or a count.
         kinds: each row's visual kind (``"image"``, ``"video"`` or ``None``, :func:`~.apart.row_kinds`) where image
             rows and video rows must go apart (:func:`~.apart.apart_kinds`), else ``None``.
 
@@ -64,6 +66,9 @@ class MicroBatchPlan:
         self.validate, self.shuffle, self.seed = validate, shuffle, seed
         self._orders: dict[int, list[int]] = {}
         self.drop_bad_rows, self.dropped = drop_bad_rows, []
+        self.failed: set[int] = set()
+        self._fresh: list[int] = []  # the rows dropped since take_failed(), by index
+        self._remembers, self._stale = not evaluation, set()  # _stale: a checkpoint's rows now elsewhere
         self.rest = "the evaluation runs on the rest" if evaluation else "the step trains on the rest"
         self.kinds = apart_kinds(dataset, collate)  # None: images and videos may share a micro-batch
         self._blocks: dict[int, list[list[int]]] = {}  # epoch -> its micro-batches (with kinds)
@@ -144,15 +149,20 @@ class MicroBatchPlan:
         the model's ``validate``) costs that row: when the whole micro-batch fails, each row is collated alone to
         find the bad ones, which are dropped (one warning line each, ``mpipe_hf: warning: dropped WHERE (WHY);
         the step trains on the rest`` (an evaluation's: ``the evaluation runs on the rest``), and an entry in
-        :attr:`dropped`) and the rest collated again. When every
-        row fails, the collator's ``null_batch()`` stands in (one text-only row, every label ``-100``: no loss, no
-        label token, zero gradients), if it has one.
+        :attr:`dropped`) and the rest collated again. A row in :attr:`failed` is left out before anything is read.
+        When every row fails, the collator's ``null_batch()`` stands in (one text-only row, every label ``-100``:
+        no loss, no label token, zero gradients), if it has one.
 
         Raises:
             ValueError: the rows fail, naming them and the error's type (an undecodable image is an ``OSError``
                 in PIL), and either :attr:`drop_bad_rows` is off, no single row is to blame (the rows fail together
-                only), or every row fails and the collator has no ``null_batch`` (a user's ``data_collator``).
+                only), or every row fails (or failed before) and the collator has no ``null_batch`` (a user's
+                ``data_collator``).
         """
+        if self.drop_bad_rows and self.failed.intersection(rows):
+            known, rows = rows, [i for i in rows if i not in self.failed]
+            if not rows:
+                return self._all_failed(known)
         try:
             return self._checked(rows)
         except Exception as err:  # noqa: BLE001 - every failure of a sample is a bad sample
@@ -178,6 +188,18 @@ class MicroBatchPlan:
         for i, err in bad.items():
             self._drop(i, err)
         return batch
+
+    def _all_failed(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The micro-batch of ``rows``, each known to fail: the collator's null micro-batch.
+
+        Raises:
+            ValueError: the collator has no ``null_batch`` (a user's ``data_collator``).
+        """
+        null = getattr(self.collate, "null_batch", None)
+        if null is None:
+            raise ValueError(f"dataset rows {rows}: every row failed to load before, and the collator has no "
+                             f"null_batch to stand in")
+        return self._checked_null(null)
 
     def _checked(self, rows: list[int]) -> dict[str, torch.Tensor]:
         """The collated, validated micro-batch of ``rows`` (raises what the read, collator or check raises)."""
@@ -214,6 +236,9 @@ class MicroBatchPlan:
         reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         reason = reason[len(where) + 2:] if reason.startswith(f"{where}: ") else reason
         self.dropped.append(f"{where} ({reason})")
+        if self._remembers:
+            self.failed.add(i)
+            self._fresh.append(i)
         print(f"mpipe_hf: warning: dropped {where} ({reason}); {self.rest}", flush=True)
 
     def take_dropped(self) -> list[str]:
@@ -221,6 +246,28 @@ class MicroBatchPlan:
         (what the executor reads after a step's loads: ``PipelineExecutor.step(bad_rows=...)``)."""
         taken, self.dropped = self.dropped, []
         return taken
+
+    def take_failed(self) -> list[int]:
+        """The dataset rows this plan dropped since the last call, by index, oldest first (what the ranks
+        exchange so that each remembers every rank's: :meth:`remember`); the list starts empty again."""
+        taken, self._fresh = self._fresh, []
+        return taken
+
+    def remember(self, rows) -> None:
+        """Add ``rows`` to :attr:`failed`: later loads leave them out. ``rows``: dataset indices (e.g. those other
+        ranks dropped), or ``{index: where}`` (a checkpoint's), where an index whose row is no longer at that
+        place (:meth:`where`: the data changed since, e.g. rows were left out) is not remembered. An evaluation's
+        plan remembers nothing."""
+        if not self._remembers:
+            return
+        for i in rows:
+            if i in self.failed or i in self._stale:
+                continue
+            place = rows[i] if isinstance(rows, dict) else None
+            if place is None or (0 <= i < len(self.dataset) and self.where(i) == place):
+                self.failed.add(i)
+            else:
+                self._stale.add(i)
 
 
 def _bad_rows_error(rows: list[int], err: BaseException) -> ValueError:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from ..data.budgets import CAPS, RowCaps
-from ..data.conversation import ConversationDataset, Source, column, read_source
+from ..data.conversation import LEFT_OUT, ConversationDataset, Source, column, left_out_counts, read_source
 from ..data.owner import MicroBatchPlan
 from .recipe import Recipe
 from .sources import load_config, load_data, load_processor, micro_validator, row_collator
@@ -159,8 +159,10 @@ def format_report(reports: list[SourceReport], max_length: int, caps: RowCaps | 
         loaded = ("not loaded as training loads them (--headers-only)" if r.load_bad is None
                   else f"{r.load_bad} of the bad rows passed the row check and failed only when collated as training collates "
                      "them (the processor, the model's token-count check)")
-        lines.append(f"{r.path} ({r.layout}): {n} rows; {r.counts['bad']} bad, {r.counts['dropped']} dropped for "
-                     f"max_length={max_length} (or data.max_visual_tokens), {r.counts['cut']} cut at max_length, "
+        over = left_out_counts(dict(r.dropped))
+        lines.append(f"{r.path} ({r.layout}): {n} rows; {r.counts['bad']} bad, {over.get(LEFT_OUT[0], 0)} dropped "
+                     f"over max_length={max_length}, {over.get(LEFT_OUT[1], 0)} dropped over max_visual_tokens, "
+                     f"{r.counts['cut']} cut at max_length, "
                      f"{len(r.keep)} kept; images per row: {_spread(r.images)}; tokens per row: {_spread(r.tokens)}; "
                      f"{loaded}")
         lines += [f"  dropped {where}: {why}" for where, why in r.dropped]

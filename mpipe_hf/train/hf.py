@@ -46,6 +46,7 @@ from ..models.freeze import check_trainable
 from .hf_checkpoint import STAGING_PREFIX, CheckpointMixin
 from .hf_parts import (MPipeCallback, MPipeConfig, PreemptionCallback, _EpochSampler, _Pipeline, _RowLoader,
                        check_training_args)
+from .loop import saves_before_stop
 from .optimizer import build_optimizer, no_parameters
 from .recipe import TrainSection
 from .run import PipelineRun
@@ -209,13 +210,22 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         user's collator cannot load, no row left, or a loss or gradient norm that is not finite) leaves no
         gradient, and the optimizer step and the LR schedule's step are skipped, as for an overflowing fp16
         step; a step skipped for its data returns NaN, which the Trainer's ``logging_nan_inf_filter`` keeps out
-        of the logged loss."""
+        of the logged loss. A row that failed is left out from then on and counted once; before the run stops
+        for bad data, ``checkpoint-<step>`` is saved (:func:`~.loop.saves_before_stop`)."""
         if inputs is not self.step_rows[0]:
             return torch.zeros((), device=self.args.device)
         self.model.train()
         rows, step = list(self.step_rows), self.state.global_step
-        result = self.run.step(step, lambda m: self.plan.load_rows(rows[m]), self.args.max_grad_norm or 0.0,
-                               num_micro=len(rows), bad_rows=self.plan.take_dropped)
+        try:
+            result = self.run.step(step, lambda m: self.plan.load_rows(rows[m]), self.args.max_grad_norm or 0.0,
+                                   num_micro=len(rows), plan=self.plan)
+        except ValueError as err:  # stopped for bad data: a resumable checkpoint-<step> first, where that is safe
+            if saves_before_stop(err, self.run.data_parallel is not None):
+                self._save_checkpoint(self.model, trial=None)
+                if self.run.lead:
+                    logger.warning(f"mpipe_hf: stopping for bad data after step {step}: saved checkpoint-{step} in "
+                                   f"{self.args.output_dir}; resume_from_checkpoint continues from it")
+            raise
         self.step_result = result
         self.optimizer._is_overflow = not result.ran  # AcceleratedOptimizer: the Trainer then skips the LR step
         if not result.ran and self.run.rank == 0:

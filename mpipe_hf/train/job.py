@@ -22,6 +22,7 @@ from ..data import MicroBatchPlan
 from ..data.packing import PackedCollate
 from ..models.decoder import check_packable
 from .checkpoint import save_hub_files
+from .loop import saves_before_stop
 from .metrics import MetricsLog
 from .optimizer import build_optimizer, build_scheduler
 from .preempt import MARKER, Preemption
@@ -72,6 +73,7 @@ class RecipeJob:
         set_seed(opt.seed)
         self.processor = load_processor(recipe, self.config)
         dataset, self.collate = self._read(None, "data load")
+        self.left_out = (dict(getattr(dataset, "dropped", {})), len(getattr(dataset, "bad", ())))  # at launch
         self.plan = self._plan(dataset)
         self.steps = opt.total_steps(self.plan.steps_per_epoch())
         if recipe.parallel.owners == "balanced":
@@ -134,10 +136,16 @@ class RecipeJob:
         """Step ``step`` (0-based): the schedule, clipping and the finite check (:meth:`.PipelineRun.step`), then
         AdamW's and the LR schedule's step and the metrics row (every ``logging_steps`` and the last, with the
         rows the step dropped at load, ``bad_rows``, and the run's, ``bad_rows_total``); a skipped step takes
-        neither and is logged as skipped."""
+        neither and is logged as skipped. Before the run stops for bad data, it saves ``checkpoint-<step>``
+        (:meth:`save_before_stop`)."""
         ahead = partial(self.plan.load, step + 1) if step + 1 < self.steps else None  # placement fill loads it early
-        result = self.run.step(step, partial(self.plan.load, step), self.recipe.train.max_grad_norm, ahead,
-                               bad_rows=self.plan.take_dropped)
+        try:
+            result = self.run.step(step, partial(self.plan.load, step), self.recipe.train.max_grad_norm, ahead,
+                                   plan=self.plan)
+        except ValueError as err:
+            if saves_before_stop(err, self.run.data_parallel is not None):
+                self.save_before_stop(step)
+            raise
         self.step_ran = result.ran
         if not result.ran:
             return self._skipped(step)
@@ -162,6 +170,16 @@ class RecipeJob:
                                  bubble=f"{stats.bubble:.2f}")
         if (step + 1) % self.recipe.train.logging_steps == 0 or step + 1 == self.steps:
             self.metrics.log(row)
+
+    def save_before_stop(self, done: int) -> None:
+        """The run stops for bad data after ``done`` steps (:func:`~.loop.saves_before_stop`): an ordinary
+        resumable ``checkpoint-<done>`` first, holding the rows that failed (a resumed run leaves them out), and
+        rank 0 prints where it is and how to go on."""
+        path = self.save(done)
+        if self.run.lead:
+            print(f"mpipe_hf: stopping for bad data after step {done}: saved {os.path.abspath(path)}; leave the bad "
+                  f"rows out (mpipe-hf check-data RECIPE --write-clean FILE, then data.clean_rows: FILE) or raise "
+                  f"data.max_bad_rows, and continue with train.resume: auto (or that path)", flush=True)
 
     def _skipped(self, step: int) -> None:
         skips = self.run.skips

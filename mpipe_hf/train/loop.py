@@ -8,14 +8,22 @@ how many rows were dropped (:attr:`~mpipe_hf.runtime.StepStats.bad_rows`). A ste
 user's collator cannot load, a step with no row left, a loss or gradient norm that is not finite: any
 ``ValueError`` of the step, which the executor raises on every rank with the same text) is skipped on every rank:
 no gradient is left, the caller takes no optimizer step, and the next step runs exact. The run stops once more
-than ``data.max_bad_rows`` rows failed in all, or that many steps in a row were skipped.
+than ``data.max_bad_rows`` distinct rows failed in all, or that many steps in a row were skipped.
+
+A row that failed is remembered: after a step whose vote counted dropped rows, every rank learns which rows were
+dropped on any rank (one gather over the vote's group, only then) and the plan leaves them out of every later load
+(:meth:`~mpipe_hf.data.owner.MicroBatchPlan.remember`), so a bad row is tried, warned about and counted once per
+run, not once per epoch; the set is saved with the rank's state. The error that stops the run for bad data says
+whether the state is whole enough to save a checkpoint first (:func:`saves_before_stop`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
+import torch.distributed as dist
 
 from ..runtime import PipelineExecutor, StepStats
 from .recipe import DataSection
@@ -24,13 +32,15 @@ from .recipe import DataSection
 @dataclass
 class Skips:
     """The bad data so far: the skipped steps, ``in_row`` (since the last step that ran) and ``total``, the last
-    error, and ``bad_rows``, the rows dropped at load over the run (saved with the rank's state)."""
+    error, ``bad_rows``, the distinct rows dropped at load over the run, and ``rows``, ``{dataset index: where}``
+    of those the plan named (both saved with the rank's state)."""
 
     in_row: int = 0
     total: int = 0
     last: str | None = None
     held: int = 0  # ``in_row`` before the last step that ran, in case it turns out not finite
     bad_rows: int = 0
+    rows: dict = field(default_factory=dict)
 
     def warning(self, step: int) -> str:
         """The line that reports step ``step`` (0-based) as skipped."""
@@ -46,7 +56,7 @@ class Skips:
         self.in_row, self.total, self.last = self.in_row + 1, self.total + 1, reason
         if self.in_row >= data.max_bad_rows:
             raise _shared(f"{reason} ({self.in_row} steps in a row skipped, data.max_bad_rows = "
-                          f"{data.max_bad_rows})")
+                          f"{data.max_bad_rows})", rows=False)
 
     @staticmethod
     def dropped_warning(step: int, stats) -> str:
@@ -57,27 +67,57 @@ class Skips:
                 f"the step trained on the rest")
 
     def drop_rows(self, count: int, reason: str | None, data: DataSection) -> None:
-        """Count ``count`` rows a step dropped at load (``reason``: one of them, ``"WHERE (WHY)"``).
+        """Count ``count`` rows a step dropped at load, each a row not counted before (``reason``: one of them,
+        ``"WHERE (WHY)"``).
 
         Raises:
-            ValueError: more than ``data.max_bad_rows`` rows dropped in all: ``reason`` and the count.
+            ValueError: more than ``data.max_bad_rows`` distinct rows dropped in all: ``reason`` and the count.
         """
         self.bad_rows += count
         if count and self.bad_rows > data.max_bad_rows:
             raise _shared(f"a row failed to load: {reason} ({self.bad_rows} rows failed in all, more than "
-                          f"data.max_bad_rows = {data.max_bad_rows})")
+                          f"data.max_bad_rows = {data.max_bad_rows})", rows=True)
+
+    def distinct(self, count: int, executor, plan) -> int:
+        """Of the ``count`` rows the step's vote counted as dropped, those not counted before: with ``plan``
+        (the step's :class:`~mpipe_hf.data.owner.MicroBatchPlan`), every rank's newly dropped row indices are
+        gathered over the vote's group (all ranks of every replica; a collective, so every rank calls it with
+        the same ``count``: the vote's), every rank's plan remembers them and :attr:`rows` adds them (with
+        their place, :meth:`~mpipe_hf.data.owner.MicroBatchPlan.where`); without
+        ``plan`` (rows that have no index), ``count`` as it is."""
+        if plan is None or not count:
+            return count
+        mine, group = plan.take_failed(), getattr(executor, "control", None)
+        every = [mine]
+        if group is not None and dist.is_initialized():
+            every = [None] * dist.get_world_size(group)
+            dist.all_gather_object(every, mine, group=group)
+        new = sorted({i for rows in every for i in rows} - self.rows.keys())
+        self.rows.update((i, plan.where(i)) for i in new)
+        plan.remember(new)
+        return len(new)
 
 
-def _shared(text: str) -> ValueError:
+def _shared(text: str, rows: bool) -> ValueError:
     err = ValueError(text)
     err.shared = True  # every rank counts the same skips: one line for the run, not one per rank
+    err.bad_data = "rows" if rows else "steps"  # the stop for bad data (saves_before_stop)
     return err
+
+
+def saves_before_stop(err: BaseException, data_parallel: bool) -> bool:
+    """Whether a run stopped by ``err`` saves a resumable checkpoint first: the stop for too many bad rows (the
+    step ran, or failed only after its whole schedule, on every rank alike), and the stop for too many skipped
+    steps in a row without data parallelism (a failed step can leave an FSDP2 or replica collective pending on one
+    replica, which a save's own collectives would wait on for ever)."""
+    kind = getattr(err, "bad_data", None)
+    return kind == "rows" or (kind == "steps" and not data_parallel)
 
 
 def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: DataSection, skips: Skips, step: int,
              ahead: Callable[[int], dict] | None = None, num_micro: int | None = None,
              owners: Sequence[int] | None = None, next_owners: Sequence[int] | None = None,
-             bad_rows: Callable[[], Sequence[str]] | None = None) -> StepStats | None:
+             bad_rows: Callable[[], Sequence[str]] | None = None, plan=None) -> StepStats | None:
     """Run step ``step`` (0-based) over its micro-batches (``load(m)``); ``None`` when it was skipped.
 
     With placement ``fill`` and ``ahead`` (the next step's ``load``), the owners also load the next step's
@@ -87,7 +127,9 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
     (load-aware owners; ``None``: ``m % NT``), the same on every rank (:meth:`PipelineExecutor.step`).
     ``bad_rows``: the rows the loads dropped since it was last called
     (:meth:`~mpipe_hf.data.owner.MicroBatchPlan.take_dropped`); the step's count over every rank adds to
-    ``skips.bad_rows``.
+    ``skips.bad_rows``. ``plan``: the plan ``load`` reads (``bad_rows`` defaults to its ``take_dropped``): it
+    leaves out the rows any rank dropped before (``skips.rows``), and a row is counted once
+    (:meth:`Skips.distinct`).
 
     Raises:
         ValueError: a bad sample with ``on_bad_sample: raise``, more than ``data.max_bad_rows`` rows dropped in all,
@@ -96,6 +138,9 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
         TimeoutError, RuntimeError: any other failure (the same text on every rank).
     """
     executor.step_index = step  # P's dropout seeds follow the data step, skipped steps included
+    if plan is not None:
+        plan.remember(skips.rows)  # resumed: the rows the checkpoint's run dropped
+        bad_rows = bad_rows or plan.take_dropped
     if executor.cfg.placement != "fill":
         ahead = None
     try:
@@ -110,12 +155,13 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
     except ValueError as err:
         if data.on_bad_sample == "raise":
             raise
-        skips.drop_rows(getattr(err, "bad_rows", 0), str(err), data)  # a step with no row left
+        dropped = skips.distinct(getattr(err, "bad_rows", 0), executor, plan)
+        skips.drop_rows(dropped, str(err), data)  # a step with no row left
         skips.record(str(err), data)
         return None
     if stats.bad_rows and data.on_bad_sample == "raise":  # a loader that dropped rows all the same
         raise ValueError(f"a row failed to load: {stats.bad_row}")
-    skips.drop_rows(stats.bad_rows, stats.bad_row, data)
+    skips.drop_rows(skips.distinct(stats.bad_rows, executor, plan), stats.bad_row, data)
     skips.held, skips.in_row = skips.in_row, 0
     return stats
 

@@ -11,6 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..data.conversation import counts_text, left_out_counts
 from ..schedule.simulate import Event
 from ..schedule.trace import chrome_trace
 from .recipe import Recipe
@@ -130,7 +131,9 @@ def summary_line(job, wall_s: float, out: str) -> str:
     """The line rank 0 prints at the end: the steps this process ran (of the run's total, when it resumed), the
     time, the first and last loss, each rank's mean bubble (over the steps after the first, which warms up) and
     peak saved activations, the rows the last evaluation ran on (with those left out, when any failed to load:
-    ``job.eval_rows``, ``(evaluated, total)`` or ``None``) and the checkpoint."""
+    ``job.eval_rows``, ``(evaluated, total)`` or ``None``) and the checkpoint. The training rows left out are
+    counted by reason (:func:`~mpipe_hf.data.conversation.left_out_counts`): at launch (``job.left_out``, the
+    dataset's ``(dropped, bad rows)``) and during training (the distinct rows that failed to load)."""
     world = job.run.cfg.pp_size
     later = job.bubbles[1:] or job.bubbles
     mean = [round(sum(b[r] for b in later) / len(later), 3) for r in range(world)] if later else []
@@ -145,5 +148,7 @@ def summary_line(job, wall_s: float, out: str) -> str:
         used, total = evaluated
         trained += (f"; the last evaluation ran on {used} of {total} eval rows" + (
             f" ({total - used} failed to load and were left out)" if used < total else ""))
-    return (f"mpipe_hf: {steps} in {wall_s:.1f}s ({job.run.skips.total} skipped, {job.run.skips.bad_rows} bad rows "
-            f"dropped); {trained}; checkpoint {out}")
+    dropped, bad = getattr(job, "left_out", ({}, 0))  # what the launch left out: {where: why}, bad rows
+    left = counts_text(left_out_counts(dropped, bad, job.run.skips.bad_rows))
+    return (f"mpipe_hf: {steps} in {wall_s:.1f}s ({job.run.skips.total} steps skipped; rows left out: {left}); "
+            f"{trained}; checkpoint {out}")

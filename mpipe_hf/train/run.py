@@ -251,15 +251,16 @@ class PipelineRun:
 
     def step(self, step: int, load: Callable[[int], dict], max_grad_norm: float,
              ahead: Callable[[int], dict] | None = None, num_micro: int | None = None,
-             bad_rows: Callable[[], Sequence[str]] | None = None) -> StepResult:
+             bad_rows: Callable[[], Sequence[str]] | None = None, plan=None) -> StepResult:
         """Step ``step`` (0-based) over its micro-batches (``load(m)``; ``ahead``: the next step's, which
         placement ``fill`` loads early; ``num_micro``: a step shorter than ``M``), then the gradients clipped to
         ``max_grad_norm`` by their global norm over the pipeline (0: not clipped) and the loss and the norm
         checked finite (:func:`~.loop.run_step`, :func:`~.optimizer.clip_grad_norm`,
         :func:`~.loop.finite_step`). ``bad_rows``: the rows the loads dropped since it was last called (the
         plan's :meth:`~mpipe_hf.data.owner.MicroBatchPlan.take_dropped`); they count towards
-        ``data.max_bad_rows`` (:attr:`skips`). The optimizer and LR scheduler step is the caller's, when the
-        result :attr:`~StepResult.ran`.
+        ``data.max_bad_rows`` (:attr:`skips`); ``plan``: the plan ``load`` reads, which then leaves out every row
+        any rank dropped before, each counted once (:func:`~.loop.run_step`). The optimizer and LR scheduler step
+        is the caller's, when the result :attr:`~StepResult.ran`.
 
         Raises:
             ValueError: a bad sample with ``on_bad_sample: raise``, more than ``max_bad_rows`` rows dropped in
@@ -269,7 +270,7 @@ class PipelineRun:
         owners = self.owners_of(step)
         next_owners = self.owners_of(step + 1) if ahead is not None else None
         stats = run_step(self.executor, load, self.data, self.skips, step, ahead, num_micro, owners, next_owners,
-                         bad_rows)
+                         bad_rows, plan)
         if stats is None:
             return StepResult(None)
         norm = clip_grad_norm(list(self.params.values()), self.counted, max_grad_norm, self.group, self.device,

@@ -53,7 +53,7 @@ def rank_state(step: int, optimizer, scheduler, skips, params: dict) -> dict:
             "param_names": optimizer_names(optimizer, params) if optimizer is not None else [],
             "scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": rng_states(),
             "skips": {"in_row": skips.in_row, "total": skips.total, "last": skips.last,
-                      "bad_rows": skips.bad_rows}}
+                      "bad_rows": skips.bad_rows, "rows": dict(skips.rows)}}
 
 
 def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, params: dict,
@@ -101,6 +101,7 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
     saved = state["skips"]
     skips.in_row, skips.total, skips.last = saved["in_row"], saved["total"], saved["last"]
     skips.bad_rows = saved.get("bad_rows", 0)  # not in a checkpoint from before rows were dropped one by one
+    skips.rows = dict(saved.get("rows", {}))  # {index: where} of the failed rows: the plan leaves them out
     return int(state["step"])
 
 

@@ -14,6 +14,7 @@ import os
 
 from common import VOCAB_RANKS, caption_row, collator, photo
 from mpipe_hf.data import MicroBatchPlan, qwen2_tokenizer
+from mpipe_hf.train.loop import Skips
 
 SOURCE = "rows.jsonl"
 GOOD = 13  # rows 0 .. 12 are good; 13 and 14 name the truncated PNG
@@ -54,6 +55,15 @@ class RowCase:
             row["where"] = f"{SOURCE}:{line}"  # a row ready for the collator, as a dataset's rows are
         self.plan = MicroBatchPlan(rows, collator(config, qwen2_tokenizer(VOCAB_RANKS)), num_micro, 2, validate)
         self.dropped: list[list[str]] = []  # what this rank dropped in each schedule run
+        self.skips = Skips()  # the run's distinct failed rows, which every rank learns after each run
+        self.failed: list[list[int]] = []  # the rows this rank's plan knows to fail after each run
+
+    def remember(self, executor, count: int) -> None:
+        """After a schedule run whose vote counted ``count`` dropped rows: every rank learns which rows failed on
+        any rank (:meth:`~mpipe_hf.train.loop.Skips.distinct`, a gather over the vote's group) and its plan
+        leaves them out from now on; records what the plan knows."""
+        self.skips.distinct(count, executor, self.plan)
+        self.failed.append(sorted(self.plan.failed))
 
     def load(self, run: int, micro: int):
         """Micro ``micro`` of schedule run ``run``, as its owner loads it."""
