@@ -262,7 +262,8 @@ def test_a_bad_row_costs_that_row_not_the_step(results):
     0 and alone in a micro-batch of run 1: both runs train, and the loss and every gradient (accumulated over the
     two runs) equal one process trained on the same micro-batches without those rows, each run normalised by its
     remaining label tokens. The owner (rank 2, then rank 3) dropped the row; every rank counts one bad row per run,
-    with the owner's text."""
+    with the owner's text, and after each run every rank's plan knows the rows that failed on any rank (it leaves
+    them out from then on)."""
     case = ROW_CASES[0]
     per_rank = results(4)[case["name"]]
     problems = check_case(case, per_rank)
@@ -275,6 +276,7 @@ def test_a_bad_row_costs_that_row_not_the_step(results):
         owner = {0: 2, 1: 3}
         assert [len(d) for d in res["dropped_here"]] == [int(owner[run] == rank) for run in (0, 1)], \
             (rank, res["dropped_here"])
+        assert res["failed_rows"] == [[13], [13, 14]], (rank, res["failed_rows"])  # each owner's, on every rank
 
 
 @pytest.mark.parametrize("case", SWAP_CASES, ids=[c["name"] for c in SWAP_CASES])

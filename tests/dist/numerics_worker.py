@@ -252,6 +252,8 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                                   next_owners=owners_of(run + 1) if ahead else None,
                                   bad_rows=rows.take if rows is not None else None)
             result.setdefault("bad_rows", []).append([stats.bad_rows, stats.bad_row])
+            if rows is not None:  # every rank learns the rows that failed on any rank
+                rows.remember(executor, stats.bad_rows)
             owned_all += [m for m in range(cfg.num_micro) if (owners[m] if owners else cfg.owner(m)) == rank]
             losses.append(stats.loss)
             result.setdefault("aux_losses", []).append(stats.aux_loss)
@@ -268,6 +270,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
             optimizer.zero_grad(set_to_none=True)
     result["loads"] = loads
     result["dropped_here"] = rows.dropped if rows is not None else []
+    result["failed_rows"] = rows.failed if rows is not None else []
     result["deferred_weights"] = DEFERRED[0] - deferred
     result["order"] = [str(a) for a in executor.order]
     result["bytes_sent"] = dict(executor.p2p.bytes_sent)
