@@ -3,7 +3,8 @@
 Qwen3-VL-MoE, a tiny Qwen3.5-MoE (shared expert) and a tiny GLM-4.5V (a dense first layer, a shared expert), a
 failed step while an EP peer waits in the all-to-all, LoRA on the attention and the fused experts (the adapter
 shards cut per EP rank; saved fused and read back by PEFT), and the checks made before any collective; then
-``mpipe-hf train`` on recipes/qwen3_vl_moe_ep.yaml against one process, its checkpoint, and its resume."""
+recipes/qwen3_vl_moe_ep.yaml trained against one process, its checkpoint, and its resume with the same and with
+another ``ep_size``, bit for bit and up to fp32 reordering."""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ from mpipe_hf.data import qwen2_tokenizer  # noqa: E402
 from mpipe_hf.models import tiny  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "ep_worker.py")
+RUNS_WORKER = os.path.join(os.path.dirname(__file__), "dist", "recipe_runs_worker.py")
 LOSS_ATOL = 1e-5
 CASES = [
-    dict(name="qwen3_vl_moe-trainable-T0", family="qwen3_vl_moe", preprocess="trainable", text_layers=0),
+    # FSDP2 with stage 0 ending at a DeepStack layer (K = 2): the stage's output is where DeepStack adds its
+    # features, which must not be a view (FSDP2 warns that an in-place op on it would drop the pre-backward hook)
+    dict(name="qwen3_vl_moe-trainable-T0-fsdp2-deepstack-cut", family="qwen3_vl_moe", preprocess="trainable",
+         text_layers=0, dp_shard=True, layers_per_stage=[1, 3]),
     dict(name="qwen3_5_moe-frozen-T0", family="qwen3_5_moe", preprocess="frozen", text_layers=0),
     dict(name="qwen3_vl_moe-trainable-T1-fsdp2", family="qwen3_vl_moe", preprocess="trainable", text_layers=1,
          dp_shard=True),
@@ -105,6 +110,7 @@ def check_case(per_rank: list[dict], case: dict) -> None:
     holds ``E / 2`` experts of every fused tensor, and tokens crossed its EP group."""
     for rank, res in enumerate(per_rank):
         assert not problems(res, case), (rank, problems(res, case))
+        assert res["view_warnings"] == [], (rank, res["view_warnings"])  # no stage returned a view
         assert res["experts"], rank  # every rank holds MoE layers
         assert res["exchanges"] > 0 and res["rows_from_peer"] > 0, res  # tokens crossed the EP group
         for name, shape in res["held"].items():  # E / ep experts of each fused tensor, never all E
@@ -198,28 +204,22 @@ def test_bad_ep_values_name_the_field():
     check_expert_parallel(moe, 2, adapter=LoraConfig(target_modules=["q_proj"], target_parameters=["mlp.gate.weight"]))
 
 
-# ---- mpipe-hf train with parallel.ep_size: 2 (recipes/qwen3_vl_moe_ep.yaml) ----------------------------------------
+# ---- the recipe with parallel.ep_size: 2 (recipes/qwen3_vl_moe_ep.yaml), its checkpoint and its resumes -------------
 
 EP_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "qwen3_vl_moe_ep.yaml")
 
 
-def ep_train(tmp_path, name, **overrides):
-    """``mpipe-hf train`` on recipes/qwen3_vl_moe_ep.yaml (2 steps, a checkpoint after each, eps 1e-6) in
-    ``tmp_path``, with ``overrides`` (section keys); returns the loaded recipe and its output folder."""
-    import subprocess
+def ep_recipe(tmp_path, name, **overrides) -> str:
+    """recipes/qwen3_vl_moe_ep.yaml (2 steps, a checkpoint after each, eps 1e-6) written to
+    ``tmp_path/recipes/<name>.yaml`` with ``overrides`` (section keys), its output in ``tmp_path/<name>``."""
     import yaml
     from train_common import EPS, set_keys
-    from mpipe_hf.train import load_recipe
     raw = set_keys(yaml.safe_load(open(EP_RECIPE)), max_steps=2, save_steps=1, save_total_limit=2, adam_epsilon=EPS,
                    output_dir=str(tmp_path / name), timeout_s=120, **overrides)
     path = tmp_path / "recipes" / f"{name}.yaml"
     with open(path, "w") as f:
         yaml.safe_dump(raw, f)
-    cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
-    proc = subprocess.run([cli, "train", str(path)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return load_recipe(str(path)), str(tmp_path / name)
+    return str(path)
 
 
 def ep_reference(recipe, steps):
@@ -245,13 +245,19 @@ def ep_reference(recipe, steps):
 
 @pytest.fixture(scope="module")
 def ep_run(demo, tmp_path_factory):
-    """recipes/qwen3_vl_moe_ep.yaml trained 2 steps (4 processes: pp 2 x dp 2, ep 2), and the one-process
-    reference."""
+    """recipes/qwen3_vl_moe_ep.yaml trained 2 steps (4 processes: pp 2 x dp 2, ep 2), then, in the same launch
+    (tests/dist/recipe_runs_worker.py), resumed from its ``checkpoint-1`` with the same ``ep_size`` and with
+    ``ep_size: 1``; and the one-process reference."""
+    from mpipe_hf.train import load_recipe
     tmp = tmp_path_factory.mktemp("ep_train")
     os.symlink(demo, tmp / "demo")  # the recipe names ../demo/... relative to its folder
     (tmp / "recipes").mkdir()
-    recipe, out = ep_train(tmp, "run")
-    return tmp, recipe, out, ep_reference(recipe, 2)
+    first = str(tmp / "run" / "checkpoint-1")
+    paths = [ep_recipe(tmp, "run"), ep_recipe(tmp, "resumed", resume=first),
+             ep_recipe(tmp, "ep1", resume=first, ep_size=1)]
+    run_torchrun(RUNS_WORKER, 4, paths, timeout=900)
+    recipe = load_recipe(paths[0])
+    return tmp, recipe, str(tmp / "run"), ep_reference(recipe, 2)
 
 
 def metrics(out):
@@ -279,48 +285,37 @@ def test_recipe_with_ep_size_2_trains_like_one_process(ep_run):
     assert worst < 1e-4, worst
 
 
-@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="one more 4-process launch: MPIPE_HF_FULL=1")
 def test_resume_with_the_same_ep_size_is_bit_exact(ep_run):
     """From the run's ``checkpoint-1`` (its fused experts and fused AdamW moments, sliced again per EP rank),
     step 2's loss and norm and the final weights are the uninterrupted run's, bit for bit."""
-    import shutil
     import torch
     from safetensors.torch import load_file
     tmp, _, out, _ = ep_run
-    resumed = tmp / "resumed"
-    resumed.mkdir()
-    shutil.copytree(os.path.join(out, "checkpoint-1"), resumed / "checkpoint-1")
-    (resumed / "metrics.jsonl").write_text(open(os.path.join(out, "metrics.jsonl")).readline())
-    state = torch.load(resumed / "checkpoint-1" / "rank1_state.pt", weights_only=False)  # the moments fused too
+    state = torch.load(os.path.join(out, "checkpoint-1", "rank1_state.pt"), weights_only=False)  # moments fused
     moments = [state["optimizer"]["state"][i]["exp_avg"] for i, n in enumerate(state["param_names"])
                if n.endswith("experts.down_proj")]
     assert moments and all(m.shape[0] == 4 for m in moments), [tuple(m.shape) for m in moments]
-    ep_train(tmp, "resumed", resume="auto")
-    a, b = metrics(out), metrics(str(resumed))
+    a, b = metrics(out)[1:], metrics(str(tmp / "resumed"))
+    assert [r["step"] for r in b] == [2], b
     assert [(r["loss"], r["grad_norm"]) for r in a] == [(r["loss"], r["grad_norm"]) for r in b], (a, b)
     wa, wb = ({n: t for f in sorted(os.listdir(d)) if f.endswith(".safetensors")
                for n, t in load_file(os.path.join(d, f)).items()}
-              for d in (os.path.join(out, "checkpoint"), str(resumed / "checkpoint")))
+              for d in (os.path.join(out, "checkpoint"), str(tmp / "resumed" / "checkpoint")))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[n], wb[n]) for n in wa)
 
 
-@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="one more launch: MPIPE_HF_FULL=1")
 def test_resume_onto_another_ep_size(ep_run):
     """The ep 2 run's ``checkpoint-1`` resumed with ``ep_size: 1`` (each replica holds every expert): the fused
     weights and AdamW moments load by name, and step 2 and the final weights equal the ep 2 run's up to fp32
     reordering (an expert's gradient summed in one matmul over both replicas' rows, or per replica then
     all-reduced)."""
-    import shutil
     import torch
     from transformers import AutoModelForImageTextToText
     tmp, _, out, _ = ep_run
-    other = tmp / "ep1"
-    other.mkdir()
-    shutil.copytree(os.path.join(out, "checkpoint-1"), other / "checkpoint-1")
-    (other / "metrics.jsonl").write_text(open(os.path.join(out, "metrics.jsonl")).readline())
-    ep_train(tmp, "ep1", resume="auto", ep_size=1)
-    a, b = metrics(out)[1], metrics(str(other))[1]
+    a, b = metrics(out)[1], metrics(str(tmp / "ep1"))
+    assert [r["step"] for r in b] == [2], b
+    b = b[0]
     assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-5, (a, b)
     wa, wb = (AutoModelForImageTextToText.from_pretrained(d, dtype=torch.float32).state_dict()
-              for d in (os.path.join(out, "checkpoint"), str(other / "checkpoint")))
+              for d in (os.path.join(out, "checkpoint"), str(tmp / "ep1" / "checkpoint")))
     assert max((wa[n] - t).abs().max().item() for n, t in wb.items()) < 1e-5
