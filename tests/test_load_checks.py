@@ -10,18 +10,21 @@ processor, passes; the same row with one image token more, or one less, is refus
 images, so they have nothing to count (:data:`NO_IMAGES`).
 """
 
-import PIL.Image
+import os
+import sys
+
 import pytest
-import skimage
 import torch
 from transformers import AutoModelForImageTextToText
 
-from mpipe_hf.data import ConversationCollator, MicroBatchPlan, build_processor, qwen2_tokenizer
+from mpipe_hf.data import MicroBatchPlan, qwen2_tokenizer
 from mpipe_hf.models import tiny
-from mpipe_hf.models.family import flat_features
 from mpipe_hf.models.registry import FAMILIES
 from mpipe_hf.models.tiny_all import TINY_MODELS
 from mpipe_hf.train.sources import micro_validator
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
+from common import caption_row, family_collator  # noqa: E402
 
 # the families declared before the tiny-config registry (mpipe_hf.models.tiny), by model type
 OLDER = {"qwen2_vl": tiny.tiny_qwen2_vl_config, "qwen2_5_vl": tiny.tiny_qwen2_5_vl_config,
@@ -41,10 +44,10 @@ def tokenizer():
     return qwen2_tokenizer(5120)
 
 
-def image_row(answer: str = "A cup of coffee.") -> dict:
-    photo = PIL.Image.fromarray(skimage.data.coffee()).resize((84, 56))  # wide: anyres grids unpad to it
-    return {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]},
-                         {"role": "assistant", "content": [{"type": "text", "text": answer}]}], "images": [photo]}
+def image_row(i: int = 1) -> dict:
+    """A caption row (``common.caption_row``) of photo ``i``, 84 px on its longer side (1: the coffee photo, 84 x
+    56, wide: anyres grids unpad to it)."""
+    return caption_row(i, 84, True, 0)
 
 
 def one_token_off(batch: dict, image_token_id: int, more: bool) -> dict:
@@ -66,42 +69,21 @@ def one_token_off(batch: dict, image_token_id: int, more: bool) -> dict:
 
 
 def family_row(model_type: str, tokenizer):
+    """``(config, collate)``: the tiny config and its ragged pool's collator (the family's processor, or, where
+    the stock processor needs torchvision, the vision inputs built directly: ``common.family_collator``)."""
     config = BUILDERS[model_type](tokenizer, num_layers=1)
-    collate = ConversationCollator(build_processor(config, tokenizer), None, model_type=model_type)
-    return config, collate
-
-
-def stock_row(config, tokenizer) -> dict:
-    """One row for a family the project has no processor for yet, whose images are fixed-size tiles (its
-    ``get_image_features`` takes ``pixel_values`` alone): one random tile of the tower's ``image_size``, and as
-    many image tokens as the stock tiny model's ``get_image_features`` gives features for it."""
-    torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_config(config).eval()
-    side = config.vision_config.image_size
-    pixels = torch.randn(1, 3, side, side)
-    with torch.no_grad():
-        features = model.get_image_features(pixel_values=pixels)
-    count = flat_features(getattr(features, "pooler_output", features)).shape[0]
-    prompt = tokenizer("What is this?")["input_ids"]
-    answer = tokenizer(" A cup of coffee.")["input_ids"]
-    ids = torch.tensor([prompt + [config.image_token_id] * count + answer])
-    labels = torch.tensor([[-100] * (len(prompt) + count) + answer])
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "pixel_values": pixels}
-
-
-def one_row(model_type: str, tokenizer):
-    """``(config, batch)``: one image row of ``model_type`` collated by its own processor, or, for a family of
-    fixed-size tiles whose processor the project lacks, :func:`stock_row`."""
     try:
-        config, collate = family_row(model_type, tokenizer)
+        return config, family_collator(config, tokenizer)
     except ValueError as err:
         if "has no image processor" not in str(err):
             raise
-        config = BUILDERS[model_type](tokenizer, num_layers=1)
-        if tuple(FAMILIES[model_type].image_inputs) != ("pixel_values",):
-            pytest.skip(f"{model_type}: no processor in the project yet, and its images are not fixed-size tiles "
-                        f"(it takes {FAMILIES[model_type].image_inputs}): no row can be made without one")
-        return config, stock_row(config, tokenizer)
+        pytest.skip(f"{model_type}: no processor in the project and no direct builder of its vision inputs in "
+                    f"tests/dist (its images take {FAMILIES[model_type].image_inputs}): no row to count")
+
+
+def one_row(model_type: str, tokenizer):
+    """``(config, batch)``: one row with one photo, collated by :func:`family_row`'s collator."""
+    config, collate = family_row(model_type, tokenizer)
     return config, collate([image_row()])
 
 
@@ -172,12 +154,21 @@ class BreakRows:
 @pytest.mark.parametrize("model_type", ["aria", "llava_next"])
 def test_a_bad_row_costs_that_row(model_type, tokenizer):
     config, collate = family_row(model_type, tokenizer)
-    rows = [dict(image_row("A cup."), where="rows.jsonl:1"),
-            dict(image_row("Coffee."), where="rows.jsonl:2", extra_image_token=True),
-            dict(image_row("A mug."), where="rows.jsonl:3")]
+    rows = [dict(image_row(0), where="rows.jsonl:1"), dict(image_row(1), where="rows.jsonl:2", extra_image_token=True),
+            dict(image_row(2), where="rows.jsonl:3")]
     plan = MicroBatchPlan(rows, BreakRows(collate, config.image_token_id), 1, 3, micro_validator(config))
     batch = plan.load_rows([0, 1, 2])
     assert batch["input_ids"].shape[0] == 2  # the step trains on the other two
     assert torch.equal(batch["input_ids"], collate([rows[0], rows[2]])["input_ids"])
     dropped = plan.take_dropped()
     assert len(dropped) == 1 and "rows.jsonl:2" in dropped[0] and REFUSED in dropped[0]
+
+
+@pytest.mark.parametrize("model_type", ["hunyuan_vl", "paddleocr_vl"])
+def test_tiny_heads_tie_as_the_real_models(model_type, tokenizer):
+    """HunyuanOCR and PaddleOCR-VL tie their LM head to the embeddings (their config classes' default, as the
+    checkpoints): the tiny configs the numerics cases train do too, so the split's tied head is what is checked."""
+    config = BUILDERS[model_type](tokenizer, num_layers=1)
+    assert config.tie_word_embeddings and type(config)().tie_word_embeddings
+    model = AutoModelForImageTextToText.from_config(config)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight

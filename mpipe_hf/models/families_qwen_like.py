@@ -110,12 +110,12 @@ def _mrope_text(tokenizer, model_type: str, num_layers: int, hidden_size: int, *
 
 def tiny_paddleocr_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
     """A ``PaddleOCRVLConfig``: a 2-layer NaViT-style SigLIP tower (width 32, 14-px patches, a 4 x 4 learned
-    position grid interpolated per image), the 2 x 2 projector, an Ernie-4.5 text model with M-RoPE; untied
-    embeddings (the hub ties them)."""
+    position grid interpolated per image), the 2 x 2 projector, an Ernie-4.5 text model with M-RoPE; the head tied
+    to the embeddings, as PaddleOCR-VL's (``PaddleOCRVLConfig``'s default, its ERNIE-4.5-0.3B text model's)."""
     from transformers import PaddleOCRVLConfig
     vision = dict(model_type="paddleocr_vl_vision", image_size=56, patch_size=14, spatial_merge_size=2, **VISION)
-    return PaddleOCRVLConfig(text_config=_mrope_text(tokenizer, "paddleocr_vl_text", num_layers, hidden_size),
-                             vision_config=vision, tie_word_embeddings=False, **_qwen_specials(tokenizer))
+    return PaddleOCRVLConfig(text_config=_mrope_text(tokenizer, "paddleocr_vl_text", num_layers, hidden_size, tie=True),
+                             vision_config=vision, tie_word_embeddings=True, **_qwen_specials(tokenizer))
 
 
 def tiny_cosmos3_edge_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):

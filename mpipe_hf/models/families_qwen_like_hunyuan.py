@@ -70,13 +70,14 @@ def tiny_hunyuan_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64
     """A ``HunYuanVLConfig``: a 2-layer tower (width 32, 16-px patches, the 2 x 2 convolutional merger with its
     row separator and begin/end embeddings) and a HunYuan text model with 4-axis XD-RoPE (``mrope_section`` ``[2,
     2, 2, 2]`` of the 16-wide heads' half, as the hub's 4 sections). Image markers: ``<|vision_start|>``,
-    ``<|image_pad|>``, ``<|vision_end|>``; the row separator: ``<|vision_pad|>``."""
+    ``<|image_pad|>``, ``<|vision_end|>``; the row separator: ``<|vision_pad|>``. The head is tied to the
+    embeddings, as HunyuanOCR's (``HunYuanVLConfig``'s default)."""
     from transformers import HunYuanVLConfig
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4,
+    text = _text(tokenizer, num_layers, hidden_size, tie=True, head_dim=hidden_size // 4,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2, 2]})
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=16,
                   spatial_merge_size=2, out_hidden_size=hidden_size, text_hidden_size=hidden_size)
     ids = _qwen_specials(tokenizer)
     return HunYuanVLConfig(text_config=text, vision_config=vision, image_token_id=ids["image_token_id"],
                            im_start_id=ids["vision_start_token_id"], im_end_id=ids["vision_end_token_id"],
-                           im_newline_id=tokenizer.convert_tokens_to_ids("<|vision_pad|>"), tie_word_embeddings=False)
+                           im_newline_id=tokenizer.convert_tokens_to_ids("<|vision_pad|>"), tie_word_embeddings=True)
