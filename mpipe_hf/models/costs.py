@@ -28,7 +28,10 @@ from __future__ import annotations
 
 from .decoder import layer_types
 
-SOFTMAX_ATTENTION = ("full_attention", "sliding_attention", "chunked_attention")
+# MiniMax-M3's block-sparse layers (their small indexer aside) and Unlimited-OCR's reference sliding-window
+# layers multiply by the weights of softmax attention
+SOFTMAX_ATTENTION = ("full_attention", "sliding_attention", "chunked_attention", "minimax_m3_sparse",
+                     "reference_sliding_attention")
 LINEAR_ATTENTION = "linear_attention"
 # text model types whose softmax attention projects query and output gate together (q_proj is 2x wide)
 GATED_ATTENTION = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
@@ -106,6 +109,12 @@ def mlp_cost(c, layer: int) -> int:
     """
     h = c.hidden_size
     llama4 = getattr(c, "intermediate_size_mlp", None)
+    dense = getattr(c, "dense_intermediate_size", None)  # MiniMax-M3: experts and a shared expert intermediate_size
+    if dense and getattr(c, "shared_intermediate_size", None):  # wide, dense layers dense_intermediate_size
+        if not is_sparse(c, layer):
+            return 3 * h * dense
+        return h * num_experts(c) + (c.num_experts_per_tok * 3 * h * c.intermediate_size
+                                     + 3 * h * c.shared_intermediate_size)
     if not is_sparse(c, layer):
         return 3 * h * (llama4 or c.intermediate_size)
     if llama4:

@@ -199,10 +199,7 @@ _TIMM = ("its vision tower is a timm model (TimmWrapperModel): timm is not insta
          "cannot be imported here")
 # model_type -> why it cannot be split, in the user's terms
 REFUSED: dict[str, str] = {
-    "molmo2": no_pil("Molmo2ImageProcessor"),
-    "step3p7": no_pil("Step3p7ImageProcessor"),
     "unlimited_ocr": no_pil("UnlimitedOcrImageProcessor"),
-    "minimax_m3_vl": no_pil("MiniMaxM3VLImageProcessor"),
     "ovis2": "its front puts the visual embedding table's indicator embeddings at the visual indicator tokens besides "
              "the image features at the image tokens; the split's stage-0 front places image features only",
     "fuyu": "it has no vision tower: image patches are embedded by a linear layer and gathered into each row at "

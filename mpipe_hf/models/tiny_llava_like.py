@@ -14,7 +14,7 @@ from transformers import (AriaConfig, AyaVisionConfig, DeepseekOcr2Config, Deeps
                           GotOcr2Config, Idefics2Config, JanusConfig, LightOnOcrConfig, LlavaNextVideoConfig,
                           PPChart2TableConfig, QianfanOCRConfig, ShieldGemma2Config, VideoLlavaConfig, VipLlavaConfig)
 
-from .tiny import HEADS
+from .tiny import HEADS, _text
 from .tiny_vlms import VISION, _id, _lm, tiny_gemma3_config
 
 CLIP = dict(model_type="clip_vision_model", projection_dim=32, **VISION)
@@ -230,3 +230,90 @@ def tiny_lfm2_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, p
                tie=True)
     return Lfm2VlConfig(vision_config=vision, text_config=text, projector_hidden_size=hidden_size,
                         image_token_id=_id(tokenizer, "<|image_pad|>"), downsample_factor=2, tie_word_embeddings=True)
+
+
+def tiny_step3p7_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 96,
+                        sliding_window: int = 16):
+    """A ``Step3p7Config``: a 2-layer tower with 2-D rotary attention in 8-px patches (position table for
+    ``image_size``-px global views, resized for the smaller local crops) and two stride-2 convolutions, the linear
+    projector, and a Step 3.7 text model as the hub's: sliding-window layers between full ones (the first and
+    every fourth), the first layer dense, then 4 routed experts of width ``hidden_size / 2`` (2 active) beside a
+    shared one, each with its SwiGLU limits."""
+    from transformers import Step3p7Config
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=image_size, patch_size=8,
+                  mlp_ratio=2.0, max_position_embeddings=(image_size // 8) ** 2)
+    types = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(num_layers)]
+    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // HEADS, layer_types=types,
+                 sliding_window=sliding_window, mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1),
+                 n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size // 2,
+                 share_expert_dim=hidden_size // 2, swiglu_limits=[0] + [7.0] * (num_layers - 1),
+                 swiglu_limits_shared=[0] + [16.0] * (num_layers - 1))
+    return Step3p7Config(vision_config=vision, text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
+                         tie_word_embeddings=False)
+
+
+def tiny_minimax_m3_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
+    """A ``MiniMaxM3VLConfig``: a 2-layer tower with 3-D rotary attention over 8-px patches (2 frames deep) of
+    images at their own size, merged 2 x 2 by the projector, and a MiniMax-M3 text model as the hub's: every other
+    layer block-sparse (its lightning indexer keeps 2 blocks of 4 keys a query, the local one included), partial
+    rotary embeddings, QK norms, the first layer dense, then 4 routed experts of width ``hidden_size / 2`` (2
+    active) beside a shared one."""
+    from transformers import MiniMaxM3VLConfig
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=8,
+                  image_size=64)
+    head = hidden_size // HEADS
+    text = dict(_text(tokenizer, num_layers, hidden_size, head_dim=head, rotary_dim=head // 2,
+                      layer_types=["full_attention" if i % 2 == 0 else "minimax_m3_sparse" for i in range(num_layers)],
+                      mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1), num_local_experts=4,
+                      num_experts_per_tok=2, shared_intermediate_size=hidden_size // 2,
+                      dense_intermediate_size=2 * hidden_size, index_n_heads=2, index_head_dim=head // 2,
+                      index_block_size=4, index_topk_blocks=2, index_local_blocks=1),
+                intermediate_size=hidden_size // 2)
+    return MiniMaxM3VLConfig(vision_config=vision, text_config=text, projector_hidden_size=hidden_size,
+                             image_token_index=_id(tokenizer, "<|image_pad|>"),
+                             video_token_index=_id(tokenizer, "<|video_pad|>"), tie_word_embeddings=False)
+
+
+def tiny_unlimited_ocr_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 64,
+                              sliding_window: int = 16):
+    """An ``UnlimitedOcrConfig`` scaled as the hub's global view and tiles are: :func:`_sam`'s tower in 4-px
+    patches on ``image_size``-px global views (a 16 x 16 grid, two stride-2 convolutions to 4 x 4 queries, a
+    newline after each row of them) and ``image_size * 3 / 4``-px tiles (3 x 3 queries each), a 2-layer CLIP-style
+    encoder over the SAM features, and a DeepSeek-V2-style text model with plain multi-head attention whose layers
+    are reference sliding-window (``sliding_window`` tokens once decoding; the whole prompt in training) but every
+    fourth full: the first dense, then 4 routed experts of width ``hidden_size / 2`` (2 active) and one shared."""
+    from transformers import UnlimitedOcrConfig
+    sam = dict(_sam(image_size), patch_size=4, window_size=4, global_attn_indexes=[1],
+               downsample_channels=[32, VISION["hidden_size"]])
+    encoder = dict(VISION, image_size=56, patch_size=14)
+    text = dict(_text(tokenizer, num_layers, hidden_size, sliding_window=sliding_window,
+                      layer_types=["full_attention" if i % 4 == 3 else "reference_sliding_attention"
+                                   for i in range(num_layers)],
+                      mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1), n_routed_experts=4,
+                      num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=hidden_size // 2),
+                num_key_value_heads=HEADS)
+    return UnlimitedOcrConfig(vision_config=dict(sam_config=sam, encoder_config=encoder), text_config=text,
+                              image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+
+
+def tiny_molmo2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, crop_size: int = 32):
+    """A ``Molmo2Config``: a 2-layer ViT on ``crop_size``-px crops in 8-px patches (the low-resolution view and
+    the high-resolution crops), the adapter pooling each token's 2 x 2 patches of the concatenated features of ViT
+    layers -1 and -2 by cross-attention, and a Molmo2 text model (QK norms, 8 more embedding rows than the vocabulary
+    for the image markers) whose odd layers take the linearly scaled rotary embedding, the others the unscaled one
+    (``rope_scaling_layers``)."""
+    from transformers import Molmo2Config
+    head = hidden_size // HEADS
+    vision = dict(VISION, num_key_value_heads=2, head_dim=16, image_size=[crop_size, crop_size], patch_size=8)
+    adapter = dict(vision_feature_layer=[-1, -2], hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                   head_dim=16, intermediate_size=64, text_hidden_size=hidden_size, initializer_range=0.2)
+    text = _text(tokenizer, num_layers, hidden_size, head_dim=head, additional_vocab_size=8,
+                 rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                 rope_scaling_layers=list(range(1, num_layers, 2)))
+    special = tokenizer.convert_tokens_to_ids
+    return Molmo2Config(vision_config=vision, adapter_config=adapter, text_config=text,
+                        image_patch_id=_id(tokenizer, "<|image_pad|>"),
+                        image_start_token_id=special("<|vision_start|>"),
+                        low_res_image_start_token_id=special("<|quad_start|>"),
+                        image_end_token_id=special("<|vision_end|>"), frame_start_token_id=special("<|box_start|>"),
+                        frame_end_token_id=special("<|box_end|>"), tie_word_embeddings=False)

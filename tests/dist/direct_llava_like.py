@@ -56,7 +56,82 @@ def _lfm2_vl(config, photo, max_patches: int = 36) -> tuple[Tensors, int]:
             (rows // factor) * (cols // factor))
 
 
-IMAGES = {"cohere2_vision": _cohere2_vision, "lfm2_vl": _lfm2_vl}
+def _downsampled(side: int, patch: int) -> int:
+    """Grid side after the patch embedding and two stride-2, padding-1 convolutions (Step3p7's downsamplers)."""
+    return -(-(-(-(side // patch) // 2)) // 2)
+
+
+def _step3p7(config, photo, local_size: int = 64) -> tuple[Tensors, int]:
+    """``Step3p7ImageProcessor``: ``pixel_values`` ``(1, 3, S, S)`` (the global view, S the tower's
+    ``image_size``), ``pixel_values_local`` ``(n, 3, s, s)`` (0, 2 or 3 crops of ``local_size`` px) and
+    ``num_local_patches`` ``(1,)``; each view's grid downsampled 4 x (ceil) tokens, the crops' first."""
+    side, patch = config.vision_config.image_size, config.vision_config.patch_size
+    crops = [0, 2, 3][size_class(photo)]
+    keys = {"pixel_values": pixels(photo, side, side)[None], "num_local_patches": torch.tensor([crops]),
+            "pixel_values_local": torch.stack([pixels(photo.rotate(90 * (c + 1)), local_size, local_size)
+                                               for c in range(crops)]) if crops else torch.zeros(0, 3, local_size,
+                                                                                                 local_size)}
+    return keys, _downsampled(side, patch) ** 2 + crops * _downsampled(local_size, patch) ** 2
+
+
+def _unlimited_ocr(config, photo, size: int = 64, tile: int = 48) -> tuple[Tensors, int]:
+    """``UnlimitedOcrImageProcessor``: ``pixel_values`` ``(1, 3, size, size)`` (the global view), the tiles of a
+    ``(columns, rows)`` canvas (``patches_grid``: 1 x 1 without tiles, 2 x 1, 2 x 2) as ``pixel_values_local``
+    ``(tiles, 3, tile, tile)`` and ``num_local_patches`` ``(1,)``; tokens as ``UnlimitedOcrProcessor`` counts
+    them: per view side ``q = ceil(side / patch / 4)`` queries, a newline after each row of them, a view separator."""
+    patch = config.vision_config.sam_config.patch_size
+    columns, rows = [(1, 1), (2, 1), (2, 2)][size_class(photo)]
+    tiles = columns * rows if size_class(photo) else 0
+    local = [pixels(photo.rotate(90 * t), tile, tile) for t in range(tiles)]
+    keys = {"pixel_values": pixels(photo, size, size)[None], "num_local_patches": torch.tensor([tiles]),
+            "patches_grid": torch.tensor([[columns, rows]]),
+            "pixel_values_local": torch.stack(local) if local else torch.zeros(0, 3, tile, tile)}
+    glob, per_tile = -(-(size // patch) // 4), -(-(tile // patch) // 4)
+    return keys, glob * (glob + 1) + 1 + ((rows * per_tile) * (columns * per_tile + 1) if tiles else 0)
+
+
+def _minimax_m3_vl(config, photo) -> tuple[Tensors, int]:
+    """``MiniMaxM3VLImageProcessor`` (Qwen2-VL's layout): ``pixel_values`` ``(h * w, 3 * T * p * p)`` (the image
+    resized to ``(h p, w p)``, repeated over ``temporal_patch_size`` T frames, its patches in 2 x 2 merge windows) and
+    ``image_grid_thw`` ``(1, 3)`` = ``[1, h, w]``; ``h * w / merge ** 2`` tokens."""
+    vision = config.vision_config
+    patch, frames, merge = vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size
+    rows, cols = [(4, 4), (4, 6), (6, 4)][size_class(photo)]
+    image = pixels(photo, rows * patch, cols * patch)[None].expand(frames, -1, -1, -1)
+    patches = image.reshape(1, frames, 3, rows // merge, merge, patch, cols // merge, merge, patch)
+    patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(rows * cols, -1)
+    return {"pixel_values": patches, "image_grid_thw": torch.tensor([[1, rows, cols]])}, rows * cols // merge ** 2
+
+
+def _molmo2(config, photo) -> tuple[Tensors, int]:
+    """``Molmo2ImageProcessor``: ``pixel_values`` ``(crops, patches, p * p * 3)`` (the low-resolution view, then 1-2
+    high-resolution crops side by side; each crop's patches row by row), ``image_token_pooling`` ``(tokens, 4)``
+    (each token's 2 x 2 patches, indices into the image's own flattened patches; -1 pads a window cut by the last
+    crop's edge), ``image_grids`` ``(1, 4)`` (the low-resolution and high-resolution token grids) and
+    ``image_num_crops`` ``(1,)``; one token per pooling row."""
+    vision = config.vision_config
+    side, patch = vision.image_size[0], vision.patch_size
+    grid, crops, cut = side // patch, [1, 2, 2][size_class(photo)], size_class(photo) == 2
+    views = [pixels(photo, side, side)] + list(pixels(photo, side, side * crops).split(side, dim=2))
+    values = torch.stack([v.reshape(3, grid, patch, grid, patch).permute(1, 3, 2, 4, 0).reshape(grid * grid, -1)
+                          for v in views])
+    pooling = []
+    for crop, rows, cols in [(0, grid // 2, grid // 2), (None, grid // 2, crops * grid // 2)]:
+        for r in range(rows):
+            for c in range(cols):
+                at = crop if crop is not None else 1 + c // (grid // 2)
+                col = (2 * c) % grid
+                window = [at * grid * grid + (2 * r + dr) * grid + col + dc for dr in (0, 1) for dc in (0, 1)]
+                if cut and crop is None and c == cols - 1:
+                    window = [window[0], -1, window[2], -1]
+                pooling.append(window)
+    grids = torch.tensor([[grid // 2, grid // 2, grid // 2, crops * grid // 2]])
+    return ({"pixel_values": values, "image_token_pooling": torch.tensor(pooling), "image_grids": grids,
+             "image_num_crops": torch.tensor([1 + crops])}, len(pooling))
+
+
+IMAGES = {"cohere2_vision": _cohere2_vision, "lfm2_vl": _lfm2_vl, "step3p7": _step3p7,
+          "unlimited_ocr": _unlimited_ocr, "minimax_m3_vl": _minimax_m3_vl, "molmo2": _molmo2}
 TYPES = tuple(IMAGES)
 # families whose model reads each token's modality (mm_token_type_ids: 1 at the image's tokens and markers)
 TOKEN_TYPES = ("molmo2",)

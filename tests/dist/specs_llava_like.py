@@ -16,4 +16,11 @@ SPECS: list[tuple] = [
     ("aria", "trainable", 1, None),
     ("idefics2", "trainable", 1, None),
     ("deepseek_ocr2", "trainable", 1, None),
+    # the families whose stock image processor needs torchvision: their vision inputs built directly
+    # (tests/dist/direct_llava_like.py)
+    ("cohere2_vision", "trainable", 1, None),
+    ("lfm2_vl", "trainable", 1, None),
+    ("step3p7", "trainable", 1, None),
+    ("minimax_m3_vl", "trainable", 1, None),
+    ("molmo2", "trainable", 1, None),
 ]
