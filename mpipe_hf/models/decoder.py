@@ -157,7 +157,8 @@ class DecoderStage(nn.Module):
 
     def layer_kwargs(self, layer_id: int, state: Tensors) -> dict:
         """More keyword arguments for decoder layer ``layer_id`` (Gemma 4's per-layer input and shared key/value
-        states); none by default."""
+        states), or ones that replace the stage's (Muse Glimmer's ``position_embeddings=None`` on its no-RoPE
+        layers); none by default."""
         return {}
 
     def after_layer(self, layer_id: int, hidden: torch.Tensor, state: Tensors) -> torch.Tensor:
@@ -204,10 +205,10 @@ class DecoderStage(nn.Module):
             if lengths is not None and layer_type in RECURRENT:  # its state starts afresh at every packed row
                 hidden = per_row(layer, hidden, lengths, rotary[layer_type], text_positions,
                                  attention_mask=masks[layer_type], cache=None, use_cache=False)
-            else:
-                hidden = layer(hidden, attention_mask=masks[layer_type], position_embeddings=rotary[layer_type],
-                               position_ids=text_positions, cache=None, use_cache=False, **varlen,
-                               **self.layer_kwargs(layer_id, state))
+            else:  # layer_kwargs may override these (a layer without rotary embedding: position_embeddings None)
+                kwargs = dict(attention_mask=masks[layer_type], position_embeddings=rotary[layer_type],
+                              position_ids=text_positions, cache=None, use_cache=False, **varlen)
+                hidden = layer(hidden, **{**kwargs, **self.layer_kwargs(layer_id, state)})
             hidden = self.after_layer(layer_id, hidden, state)
         return hidden
 

@@ -60,7 +60,8 @@ class Family:
             transformers' builder per layer type.
         deepstack: Qwen3-VL's DeepStack features are added after the first decoder layers (:mod:`.deepstack`).
         softcap: the head applies ``final_logit_softcapping`` (PaliGemma).
-        logit_scale: the head multiplies the logits by the text config's ``logit_scale`` (Aya Vision).
+        logit_scale: the head multiplies the logits by the text config's ``logit_scale`` (Aya Vision), or by the
+            text config field it names (Muse Glimmer's ``"output_multiplier"``), before any soft-capping.
         unused: FQNs of modules the split never runs (Video-LLaVA's video tower, Janus's image-generation
             head): frozen (they get no gradient in the unsplit model either) and kept with stage 0, whose rank
             saves them.
@@ -95,7 +96,7 @@ class Family:
     masks: Callable | None = None
     deepstack: bool = False
     softcap: bool = False
-    logit_scale: bool = False
+    logit_scale: bool | str = False
     unused: tuple[str, ...] = ()
     validate: Callable | None = None
     embed_parts: tuple[str, ...] = ()

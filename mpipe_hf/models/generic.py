@@ -132,7 +132,8 @@ class _Pieces:
     def head(self) -> LMHead:
         cap = getattr(self.text_config, "final_logit_softcapping", None) if self.family.softcap else None
         router = (self.router[2], self.router[4]) if self.router is not None else None
-        scale = self.text_config.logit_scale if self.family.logit_scale else None
+        scale = getattr(self.text_config, self.family.logit_scale if isinstance(self.family.logit_scale, str)
+                        else "logit_scale") if self.family.logit_scale else None
         norm = self.text_model.get_submodule(self.family.norm)
         return LMHead(self.model, norm, self.text_config.vocab_size, cap, router, scale,
                       self.model.get_submodule(self.family.head))

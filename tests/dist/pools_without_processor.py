@@ -56,6 +56,19 @@ def kimi_k25_image(config, image: Image.Image) -> tuple[dict, int]:
     return {"pixel_values": patches, "image_grid_thw": torch.tensor([[1, h, w]])}, h * w // merge ** 2
 
 
+def muse_glimmer_image(config, image: Image.Image) -> tuple[dict, int]:
+    """``MuseGlimmerImageProcessor``: as Qwen2-VL's, the image resized to a grid of ``merge * patch`` multiples,
+    each patch repeated over ``patch_temporal`` frames and flattened ``(h * w, T * 3 * patch * patch)``,
+    ``image_grid_thw`` ``(1, h, w)``; ``h * w / merge ** 2`` tokens."""
+    vision = config.vision_config
+    patch, merge, frames = vision.patch_size, vision.merge_size, vision.patch_temporal
+    h, w = _even_grid(image, patch, merge)
+    pixels = _pixels(image, h * patch, w * patch)
+    patches = pixels.view(3, h, patch, w, patch).permute(1, 3, 0, 2, 4).reshape(h * w, 1, -1)
+    return {"pixel_values": patches.expand(-1, frames, -1).reshape(h * w, -1),
+            "image_grid_thw": torch.tensor([[1, h, w]])}, h * w // merge ** 2
+
+
 def minicpm_image(config, image: Image.Image) -> tuple[dict, int]:
     """``MiniCPMOcrImageProcessor`` (one slice, the whole image): NaViT-packed patches ``(1, 3, patch, h * w *
     patch)`` (``reshape_by_patch``), ``target_sizes`` ``(1, 2)`` int32; ``h * w / 4`` tokens in the ``4x``
@@ -92,7 +105,7 @@ def gemma4_unified_image(config, image: Image.Image, max_patches: int = 28) -> t
 
 # model type -> (one image's builder, the dimension a micro-batch's images' pixels are joined along)
 BUILDERS = {"llama4": (llama4_image, 0), "kimi_k25": (kimi_k25_image, 0), "minicpm_ocr": (minicpm_image, -1),
-            "gemma4_unified": (gemma4_unified_image, 0)}
+            "gemma4_unified": (gemma4_unified_image, 0), "muse_glimmer": (muse_glimmer_image, 0)}
 TOKEN_TYPES = ("gemma4_unified",)  # families whose masks read mm_token_type_ids (1 at each image token)
 
 

@@ -31,7 +31,11 @@ OPTIONS = {"gemma4": LATER_STEPS, "gemma3": LATER_STEPS, "shieldgemma2": LATER_S
 PACKED_OPTIONS = {"lfm3_vl": LATER_STEPS}
 # families whose stock image processor needs torchvision: their vision inputs built directly
 # (pools_without_processor.py)
-SPECS += [("llama4", "trainable", 1, None), ("gemma4_unified", "trainable", 1, None)]
+SPECS += [("llama4", "trainable", 1, None), ("gemma4_unified", "trainable", 1, None),
+          ("muse_glimmer", "trainable", 1, None)]
 # Gemma 4 Unified's text model is Gemma 4's, and so is its sensitivity (measured: default settings part step 2's
 # gradients by up to 1.6e-4 of their largest, with lr 1e-9 every step's check passes): Gemma 4's settings
 OPTIONS["gemma4_unified"] = OPTIONS["gemma4"]
+# Muse Glimmer, soft-capped as Gemma: the same (default settings part step 2's gradients by up to 2.2e-4 of their
+# largest; with lr 1e-9 every step's check passes)
+OPTIONS["muse_glimmer"] = OPTIONS["gemma4"]

@@ -1,0 +1,53 @@
+"""Muse Glimmer: a MoonViT-style tower (Qwen-style temporal patches, a resampled learned position grid, window and
+full attention blocks, a 2 x 2 pixel shuffle), its adapter, projection and weightless norm in the preprocess; a text
+model whose every fourth layer (counted from the last) has no rotary embedding (``layer_rope_theta[i] == 0``: its
+``forward`` hands that layer ``position_embeddings=None``) and attends globally, the others sliding; logits scaled
+by ``output_multiplier`` and soft-capped. Its stock image processor needs torchvision; its model code does not.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .decoder import DecoderStage
+from .families import validate_counted_micro
+from .family import Family
+from .tiny import _qwen_specials, _text
+from .tiny_vlms import VISION
+
+
+class NoRopeStage(DecoderStage):
+    """A :class:`~.decoder.DecoderStage` whose layers with ``layer_rope_theta == 0`` get ``position_embeddings
+    = None``, as the text model's ``forward`` hands them."""
+
+    def layer_kwargs(self, layer_id: int, state) -> dict:
+        return {} if self.text_config.layer_rope_theta[layer_id] else {"position_embeddings": None}
+
+
+def _muse_tokens(model: nn.Module):
+    """Muse Glimmer: each image's patches (``image_grid_thw``'s product) over ``merge_size ** 2``."""
+    merge = model.config.vision_config.merge_size
+    return lambda raw: int(raw["image_grid_thw"].prod(-1).sum()) // merge ** 2
+
+
+MUSE_GLIMMER = Family(vision=("model.vision_tower", "model.vision_adapter", "model.vision_projection",
+                              "model.perception_emb_norm"),
+                      image_inputs=("pixel_values", "image_grid_thw"), softcap=True, logit_scale="output_multiplier",
+                      stage=lambda model: NoRopeStage, validate=validate_counted_micro(_muse_tokens))
+
+
+def tiny_muse_glimmer_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
+    """A ``MuseGlimmerConfig``: a 2-layer tower of width 32 (14-px patches, 2 frames a patch, a 4 x 4 learned
+    position grid, window attention then full attention, 2 x 2 pixel shuffle to 128), the adapter (128 -> 64) and
+    projection; a text model of ``num_layers`` (4 heads of 16, 2 key-value heads; every fourth from the last
+    global without rotary embedding, the others 16-token sliding), logits times ``output_multiplier`` soft-capped
+    at 20; untied embeddings, as the real model. Images are ``<|image_pad|>`` x (patches / 4)."""
+    from transformers import MuseGlimmerConfig
+    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, sliding_window=16,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    vision = dict(patch_size=14, pos_emb_height=4, pos_emb_width=4, max_position_embeddings=16, patch_temporal=2,
+                  merge_size=2, layer_types=["window_attention", "full_attention"], **VISION)
+    ids = _qwen_specials(tokenizer)
+    return MuseGlimmerConfig(text_config=text, vision_config=vision, out_hidden_size=4 * VISION["hidden_size"],
+                             projector_hidden_size=hidden_size, tie_word_embeddings=False,
+                             image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"])
