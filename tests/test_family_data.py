@@ -142,14 +142,11 @@ def test_family_micro_batch_trains(model_type, tokenizer):
 
 def check_at_load(model, batch, image):
     """The family's load-time check (``split(...).validate_micro``) passes the micro-batch and refuses it with one
-    image token lost, before any device sees it (stage 0 would otherwise end a GPU run with a device assert);
-    LLaVA-NeXT/OneVision's anyres counts have no host formula here."""
+    image token lost, before any device sees it (stage 0 would otherwise end a GPU run with a device assert)."""
     from mpipe_hf.models import split
     from mpipe_hf.schedule import ScheduleConfig
     validate = split(model, ScheduleConfig(1, 2, 1, "identity"), 0).validate_micro
     validate(batch)
-    if model.config.model_type in ("llava_next", "llava_onevision"):
-        return
     broken = batch["input_ids"].clone()
     broken[tuple(image.nonzero()[0])] = 0
     with pytest.raises(ValueError, match="image-token count"):
