@@ -30,6 +30,7 @@ from mpipe_hf.train.recipe import load_recipe, parse_recipe  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "dist", "lora_worker.py")
+RUNS_WORKER = os.path.join(ROOT, "tests", "dist", "recipe_runs_worker.py")
 DECODER_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]  # Qwen2.5-VL's tower names its attention qkv, proj
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # fused (E, out, in) nn.Parameters, not nn.Linear
 # 2 steps: by step 3 the adapted routers pick other experts for near-tied tokens on float noise (grad norms then
@@ -200,33 +201,57 @@ def test_lora_dropout_runs_are_deterministic(results):
     assert results[0]["vl-dropout-repeat"]["losses"][0] != results[0]["vl-frozen-decoder"]["losses"][0]
 
 
-def test_the_shipped_lora_recipe_trains_like_one_process_and_reloads(demo, tmp_path):
-    """``recipes/qwen2_5_vl_lora.yaml`` as shipped (V = 2, frozen tower, its LoRA targets and rates) through
-    ``mpipe-hf train`` on R = 2 (shipped at R = 4: 4 processes on CI's 2 cores; ``MPIPE_HF_FULL=1`` runs R = 4),
-    3 steps in fp32 with dropout off (the reference cannot draw the decoder stages' masks): the losses and grad
-    norms equal the one-process PeftModel's, the adapter directory holds PEFT's files beside the processor's (no
-    config.json), and both outputs reload to the same logits."""
-    sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
-    import lora_worker
-    os.symlink(demo, tmp_path / "demo")  # the recipe names ../demo/... relative to its folder, recipes/
+def resume_pair(demo, out: str, **train) -> dict:
+    """The LoRA resume recipe: 4 steps with ``save_steps: 2``, the tower's LoRA with a trainable ``P`` and the
+    merger saved whole, dropout on."""
+    return vl_recipe(demo, out, {"preprocess": "trainable"},
+                     {"r": 4, "lora_dropout": 0.1, "target_modules": r".*\.(qkv|q_proj|v_proj)",
+                      "modules_to_save": ["model.visual.merger"]}, max_steps=4, save_steps=2, **train)
+
+
+@pytest.fixture(scope="module")
+def lora_runs(demo, tmp_path_factory):
+    """In one launch of 2 processes (tests/dist/recipe_runs_worker.py, one run after another): the shipped
+    recipes/qwen2_5_vl_lora.yaml at R = 2 (shipped at R = 4: 4 processes on CI's 2 cores; ``MPIPE_HF_FULL=1``
+    runs R = 4 in a launch of its own), 3 steps in fp32 with dropout off (the reference cannot draw the decoder
+    stages' masks), to ``out``; the resume recipe (:func:`resume_pair`) to ``full``, then resumed from
+    ``full/checkpoint-2`` to ``resumed``. Returns the folder, which holds demo/ and recipes/ as the recipes
+    expect."""
+    tmp = tmp_path_factory.mktemp("lora_runs")
+    os.symlink(demo, tmp / "demo")  # the recipe names ../demo/... relative to its folder, recipes/
     raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "qwen2_5_vl_lora.yaml")))
-    raw["train"].update(max_steps=3, bf16=False, adam_epsilon=1e-6, output_dir=str(tmp_path / "out"))
+    raw["train"].update(max_steps=3, bf16=False, adam_epsilon=1e-6, output_dir=str(tmp / "out"))
     raw["lora"]["lora_dropout"] = 0.0
     raw["parallel"]["timeout_s"] = 120
-    if os.environ.get("MPIPE_HF_FULL") != "1":
+    full = os.environ.get("MPIPE_HF_FULL") == "1"
+    if not full:
         raw["parallel"]["pp_size"] = 2
-    (tmp_path / "recipes").mkdir()
-    with open(tmp_path / "recipes" / "recipe.yaml", "w") as f:
-        yaml.safe_dump(raw, f)
+    (tmp / "recipes").mkdir()
+    recipes = {"recipe": raw, "full": resume_pair(demo, str(tmp / "full")),
+               "resumed": resume_pair(demo, str(tmp / "resumed"), resume=str(tmp / "full" / "checkpoint-2"))}
+    paths = []
+    for name, recipe in recipes.items():
+        paths.append(str(tmp / "recipes" / f"{name}.yaml"))
+        with open(paths[-1], "w") as f:
+            yaml.safe_dump(recipe, f)
+    if full:
+        run_torchrun(RUNS_WORKER, raw["parallel"]["pp_size"], paths[:1], timeout=900)
+    run_torchrun(RUNS_WORKER, 2, paths[int(full):], timeout=900)
+    return tmp
+
+
+def test_the_shipped_lora_recipe_trains_like_one_process_and_reloads(lora_runs):
+    """The shipped LoRA recipe's run (:func:`lora_runs`): the losses and grad norms equal the one-process
+    PeftModel's, the adapter directory holds PEFT's files beside the processor's (no config.json), and both
+    outputs reload to the same logits."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
+    import lora_worker
+    tmp_path = lora_runs
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
         recipe = load_recipe("recipes/recipe.yaml")
         ref_model, ref_losses, _, ref_norms, micro = lora_worker.reference(recipe, 3)
-        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpipe-hf"), "train",
-                               "recipes/recipe.yaml"],
-                              capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, proc.stderr[-5000:]
         rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
         assert [r["step"] for r in rows] == [1, 2, 3]
         for row, loss, norm in zip(rows, ref_losses, ref_norms):
@@ -306,25 +331,15 @@ def test_an_adapter_that_would_not_train_fails_before_launch(demo, tmp_path, mon
     assert error.startswith("mpipe-hf: error: ") and message in error and "lora" in error, error[-3000:]
 
 
-@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="three runs: the full suite (MPIPE_HF_FULL=1); "
-                    "CI resumes full fine-tuning bit for bit in tests/test_resume.py")
-def test_a_lora_run_resumes_bit_exactly(demo, tmp_path):
-    """4 steps with ``save_steps: 2`` (tower LoRA, trainable P, dropout on): ``checkpoint-2`` holds the adapter
-    in PEFT's format and every rank's state, and a run resumed from it gives steps 3 and 4 bit for bit (losses,
-    grad norms, learning rates, the final adapter); the base weights are read from ``model`` again, not saved."""
+def test_a_lora_run_resumes_bit_exactly(lora_runs):
+    """4 steps with ``save_steps: 2`` (tower LoRA, trainable P, dropout on; :func:`lora_runs`): ``checkpoint-2``
+    holds the adapter in PEFT's format and every rank's state, and the run resumed from it gives steps 3 and 4 bit
+    for bit (losses, grad norms, learning rates, the final adapter); the base weights are read from ``model``
+    again, not saved."""
     from safetensors.torch import load_file
-    cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
+    tmp_path = lora_runs
 
-    def run(out, **train):
-        raw = vl_recipe(demo, out, {"preprocess": "trainable"},
-                        {"r": 4, "lora_dropout": 0.1, "target_modules": r".*\.(qkv|q_proj|v_proj)",
-                         "modules_to_save": ["model.visual.merger"]}, max_steps=4, save_steps=2, **train)
-        path = os.path.join(os.path.dirname(out), os.path.basename(out) + ".yaml")
-        with open(path, "w") as f:
-            yaml.safe_dump(raw, f)
-        proc = subprocess.run([cli, "train", path], capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, proc.stderr[-4000:]
+    def run(out):
         return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     full = str(tmp_path / "full")
     a = run(full)
@@ -332,7 +347,7 @@ def test_a_lora_run_resumes_bit_exactly(demo, tmp_path):
     held = set(os.listdir(ckpt))
     assert {"adapter_model.safetensors", "adapter_config.json", "rank0_state.pt", "rank1_state.pt",
             "trainer_state.json"} <= held and not any(n.startswith("model") for n in held), held
-    b = run(str(tmp_path / "resumed"), resume=ckpt)
+    b = run(str(tmp_path / "resumed"))
     assert [r["step"] for r in b] == [3, 4]
     for x, y in zip(a[2:], b):
         assert (x["loss"], x["grad_norm"], x["learning_rate"]) == (y["loss"], y["grad_norm"], y["learning_rate"])
