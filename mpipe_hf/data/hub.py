@@ -200,11 +200,12 @@ def save_processor(directory: str, processor, model_type: str, chat_template: st
 
 def load_checkpoint_processor(directory: str):
     """The processor of a checkpoint directory written with :func:`save_processor_files`, with its chat template:
-    ``AutoProcessor.from_pretrained(directory)`` where torchvision is installed or the family's processor has no
-    video processor (LLaVA); else (the Qwen families without torchvision, whose stock processor needs it for the
-    video processor) :func:`mpipe_hf.data.build_processor` over ``AutoTokenizer`` and ``AutoImageProcessor``
-    (images and text processed as by the stock class; Qwen2-VL / Qwen2.5-VL, Qwen3-VL and GLM-4.1V / GLM-4.5V
-    videos by the torchvision-free video processors, with the snapshot's video settings where it has any). A LoRA adapter directory (PEFT's
+    ``AutoProcessor.from_pretrained(directory)`` where torchvision is installed (the families of
+    ``processors_vlm`` excepted) or the model type has no processor here; else (no torchvision: the stock processors
+    of most families need it for their video processor, Gemma 4's and GLM-4.6V's included) the processor training
+    uses, :func:`mpipe_hf.data.build_processor`, over ``AutoTokenizer`` and ``AutoImageProcessor`` (images and text
+    processed as by the stock class; Qwen2-VL / Qwen2.5-VL, Qwen3-VL and GLM-4.1V / GLM-4.5V videos by the
+    torchvision-free video processors, with the snapshot's video settings where it has any). A LoRA adapter directory (PEFT's
     ``adapter_config.json`` and the processor files, no ``config.json``) takes the model type from the config
     of its ``base_model_name_or_path``.
 
@@ -215,7 +216,7 @@ def load_checkpoint_processor(directory: str):
     from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer
     from transformers.utils import is_torchvision_available
 
-    from .processor import QWEN_PROCESSORS, VIDEO_TYPES, build_processor
+    from .processor import PROCESSOR_TYPES, VIDEO_TYPES, build_processor
     from .processors_vlm import FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE
 
     adapter = os.path.join(directory, "adapter_config.json")
@@ -231,7 +232,7 @@ def load_checkpoint_processor(directory: str):
     # the families of processors_vlm always get build_processor's (the stock PaliGemma/Idefics3 processors add
     # tokens and rewrite the text; InternVL, LLaVA-OneVision, SmolVLM need torchvision for video, GLM-4.1V's ours)
     if config.model_type not in FAMILY_TYPES and (is_torchvision_available()
-                                                  or config.model_type not in QWEN_PROCESSORS):
+                                                  or config.model_type not in PROCESSOR_TYPES):
         return AutoProcessor.from_pretrained(directory)
     from .video_processor import video_processor_from_image
     tokenizer = AutoTokenizer.from_pretrained(directory)
