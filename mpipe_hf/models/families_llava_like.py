@@ -31,7 +31,7 @@ import torch
 from .families import (FAMILIES as _BASE, TOWER, _pixtral_tokens, anyres_tokens, patch_grid, pixel_shuffled_tokens,
                        real_tiles, tower_tokens, validate_counted_micro)
 from .families_llava_like_tv import FAMILIES as _TV
-from .family import Family, no_pil
+from .family import Family
 
 Tensors = dict
 
@@ -199,7 +199,6 @@ _TIMM = ("its vision tower is a timm model (TimmWrapperModel): timm is not insta
          "cannot be imported here")
 # model_type -> why it cannot be split, in the user's terms
 REFUSED: dict[str, str] = {
-    "unlimited_ocr": no_pil("UnlimitedOcrImageProcessor"),
     "ovis2": "its front puts the visual embedding table's indicator embeddings at the visual indicator tokens besides "
              "the image features at the image tokens; the split's stage-0 front places image features only",
     "fuyu": "it has no vision tower: image patches are embedded by a linear layer and gathered into each row at "

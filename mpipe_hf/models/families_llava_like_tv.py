@@ -22,6 +22,12 @@ each micro-batch's image tokens from its vision keys as the tower and projector 
   tokens' embeddings (``Molmo2Model.forward``), every image-related token (``mm_token_type_ids`` 1) attends to the
   others of its row (the model class's ``create_masks_for_generate``), and each layer takes the scaled or the
   unscaled rotary embedding (``rope_scaling_layers``): :class:`Molmo2Stage`.
+- Unlimited-OCR: DeepSeek-OCR-2's layout (a SAM tower and an encoder over its features, global views and local
+  tiles, the learned ``model.view_separator``) with a learned ``model.image_newline`` after each row of queries;
+  its ``get_image_features`` takes ``num_local_patches`` and ``patches_grid`` as lists (``Family.list_inputs``).
+  Its reference sliding-window layers keep the whole prompt visible and slide only over decoded tokens: the model's
+  own builder (``create_reference_sliding_window_causal_mask``) without a cache, as its ``forward`` calls it in
+  training (:func:`reference_sliding_masks`).
 """
 
 from __future__ import annotations
@@ -133,6 +139,44 @@ class Molmo2Stage(DecoderStage):
         return {**out, "hidden_states": out["hidden_states"] + added}
 
 
+def _ocr_views(model):
+    """Unlimited-OCR, as ``UnlimitedOcrProcessor._get_num_image_tokens`` counts: per image its global view's
+    ``q * (q + 1) + 1`` (``q x q`` queries, a newline a row, the view separator) and, with tiles, its
+    ``(columns, rows)`` canvas' ``(rows * t) * (columns * t + 1)``; a view of side ``s`` has ``q = ceil(s / patch
+    / 4)`` queries a side (two stride-2 convolutions after the SAM patches)."""
+    patch = model.config.vision_config.sam_config.patch_size
+
+    def side(pixels) -> int:
+        return -(-(pixels.shape[-1] // patch) // 4)
+
+    def count(raw) -> int:
+        glob = side(raw["pixel_values"])
+        total = raw["pixel_values"].shape[0] * (glob * (glob + 1) + 1)
+        if "pixel_values_local" in raw:
+            tile = side(raw["pixel_values_local"])
+            grids = zip(raw["num_local_patches"].tolist(), raw["patches_grid"].tolist())
+            total += sum((rows * tile) * (columns * tile + 1) for n, (columns, rows) in grids if n)
+        return total
+    return count
+
+
+def reference_sliding_masks(model):
+    """Unlimited-OCR's masks as ``UnlimitedOcrTextModel.forward`` builds them: transformers' causal mask for the
+    full layers, the model's own ``create_reference_sliding_window_causal_mask`` (no cache: every earlier token of
+    the row visible) for the reference sliding-window layers."""
+    from transformers.models.unlimited_ocr.modeling_unlimited_ocr import create_reference_sliding_window_causal_mask
+
+    def masks(text_config, hidden, padding, text_row, state, types) -> dict:
+        out = layer_type_masks(text_config, hidden, padding, text_row, state, set(types) - {REFERENCE})
+        if REFERENCE in types:
+            out[REFERENCE] = create_reference_sliding_window_causal_mask(
+                config=text_config, inputs_embeds=hidden, attention_mask=padding, cache=None, position_ids=text_row)
+        return out
+    setattr(masks, ROW_BLIND, True)  # a packed micro runs row by row (the builder searches no packed rows)
+    return masks
+
+
+REFERENCE = "reference_sliding_attention"
 FAMILIES: dict[str, Family] = {
     "cohere2_vision": Family(vision=TOWER, validate=validate_counted_micro(_shuffled_tiles)),
     "lfm2_vl": Family(vision=TOWER, image_inputs=("pixel_values", "spatial_shapes", "pixel_attention_mask"),
@@ -147,4 +191,8 @@ FAMILIES: dict[str, Family] = {
                      mask_inputs=("mm_token_type_ids",), masks=_molmo2_masks,
                      stage=lambda model: partial(Molmo2Stage, text_model=model.model.language_model),
                      validate=validate_counted_micro(_pooled_tokens)),
+    "unlimited_ocr": Family(vision=TOWER + ("model.view_separator", "model.image_newline"),
+                            image_inputs=("pixel_values", "pixel_values_local", "num_local_patches", "patches_grid"),
+                            list_inputs=("num_local_patches", "patches_grid"), masks=reference_sliding_masks,
+                            validate=validate_counted_micro(_ocr_views)),
 }

@@ -43,6 +43,9 @@ class Family:
             decoder layers.
         image_inputs: raw keys ``get_image_features`` takes, under its own argument names (``pixel_values``,
             ``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``, ``batch_num_images``).
+        list_inputs: keys of ``image_inputs`` that ``get_image_features`` takes as Python lists (Unlimited-OCR's
+            ``num_local_patches`` and ``patches_grid``): a micro-batch carries them as int64 tensors, handed over
+            as ``tolist()``.
         image_meta: raw keys ``P``'s vision part reads that ``host`` computed (the tower's precomputed keyword
             arguments, :mod:`.host_metadata`).
         video_inputs: raw keys ``get_video_features`` takes, under its own argument names (``pixel_values_videos``,
@@ -85,6 +88,7 @@ class Family:
     text: str = "model.language_model"
     vision: tuple[str, ...] = ()
     image_inputs: tuple[str, ...] = ("pixel_values",)
+    list_inputs: tuple[str, ...] = ()
     image_meta: tuple[str, ...] = ()
     video_inputs: tuple[str, ...] = ()
     video_meta: tuple[str, ...] = ()
@@ -140,18 +144,20 @@ class ImageFeatures(nn.Module):
         extra: ``extra(inputs) -> kwargs`` added to the call (Qwen-VL's host metadata).
         video_inputs: as :attr:`Family.video_inputs` (empty: no video call); video_extra: as ``extra``, for the
             video call.
+        lists: as :attr:`Family.list_inputs`.
     """
 
     def __init__(self, model: nn.Module, parts: dict[str, nn.Module | nn.Parameter], image_inputs: tuple[str, ...],
                  deepstack: int = 0, extra: Callable[[Tensors], dict] | None = None,
-                 video_inputs: tuple[str, ...] = (), video_extra: Callable[[Tensors], dict] | None = None):
+                 video_inputs: tuple[str, ...] = (), video_extra: Callable[[Tensors], dict] | None = None,
+                 lists: tuple[str, ...] = ()):
         super().__init__()
         self.parts = nn.ModuleDict({k.replace(".", "/"): v for k, v in parts.items() if isinstance(v, nn.Module)})
         self.params = nn.ParameterDict({k.replace(".", "/"): v for k, v in parts.items()
                                         if isinstance(v, nn.Parameter)})
         self.hidden_size = model.config.get_text_config().hidden_size
         self.image_inputs, self.deepstack, self.extra = image_inputs, deepstack, extra
-        self.video_inputs, self.video_extra = video_inputs, video_extra
+        self.video_inputs, self.video_extra, self.lists = video_inputs, video_extra, lists
         inner = getattr(model, "model", model)  # Llama 4's own class computes them (it has no inner model)
         self.__dict__["_image_features"] = inner.get_image_features  # runs the modules above; not a submodule
         self.config_kwargs = _config_kwargs(model.config, inner.get_image_features)
@@ -169,8 +175,8 @@ class ImageFeatures(nn.Module):
     def _call(self, features: Callable, keys: tuple[str, ...], config_kwargs: dict,
               extra: Callable[[Tensors], dict] | None, inputs: Tensors):
         dtype = next(self.parameters()).dtype  # every floating input (the pixels of each view) in the model's dtype
-        kwargs = {k: inputs[k].type(dtype) if inputs[k].is_floating_point() else inputs[k]
-                  for k in keys if k in inputs}
+        kwargs = {k: inputs[k].tolist() if k in self.lists else inputs[k].type(dtype)
+                  if inputs[k].is_floating_point() else inputs[k] for k in keys if k in inputs}
         return features(**kwargs, **config_kwargs, **(extra(inputs) if extra else {}), return_dict=True)
 
     def forward(self, inputs: Tensors) -> Tensors:

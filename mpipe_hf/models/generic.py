@@ -117,7 +117,7 @@ class _Pieces:
         extra = vision_kwargs if self.family.image_meta else None
         video_extra = video_kwargs if self.family.video_meta else None
         return ImageFeatures(self.model, parts, self.family.image_inputs, self.num_deepstack, extra,
-                             self.family.video_inputs, video_extra)
+                             self.family.video_inputs, video_extra, self.family.list_inputs)
 
     def front(self, vision: nn.Module | None) -> ImageFront:
         extras = DEEPSTACK_KEYS if self.family.deepstack else ()

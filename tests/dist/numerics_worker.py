@@ -33,7 +33,7 @@ from PIL import Image
 from transformers import CONFIG_MAPPING
 
 from common import case_freeze, run_cases
-from reference import reference_run
+from reference import hf_inputs, reference_run
 from mpipe_hf.models.tiny import non_degenerate
 from controls import negative_controls, tamper_grads
 from row_cases import RowCase
@@ -94,7 +94,7 @@ def reload_check(case, split, cfg, rank, group, pp_size, out_dir, ref, micro):
         out["reload_differs"] = [f"rank {r}: {n}" for r, share in enumerate(shares) for n, t in share.items()
                                  if not torch.equal(t, state[n])]
         out["reload_keys"] = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])
-        inputs = {k: v for k, v in micro.items() if k != "labels"}
+        inputs = hf_inputs(ref, {k: v for k, v in micro.items() if k != "labels"})
         with torch.no_grad():
             out["reload_logit_diff"] = float((loaded(**inputs).logits - ref(**inputs).logits).abs().max())
     dist.barrier(group=group)

@@ -6,6 +6,15 @@ import torch
 from mpipe_hf.runtime.handlers import preprocess_seed
 
 
+def hf_inputs(model, mb: dict) -> dict:
+    """``mb`` as the HF model's ``forward`` takes it: the keys its family hands over as Python lists
+    (``Family.list_inputs``, Unlimited-OCR's tile counts and grids) converted from their int64 tensors."""
+    from mpipe_hf.models.registry import FAMILIES
+    family = FAMILIES.get(model.config.model_type)
+    lists = family.list_inputs if family is not None else ()
+    return {k: v.tolist() if k in lists else v for k, v in mb.items()}
+
+
 def reference_run(model, micros, seeds=None, bf16=False, order="hf"):
     """Loss and gradients of the unsplit model over one schedule run, normalised by the run's label tokens.
     ``seeds``: ``(tower, seed, run)``: the tower runs micro ``m`` under ``preprocess_seed(seed, run, m)``, as the
@@ -27,9 +36,9 @@ def reference_run(model, micros, seeds=None, bf16=False, order="hf"):
                 lambda *_, s=preprocess_seed(seed, run, m): torch.default_generator.manual_seed(s) and None)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             if order == "micro":  # HF's own loss of the micro (token mean + its MoE aux term), as the Trainer
-                loss = model(**mb).loss / len(micros)
+                loss = model(**hf_inputs(model, mb)).loss / len(micros)
             else:
-                out = model(**{k: v for k, v in mb.items() if k != "labels"})
+                out = model(**hf_inputs(model, {k: v for k, v in mb.items() if k != "labels"}))
                 loss = model.loss_function(logits=out.logits, labels=mb["labels"], vocab_size=vocab,
                                            num_items_in_batch=total_tokens if order == "hf" else 1)
                 loss = loss + aux_term(model, out, mb, total_tokens if order == "hf" else 1)

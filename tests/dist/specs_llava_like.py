@@ -23,4 +23,5 @@ SPECS: list[tuple] = [
     ("step3p7", "trainable", 1, None),
     ("minimax_m3_vl", "trainable", 1, None),
     ("molmo2", "trainable", 1, None),
+    ("unlimited_ocr", "trainable", 1, None),
 ]
