@@ -112,7 +112,8 @@ def test_a_row_one_image_token_off_is_refused_at_load(model_type, tokenizer):
 COUNT_FIELDS = {"vipllava": "image_seq_length", "video_llava": "image_seq_length", "internvl": "image_seq_length",
                 "qianfan_ocr": "image_seq_length", "got_ocr2": "image_seq_length", "pp_chart2table": "image_seq_length",
                 "janus": "vision_config.num_image_tokens", "paligemma": "text_config.num_image_tokens",
-                "llava_next": "image_seq_length", "llava_next_video": "image_seq_length"}
+                "llava_next": "image_seq_length", "llava_next_video": "image_seq_length",
+                "gemma3": "mm_tokens_per_image", "shieldgemma2": "mm_tokens_per_image"}
 
 
 @pytest.mark.parametrize("model_type", sorted(COUNT_FIELDS))

@@ -102,10 +102,12 @@ def anyres_tokens(model: nn.Module):
     return None if per_tile is None else (lambda raw: sum(image(h, w) for h, w in raw["image_sizes"].tolist()))
 
 
-def _fixed(tokens):
-    """Images (or tiles, ``pixel_values.shape[0]``) x ``tokens(config)``: Gemma 3, whose projector pools each image
-    to ``mm_tokens_per_image`` tokens."""
-    return lambda model: (lambda raw, n=tokens(model.config): raw["pixel_values"].shape[0] * n)
+def _pooled_tokens(model: nn.Module):
+    """Gemma 3: images x the projector's pooled grid, ``(patches_per_image // kernel_size) ** 2`` (its average pool
+    over the tower's patch grid; ``mm_tokens_per_image`` when that is a square dividing the grid)."""
+    projector = model.model.multi_modal_projector
+    per_image = (projector.patches_per_image // projector.kernel_size) ** 2
+    return lambda raw: raw["pixel_values"].shape[0] * per_image
 
 
 def patch_grid(pixels: torch.Tensor, patch_size) -> tuple[int, int]:
@@ -268,7 +270,7 @@ FAMILIES: dict[str, Family] = {
                         validate=validate_counted_micro(_pixtral_tokens)),
     "internvl": Family(vision=TOWER, validate=validate_counted_micro(pixel_shuffled_tokens)),
     "gemma3": Family(vision=TOWER, mask_inputs=("token_type_ids",), masks=model_class_masks,
-                     validate=validate_counted_micro(_fixed(lambda c: c.mm_tokens_per_image))),
+                     validate=validate_counted_micro(_pooled_tokens)),
     "paligemma": Family(vision=TOWER, mask_inputs=("token_type_ids",), masks=prefix_masks, positions="arange1",
                         softcap=True,
                         validate=validate_counted_micro(tower_tokens(drop_cls=False))),
