@@ -46,6 +46,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = 60_000  # float values kept in full (float16) per tensor
 SAMPLE = 4096  # float values sampled from a larger tensor
 VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v", "glm46v", "llava_onevision")
+# Stock image processors that need torchvision and that the project has no stand-in for yet: recorded alone (the
+# target a PIL version is compared with), set to the tiny configs' towers (``tiny_llama4_config``: 56-px tiles;
+# ``tiny_lfm2_vl_config``: 8-px patches, pixel-unshuffle 2).
+STOCK_ONLY = {
+    "llama4": ("Llama4ImageProcessor", {"size": {"height": 56, "width": 56}, "max_patches": 4}),
+    "lfm2_vl": ("Lfm2VlImageProcessor", {"encoder_patch_size": 8, "tile_size": 32, "size": {"height": 32, "width": 32},
+                                         "min_image_tokens": 4, "max_image_tokens": 16, "max_tiles": 4}),
+}
 
 
 def _photos() -> dict:
@@ -152,9 +160,9 @@ def our_video_processor(model_type: str, tokenizer):
 
 
 def digest(tensor: torch.Tensor) -> str:
-    """sha256 of a tensor's dtype, shape and bytes."""
-    tensor = tensor.detach().contiguous()
-    return hashlib.sha256(f"{tensor.dtype}{tuple(tensor.shape)}".encode() + tensor.numpy().tobytes()).hexdigest()
+    """sha256 of a tensor's dtype, shape and bytes (any dtype, ``bfloat16`` included)."""
+    raw = tensor.detach().contiguous().flatten().view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(f"{tensor.dtype}{tuple(tensor.shape)}".encode() + raw).hexdigest()
 
 
 def store(arrays: dict, prefix: str, tensor: torch.Tensor) -> dict:
@@ -170,7 +178,7 @@ def store(arrays: dict, prefix: str, tensor: torch.Tensor) -> dict:
         arrays[prefix] = tensor.numpy()
         info["kept"] = "full"
     elif flat.numel() <= FULL:
-        arrays[prefix] = tensor.numpy().astype(np.float16)
+        arrays[prefix] = tensor.detach().float().numpy().astype(np.float16)
         info["kept"] = "full"
     else:
         step, flat = -(-flat.numel() // SAMPLE), flat.double()
@@ -219,6 +227,19 @@ def record_images(arrays: dict, cases: dict, photos: dict, tokenizer) -> None:
                             lambda: call_image(stock, photos[image]))
 
 
+def record_stock_only(arrays: dict, cases: dict, photos: dict) -> None:
+    """The :data:`STOCK_ONLY` image processors on every photo (``kind``: ``stock_only``; nothing of ours to
+    compare yet)."""
+    import transformers
+    for model_type, (name, settings) in STOCK_ONLY.items():
+        stock = getattr(transformers, name)(**settings)
+        for image in photos:
+            describe = {"kind": "stock_only", "family": model_type, "stock": name, "image": image,
+                        "settings": settings}
+            _record_outputs(arrays, cases, f"stock_only/{model_type}/{image}", describe,
+                            lambda: call_image(stock, photos[image]))
+
+
 def record(path: str) -> None:
     """Every case through the stock classes -> ``path`` (a compressed ``.npz``; needs torchvision)."""
     import torchvision
@@ -231,6 +252,7 @@ def record(path: str) -> None:
     record_videos(arrays, cases, clips, tokenizer)
     record_images(arrays, cases, photos, tokenizer)
     record_qwen2_cases(arrays, cases, tokenizer)
+    record_stock_only(arrays, cases, photos)
     versions = {"torch": str(torch.__version__), "torchvision": str(torchvision.__version__),
                 "transformers": transformers.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
                 "clip_metadata": {k: m for k, (_, m) in clips.items()}}
@@ -360,7 +382,7 @@ def compare(path: str, names: list[str] | None = None) -> dict:
     ours, verdicts = Ours(meta, arrays), {}
     for name in names or sorted(meta["cases"]):
         case = meta["cases"][name]
-        if "error" in case:
+        if "error" in case or case["kind"] == "stock_only":
             continue
         got, unit = ours.run(name)
         verdict = {key: compare_tensor(info, arrays[info["key"]], got[key], unit) if key in got else "missing"

@@ -110,6 +110,9 @@ def test_the_record_covers_every_replaced_processor(record):
         names = _image_cases(record, family)
         assert len(names) == 3 and all(cases[n]["ours"] == ours for n in names), family
     assert [n for n, c in cases.items() if "error" in c] == ["image/video_llava"]
+    for family, (name, _) in SCRIPT["STOCK_ONLY"].items():  # torchvision-only stock classes, kept for a PIL version
+        assert [cases[f"stock_only/{family}/{image}"]["stock"] for image in ("astronaut_48x64", "chelsea_60x40",
+                                                                             "pattern_33x75")] == [name] * 3
 
 
 @pytest.mark.parametrize("family", SCRIPT["VIDEO_TYPES"])
