@@ -8,7 +8,8 @@ As in ``tests/test_video_qwen3.py``, the stock class's source (``sample_frames``
 are :mod:`mpipe_hf.data.video_processor`'s (checked against torchvision's recorded outputs in
 ``tests/test_video.py``); what differs from Qwen's class (sampling by time, the whole-video budget, the defaults)
 is the stock code on one side and ours on the other, compared with ``torch.equal``. GLM-4.6V's class (its own
-sampling and prompt) is compiled the same way from its module's source (the module imports torchvision).
+sampling and prompt) is compiled the same way from its module's source (the module imports torchvision). Both
+stock classes themselves, with torchvision, are compared on recorded outputs in ``tests/test_stock_recorded.py``.
 """
 
 import importlib

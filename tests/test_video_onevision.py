@@ -8,7 +8,8 @@ over ``TorchvisionBackend`` (``image_processing_backends.py``), each undecorated
 functions their code calls (``tvF.resize``, ``tvF.normalize``, ``tvF.grayscale_to_rgb``, and the interpolation
 enum) given as :mod:`mpipe_hf.data.video_processor`'s ``resize_frames`` (checked against torchvision's recorded
 outputs in ``tests/test_video.py``) and torchvision's own arithmetic. Everything else on the stock side (sampling,
-the size, grouping, the fused normalisation, the outputs) is the stock code, compared with ``torch.equal``.
+the size, grouping, the fused normalisation, the outputs) is the stock code, compared with ``torch.equal``. The
+stock class itself, with torchvision, is compared on recorded outputs in ``tests/test_stock_recorded.py``.
 """
 
 import ast

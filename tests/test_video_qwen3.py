@@ -7,7 +7,8 @@ The stock class cannot be built here (its module's class needs torchvision), so 
 whose two torchvision steps are :mod:`mpipe_hf.data.video_processor`'s (``resize_frames`` and the fused
 normalisation), the steps ``tests/test_video.py`` checks against torchvision's recorded outputs. What differs
 between Qwen3-VL's class and Qwen2-VL's (sampling, the whole-video budget, the cap, defaults) is then the stock
-code itself on one side and ours on the other, compared with ``torch.equal``.
+code itself on one side and ours on the other, compared with ``torch.equal``. The stock class itself, with
+torchvision, is compared on recorded outputs in ``tests/test_stock_recorded.py``.
 """
 
 import importlib
