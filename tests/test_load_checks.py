@@ -5,9 +5,11 @@ a GPU is a device-side assert that ends the run. The load-time check (``SplitMod
 the meta device as ``mpipe-hf check-data`` builds it) refuses it first with a ``ValueError`` naming the counts, and
 the owner's :class:`~mpipe_hf.data.MicroBatchPlan` then drops that row alone.
 
-For each family of the registry: one conversation row with a non-square photo, collated by the family's own
-processor, passes; the same row with one image token more, or one less, is refused. Decoder-only families take no
-images, so they have nothing to count (:data:`NO_IMAGES`).
+For each family of the registry: one conversation row with a non-square photo, collated as the family's CI pool is
+(its own processor, or its vision inputs built directly where the stock processor needs torchvision), passes; the
+same row with one image token more, or one less, is refused. A family with neither is skipped by name (none today).
+Decoder-only families take no images, so they have nothing to count (:data:`NO_IMAGES`). The count is the tower's:
+a config field stating it (``image_seq_length`` ...) that disagrees with the tower changes nothing.
 """
 
 import os
