@@ -393,14 +393,19 @@ def compare(path: str, names: list[str] | None = None) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("record", "compare"):
-        print(__doc__)
-        return 2
-    if argv[0] == "record":
-        record(argv[1])
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("record", "compare"),
+                        help="record: the stock classes' outputs (needs torchvision); compare: ours against them")
+    parser.add_argument("path", nargs="?", default=os.path.join(ROOT, "tests", "stock_processor_outputs.npz"),
+                        help="the record (.npz; default: tests/stock_processor_outputs.npz)")
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        record(args.path)
         return 0
     worst, exact, total = 0.0, 0, 0
-    for name, verdict in compare(argv[1]).items():
+    for name, verdict in compare(args.path).items():
         for key, v in verdict.items():
             total += 1
             if isinstance(v, str) or not v["shape"]:
@@ -409,8 +414,8 @@ def main(argv: list[str]) -> int:
                 continue
             exact += v["exact"]
             worst = max(worst, v["max"])
-            verdict = "exact" if v["exact"] else f"max {v['max']:.3f} mean {v['mean']:.5f} levels"
-            print(f"{name:52s} {key:22s} {verdict}")
+            verdict_text = "exact" if v["exact"] else f"max {v['max']:.3f} mean {v['mean']:.5f} levels"
+            print(f"{name:52s} {key:22s} {verdict_text}")
     print(f"{exact}/{total} tensors bit-identical; worst difference {worst:.3f} uint8 levels")
     return 0
 

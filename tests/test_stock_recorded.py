@@ -152,3 +152,16 @@ def test_a_changed_image_processor_breaks_the_tolerances(record, change, family)
         else:
             settings["resample"] = 2 if settings["resample"] == 3 else 3
     assert _image_failures(record, family, names, cases)
+
+
+def test_the_recording_script_starts_and_compares():
+    """``scripts/record_stock_processors.py --help`` starts without torchvision, and its ``compare`` gives the
+    verdicts the tests above read (two cases: one video, one image)."""
+    import subprocess
+    import sys
+    script = os.path.join(ROOT, "scripts", "record_stock_processors.py")
+    run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "usage:" in run.stdout and "compare" in run.stdout
+    verdicts = SCRIPT["compare"](RECORD, ["video/qwen3_vl/sampled", "image/llava/astronaut_48x64"])
+    assert all(v["exact"] for v in verdicts["video/qwen3_vl/sampled"].values())
+    assert verdicts["image/llava/astronaut_48x64"]["pixel_values"]["max"] <= IMAGE_MAX
