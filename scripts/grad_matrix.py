@@ -9,13 +9,15 @@ Usage:
     python scripts/grad_matrix.py --families --zero-bubble   # every model family (R = 2, V = 2, checkpoint
                                                              # reload), each with the backward split
     python scripts/grad_matrix.py --packed --pp 2   # every family with packed micro-batches (issue 30)
-    python scripts/grad_matrix.py --controls        # the negative controls: each case must FAIL (issues 30, 38)
+    python scripts/grad_matrix.py --controls        # the negative controls: each case must FAIL (issues 30, 38),
+                                                    # and every family with its last AdamW step skipped
 
 Each pipeline size runs as torchrun jobs of gloo CPU processes (at most --chunk cases per job). Every case checks
-the loss, every gradient (atol 1e-5; the families per tensor, tests/dist/matrix.py), the parameters after AdamW
-steps where the case takes several (atol 1e-4), and that each rank loads only its own micro-batches. Prints one line
-per case (the worst loss difference, the worst gradient difference and in units of 1e-5 + 1e-5 * max|ref|, the
-parameters' after the steps, the wall time) and the total; exits 1 on any failure (with --controls, on any pass).
+the loss, every gradient (atol 1e-5; the families per tensor, tests/dist/matrix.py), each AdamW step's update per
+tensor against the reference's, relative to its size (where the case takes several steps), and that each rank loads
+only its own micro-batches. Prints one line per case (the worst loss difference, the worst gradient difference and
+in units of 1e-5 + 1e-5 * max|ref|, the worst update difference as a fraction of its tensor's update, the wall time)
+and the total; exits 1 on any failure (with --controls, on any pass).
 """
 
 import argparse
@@ -29,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from matrix import (check_case, check_reload, covering_subset, family_grid, full_grid, gradient_controls,  # noqa: E402
-                    packed_configs, packed_grid, packing_controls)
+                    packed_configs, packed_grid, packing_controls, skipped_step_controls, zero_by_design)
 
 WORKER = os.path.join(HERE, "..", "tests", "dist", "numerics_worker.py")
 
@@ -55,7 +57,8 @@ def main(argv=None) -> int:
                         help="only the cases of these model configs (e.g. --families --only gemma3 aya_vision); the "
                              "fixture then builds only their pools")
     args = parser.parse_args(argv)
-    grid = (packing_controls() + gradient_controls() if args.controls else packed_grid() if args.packed
+    controls = packing_controls() + gradient_controls() + skipped_step_controls() if args.controls else None
+    grid = (controls if args.controls else packed_grid() if args.packed
             else family_grid() if args.families else covering_subset() if args.ci else full_grid())
     cases = [c for c in grid if c["pp_size"] in args.pp and (not args.only or c["family"] in args.only)]
     if args.swap:
@@ -98,13 +101,15 @@ def main(argv=None) -> int:
 
 def figures(per_rank: list[dict]) -> str:
     """One case's figures over its ranks: the worst loss difference, the worst gradient difference (absolute, and in
-    units of the per-tensor 1e-5 + 1e-5 * max|ref|), the parameters' after the AdamW steps, the wall time."""
+    units of the per-tensor 1e-5 + 1e-5 * max|ref|), the worst AdamW update difference (rms, as a fraction of its
+    tensor's update; tensors zero by design left out), the wall time."""
     loss = max(abs(a - b) for r in per_rank for a, b in zip(r["losses"], r["ref_losses"]))
     grad = max(r["max_diff"] for r in per_rank)
     scaled = max(r["grad_scaled"] for r in per_rank)
-    params = [r["param_diff"] for r in per_rank if r["param_diff"] is not None]
-    return (f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) params {max(params):.1e} "
-            if params else f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) ") + f"{per_rank[0]['wall_s']:.1f}s"
+    updates = [diff / max(ref, 1e-30) for r in per_rank for step in r.get("update_stats") or []
+               for name, (ref, diff, _) in step.items() if name not in zero_by_design(r["grad_stats"])]
+    return (f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) updates {max(updates):.1e} of theirs "
+            if updates else f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) ") + f"{per_rank[0]['wall_s']:.1f}s"
 
 
 if __name__ == "__main__":

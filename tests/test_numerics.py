@@ -136,16 +136,20 @@ def test_gradient_checks_catch_each_weakness(case, results):
     (step 0 at 1e-5 + 1e-5 * max|ref| per tensor, the parameters after the AdamW steps; a zero-initialised model)
     let it pass. The cut features: the tower's gradients are missing; the zero-initialised Gemma 3: its reference
     tower gradients are 0; the small tensors: more than REL_TOL of their scale; the later steps: the last step's
-    gradients."""
+    gradients; the last AdamW step skipped at lr 1e-4: the last step's updates (the parameters after the steps,
+    under 1e-4 apart, passed the absolute check it replaces)."""
     per_rank = results(2)[case["name"]]
     problems = check_case(case, per_rank)
     expect = {"detach_features": "vision_tower", "keep_zero_init": "reference gradient is zero",
-              "scale_small": "norm2.weight", "scale_later": "last step", "stage_sums": "losses"}
+              "scale_small": "norm2.weight", "scale_later": "last step", "stage_sums": "losses",
+              "skip_last_step": "step 1: the update of"}
     kind = next(k for k in expect if case.get(k))
     assert any(expect[kind] in p for p in problems), problems
     if kind == "stage_sums":  # the MoE term from each stage's own routers: the loss moves by more than 1e-4
         assert max(abs(a - b) for a, b in zip(per_rank[0]["losses"], per_rank[0]["ref_losses"])) > 1e-4
-    elif kind != "detach_features":  # what the old checks saw: a pass
+    elif kind == "skip_last_step":  # the first step's updates agree: only the skipped one fails
+        assert not any("step 0: the update" in p for p in problems), problems
+    if kind not in ("stage_sums", "detach_features"):  # what the old checks saw: a pass
         assert all(r["grad_scaled"] < 1.0 for r in per_rank), [r["grad_scaled_worst"] for r in per_rank]
         assert all(r["param_diff"] < 1e-4 for r in per_rank), [r["param_diff"] for r in per_rank]
 

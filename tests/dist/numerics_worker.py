@@ -226,6 +226,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
     def micros_of(run):  # the reference's micro-batches of schedule run ``run``
         return rows.reference(run) if rows is not None else micro_batches(case, pool, run)
     losses, grads, peaks, owned_all = [], {}, set(), []  # grads: {step: {name: gradient}}
+    updates = []  # per optimizer step, {name: p_t - p_(t-1)}
     token_id = getattr(model.config, "image_token_id", None)
 
     def owners_of(run):
@@ -266,8 +267,11 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
         if step in (0, steps - 1):  # the first step's gradients, and the last's (after AdamW steps)
             grads[step] = {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
         if steps > 1 and optimizer is not None:  # a rank whose layers are all frozen has none
-            optimizer.step()
+            before = {n: p.detach().clone() for n, p in params.items()}
+            if not (case.get("skip_last_step") and step == steps - 1):  # a negative control: the step lost
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            updates.append({n: p.detach() - before[n] for n, p in params.items()})
     result["loads"] = loads
     result["dropped_here"] = rows.dropped if rows is not None else []
     result["failed_rows"] = rows.failed if rows is not None else []
@@ -291,7 +295,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
         trainable = {n: p for n, p in ref.named_parameters(remove_duplicate=not split.tied) if p.requires_grad}
         ref_opt = torch.optim.AdamW([p for n, p in ref.named_parameters() if p.requires_grad], lr=case.get("lr", LR),
                                     eps=case.get("adam_eps", EPS))
-        ref_losses, ref_grads = [], {}
+        ref_losses, ref_grads, ref_updates = [], {}, []
         for step in range(steps):
             for a in range(accumulate):
                 run = step * accumulate + a
@@ -301,9 +305,11 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
             if step in (0, steps - 1):
                 ref_grads[step] = {n: p.grad.clone() for n, p in trainable.items() if p.grad is not None}
             if steps > 1:
+                before = {n: p.detach().clone() for n, p in trainable.items()}
                 ref_opt.step()
                 ref_opt.zero_grad(set_to_none=True)
-        torch.save({"losses": ref_losses, "grads": ref_grads, "names": sorted(trainable),
+                ref_updates.append({n: p.detach() - before[n] for n, p in trainable.items()})
+        torch.save({"losses": ref_losses, "grads": ref_grads, "names": sorted(trainable), "updates": ref_updates,
                     "params": {n: p.detach() for n, p in trainable.items()}}, ref_path)
     dist.barrier(group=group)
     reference = torch.load(ref_path, weights_only=False)  # this run's own file: the C unpickler, 2.5x faster
@@ -312,6 +318,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
         if steps > 1 else None
     param_diff = max((float((p.detach() - reference["params"][n]).abs().max()) for n, p in params.items()),
                      default=0.0) if steps > 1 else None
+    result["update_stats"] = compare_updates(params, updates, reference["updates"]) if steps > 1 else None
     if case.get("reload"):
         result.update(reload_check(case, split, cfg, rank, group, pp_size, out_dir, ref, micro_batches(case, pool, 0)[0]))
     dist.barrier(group=group)
@@ -347,6 +354,25 @@ def compare_grads(params, mine_all, ref_all) -> dict:
             worst, max_diff = name, diff
     return dict(max_diff=max_diff, worst=worst, grad_rel_norm=rel_norm, grad_scaled=scaled[0],
                 grad_scaled_worst=scaled[1], grad_stats=stats)
+
+
+def compare_updates(params, mine, ref) -> list[dict[str, list[float]]]:
+    """Each optimizer step's update ``p_t - p_(t-1)`` of this rank's ``params`` against the reference's, per
+    tensor, as root mean squares over its elements: ``[{name: [rms(ref update), rms(update - ref update),
+    rms(p)]}]`` (``p`` after the last step), one dict per step, three floats per tensor (what
+    ``matrix.update_problems`` reads). An update the reference has and this rank lacks (or the other way round)
+    differs by ``inf``. A rank without an optimizer (every layer frozen) has no steps."""
+    def rms(t):
+        return float(t.norm()) / t.numel() ** 0.5
+    stats = []
+    for step, theirs in enumerate(ref[:len(mine)]):
+        out = {}
+        for name, param in params.items():
+            a, b = mine[step].get(name), theirs.get(name)
+            out[name] = ([0.0, float("inf"), 0.0] if a is None or b is None
+                         else [rms(b), rms(a - b), rms(param.detach())])
+        stats.append(out)
+    return stats
 
 
 def main():
