@@ -57,8 +57,6 @@ _OWN = {
     "mistral_large4": "its decoder layers pass state to later layers: 'shared' indexer layers reuse an earlier "
                       "layer's top-k token indices, 'reuse' layers read another layer's latent keys and values, and "
                       "the rotary embedding has a learned parameter (rotary_emb.alpha) that every layer reads",
-    "muse_spark": no_pil("MuseGlimmerImageProcessor") + "; besides muse_glimmer's per-layer no-RoPE, an audio "
-                  "tower",
     "nemotron_h_omni": no_pil("NemotronH_Omni_Reasoning_V3ImageProcessor") + "; its class also keeps the LM head "
                        "at language_model.lm_head (no model.lm_head) and has 'moe' and 'mlp' layer types, for which "
                        "the splitter has no mask or cost",

@@ -12,10 +12,12 @@ refused with their reason.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
 from .families import validate_counted_micro
-from .families_new_muse import MUSE_GLIMMER, tiny_muse_glimmer_config
+from .families_new_muse import MUSE_GLIMMER, tiny_muse_glimmer_config, tiny_muse_spark_config
 from .family import Family
 from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage, unified_masks
 from .tiny import _text
@@ -159,8 +161,12 @@ def tiny_mistral4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
 
 # model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
 TINY: dict = {"gemma4": tiny_gemma4_config, "mistral4": tiny_mistral4_config, "llama4": tiny_llama4_config,
-              "gemma4_unified": tiny_gemma4_unified_config, "muse_glimmer": tiny_muse_glimmer_config}
+              "gemma4_unified": tiny_gemma4_unified_config, "muse_glimmer": tiny_muse_glimmer_config,
+              "muse_spark": tiny_muse_spark_config}
 FAMILIES["muse_glimmer"] = MUSE_GLIMMER
+# Muse Spark: Muse Glimmer's image path and text attention (with experts); its audio tower is never run by the split
+FAMILIES["muse_spark"] = replace(MUSE_GLIMMER, unused=("model.audio_tower",), validate=_both(
+    refuse_other_modalities({"input_values": "audio", "pixel_values_videos": "video"}), MUSE_GLIMMER.validate))
 REFUSED: dict[str, str] = {  # model_type -> why it cannot be split, in the user's terms
     "diffusion_gemma": "block diffusion: a Gemma encoder and a diffusion decoder that attends bidirectionally over "
                        "a noised block and reads the encoder's cache, trained by denoising, not a causal decoder "

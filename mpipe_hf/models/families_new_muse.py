@@ -51,3 +51,23 @@ def tiny_muse_glimmer_config(tokenizer, num_layers: int = 8, hidden_size: int = 
     return MuseGlimmerConfig(text_config=text, vision_config=vision, out_hidden_size=4 * VISION["hidden_size"],
                              projector_hidden_size=hidden_size, tie_word_embeddings=False,
                              image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"])
+
+
+def tiny_muse_spark_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
+    """A ``MuseSparkConfig``: :func:`tiny_muse_glimmer_config`'s tower, adapter and text attention, every MLP but
+    the first a mixture of 4 experts (2 active, sigmoid routing) of width 32 between a projection to 32 and back,
+    residual gates; a 2-stage audio tower (the split leaves it unused: audio rows are refused)."""
+    from transformers import MuseSparkConfig
+    glimmer = tiny_muse_glimmer_config(tokenizer, num_layers, hidden_size).to_dict()
+    text = {k: v for k, v in glimmer["text_config"].items() if k not in ("model_type", "layer_types",
+                                                                         "layer_rope_theta")}
+    text.update(moe_intermediate_size=hidden_size // 2, moe_hidden_size=hidden_size // 2, num_local_experts=4,
+                num_experts_per_tok=2, mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1))
+    vision = {k: v for k, v in glimmer["vision_config"].items() if k != "model_type"}
+    audio = dict(patch_sizes=[4, 2], hidden_sizes=[16, 32], depths=[1, 1], num_hidden_layers=2,
+                 out_hidden_size=hidden_size)
+    return MuseSparkConfig(text_config=text, vision_config=vision, audio_config=audio,
+                           out_hidden_size=glimmer["out_hidden_size"], projector_hidden_size=hidden_size,
+                           tie_word_embeddings=False, image_token_id=glimmer["image_token_id"],
+                           video_token_id=glimmer["video_token_id"],
+                           audio_token_id=tokenizer.convert_tokens_to_ids("<|quad_start|>"))

@@ -105,7 +105,8 @@ def gemma4_unified_image(config, image: Image.Image, max_patches: int = 28) -> t
 
 # model type -> (one image's builder, the dimension a micro-batch's images' pixels are joined along)
 BUILDERS = {"llama4": (llama4_image, 0), "kimi_k25": (kimi_k25_image, 0), "minicpm_ocr": (minicpm_image, -1),
-            "gemma4_unified": (gemma4_unified_image, 0), "muse_glimmer": (muse_glimmer_image, 0)}
+            "gemma4_unified": (gemma4_unified_image, 0), "muse_glimmer": (muse_glimmer_image, 0),
+            "muse_spark": (muse_glimmer_image, 0)}
 TOKEN_TYPES = ("gemma4_unified",)  # families whose masks read mm_token_type_ids (1 at each image token)
 
 
