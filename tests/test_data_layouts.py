@@ -138,10 +138,11 @@ def test_odd_json_files_load_or_are_refused_naming_the_file(demo, tmp_path, proc
             load_sources([Source(str(tmp_path / name))], processor, 2048, "qwen2_5_vl")
 
 
-def test_a_list_of_rows_with_pil_images_and_both_content_forms(demo, processor):
+def test_a_list_of_rows_with_pil_images_and_both_content_forms(demo, processor, capsys):
     """MPipeTrainer's list of rows holding PIL images and bytes, a user turn of parts and an answer string (not
-    one Arrow schema), or a pathlib path: the batches of the canonical rows; a streaming or split dataset is
-    refused naming what to pass."""
+    one Arrow schema), or a pathlib path: the batches of the canonical rows (a last row too long for
+    ``max_length`` is left out with a warning that names its reason); a streaming or split dataset is refused
+    naming what to pass."""
     import pathlib
     import datasets
     from PIL import Image
@@ -159,8 +160,12 @@ def test_a_list_of_rows_with_pil_images_and_both_content_forms(demo, processor):
     canonical = [{"messages": [user[i], {"role": "assistant", "content": [{"type": "text", "text": f"{t}."}]}],
                   "images": [im]} for i, (t, im) in enumerate(zip("ABC", [pil[0], Image.open(rows[1]["images"][0]),
                                                                          pil[2]]))]
-    loaded = trainer_rows(given, processor, data, "qwen2_5_vl")
+    too_long = [{"role": "user", "content": [{"type": "text", "text": "word " * 2100}, {"type": "image"}]},
+                {"role": "assistant", "content": "D."}]
+    loaded = trainer_rows(given + [{"messages": too_long, "images": [pil[0]]}], processor, data, "qwen2_5_vl")
     assert_same_batches(loaded_batches(loaded, collate), batches(collate, canonical), "pil list")
+    warned = capsys.readouterr().out
+    assert "dropped 1 of 4 rows (1 over max_length=2048): " in warned, warned
     path = load_sources([Source(pathlib.Path(demo, "data", "train.jsonl"))], processor, 2048, "qwen2_5_vl")
     assert path.path == os.path.join(demo, "data", "train.jsonl") and len(path) == 89
     stream = datasets.Dataset.from_list([{"text": "x"}]).to_iterable_dataset()

@@ -154,8 +154,8 @@ def node_first(fn, what: str, every):
 def trainer_rows(dataset, processor, data: DataSection, model_type: str, seed: int = 0):
     """``MPipeTrainer``'s rows: a user's dataset (a ``datasets.Dataset`` of any layout, a list of rows, a file or
     folder path, or :class:`~mpipe_hf.data.conversation.Source` items mixed by weight, seeded by ``seed``)
-    through the loader ``mpipe-hf train`` uses (:func:`load_sources`), under the bad-row policy of ``data``; a
-    :class:`ConversationDataset` as it is."""
+    through the loader ``mpipe-hf train`` uses (:func:`load_sources`), under the bad-row policy of ``data``, with
+    the same warning for the rows dropped for their size (rank 0); a :class:`ConversationDataset` as it is."""
     if isinstance(dataset, ConversationDataset):
         return dataset
     if isinstance(dataset, Source):
@@ -164,7 +164,10 @@ def trainer_rows(dataset, processor, data: DataSection, model_type: str, seed: i
         else [Source(dataset)]
     rows = load_sources(sources, processor, data.row_length, model_type, seed=seed, stopping=data.mix_stopping,
                         caps=data.caps)
-    bad_rows_policy(rows, data, quiet=int(os.environ.get("RANK", 0)) != 0)
+    quiet = int(os.environ.get("RANK", 0)) != 0
+    bad_rows_policy(rows, data, quiet=quiet)
+    if rows.dropped and not quiet:  # as mpipe-hf train's load: the rows left out for their size, by reason
+        print(f"mpipe_hf: warning: {dropped_warning(rows, data.row_length)}", flush=True)
     return rows
 
 
