@@ -11,7 +11,6 @@ from __future__ import annotations
 from .families_llava_like import REFUSED as _LLAVA_LIKE
 from .families_new import REFUSED as _NEW
 from .families_qwen_like import REFUSED as _QWEN_LIKE
-from .family import no_pil
 
 _ENCODER_DECODER = "encoder-decoder: the text is decoded by a decoder that cross-attends to an encoder, so there is " \
                    "no decoder-only stack to pipeline"
@@ -49,17 +48,19 @@ _OWN = {
     "inkling2_loop": "a looped block: layers loop_layer_index_start to loop_layer_index_end run loop_num_passes "
                      "times per forward, each pass reading the last: the same layers run more than once per token, "
                      "so no contiguous cut into stages exists",
-    "inkling_mm_model": no_pil("InklingImageProcessor") + "; its text model also has no rotary embedding (a learned "
-                        "relative-position bias) and its layers take a second, convolution mask",
+    "inkling_mm_model": "its text model has no rotary embedding: every attention layer adds a learned relative-position "
+                        "bias conditioned on the hidden states, and every layer also takes a second mask for the short "
+                        "convolutions on its keys, values and residual stream; the splitter's stages build rotary "
+                        "embeddings and one mask per layer type: not declared yet",
     "apertus1p5": "images are discrete tokens: a frozen VQ image tokenizer (argmax over a codebook) turns them into "
                   "ids that the text embedding reads, so there is no trainable vision tower or projector to put in "
                   "the preprocess (as chameleon and emu3)",
     "mistral_large4": "its decoder layers pass state to later layers: 'shared' indexer layers reuse an earlier "
                       "layer's top-k token indices, 'reuse' layers read another layer's latent keys and values, and "
                       "the rotary embedding has a learned parameter (rotary_emb.alpha) that every layer reads",
-    "nemotron_h_omni": no_pil("NemotronH_Omni_Reasoning_V3ImageProcessor") + "; its class also keeps the LM head "
-                       "at language_model.lm_head (no model.lm_head) and has 'moe' and 'mlp' layer types, for which "
-                       "the splitter has no mask or cost",
+    "nemotron_h_omni": "its text model is Nemotron-H, a hybrid whose layers are each one block: Mamba-2 (a recurrent "
+                       "state-space mixer), attention, MLP or mixture of experts (layer types 'mamba', 'attention', "
+                       "'mlp', 'moe'); the splitter has masks and costs for none but attention: not declared yet",
     "granite4_vision": "projected features of several vision layers are added before deep decoder layers (12, 15, "
                        "18 and 21 by default) and the image-token embeddings are zeroed; the splitter relays "
                        "features into the first decoder layers only (DeepStack), not into chosen deep ones",

@@ -25,13 +25,6 @@ Tensors = dict[str, torch.Tensor]
 FEATURE_CONFIG_ARGS = ("vision_feature_layer", "vision_feature_select_strategy", "vision_aspect_ratio")
 
 
-def no_pil(processor: str) -> str:
-    """Why a family whose image processor class ``processor`` needs torchvision is refused (docs/models.md)."""
-    return (f"its image processor ({processor}) exists in transformers only with a torchvision backend (no PIL "
-            "class); torchvision does not import beside the CPU torch this project is tested on, so no test can "
-            "make a micro-batch of its images and its split is unchecked: refused until a test checks it")
-
-
 @dataclass(frozen=True)
 class Family:
     """How the generic splitter reads one family of HF models (see the module docstring).
