@@ -225,7 +225,16 @@ class DecoderStage(nn.Module):
         if self.head is not None:
             return self.head(hidden, inputs["labels"], sums)
         carried = {k: state[k] for k in self.carry if k in state}  # an all-ones mask was dropped at load
-        return {"hidden_states": hidden, "position_ids": state["position_ids"], **carried, **sums}
+        relayed = {k: handed_on(t) for k, t in {**carried, **sums}.items()}
+        return {"hidden_states": hidden, "position_ids": state["position_ids"], **relayed}
+
+
+def handed_on(t: torch.Tensor) -> torch.Tensor:
+    """A tensor a stage passes on unchanged (a relayed key, a running sum), as a tensor of its own: a copy when it
+    is a view that autograd tracks. FSDP2 hands a wrapped stage its inputs as views of the caller's tensors, and a
+    view returned from the unit would lose the unit's pre-backward hook to any in-place op on it; a copy of these
+    (DeepStack's ``(K, n, H)`` features, a few sums) is small. Anything else is returned as it is."""
+    return t.clone() if isinstance(t, torch.Tensor) and t.requires_grad and t._base is not None else t
 
 
 def layer_types(text_config) -> list[str]:

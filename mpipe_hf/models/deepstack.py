@@ -67,6 +67,8 @@ class DeepStackStage(DecoderStage):
         if features is None or layer_id >= features.shape[0]:
             return hidden
         index = state["visual_pos_index"]  # the image tokens' flat positions, from the host: a mask would sync
-        flat = hidden.clone().view(-1, hidden.shape[-1])
-        flat[index] = flat[index] + features[layer_id].to(hidden.device, hidden.dtype)
-        return flat.view_as(hidden)
+        where = torch.unravel_index(index, hidden.shape[:-1])  # one index tensor per leading dimension
+        added = hidden[where] + features[layer_id].to(hidden.device, hidden.dtype)
+        # out of place, and no view of a flattened copy: a stage's output may be an FSDP2 unit's, whose pre-backward
+        # hook an in-place op on a returned view would drop
+        return hidden.index_put(where, added)

@@ -25,6 +25,7 @@ compares its own tensors (an expert shard with its rows of the reference's fused
 import json
 import os
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -278,14 +279,31 @@ def failing(case, fixture, mesh, emesh, device, out_dir):
             "eval_loss": float(evaluated[0] / evaluated[1])}
 
 
+def watching_views(run, case, *args) -> dict:
+    """``run(case, *args)``'s result with ``view_warnings``: the distinct warnings, each recorded however often it
+    came, that a module returned a view tensor (FSDP2 warns when a wrapped stage does: an in-place op on it would
+    drop the unit's pre-backward hook). Other warnings are shown, each once."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = run(case, *args)
+    shown = set()
+    for w in caught:
+        key = (str(w.message), w.category, w.filename, w.lineno)
+        if "returned a view tensor" not in key[0] and key not in shown:
+            shown.add(key)
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return {**res, "view_warnings": sorted({str(w.message)[:100] for w in caught
+                                            if "returned a view tensor" in str(w.message)})}
+
+
 def main():
     fixture_path, out_dir, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     device = init_distributed()
     fixture = torch.load(fixture_path, weights_only=False)
     mesh = build_mesh(PP, DP)
     emesh = expert_mesh(mesh, EP)
-    run_cases(cases, lambda case: (failing if case.get("fail") else run_case)(case, fixture, mesh, emesh, device,
-                                                                              out_dir), out_dir, dist.get_rank())
+    run_cases(cases, lambda case: watching_views(failing if case.get("fail") else run_case, case, fixture, mesh,
+                                                 emesh, device, out_dir), out_dir, dist.get_rank())
     dist.destroy_process_group()
 
 
