@@ -76,7 +76,8 @@ def perception_lm():
     from transformers import AutoModelForImageTextToText, PerceptionLMConfig
     config = PerceptionLMConfig(
         vision_config={"model_type": "timm_wrapper", "architecture": "vit_pe_core_tiny_patch16_384",
-                       "hidden_size": 192, "model_args": {"img_size": 64, "depth": 2, "embed_dim": 192, "num_heads": 3}},
+                       "hidden_size": 192,
+                       "model_args": {"img_size": 64, "depth": 2, "embed_dim": 192, "num_heads": 3}},
         text_config={"model_type": "llama", **TEXT}, vision_use_cls_token=True, projector_pooling_ratio=2,
         image_token_id=IMAGE_TOKEN)
     model = AutoModelForImageTextToText.from_config(config)
