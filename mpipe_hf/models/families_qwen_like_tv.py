@@ -66,3 +66,4 @@ def tiny_minicpm_ocr_config(tokenizer, num_layers: int = 8, hidden_size: int = 6
 
 
 TINY: dict = {"kimi_k25": tiny_kimi_k25_config, "minicpm_ocr": tiny_minicpm_ocr_config}
+TYPES = tuple(TINY)  # the qwen_like types whose stock image processor needs torchvision
