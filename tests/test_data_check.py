@@ -149,6 +149,8 @@ def test_check_data_reports_the_visual_tokens_and_the_rows_over_each_cap(demo, t
         assert rows and train.over[cap] == [plain.where(i) for i in rows], cap
     assert "max_visual_tokens" in train.over and len(train.keep) + len(train.dropped) == len(plain)
     text = format_report([train, evaluation], recipe.data.row_length, recipe.data.caps)
+    visual = sum(why.startswith("max_visual_tokens=") for _, why in train.dropped)
+    assert f"0 dropped over max_length=2048, {visual} dropped over max_visual_tokens, " in text, text[:2000]
     for report in (train, evaluation):
         total = [i + v for i, v in zip(report.image_tokens, report.video_tokens)]
         assert total and max(total) <= caps["max_visual_tokens"]
