@@ -109,7 +109,9 @@ def test_the_record_covers_every_replaced_processor(record):
             assert "error" in cases["image/video_llava"] and cases["image/video_llava"]["ours"] == ours
             continue
         names = _image_cases(record, family)
-        assert len(names) == 3 and all(cases[n]["ours"] == ours for n in names), family
+        assert len(names) == 3 and all(cases[n]["ours"] == ours for n in names), (
+            f"{family}'s image processor ({ours}) is not in the record: run scripts/record_stock_processors.py "
+            "record in the environment with torchvision (its docstring)")
     assert [n for n, c in cases.items() if "error" in c] == ["image/video_llava"]
     for family, (name, _) in SCRIPT["STOCK_ONLY"].items():  # torchvision-only stock classes, kept for a PIL version
         assert [cases[f"stock_only/{family}/{image}"]["stock"] for image in ("astronaut_48x64", "chelsea_60x40",
