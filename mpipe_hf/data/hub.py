@@ -205,9 +205,9 @@ def load_checkpoint_processor(directory: str):
     of most families need it for their video processor, Gemma 4's and GLM-4.6V's included) the processor training
     uses, :func:`mpipe_hf.data.build_processor`, over ``AutoTokenizer`` and ``AutoImageProcessor`` (images and text
     processed as by the stock class; Qwen2-VL / Qwen2.5-VL, Qwen3-VL and GLM-4.1V / GLM-4.5V videos by the
-    torchvision-free video processors, with the snapshot's video settings where it has any). A LoRA adapter directory (PEFT's
-    ``adapter_config.json`` and the processor files, no ``config.json``) takes the model type from the config
-    of its ``base_model_name_or_path``.
+    torchvision-free video processors, with the snapshot's video settings where it has any). A LoRA adapter
+    directory (PEFT's ``adapter_config.json`` and the processor files, no ``config.json``) takes the model type
+    from the config of its ``base_model_name_or_path``.
 
     Raises:
         OSError: ``directory`` lacks the config, tokenizer or image processor files (from ``transformers``).
