@@ -95,7 +95,9 @@ from sleeping import run_ranks  # noqa: E402
 
 
 def grid(args):
-    """The points ``(M, P mode, Pf ms)`` to run: every one, ``--quick``'s or ``--video``'s."""
+    """The points ``(M, P mode, Pf ms)`` to run: every one, ``--quick``'s, ``--video``'s or ``--smoke``'s."""
+    if args.smoke:
+        return [(8, "frozen", 0.0)]
     if args.video:
         return [(16, mode, VIDEO_PF_MS) for mode in ("frozen", "trainable", "freeze_vit")]
     pfs = [0.0, 40.0] if args.quick else [0.0, 10.0, 20.0, 40.0, 80.0]
@@ -146,6 +148,8 @@ def main():
     points.add_argument("--quick", action="store_true", help="M = 16 and Pf in {0, 40} ms only")
     points.add_argument("--video", action="store_true",
                         help=f"the video-heavy profile: M = 16, Pf = {VIDEO_PF_MS:g} ms, frozen, trainable, freeze_vit")
+    points.add_argument("--smoke", action="store_true", help="one point (M = 8, frozen, Pf = 0 ms): every "
+                        "schedule runs, in about a minute (the full suite's check; no figure to quote)")
     parser.add_argument("--steps", type=int, default=5, help="measured steps per schedule (median)")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args()
