@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, DeepseekV3Config,
-                          Gemma3TextConfig, Glm4vMoeTextConfig, InternVLConfig, Llama4TextConfig, Qwen3_5MoeTextConfig,
-                          Qwen3_5TextConfig, Qwen3VLMoeConfig, Qwen3VLMoeTextConfig)
+                          Gemma3TextConfig, Glm4vMoeTextConfig, InternVLConfig, Llama4TextConfig, MuseGlimmerTextConfig,
+                          MuseSparkTextConfig, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3VLMoeConfig,
+                          Qwen3VLMoeTextConfig)
 
 from mpipe_hf.models import get_family
 from mpipe_hf.models.costs import layer_costs, matmul_costs
@@ -61,6 +62,14 @@ CONFIGS = {
         vocab_size=97, hidden_size=48, intermediate_size=24, intermediate_size_mlp=88, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=20, num_local_experts=4, num_experts_per_tok=2,
         interleave_moe_layer_step=2),
+    "muse_glimmer": lambda: MuseGlimmerTextConfig(  # a gate_proj beside q_proj
+        vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=20, bos_token_id=None, eos_token_id=None),
+    "muse_spark": lambda: MuseSparkTextConfig(  # experts at moe_hidden_size between two projections
+        vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=20, moe_intermediate_size=24, moe_hidden_size=28, num_local_experts=4,
+        num_experts_per_tok=2, mlp_layer_types=["dense", "sparse", "sparse", "dense"], bos_token_id=None,
+        eos_token_id=None),
 }
 
 

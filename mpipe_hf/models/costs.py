@@ -34,7 +34,8 @@ SOFTMAX_ATTENTION = ("full_attention", "sliding_attention", "chunked_attention",
                      "reference_sliding_attention")
 LINEAR_ATTENTION = "linear_attention"
 # text model types whose softmax attention projects query and output gate together (q_proj is 2x wide)
-GATED_ATTENTION = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+GATED_ATTENTION = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+                             "muse_glimmer_text", "muse_spark_text"})  # Muse: a gate_proj as wide as q_proj
 EXPERT_COUNT_FIELDS = ("num_experts", "n_routed_experts", "num_local_experts")
 
 
@@ -101,7 +102,8 @@ def is_sparse(c, layer: int) -> bool:
 def mlp_cost(c, layer: int) -> int:
     """Active MLP weights of decoder layer ``layer``: ``3 x hidden x intermediate_size`` when dense; else the
     router, ``num_experts_per_tok`` experts and the shared expert. Llama 4's dense layers are
-    ``intermediate_size_mlp`` wide, its experts and its one shared expert ``intermediate_size``.
+    ``intermediate_size_mlp`` wide, its experts and its one shared expert ``intermediate_size``; Muse Spark's
+    experts work at ``moe_hidden_size``, projected to it and back.
 
     Raises:
         ValueError: a sparse layer whose config has no ``moe_intermediate_size`` (an MoE layout this module
@@ -119,6 +121,9 @@ def mlp_cost(c, layer: int) -> int:
         return 3 * h * (llama4 or c.intermediate_size)
     if llama4:
         return h * num_experts(c) + (c.num_experts_per_tok + 1) * 3 * h * c.intermediate_size
+    inner = getattr(c, "moe_hidden_size", None)  # Muse Spark: experts of moe_hidden_size between two projections
+    if inner:
+        return h * num_experts(c) + 2 * h * inner + c.num_experts_per_tok * 3 * inner * c.moe_intermediate_size
     width = getattr(c, "moe_intermediate_size", None)
     if width is None:
         raise ValueError(f"{getattr(c, 'model_type', type(c).__name__)}: an MoE config without "
