@@ -50,6 +50,8 @@ def test_conversations_train_exactly_and_a_bad_row_is_dropped(demo, tmp_path):
     assert [r["bad_rows"] for r in rows] == [0, 1, 0, 0, 0, 0] and rows[-1]["bad_rows_total"] == 1, rows
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("mpipe_hf: warning: dropped")]
     assert len(warnings) == 1 and "conv.jsonl:6 (cannot decode image" in warnings[0], proc.stdout[-3000:]
+    assert "mpipe_hf: qwen2_5_vl pp_size=2 vpp=1 dp_size=1 ep_size=1 engine=none M=2 " in proc.stdout, \
+        proc.stdout[:3000]  # the start-up line names the whole layout
     closing = [line for line in proc.stdout.splitlines() if line.startswith("mpipe_hf: 6 steps in ")]
     assert len(closing) == 1 and "(0 steps skipped; rows left out: 1 over max_length, 1 failed to load)" in \
         closing[0], proc.stdout[-3000:]
