@@ -20,7 +20,8 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import MicroBatchPlan, qwen2_tokenizer
-from mpipe_hf.models import tiny
+from mpipe_hf.models import tiny, tiny_llava_like
+from mpipe_hf.models.families_llava_like import TIMM_FAMILIES
 from mpipe_hf.models.registry import FAMILIES
 from mpipe_hf.models.tiny_all import TINY_MODELS
 from mpipe_hf.train.sources import micro_validator
@@ -34,7 +35,8 @@ OLDER = {"qwen2_vl": tiny.tiny_qwen2_vl_config, "qwen2_5_vl": tiny.tiny_qwen2_5_
          "qwen3_5": tiny.tiny_qwen3_5_config, "qwen3_5_moe": lambda t, **k: tiny.tiny_qwen3_5_config(t, moe=True, **k),
          "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": lambda t, **k: tiny.tiny_glm4v_config(t, moe=True, **k),
          "llava": tiny.tiny_llava_config}
-BUILDERS = {**OLDER, **TINY_MODELS}
+# the timm-tower families (no processor here: skipped below by name; scripts/check_timm_families.py checks them)
+BUILDERS = {**OLDER, **TINY_MODELS, **{t: getattr(tiny_llava_like, f"tiny_{t}_config") for t in TIMM_FAMILIES}}
 # decoder-only language models: no tower, no image token, nothing to count
 NO_IMAGES = sorted(t for t, family in FAMILIES.items() if not getattr(family, "vision", ()))
 VISION = sorted(t for t in FAMILIES if t not in NO_IMAGES)

@@ -19,6 +19,12 @@ LLaVA-OneVision (declared in :mod:`.families` for its images) takes videos here:
 tower per frame, the projector, ``apply_pooling`` 2 x 2 and ``image_newline`` after each video) is ``P``'s second
 vision call, as its ``forward`` makes it, and the load-time check counts its image tokens (``get_image_features``'
 anyres packing) and video tokens (docs/video.md).
+
+FastVLM and Perception-LM (:data:`TIMM_FAMILIES`) are LLaVA's layout around a timm tower (``TimmWrapperModel``):
+FastVLM's FastViT-HD gives one token per cell of its 64 x downsampled feature map; Perception-LM's ViT gives each
+tile's patches (CLS dropped), average-pooled ``projector_pooling_ratio`` x on each side; its video inputs (the same
+tower over frames, at ``video_token_id``) are refused at load. Their model needs timm and torchvision, which CI's
+CPU torch cannot import: ``scripts/check_timm_families.py`` checks them where both import.
 """
 
 from __future__ import annotations
@@ -136,6 +142,35 @@ def _onevision_videos(model):
     return lambda raw: raw["pixel_values_videos"].shape[0] * (raw["pixel_values_videos"].shape[1] * per_frame + 1)
 
 
+def _fastvit_tokens(model):
+    """FastVLM: per image (``pixel_values`` ``(images, C, H, W)``) the timm FastViT's last feature map, ``H`` and
+    ``W`` each halved (rounding up: stride-2 convolutions with padding) ``log2`` of the tower's total reduction
+    (``feature_info``: 64 for FastViT-HD) times, one token a position."""
+    steps = int(math.log2(model.model.vision_tower.timm_model.feature_info[-1]["reduction"]))
+
+    def side(n: int) -> int:
+        for _ in range(steps):
+            n = -(-n // 2)
+        return n
+    return lambda raw: raw["pixel_values"].shape[0] * side(raw["pixel_values"].shape[-2]) * side(
+        raw["pixel_values"].shape[-1])
+
+
+def _pe_tokens(model):
+    """Perception-LM: per tile (``pixel_values`` ``(images, tiles, C, H, W)``) the timm ViT's patch grid (its
+    ``patch_embed.patch_size``; the CLS token dropped, ``vision_use_cls_token``), a square of side ``s``, pooled
+    to ``(s // projector_pooling_ratio) ** 2`` tokens (the projector's adaptive average pooling)."""
+    patch = model.model.vision_tower.timm_model.patch_embed.patch_size
+    ratio = model.config.projector_pooling_ratio
+
+    def count(raw) -> int:
+        pixels = raw["pixel_values"]
+        patches = (pixels.shape[-2] // patch[0]) * (pixels.shape[-1] // patch[1])
+        per_tile = (math.isqrt(patches) // ratio) ** 2 if ratio > 1 else patches
+        return math.prod(pixels.shape[:-3]) * per_tile
+    return count
+
+
 def refuse_modalities(keys: dict[str, str], inner=None):
     """``Family.validate`` that refuses a micro-batch carrying any of ``keys`` (``{raw key: modality}``, e.g.
     ``{"pixel_values_videos": "video"}``) with a ``ValueError`` naming the modality, then runs ``inner`` (another
@@ -195,16 +230,22 @@ FAMILIES: dict[str, Family] = {
 FAMILIES["llava_onevision"] = replace(_BASE["llava_onevision"], video_inputs=("pixel_values_videos",),
                                       validate=validate_counted_micro(_onevision_images, _onevision_videos))
 FAMILIES.update(_TV)  # the families whose processors need torchvision (their own module)
-_TIMM = ("its vision tower is a timm model (TimmWrapperModel): timm is not installed and needs torchvision, which "
-         "cannot be imported here")
+# the families whose vision tower is a timm model (TimmWrapperModel), kept apart from FAMILIES (whose tiny models
+# every test builds): declared without importing timm, registered beside them; building their model needs timm and
+# torchvision (materialize.require_timm); scripts/check_timm_families.py checks their split where both import
+TIMM_FAMILIES: dict[str, Family] = {
+    "fast_vlm": Family(vision=TOWER, validate=validate_counted_micro(_fastvit_tokens)),
+    "perception_lm": Family(vision=TOWER, validate=refuse_modalities(VIDEOS, validate_counted_micro(_pe_tokens))),
+}
 # model_type -> why it cannot be split, in the user's terms
 REFUSED: dict[str, str] = {
     "ovis2": "its front puts the visual embedding table's indicator embeddings at the visual indicator tokens besides "
              "the image features at the image tokens; the split's stage-0 front places image features only",
     "fuyu": "it has no vision tower: image patches are embedded by a linear layer and gathered into each row at "
             "'image_patches_indices', and its Persimmon text model ends in 'final_layernorm', not 'norm'",
-    "perception_lm": _TIMM,
-    "fast_vlm": _TIMM,
-    "gemma3n": _TIMM + "; its text model also shares keys and values across layers (which may sit on another "
-                       "stage) and takes an audio tower",
+    "gemma3n": "its text model runs AltUp: every decoder layer reads and writes altup_num_inputs (4) hidden-state "
+               "streams (4, B, L, H), predicted and corrected inside the layer, made from the embeddings by "
+               "altup_projections and mixed into one only after the last layer (altup_unembed_projections), while "
+               "the splitter's stages run their layers on one (B, L, H) hidden state: it has no stage for the 4 "
+               "streams yet (nor for Gemma 3n's per-layer inputs beside them); not declared yet",
 }

@@ -74,10 +74,24 @@ class ReplayRandomOnMeta(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def require_timm(config) -> None:
+    """Raise ``ImportError`` when ``config``'s vision tower is a timm model (``vision_config.model_type``
+    ``timm_wrapper``: FastVLM, Perception-LM) and timm does not import here: timm needs torchvision, both installed
+    beside a torch they were built for (``pip install timm torchvision``)."""
+    if getattr(getattr(config, "vision_config", None), "model_type", None) != "timm_wrapper":
+        return
+    try:
+        import timm  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - timm raises whatever torchvision's import raised
+        raise ImportError(f"model_type {config.model_type!r}: its vision tower is a timm model (TimmWrapperModel), "
+                          f"which needs timm and torchvision installed for this torch ({err}); install both, e.g. "
+                          "pip install timm torchvision") from err
+
 def model_class(config):
     """The Auto class of ``config``: image-text-to-text for a vision-language model, else causal LM; a decoder-only
     type that transformers maps to image-text-to-text alone (``mistral4``) loads through that map."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    require_timm(config)
     if hasattr(config, "vision_config") or config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return AutoModelForImageTextToText
     return AutoModelForCausalLM

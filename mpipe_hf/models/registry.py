@@ -26,12 +26,12 @@ from torch import nn
 from ..schedule import ScheduleConfig
 from .base import SplitModel
 from .families import FAMILIES
-from .families_llava_like import FAMILIES as _LLAVA_LIKE
+from .families_llava_like import FAMILIES as _LLAVA_LIKE, TIMM_FAMILIES as _TIMM
 from .families_new import FAMILIES as _NEW
 from .families_qwen_like import FAMILIES as _QWEN_LIKE
 from .family import Family
 
-FAMILIES.update({**_LLAVA_LIKE, **_QWEN_LIKE, **_NEW})  # issue 38's group modules
+FAMILIES.update({**_LLAVA_LIKE, **_TIMM, **_QWEN_LIKE, **_NEW})  # the group modules
 
 
 def register(model_types: str | Iterable[str], family) -> None:

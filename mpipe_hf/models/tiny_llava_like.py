@@ -317,3 +317,37 @@ def tiny_molmo2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, cr
                         low_res_image_start_token_id=special("<|quad_start|>"),
                         image_end_token_id=special("<|vision_end|>"), frame_start_token_id=special("<|box_start|>"),
                         frame_end_token_id=special("<|box_end|>"), tie_word_embeddings=False)
+
+
+def tiny_fast_vlm_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 128):
+    """A ``FastVlmConfig``: its timm FastViT-HD tower (``fastvit_mci3``, reparameterised: ``inference_mode``) at
+    one block a stage and widths 8 to 32, whose five stages downsample ``image_size``-px images 64 x (a 2 x 2
+    grid of tokens at 128 px), a final 1 x 1 convolution to ``hidden_size`` 64 channels, the two-layer projector,
+    and a Qwen2 text model. Its blocks' layer scales start at 1 and its weights are drawn at ``initializer_range``
+    0.2: with timm's 1e-5 and the config's 0.02, a random tower this small passes gradients of 1e-10 to 1e-26 to its
+    early stages (a degenerate test). Building the model needs timm (and so torchvision); the config does not."""
+    from transformers import FastVlmConfig
+    vision = dict(model_type="timm_wrapper", architecture="fastvit_mci3", do_pooling=False, global_pool="avg",
+                  hidden_size=64, initializer_range=0.2,
+                  model_args={"inference_mode": True, "layers": [1] * 5, "embed_dims": [8, 16, 16, 32, 32],
+                              "mlp_ratios": [2] * 5, "layer_scale_init_value": 1.0})
+    return FastVlmConfig(vision_config=vision, text_config=_lm(tokenizer, "qwen2", num_layers, hidden_size),
+                         image_token_index=_id(tokenizer, "<|image_pad|>"), image_seq_length=(image_size // 64) ** 2,
+                         tie_word_embeddings=False)
+
+
+def tiny_perception_lm_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, tile_size: int = 32):
+    """A ``PerceptionLMConfig``: its timm Perception Encoder ViT (``vit_pe_core_*``: a CLS token, 2-D rotary
+    positions) of 2 blocks of width 32 on ``tile_size``-px tiles in 8-px patches (a 4 x 4 grid, CLS dropped),
+    average-pooled 2 x 2 by the projector (``projector_pooling_ratio``, as the hub's 2: 4 tokens a tile), and a Llama
+    text model whose head is tied to its embedding (as Perception-LM-1B's Llama 3.2). Building the model needs timm
+    (and so torchvision); the config does not."""
+    from transformers import PerceptionLMConfig
+    vision = dict(model_type="timm_wrapper", architecture="vit_pe_core_tiny_patch16_384", do_pooling=False,
+                  initializer_range=0.02,
+                  model_args={"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": [tile_size, tile_size],
+                              "patch_size": 8, "global_pool": "", "ref_feat_shape": [tile_size // 8] * 2})
+    text = dict(_lm(tokenizer, "llama", num_layers, hidden_size), tie_word_embeddings=True)
+    return PerceptionLMConfig(vision_config=vision, text_config=text, vision_use_cls_token=True,
+                              projector_pooling_ratio=2, image_token_id=_id(tokenizer, "<|image_pad|>"),
+                              video_token_id=_id(tokenizer, "<|video_pad|>"), tie_word_embeddings=True)
