@@ -46,14 +46,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = 60_000  # float values kept in full (float16) per tensor
 SAMPLE = 4096  # float values sampled from a larger tensor
 VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v", "glm46v", "llava_onevision")
-# Stock image processors that need torchvision and that the project has no stand-in for yet: recorded alone (the
-# target a PIL version is compared with), set to the tiny configs' towers (``tiny_llama4_config``: 56-px tiles;
+# Stock image processors that need torchvision and have no PIL twin in transformers: recorded alone (the target
+# a torchvision-free version, :data:`NO_TV`, is compared with), set to the tiny configs' towers (``tiny_llama4_config``: 56-px tiles;
 # ``tiny_lfm2_vl_config``: 8-px patches, pixel-unshuffle 2).
+# A key ``family/variant`` records the same class under other settings: ``max_canvas`` grows Llama 4's images to
+# the largest canvas of up to 6 tiles of 32 px; ``split`` cuts LFM2-VL's larger photos into 16-px tiles and a
+# thumbnail (the stock tiling path; the 48 x 64 and 33 x 75 photos go over its 2,048-px budget, the 60 x 40 not).
 STOCK_ONLY = {
     "llama4": ("Llama4ImageProcessor", {"size": {"height": 56, "width": 56}, "max_patches": 4}),
     "lfm2_vl": ("Lfm2VlImageProcessor", {"encoder_patch_size": 8, "tile_size": 32, "size": {"height": 32, "width": 32},
                                          "min_image_tokens": 4, "max_image_tokens": 16, "max_tiles": 4}),
+    "llama4/max_canvas": ("Llama4ImageProcessor", {"size": {"height": 32, "width": 32}, "max_patches": 6,
+                                                   "resize_to_max_canvas": True}),
+    "lfm2_vl/split": ("Lfm2VlImageProcessor", {"encoder_patch_size": 8, "tile_size": 16, "min_image_tokens": 1,
+                                               "max_image_tokens": 4, "min_tiles": 2, "max_tiles": 6}),
 }
+# The project's torchvision-free stand-ins for :data:`STOCK_ONLY` classes (torch operations only), compared with
+# the record bit for bit by ``tests/test_stock_recorded.py``.
+NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoTV",
+         "lfm2_vl": "mpipe_hf.data.image_processor_lfm2_vl:Lfm2VlImageProcessorNoTV"}
 
 
 def _photos() -> dict:
@@ -228,14 +239,16 @@ def record_images(arrays: dict, cases: dict, photos: dict, tokenizer) -> None:
 
 
 def record_stock_only(arrays: dict, cases: dict, photos: dict) -> None:
-    """The :data:`STOCK_ONLY` image processors on every photo (``kind``: ``stock_only``; nothing of ours to
-    compare yet)."""
+    """The :data:`STOCK_ONLY` image processors on every photo (``kind``: ``stock_only``; ``ours``: the stand-in
+    of :data:`NO_TV` compared with it, where the project has one)."""
     import transformers
     for model_type, (name, settings) in STOCK_ONLY.items():
         stock = getattr(transformers, name)(**settings)
+        family = model_type.split("/")[0]
         for image in photos:
-            describe = {"kind": "stock_only", "family": model_type, "stock": name, "image": image,
-                        "settings": settings}
+            describe = {"kind": "stock_only", "family": family, "stock": name, "image": image, "settings": settings}
+            if family in NO_TV:
+                describe["ours"] = NO_TV[family]
             _record_outputs(arrays, cases, f"stock_only/{model_type}/{image}", describe,
                             lambda: call_image(stock, photos[image]))
 
@@ -350,6 +363,8 @@ class Ours:
         self.meta, self.arrays, self.tokenizer, self.processors = meta, arrays, None, {}
 
     def processor(self, case: dict):
+        if case["kind"] == "stock_only":  # recorded before its stand-in existed: the stand-in of today
+            case = dict(case, ours=NO_TV[case["family"]])
         key = (case["ours"], json.dumps(case["settings"], sort_keys=True))
         if key not in self.processors:
             self.processors[key] = rebuilt(case)
@@ -382,7 +397,7 @@ def compare(path: str, names: list[str] | None = None) -> dict:
     ours, verdicts = Ours(meta, arrays), {}
     for name in names or sorted(meta["cases"]):
         case = meta["cases"][name]
-        if "error" in case or case["kind"] == "stock_only":
+        if "error" in case or (case["kind"] == "stock_only" and case["family"] not in NO_TV):
             continue
         got, unit = ours.run(name)
         verdict = {key: compare_tensor(info, arrays[info["key"]], got[key], unit) if key in got else "missing"

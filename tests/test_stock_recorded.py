@@ -25,6 +25,7 @@ import os
 import runpy
 
 import pytest
+import torch
 
 import mpipe_hf.data.video_processor as video_processor_module
 from mpipe_hf.data.processor import PROCESSOR_TYPES
@@ -168,3 +169,45 @@ def test_the_recording_script_starts_and_compares():
     verdicts = SCRIPT["compare"](RECORD, ["video/qwen3_vl/sampled", "image/llava/astronaut_48x64"])
     assert all(v["exact"] for v in verdicts["video/qwen3_vl/sampled"].values())
     assert verdicts["image/llava/astronaut_48x64"]["pixel_values"]["max"] <= IMAGE_MAX
+
+
+def _stock_only_cases(record, family: str) -> list[str]:
+    return sorted(n for n, c in record[0]["cases"].items() if c["kind"] == "stock_only" and c["family"] == family)
+
+
+@pytest.mark.parametrize("family", sorted(SCRIPT["NO_TV"]))
+def test_torch_op_image_processors_equal_the_stock_record(record, family):
+    """Llama 4's and LFM2-VL's image processors, whose stock classes exist only with torchvision, are rewritten
+    with torch operations (the same antialiased ``interpolate`` on ``uint8`` as torchvision, the same ``bfloat16``
+    or ``float32`` normalisation), so they equal the stock outputs bit for bit, no tolerance: every recorded
+    setting (the tiny towers' and the tiling variants) on every photo."""
+    names = _stock_only_cases(record, family)
+    assert len(names) >= 6, names  # two settings x three photos
+    for name in names:
+        for key, v in _verdicts(record, name).items():
+            assert v["exact"], (name, key, v)
+
+
+@pytest.mark.parametrize("family", sorted(SCRIPT["NO_TV"]))
+def test_a_changed_torch_op_image_processor_differs_from_the_record(record, family, monkeypatch):
+    """The bit-for-bit check's teeth: the mean one level off is caught on every case, the other filter (bicubic
+    for bilinear) on every case that resizes (LFM2-VL keeps a 48 x 64 photo that fits its budget as it is), and
+    Llama 4's normalisation in ``float32`` instead of the stock ``bfloat16``."""
+    resized = []
+    for name in _stock_only_cases(record, family):
+        shifted, bicubic = copy.deepcopy(record[0]["cases"][name]), copy.deepcopy(record[0]["cases"][name])
+        shifted["settings"]["image_mean"] = [0.5 + 1 / 255, 0.5, 0.5]
+        assert not _verdicts(record, name, shifted)["pixel_values"]["exact"], name
+        bicubic["settings"]["resample"] = 3
+        resized.append(not _verdicts(record, name, bicubic)["pixel_values"]["exact"])
+    assert sum(resized) >= len(resized) - 1, resized
+    if family == "llama4":
+        from mpipe_hf.data.image_processor_llama4 import Llama4ImageProcessorNoTV
+
+        def in_float32(image, rescale, mean, std):
+            out = image.float() * rescale
+            return out.sub_(torch.tensor(mean).view(-1, 1, 1)).div_(torch.tensor(std).view(-1, 1, 1)).bfloat16()
+        monkeypatch.setattr(Llama4ImageProcessorNoTV, "_bf16_normalize", staticmethod(in_float32))
+        record[2].processors.clear()
+        assert not all(_verdicts(record, n)["pixel_values"]["exact"] for n in _stock_only_cases(record, family))
+        record[2].processors.clear()
