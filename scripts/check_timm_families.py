@@ -164,7 +164,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="folder for the fixture and the workers' results (default: a temporary one)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for the torchrun launch")
     args = parser.parse_args(argv)
-    import timm
+    try:
+        import timm
+    except Exception as err:  # noqa: BLE001 - timm raises whatever torchvision's import raised
+        print(f"this check needs timm and torchvision for this torch ({err}): run it with an environment that has "
+              "them, e.g. pip install timm torchvision beside the PyPI torch", file=sys.stderr)
+        return 2
     import torch
     import transformers
     from common import read_results, run_torchrun

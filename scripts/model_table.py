@@ -8,8 +8,9 @@ A row per ``model_type`` of the installed transformers' ``AutoModelForImageTextT
 LMs the splitter declares): **exact (CI)** when it has a declaration and ``tests/test_numerics.py`` checks it against
 the unsplit model (a spec of ``tests/dist/matrix.py``); **exact (script, <date>)** when a script that needs what CI
 cannot install checks it the same way (``scripts/check_timm_families.py``, the timm-tower types: its record
-``scripts/check_timm_families.json`` gives the date of its last run and each type's verdict); **declared** when it has a declaration but no CI case;
-**refused** with the reason ``mpipe_hf/models/coverage.py`` gives, which ``split`` raises.
+``scripts/check_timm_families.json`` gives the date of its last run and each type's verdict); **declared** when it
+has a declaration but no CI case; **refused** with the reason ``mpipe_hf/models/coverage.py`` gives, which
+``split`` raises.
 """
 
 from __future__ import annotations
