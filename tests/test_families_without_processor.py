@@ -1,5 +1,5 @@
 """The load-time image-token check of the families whose stock image processor needs torchvision (Llama 4, Kimi
-K2.5, MiniCPM-OCR, Gemma 4 Unified), on micro-batches built in the processor's layout without it
+K2.5, MiniCPM-OCR, Gemma 4 Unified, Muse Glimmer and Spark), on micro-batches built in the processor's layout without it
 (``tests/dist/pools_without_processor.py``, the numerics cases' pools): the count it expects is what the real tiny
 tower outputs for the micro-batch's images, a row one image token off is refused, and so is a wrong image grid.
 """
@@ -73,6 +73,8 @@ WRONG_GRID = {
     "kimi_k25": lambda b: {**b, "image_grid_thw": b["image_grid_thw"] * torch.tensor([1, 2, 1])},
     "minicpm_ocr": lambda b: {**b, "target_sizes": b["target_sizes"] * torch.tensor([2, 1], dtype=torch.int32)},
     "gemma4_unified": lambda b: {**b, "image_position_ids": b["image_position_ids"].clamp(min=0)},  # no padding
+    "muse_glimmer": lambda b: {**b, "image_grid_thw": b["image_grid_thw"] * torch.tensor([1, 2, 1])},
+    "muse_spark": lambda b: {**b, "image_grid_thw": b["image_grid_thw"] * torch.tensor([1, 1, 2])},
 }
 
 
@@ -83,9 +85,10 @@ def test_a_wrong_grid_is_refused(model_type, tokenizer):
         micro_validator(config)(WRONG_GRID[model_type](batch))
 
 
-def test_gemma4_unified_refuses_video_and_audio_by_name(tokenizer):
-    config, batch = micro("gemma4_unified", tokenizer)
+@pytest.mark.parametrize("model_type, audio", [("gemma4_unified", "input_features"), ("muse_spark", "input_values")])
+def test_video_and_audio_are_refused_by_name(model_type, audio, tokenizer):
+    config, batch = micro(model_type, tokenizer)
     validate = micro_validator(config)
-    for key, modality in (("pixel_values_videos", "video"), ("input_features", "audio")):
+    for key, modality in (("pixel_values_videos", "video"), (audio, "audio")):
         with pytest.raises(ValueError, match=f"{modality} inputs"):
             validate({**batch, key: torch.zeros(1)})
