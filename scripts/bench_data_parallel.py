@@ -35,6 +35,8 @@ def main(argv=None) -> None:
     parser.add_argument("--demo", help="a built demo (scripts/make_demo.py DIR); built in a temp dir otherwise")
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the first step is left out of the timing")
     work = tempfile.mkdtemp(prefix="mpipe_dp_")
     demo = demo_dir(args.demo, work)
     results = {name: run(demo, work, shard, args.steps) for name, shard in (("FSDP2", True), ("replicate", False))}

@@ -43,6 +43,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the first step is left out of the timing")
     with tempfile.TemporaryDirectory() as work:
         demo = demo_dir(args.demo, work)
         results = {"full": [], "lora": []}
