@@ -98,7 +98,8 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     ``("frozen", True)`` point in ``pp_inner``, with its checks: losses, norms, clipping and the trained weights).
     An image that cannot be decoded sits in replica 1's share of step 1: its owner drops the row (a null
     micro-batch stands in for its one-row micro-batch), every rank of both replicas counts it (the step's vote
-    spans the replicas), and every step equals one process's trained without that row. Then the run's
+    spans the replicas) and remembers it (replica 0's saved state names it), and every step equals one process's
+    trained without that row. Then the run's
     ``checkpoint-2`` (its ``rank<r>_state.pt`` by stage rank, written by replica 0 on both nodes) resumes onto
     ``dp = 1`` with ``num_micro = 2 M`` (the same global batch): step 3 equals the uninterrupted run's, the AdamW
     moments loaded from the checkpoint's whole tensors."""
@@ -118,6 +119,9 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     assert any(f"train.jsonl:{bad + 1} (cannot decode image" in text for text in outputs), outputs[1][-3000:]
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert not any(r.get("skipped") for r in rows) and rows[0]["bad_rows"] == 1, rows
+    for name in ("rank0_state.pt", "rank1_state.pt"):  # replica 0's, whose ranks never loaded the row: it learnt it
+        saved = torch.load(os.path.join(out, "checkpoint-2", name), weights_only=False)["skips"]
+        assert list(saved["rows"]) == [bad] and saved["rows"][bad].endswith(f"train.jsonl:{bad + 1}"), saved
     losses, norms, model = reference(demo, True, data, shuffle=False)  # without the bad row
     assert len(rows) == STEPS
     for step, (row, loss, norm) in enumerate(zip(rows, losses, norms)):
