@@ -177,3 +177,16 @@ def test_tiny_heads_tie_as_the_real_models(model_type, tokenizer):
     assert config.tie_word_embeddings and type(config)().tie_word_embeddings
     model = AutoModelForImageTextToText.from_config(config)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+@pytest.mark.parametrize("model_type", sorted(TIMM_FAMILIES))
+def test_a_timm_tower_type_without_timm_fails_at_load_naming_timm_and_torchvision(model_type, tokenizer):
+    """The timm-tower types are declared, not refused: where timm does not import, building the model (as every
+    load does, ``meta_model``) raises ``ImportError`` naming timm and torchvision, not transformers' bare one."""
+    import importlib.util
+
+    from mpipe_hf.models.materialize import meta_model
+    if importlib.util.find_spec("timm") is not None:
+        pytest.skip("timm is installed: scripts/check_timm_families.py checks these types")
+    with pytest.raises(ImportError, match=f"{model_type}.*timm and torchvision"):
+        meta_model(BUILDERS[model_type](tokenizer, num_layers=1))
