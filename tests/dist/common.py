@@ -247,7 +247,7 @@ def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: lis
     for name in packed:
         if only and name not in only:
             continue
-        pools[f"packed-{name}"] = make_packed_pool(collator(configs[name], tokenizer))
+        pools[f"packed-{name}"] = make_packed_pool(family_collator(configs[name], tokenizer))
     pools["packed-text"] = make_text_pool(tokenizer, rows=lambda m: 2 + m % 2)
     if videos:
         clips = write_clips(os.path.join(os.path.dirname(path), "clips"))

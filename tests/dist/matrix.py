@@ -371,8 +371,9 @@ def skipped_step_controls() -> list[dict]:
     return [dict(c, reload=False) for c in family_cases(list(first.values()), skip_last_step=True)]
 
 
-UNPACKED = ("minicpmv4_7", "gemma4")  # refused packed by name: MiniCPM-V 4.7's canvas M-RoPE is computed per
-# micro-batch; Gemma 4's per-layer inputs and shared key/value states would have to be cut per row
+UNPACKED = ("minicpmv4_7", "gemma4", "gemma4_unified", "llama4")  # refused packed by name: MiniCPM-V 4.7's canvas
+# M-RoPE is computed per micro-batch; Gemma 4's (and Gemma 4 Unified's) shared key/value states would have to be cut
+# per row; Llama 4's chunked attention counts its chunks from the start of the sequence (docs/packing.md)
 
 
 def packed_grid() -> list[dict]:
