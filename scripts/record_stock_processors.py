@@ -130,9 +130,11 @@ def rebuilt(case: dict):
 
 
 def stock_image_class(ours):
-    """The torchvision class transformers builds by default that ``ours`` (a ``*ImageProcessorPil``) stands in for,
-    or ``None`` where ``ours`` is not a PIL stand-in."""
+    """The torchvision class transformers builds by default that ``ours`` (a ``*ImageProcessorPil``, or a
+    torch-operation class naming its ``stock_class_name``) stands in for, or ``None`` where ``ours`` is neither."""
     import transformers
+    if getattr(ours, "stock_class_name", None):
+        return getattr(transformers, ours.stock_class_name)
     name = type(ours).__name__
     return getattr(transformers, name[:-3], None) if name.endswith("Pil") else None
 

@@ -236,7 +236,9 @@ def load_checkpoint_processor(directory: str):
         return AutoProcessor.from_pretrained(directory)
     from .video_processor import video_processor_from_image
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    image_processor = AutoImageProcessor.from_pretrained(directory)
+    from .processors_llama4_lfm2 import TORCH_OP_IMAGES
+    own = TORCH_OP_IMAGES.get(config.model_type)  # a stock class that needs torchvision: ours, same settings
+    image_processor = (own or AutoImageProcessor).from_pretrained(directory)
     video = None
     if config.model_type in VIDEO_TYPES:  # the snapshot's video settings where it has them, as AutoVideoProcessor
         from .video_processor_qwen3 import qwen3_video_processor_from_image

@@ -90,6 +90,13 @@ class Lfm2VlImageProcessorNoTV(PilBackend):
     valid_kwargs = Lfm2VlNoTVKwargs
     model_input_names = ["pixel_values", "pixel_attention_mask", "spatial_shapes"]
 
+    def to_dict(self) -> dict:
+        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
+        snapshot loads as the stock class where torchvision is installed."""
+        out = super().to_dict()
+        out["image_processor_type"] = self.stock_class_name
+        return out
+
     def _tiles(self, image: torch.Tensor, o: dict) -> tuple[list[torch.Tensor], list[int], list[int]]:
         """One ``uint8`` ``(3, H, W)`` image -> its resized tiles (``(3, h, w)`` each), ``[rows, columns]`` and
         its single-tile (or thumbnail) size."""

@@ -80,6 +80,13 @@ class Llama4ImageProcessorNoTV(PilBackend):
     valid_kwargs = Llama4NoTVKwargs
     model_input_names = ["pixel_values"]
 
+    def to_dict(self) -> dict:
+        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
+        snapshot loads as the stock class where torchvision is installed."""
+        out = super().to_dict()
+        out["image_processor_type"] = self.stock_class_name
+        return out
+
     def get_number_of_image_patches(self, height: int, width: int, images_kwargs: dict | None = None) -> int:
         """Tiles of an image of ``height`` x ``width`` px, the global tile included when there is more than one
         (what ``Llama4Processor`` expands an image's placeholder by)."""
