@@ -30,18 +30,18 @@ def _even_grid(image: Image.Image, patch: int, merge: int = 2, cap: int = 8) -> 
 
 
 def llama4_image(config, image: Image.Image) -> tuple[dict, int]:
-    """``Llama4ImageProcessor``: square tiles of ``image_size`` px (an image wider than one tile: 2 tiles side by
-    side and the whole image as a global tile after them), ``(tiles, 3, S, S)``; each tile gives ``(S / patch)
-    ** 2 * pixel_shuffle_ratio ** 2`` tokens."""
+    """Llama 4's image processor as the data path builds it (``mpipe_hf/data/image_processor_llama4.py``, the stock
+    ``Llama4ImageProcessor``'s outputs bit for bit without torchvision), at most 2 tiles of ``image_size`` px and a
+    global tile where there are 2: ``(tiles, 3, S, S)``, cast from the stock ``bfloat16`` to ``float32`` (exact;
+    the unsplit reference takes the pixels as given, the split casts them to the model's dtype). Each tile gives
+    ``(S / patch) ** 2 * pixel_shuffle_ratio ** 2`` tokens."""
+    from mpipe_hf.data.image_processor_llama4 import Llama4ImageProcessorNoTV
     vision = config.vision_config
     side = vision.image_size
     per_tile = int((side // vision.patch_size) ** 2 * vision.pixel_shuffle_ratio ** 2)
-    cols = 2 if image.size[0] > side else 1
-    whole = _pixels(image, side, side * cols)
-    tiles = [whole[:, :, c * side:(c + 1) * side] for c in range(cols)]
-    if cols > 1:
-        tiles.append(_pixels(image, side, side))
-    return {"pixel_values": torch.stack(tiles)}, per_tile * len(tiles)
+    processor = Llama4ImageProcessorNoTV(size={"height": side, "width": side}, max_patches=2)
+    pixels = processor(images=[image], return_tensors="pt")["pixel_values"].float()
+    return {"pixel_values": pixels}, per_tile * pixels.shape[0]
 
 
 def kimi_k25_image(config, image: Image.Image) -> tuple[dict, int]:
