@@ -213,7 +213,7 @@ def load_checkpoint_processor(directory: str):
         OSError: ``directory`` lacks the config, tokenizer or image processor files (from ``transformers``).
         ValueError: the model type has no processor (from ``transformers`` or ``build_processor``).
     """
-    from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
     from transformers.utils import is_torchvision_available
 
     from .processor import PROCESSOR_TYPES, VIDEO_TYPES, build_processor
@@ -236,9 +236,8 @@ def load_checkpoint_processor(directory: str):
         return AutoProcessor.from_pretrained(directory)
     from .video_processor import video_processor_from_image
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    from .processors_llama4_lfm2 import TORCH_OP_IMAGES
-    own = TORCH_OP_IMAGES.get(config.model_type)  # a stock class that needs torchvision: ours, same settings
-    image_processor = (own or AutoImageProcessor).from_pretrained(directory)
+    from .processors_llama4_lfm2 import checkpoint_image_processor  # ours where the stock class needs torchvision
+    image_processor = checkpoint_image_processor(config.model_type, directory)
     video = None
     if config.model_type in VIDEO_TYPES:  # the snapshot's video settings where it has them, as AutoVideoProcessor
         from .video_processor_qwen3 import qwen3_video_processor_from_image

@@ -88,6 +88,15 @@ def _lfm2(config, tokenizer, image_processor):
 # the families whose stock image processor needs torchvision -> ours (what a snapshot loads without torchvision)
 TORCH_OP_IMAGES = {"llama4": Llama4ImageProcessorNoTV, "lfm2_vl": Lfm2VlImageProcessorNoTV}
 
+def checkpoint_image_processor(model_type: str, directory: str, **settings):
+    """A checkpoint's image processor, ``settings`` over its own: ``AutoImageProcessor``'s, except for the
+    families of :data:`TORCH_OP_IMAGES` where torchvision does not import (ours over the same settings)."""
+    from transformers import AutoImageProcessor
+    from transformers.utils import is_torchvision_available
+    own = None if is_torchvision_available() else TORCH_OP_IMAGES.get(model_type)
+    return (own or AutoImageProcessor).from_pretrained(directory, **settings)
+
+
 DATA: dict[str, FamilyData] = {
     "llama4": FamilyData(_llama4_images, _llama4, _LLAMA4, "<|image|>", tokens={
         "image_token": ("<|image|>", "<|vision_pad|>"), "patch_token": ("<|patch|>", "<|image_pad|>"),
@@ -96,10 +105,10 @@ DATA: dict[str, FamilyData] = {
         "tile_x_separator_token": ("<|tile_x_separator|>", "<|box_start|>"),
         "tile_y_separator_token": ("<|tile_y_separator|>", "<|box_end|>")},
         config_ids={"patch_token": "image_token_index", "start_of_image_token": "boi_token_index",
-                    "end_of_image_token": "eoi_token_index"}, pixel_bounded=True),
+                    "end_of_image_token": "eoi_token_index"}),
     "lfm2_vl": FamilyData(_lfm2_images, _lfm2, _LFM2_VL, "<image>", tokens={
         "image_token": ("<image>", "<|image_pad|>"), "image_start_token": ("<|image_start|>", "<|vision_start|>"),
         "image_end_token": ("<|image_end|>", "<|vision_end|>"),
         "image_thumbnail_token": ("<|img_thumbnail|>", "<|vision_pad|>")},
-        config_ids={"image_token": "image_token_id"}, pixel_bounded=True),
+        config_ids={"image_token": "image_token_id"}),
 }

@@ -70,6 +70,22 @@ def check_chat_template(recipe: Recipe, config) -> None:
     check_template_family(template, config.model_type, f"{field} {recipe.model.tokenizer_dir!r}")
 
 
+def check_processor(config, name_or_path: str | None) -> None:
+    """A vision-language family whose only processor is the stock one with torchvision
+    (:mod:`mpipe_hf.data.stock_processor`) has torchvision and a checkpoint to load it from.
+
+    Raises:
+        ValueError: naming the model type, the stock class and the fix (install torchvision, or set
+            ``model.name_or_path``).
+    """
+    if not hasattr(config, "vision_config"):
+        return
+    from ..data.stock_processor import processor_problem
+    problem = processor_problem(config.model_type, name_or_path)
+    if problem:
+        raise ValueError(problem)
+
+
 def check(recipe: Recipe) -> list[int]:
     """Every check that needs no process group: schedule, model type, layer layout, world size, data paths.
 
@@ -82,6 +98,7 @@ def check(recipe: Recipe) -> list[int]:
     check_sources(recipe)
     config = load_config(recipe.model)
     get_family(config.model_type)  # an unknown model_type fails here, naming the supported ones
+    check_processor(config, recipe.model.name_or_path)
     check_chat_template(recipe, config)
     available_trackers(recipe.train.report_to)
     counts = check_layout(recipe, config)

@@ -11,7 +11,7 @@ import os
 
 import torch
 from accelerate.utils import set_seed
-from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from ..data import ConversationCollator, ConversationDataset, TextCollator, build_processor, image_processor_for
 from ..data.conversation import Source, dropped_warning, load_sources
@@ -69,6 +69,10 @@ def load_processor(recipe: Recipe, config):
     """The tokenizer (decoder-only LM) or the family's processor (vision-language). A checkpoint's own image
     processor is used when it has one; a config-initialised model gets one built from its config. Qwen families
     resize images to ``min_pixels .. max_pixels``."""
+    from ..data.processors_llama4_lfm2 import checkpoint_image_processor
+    from ..data.stock_processor import needs_stock_processor, stock_processor
+    if is_vision_language(config) and needs_stock_processor(config.model_type):  # the stock one (torchvision)
+        return stock_processor(recipe.model.name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer_dir)
     if not is_vision_language(config):
         return tokenizer
@@ -78,7 +82,7 @@ def load_processor(recipe: Recipe, config):
         size = ({"size": {"shortest_edge": recipe.data.min_pixels, "longest_edge": recipe.data.max_pixels},
                  "min_pixels": recipe.data.min_pixels, "max_pixels": recipe.data.max_pixels}
                 if config.model_type in PIXEL_BOUNDED_TYPES else {})
-        image_processor = AutoImageProcessor.from_pretrained(recipe.model.name_or_path, **size)
+        image_processor = checkpoint_image_processor(config.model_type, recipe.model.name_or_path, **size)
     else:
         image_processor = image_processor_for(config, recipe.data.min_pixels, recipe.data.max_pixels)
     return build_processor(config, tokenizer, image_processor)

@@ -1,0 +1,56 @@
+"""The stock processor of a family whose image processor exists in ``transformers`` only with a torchvision
+backend and that mpipe_hf has no torchvision-free version of (Cohere2-Vision, Kimi K2.5, MiniCPM-OCR, Molmo2,
+Gemma 4 Unified, Step3p7, MiniMax-M3-VL, Unlimited-OCR, Muse; Llama 4 and LFM2-VL have theirs,
+:mod:`.processors_llama4_lfm2`).
+
+Where torchvision imports, training uses the checkpoint's own processor (``AutoProcessor`` over the
+checkpoint's files, with its chat template); where it does not, :func:`processor_problem` says so before any
+process starts (``mpipe-hf check`` and ``train``), naming the fix.
+"""
+
+from __future__ import annotations
+
+
+def stock_image_backends(model_type: str) -> dict:
+    """``{backend: class name}`` of the family's stock image processor (``{}`` where it has none)."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type) or {}
+    return dict(names) if isinstance(names, dict) else {}
+
+
+def needs_stock_processor(model_type: str) -> bool:
+    """Whether the family has no processor here (:data:`~.processor.PROCESSOR_TYPES`) and its stock image
+    processor only a torchvision backend."""
+    from .processor import PROCESSOR_TYPES
+    return model_type not in PROCESSOR_TYPES and set(stock_image_backends(model_type)) == {"torchvision"}
+
+
+def processor_problem(model_type: str, checkpoint: str | None) -> str | None:
+    """What stops the data path of ``model_type`` (a vision-language family) from building micro-batches, with
+    the fix, or ``None``: torchvision missing for a family that needs the stock processor, or no checkpoint to
+    take that processor's settings and chat template from (``checkpoint``: ``model.name_or_path``)."""
+    if not needs_stock_processor(model_type):
+        return None
+    from transformers.utils import is_torchvision_available
+    name = stock_image_backends(model_type)["torchvision"]
+    if not is_torchvision_available():
+        return (f"model_type {model_type!r}: its stock image processor ({name}) exists in transformers only with "
+                f"torchvision, which does not import here, and mpipe_hf has no torchvision-free one for it; "
+                f"install torchvision (pip install torchvision, the release paired with your torch)")
+    if checkpoint is None:
+        return (f"model_type {model_type!r}: training uses the checkpoint's own processor ({name} with its "
+                f"settings and chat template); set model.name_or_path to a checkpoint that has its processor files")
+    return None
+
+
+def stock_processor(checkpoint: str):
+    """The checkpoint's own processor (``AutoProcessor``: the stock classes, its chat template).
+
+    Raises:
+        ValueError: :func:`processor_problem`'s reason, where there is one.
+    """
+    from transformers import AutoConfig, AutoProcessor
+    problem = processor_problem(AutoConfig.from_pretrained(checkpoint).model_type, checkpoint)
+    if problem:
+        raise ValueError(problem)
+    return AutoProcessor.from_pretrained(checkpoint)

@@ -1,0 +1,44 @@
+"""The families whose stock image processor exists only with torchvision and that mpipe_hf has no
+torchvision-free version of: with torchvision, training uses the checkpoint's own processor; without it,
+``mpipe-hf check`` / ``train`` stop before any process starts, naming the fix (``mpipe_hf/data/
+stock_processor.py``)."""
+
+import pytest
+from transformers.utils import is_torchvision_available
+
+from mpipe_hf.data.processor import PROCESSOR_TYPES
+from mpipe_hf.data.stock_processor import needs_stock_processor, processor_problem
+
+STOCK_ONLY = ["cohere2_vision", "molmo2", "step3p7", "unlimited_ocr", "minimax_m3_vl", "kimi_k25", "minicpm_ocr",
+              "gemma4_unified", "muse_glimmer", "muse_spark"]
+
+
+def test_the_families_needing_the_stock_processor_are_those_without_ours():
+    assert all(needs_stock_processor(t) for t in STOCK_ONLY)
+    # Llama 4 and LFM2-VL have torchvision-free image processors; the PIL families need none
+    assert not any(needs_stock_processor(t) for t in ("llama4", "lfm2_vl", "qwen2_vl", "gemma3"))
+    assert {"llama4", "lfm2_vl"} <= set(PROCESSOR_TYPES)
+
+
+@pytest.mark.parametrize("model_type", STOCK_ONLY)
+def test_the_problem_names_the_fix(model_type):
+    problem = processor_problem(model_type, "some/checkpoint")
+    if is_torchvision_available():
+        assert problem is None
+        assert "model.name_or_path" in processor_problem(model_type, None)
+    else:
+        assert "install torchvision" in problem and model_type in problem
+    assert processor_problem("llama4", None) is None and processor_problem("qwen2_vl", None) is None
+
+
+def test_check_refuses_before_any_process_without_torchvision(monkeypatch):
+    """``check_processor`` (run by ``check``, what ``mpipe-hf check`` and ``train`` run first) raises the reason
+    for a Kimi K2.5 config without torchvision, and passes Llama 4's (its processor is torchvision-free)."""
+    from mpipe_hf.data import qwen2_tokenizer
+    from mpipe_hf.models.tiny_all import TINY_MODELS
+    from mpipe_hf.train.checks import check_processor
+    monkeypatch.setattr("transformers.utils.is_torchvision_available", lambda: False)
+    tokenizer = qwen2_tokenizer(5120)
+    with pytest.raises(ValueError, match="Kimi_K25ImageProcessor.*install torchvision"):
+        check_processor(TINY_MODELS["kimi_k25"](tokenizer), "some/checkpoint")
+    check_processor(TINY_MODELS["llama4"](tokenizer), None)
