@@ -27,11 +27,12 @@ def _rss(field: str) -> int:
 
 
 def largest_disk_tensor(checkpoint: str) -> int:
-    """Bytes of the checkpoint's largest tensor, as stored."""
+    """Bytes of the checkpoint's largest tensor, as stored (sharded with an index, or one ``model.safetensors``)."""
     from safetensors import safe_open
-    index = json.load(open(os.path.join(checkpoint, "model.safetensors.index.json")))["weight_map"]
+    index = os.path.join(checkpoint, "model.safetensors.index.json")
+    files = set(json.load(open(index))["weight_map"].values()) if os.path.isfile(index) else {"model.safetensors"}
     largest = 0
-    for file in sorted(set(index.values())):
+    for file in sorted(files):
         with safe_open(os.path.join(checkpoint, file), "pt", device="cpu") as f:
             for key in f.keys():
                 largest = max(largest, f.get_tensor(key).nbytes)
