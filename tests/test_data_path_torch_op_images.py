@@ -4,6 +4,8 @@ image_processor_llama4.py``, equal to the stock class bit for bit, ``tests/test_
 trains on and the split's load-time check takes (LFM2-VL's is ``tests/test_families_llava_like.py``'s, with the
 other llava_like families)."""
 
+import os
+
 import PIL.Image
 import pytest
 import skimage
@@ -81,3 +83,30 @@ def test_a_saved_snapshot_loads_back_without_torchvision(model_type, tokenizer, 
     text = loaded.apply_chat_template(rows()[0]["messages"][:1], tokenize=False, add_generation_prompt=True)
     got, want = (p(text=[text], images=rows()[0]["images"], return_tensors="pt") for p in (loaded, processor))
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1",
+                    reason="the full suite (MPIPE_HF_FULL=1): a torchrun launch of its own; CI checks these "
+                           "families' data path above and their split in test_numerics.py")
+@pytest.mark.parametrize("model_type", ["lfm2_vl"])
+def test_mpipe_hf_train_through_the_torchvision_free_data_path(demo, tmp_path, model_type):
+    """``mpipe-hf train`` on the tiny model over the demo's conversations, micro-batches built by the data path
+    (the torch-operation image processor under the stock processor class), equals the unsplit model on one
+    process (losses, gradient norms, the reloaded checkpoint's logits: ``train_like_one_process``). Llama 4 is
+    not here: its processor gives ``bfloat16`` pixels, as the stock one does, which the split casts to the
+    model's dtype but the one-process reference (the HF model as called) refuses in a float32 model."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    from mpipe_hf.models.tiny_all import TINY_MODELS
+    from train_common import ROOT, train_like_one_process
+    os.symlink(demo, tmp_path / "demo")
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(demo, "model"))
+    tokenizer.chat_template = None  # the demo's is Qwen's ChatML: the family's own default renders instead
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    TINY_MODELS[model_type](tokenizer).to_json_file(str(tmp_path / f"{model_type}.json"))
+    raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "qwen3_5.yaml")))
+    raw["model"].update(config=f"../{model_type}.json", tokenizer="../tokenizer")
+    raw["parallel"].update(preprocess="trainable", layers_per_stage=None, text_layers=1)
+    processor, _, micro = train_like_one_process(tmp_path, raw)
+    assert type(processor.image_processor).__name__.endswith("NoTV") and "pixel_values" in micro
