@@ -60,11 +60,15 @@ STOCK_ONLY = {
                                                    "resize_to_max_canvas": True}),
     "lfm2_vl/split": ("Lfm2VlImageProcessor", {"encoder_patch_size": 8, "tile_size": 16, "min_image_tokens": 1,
                                                "max_image_tokens": 4, "min_tiles": 2, "max_tiles": 6}),
+    # tiny_cohere2_vision_config: 56-px tiles; ``small``: 24-px tiles, up to 6 (the photos shrink onto the grid)
+    "cohere2_vision": ("Cohere2VisionImageProcessor", {"size": {"height": 56, "width": 56}, "max_patches": 4}),
+    "cohere2_vision/small": ("Cohere2VisionImageProcessor", {"size": {"height": 24, "width": 24}, "max_patches": 6}),
 }
 # The project's torchvision-free stand-ins for :data:`STOCK_ONLY` classes (torch operations only), compared with
 # the record bit for bit by ``tests/test_stock_recorded.py``.
 NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoTV",
-         "lfm2_vl": "mpipe_hf.data.image_processor_lfm2_vl:Lfm2VlImageProcessorNoTV"}
+         "lfm2_vl": "mpipe_hf.data.image_processor_lfm2_vl:Lfm2VlImageProcessorNoTV",
+         "cohere2_vision": "mpipe_hf.data.image_processor_cohere2_vision:Cohere2VisionImageProcessorNoTV"}
 
 
 def _photos() -> dict:
