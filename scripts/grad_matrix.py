@@ -16,7 +16,8 @@ Each pipeline size runs as torchrun jobs of gloo CPU processes (at most --chunk 
 the loss, every gradient (atol 1e-5; the families per tensor, tests/dist/matrix.py), each AdamW step's update per
 tensor against the reference's, relative to its size (where the case takes several steps), and that each rank loads
 only its own micro-batches. Prints one line per case (the worst loss difference, the worst gradient difference and
-in units of 1e-5 + 1e-5 * max|ref|, the worst update difference as a fraction of its tensor's update, the wall time)
+in units of 1e-5 + 1e-5 * max|ref|, the worst update difference as a fraction of its tensor's update, the
+parameters' after the steps, the wall time)
 and the total; exits 1 on any failure (with --controls, on any pass).
 """
 
@@ -102,14 +103,16 @@ def main(argv=None) -> int:
 def figures(per_rank: list[dict]) -> str:
     """One case's figures over its ranks: the worst loss difference, the worst gradient difference (absolute, and in
     units of the per-tensor 1e-5 + 1e-5 * max|ref|), the worst AdamW update difference (rms, as a fraction of its
-    tensor's update; tensors zero by design left out), the wall time."""
+    tensor's update; tensors zero by design left out) and the parameters' after the steps, the wall time."""
     loss = max(abs(a - b) for r in per_rank for a, b in zip(r["losses"], r["ref_losses"]))
     grad = max(r["max_diff"] for r in per_rank)
     scaled = max(r["grad_scaled"] for r in per_rank)
     updates = [diff / max(ref, 1e-30) for r in per_rank for step in r.get("update_stats") or []
                for name, (ref, diff, _) in step.items() if name not in zero_by_design(r["grad_stats"])]
-    return (f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) updates {max(updates):.1e} of theirs "
-            if updates else f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) ") + f"{per_rank[0]['wall_s']:.1f}s"
+    params = max((r["param_diff"] for r in per_rank if r["param_diff"] is not None), default=None)
+    return (f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) updates {max(updates):.1e} of theirs (params "
+            f"{params:.1e} apart) " if updates else f"loss {loss:.1e} grad {grad:.1e} ({scaled:.3g} x tol) ") + \
+        f"{per_rank[0]['wall_s']:.1f}s"
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def test_gradient_checks_catch_each_weakness(case, results):
     (step 0 at 1e-5 + 1e-5 * max|ref| per tensor, the parameters after the AdamW steps; a zero-initialised model)
     let it pass. The cut features: the tower's gradients are missing; the zero-initialised Gemma 3: its reference
     tower gradients are 0; the small tensors: more than REL_TOL of their scale; the later steps: the last step's
-    gradients; the last AdamW step skipped at lr 1e-4: the last step's updates (the parameters after the steps,
+    gradients; the last AdamW step skipped at lr 5e-5: the last step's updates (the parameters after the steps,
     under 1e-4 apart, passed the absolute check it replaces)."""
     per_rank = results(2)[case["name"]]
     problems = check_case(case, per_rank)
