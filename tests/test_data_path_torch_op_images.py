@@ -59,7 +59,7 @@ def test_llama4_conversation_trains_and_loads(tokenizer):
         validate({**batch, "input_ids": broken})
 
 
-@pytest.mark.parametrize("model_type", ["llama4", "lfm2_vl"])
+@pytest.mark.parametrize("model_type", ["llama4", "lfm2_vl", "cohere2_vision"])
 def test_a_saved_snapshot_loads_back_without_torchvision(model_type, tokenizer, tmp_path):
     """``save_pretrained`` names the stock classes (``AutoProcessor`` builds them where torchvision is installed;
     with the stock classes under torch 2.14.1 + torchvision 0.29.1, LFM2-VL's snapshot gave the same tensors);

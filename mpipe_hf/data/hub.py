@@ -236,7 +236,7 @@ def load_checkpoint_processor(directory: str):
         return AutoProcessor.from_pretrained(directory)
     from .video_processor import video_processor_from_image
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    from .processors_llama4_lfm2 import checkpoint_image_processor  # ours where the stock class needs torchvision
+    from .processors_torch_op_images import checkpoint_image_processor  # ours where the stock class needs torchvision
     image_processor = checkpoint_image_processor(config.model_type, directory)
     video = None
     if config.model_type in VIDEO_TYPES:  # the snapshot's video settings where it has them, as AutoVideoProcessor

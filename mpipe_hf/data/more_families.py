@@ -6,6 +6,6 @@ from .family_data import FamilyData
 from .processors_llava_like import DATA as _LLAVA_LIKE
 from .processors_qwen_like import DATA as _QWEN_LIKE
 from .processors_new import DATA as _NEW
-from .processors_llama4_lfm2 import DATA as _TORCH_OP_IMAGES
+from .processors_torch_op_images import DATA as _TORCH_OP_IMAGES
 
 MORE: dict[str, FamilyData] = {**_LLAVA_LIKE, **_QWEN_LIKE, **_NEW, **_TORCH_OP_IMAGES}

@@ -69,7 +69,7 @@ def load_processor(recipe: Recipe, config):
     """The tokenizer (decoder-only LM) or the family's processor (vision-language). A checkpoint's own image
     processor is used when it has one; a config-initialised model gets one built from its config. Qwen families
     resize images to ``min_pixels .. max_pixels``."""
-    from ..data.processors_llama4_lfm2 import checkpoint_image_processor
+    from ..data.processors_torch_op_images import checkpoint_image_processor
     from ..data.stock_processor import needs_stock_processor, stock_processor
     if is_vision_language(config) and needs_stock_processor(config.model_type):  # the stock one (torchvision)
         return stock_processor(recipe.model.name_or_path)

@@ -1,7 +1,7 @@
-"""The data path of Llama 4 and LFM2-VL (:class:`~.family_data.FamilyData` each), whose stock image processors
-exist in ``transformers`` only with a torchvision backend: here their torchvision-free versions
-(:mod:`.image_processor_llama4`, :mod:`.image_processor_lfm2_vl`, equal to the stock outputs bit for bit) under
-the stock processor classes.
+"""The data path of Llama 4, LFM2-VL and Cohere2-Vision (:class:`~.family_data.FamilyData` each), whose stock
+image processors exist in ``transformers`` only with a torchvision backend: here their torchvision-free versions
+(:mod:`.image_processor_llama4`, :mod:`.image_processor_lfm2_vl`, :mod:`.image_processor_cohere2_vision`, equal
+to the stock outputs bit for bit) under the stock processor classes.
 
 - ``llama4``: ``Llama4Processor`` over :class:`~.image_processor_llama4.Llama4ImageProcessorNoTV` (tiles of the
   tower's ``image_size``, at most ``max_pixels / image_size ** 2`` of them, 1 to 16); an image is written
@@ -12,18 +12,26 @@ the stock processor classes.
 - ``lfm2_vl``: ``Lfm2VlProcessor`` over :class:`~.image_processor_lfm2_vl.Lfm2VlImageProcessorNoTV` (between
   ``min_pixels`` and ``max_pixels`` of image tokens, tiles of that budget's side); ChatML after the bos
   (LFM2-VL-*'s template), images ``<image>``.
+- ``cohere2_vision``: ``Cohere2VisionProcessor`` over :class:`~.image_processor_cohere2_vision.
+  Cohere2VisionImageProcessorNoTV` (tiles of the tower's ``image_size``, at most ``max_pixels`` px of them, 1 to
+  12); an image is ``<|START_OF_IMG|>``, per tile its tokens and ``<|IMG_LINE_BREAK|>``, ``<|END_OF_IMG|>``. The
+  turn format is Aya Vision's (``<|START_OF_TURN_TOKEN|><|USER_TOKEN|>...<|END_OF_TURN_TOKEN|>``); the
+  Command-A-Vision hub template adds a default system preamble and response markers, and a checkpoint's own
+  template is used where it has one (:func:`~.templates.chat_template_for`).
 """
 
 from __future__ import annotations
 
 import math
 
-from transformers import Lfm2VlProcessor, Llama4Processor
+from transformers import Cohere2VisionProcessor, Lfm2VlProcessor, Llama4Processor
 
 from .family_data import FamilyData
+from .image_processor_cohere2_vision import Cohere2VisionImageProcessorNoTV
 from .image_processor_lfm2_vl import Lfm2VlImageProcessorNoTV
 from .image_processor_llama4 import Llama4ImageProcessorNoTV
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
+from .processors_llava_like import _AYA
 from .templates import _BOS, _CONTENT, _GENERATION, _chatml
 
 # Llama 4 Instruct: <|begin_of_text|>, turns <|header_start|>role<|header_end|>\n\n ... <|eot|>, images <|image|>;
@@ -85,8 +93,23 @@ def _lfm2(config, tokenizer, image_processor):
     return conversation_class(Lfm2VlProcessor, config.model_type)(image_processor, named_tokenizer(tokenizer, config))
 
 
+def _cohere2_images(config, min_pixels: int, max_pixels: int):
+    """Tiles of the tower's ``image_size``, at most ``max_pixels`` px of them (1 to 12, the hub's); ``patch_size``:
+    the tokens a tile side gives after the pixel shuffle (the processor writes its square per tile)."""
+    side = _side(config)
+    return Cohere2VisionImageProcessorNoTV(size={"height": side, "width": side},
+                                           max_patches=min(12, max(1, max_pixels // side ** 2)),
+                                           patch_size=side // _patch(config) // config.downsample_factor)
+
+
+def _cohere2(config, tokenizer, image_processor):
+    return conversation_class(Cohere2VisionProcessor, config.model_type)(image_processor,
+                                                                         named_tokenizer(tokenizer, config))
+
+
 # the families whose stock image processor needs torchvision -> ours (what a snapshot loads without torchvision)
-TORCH_OP_IMAGES = {"llama4": Llama4ImageProcessorNoTV, "lfm2_vl": Lfm2VlImageProcessorNoTV}
+TORCH_OP_IMAGES = {"llama4": Llama4ImageProcessorNoTV, "lfm2_vl": Lfm2VlImageProcessorNoTV,
+                   "cohere2_vision": Cohere2VisionImageProcessorNoTV}
 
 def checkpoint_image_processor(model_type: str, directory: str, **settings):
     """A checkpoint's image processor, ``settings`` over its own: ``AutoImageProcessor``'s, except for the
@@ -111,4 +134,8 @@ DATA: dict[str, FamilyData] = {
         "image_end_token": ("<|image_end|>", "<|vision_end|>"),
         "image_thumbnail_token": ("<|img_thumbnail|>", "<|vision_pad|>")},
         config_ids={"image_token": "image_token_id"}),
+    "cohere2_vision": FamilyData(_cohere2_images, _cohere2, _AYA, "<|IMG_PATCH|>", tokens={
+        "image_token": ("<|IMG_PATCH|>", "<|image_pad|>"), "boi_token": ("<|START_OF_IMG|>", "<|vision_start|>"),
+        "eoi_token": ("<|END_OF_IMG|>", "<|vision_end|>"),
+        "img_line_break_token": ("<|IMG_LINE_BREAK|>", "<|vision_pad|>")}, config_ids={"image_token": "image_token_id"}),
 }
