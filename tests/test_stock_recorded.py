@@ -138,9 +138,11 @@ def test_a_video_resize_rounded_through_float_differs_from_the_record(record, mo
 
 @pytest.mark.parametrize("family", sorted(set(PROCESSOR_TYPES) - {"video_llava"}))
 def test_image_outputs_match_the_stock_record(record, family):
+    if family in SCRIPT["NO_TV"]:  # torch operations as torchvision's: bit for bit (FLOAT_PATH_MAX)
+        names = _image_cases(record, family)
+        assert len(names) == 3 and not [f for n in names for f in _torch_op_failures(_verdicts(record, n), family)]
+        return
     assert not _image_failures(record, family, _image_cases(record, family))
-    if family in SCRIPT["NO_TV"]:  # torch operations as torchvision's: bit for bit, no tolerance
-        assert all(v["exact"] for name in _image_cases(record, family) for v in _verdicts(record, name).values())
 
 
 @pytest.mark.parametrize("change, family", [("mean", "qwen2_vl"), ("filter", "qwen2_5_vl"), ("filter", "gemma3"),
@@ -173,6 +175,28 @@ def test_the_recording_script_starts_and_compares():
     assert verdicts["image/llava/astronaut_48x64"]["pixel_values"]["max"] <= IMAGE_MAX
 
 
+# Llama 4 and LFM2-VL resize bilinearly. torchvision (and ours, ``resize_frames``) resize a CPU uint8 image with
+# torch's native uint8 kernel only where the CPU has AVX2 / AVX-512 or is ARM, elsewhere through float32 and
+# rounding; the record was made on AVX2. Where the kernel is native ours is bit for bit; elsewhere (measured with
+# ATEN_CPU_CAPABILITY=default) values are one level apart at 4-10 % of them (mean 0.04-0.10 levels), and
+# Llama 4's bfloat16 output rounds that level to 1.49 (bfloat16's spacing below 1 is one level, 2 ** -7).
+# Cohere2-Vision resizes bicubically: always the native kernel, always bit for bit.
+FLOAT_PATH_MAX = {"llama4": 1.5 + SLACK, "lfm2_vl": 1 + SLACK}
+
+
+def _bit_for_bit_here(family: str) -> bool:
+    return family not in FLOAT_PATH_MAX or video_processor_module._native_uint8("bilinear")
+
+
+def _torch_op_failures(verdicts: dict, family: str) -> list:
+    """What breaks the torch-operation processors' bounds: bit for bit, or on a CPU that resizes through float32
+    (:data:`FLOAT_PATH_MAX`) within its measured bound, integer outputs still equal."""
+    if _bit_for_bit_here(family):
+        return [(k, v) for k, v in verdicts.items() if not v["exact"]]
+    return [(k, v) for k, v in verdicts.items() if not v["exact"] and (
+        not v["shape"] or v["max"] > FLOAT_PATH_MAX[family] or v["mean"] > IMAGE_MEAN)]
+
+
 def _stock_only_cases(record, family: str) -> list[str]:
     return sorted(n for n, c in record[0]["cases"].items() if c["kind"] == "stock_only" and c["family"] == family)
 
@@ -181,27 +205,29 @@ def _stock_only_cases(record, family: str) -> list[str]:
 def test_torch_op_image_processors_equal_the_stock_record(record, family):
     """Llama 4's, LFM2-VL's and Cohere2-Vision's image processors, whose stock classes exist only with torchvision,
     are rewritten with torch operations (the same antialiased ``interpolate`` on ``uint8`` as torchvision, the same
-    ``bfloat16`` or ``float32`` normalisation), so they equal the stock outputs bit for bit, no tolerance: every recorded
-    setting (the tiny towers' and the tiling variants) on every photo."""
+    ``bfloat16`` or ``float32`` normalisation), so they equal the stock outputs bit for bit, no tolerance, where
+    the CPU resizes uint8 natively (:data:`FLOAT_PATH_MAX` elsewhere): every recorded setting (the tiny towers'
+    and the tiling variants) on every photo."""
     names = _stock_only_cases(record, family)
     assert len(names) >= 6, names  # two settings x three photos
     for name in names:
-        for key, v in _verdicts(record, name).items():
-            assert v["exact"], (name, key, v)
+        assert not _torch_op_failures(_verdicts(record, name), family), name
 
 
 @pytest.mark.parametrize("family", sorted(SCRIPT["NO_TV"]))
 def test_a_changed_torch_op_image_processor_differs_from_the_record(record, family, monkeypatch):
-    """The bit-for-bit check's teeth: the mean one level off is caught on every case, the other filter (bicubic
-    for bilinear, bilinear for Cohere2-Vision's bicubic) on every case that resizes (LFM2-VL keeps a 48 x 64 photo that fits its budget as it is), and
-    Llama 4's normalisation in ``float32`` instead of the stock ``bfloat16``."""
+    """The check's teeth, bit for bit or under :data:`FLOAT_PATH_MAX`: the mean one level off (every channel) is
+    caught on every case, the other filter (bicubic for bilinear, bilinear for Cohere2-Vision's bicubic) on every
+    case that resizes (LFM2-VL keeps a 48 x 64 photo that fits its budget as it is), and Llama 4's normalisation
+    in ``float32`` instead of the stock ``bfloat16``."""
     resized = []
     for name in _stock_only_cases(record, family):
         shifted, bicubic = copy.deepcopy(record[0]["cases"][name]), copy.deepcopy(record[0]["cases"][name])
-        shifted["settings"]["image_mean"] = [0.5 + 1 / 255, 0.5, 0.5]
-        assert not _verdicts(record, name, shifted)["pixel_values"]["exact"], name
+        mean = SCRIPT["rebuilt"]({"ours": SCRIPT["NO_TV"][family], "settings": shifted["settings"]}).image_mean
+        shifted["settings"]["image_mean"] = [m + 1 / 255 for m in mean]  # every channel one level off
+        assert _torch_op_failures(_verdicts(record, name, shifted), family), name
         bicubic["settings"]["resample"] = 2 if family == "cohere2_vision" else 3  # the filter it does not use
-        resized.append(not _verdicts(record, name, bicubic)["pixel_values"]["exact"])
+        resized.append(bool(_torch_op_failures(_verdicts(record, name, bicubic), family)))
     assert sum(resized) >= len(resized) - 1, resized
     if family == "llama4":
         from mpipe_hf.data.image_processor_llama4 import Llama4ImageProcessorNoTV
@@ -211,5 +237,5 @@ def test_a_changed_torch_op_image_processor_differs_from_the_record(record, fami
             return out.sub_(torch.tensor(mean).view(-1, 1, 1)).div_(torch.tensor(std).view(-1, 1, 1)).bfloat16()
         monkeypatch.setattr(Llama4ImageProcessorNoTV, "_bf16_normalize", staticmethod(in_float32))
         record[2].processors.clear()
-        assert not all(_verdicts(record, n)["pixel_values"]["exact"] for n in _stock_only_cases(record, family))
+        assert any(_torch_op_failures(_verdicts(record, n), family) for n in _stock_only_cases(record, family))
         record[2].processors.clear()
