@@ -47,8 +47,8 @@ FULL = 60_000  # float values kept in full (float16) per tensor
 SAMPLE = 4096  # float values sampled from a larger tensor
 VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v", "glm46v", "llava_onevision")
 # Stock image processors that need torchvision and have no PIL twin in transformers: recorded alone (the target
-# a torchvision-free version, :data:`NO_TV`, is compared with), set to the tiny configs' towers (``tiny_llama4_config``: 56-px tiles;
-# ``tiny_lfm2_vl_config``: 8-px patches, pixel-unshuffle 2).
+# a torchvision-free version, :data:`NO_TV`, is compared with), set to the tiny configs' towers
+# (``tiny_llama4_config``: 56-px tiles; ``tiny_lfm2_vl_config``: 8-px patches, pixel-unshuffle 2).
 # A key ``family/variant`` records the same class under other settings: ``max_canvas`` grows Llama 4's images to
 # the largest canvas of up to 6 tiles of 32 px; ``split`` cuts LFM2-VL's larger photos into 16-px tiles and a
 # thumbnail (the stock tiling path; the 48 x 64 and 33 x 75 photos go over its 2,048-px budget, the 60 x 40 not).

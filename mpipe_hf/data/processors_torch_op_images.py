@@ -137,5 +137,6 @@ DATA: dict[str, FamilyData] = {
     "cohere2_vision": FamilyData(_cohere2_images, _cohere2, _AYA, "<|IMG_PATCH|>", tokens={
         "image_token": ("<|IMG_PATCH|>", "<|image_pad|>"), "boi_token": ("<|START_OF_IMG|>", "<|vision_start|>"),
         "eoi_token": ("<|END_OF_IMG|>", "<|vision_end|>"),
-        "img_line_break_token": ("<|IMG_LINE_BREAK|>", "<|vision_pad|>")}, config_ids={"image_token": "image_token_id"}),
+        "img_line_break_token": ("<|IMG_LINE_BREAK|>", "<|vision_pad|>")},
+        config_ids={"image_token": "image_token_id"}),
 }
