@@ -76,7 +76,8 @@ train:
 
 def builders() -> dict:
     """``{model_type: build(tokenizer) -> config}``: the Qwen-family configs of :mod:`mpipe_hf.models.tiny`, then
-    every entry of ``TINY_MODELS`` (as it is now), sorted by model type."""
+    every entry of ``TINY_MODELS`` (as it is now) but those whose processor is the checkpoint's stock one, sorted
+    by model type."""
     from mpipe_hf.models import tiny
     from mpipe_hf.models.tiny_all import TINY_MODELS
     causal = tiny.tiny_causal_lm_config
@@ -87,7 +88,10 @@ def builders() -> dict:
             "llava": tiny.tiny_llava_config, "llama": functools.partial(causal, model_type="llama"),
             "qwen2": functools.partial(causal, model_type="qwen2"),
             "qwen3": functools.partial(causal, model_type="qwen3", tie_word_embeddings=True)}
-    return dict(sorted({**qwen, **TINY_MODELS}.items()))
+    from mpipe_hf.data.stock_processor import needs_stock_processor
+    # a family whose data path is its checkpoint's stock processor (torchvision only: mpipe_hf.data.stock_processor)
+    # gets no tiny folder or recipe: that processor's files and settings come from a hub snapshot
+    return dict(sorted((t, b) for t, b in {**qwen, **TINY_MODELS}.items() if not needs_stock_processor(t)))
 
 
 def is_vision_language(model_type: str) -> bool:
