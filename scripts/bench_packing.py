@@ -226,7 +226,7 @@ def simulated(setup: str, figures: dict, reference: tuple[float, float]) -> tupl
     from mpipe_hf.schedule.simulate import Costs, simulate
     from mpipe_hf.schedule.tune import Profile, costs_for
     knobs = dict(re.findall(r"(\w+)=(\[[^\]]*\]|\S+)", setup))
-    cfg = ScheduleConfig(int(knobs["R"]), int(knobs["V"]), int(knobs["M"]), knobs["preprocess"],
+    cfg = ScheduleConfig(int(knobs["pp_size"]), int(knobs["vpp"]), int(knobs["M"]), knobs["preprocess"],
                          placement=knobs["placement"])
     base = costs_for(Profile.load(PROFILE), cfg, json.loads(knobs["stage"]))  # "layers per stage=[...]"
     per_micro = "micro_weights" in {f.name for f in dataclasses.fields(Costs)}
