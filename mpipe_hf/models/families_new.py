@@ -17,7 +17,7 @@ from dataclasses import replace
 from torch import nn
 
 from .families import validate_counted_micro
-from .families_new_muse import MUSE_GLIMMER, tiny_muse_glimmer_config, tiny_muse_spark_config
+from .families_muse import MUSE_GLIMMER, tiny_muse_glimmer_config, tiny_muse_spark_config
 from .family import Family
 from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage, unified_masks
 from .tiny import _text
