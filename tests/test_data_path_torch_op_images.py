@@ -95,18 +95,7 @@ def test_mpipe_hf_train_through_the_torchvision_free_data_path(demo, tmp_path, m
     process (losses, gradient norms, the reloaded checkpoint's logits: ``train_like_one_process``). Llama 4 is
     not here: its processor gives ``bfloat16`` pixels, as the stock one does, which the split casts to the
     model's dtype but the one-process reference (the HF model as called) refuses in a float32 model."""
-    import yaml
-    from transformers import AutoTokenizer
-
     from mpipe_hf.models.tiny_all import TINY_MODELS
-    from train_common import ROOT, train_like_one_process
-    os.symlink(demo, tmp_path / "demo")
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(demo, "model"))
-    tokenizer.chat_template = None  # the demo's is Qwen's ChatML: the family's own default renders instead
-    tokenizer.save_pretrained(tmp_path / "tokenizer")
-    TINY_MODELS[model_type](tokenizer).to_json_file(str(tmp_path / f"{model_type}.json"))
-    raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "qwen3_5.yaml")))
-    raw["model"].update(config=f"../{model_type}.json", tokenizer="../tokenizer")
-    raw["parallel"].update(preprocess="trainable", layers_per_stage=None, text_layers=1)
-    processor, _, micro = train_like_one_process(tmp_path, raw)
+    from train_common import train_tiny_family_like_one_process
+    processor, _, micro = train_tiny_family_like_one_process(demo, tmp_path, model_type, TINY_MODELS[model_type])
     assert type(processor.image_processor).__name__.endswith("NoTV") and "pixel_values" in micro

@@ -10,10 +10,9 @@ family's splitter exactly in tests/test_numerics.py; the whole list here runs wi
 import os
 
 import pytest
-import yaml
 
 from mpipe_hf.models import tiny, tiny_vlms
-from train_common import ROOT, train_like_one_process
+from train_common import train_tiny_family_like_one_process
 
 FAMILIES = {"qwen3_5_moe": lambda tok: tiny.tiny_qwen3_5_config(tok, moe=True),
             "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": lambda tok: tiny.tiny_glm4v_config(tok, moe=True),
@@ -26,13 +25,4 @@ FULL = os.environ.get("MPIPE_HF_FULL") == "1"
                                      "mpipe-hf train, and checks every family's split in test_numerics.py")
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_family_trains_through_the_cli_like_one_process(demo, tmp_path, family):
-    from transformers import AutoTokenizer
-    os.symlink(demo, tmp_path / "demo")
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(demo, "model"))
-    tokenizer.chat_template = None  # the demo's is Qwen's ChatML: the family's own default renders instead
-    tokenizer.save_pretrained(tmp_path / "tokenizer")
-    FAMILIES[family](tokenizer).to_json_file(str(tmp_path / f"{family}.json"))
-    raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "qwen3_5.yaml")))
-    raw["model"].update(config=f"../{family}.json", tokenizer="../tokenizer")
-    raw["parallel"].update(preprocess="trainable", layers_per_stage=None, text_layers=1)
-    train_like_one_process(tmp_path, raw)
+    train_tiny_family_like_one_process(demo, tmp_path, family, FAMILIES[family])

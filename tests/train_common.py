@@ -157,6 +157,21 @@ def train_like_one_process(tmp_path, raw):
     return processor, ref_model, micro
 
 
+def train_tiny_family_like_one_process(demo, tmp_path, model_type: str, build):
+    """``mpipe-hf train`` on the tiny ``build(tokenizer)`` config of ``model_type`` (random weights drawn from it,
+    the family's own chat template, the demo's rows; recipes/qwen3_5.yaml's schedule with a trainable ``P`` of one
+    text layer) against the unsplit model (:func:`train_like_one_process`, whose result it returns)."""
+    os.symlink(demo, tmp_path / "demo")
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(demo, "model"))
+    tokenizer.chat_template = None  # the demo's is Qwen's ChatML: the family's own default renders instead
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    build(tokenizer).to_json_file(str(tmp_path / f"{model_type}.json"))
+    raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "qwen3_5.yaml")))
+    raw["model"].update(config=f"../{model_type}.json", tokenizer="../tokenizer")
+    raw["parallel"].update(preprocess="trainable", layers_per_stage=None, text_layers=1)
+    return train_like_one_process(tmp_path, raw)
+
+
 def conversation_rows(images):
     """Rows of every form the loader takes, three steps of 2 micros x 2 rows: text-only, 1, 2 and 3 images,
     string and parts content, a system message, several turns; line 6 has a truncated image."""
