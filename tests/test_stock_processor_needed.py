@@ -42,3 +42,16 @@ def test_check_refuses_before_any_process_without_torchvision(monkeypatch):
     with pytest.raises(ValueError, match="Kimi_K25ImageProcessor.*install torchvision"):
         check_processor(TINY_MODELS["kimi_k25"](tokenizer), "some/checkpoint")
     check_processor(TINY_MODELS["llama4"](tokenizer), None)
+
+
+@pytest.mark.parametrize("checkpoint", [None, "some/checkpoint"])
+def test_loading_the_processor_raises_the_reason_before_reading_a_checkpoint(checkpoint):
+    """``stock_processor`` (what ``load_processor`` calls for these families, from check-data, profile and plan as
+    well as train) states the problem before it reads anything: a model built from its config (no
+    ``model.name_or_path``) is told to set it, not handed transformers' error for ``from_pretrained(None)``."""
+    from mpipe_hf.data.stock_processor import stock_processor
+    if checkpoint is not None and is_torchvision_available():
+        pytest.skip("with torchvision and a checkpoint there is no problem to state")
+    with pytest.raises(ValueError) as err:
+        stock_processor("kimi_k25", checkpoint)
+    assert str(err.value) == processor_problem("kimi_k25", checkpoint)

@@ -245,7 +245,8 @@ def test_a_micro_batch_of_known_failed_rows_is_the_null_micro_batch():
 def test_the_run_saves_a_checkpoint_before_it_stops_for_bad_data(capsys):
     """The stop for too many bad rows saves an ordinary ``checkpoint-<step>`` first (the steps done), then raises;
     so does the stop for too many skipped steps in a row without data parallelism (with it, a failed step may
-    leave a replica's collective pending, which a save would wait on: no save); any other error saves nothing."""
+    leave a replica's collective pending, which a save would wait on: no save); any other error saves nothing, nor
+    a stop before the first step; a ``checkpoint-<step>`` that save_steps wrote, or the run resumed from, is kept."""
     from types import SimpleNamespace
     from mpipe_hf.train.job import RecipeJob
     from mpipe_hf.train.loop import Skips
@@ -275,8 +276,21 @@ def test_the_run_saves_a_checkpoint_before_it_stops_for_bad_data(capsys):
         with pytest.raises(ValueError):
             RecipeJob.train_step(job, 22)
         assert saved == ([22] if saves else []), (raiser.__name__, data_parallel, saved)
-    job = SimpleNamespace(save=lambda done: f"/out/checkpoint-{done}", run=SimpleNamespace(lead=True))
-    RecipeJob.save_before_stop(job, 22)
-    line = capsys.readouterr().out
-    assert line.startswith("mpipe_hf: stopping for bad data after step 22: saved /out/checkpoint-22; ") and \
-        "train.resume: auto" in line, line
+    saved = []  # step 0: nothing trained, nothing to keep
+    job.save_before_stop, job.run = saved.append, SimpleNamespace(step=lambda *a, **k: stop_for_rows(),
+                                                                   data_parallel=None, lead=True)
+    with pytest.raises(ValueError):
+        RecipeJob.train_step(job, 0)
+    assert saved == []
+    for due, resumed_here in [(False, False), (True, False), (False, True)]:
+        written = []
+        job = SimpleNamespace(save=lambda done: written.append(done) or f"/out/checkpoint-{done}",
+                              run=SimpleNamespace(lead=True), recipe=SimpleNamespace(train=SimpleNamespace(
+                                  output_dir="/out")), save_due=lambda done: due,
+                              resume="/out/checkpoint-22" if resumed_here else None, start_step=22)
+        RecipeJob.save_before_stop(job, 22)
+        line = capsys.readouterr().out
+        assert line.startswith("mpipe_hf: stopping for bad data after step 22: saved /out/checkpoint-22; ") and \
+            "train.resume: auto" in line, line
+        # the checkpoint save_steps wrote after step 22, or the one the run resumed from, is kept, not overwritten
+        assert written == ([] if due or resumed_here else [22]), (due, resumed_here, written)

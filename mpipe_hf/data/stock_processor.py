@@ -43,14 +43,15 @@ def processor_problem(model_type: str, checkpoint: str | None) -> str | None:
     return None
 
 
-def stock_processor(checkpoint: str):
-    """The checkpoint's own processor (``AutoProcessor``: the stock classes, its chat template).
+def stock_processor(model_type: str, checkpoint: str | None):
+    """The checkpoint's own processor (``AutoProcessor``: the stock classes, its chat template) for a family of
+    ``model_type``.
 
     Raises:
-        ValueError: :func:`processor_problem`'s reason, where there is one.
+        ValueError: :func:`processor_problem`'s reason, where there is one (no torchvision, or no checkpoint).
     """
-    from transformers import AutoConfig, AutoProcessor
-    problem = processor_problem(AutoConfig.from_pretrained(checkpoint).model_type, checkpoint)
+    from transformers import AutoProcessor
+    problem = processor_problem(model_type, checkpoint)
     if problem:
         raise ValueError(problem)
     return AutoProcessor.from_pretrained(checkpoint)

@@ -220,7 +220,7 @@ class MPipeTrainer(CheckpointMixin, Trainer):
             result = self.run.step(step, lambda m: self.plan.load_rows(rows[m]), self.args.max_grad_norm or 0.0,
                                    num_micro=len(rows), plan=self.plan)
         except ValueError as err:  # stopped for bad data: a resumable checkpoint-<step> first, where that is safe
-            if saves_before_stop(err, self.run.data_parallel is not None):
+            if step > 0 and saves_before_stop(err, self.run.data_parallel is not None):  # step 0: nothing to keep
                 self._save_checkpoint(self.model, trial=None)
                 if self.run.lead:
                     logger.warning(f"mpipe_hf: stopping for bad data after step {step}: saved checkpoint-{step} in "

@@ -143,7 +143,7 @@ class RecipeJob:
             result = self.run.step(step, partial(self.plan.load, step), self.recipe.train.max_grad_norm, ahead,
                                    plan=self.plan)
         except ValueError as err:
-            if saves_before_stop(err, self.run.data_parallel is not None):
+            if step > 0 and saves_before_stop(err, self.run.data_parallel is not None):  # step 0: nothing to keep
                 self.save_before_stop(step)
             raise
         self.step_ran = result.ran
@@ -175,7 +175,12 @@ class RecipeJob:
         """The run stops for bad data after ``done`` steps (:func:`~.loop.saves_before_stop`): an ordinary
         resumable ``checkpoint-<done>`` first, holding the rows that failed (a resumed run leaves them out), and
         rank 0 prints where it is and how to go on."""
-        path = self.save(done)
+        path = os.path.join(self.recipe.train.output_dir, f"checkpoint-{done}")
+        # the checkpoint save_steps wrote after step done, or the one this run resumed from, is kept as it is (every
+        # rank decides alike, from the step and the recipe, never from what its own disk holds: the save is
+        # collective)
+        if not (self.save_due(done) or (self.resume is not None and done == self.start_step)):
+            path = self.save(done)
         if self.run.lead:
             print(f"mpipe_hf: stopping for bad data after step {done}: saved {os.path.abspath(path)}; leave the bad "
                   f"rows out (mpipe-hf check-data RECIPE --write-clean FILE, then data.clean_rows: FILE) or raise "

@@ -72,7 +72,7 @@ def load_processor(recipe: Recipe, config):
     from ..data.processors_torch_op_images import checkpoint_image_processor
     from ..data.stock_processor import needs_stock_processor, stock_processor
     if is_vision_language(config) and needs_stock_processor(config.model_type):  # the stock one (torchvision)
-        return stock_processor(recipe.model.name_or_path)
+        return stock_processor(config.model_type, recipe.model.name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer_dir)
     if not is_vision_language(config):
         return tokenizer
