@@ -63,12 +63,30 @@ STOCK_ONLY = {
     # tiny_cohere2_vision_config: 56-px tiles; ``small``: 24-px tiles, up to 6 (the photos shrink onto the grid)
     "cohere2_vision": ("Cohere2VisionImageProcessor", {"size": {"height": 56, "width": 56}, "max_patches": 4}),
     "cohere2_vision/small": ("Cohere2VisionImageProcessor", {"size": {"height": 24, "width": 24}, "max_patches": 6}),
+    # tiny_kimi_k25_config: 14-px patches, 2 x 2 merge, at most 6 patches (the photos shrink to it, then pad to
+    # whole merge blocks; Kimi never grows an image); ``side``: at most 3 patches a side
+    "kimi_k25": ("Kimi_K25ImageProcessor", {"patch_size": 14, "merge_size": 2, "max_patches": 6}),
+    "kimi_k25/side": ("Kimi_K25ImageProcessor", {"patch_size": 14, "merge_size": 2, "max_patches": 16,
+                                                 "size": {"max_height": 3, "max_width": 3}}),
+    # tiny_minicpm_ocr_config: a 56-px overview in 14-px patches (the photos grown to it, unsliced); ``sliced``:
+    # 28-px slices in 7-px patches, up to 6 (an overview and 2 x 2 or 1 x 3 slices)
+    "minicpm_ocr": ("MiniCPMOcrImageProcessor", {"scale_resolution": 56, "patch_size": 14, "max_slice_nums": 4}),
+    "minicpm_ocr/sliced": ("MiniCPMOcrImageProcessor", {"scale_resolution": 28, "patch_size": 7, "max_slice_nums": 6}),
+    # tiny_unlimited_ocr_config: a 64-px global view padded to a square, 48-px tiles (2 to 4); ``square``: no tiles,
+    # the global view resized to 32 x 32 directly (crop_to_patches off, within maximum_pad_value)
+    "unlimited_ocr": ("UnlimitedOcrImageProcessor", {"size": {"height": 64, "width": 64}, "tile_size": 48,
+                                                     "max_patches": 4}),
+    "unlimited_ocr/square": ("UnlimitedOcrImageProcessor", {"size": {"height": 32, "width": 32},
+                                                            "crop_to_patches": False}),
 }
 # The project's torchvision-free stand-ins for :data:`STOCK_ONLY` classes (torch operations only), compared with
 # the record bit for bit by ``tests/test_stock_recorded.py``.
 NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoTV",
          "lfm2_vl": "mpipe_hf.data.image_processor_lfm2_vl:Lfm2VlImageProcessorNoTV",
-         "cohere2_vision": "mpipe_hf.data.image_processor_cohere2_vision:Cohere2VisionImageProcessorNoTV"}
+         "cohere2_vision": "mpipe_hf.data.image_processor_cohere2_vision:Cohere2VisionImageProcessorNoTV",
+         "kimi_k25": "mpipe_hf.data.image_processor_kimi_k25:KimiK25ImageProcessorNoTV",
+         "minicpm_ocr": "mpipe_hf.data.image_processor_minicpm_ocr:MiniCPMOcrImageProcessorNoTV",
+         "unlimited_ocr": "mpipe_hf.data.image_processor_unlimited_ocr:UnlimitedOcrImageProcessorNoTV"}
 
 
 def _photos() -> dict:
