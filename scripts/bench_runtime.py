@@ -124,7 +124,7 @@ def transfers(group, rank, rounds: int, repeats: int) -> dict[str, tuple[float, 
     from mpipe_hf.runtime.watchdog import Watchdog
     store = dist.distributed_c10d._get_default_store()
     from mpipe_hf.runtime.groups import pair_groups
-    pairs = pair_groups(list(range(R)), timedelta(seconds=60))
+    pairs = pair_groups(list(range(R)), timedelta(seconds=60), rank)
     watchdog = Watchdog(store, "bench_runtime", timedelta(seconds=60), threaded=True, groups=list(pairs.values()))
     watchdog.start_step()
     p2p = P2P(rank, pairs, torch.device("cpu"), watchdog)

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import random
 import types
-from datetime import timedelta
 
 import pytest
 import torch
@@ -201,21 +200,26 @@ class FakeWork:
 
 
 class FakeGroup:
-    """One rank's end of a group over pipeline ranks whose messages land at once; logs every call with the stream
-    current then."""
+    """One rank's end of a pair's group of two (its lower pipeline rank group rank 0, as the runtime's) whose
+    messages land at once; logs every call, in pipeline ranks, with the stream current then."""
 
-    def __init__(self, rank, queues, log):
-        self._rank, self.queues, self.log = rank, queues, log
+    def __init__(self, rank, pair, queues, log):
+        self._rank, self.members, self.queues, self.log = rank, sorted(pair), queues, log
 
     def rank(self):
-        return self._rank
+        return self.members.index(self._rank)
+
+    def size(self):
+        return 2
 
     def send(self, tensors, dst, tag):
+        dst = self.members[dst]
         self.queues.setdefault((self._rank, dst, tag), []).append(tensors[0].clone())
         self.log.append(("send", (self._rank, dst, tag), tensors[0].numel()))
         return FakeWork(self.log, "send")
 
     def recv(self, tensors, src, tag):
+        src = self.members[src]
         tensors[0].copy_(self.queues[(src, self._rank, tag)].pop(0))
         self.log.append(("recv", (src, self._rank, tag), tensors[0].numel(), torch.cuda.current_stream()))
         return FakeWork(self.log, tensors[0].numel())
@@ -223,7 +227,7 @@ class FakeGroup:
 
 def fake_pairs(rank, queues, log, world=4):
     """``{(src, dst): FakeGroup}`` for every directed pair of ``world`` ranks that has ``rank``."""
-    return {(s, d): FakeGroup(rank, queues, log) for s in range(world) for d in range(world)
+    return {(s, d): FakeGroup(rank, (s, d), queues, log) for s in range(world) for d in range(world)
             if s != d and rank in (s, d)}
 
 
@@ -341,17 +345,3 @@ def test_step_ops_end_with_the_tied_exchange(tied):
     tail = ["drain", "barrier", "send", "recv", "drain"] if tied else ["drain", "barrier", "drain"]
     assert [op.kind for op in ops[-len(tail):]] == tail
     assert [p for p in connect_order(2, ops) if 0 in p] == ([(0, 2), (2, 0)] if tied else [])
-
-
-def test_pair_groups_are_made_alike_on_every_rank(monkeypatch):
-    """Every pipeline rank makes the same groups, in the same order, over the whole pipeline and locally
-    synchronised (torch names such a group by its ranks and the count of groups the process holds: groups made by
-    their two ranks alone would leave the ranks with different counts, and a later group with different names on
-    different ranks); one per directed pair of :func:`pipeline_pairs`, sorted."""
-    from mpipe_hf.runtime import groups as groups_module
-    calls = []
-    monkeypatch.setattr(dist, "new_group", lambda ranks, timeout, use_local_synchronization:
-                        calls.append((tuple(ranks), use_local_synchronization)) or len(calls))
-    pairs = groups_module.pair_groups([1, 3, 5], timedelta(seconds=5))
-    assert list(pairs) == pipeline_pairs(3) and list(pairs.values()) == list(range(1, 7))
-    assert calls == [((1, 3, 5), True)] * 6

@@ -231,8 +231,8 @@ def test_fresh_groups_add_gloo_header_groups_on_nccl_only(monkeypatch, backend):
     P2P gets, the watchdog breaks on a failure (they are among its groups) and watches (threaded), and a closed
     executor hands on with the rest; gloo groups come without."""
     default = backend  # the world's backend, which new_group takes unless told
-    monkeypatch.setattr(dist, "new_group", lambda ranks, timeout, backend=None, use_local_synchronization=False:
-                        FakeNew(backend or default, use_local_synchronization))
+    monkeypatch.setattr(groups_module, "member_group", lambda ranks, base, timeout, backend=None, split=True:
+                        FakeNew(backend or default, True))
     monkeypatch.setattr(dist, "get_backend", lambda group: group.backend)
     monkeypatch.setattr(groups_module, "IDLE_GROUPS", {})
     monkeypatch.setattr(groups_module, "alive", lambda group: True)  # the fakes are in no world

@@ -2,7 +2,8 @@
 issue 27).
 
 An executor owns a group over its pipeline ranks for collectives and one for each directed pair of pipeline ranks a
-step can use (:func:`pair_groups`; :class:`~.p2p.P2P`); on NCCL three more, gloo's: one per direction for the
+step can use that has the rank in it (:func:`pair_groups`, made by the pair's two ranks alone; :class:`~.p2p.P2P`;
+every group here is named by :func:`~.group_names.member_group`); on NCCL three more, gloo's: one per direction for the
 transfers' headers (so the host reads no device memory to learn a transfer's shapes), and one for the step's votes
 on host values. A group per directed pair gives each pair's messages in one direction a stream of their own, so no
 transfer waits behind another pair's under either of NCCL's set-ups (:mod:`mpipe_hf.schedule.eager`; docs/gpus.md).
@@ -29,6 +30,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ..schedule.eager import pipeline_pairs
+from .group_names import member_group
 from .p2p import P2P
 from .preload import alive, shared_error
 from .watchdog import PeerFailed, Watchdog, lost_peer
@@ -63,13 +65,14 @@ def fresh_groups(ex) -> None:
     if old is None and idle:
         ex.group, pairs, headers, ex.votes, step = idle.pop()
     else:
-        ex.group = dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, use_local_synchronization=True)
-        pairs = pair_groups(ex.global_ranks, 2 * ex.timeout)
+        pipe = "pipeline/" + "-".join(map(str, ex.global_ranks))
+        ex.group = member_group(ex.global_ranks, pipe, 2 * ex.timeout)
         headers, ex.votes = None, ex.group
         if dist.get_backend(ex.group) != "gloo":  # the header groups (up, down) and the votes' group
-            *headers, ex.votes = (dist.new_group(ex.global_ranks, timeout=2 * ex.timeout, backend="gloo",
-                                                 use_local_synchronization=True) for _ in range(3))
+            *headers, ex.votes = (member_group(ex.global_ranks, f"{pipe}/{kind}", 2 * ex.timeout, backend="gloo")
+                                  for kind in ("up", "down", "votes"))
             headers = tuple(headers)
+        pairs = pair_groups(ex.global_ranks, 2 * ex.timeout, ex.rank)
         step = ex.watchdog.step if old is not None else 0  # on from the old watchdog's step: its keys are used
     groups = [ex.group, *pairs.values(), *(headers or ()), *([ex.votes] if ex.votes is not ex.group else [])]
     # threaded: every P2P wait that blocks is on a gloo group (the data groups on gloo, the header groups on NCCL)
@@ -80,18 +83,22 @@ def fresh_groups(ex) -> None:
     ex.broken = False
 
 
-def pair_groups(global_ranks: list[int], timeout) -> dict[tuple[int, int], dist.ProcessGroup]:
-    """``{(src, dst): group}``: a group for each directed pair of pipeline ranks of
-    :func:`~mpipe_hf.schedule.eager.pipeline_pairs`, made in sorted order, whose transfers only the pair's two ranks
-    use. Each group is over the whole pipeline (``global_ranks``, in stage order, so a rank's group rank is its
-    pipeline rank), made by every pipeline rank, locally synchronised, as the collectives' group is: torch names a
-    locally synchronised group by its ranks and the count of groups the process holds, so groups of two made by
-    their two ranks alone would leave the ranks with different counts, and a later group with different names on
-    different ranks (a hang). With a bound device (eager set-up) each is split from the default communicator, which
-    every replica's ranks then do in step, as for the pipeline's other groups; each pair's stream carries that
-    pair's messages only (:mod:`mpipe_hf.schedule.eager`)."""
-    return {pair: dist.new_group(global_ranks, timeout=timeout, use_local_synchronization=True)
-            for pair in pipeline_pairs(len(global_ranks))}
+def pair_groups(global_ranks: list[int], timeout, rank: int) -> dict[tuple[int, int], dist.ProcessGroup]:
+    """``{(src, dst): group}`` for each directed pair of :func:`~mpipe_hf.schedule.eager.pipeline_pairs` that has
+    pipeline rank ``rank`` in it: a group of two, made by the pair's two ranks alone, in one global order (the sorted
+    pairs; each rank makes its own in that order), its lower pipeline rank group rank 0. No rank calls the creation
+    of a group it is not in (:func:`~.group_names.member_group`: the pair's own name; on NCCL no split of the
+    world's communicator), so a rank makes and holds as many as it uses: at most 6, rank 0 ``2R - 2``. Under eager
+    set-up each creation is a rendezvous of the two members; taken in the one sorted order, no cycle of waits can
+    form, as with the lazy set-up's connect prologue (docs/gpus.md, "Communicators"). Each pair's stream carries
+    that pair's messages only (:mod:`mpipe_hf.schedule.eager`)."""
+    out = {}
+    for src, dst in pipeline_pairs(len(global_ranks)):
+        if rank in (src, dst):
+            low, high = sorted((src, dst))
+            out[(src, dst)] = member_group([global_ranks[low], global_ranks[high]],
+                                           f"pair/{global_ranks[src]}-{global_ranks[dst]}", timeout, split=False)
+    return out
 
 
 def close(ex) -> None:

@@ -82,8 +82,9 @@ class P2P:
     Args:
         rank: this rank's pipeline rank; ``dst``/``src`` below are pipeline ranks.
         pairs: ``{(src, dst): group}``, the group of each directed pair this rank sends or receives on
-            (:func:`~.groups.pair_groups`), each over the pipeline ranks (a rank's group rank is its pipeline rank),
-            carrying that pair's transfers only.
+            (:func:`~.groups.pair_groups`): a group of the pair's two ranks, the lower pipeline rank group rank 0
+            (a group over more ranks is read as over the pipeline, a rank's group rank its pipeline rank), carrying
+            that pair's transfers only.
         device: where received tensors are placed (``cuda`` for NCCL, ``cpu`` for gloo).
         watchdog: bounds every wait and ends it when another rank fails.
 
@@ -133,7 +134,7 @@ class P2P:
         if group is None:
             raise RuntimeError(f"no process group for the transfers from pipeline rank {src} to {dst}: the schedule "
                                f"uses a pair that mpipe_hf.schedule.eager.pipeline_pairs does not list")
-        return group, peer
+        return group, (peer if group.size() > 2 else int(peer > self.rank))  # a pair group's ranks: lower first
 
     def _post(self, tensor: torch.Tensor, src: int, dst: int, what, tag: int = 0, lead: bool = False) -> dist.Work:
         """Issue this rank's side of one message from ``src`` to ``dst`` on their group; note a data group's first

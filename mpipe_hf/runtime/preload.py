@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..schedule.actions import Action, Kind
+from .group_names import member_group
 from .watchdog import Watchdog
 
 Tensors = dict[str, torch.Tensor]
@@ -35,11 +36,11 @@ def alive(group: dist.ProcessGroup) -> bool:
 
 def control_group(ranks: Sequence[int], timeout: timedelta) -> dist.ProcessGroup:
     """The gloo group the vote runs on, over global ``ranks`` (made once per rank set and reused by every
-    executor over it; every rank in ``ranks`` must call this at the same point the first time)."""
+    executor over it; every rank in ``ranks`` must call this at the same point the first time; named by
+    :func:`~.group_names.member_group`, as the ranks may hold different numbers of groups by then)."""
     key = (tuple(ranks), timeout)
     if key not in _CONTROL or not alive(_CONTROL[key]):  # not a destroyed world's
-        _CONTROL[key] = dist.new_group(list(ranks), timeout=timeout, backend="gloo",
-                                       use_local_synchronization=True)
+        _CONTROL[key] = member_group(list(ranks), "control/" + "-".join(map(str, ranks)), timeout, backend="gloo")
     return _CONTROL[key]
 
 

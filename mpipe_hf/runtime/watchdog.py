@@ -37,6 +37,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from .group_names import member_group
+
 CHECK_S = 0.02          # how often a wait looks for another rank's error, seconds
 BACKSTOP_S = 5.0        # gloo's own bound on a blocked wait, past the watchdog's timeout, seconds
 _MAX_PAUSE_S = 1e-3     # longest sleep between two polls of a work, seconds
@@ -77,11 +79,22 @@ class WatchedGroup:
             break_group(self.group)
 
     def renew(self) -> None:
-        """A fresh group over the same ranks after a break (every rank of the world calls this at the same point,
-        as :func:`~.groups.fresh_groups` makes the pipeline's, so that the groups' names agree)."""
-        if self.broken:
-            self.group = dist.new_group(self.ranks, timeout=self.timeout, use_local_synchronization=True)
-            self.broken = False
+        """A fresh group over the same ranks after a break, made by its members alone under a name they agree on
+        (:func:`~.group_names.member_group`; the members renew at the same point of their steps). Only gloo breaks
+        a group (:func:`break_group`), and a gloo group's creation is its members' rendezvous alone.
+
+        Raises:
+            RuntimeError: the group is not gloo's. On NCCL with a bound device torch would split the new group's
+                communicator from the world's, a call the ranks outside the group never make (a hang); a failed
+                step there ends the run instead (:func:`~.groups.end_communicators`).
+        """
+        if not self.broken:
+            return
+        if dist.get_backend(self.group) != "gloo":
+            raise RuntimeError(f"the EP group of ranks {self.ranks} cannot be made anew on "
+                               f"{dist.get_backend(self.group)}: a failed step ends the run there")
+        self.group = member_group(self.ranks, "watched/" + "-".join(map(str, self.ranks)), self.timeout)
+        self.broken = False
 
 
 WATCHED: list[WatchedGroup] = []  # this process's watched groups (one per EP group)
