@@ -205,7 +205,8 @@ def test_a_failed_row_is_remembered_and_counted_once(capsys, tmp_path):
     plan._checked = lambda ids: tried.append(list(ids)) or real(ids)
     counts = [run_step(_Executor(), partial(plan.load, step), data, skips, step, plan=plan).bad_rows
               for step in range(6)]
-    assert counts == [1, 0, 0, 0, 0, 0] and skips.bad_rows == 1 and skips.rows == {1: "x.jsonl:2"}, counts
+    assert counts == [1, 0, 0, 0, 0, 0] and skips.bad_rows == 1 and skips.rows == {1: plan.identity(1)}, counts
+    assert skips.rows[1][0] == "x.jsonl:2"
     assert sum(1 in ids for ids in tried) == 2  # the micro-batch, then the row alone, in the first epoch only
     assert capsys.readouterr().out.count("warning: dropped x.jsonl:2") == 1
     assert plan.failed == {1} and plan.take_failed() == []
@@ -213,7 +214,7 @@ def test_a_failed_row_is_remembered_and_counted_once(capsys, tmp_path):
     torch.save(rank_state(6, None, None, skips, {}), tmp_path / rank_state_name(0))
     resumed = Skips()
     load_rank_state(str(tmp_path), 0, None, None, resumed, {})
-    assert resumed.rows == {1: "x.jsonl:2"} and resumed.bad_rows == 1
+    assert resumed.rows == {1: plan.identity(1)} and resumed.bad_rows == 1
     again, tried = MicroBatchPlan(rows, collate, 2, 3), []
     again._checked = lambda ids: tried.append(list(ids)) or real(ids)
     assert run_step(_Executor(), partial(again.load, 6), data, resumed, 6, plan=again).bad_rows == 0
@@ -225,6 +226,52 @@ def test_a_failed_row_is_remembered_and_counted_once(capsys, tmp_path):
     evaluation.load_rows([0, 1, 2])
     evaluation.remember([1])
     assert evaluation.failed == set()  # each evaluation counts the rows it lost
+
+
+def _resume_onto(rows, collate, saved, capsys):
+    """One step of a plan over ``rows`` resumed from ``saved`` (a rank state's ``Skips``): ``(the ids the step
+    tried, the resumed Skips, what the step printed)``."""
+    from mpipe_hf.train.loop import Skips, run_step
+    from mpipe_hf.train.recipe import DataSection
+    resumed, tried = Skips(bad_rows=saved.bad_rows, rows=dict(saved.rows)), []
+    plan = MicroBatchPlan(rows, collate, 2, 3)
+    real = plan._checked
+    plan._checked = lambda ids: tried.append(list(ids)) or real(ids)
+    capsys.readouterr()
+    run_step(_Executor(), partial(plan.load, 6), DataSection(path="x.jsonl", max_bad_rows=1), resumed, 6, plan=plan)
+    return sorted({i for ids in tried for i in ids}), resumed, capsys.readouterr().out
+
+
+def test_a_resume_onto_changed_data_skips_no_good_row(capsys, tmp_path):
+    """A checkpoint remembers each failed row by its place and a digest of its content and of the files it
+    names: resumed onto the same data, the bad row is left out untried and not counted again; resumed onto data
+    where that index holds another row (an edited file, a mended image, another dataset with the same places),
+    the row is tried, one line says the checkpoint's row was forgotten, and the count of rows that failed stays."""
+    from mpipe_hf.train.loop import Skips, run_step
+    from mpipe_hf.train.recipe import DataSection
+
+    image = tmp_path / "a.png"
+    image.write_bytes(b"broken")
+    collate = _Rows(bad={1})
+    rows = [dict(r, image=str(image)) for r in collate.rows[:6]]
+    plan, skips = MicroBatchPlan(rows, collate, 2, 3), Skips()
+    run_step(_Executor(), partial(plan.load, 0), DataSection(path="x.jsonl", max_bad_rows=1), skips, 0, plan=plan)
+    assert list(skips.rows) == [1] and skips.bad_rows == 1
+
+    tried, same, out = _resume_onto(rows, collate, skips, capsys)
+    assert 1 not in tried and same.rows == skips.rows and same.bad_rows == 1 and "other data" not in out
+    edited = [dict(r) for r in rows]
+    edited[1]["id"] = 11  # the line x.jsonl:2 now holds another (good) row
+    for changed in (edited, collate.rows[20:26]):  # an edited file; another dataset at the same places
+        tried, resumed, out = _resume_onto(changed, collate, skips, capsys)
+        assert 1 in tried and resumed.rows == {} and resumed.bad_rows == 1, (tried, resumed)
+        assert out.count("resumed onto other data: 1 row(s)") == 1 and "(x.jsonl:2)" in out, out
+    image.write_bytes(b"a mended image, longer")  # the row names a file that changed since
+    tried, resumed, _ = _resume_onto(rows, _Rows(bad=()), skips, capsys)
+    assert 1 in tried and resumed.rows == {} and resumed.bad_rows == 1
+    old_style = Skips(bad_rows=1, rows={1: "x.jsonl:2"})  # a checkpoint from before rows had a digest
+    tried, resumed, _ = _resume_onto(rows, collate, old_style, capsys)  # tried again, failed, not counted again
+    assert 1 in tried and resumed.bad_rows == 1 and resumed.rows == {1: "x.jsonl:2"}
 
 
 def test_a_micro_batch_of_known_failed_rows_is_the_null_micro_batch():

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from .apart import apart_blocks, apart_kinds
+from .row_identity import row_digest
 
 
 def epoch_order(num_rows: int, seed: int, epoch: int) -> list[int]:
@@ -253,21 +254,35 @@ class MicroBatchPlan:
         taken, self._fresh = self._fresh, []
         return taken
 
-    def remember(self, rows) -> None:
+    def identity(self, i: int) -> tuple[str, str]:
+        """Row ``i`` as a checkpoint remembers it: ``(where, digest)``, its place (:meth:`where`) and a digest of
+        its content and of the files it names (:func:`~.row_identity.row_digest`)."""
+        return self.where(i), row_digest(self.dataset, i)
+
+    def remember(self, rows) -> list[int]:
         """Add ``rows`` to :attr:`failed`: later loads leave them out. ``rows``: dataset indices (e.g. those other
-        ranks dropped), or ``{index: where}`` (a checkpoint's), where an index whose row is no longer at that
-        place (:meth:`where`: the data changed since, e.g. rows were left out) is not remembered. An evaluation's
-        plan remembers nothing."""
+        ranks dropped), or ``{index: (where, digest)}`` (a checkpoint's, :meth:`identity`), where an index whose
+        row is another one now (the data changed since the checkpoint: another dataset, an edited file or image,
+        another mixture) is not remembered but tried again, as is a checkpoint's entry that gives its place only
+        (saved before rows had a digest). An evaluation's plan remembers nothing.
+
+        Returns:
+            the checkpoint's indices found stale by this call (each once per plan), in the order given.
+        """
+        stale = []
         if not self._remembers:
-            return
+            return stale
         for i in rows:
             if i in self.failed or i in self._stale:
                 continue
-            place = rows[i] if isinstance(rows, dict) else None
-            if place is None or (0 <= i < len(self.dataset) and self.where(i) == place):
+            saved = rows[i] if isinstance(rows, dict) else None
+            if saved is None or (isinstance(saved, tuple) and 0 <= i < len(self.dataset)
+                                 and self.identity(i) == saved):
                 self.failed.add(i)
             else:
                 self._stale.add(i)
+                stale.append(i)
+        return stale
 
 
 def _bad_rows_error(rows: list[int], err: BaseException) -> ValueError:

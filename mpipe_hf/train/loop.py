@@ -32,8 +32,9 @@ from .recipe import DataSection
 @dataclass
 class Skips:
     """The bad data so far: the skipped steps, ``in_row`` (since the last step that ran) and ``total``, the last
-    error, ``bad_rows``, the distinct rows dropped at load over the run, and ``rows``, ``{dataset index: where}``
-    of those the plan named (both saved with the rank's state)."""
+    error, ``bad_rows``, the distinct rows dropped at load over the run, and ``rows``, ``{dataset index: (where,
+    digest)}`` of those the plan named (both saved with the rank's state; a resume onto changed data forgets
+    the entries whose row is another one now, :func:`forget_stale`)."""
 
     in_row: int = 0
     total: int = 0
@@ -93,9 +94,24 @@ class Skips:
             every = [None] * dist.get_world_size(group)
             dist.all_gather_object(every, mine, group=group)
         new = sorted({i for rows in every for i in rows} - self.rows.keys())
-        self.rows.update((i, plan.where(i)) for i in new)
+        self.rows.update((i, plan.identity(i)) for i in new)
         plan.remember(new)
         return len(new)
+
+
+def forget_stale(skips: Skips, stale: list[int], plan, executor) -> None:
+    """Drop from ``skips.rows`` the checkpoint's failed rows that ``plan``'s data no longer holds as they were
+    (``stale``: :meth:`~mpipe_hf.data.owner.MicroBatchPlan.remember`'s answer), which are tried again and, should
+    they fail, counted as new; the lead rank says so in one line. Their count stays in ``skips.bad_rows``: those
+    rows did fail in the run before. An entry saved without a digest (its place only) is tried again too, but
+    kept, so that it is not counted twice. Every rank decides alike (the same data, the same checkpoint)."""
+    if not stale:
+        return
+    places = [skips.rows.pop(i)[0] if isinstance(skips.rows[i], tuple) else skips.rows[i] for i in stale]
+    if getattr(executor, "rank", 0) == 0:
+        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
+        print(f"mpipe_hf: resumed onto other data: {len(stale)} row(s) the checkpoint remembers as failed are not "
+              f"known to be the rows at those places now ({shown}); they are tried again", flush=True)
 
 
 def _shared(text: str, rows: bool) -> ValueError:
@@ -139,7 +155,7 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
     """
     executor.step_index = step  # P's dropout seeds follow the data step, skipped steps included
     if plan is not None:
-        plan.remember(skips.rows)  # resumed: the rows the checkpoint's run dropped
+        forget_stale(skips, plan.remember(skips.rows), plan, executor)  # resumed: the checkpoint's failed rows
         bad_rows = bad_rows or plan.take_dropped
     if executor.cfg.placement != "fill":
         ahead = None

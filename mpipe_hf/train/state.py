@@ -101,7 +101,7 @@ def load_rank_state(directory: str, rank: int, optimizer, scheduler, skips, para
     saved = state["skips"]
     skips.in_row, skips.total, skips.last = saved["in_row"], saved["total"], saved["last"]
     skips.bad_rows = saved.get("bad_rows", 0)  # not in a checkpoint from before rows were dropped one by one
-    skips.rows = dict(saved.get("rows", {}))  # {index: where} of the failed rows: the plan leaves them out
+    skips.rows = dict(saved.get("rows", {}))  # {index: (where, digest)}: the plan leaves out those still there
     return int(state["step"])
 
 
