@@ -79,6 +79,21 @@ STOCK_ONLY = {
     "unlimited_ocr/square": ("UnlimitedOcrImageProcessor", {"size": {"height": 32, "width": 32},
                                                             "crop_to_patches": False}),
 }
+# tiny_gemma4_unified_config: 4-px patches merged 2 x 2, at most 70 merged patches (the photos grown to it);
+# ``small``: 2-px patches merged 3 x 3 (6-px sides; the photos shrunk)
+STOCK_ONLY["gemma4_unified"] = ("Gemma4UnifiedImageProcessor", {"patch_size": 4, "pooling_kernel_size": 2,
+                                                                "max_soft_tokens": 70})
+STOCK_ONLY["gemma4_unified/small"] = ("Gemma4UnifiedImageProcessor", {"patch_size": 2, "pooling_kernel_size": 3,
+                                                                      "max_soft_tokens": 70})
+# tiny_muse_glimmer_config / tiny_muse_spark_config (one class): 14-px patches merged 2 x 2, at most 16 tokens (the
+# default 112 x 112 px budget; the photos grown with Lanczos); ``capped``: 8-px patches, at most 6 tokens (the
+# photos shrunk under the cap); ``flat``: 4-px patches one frame deep, at most 40 tokens
+STOCK_ONLY.update({f"{family}{variant}": ("MuseGlimmerImageProcessor", settings)
+                   for family in ("muse_glimmer", "muse_spark") for variant, settings in (
+                       ("", {"patch_size": 14, "merge_size": 2, "max_image_tokens": 16}),
+                       ("/capped", {"patch_size": 8, "merge_size": 2, "max_image_tokens": 6}),
+                       ("/flat", {"patch_size": 4, "merge_size": 2, "max_image_tokens": 40,
+                                  "temporal_patch_size": 1}))})
 # The project's torchvision-free stand-ins for :data:`STOCK_ONLY` classes (torch operations only), compared with
 # the record bit for bit by ``tests/test_stock_recorded.py``.
 NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoTV",
@@ -86,7 +101,10 @@ NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoT
          "cohere2_vision": "mpipe_hf.data.image_processor_cohere2_vision:Cohere2VisionImageProcessorNoTV",
          "kimi_k25": "mpipe_hf.data.image_processor_kimi_k25:KimiK25ImageProcessorNoTV",
          "minicpm_ocr": "mpipe_hf.data.image_processor_minicpm_ocr:MiniCPMOcrImageProcessorNoTV",
-         "unlimited_ocr": "mpipe_hf.data.image_processor_unlimited_ocr:UnlimitedOcrImageProcessorNoTV"}
+         "unlimited_ocr": "mpipe_hf.data.image_processor_unlimited_ocr:UnlimitedOcrImageProcessorNoTV",
+         "gemma4_unified": "mpipe_hf.data.image_processor_gemma4_unified:Gemma4UnifiedImageProcessorNoTV",
+         "muse_glimmer": "mpipe_hf.data.image_processor_muse_glimmer:MuseGlimmerImageProcessorNoTV",
+         "muse_spark": "mpipe_hf.data.image_processor_muse_glimmer:MuseGlimmerImageProcessorNoTV"}
 
 
 def _photos() -> dict:

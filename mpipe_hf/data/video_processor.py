@@ -37,7 +37,8 @@ from transformers.video_processing_utils import VideoProcessorMixin
 from transformers.video_utils import (VideoMetadata, convert_to_rgb, group_videos_by_shape, is_valid_video,
                                       make_batched_metadata, make_batched_videos, reorder_videos)
 
-MODES = {PILImageResampling.BICUBIC: "bicubic", PILImageResampling.BILINEAR: "bilinear"}
+MODES = {PILImageResampling.BICUBIC: "bicubic", PILImageResampling.BILINEAR: "bilinear",
+         PILImageResampling.LANCZOS: "lanczos"}  # Lanczos: the Muse image processor's (torchvision 0.27 and later)
 
 
 class QwenVideoKwargs(VideosKwargs, total=False):
@@ -59,7 +60,7 @@ class QwenVideoKwargs(VideosKwargs, total=False):
 
 def _native_uint8(mode: str) -> bool:
     """Whether torchvision resizes a CPU ``uint8`` tensor without casting it (``_do_native_uint8_resize_on_cpu``)."""
-    if mode == "bicubic":
+    if mode in ("bicubic", "lanczos"):
         return True
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64",
                                                                                                   "arm64")
@@ -71,11 +72,11 @@ def resize_frames(frames: torch.Tensor, height: int, width: int, resample=PILIma
     off the CPU goes through float32, as torchvision sends it).
 
     Raises:
-        ValueError: ``resample`` is neither bicubic nor bilinear (the only modes the Qwen processors use).
+        ValueError: ``resample`` is not bicubic, bilinear or Lanczos (:data:`MODES`).
     """
     mode = MODES.get(PILImageResampling(int(resample)))
     if mode is None:
-        raise ValueError(f"resample {resample!r}: only bicubic and bilinear resizes are reproduced here")
+        raise ValueError(f"resample {resample!r}: only bicubic, bilinear and Lanczos resizes are reproduced here")
     shape = frames.shape
     channels, old_h, old_w = shape[-3:]
     if (height, width) == (old_h, old_w) or frames.numel() == 0:
@@ -88,7 +89,7 @@ def resize_frames(frames: torch.Tensor, height: int, width: int, resample=PILIma
         flat = flat.to(torch.float32)
     out = F.interpolate(flat, size=[height, width], mode=mode, align_corners=False, antialias=True)
     if not keep:
-        if mode == "bicubic" and dtype == torch.uint8:
+        if mode in ("bicubic", "lanczos") and dtype == torch.uint8:
             out = out.clamp_(min=0, max=255)
         if not dtype.is_floating_point:
             out = out.round_()
