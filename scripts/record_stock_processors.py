@@ -63,6 +63,23 @@ STOCK_ONLY = {
     # tiny_cohere2_vision_config: 56-px tiles; ``small``: 24-px tiles, up to 6 (the photos shrink onto the grid)
     "cohere2_vision": ("Cohere2VisionImageProcessor", {"size": {"height": 56, "width": 56}, "max_patches": 4}),
     "cohere2_vision/small": ("Cohere2VisionImageProcessor", {"size": {"height": 24, "width": 24}, "max_patches": 6}),
+    # tiny_molmo2_config: 32-px crops of 8-px patches sharing 1 patch a side, up to 4; ``odd``: 28-px crops of 4-px
+    # patches (7 a side: the pooling windows cut at the edge) with unequal margins and 3 x 2 pooling, up to 6
+    "molmo2": ("Molmo2ImageProcessor", {"size": {"height": 32, "width": 32}, "patch_size": 8,
+                                        "overlap_margins": [1, 1], "max_crops": 4}),
+    "molmo2/odd": ("Molmo2ImageProcessor", {"size": {"height": 28, "width": 28}, "patch_size": 4,
+                                            "overlap_margins": [2, 1], "max_crops": 6, "pooling_size": [3, 2]}),
+    # tiny_step3p7_config: 96-px global views, 64-px windows (the 33 x 75 pattern gets 3); ``small``: 40-px global
+    # views, 24-px windows and images capped at 56 px (every photo scaled down first, then cut into windows)
+    "step3p7": ("Step3p7ImageProcessor", {"size": {"height": 96, "width": 96}, "patch_size": 64,
+                                          "vision_patch_size": 8}),
+    "step3p7/small": ("Step3p7ImageProcessor", {"size": {"height": 40, "width": 40}, "patch_size": 24,
+                                                "max_image_size": 56, "vision_patch_size": 8}),
+    # tiny_minimax_m3_vl_config: 8-px patches merged 2 x 2, 1,024 to 2,048 px (every photo shrunk); ``grow``: 4-px
+    # patches 3 frames deep, 4,096 to 12,800 px (every photo grown)
+    "minimax_m3_vl": ("MiniMaxM3VLImageProcessor", {"patch_size": 8, "min_pixels": 1024, "max_pixels": 2048}),
+    "minimax_m3_vl/grow": ("MiniMaxM3VLImageProcessor", {"patch_size": 4, "temporal_patch_size": 3,
+                                                         "min_pixels": 4096, "max_pixels": 12800}),
     # tiny_kimi_k25_config: 14-px patches, 2 x 2 merge, at most 6 patches (the photos shrink to it, then pad to
     # whole merge blocks; Kimi never grows an image); ``side``: at most 3 patches a side
     "kimi_k25": ("Kimi_K25ImageProcessor", {"patch_size": 14, "merge_size": 2, "max_patches": 6}),
@@ -99,6 +116,9 @@ STOCK_ONLY.update({f"{family}{variant}": ("MuseGlimmerImageProcessor", settings)
 NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoTV",
          "lfm2_vl": "mpipe_hf.data.image_processor_lfm2_vl:Lfm2VlImageProcessorNoTV",
          "cohere2_vision": "mpipe_hf.data.image_processor_cohere2_vision:Cohere2VisionImageProcessorNoTV",
+         "molmo2": "mpipe_hf.data.image_processor_molmo2:Molmo2ImageProcessorNoTV",
+         "step3p7": "mpipe_hf.data.image_processor_step3p7:Step3p7ImageProcessorNoTV",
+         "minimax_m3_vl": "mpipe_hf.data.image_processor_minimax_m3_vl:MiniMaxM3VLImageProcessorNoTV",
          "kimi_k25": "mpipe_hf.data.image_processor_kimi_k25:KimiK25ImageProcessorNoTV",
          "minicpm_ocr": "mpipe_hf.data.image_processor_minicpm_ocr:MiniCPMOcrImageProcessorNoTV",
          "unlimited_ocr": "mpipe_hf.data.image_processor_unlimited_ocr:UnlimitedOcrImageProcessorNoTV",
