@@ -9,8 +9,7 @@ from transformers.utils import is_torchvision_available
 from mpipe_hf.data.processor import PROCESSOR_TYPES
 from mpipe_hf.data.stock_processor import needs_stock_processor, processor_problem
 
-STOCK_ONLY = ["molmo2", "step3p7", "unlimited_ocr", "minimax_m3_vl", "kimi_k25", "minicpm_ocr",
-              "gemma4_unified", "muse_glimmer", "muse_spark"]
+STOCK_ONLY = ["molmo2", "step3p7", "unlimited_ocr", "minimax_m3_vl", "kimi_k25", "minicpm_ocr"]
 
 
 def test_the_families_needing_the_stock_processor_are_those_without_ours():
@@ -18,6 +17,9 @@ def test_the_families_needing_the_stock_processor_are_those_without_ours():
     # Llama 4, LFM2-VL and Cohere2-Vision have torchvision-free image processors; the PIL families need none
     assert not any(needs_stock_processor(t) for t in ("llama4", "lfm2_vl", "cohere2_vision", "qwen2_vl", "gemma3"))
     assert {"llama4", "lfm2_vl", "cohere2_vision"} <= set(PROCESSOR_TYPES)
+    # Gemma 4 Unified, Muse Glimmer and Muse Spark: theirs too (mpipe_hf/data/processors_gemma4_unified_muse.py)
+    assert not any(needs_stock_processor(t) for t in ("gemma4_unified", "muse_glimmer", "muse_spark"))
+    assert {"gemma4_unified", "muse_glimmer", "muse_spark"} <= set(PROCESSOR_TYPES)
 
 
 @pytest.mark.parametrize("model_type", STOCK_ONLY)
