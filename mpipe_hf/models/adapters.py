@@ -27,6 +27,8 @@ import warnings
 import torch
 from torch import nn
 
+from .lm_head import output_head
+
 ADAPTER = "default"  # the adapter's name inside the model (peft's default)
 PEFT_PREFIX = "base_model.model."  # the PeftModel's prefix of the HF model's names
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's SAFETENSORS_WEIGHTS_NAME: an adapter checkpoint's one file
@@ -79,7 +81,7 @@ def check_adapted(model: nn.Module, peft_config) -> None:
         raise ValueError("lora: the adapted model trains no tensor (a PeftModel in inference mode?); load the "
                          "adapter with is_trainable=True, or give it target_modules")
     wrapped = {n: m for n, m in model.named_modules() if isinstance(m, (LoraLayer, ModulesToSaveWrapper))}
-    embed, head = model.get_input_embeddings(), getattr(model, "lm_head", None)
+    embed, head = model.get_input_embeddings(), (output_head(model) or (None, None))[1]
     if head is not None and _unwrapped(embed).weight is _unwrapped(head).weight:
         on_tied = sorted(n for n, m in wrapped.items() if m is embed or m is head)
         if on_tied:

@@ -19,6 +19,7 @@ from torch import nn
 from transformers.core_model_loading import WeightConverter, rename_source_key
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
+from .lm_head import output_head
 from .materialize import LoadReport, nbytes
 
 READ_BLOCK_BYTES = 64 * 2**20  # the most of one checkpoint tensor held beside its target while it is read
@@ -170,18 +171,20 @@ def read_experts_into(file: str, key: str, target: torch.Tensor, cut, report: Lo
 
 
 def untie_if_saved_apart(model: nn.Module, source: dict[str, str]) -> None:
-    """A config that ties ``lm_head`` to the input embedding, with a checkpoint that stores an ``lm_head`` of its
-    own: keep the two apart, as ``from_pretrained`` does (and warn), so that neither overwrites the other and
-    their gradients are not summed."""
-    head = getattr(model, "lm_head", None)
+    """A config that ties the LM head (:func:`~.lm_head.output_head`: ``lm_head``, Llama 4's
+    ``language_model.lm_head``) to the input embedding, with a checkpoint that stores a head of its own: keep the
+    two apart, as ``from_pretrained`` does (and warn), so that neither overwrites the other and their gradients
+    are not summed. ``source``: ``{model tensor name: checkpoint key}``."""
+    found = output_head(model)
     embed = model.get_input_embeddings()
-    if head is None or head.weight is not embed.weight or "lm_head.weight" not in source:
+    if found is None or found[1].weight is not embed.weight or f"{found[0]}.weight" not in source:
         return
+    name, head = found[0] + ".weight", found[1]
     embed_name = next(n for n, p in model.named_parameters() if p is embed.weight)
-    if source.get(embed_name) == source["lm_head.weight"]:
+    if source.get(embed_name) == source[name]:
         return
-    warnings.warn(f"the config ties lm_head to {embed_name}, but the checkpoint stores lm_head.weight apart "
-                  f"({source['lm_head.weight']}); loading both, untied")
+    warnings.warn(f"the config ties {name} to {embed_name}, but the checkpoint stores {name} apart "
+                  f"({source[name]}); loading both, untied")
     head.weight = nn.Parameter(torch.empty_like(embed.weight), requires_grad=embed.weight.requires_grad)
     for cfg in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
         cfg.tie_word_embeddings = False
