@@ -21,6 +21,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from . import expert_precision  # noqa: F401 - the experts' bf16 grouped GEMM under autocast (registers it)
+
 Tensors = dict[str, torch.Tensor]
 ROUTER_KEYS = ("router_tokens", "router_probs", "router_rows")
 

@@ -19,6 +19,11 @@ There, the step has no region around it at all (:func:`step_region`): autocast c
 nesting too, and clears its cache only when the outermost region exits, so a disabled region over the step kept
 every per-call cast for the whole step, with the loss above (issue 37: LoRA adapters, fused MoE experts; a
 gradient off by 0.29 at ``dp = 2``).
+
+Fused MoE experts (transformers' ``grouped_mm`` experts, :mod:`mpipe_hf.models.expert_precision`) are no
+``nn.Linear``: autocast neither casts nor caches their ``(E, ...)`` weights. Their forward casts them itself
+(:func:`cached_cast`), once per step while :func:`step_casts` is active (the executor holds it over every step),
+else once per call.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+_STEP_CASTS: dict | None = None  # {id(weight): (weight, its cast)} while step_casts is active
+_STEP_KEEPS = None  # which weights step_casts may cache (None: every leaf)
 
 
 @contextlib.contextmanager
@@ -81,3 +89,40 @@ def check_no_outer_region(device_type: str) -> None:
         raise ValueError(f"the pipeline step was called inside a torch.autocast region ({device_type}); mpipe_hf "
                          f"applies its own precision policy (train.bf16 / TrainingArguments.bf16): call the step "
                          f"outside any autocast region")
+
+
+@contextlib.contextmanager
+def step_casts(keeps=None) -> Iterator[None]:
+    """While active, :func:`cached_cast` casts each leaf weight once and hands every later call that copy, as
+    autocast's cache does for an ``nn.Linear`` weight in a step-long region: one cast per step, whose autograd
+    node takes every micro-batch's gradient back to the fp32 weight. The copies are dropped on exit.
+
+    ``keeps``: ``keeps(weight) -> bool``, the weights that may be cached (``None``: every leaf). Under FSDP2 only
+    the expert shards FSDP2 leaves alone: a step-long cast of a weight FSDP2 gathers would run its gradient
+    after the chunk's reduce-scatter (the module docstring). Nested: the outermost one holds the cache."""
+    global _STEP_CASTS, _STEP_KEEPS
+    if _STEP_CASTS is not None:
+        yield
+        return
+    _STEP_CASTS, _STEP_KEEPS = {}, keeps
+    try:
+        yield
+    finally:
+        _STEP_CASTS, _STEP_KEEPS = None, None
+
+
+def cached_cast(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``weight`` in ``dtype`` when it is an fp32 tensor, else ``weight`` itself. A leaf (a trained weight, or a
+    frozen one: then a copy without gradient) is cast once per :func:`step_casts` and that copy reused; a
+    trained leaf only while gradients are on (a copy made under ``no_grad`` would carry none). A computed weight
+    (peft's ``ParamWrapper`` adds its adapter to the fused tensor on every read) is cast on every call."""
+    if weight.dtype != torch.float32 or dtype == torch.float32:
+        return weight
+    cacheable = _STEP_CASTS is not None and weight.is_leaf and (torch.is_grad_enabled() or not weight.requires_grad)
+    if not cacheable or (_STEP_KEEPS is not None and not _STEP_KEEPS(weight)):
+        return weight.to(dtype)
+    held = _STEP_CASTS.get(id(weight))
+    if held is None or held[0] is not weight:
+        held = (weight, weight.to(dtype) if weight.requires_grad else weight.detach().to(dtype))
+        _STEP_CASTS[id(weight)] = held
+    return held[1]

@@ -44,7 +44,7 @@ from ..schedule.forward import build_forward_schedule
 from ..schedule.owners import reassign, relabel, with_owners
 from ..schedule.simulate import Costs, Event, split_pairs
 from ..schedule.swap import SwapConfig, with_swaps
-from .casts import check_no_outer_region, frozen_weight_casts, step_region
+from .casts import check_no_outer_region, frozen_weight_casts, step_casts, step_region
 from .data_parallel import is_sharded, local
 from .evaluate import evaluate
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed
@@ -154,6 +154,10 @@ class PipelineExecutor:
         everyone = self.global_ranks if data_parallel is None else list(range(dist.get_world_size()))
         self.control = control_group(everyone, timeout)  # the step's vote (:mod:`.preload`), over every replica
         self._fresh_group()
+
+    def _expert_shard(self, weight: torch.Tensor) -> bool:
+        """Whether ``weight`` is an expert shard that FSDP2 leaves alone (the one kind cached for a step under it)."""
+        return self.dp is not None and id(weight) in self.dp.experts
 
     def _fresh_group(self) -> None:  # :func:`.groups.fresh_groups`
         fresh_groups(self)
@@ -314,7 +318,8 @@ class PipelineExecutor:
             # one bf16 copy of each weight per step, shared by the micros (:mod:`.casts`). No region at all
             # otherwise (fp32, FSDP2): a disabled one still nests the stages' regions, which then keep their casts
             with step_region(self.device.type, self.autocast), frozen_weight_casts(self.stages.values(),
-                                                                                 self.autocast):
+                                                                                 self.autocast), \
+                    step_casts(None if self.autocast else self._expert_shard):  # fused experts: .casts
                 run()
             self.p2p.drain()
             run.action = None

@@ -17,6 +17,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from ..models import expert_precision  # noqa: F401 - the experts' bf16 grouped GEMM under autocast
 from ..runtime import Preprocess
 
 
