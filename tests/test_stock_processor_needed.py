@@ -9,7 +9,7 @@ from transformers.utils import is_torchvision_available
 from mpipe_hf.data.processor import PROCESSOR_TYPES
 from mpipe_hf.data.stock_processor import needs_stock_processor, processor_problem
 
-STOCK_ONLY = ["molmo2", "step3p7", "unlimited_ocr", "minimax_m3_vl", "kimi_k25", "minicpm_ocr"]
+STOCK_ONLY = ["molmo2", "step3p7", "minimax_m3_vl"]
 
 
 def test_the_families_needing_the_stock_processor_are_those_without_ours():
@@ -20,6 +20,18 @@ def test_the_families_needing_the_stock_processor_are_those_without_ours():
     # Gemma 4 Unified, Muse Glimmer and Muse Spark: theirs too (mpipe_hf/data/processors_gemma4_unified_muse.py)
     assert not any(needs_stock_processor(t) for t in ("gemma4_unified", "muse_glimmer", "muse_spark"))
     assert {"gemma4_unified", "muse_glimmer", "muse_spark"} <= set(PROCESSOR_TYPES)
+    # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR: theirs too (mpipe_hf/data/processors_kimi_ocr.py)
+    assert not any(needs_stock_processor(t) for t in ("kimi_k25", "minicpm_ocr", "unlimited_ocr"))
+    assert {"kimi_k25", "minicpm_ocr", "unlimited_ocr"} <= set(PROCESSOR_TYPES)
+
+
+@pytest.fixture
+def kimi_without_ours(monkeypatch):
+    """Kimi K2.5 as a family whose stock image processor (``Kimi_K25ImageProcessor``, torchvision only) had no
+    torchvision-free version here, so that the refusals below keep a family to refuse."""
+    import mpipe_hf.data.stock_processor as module
+    needed = module.needs_stock_processor
+    monkeypatch.setattr(module, "needs_stock_processor", lambda t: t == "kimi_k25" or needed(t))
 
 
 @pytest.mark.parametrize("model_type", STOCK_ONLY)
@@ -33,7 +45,7 @@ def test_the_problem_names_the_fix(model_type):
     assert processor_problem("llama4", None) is None and processor_problem("qwen2_vl", None) is None
 
 
-def test_check_refuses_before_any_process_without_torchvision(monkeypatch):
+def test_check_refuses_before_any_process_without_torchvision(monkeypatch, kimi_without_ours):
     """``check_processor`` (run by ``check``, what ``mpipe-hf check`` and ``train`` run first) raises the reason
     for a Kimi K2.5 config without torchvision, and passes Llama 4's (its processor is torchvision-free)."""
     from mpipe_hf.data import qwen2_tokenizer
@@ -47,7 +59,7 @@ def test_check_refuses_before_any_process_without_torchvision(monkeypatch):
 
 
 @pytest.mark.parametrize("checkpoint", [None, "some/checkpoint"])
-def test_loading_the_processor_raises_the_reason_before_reading_a_checkpoint(checkpoint):
+def test_loading_the_processor_raises_the_reason_before_reading_a_checkpoint(checkpoint, kimi_without_ours):
     """``stock_processor`` (what ``load_processor`` calls for these families, from check-data, profile and plan as
     well as train) states the problem before it reads anything: a model built from its config (no
     ``model.name_or_path``) is told to set it, not handed transformers' error for ``from_pretrained(None)``."""

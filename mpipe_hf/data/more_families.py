@@ -8,6 +8,8 @@ from .processors_qwen_like import DATA as _QWEN_LIKE
 from .processors_new import DATA as _NEW
 from .processors_gemma4_unified_muse import DATA as _GEMMA4_UNIFIED_MUSE
 from .processors_torch_op_images import DATA as _TORCH_OP_IMAGES
+from .processors_kimi_ocr import DATA as _KIMI_OCR
 
 MORE: dict[str, FamilyData] = {**_LLAVA_LIKE, **_QWEN_LIKE, **_NEW, **_TORCH_OP_IMAGES}
+MORE.update(_KIMI_OCR)
 MORE.update(_GEMMA4_UNIFIED_MUSE)

@@ -31,6 +31,7 @@ from .image_processor_cohere2_vision import Cohere2VisionImageProcessorNoTV
 from .image_processor_lfm2_vl import Lfm2VlImageProcessorNoTV
 from .image_processor_llama4 import Llama4ImageProcessorNoTV
 from .processors_gemma4_unified_muse import TORCH_OP_IMAGES as _GEMMA4_UNIFIED_MUSE_IMAGES
+from .processors_kimi_ocr import TORCH_OP_IMAGES as _KIMI_OCR_IMAGES
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
 from .processors_llava_like import _AYA
 from .templates import _BOS, _CONTENT, _GENERATION, _chatml
@@ -111,6 +112,7 @@ def _cohere2(config, tokenizer, image_processor):
 # the families whose stock image processor needs torchvision -> ours (what a snapshot loads without torchvision)
 TORCH_OP_IMAGES = {"llama4": Llama4ImageProcessorNoTV, "lfm2_vl": Lfm2VlImageProcessorNoTV,
                    "cohere2_vision": Cohere2VisionImageProcessorNoTV}
+TORCH_OP_IMAGES.update(_KIMI_OCR_IMAGES)  # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR (.processors_kimi_ocr)
 TORCH_OP_IMAGES.update(_GEMMA4_UNIFIED_MUSE_IMAGES)  # Gemma 4 Unified, Muse (.processors_gemma4_unified_muse)
 
 def checkpoint_image_processor(model_type: str, directory: str, **settings):

@@ -1,7 +1,7 @@
 """The stock processor of a family whose image processor exists in ``transformers`` only with a torchvision
-backend and that mpipe_hf has no torchvision-free version of (Kimi K2.5, MiniCPM-OCR, Molmo2, Gemma 4 Unified,
-Step3p7, MiniMax-M3-VL, Unlimited-OCR, Muse; Llama 4, LFM2-VL and Cohere2-Vision have theirs,
-:mod:`.processors_torch_op_images`).
+backend and that mpipe_hf has no torchvision-free version of (Molmo2, Gemma 4 Unified, Step3p7, MiniMax-M3-VL,
+Muse; Llama 4, LFM2-VL and Cohere2-Vision have theirs, :mod:`.processors_torch_op_images`, and Kimi K2.5,
+MiniCPM-OCR and Unlimited-OCR theirs, :mod:`.processors_kimi_ocr`).
 
 Where torchvision imports, training uses the checkpoint's own processor (``AutoProcessor`` over the
 checkpoint's files, with its chat template); where it does not, :func:`processor_problem` says so before any
