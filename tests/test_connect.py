@@ -4,6 +4,7 @@ stream against fake CUDA streams. Single process, a few seconds."""
 
 import contextlib
 import dataclasses
+import functools
 import random
 import types
 
@@ -15,7 +16,8 @@ from mpipe_hf.runtime.handlers import HANDLERS, Preprocess, StepContext
 from mpipe_hf.runtime.p2p import CONNECT, CONNECT_TAG, P2P, decode_header, encode_header, payload_size
 from mpipe_hf.schedule import Action, Kind, ScheduleConfig, build_schedule
 from mpipe_hf.schedule.actions import COLLECTIVE_KINDS, RECV_KINDS, SEND_TO_RECV
-from mpipe_hf.schedule.connect import Op, action_ops, connect_order, lazy_setup, step_ops, step_pairs, with_connect
+from mpipe_hf.schedule.connect import (Op, action_ops, connect_order, lazy_setup, lost_peer, step_ops, step_pairs,
+                                      with_connect)
 from mpipe_hf.schedule.eager import PER_DIRECTION, PER_PAIR, eager_streams, pipeline_pairs
 from mpipe_hf.schedule.forward import build_forward_schedule
 from mpipe_hf.schedule.simulate import Costs
@@ -68,10 +70,14 @@ def sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
     sends free to start at their stream's head, so every deadlock found is one the device cannot avoid) and with a
     group per directed pair (the runtime now; conservatively, each send also waiting for its rank's earlier
     receives, and each rank's receives completing in the order it posted them, as on the runtime's one side
-    stream). Also checks that every pair a step uses has a group (:func:`pipeline_pairs`)."""
+    stream; with NCCL connecting each pair at its first use, a host rendezvous, and the streams sharing CUDA's 8
+    hardware queues). Controls, on the first ``n // 3``: eager per pair with the rendezvous but without the
+    prologue, and with the streams on one hardware queue. Also checks that every pair a step uses has a group
+    (:func:`pipeline_pairs`)."""
     rng = random.Random(seed)
-    found = {"lazy without prologue": 0, "lazy": 0, "eager per direction": 0, "eager per pair": 0}
-    for _ in range(n):
+    found = {"lazy without prologue": 0, "lazy": 0, "eager per direction": 0, "eager per pair": 0,
+             "eager rendezvous without prologue": 0, "eager one hardware queue": 0}
+    for i in range(n):
         case = random_case(rng)
         bare = case_ops(**case)
         ops = with_connect(bare)
@@ -83,7 +89,11 @@ def sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
         stray = [op for uses in outcome.first_uses.values() for op in uses if op.what != CONNECT]
         assert not stray, (case, stray)
         found["eager per direction"] += eager_streams(ops, PER_DIRECTION).deadlocked
-        found["eager per pair"] += eager_streams(ops, PER_PAIR, conservative=True).deadlocked
+        found["eager per pair"] += eager_streams(ops, PER_PAIR, True, rendezvous=True, queues=8).deadlocked
+        if i < n // 3:
+            found["eager rendezvous without prologue"] += eager_streams(bare, PER_PAIR, True,
+                                                                        rendezvous=True).deadlocked
+            found["eager one hardware queue"] += eager_streams(ops, PER_PAIR, True, queues=1).deadlocked
     return found
 
 
@@ -91,12 +101,39 @@ def test_no_set_up_deadlocks_the_builders_schedules_with_a_group_per_directed_pa
     """Issues 27 and 37: over 180 of the builder's configurations (identity, frozen and trainable ``P``, fill
     placement, owner-backward, zero-bubble, swap, tied embeddings, evaluation), lazy set-up deadlocks in some
     without the connect prologue and in none with it; under NCCL's eager set-up (one FIFO stream per group) a
-    group per direction deadlocks in some, a group per directed pair in none."""
+    group per direction deadlocks in some, a group per directed pair in none, also with NCCL connecting each pair
+    at its first use (a host rendezvous inside the eagerly made communicator, which the prologue's messages are)
+    and a rank's streams sharing 8 hardware queues. Controls: without the prologue that rendezvous deadlocks some;
+    with every stream of a rank on one hardware queue, some deadlock."""
     found = sweep()
     print(f"180 random configurations: {found}")
     assert found["lazy without prologue"] > 0, "the model finds the deadlock the runtime had without the prologue"
     assert found["eager per direction"] > 0, "the model finds the hangs of a group per direction"
+    assert found["eager rendezvous without prologue"] > 0, "eager set-up needs the prologue too"
+    assert found["eager one hardware queue"] > 0, "the model finds the hangs of streams sharing a queue"
     assert found["eager per pair"] == 0 and found["lazy"] == 0, found
+
+
+def test_a_peer_lost_in_the_prologue_leaves_every_live_wait_on_a_chain_to_it():
+    """A rank dies during the connect prologue (before a random one of its operations there): under the lazy
+    set-up and the eager one (rendezvous at first use, 8 hardware queues), every live rank that cannot finish
+    waits on the lost rank or on a live rank that does, never in a cycle among the living, so every wait ends
+    once the lost rank's neighbours' do. Control: two live ranks whose first uses cross wait on each other."""
+    rng, longest = random.Random(11), 0
+    eager = functools.partial(eager_streams, group_of=PER_PAIR, conservative=True, rendezvous=True, queues=8)
+    for _ in range(40):
+        case = random_case(rng)
+        ops = with_connect(case_ops(**case))
+        lost = rng.randrange(case["cfg"].pp_size)
+        at = rng.randint(0, sum(op.what == CONNECT for op in ops[lost]))
+        for run in (lazy_setup, eager):
+            chains = lost_peer(run, ops, lost, at)
+            assert all(chains.values()), (case["cfg"], lost, at, chains)
+            longest = max([longest, *map(len, chains.values())])
+    print(f"longest chain of waits to the lost rank: {longest}")
+    crossed = {0: [Op("send", 0, 1), Op("recv", 1, 0), Op("drain")], 1: [Op("send", 1, 0), Op("recv", 0, 1),
+                                                                        Op("drain")], 2: [Op("recv", 0, 2)]}
+    assert lost_peer(lazy_setup, crossed, 2, 0) == {0: [], 1: []}
 
 
 def test_eager_streams_hold_a_receive_behind_another_pairs_send():

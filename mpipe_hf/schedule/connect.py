@@ -235,3 +235,31 @@ def lazy_setup(ops: dict[int, list[Op]]) -> SetupOutcome:
                 moved = True
         moved = moved or model.changed
     return SetupOutcome(waits, model.first_uses)
+
+
+def lost_peer(run, ops: dict[int, list[Op]], lost: int, at: int) -> dict[int, list[int]]:
+    """What the other ranks wait on when rank ``lost`` dies before its operation ``at`` (its process gone: it posts
+    nothing after), under set-up model ``run`` (:func:`lazy_setup`, or :func:`~.eager.eager_streams` with its
+    options bound): ``{rank: its chain of waits}`` for every live rank that cannot finish, each chain the ranks it
+    waits for, one after the other, up to the lost rank (a rank waiting on several follows the first that leads
+    there). A live rank whose waits lead only to live ranks that never move (a cycle among the living) is given the
+    chain ``[]``: it would wait for ever though its peers know of the failure. With no such rank, every wait ends
+    once the one before it in its chain does: the waits on the lost rank end by its connections' errors or the
+    timeout, and a rank that ends (aborting its communicators) releases the ranks waiting on it."""
+    outcome = run({r: rank_ops[:at] if r == lost else rank_ops for r, rank_ops in ops.items()})
+    peers = {r: wait[2] for r, wait in outcome.waits.items() if r != lost}
+    chains: dict[int, list[int]] = {}
+
+    def chain(rank: int, seen: tuple[int, ...]) -> list[int]:
+        for peer in peers[rank]:
+            if peer == lost:
+                return [lost]
+            if peer in peers and peer not in seen:
+                rest = chain(peer, seen + (peer,))
+                if rest:
+                    return [peer, *rest]
+        return []
+
+    for rank in peers:
+        chains[rank] = chain(rank, (rank,))
+    return chains
