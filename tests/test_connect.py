@@ -16,8 +16,8 @@ from mpipe_hf.runtime.handlers import HANDLERS, Preprocess, StepContext
 from mpipe_hf.runtime.p2p import CONNECT, CONNECT_TAG, P2P, decode_header, encode_header, payload_size
 from mpipe_hf.schedule import Action, Kind, ScheduleConfig, build_schedule
 from mpipe_hf.schedule.actions import COLLECTIVE_KINDS, RECV_KINDS, SEND_TO_RECV
-from mpipe_hf.schedule.connect import (Op, action_ops, connect_order, lazy_setup, lost_peer, step_ops, step_pairs,
-                                      with_connect)
+from mpipe_hf.schedule.connect import (Op, action_ops, connect_ops, connect_order, lazy_setup, lost_peer, step_ops,
+                                      step_pairs, with_connect)
 from mpipe_hf.schedule.eager import PER_DIRECTION, PER_PAIR, eager_streams, pipeline_pairs
 from mpipe_hf.schedule.forward import build_forward_schedule
 from mpipe_hf.schedule.simulate import Costs
@@ -134,6 +134,22 @@ def test_a_peer_lost_in_the_prologue_leaves_every_live_wait_on_a_chain_to_it():
     crossed = {0: [Op("send", 0, 1), Op("recv", 1, 0), Op("drain")], 1: [Op("send", 1, 0), Op("recv", 0, 1),
                                                                         Op("drain")], 2: [Op("recv", 0, 2)]}
     assert lost_peer(lazy_setup, crossed, 2, 0) == {0: [], 1: []}
+
+
+def test_pair_groups_made_by_their_members_in_sorted_order_cannot_deadlock():
+    """Each rank makes the groups of its own pairs only (:func:`~mpipe_hf.runtime.groups.pair_groups`), each
+    creation a rendezvous of the pair's two ranks (eager NCCL: ``ncclCommInitRank``; gloo: its connections), in the
+    sorted order: no deadlock for any ``R`` up to 16, and a rank lost at any point leaves every live rank on a
+    chain of waits to it. Control: ranks that take their pairs in different orders (odd ranks reversed) hang."""
+    for R in range(2, 17):
+        mine = {r: [p for p in pipeline_pairs(R) if r in p] for r in range(R)}
+        made = {r: connect_ops(r, pairs) for r, pairs in mine.items()}
+        assert not lazy_setup(made).deadlocked, R
+        for at in range(0, len(made[R // 2]) + 1, 2):
+            assert all(lost_peer(lazy_setup, made, R // 2, at).values()), (R, at)
+        if R >= 3:
+            crossed = {r: connect_ops(r, pairs[::-1] if r % 2 else pairs) for r, pairs in mine.items()}
+            assert lazy_setup(crossed).deadlocked, R
 
 
 def test_eager_streams_hold_a_receive_behind_another_pairs_send():
