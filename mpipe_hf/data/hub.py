@@ -211,13 +211,16 @@ def load_checkpoint_processor(directory: str):
 
     Raises:
         OSError: ``directory`` lacks the config, tokenizer or image processor files (from ``transformers``).
-        ValueError: the model type has no processor (from ``transformers`` or ``build_processor``).
+        ValueError: the model type has no processor (from ``transformers`` or ``build_processor``); its only
+            processor is the stock one, which needs torchvision, and torchvision does not import
+            (:func:`~.stock_processor.processor_problem`'s reason, naming the fix).
     """
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
     from transformers.utils import is_torchvision_available
 
     from .processor import PROCESSOR_TYPES, VIDEO_TYPES, build_processor
     from .processors_vlm import FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE
+    from .stock_processor import processor_problem
 
     adapter = os.path.join(directory, "adapter_config.json")
     source = directory
@@ -229,6 +232,9 @@ def load_checkpoint_processor(directory: str):
                              f"(base_model_name_or_path is null: trained from a config); pass the base model's "
                              f"directory, or one with its config.json")
     config = AutoConfig.from_pretrained(source)
+    problem = processor_problem(config.model_type, directory)
+    if problem:  # its only processor is the stock torchvision one: say so, not AutoProcessor's generic error
+        raise ValueError(problem)
     # the families of processors_vlm always get build_processor's (the stock PaliGemma/Idefics3 processors add
     # tokens and rewrite the text; InternVL, LLaVA-OneVision, SmolVLM need torchvision for video, GLM-4.1V's ours)
     if config.model_type not in FAMILY_TYPES and (is_torchvision_available()
