@@ -9,11 +9,7 @@ from transformers.utils import is_torchvision_available
 from mpipe_hf.data.processor import PROCESSOR_TYPES
 from mpipe_hf.data.stock_processor import needs_stock_processor, processor_problem
 
-STOCK_ONLY = ["molmo2", "step3p7", "minimax_m3_vl"]
-
-
 def test_the_families_needing_the_stock_processor_are_those_without_ours():
-    assert all(needs_stock_processor(t) for t in STOCK_ONLY)
     # Llama 4, LFM2-VL and Cohere2-Vision have torchvision-free image processors; the PIL families need none
     assert not any(needs_stock_processor(t) for t in ("llama4", "lfm2_vl", "cohere2_vision", "qwen2_vl", "gemma3"))
     assert {"llama4", "lfm2_vl", "cohere2_vision"} <= set(PROCESSOR_TYPES)
@@ -23,6 +19,9 @@ def test_the_families_needing_the_stock_processor_are_those_without_ours():
     # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR: theirs too (mpipe_hf/data/processors_kimi_ocr.py)
     assert not any(needs_stock_processor(t) for t in ("kimi_k25", "minicpm_ocr", "unlimited_ocr"))
     assert {"kimi_k25", "minicpm_ocr", "unlimited_ocr"} <= set(PROCESSOR_TYPES)
+    # Molmo2, Step3p7 and MiniMax-M3-VL: theirs too (mpipe_hf/data/processors_molmo2_step3p7_minimax.py)
+    assert not any(needs_stock_processor(t) for t in ("molmo2", "step3p7", "minimax_m3_vl"))
+    assert {"molmo2", "step3p7", "minimax_m3_vl"} <= set(PROCESSOR_TYPES)
 
 
 @pytest.fixture
@@ -34,14 +33,13 @@ def kimi_without_ours(monkeypatch):
     monkeypatch.setattr(module, "needs_stock_processor", lambda t: t == "kimi_k25" or needed(t))
 
 
-@pytest.mark.parametrize("model_type", STOCK_ONLY)
-def test_the_problem_names_the_fix(model_type):
-    problem = processor_problem(model_type, "some/checkpoint")
+def test_the_problem_names_the_fix(kimi_without_ours):
+    problem = processor_problem("kimi_k25", "some/checkpoint")
     if is_torchvision_available():
         assert problem is None
-        assert "model.name_or_path" in processor_problem(model_type, None)
+        assert "model.name_or_path" in processor_problem("kimi_k25", None)
     else:
-        assert "install torchvision" in problem and model_type in problem
+        assert "install torchvision" in problem and "kimi_k25" in problem
     assert processor_problem("llama4", None) is None and processor_problem("qwen2_vl", None) is None
 
 
