@@ -59,7 +59,8 @@ def test_llama4_conversation_trains_and_loads(tokenizer):
         validate({**batch, "input_ids": broken})
 
 
-@pytest.mark.parametrize("model_type", ["llama4", "lfm2_vl", "cohere2_vision"])
+@pytest.mark.parametrize("model_type", ["llama4", "lfm2_vl", "cohere2_vision", "gemma4_unified", "muse_glimmer",
+                                        "muse_spark"])
 def test_a_saved_snapshot_loads_back_without_torchvision(model_type, tokenizer, tmp_path):
     """``save_pretrained`` names the stock classes (``AutoProcessor`` builds them where torchvision is installed;
     with the stock classes under torch 2.14.1 + torchvision 0.29.1, LFM2-VL's snapshot gave the same tensors);
@@ -88,7 +89,7 @@ def test_a_saved_snapshot_loads_back_without_torchvision(model_type, tokenizer, 
 @pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1",
                     reason="the full suite (MPIPE_HF_FULL=1): a torchrun launch of its own; CI checks these "
                            "families' data path above and their split in test_numerics.py")
-@pytest.mark.parametrize("model_type", ["lfm2_vl"])
+@pytest.mark.parametrize("model_type", ["lfm2_vl", "muse_glimmer", "muse_spark"])
 def test_mpipe_hf_train_through_the_torchvision_free_data_path(demo, tmp_path, model_type):
     """``mpipe-hf train`` on the tiny model over the demo's conversations, micro-batches built by the data path
     (the torch-operation image processor under the stock processor class), equals the unsplit model on one
