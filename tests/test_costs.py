@@ -295,7 +295,7 @@ def test_all_to_all_rows_and_saved_bytes_are_what_the_plan_counts(world, monkeyp
     """A sparse decoder layer through transformers' ``AllToAllEP`` over this process's gloo group (the all-to-alls
     run, moving the rows to this one rank) against the same layer's grouped-mm experts: each all-to-all of rows
     sends the plan's ``dispatch_bytes``, and the layer saves for its backward the plan's ``saved_bytes`` more; in
-    fp32 and under bf16 autocast (the rows stay fp32: the residual stream's)."""
+    fp32 and under bf16 autocast (the rows sent stay fp32: the residual stream's; the outputs sent back are bf16)."""
     import transformers.distributed.expert_parallel as hf_ep
     from torch.distributed.device_mesh import DeviceMesh
     from mpipe_hf.schedule.tune import Profile
@@ -323,11 +323,14 @@ def test_all_to_all_rows_and_saved_bytes_are_what_the_plan_counts(world, monkeyp
     mesh = DeviceMesh.from_group(world, "cpu", mesh_dim_names=("ep",))
     dispatch = hf_ep.EPImplementationInterface()["all_to_all"](layer.mlp.experts, mesh, mesh)
     layer.mlp.experts.forward = lambda h, i, w: dispatch(h, i, w).to(h.dtype)
+    layer.mlp.experts._is_expert_parallel = True  # as shard_experts sets it
     with_ep = saved()
     profile = Profile(num_layers=6, layer_forward_s=1.0, layer_backward_s=1.0,
                       activation_bytes=4.0 * tokens * text.hidden_size)
     expected = expert_plan(config, profile, [3, 3], 0, ep_size=2)
-    assert sent == [expected.dispatch_bytes] * 2
+    # the combine sends the experts' outputs, bf16 under autocast (mpipe_hf.models.expert_precision): the plan's
+    # fp32 figure bounds it
+    assert sent == [expected.dispatch_bytes, expected.dispatch_bytes / (2 if bf16 else 1)]
     assert with_ep - alone == expected.saved_bytes
 
 

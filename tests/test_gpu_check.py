@@ -17,9 +17,10 @@ ROWS = ["sync-debug qwen2.5-vl identity", "sync-debug qwen2.5-vl frozen", "sync-
         "sync-debug qwen3-vl frozen", "sync-debug qwen3.5 unpadded", "sync-debug qwen2.5-vl packed",
         "sync-debug flash_attention_2", "wire loopback to stage 0", "split vs unsplit (deterministic)",
         "fsdp2 one-rank bf16 lora", "bf16 saved bytes per micro", "max_memory_allocated vs plan", "swap overlap",
-        "step timing (CUDA events)", "host syncs per step", "host syncs per action", "nccl eager init"]
+        "step timing (CUDA events)", "host syncs per step", "host syncs per action", "moe experts bf16 grouped gemm",
+        "nccl eager init"]
 ON_CPU = ["wire loopback to stage 0", "split vs unsplit (deterministic)", "fsdp2 one-rank bf16 lora",
-          "bf16 saved bytes per micro", "swap overlap"]
+          "bf16 saved bytes per micro", "swap overlap", "moe experts bf16 grouped gemm"]
 
 
 def run(tmp_path, *extra):
@@ -50,6 +51,9 @@ def test_gpu_check_prints_every_row_on_cpu(tmp_path):
     assert rows["max_memory_allocated vs plan"]["values"]["plan_bytes"] > 3 * bf16["weight_bytes"]
     assert rows["split vs unsplit (deterministic)"]["values"]["max_grad_diff"] <= 1e-5
     assert rows["fsdp2 one-rank bf16 lora"]["values"]["sharded"] > 0
+    moe = rows["moe experts bf16 grouped gemm"]["values"]  # the bf16 GEMM's operands, within bf16 of fp32
+    assert moe["dtypes"] == ["torch.bfloat16/torch.bfloat16"] and 0 < moe["rel_diff"] < 2 ** -6, moe
+    assert set(moe["per_token_s"]) == {"bf16", "fp32", "dense"}, moe
     wire = rows["wire loopback to stage 0"]["values"]
     assert wire["bytes_sent"] > 0 and all(got == plain for got, plain in wire["losses"].values()), wire
 

@@ -58,8 +58,8 @@ def bf16_grouped_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_ind
     Returns:
         ``(tokens, hidden)`` in ``hidden_states``' dtype, as transformers' forward returns it.
     """
-    device = hidden_states.device.type
-    if torch.is_autocast_enabled(device):
+    device = hidden_states.device.type  # no autocast on some (the meta device)
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
         casts = {}
         for name in FUSED:

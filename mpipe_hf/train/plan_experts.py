@@ -12,8 +12,11 @@ With ``parallel.ep_size = E_p`` the replicas of a stage rank form EP groups (:mo
   combine as much again after (never both at once). For the backward, transformers' ``AllToAllEP`` keeps what the
   one-process grouped-mm experts keep (the expert inputs and the ``(rows, hidden)`` outputs that the routing
   weights multiply, already in the layer's meta-device count) plus, per routed row, the sort order that puts the
-  combined rows back (int64) and the row's routing weight in fp32: :data:`EP_SAVED_BYTES_PER_ROW` bytes
-  (``tests/test_costs.py`` measures the difference on a real layer over a one-process gloo all-to-all);
+  combined rows back (int64), the row's routing weight in fp32 and the experts' mask of rows routed off the rank
+  (bool, masked where ``_is_expert_parallel`` is set): :data:`EP_SAVED_BYTES_PER_ROW` bytes (``tests/test_costs.py``
+  measures the difference on a real layer over a one-process gloo all-to-all). Under ``train.bf16`` the combine
+  sends the experts' bf16 outputs (:mod:`mpipe_hf.models.expert_precision`), half the dispatch's bytes: the fp32
+  figure here bounds it;
 - time: each MoE layer's all-to-alls per micro-batch (:func:`~mpipe_hf.schedule.hardware.moe_all_to_all_seconds`:
   the counts, the dispatch and the combine forward, their backwards), charged to the stage's ``F`` and ``B``
   (:class:`~mpipe_hf.schedule.simulate.Costs`' ``all_to_all``).
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from ..models.costs import is_sparse
 from ..models.expert_parallel import check_expert_parallel, expert_tensors, num_experts, stage_prefixes
 
-EP_SAVED_BYTES_PER_ROW = 8 + 4  # per routed (token, expert) row: its place in the sort order (int64), its weight (fp32)
+EP_SAVED_BYTES_PER_ROW = 8 + 4 + 1  # per routed row: its place in the sort (int64), its weight (fp32), its mask (bool)
 ROW_BYTES = 4  # the dispatched rows' element size: the fp32 residual stream's
 
 

@@ -6,6 +6,7 @@
 - :mod:`.numerics`: FSDP2 on a one-rank mesh (bf16, LoRA) against one process, and the split against the
   unsplit model under deterministic algorithms;
 - :mod:`.perf`: bf16 memory, the plan, swap overlap, step timing and host syncs on a decoder-only model;
+- :mod:`.moe`: fused MoE experts on the bf16 grouped GEMM against the fp32 path and a dense MLP, per token;
 - :mod:`.nccl_init`: eager or lazy communicator set-up, from NCCL's own log.
 """
 
@@ -15,5 +16,5 @@ from __future__ import annotations
 def all_rows() -> tuple:
     """``(check, measure)`` of every row, in the table's order; ``measure(setup)`` returns a
     :class:`~.common.Row`."""
-    from . import families, nccl_init, numerics, perf, wire
-    return (*families.rows(), *wire.rows(), *numerics.rows(), *perf.rows(), *nccl_init.rows())
+    from . import families, moe, nccl_init, numerics, perf, wire
+    return (*families.rows(), *wire.rows(), *numerics.rows(), *perf.rows(), *moe.rows(), *nccl_init.rows())
