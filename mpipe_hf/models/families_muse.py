@@ -41,10 +41,16 @@ def tiny_muse_glimmer_config(tokenizer, num_layers: int = 8, hidden_size: int = 
     position grid, window attention then full attention, 2 x 2 pixel shuffle to 128), the adapter (128 -> 64) and
     projection; a text model of ``num_layers`` (4 heads of 16, 2 key-value heads; every fourth from the last
     global without rotary embedding, the others 16-token sliding), logits times ``output_multiplier`` soft-capped
-    at 20; untied embeddings, as the real model. Images are ``<|image_pad|>`` x (patches / 4)."""
+    at 20; untied embeddings, as the real model. Images are ``<|image_pad|>`` x (patches / 4).
+
+    ``qk_scale_factor`` 1.0 (the real model's 3.87): the queries and keys are RMS-normalised without a learned
+    scale, so this factor alone sets the attention's temperature, and a random model at 3.87 has logits spread
+    by 3.87, each softmax nearly one-hot over near-ties: one AdamW step's fp32 rounding (a split's sums in another
+    order) then moved the step-2 gradients by 2e-4 of their largest (Muse Spark's by 6.7e-3), against 8e-6 (4e-5)
+    at 1.0 (:func:`~.tiny.usual_temperature` gives Gemma 4 the same start)."""
     from transformers import MuseGlimmerConfig
     text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, sliding_window=16,
-                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, qk_scale_factor=1.0)
     vision = dict(patch_size=14, pos_emb_height=4, pos_emb_width=4, max_position_embeddings=16, patch_temporal=2,
                   merge_size=2, layer_types=["window_attention", "full_attention"], **VISION)
     ids = _qwen_specials(tokenizer)

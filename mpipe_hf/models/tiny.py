@@ -178,7 +178,8 @@ def non_degenerate(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module
     features are exactly 0, every tower gradient is 0 on both sides, and a gradient check compares zero with zero.
     Gated DeltaNet's decay rates ``A_log`` (Qwen3.5), initialised to ``log U(0.01, 16)``, are drawn from
     ``log U(0.05, 0.5)``: with rates up to 16 the decay saturates over a token, and the gradients of ``A_log`` and
-    ``dt_bias`` fall to 1e-8, under fp32's noise in them. Parameters are visited once (tied weights stay tied)."""
+    ``dt_bias`` fall to 1e-8, under fp32's noise in them. A text attention that scales its logits by 1.0 starts at
+    the usual temperature (:func:`usual_temperature`). Parameters are visited once (tied weights stay tied)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
@@ -186,4 +187,22 @@ def non_degenerate(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module
                 param.copy_(torch.rand(param.shape, generator=gen).mul(0.45).add(0.05).log())
             elif param.is_floating_point() and param.numel() and not param.any():
                 param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
+        usual_temperature(model)
     return model
+
+
+def usual_temperature(model: torch.nn.Module) -> None:
+    """In place: each text attention of ``model`` whose logits are ``q . k`` unscaled (``scaling == 1.0``: Gemma 4,
+    Gemma 4 Unified, Gemma 3n), its queries and keys RMS-normalised with learned scales (``q_norm``, ``k_norm``),
+    gets both scales times ``head_dim ** -0.25``: its logits start at ``q . k / sqrt(head_dim)``, as any
+    randomly initialised attention. The real models learn these scales, and with them their temperature; left at
+    their initial 1.0, a random model's logits have a spread of ``sqrt(head_dim)`` (4 to 5.7 in the tiny
+    configs), each softmax nearly one-hot over near-ties, and its gradients so sensitive to the parameters that
+    the fp32 rounding of one AdamW step (a split's sums in another order) moved the tiny Gemma 4's step-2 gradients
+    by 2.9e-4 of their largest, 27 times Gemma 3's 1.1e-5; with these scales, 1.9e-5. A layer that reuses
+    another's keys (shared key/value layers) has only ``q_norm``."""
+    for module in model.modules():
+        if type(module).__name__.endswith("TextAttention") and getattr(module, "scaling", None) == 1.0:
+            for norm in (getattr(module, "q_norm", None), getattr(module, "k_norm", None)):
+                if getattr(norm, "weight", None) is not None:
+                    norm.weight.mul_(module.head_dim ** -0.25)
