@@ -20,6 +20,9 @@ from mpipe_hf.train import load_recipe
 from mpipe_hf.train.recipe import SECTIONS
 from mpipe_hf.train.trainer import load_config, load_data, load_model, load_processor
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist"))
+from reference import hf_inputs  # noqa: E402  (the keys a family hands over as lists, converted)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, NUM_MICRO, LR = 2, 4, 2e-3
 # AdamW moves a parameter by about lr * g / (|g| + eps): with torch's eps = 1e-8, fp32 noise of 1e-8 on a
@@ -90,7 +93,7 @@ def train_unsplit(model, plan, num_micro, steps, train, skipped=()):
         loss_sum = 0.0
         for mb in micros:
             with torch.autocast("cpu", dtype=torch.bfloat16) if train.bf16 else contextlib.nullcontext():
-                out = model(**{k: v for k, v in mb.items() if k != "labels"})
+                out = model(**hf_inputs(model, {k: v for k, v in mb.items() if k != "labels"}))
                 loss = model.loss_function(logits=out.logits, labels=mb["labels"], vocab_size=vocab,
                                            num_items_in_batch=total)
                 if getattr(out, "aux_loss", None) is not None:  # MoE: HF's load-balancing term, token-weighted
@@ -151,7 +154,7 @@ def train_like_one_process(tmp_path, raw):
     loaded, info = type(ref_model).from_pretrained(tmp_path / "out" / "checkpoint", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
-        inputs = {k: v for k, v in micro.items() if k != "labels"}
+        inputs = hf_inputs(ref_model, {k: v for k, v in micro.items() if k != "labels"})
         diff = (loaded(**inputs).logits - ref_model(**inputs).logits).abs().max().item()
     assert diff < 1e-4, diff
     return processor, ref_model, micro
