@@ -158,7 +158,7 @@ def _plan(args) -> None:
     from .train.plan_experts import ep_within_node
     parallel = recipe.parallel
     result = plan(config, cfg, profile, layers, text_layers, ckpt, parallel.ep_size,
-                  ep_within_node(parallel, config, recipe.data))
+                  ep_within_node(parallel, config, recipe.data), parallel.dp_size)
     print(f"{config.model_type}: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} dp_size={parallel.dp_size} "
           f"ep_size={parallel.ep_size} preprocess={cfg.preprocess} text_layers={text_layers} "
           f"gradient_checkpointing={ckpt}; costs from {source}")

@@ -364,7 +364,23 @@ def test_plan_table_gives_each_column_its_unit():
     from mpipe_hf.train.plan import Plan, RankPlan
     table = Plan([RankPlan(0, 2**30, 2**30, 2**31, 2**29, 47)], [2], 1.0, 0.1, None).table().splitlines()
     head, units, row = (line.split() for line in table[:3])
-    assert head == ["rank", "params", "grads", "optim", "activ", "total", "|", "in-flight"], table
-    assert units == ["GiB"] * 5 + ["|", "forwards"], table
-    assert row == ["0", "1.00", "1.00", "2.00", "0.50", "4.50", "|", "47"], table
+    assert head == ["rank", "params", "grads", "optim", "activ", "nccl", "total", "|", "in-flight"], table
+    assert units == ["GiB"] * 6 + ["|", "forwards"], table
+    assert row == ["0", "1.00", "1.00", "2.00", "0.50", "0.00", "4.50", "|", "47"], table
     assert all("(GiB)" not in line for line in table), table
+
+
+def test_plan_counts_nccl_buffers_by_the_communicators_a_rank_joins():
+    """``mpipe-hf plan``'s NCCL column: 24 MiB (4 MiB x 2 channels x 3 protocols) per peer of every communicator a
+    rank joins. At ``pp = 16``: rank 0's 30 pair groups, the pipeline's and the world's rings, 34 peers, 0.80 GiB;
+    rank 5's 6 pairs and the rings, 10 peers; a replica adds the data-parallel ring, EP its group's other members.
+    The figures follow the pairs a rank is in."""
+    from mpipe_hf.train.plan import RankPlan
+    from mpipe_hf.train.plan_nccl import PER_PEER, communicators, nccl_bytes
+    assert PER_PEER == 24 * 2**20
+    assert nccl_bytes(0, 16) == 34 * PER_PEER and nccl_bytes(5, 16) == 10 * PER_PEER
+    assert nccl_bytes(0, 1) == 0 and nccl_bytes(0, 2) == 4 * PER_PEER  # pairs 0->1, 1->0; rings of one peer
+    assert communicators(5, 16, dp_size=4, ep_size=2) == {
+        "pipeline pairs": (6, 6), "pipeline collectives": (1, 2), "world": (1, 2), "data parallel": (1, 2),
+        "expert parallel": (1, 1)}
+    assert RankPlan(0, 0, 0, 0, 0, 0, 0, nccl_bytes(0, 16)).total_bytes == 34 * PER_PEER

@@ -14,6 +14,8 @@ runs, before any GPU is booked.
 - With expert parallelism (``parallel.ep_size``, issue 40) a rank holds ``E / ep_size`` experts of each MoE layer of
   its stages, the all-to-all's buffers, and its stages' ``F`` and ``B`` take the all-to-alls' time
   (:mod:`.plan_experts`).
+- NCCL's buffers: the communicators a rank joins (its pipeline pairs, the pipeline's, the world's, the
+  data-parallel and EP groups) at NCCL's default buffer sizes (:mod:`.plan_nccl`, which states the model).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..schedule.actions import Kind
 from ..schedule.simulate import simulate
 from ..schedule.tune import Profile, costs_for
 from .plan_experts import ExpertPlan, expert_plan, rank_bytes, sharded_names, with_all_to_all
+from .plan_nccl import nccl_bytes
 from .plan_vision import patches_per_image_token, vision_parts, with_frozen_vit
 
 ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per trained element
@@ -55,11 +58,12 @@ class RankPlan:
     activation_bytes: int
     peak_in_flight: int
     all_to_all_bytes: int = 0
+    nccl_bytes: int = 0  # NCCL's buffers, :mod:`.plan_nccl`'s model
 
     @property
     def total_bytes(self) -> int:
         return (self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
-                + self.all_to_all_bytes)
+                + self.all_to_all_bytes + self.nccl_bytes)
 
 
 @dataclass(frozen=True)
@@ -85,13 +89,14 @@ class Plan:
         columns in GiB, then ``in-flight``, a count (the stage forwards a rank holds for their backward at its
         peak), apart from them."""
         ep = self.experts is not None
-        gib = ["params", "grads", "optim", "activ"] + ["all2all"] * ep + ["total"]
+        gib = ["params", "grads", "optim", "activ"] + ["all2all"] * ep + ["nccl", "total"]
         lines = [f"{'rank':>4} " + " ".join(f"{h:>9}" for h in gib) + f" | {'in-flight':>9}",
                  f"{'':>4} " + " ".join(f"{'GiB':>9}" for _ in gib) + f" | {'forwards':>9}"]
         for r in self.ranks:
             lines.append(f"{r.rank:>4} {r.param_bytes / GIB:9.2f} {r.grad_bytes / GIB:9.2f} "
                          f"{r.optimizer_bytes / GIB:9.2f} {r.activation_bytes / GIB:9.2f} "
-                         + (f"{r.all_to_all_bytes / GIB:9.2f} " if ep else "") + f"{r.total_bytes / GIB:9.2f} | "
+                         + (f"{r.all_to_all_bytes / GIB:9.2f} " if ep else "") + f"{r.nccl_bytes / GIB:9.2f} "
+                         f"{r.total_bytes / GIB:9.2f} | "
                          f"{r.peak_in_flight:>9}")
         lines.append(f"layers per stage {self.layers_per_stage}; "
                      + (f"{self.experts.describe()}; " if ep else "ep_size 1; ")
@@ -329,13 +334,15 @@ def _peak_activation_bytes(order, stage_bytes: list[float], graph_bytes: float =
 
 
 def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[int], text_layers: int = 0,
-         gradient_checkpointing: bool = False, ep_size: int = 1, ep_within_node: bool = True) -> Plan:
+         gradient_checkpointing: bool = False, ep_size: int = 1, ep_within_node: bool = True,
+         dp_size: int = 1) -> Plan:
     """Every rank's memory and the predicted step of ``cfg`` with ``layers_per_stage`` on ``profile`` (see the
     module docstring). With ``gradient_checkpointing`` a layer keeps only its input (``profile.activation_bytes``)
     per micro in flight, and each rank adds one layer's full activations, rebuilt during a backward. A trainable
     ``P``'s graphs count as the tower's activations plus ``text_layers`` layers' per micro-batch. ``ep_size``:
     expert parallelism (``parallel.ep_size``; :mod:`.plan_experts`), its all-to-all over NVLink when
-    ``ep_within_node``, else InfiniBand.
+    ``ep_within_node``, else InfiniBand. ``dp_size``: the pipeline replicas, for NCCL's buffers
+    (:mod:`.plan_nccl`; none in a world of one process).
 
     Raises:
         ValueError: as :func:`~mpipe_hf.models.split` (the layout, ``text_layers``, the model type); as
@@ -373,7 +380,8 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
         act, in_flight = _peak_activation_bytes(orders[rank], stage_bytes, graph, cfg.owner_backward)
         ranks.append(RankPlan(rank, sum(sizes[n] for n in held), sum(sizes[n] for n in grads),
                               ADAM_STATE_BYTES * sum(numel[n] for n in trained), round(act + recompute), in_flight,
-                              rank_bytes(experts, rank, cfg.pp_size)))
+                              rank_bytes(experts, rank, cfg.pp_size),
+                              nccl_bytes(rank, cfg.pp_size, dp_size, ep_size)))
     if gradient_checkpointing:  # each backward first recomputes its layers' forward
         profile = dataclasses.replace(profile, layer_backward_s=profile.layer_backward_s + profile.layer_forward_s)
     costs = with_all_to_all(costs_for(profile, cfg, layers_per_stage, text_layers), experts)
