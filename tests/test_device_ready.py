@@ -137,6 +137,18 @@ def test_host_syncs_per_step_are_a_fixed_few_and_none_per_action(world, bf16):
     assert sum(few.values()) <= 2, few
 
 
+def test_the_step_sums_go_to_the_device_from_pinned_memory(world, monkeypatch):
+    """The step's sums leave the host through ``to_device`` (pinned on CUDA: a ``non_blocking`` copy from pageable
+    memory waits for the device, a second host sync per step), not a plain ``.to``."""
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from mpipe_hf.runtime import executor, placement
+    moved = []
+    monkeypatch.setattr(executor, "to_device", lambda t, device: moved.append(t) or placement.to_device(t, device))
+    syncs_per_step(qwen2(), world, 2)
+    assert [t.dtype for t in moved] == [torch.float64, torch.float64], moved  # the two steps' sums
+
+
 @pytest.fixture(scope="module")
 def vl_models():
     """Tiny real Qwen2.5-VL and Qwen3-VL configs, and micro-batches their own processors made from real photos

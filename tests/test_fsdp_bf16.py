@@ -150,7 +150,8 @@ def test_dp2_pp2_fsdp_bf16_through_the_executor_equals_one_process(demo, tmp_pat
 
 def test_a_step_inside_the_callers_autocast_region_is_refused(world):
     """A caller's autocast region, enabled or disabled, would nest the step's own regions and keep their casts
-    past them (issue 37's loss of gradient under FSDP2): the executor's step refuses it, naming the policy."""
+    past them (issue 37's loss of gradient under FSDP2): the executor's step and its evaluation refuse it, naming
+    the policy."""
     import torch
     from mpipe_hf.runtime import PipelineExecutor, Preprocess
     from mpipe_hf.schedule import ScheduleConfig
@@ -161,4 +162,6 @@ def test_a_step_inside_the_callers_autocast_region_is_refused(world):
         with torch.autocast("cpu", torch.bfloat16, enabled=enabled):
             with pytest.raises(ValueError, match="inside a torch.autocast region.*train.bf16"):
                 executor.step(lambda m: {"x": torch.ones(1, 2)})
+            with pytest.raises(ValueError, match="inside a torch.autocast region.*train.bf16"):  # an evaluation too
+                executor.evaluate(lambda m: {"x": torch.ones(1, 2)})
     executor.close()

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from ..schedule.actions import RECV_KINDS
 from ..schedule.connect import step_pairs
 from ..schedule.forward import forward_config
+from .casts import check_no_outer_region
 from .handlers import StepContext, Tensors, run_action
 from .watchdog import PeerFailed
 
@@ -32,8 +33,10 @@ def evaluate(executor, load: Callable[[int], Tensors], num_micro: int | None = N
         ``(summed token loss, label tokens)`` over the run, the same on every rank.
 
     Raises:
-        As :meth:`~.executor.PipelineExecutor.step`.
+        As :meth:`~.executor.PipelineExecutor.step`; ``ValueError`` when called inside an autocast region
+        (:func:`~.casts.check_no_outer_region`), as a step is.
     """
+    check_no_outer_region(executor.device.type)
     full = executor.cfg
     n = num_micro or full.num_micro  # a static owners tuple fits the full run only
     cfg = dataclasses.replace(full, num_micro=n, owners=full.owners[:n] if full.owners and n == full.num_micro

@@ -49,7 +49,7 @@ from .data_parallel import is_sharded, local
 from .evaluate import evaluate
 from .handlers import Preprocess, StepContext, Tensors, preprocess_seed
 from .memory import storage_ids
-from .placement import host_prepare
+from .placement import host_prepare, to_device
 from .groups import abandon, close, fresh_groups, in_process_recovery
 from .order_run import OrderRun
 from .preload import control_group, load_owned, vote
@@ -336,7 +336,7 @@ class PipelineExecutor:
             totals[FIXED + self.rank], totals[FIXED + world + self.rank] = busy, wall
             totals[FIXED + 2 * world + self.rank] = run.peak_bytes
             totals[FIXED + 3 * world + self.rank] = torch.cuda.max_memory_allocated(self.device) if cuda else 0
-            totals = totals.to(self.device, non_blocking=True)
+            totals = to_device(totals, self.device)  # pinned on CUDA: from pageable memory the copy would wait
             totals[SUMS] = ctx.sums(self.device)  # accumulated on the device: no sync per micro-batch
             ctx.check({"totals": totals}, "the step's loss sum")
             self.watchdog.wait(dist.all_reduce(totals, group=self.group, async_op=True), "the step's loss sum")
