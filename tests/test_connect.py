@@ -23,6 +23,8 @@ from mpipe_hf.schedule.forward import build_forward_schedule
 from mpipe_hf.schedule.simulate import Costs
 from mpipe_hf.schedule.swap import SwapConfig, with_swaps
 
+PER_PEER = lambda src, dst: (min(src, dst), max(src, dst))  # noqa: E731 - torch's per-peer P2P communicator
+
 
 def random_case(rng: random.Random):
     """One configuration ``build_schedule`` accepts, with the variant of the step the executor would run."""
@@ -72,11 +74,13 @@ def sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
     receives, and each rank's receives completing in the order it posted them, as on the runtime's one side
     stream; with NCCL connecting each pair at its first use, a host rendezvous, and the streams sharing CUDA's 8
     hardware queues). Controls, on the first ``n // 3``: eager per pair with the rendezvous but without the
-    prologue, and with the streams on one hardware queue. Also checks that every pair a step uses has a group
+    prologue, with the streams on one hardware queue, and with a communicator per peer carrying both directions
+    (torch's own per-peer P2P communicators; sends free to start). Also checks that every pair a step uses has a group
     (:func:`pipeline_pairs`)."""
     rng = random.Random(seed)
     found = {"lazy without prologue": 0, "lazy": 0, "eager per direction": 0, "eager per pair": 0,
-             "eager rendezvous without prologue": 0, "eager one hardware queue": 0}
+             "eager rendezvous without prologue": 0, "eager one hardware queue": 0,
+             "eager per peer, both directions": 0}
     for i in range(n):
         case = random_case(rng)
         bare = case_ops(**case)
@@ -94,6 +98,7 @@ def sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
             found["eager rendezvous without prologue"] += eager_streams(bare, PER_PAIR, True,
                                                                         rendezvous=True).deadlocked
             found["eager one hardware queue"] += eager_streams(ops, PER_PAIR, True, queues=1).deadlocked
+            found["eager per peer, both directions"] += eager_streams(ops, PER_PEER, rendezvous=True).deadlocked
     return found
 
 
@@ -104,13 +109,15 @@ def test_no_set_up_deadlocks_the_builders_schedules_with_a_group_per_directed_pa
     group per direction deadlocks in some, a group per directed pair in none, also with NCCL connecting each pair
     at its first use (a host rendezvous inside the eagerly made communicator, which the prologue's messages are)
     and a rank's streams sharing 8 hardware queues. Controls: without the prologue that rendezvous deadlocks some;
-    with every stream of a rank on one hardware queue, some deadlock."""
+    with every stream of a rank on one hardware queue, some deadlock; so do a pair's two directions on one
+    communicator's stream."""
     found = sweep()
     print(f"180 random configurations: {found}")
     assert found["lazy without prologue"] > 0, "the model finds the deadlock the runtime had without the prologue"
     assert found["eager per direction"] > 0, "the model finds the hangs of a group per direction"
     assert found["eager rendezvous without prologue"] > 0, "eager set-up needs the prologue too"
     assert found["eager one hardware queue"] > 0, "the model finds the hangs of streams sharing a queue"
+    assert found["eager per peer, both directions"] > 0, "a pair's two directions on one stream hang"
     assert found["eager per pair"] == 0 and found["lazy"] == 0, found
 
 
