@@ -68,6 +68,24 @@ def test_dp2_pp2_equals_one_process(demo, tmp_path, preprocess, dp_shard, owner_
     assert worst < 1e-4, worst
 
 
+def one_process_eval(demo, model, path) -> tuple[float, int]:
+    """``(loss, label tokens)`` of ``model`` over the rows of ``path``, one row per micro-batch, its token losses
+    summed over the set over its label tokens (a row that fails to load is left out), on one process."""
+    plan = demo_plan(demo, path, shuffle=False)
+    vocab, mode = model.config.get_text_config().vocab_size, model.training
+    loss_sum, tokens = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for micro in plan.eval_micros():
+            mb = plan.load_rows(micro)
+            logits = model(**{k: v for k, v in mb.items() if k != "labels"}).logits
+            loss_sum += model.loss_function(logits=logits, labels=mb["labels"], vocab_size=vocab,
+                                            num_items_in_batch=1).item()
+            tokens += int((mb["labels"][..., 1:] != -100).sum())
+    model.train(mode)
+    return loss_sum / tokens, tokens
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -105,9 +123,12 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     moments loaded from the checkpoint's whole tensors."""
     cli = os.path.join(os.path.dirname(sys.executable), "mpipe-hf")
     data, bad = data_with_a_bad_row(demo, tmp_path)
+    held_out = tmp_path / "eval.jsonl"  # 2 M + 1 rows, the bad one in replica 1's share, the last row in neither
+    held_out.write_text("".join(open(data).readlines()[:2 * NUM_MICRO + 1]))
     out = str(tmp_path / "run")
     recipe = write_recipe(demo, tmp_path / "nodes.yaml", out, path=data, shuffle=False, dp_size=2, dp_shard=True,
-                          preprocess="frozen", max_steps=STEPS, save_steps=2, mesh_order="dp_inner")
+                          preprocess="frozen", max_steps=STEPS, save_steps=2, mesh_order="dp_inner",
+                          eval_path=str(held_out))
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen([cli, "train", recipe, "--nnodes", "2", "--node-rank", str(i), "--master-addr",
@@ -117,11 +138,12 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "mesh_order dp_inner; the pipelines' global ranks [[0, 2], [1, 3]]" in outputs[0], outputs[0][-3000:]
     assert any(f"train.jsonl:{bad + 1} (cannot decode image" in text for text in outputs), outputs[1][-3000:]
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    logged = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows, evals = [r for r in logged if "eval_loss" not in r], [r for r in logged if "eval_loss" in r]
     assert not any(r.get("skipped") for r in rows) and rows[0]["bad_rows"] == 1, rows
     for name in ("rank0_state.pt", "rank1_state.pt"):  # replica 0's, whose ranks never loaded the row: it learnt it
         saved = torch.load(os.path.join(out, "checkpoint-2", name), weights_only=False)["skips"]
-        assert list(saved["rows"]) == [bad] and saved["rows"][bad].endswith(f"train.jsonl:{bad + 1}"), saved
+        assert list(saved["rows"]) == [bad] and saved["rows"][bad][0].endswith(f"train.jsonl:{bad + 1}"), saved
     losses, norms, model = reference(demo, True, data, shuffle=False)  # without the bad row
     assert len(rows) == STEPS
     for step, (row, loss, norm) in enumerate(zip(rows, losses, norms)):
@@ -135,6 +157,13 @@ def test_two_nodes_train_exactly_and_resume_onto_one_replica(demo, tmp_path):
     expected = model.state_dict()
     worst = max((t - expected[n]).abs().max().item() for n, t in trained.state_dict().items())
     assert worst < 1e-4, worst
+    # the evaluation is divided among the replicas: the bad row is tried by its replica alone, once, and the loss
+    # over the set is one process's (to the weights' 1e-4)
+    assert sum(text.count("the evaluation runs on the rest") for text in outputs) == 1, outputs
+    loss, tokens = one_process_eval(demo, model, str(held_out))
+    assert [(e["step"], e["eval_rows"], e["eval_rows_dropped"], e["eval_label_tokens"]) for e in evals] == [
+        (STEPS, 2 * NUM_MICRO, 1, tokens)], evals
+    assert abs(evals[0]["eval_loss"] - loss) < 1e-4, (evals[0], loss)
 
     one = str(tmp_path / "one")
     recipe = write_recipe(demo, tmp_path / "one.yaml", one, path=data, shuffle=False, num_micro=2 * NUM_MICRO,

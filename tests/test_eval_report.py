@@ -53,7 +53,7 @@ def test_the_recipe_runs_evaluation_counts_the_rows_its_owners_dropped(capsys):
     row, the warning and the summary's ``eval_rows``."""
     from mpipe_hf.train.job import RecipeJob
     logged = []
-    run = SimpleNamespace(evaluate=lambda load, micros: (1.5, 40), pipeline_rows=lambda mine: mine + ["b.jsonl:2 (x)"],
+    run = SimpleNamespace(evaluate=lambda load, micros: (1.5, 40), gathered_rows=lambda mine: mine + ["b.jsonl:2 (x)"],
                           lead=True)
     job = SimpleNamespace(run=run, eval_set=list(range(12)), metrics=SimpleNamespace(log=logged.append),
                           eval_plan=SimpleNamespace(load_rows=None, take_dropped=lambda: ["a.jsonl:3 (y)"],
@@ -66,6 +66,41 @@ def test_the_recipe_runs_evaluation_counts_the_rows_its_owners_dropped(capsys):
     assert "step 4: eval_loss 1.50000 over 40 label tokens of 10 of 12 eval rows" in out, out
     assert ("warning: step 4: the evaluation ran on 10 of 12 rows: 2 failed to load and were left out (the first: "
             "a.jsonl:3 (y))") in out, out
+
+
+def test_an_evaluation_is_divided_among_the_replicas():
+    """Each of ``dp`` replicas evaluates its share of the set: the same forwards on each (FSDP2 gathers its
+    weights in every one), every micro-batch counted by one replica, and the sums over the replicas give one
+    process's loss. The executor here returns a micro-batch's loss and tokens from its rows; the replicas'
+    ``DataParallel.sum`` is what each replica would add (replayed one replica at a time)."""
+    from mpipe_hf.schedule import ScheduleConfig
+    from mpipe_hf.train.loop import eval_share, evaluate_rows
+
+    micros = [[i] for i in range(11)]
+    for size in (1, 2, 3, 4, 12):
+        shares = [eval_share(micros, size, r) for r in range(size)]
+        assert len({tuple(len(part) for part, _ in share) for share in shares}) == 1, shares  # the same forwards
+        counted = sorted(m[0] for share in shares for part, yes in share if yes for m in part)
+        assert counted == list(range(11)), (size, counted)  # each once
+        assert sum(len(p) for p, _ in shares[0]) == 11 // size + 11 % size  # the share, not the whole set
+
+    class Executor:
+        cfg, device, runs = ScheduleConfig(2, 1, 4), "cpu", 0
+
+        def evaluate(self, load, n):
+            self.runs += 1
+            batch = [load(m) for m in range(n)]
+            return float(sum(10 * r + 1 for rows in batch for r in rows)), sum(len(rows) for rows in batch)
+
+    partial = []
+    dp = SimpleNamespace(size=3, sum=lambda values: partial.append(values.tolist()) or values)
+    executors = [Executor() for _ in range(3)]
+    for replica, executor in enumerate(executors):
+        evaluate_rows(executor, lambda rows: rows, micros, dp, replica)
+    loss, tokens = evaluate_rows(Executor(), lambda rows: rows, micros)
+    assert tokens == 11 and loss == sum(10 * r + 1 for r in range(11)) / 11
+    assert [sum(p[k] for p in partial) for k in (0, 1)] == [loss * tokens, tokens], partial
+    assert [e.runs for e in executors] == [2, 2, 2]  # 3 micro-batches, then the 2 every replica runs
 
 
 def test_the_packing_line_gives_rows_fill_and_padding_saved():

@@ -298,7 +298,7 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         plan = self._plan(dataset, self.args.per_device_eval_batch_size, evaluation=True)
         n = len(dataset)
         loss, tokens = self.run.evaluate(plan.load_rows, plan.eval_micros())
-        dropped = self.run.pipeline_rows(plan.take_dropped())
+        dropped = self.run.gathered_rows(plan.take_dropped())
         if dropped and self.run.rank == 0:
             logger.warning(f"MPipeTrainer: the {prefix} set ran on {n - len(dropped)} of {n} rows: {len(dropped)} "
                            f"failed to load and were left out (the first: {dropped[0]})")

@@ -205,7 +205,7 @@ class RecipeJob:
         import time
         begin = time.perf_counter()
         loss, tokens = self.run.evaluate(self.eval_plan.load_rows, self.eval_plan.eval_micros())
-        dropped = self.run.pipeline_rows(self.eval_plan.take_dropped())
+        dropped = self.run.gathered_rows(self.eval_plan.take_dropped())
         total = len(self.eval_set)
         used = total - len(dropped)
         self.eval_rows = (used, total)

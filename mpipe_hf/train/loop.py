@@ -199,19 +199,41 @@ def finite_step(stats: StepStats, grad_norm: float, params, skips: Skips, data: 
     return False
 
 
-def evaluate_rows(executor: PipelineExecutor, load_rows: Callable[[list[int]], dict], micros: list[list[int]]
-                  ) -> tuple[float, int]:
+def evaluate_rows(executor: PipelineExecutor, load_rows: Callable[[list[int]], dict], micros: list[list[int]],
+                  data_parallel=None, replica: int = 0) -> tuple[float, int]:
     """``(eval loss, label tokens)`` over the micro-batches ``micros`` (each a list of row indices; e.g.
     :meth:`~mpipe_hf.data.owner.MicroBatchPlan.eval_micros`), ``M`` micro-batches per forward-only run (the last
     run shorter): the token losses summed over the whole set and divided once by its label tokens, as one process
     computes it. The same on every rank.
 
+    With ``data_parallel`` (a :class:`~mpipe_hf.runtime.data_parallel.DataParallel` of ``size`` replicas; this
+    rank's replica ``replica``), the set is divided among the replicas (:func:`eval_share`) and the sums are added
+    over them: each replica runs the same number of forwards, of the same lengths (FSDP2 gathers its weights in
+    every forward, a collective of the replicas).
+
     Raises:
         ValueError, TimeoutError, RuntimeError: as :meth:`PipelineExecutor.evaluate`.
     """
+    size = data_parallel.size if data_parallel is not None else 1
     loss_sum, tokens, per_run = 0.0, 0, executor.cfg.num_micro
-    for first in range(0, len(micros), per_run):
-        run = micros[first:first + per_run]
-        run_loss, run_tokens = executor.evaluate(lambda m: load_rows(run[m]), len(run))
-        loss_sum, tokens = loss_sum + run_loss, tokens + run_tokens
+    for part, counted in eval_share(micros, size, replica):
+        for first in range(0, len(part), per_run):
+            run = part[first:first + per_run]
+            run_loss, run_tokens = executor.evaluate(lambda m: load_rows(run[m]), len(run))
+            loss_sum, tokens = loss_sum + counted * run_loss, tokens + counted * run_tokens
+    if size > 1:
+        import torch
+        sums = data_parallel.sum(torch.tensor([loss_sum, tokens], dtype=torch.float64, device=executor.device))
+        loss_sum, tokens = sums[0].item(), int(sums[1].item())
     return loss_sum / max(tokens, 1), tokens
+
+
+def eval_share(micros: list, size: int, replica: int) -> list[tuple[list, bool]]:
+    """Replica ``replica``'s share of an evaluation's micro-batches ``micros`` among ``size`` replicas, as
+    ``[(micro-batches, counted)]``: the ``replica``-th of ``size`` equal consecutive runs of ``len // size``,
+    counted; then the ``len % size`` left over, which every replica runs (the same forwards on each) and replica 0
+    alone counts. Each micro-batch is counted once over the replicas."""
+    even = len(micros) // size
+    share = [(micros[replica * even:(replica + 1) * even], True)] if even else []
+    rest = micros[even * size:]
+    return share + ([(rest, replica == 0)] if rest else [])

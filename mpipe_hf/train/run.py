@@ -280,15 +280,19 @@ class PipelineRun:
     def evaluate(self, load_rows: Callable[[list[int]], dict], micros: list[list[int]]) -> tuple[float, int]:
         """``(eval loss, label tokens)`` of the forward-only schedule over the micro-batches ``micros`` (row
         indices, every row once: :meth:`~mpipe_hf.data.owner.MicroBatchPlan.eval_micros`) once
-        (:func:`~.loop.evaluate_rows`): the token losses summed over the set over its label tokens."""
-        return evaluate_rows(self.executor, load_rows, micros)
+        (:func:`~.loop.evaluate_rows`): the token losses summed over the set over its label tokens, the set
+        divided among the data-parallel replicas. Every rank calls it."""
+        return evaluate_rows(self.executor, load_rows, micros, self.data_parallel, self.dp_rank)
 
-    def pipeline_rows(self, mine: Sequence[str]) -> list[str]:
-        """Every pipeline rank's ``mine`` (e.g. the rows its loads dropped, each owner knowing only its own),
-        gathered on every rank of the pipeline, in rank order. Every rank of the pipeline calls it."""
-        every = [None] * self.cfg.pp_size
-        dist.all_gather_object(every, list(mine), group=self.group)
-        return [row for rows in every for row in rows]
+    def gathered_rows(self, mine: Sequence[str]) -> list[str]:
+        """Every rank's ``mine`` (e.g. the rows its loads dropped, each owner knowing only its own), gathered over
+        every rank of every replica (an evaluation is divided among the replicas, :func:`~.loop.eval_share`), in
+        rank order, each row once (the micro-batches every replica runs drop theirs on each). Every rank calls
+        it."""
+        group = self.executor.control
+        every = [None] * dist.get_world_size(group)
+        dist.all_gather_object(every, list(mine), group=group)
+        return list(dict.fromkeys(row for rows in every for row in rows))
 
     def write_trace(self, path: str) -> None:
         """Every rank's action events (``trace``) as one Chrome trace at ``path``, by replica 0's rank 0 (every
