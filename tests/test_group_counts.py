@@ -77,3 +77,24 @@ def test_members_alone_need_the_pinned_names(monkeypatch):
     monkeypatch.setattr(group_names, "_pinned", lambda name, split: contextlib.nullcontext())
     counts = count_groups(4, monkeypatch)
     assert counts[0]["pairs"][(0, 2)] != counts[2]["pairs"][(0, 2)]
+
+
+def test_an_ep_group_is_renewed_by_its_members_on_gloo_only(monkeypatch):
+    """A broken EP group (a :class:`WatchedGroup`) is made anew by its members alone, under the name both give
+    it; on any backend but gloo renewing refuses by name (on NCCL torch would split the new communicator from the
+    world's, a call the ranks outside the group never make: a hang)."""
+    from mpipe_hf.runtime.watchdog import WatchedGroup
+    dist.init_process_group("fake", rank=2, world_size=4, store=FakeStore())
+    try:
+        monkeypatch.setattr(group_names, "_MADE", Counter())
+        holder = WatchedGroup.__new__(WatchedGroup)
+        holder.mesh, holder.timeout, holder.ranks, holder.broken = None, timedelta(seconds=5), [0, 2], True
+        holder.group = dist.new_group([0, 2])
+        with pytest.raises(RuntimeError, match="cannot be made anew on fake"):
+            holder.renew()
+        monkeypatch.setattr(dist, "get_backend", lambda group: "gloo")
+        holder.renew()
+        assert not holder.broken and holder.group.group_name == "mpipe_hf/watched/0-2/0"
+        assert dist.get_process_group_ranks(holder.group) == [0, 2]
+    finally:
+        dist.destroy_process_group()
