@@ -5,6 +5,7 @@ conversation with an image that the unsplit tiny model trains on and the split's
 saved snapshot loads back as the same processor."""
 
 import json
+import os
 
 import PIL.Image
 import pytest
@@ -91,3 +92,16 @@ def test_a_saved_snapshot_loads_back_without_torchvision(model_type, tokenizer, 
     text = loaded.apply_chat_template(rows()[0]["messages"][:1], tokenize=False, add_generation_prompt=True)
     got, want = (p(text=[text], images=rows()[0]["images"], return_tensors="pt") for p in (loaded, processor))
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1",
+                    reason="the full suite (MPIPE_HF_FULL=1): a torchrun launch of its own; CI checks these "
+                           "families' data path above and their split in test_numerics.py")
+@pytest.mark.parametrize("model_type", TYPES)
+def test_mpipe_hf_train_through_the_torchvision_free_data_path(demo, tmp_path, model_type):
+    """``mpipe-hf train`` on the tiny model over the demo's conversations, micro-batches built by the data path
+    above, equals the unsplit model on one process (losses, gradient norms, the reloaded checkpoint's logits:
+    ``train_like_one_process``)."""
+    from train_common import train_tiny_family_like_one_process
+    processor, _, micro = train_tiny_family_like_one_process(demo, tmp_path, model_type, TINY_MODELS[model_type])
+    assert type(processor.image_processor).__name__.endswith("NoTV") and "pixel_values" in micro
