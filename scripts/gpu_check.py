@@ -14,20 +14,24 @@ against one process; bf16 memory and ``max_memory_allocated`` against the plan; 
 syncs per step and per action; eager or lazy NCCL set-up from NCCL's own log.
 
 Each row says PASS, FAIL, INFO or n/a with its figures. A row that raises is a FAIL with its error's first line,
-and the rows after it still run. The exit status is 1 when any row failed (n/a is not a failure). With
-``--device cpu`` the rows that can run on a CPU run and the CUDA-only ones say n/a (tests/test_gpu_check.py).
-``--break CHECK`` breaks that row on purpose (a perturbed gradient, loss or payload, or a host read in a stage
-forward), to show that a broken row fails the run.
+and the rows after it still run; so is a row that runs past ``--row-timeout`` seconds (one stuck where no signal
+reaches it ends the run a minute later, printing the rows so far). The exit status is 1 when any row failed (n/a
+is not a failure). With ``--device cpu`` the rows that can run on a CPU run and the CUDA-only ones say n/a
+(tests/test_gpu_check.py). ``--break CHECK`` breaks that row on purpose (a perturbed gradient, loss or payload,
+or a host read in a stage forward), to show that a broken row fails the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict
 from datetime import timedelta
@@ -86,6 +90,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=8192, help="the decoder-only model's vocabulary")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per micro-batch (batch 1)")
     parser.add_argument("--micro", type=int, default=4, help="micro-batches per step")
+    parser.add_argument("--row-timeout", type=float, default=300.0, metavar="S",
+                        help="seconds a row may take before it fails (a row stuck in NCCL ends the run 60 s later)")
     parser.add_argument("--only", action="append", default=[], metavar="TEXT",
                         help="run only the rows whose name contains TEXT (repeatable); the others say skipped")
     parser.add_argument("--break", dest="breaks", action="append", default=[], metavar="CHECK",
@@ -105,9 +111,38 @@ def commit() -> str:
         return "unknown"
 
 
+@contextlib.contextmanager
+def time_limit(check: str, limit: float, rows: list[Row], grace: float = 60.0):
+    """Bound the row ``check`` to ``limit`` seconds. Past it, ``SIGALRM`` raises ``TimeoutError`` in the row: a
+    wait in Python gives way, the row FAILs and the rows after it run. A row stuck where no signal reaches it (a
+    collective that never completes, inside NCCL) is ended with the process ``grace`` seconds later: the table of
+    ``rows`` so far and this row's FAIL are printed, and the exit status is 1."""
+    def soft(signum, frame):
+        raise TimeoutError(f"ran past its limit of {limit:g} s (--row-timeout)")
+
+    done = threading.Event()
+
+    def hard():
+        if not done.wait(limit + grace):
+            print(table(rows + [Row(check, "FAIL", f"stuck past {limit + grace:g} s (--row-timeout and "
+                                                   f"{grace:g} s more): the process ends")]), flush=True)
+            os._exit(1)
+
+    previous = signal.signal(signal.SIGALRM, soft)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    threading.Thread(target=hard, daemon=True).start()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        done.set()
+
+
 def run_rows(setup: Setup, only: list[str]) -> list[Row]:
-    """Every row in order, each timed (``values["row_s"]``); one that raises is a FAIL with its error's first
-    line; a row ``--only`` leaves out says so (n/a)."""
+    """Every row in order, each timed (``values["row_s"]``) and bounded (:func:`time_limit`,
+    ``--row-timeout``); one that raises is a FAIL with its error's first line; a row ``--only`` leaves out says so
+    (n/a)."""
     rows = []
     for check, measure in all_rows():
         if only and not any(text in check for text in only):
@@ -115,7 +150,8 @@ def run_rows(setup: Setup, only: list[str]) -> list[Row]:
             continue
         start = time.perf_counter()
         try:
-            row = measure(setup)
+            with time_limit(check, setup.args.row_timeout, rows):
+                row = measure(setup)
         except Exception as err:  # noqa: BLE001 - one failing row must not hide the others
             row = Row(check, "FAIL", first_line(err))
         finally:

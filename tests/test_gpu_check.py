@@ -16,11 +16,12 @@ TINY = ["--device", "cpu", "--hidden", "64", "--layers", "2", "--vocab", "256", 
 ROWS = ["sync-debug qwen2.5-vl identity", "sync-debug qwen2.5-vl frozen", "sync-debug qwen2.5-vl trainable",
         "sync-debug qwen3-vl frozen", "sync-debug qwen3.5 unpadded", "sync-debug qwen2.5-vl packed",
         "sync-debug flash_attention_2", "wire loopback to stage 0", "split vs unsplit (deterministic)",
-        "fsdp2 one-rank bf16 lora", "bf16 saved bytes per micro", "max_memory_allocated vs plan", "swap overlap",
-        "step timing (CUDA events)", "host syncs per step", "host syncs per action", "moe experts bf16 grouped gemm",
-        "nccl eager init"]
+        "fsdp2 one-rank bf16 lora", "fsdp2 one-rank bf16 lora own autocast", "bf16 saved bytes per micro",
+        "max_memory_allocated vs plan", "swap overlap", "step timing (CUDA events)", "host syncs per step",
+        "host syncs per action", "moe experts bf16 grouped gemm", "nccl eager init"]
 ON_CPU = ["wire loopback to stage 0", "split vs unsplit (deterministic)", "fsdp2 one-rank bf16 lora",
-          "bf16 saved bytes per micro", "swap overlap", "moe experts bf16 grouped gemm"]
+          "fsdp2 one-rank bf16 lora own autocast", "bf16 saved bytes per micro", "swap overlap",
+          "moe experts bf16 grouped gemm"]
 
 
 def run(tmp_path, *extra):
@@ -51,6 +52,8 @@ def test_gpu_check_prints_every_row_on_cpu(tmp_path):
     assert rows["max_memory_allocated vs plan"]["values"]["plan_bytes"] > 3 * bf16["weight_bytes"]
     assert rows["split vs unsplit (deterministic)"]["values"]["max_grad_diff"] <= 1e-5
     assert rows["fsdp2 one-rank bf16 lora"]["values"]["sharded"] > 0
+    own = rows["fsdp2 one-rank bf16 lora own autocast"]["values"]  # the executor chose a region per stage call
+    assert own["sharded"] > 0 and own["step_autocast"] == "None", own
     moe = rows["moe experts bf16 grouped gemm"]["values"]  # the bf16 GEMM's operands, within bf16 of fp32
     assert moe["dtypes"] == ["torch.bfloat16/torch.bfloat16"] and 0 < moe["rel_diff"] < 2 ** -6, moe
     assert set(moe["per_token_s"]) == {"bf16", "fp32", "dense"}, moe
@@ -66,3 +69,30 @@ def test_a_broken_row_fails_the_run_and_is_named(tmp_path):
     assert rows["wire loopback to stage 0"]["result"] == "PASS"  # the rows after a failed one still run
     assert f"FAILED: {check}" in done.stdout
     assert rows["swap overlap"]["figures"] == "skipped (--only)"
+
+
+def test_a_row_past_its_time_limit_fails_and_a_stuck_one_ends_the_run():
+    """A row that runs past ``--row-timeout`` raises ``TimeoutError`` in the row (it FAILs, the rows after it
+    run); one stuck where the signal cannot reach it (here: the signal blocked) ends the process a grace period
+    later, printing the rows so far and its FAIL, with exit status 1."""
+    import time
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import gpu_check
+    start = time.perf_counter()
+    try:
+        with gpu_check.time_limit("slow", 0.2, []):
+            time.sleep(20)
+    except TimeoutError as err:
+        assert "--row-timeout" in str(err) and time.perf_counter() - start < 5
+    else:
+        raise AssertionError("the row ran past its limit")
+    stuck = ("import signal, sys, time; sys.path.insert(0, sys.argv[1]); import gpu_check; "
+             "from gpu_check_rows.common import Row\n"
+             "with gpu_check.time_limit('stuck', 0.2, [Row('earlier', 'PASS', 'fine')], grace=0.5):\n"
+             "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM}); time.sleep(60)")
+    done = subprocess.run([sys.executable, "-c", stuck, os.path.dirname(SCRIPT)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("earlier") for line in lines) and any(
+        line.startswith("stuck") and "FAIL" in line and "the process ends" in line for line in lines), done.stdout

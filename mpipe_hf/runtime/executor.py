@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..schedule import ScheduleConfig, build_schedule
@@ -133,8 +134,10 @@ class PipelineExecutor:
         self.params, self.tied = list(params), list(tied)
         if any(all(p is not q for q in self.params) for p, _ in self.tied):
             raise ValueError("every tied parameter must be one of params (the parameters this rank optimises)")
-        # the stages' autocast dtype (a wrapper's ``autocast_dtype``) for the step region; not under FSDP2 (.casts)
-        self.autocast = None if sharded else next(
+        # the stages' autocast dtype (a wrapper's ``autocast_dtype``) for the step region; not under FSDP2 (.casts):
+        # stages FSDP2 wraps open a region per call, whatever the replicas' count (a one-rank mesh wraps too)
+        fsdp = sharded or any(isinstance(m, FSDPModule) for stage in stages.values() for m in stage.modules())
+        self.autocast = None if fsdp else next(
             (m.autocast_dtype for m in stages.values() if getattr(m, "autocast_dtype", None)), None)
         self.swap_config, self.swap = swap, None
         if swap is not None:

@@ -15,6 +15,7 @@ from .common import Row, Setup, closing, drop_grads, executor_for, pinned
 
 SPLIT = "split vs unsplit (deterministic)"
 FSDP = "fsdp2 one-rank bf16 lora"
+FSDP_OWN = "fsdp2 one-rank bf16 lora own autocast"
 ATOL = 1e-5
 # bf16 keeps 8 significant bits: two results that round one bf16 cast apart differ by 2**-8 of its magnitude.
 # The FSDP2 path and one process make the same casts of the same values (the bf16 all-gather is the cast autocast
@@ -149,10 +150,21 @@ def one_rank_fsdp(stages: dict, device: torch.device):
 
 
 def fsdp_row(setup: Setup) -> Row:
-    """FSDP2 on a one-rank mesh, bf16 units with fp32 reduction, LoRA, through the executor (a region per stage
-    call, as the executor runs under FSDP2 with replicas), against the unsplit model on one process under
-    per-micro autocast: every LoRA gradient, max difference relative to the tensor's largest, PASS within two
-    bf16 ulps (:data:`BF16_REL`)."""
+    """FSDP2 on a one-rank mesh, bf16 units with fp32 reduction, LoRA, through the executor, its autocast set by
+    the row to a region per stage call (as the executor runs under FSDP2 with replicas), against the unsplit model
+    on one process under per-micro autocast: every LoRA gradient, max difference relative to the tensor's largest,
+    PASS within two bf16 ulps (:data:`BF16_REL`)."""
+    return fsdp_case(setup, FSDP, own=False)
+
+
+def fsdp_own_row(setup: Setup) -> Row:
+    """:func:`fsdp_row` with the executor's own choice of autocast region (nothing set by the row, the replicas'
+    count the mesh's own): PASS also needs that choice to be a region per stage call (``autocast`` ``None``)."""
+    return fsdp_case(setup, FSDP_OWN, own=True)
+
+
+def fsdp_case(setup: Setup, check: str, own: bool) -> Row:
+    """The FSDP2 rows (:func:`fsdp_row`, :func:`fsdp_own_row`); ``own``: the executor chooses its autocast."""
     from mpipe_hf.models import split
     from mpipe_hf.schedule import ScheduleConfig
     from .perf import bench
@@ -163,27 +175,32 @@ def fsdp_row(setup: Setup) -> Row:
     carved = split(model, cfg, 0)
     dp = one_rank_fsdp(carved.stages, setup.device)
     ex, params = executor_for(carved, cfg, setup.device, bf16=True, data_parallel=dp)
-    ex.autocast = None  # under FSDP2 the executor keeps a region per stage call (runtime/casts.py says why)
+    if not own:
+        ex.autocast = None  # under FSDP2 the executor keeps a region per stage call (runtime/casts.py says why)
+    chosen = str(ex.autocast)
     with closing(ex):
         stats = ex.step(micros.__getitem__)
     ref_loss = reference(ref, micros, True, setup.device)
     grads = {n: full(p.grad) for n, p in params.items() if p.grad is not None}
-    if setup.broken(FSDP):
+    if setup.broken(check):
         name = sorted(grads)[0]
         grads[name] = grads[name] * 1.05
     ref_grads = {n: p.grad for n, p in ref.named_parameters() if p.requires_grad and p.grad is not None}
     diff, rel, worst, one_side = compare(grads, ref_grads)
     sharded = sum(hasattr(p, "full_tensor") for p in params.values())
     loss_rel = abs(stats.loss - ref_loss) / max(abs(ref_loss), 1e-30)
-    ok = rel <= BF16_REL and loss_rel <= BF16_REL and not one_side and sharded == len(params) > 0
+    ok = rel <= BF16_REL and loss_rel <= BF16_REL and not one_side and sharded == len(params) > 0 and (
+        chosen == "None" or not own)
     drop_grads(params)
     figures = (f"{len(grads)} LoRA gradients ({sharded} DTensor), max diff {diff:.2e} ({rel:.2e} of the tensor's "
                f"max; PASS <= {BF16_REL:.2e}, two bf16 ulps), loss rel diff {loss_rel:.2e}"
+               + (f"; the executor's step region: {chosen} (PASS: None)" if own else "")
                + (f"; only one side: {one_side[:3]}" if one_side else ""))
-    return Row(FSDP, "PASS" if ok else "FAIL", figures, {"max_grad_diff": diff, "max_grad_rel": rel, "worst": worst,
-                                                          "loss_rel_diff": loss_rel, "sharded": sharded})
+    return Row(check, "PASS" if ok else "FAIL", figures, {"max_grad_diff": diff, "max_grad_rel": rel, "worst": worst,
+                                                           "loss_rel_diff": loss_rel, "sharded": sharded,
+                                                           "step_autocast": chosen})
 
 
 def rows() -> tuple:
     """``(check, measure)`` of this module's rows, in the table's order."""
-    return ((SPLIT, split_row), (FSDP, fsdp_row))
+    return ((SPLIT, split_row), (FSDP, fsdp_row), (FSDP_OWN, fsdp_own_row))
