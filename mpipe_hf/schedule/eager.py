@@ -13,7 +13,10 @@ its receiver's host posting it, as under the lazy set-up once a pair is connecte
 
 :func:`eager_streams` runs every rank's operations (:func:`.connect.step_ops`, optionally behind the connect
 prologue) under that model for a given mapping of directed pairs to groups (:data:`PER_DIRECTION`,
-:data:`PER_PAIR`) and reports who waits on what when nothing can move. :func:`pipeline_pairs` is the set of
+:data:`PER_PAIR`) and reports who waits on what when nothing can move; optionally with what the plain stream model
+leaves out: NCCL connecting a pair at its first use inside an eagerly made communicator (a host rendezvous of the
+two ranks, which the connect prologue's messages are) and a rank's streams sharing CUDA's hardware queues (8 by
+default), where an operation that cannot start holds the later ones of its queue. :func:`pipeline_pairs` is the set of
 directed pairs the runtime makes a group for. Pure Python: no ``torch.distributed``.
 """
 
