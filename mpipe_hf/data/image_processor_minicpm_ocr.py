@@ -11,7 +11,9 @@ size and cut into its slices, row by row. Each is rescaled and normalised in ``f
 step) and laid out as NaViT patches ``(3, patch, h * w / patch)``. The resize is torchvision's (``resize_frames``
 of :mod:`.video_processor`, bicubic on the ``uint8`` image). Outputs: ``pixel_values`` ``(1, 3, patch, sum of
 h * w / patch)`` and ``target_sizes`` ``(views, 2)`` (patch rows, patch columns of the overview and each slice).
-``small_image_upsize="adaptive"`` (OpenCV's glyph classifier) is not reproduced: it raises.
+With ``small_image_upsize="adaptive"`` the unsliced image and each slice take the resolution the stock glyph
+classifier picks (its own function, which needs OpenCV as the stock class does; :meth:`~MiniCPMOcrImageProcessorNoTV.
+_adaptive_slice`).
 ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.
 """
 
@@ -32,7 +34,7 @@ from .video_processor import resize_frames
 class MiniCPMOcrNoTVKwargs(ImagesKwargs, total=False):
     """The stock class's own settings (its docstring): ``max_slice_nums``, ``scale_resolution``, ``patch_size``,
     ``slice_mode``, ``downsample_mode`` (``"4x"`` or ``"16x"``), ``use_image_id`` (read by the processor) and
-    ``small_image_upsize`` (``"always"`` or ``"never"`` here)."""
+    ``small_image_upsize`` (``"always"``, ``"never"`` or ``"adaptive"``)."""
 
     max_slice_nums: int
     scale_resolution: int
@@ -79,6 +81,18 @@ def slice_grid(height: int, width: int, max_slices: int, resolution: int) -> lis
     return best
 
 
+def _adaptive_resolution():
+    """The stock ``adaptive_upsize_resolution`` (OpenCV's Otsu threshold and connected components; its module
+    imports without torchvision): the resolution a view no larger than ``scale_resolution ** 2`` px is grown to,
+    or ``None`` to keep it.
+
+    Raises:
+        ImportError: OpenCV is not installed (as the stock class, when the helper is called).
+    """
+    from transformers.models.minicpm_ocr.image_processing_minicpm_ocr import adaptive_upsize_resolution
+    return adaptive_upsize_resolution
+
+
 def navit_patches(view: torch.Tensor, patch: int) -> torch.Tensor:
     """``(C, H, W)`` -> ``(C, patch, H * W / patch)``: the patches row by row, each patch's rows side by side (the
     stock ``reshape_by_patch``)."""
@@ -119,31 +133,58 @@ class MiniCPMOcrImageProcessorNoTV(PilBackend):
         height, width = image.shape[-2:]
         resolution, patch, mode = o["scale_resolution"], o["patch_size"], o["downsample_mode"]
         grid = slice_grid(height, width, o["max_slice_nums"], resolution) if o["slice_mode"] else None
-        size = best_resize(height, width, resolution, patch, mode,
-                           grid is None and o["small_image_upsize"] == "always")
-        views = [resize_frames(image, *size, o["resample"])]
+        source, grow = resolution, grid is None and o["small_image_upsize"] == "always"
+        if grid is None and o["small_image_upsize"] == "adaptive":
+            chosen = _adaptive_resolution()(image.numpy(), resolution)
+            source, grow = chosen or resolution, chosen is not None
+        views = [resize_frames(image, *best_resize(height, width, source, patch, mode, grow), o["resample"])]
         if grid is None:
             return views, [0, 0]
         rows, cols = grid
         part = best_resize(_whole(height, rows) / rows, _whole(width, cols) / cols, resolution, patch, mode, True)
         refined = resize_frames(image, part[0] * rows, part[1] * cols, o["resample"])
-        views += [refined[:, r * part[0]:(r + 1) * part[0], c * part[1]:(c + 1) * part[1]]
+        slices = [refined[:, r * part[0]:(r + 1) * part[0], c * part[1]:(c + 1) * part[1]]
                   for r in range(rows) for c in range(cols)]
-        return views, grid
+        if o["small_image_upsize"] == "adaptive":
+            slices = [self._adaptive_slice(image, grid, i, tile, o) for i, tile in enumerate(slices)]
+        return views + slices, grid
+
+    @staticmethod
+    def _adaptive_slice(image: torch.Tensor, grid: list[int], index: int, tile: torch.Tensor, o: dict):
+        """Slice ``index`` of ``grid`` at its adaptive resolution (the stock ``_resolve_tile_size``): the cell of
+        the original image at the resolution OpenCV's glyph classifier picks, where that costs fewer tokens than
+        ``tile`` (the slice as resized with the others), else ``tile``."""
+        height, width = image.shape[-2:]
+        rows, cols = grid
+        row, col = divmod(index, cols)
+        cell = image[..., round(height * row / rows):round(height * (row + 1) / rows),
+                     round(width * col / cols):round(width * (col + 1) / cols)]
+        cell_h, cell_w = cell.shape[-2:]
+        resolution = o["scale_resolution"]
+        if cell_h < 1 or cell_w < 1 or cell_h * cell_w > resolution ** 2:
+            return tile
+        chosen = _adaptive_resolution()(cell.numpy(), resolution)
+        if chosen == resolution:
+            return tile
+        target = best_resize(cell_h, cell_w, chosen or resolution, o["patch_size"], o["downsample_mode"],
+                             chosen is not None)
+        if target[0] * target[1] >= tile.shape[-2] * tile.shape[-1]:
+            return tile
+        return cell if target == (cell_h, cell_w) else resize_frames(cell, *target, PILImageResampling.BICUBIC)
 
     def _preprocess(self, images: list, return_tensors=None, **o) -> BatchFeature:
         """``images`` (``uint8`` ``(3, H, W)`` arrays, the PIL backend's) -> ``pixel_values``, ``target_sizes``,
         ``grids`` and ``num_patches_per_image`` (module docstring).
 
         Raises:
-            ValueError: ``do_resize`` off or ``small_image_upsize`` other than ``"always"`` / ``"never"`` (the
-                stock class refuses the first; ``"adaptive"`` needs OpenCV's classifier, not reproduced here).
+            ValueError: ``do_resize`` off (as the stock class) or ``small_image_upsize`` none of ``"always"``,
+                ``"never"``, ``"adaptive"``.
+            ImportError: ``"adaptive"`` without OpenCV (as the stock class).
         """
         if not o["do_resize"]:
             raise ValueError("do_resize=False is not supported: MiniCPM-OCR always resizes images to the patch grid")
-        if o["small_image_upsize"] not in ("always", "never"):
-            raise ValueError(f"small_image_upsize={o['small_image_upsize']!r} is not reproduced without "
-                             "torchvision (only 'always' and 'never')")
+        if o["small_image_upsize"] not in ("always", "never", "adaptive"):
+            raise ValueError(f"small_image_upsize={o['small_image_upsize']!r}: 'always', 'never' or 'adaptive'")
         values, sizes, grids, counts = [], [], [], []
         for array in images:
             views, grid = self._views(torch.from_numpy(array), o)
