@@ -56,6 +56,10 @@ CASES = [
     dict(name="qwen3_vl_moe-lora-trainable-T1-fsdp2", family="qwen3_vl_moe", preprocess="trainable", text_layers=1,
          dp_shard=True, lora=True, reload=True),
     dict(name="qwen3_5_moe-lora-frozen-T0", family="qwen3_5_moe", preprocess="frozen", text_layers=0, lora=True),
+    # bf16 with FSDP2: the expert shards, which FSDP2 leaves alone, cast once per step (runtime/casts.step_casts)
+    dict(name="qwen3_vl_moe-trainable-T1-fsdp2-bf16", family="qwen3_vl_moe", preprocess="trainable", text_layers=1,
+         dp_shard=True, bf16=True, lr=1e-4, adam_eps=1e-3, expert_rel=2 ** -7, last_step_rel=2 ** -5,
+         loss_atol=1e-4),
     # bf16 with FSDP2 and LoRA on the fused experts: the adapted expert weight cast to bf16 per call
     dict(name="qwen3_vl_moe-lora-trainable-T1-fsdp2-bf16", family="qwen3_vl_moe", preprocess="trainable",
          text_layers=1, dp_shard=True, lora=True, bf16=True, lr=1e-4, adam_eps=1e-3, expert_rel=2 ** -7,
