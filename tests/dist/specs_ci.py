@@ -46,6 +46,8 @@ PRECISION_CASES = [make_case("vision", 2, 2, 4, "frozen", bf16=True, order="pipe
                    make_case("vl-text", 2, 2, 3, "trainable", bf16=True, order="pipeline"),
                    make_case("vision", 2, 2, 4, "frozen", order="pipeline"),
                    make_case("vision", 2, 2, 3, "frozen", bf16=True)]
+# the fused MoE experts on the bf16 grouped GEMM, cast once per step (mpipe_hf.models.expert_precision): bitwise too
+PRECISION_CASES += family_cases([("qwen3_vl_moe", "trainable", 1, [2, 2, 4, 4])], bf16=True, order="pipeline")
 # activation swap (issue 17) in every mode: frozen at the issue's R = 4, V = 2, M = 8, trainable, owner-backward,
 # identity, placement fill, a text P, gradient checkpointing, and rank 0 alone; exact, with bytes moved
 SWAP_CASES = [make_case("vision", 4, 2, 8, "frozen", swap="all", steps=3),
