@@ -39,3 +39,35 @@ def test_the_loader_names_the_missing_torchvision(stock_family, monkeypatch, tmp
     with pytest.raises(ValueError) as err:
         load_checkpoint_processor(path)
     assert str(err.value) == processor_problem(STOCK, path) and "install torchvision" in str(err.value)
+
+
+def test_training_applies_the_recipes_tokenizer_and_pixel_bounds(stock_family, monkeypatch, tmp_path):
+    """``load_processor`` hands the stock processor the recipe's ``model.tokenizer`` (its chat template wins) and,
+    for a family resized between ``min_pixels`` and ``max_pixels``, those bounds over the checkpoint's, as it does
+    for every other family's image processor. ``AutoProcessor`` stands in here (no torchvision): it records what it
+    is given."""
+    from types import SimpleNamespace
+    from transformers import AutoConfig, AutoProcessor
+    from mpipe_hf.train import sources
+    from mpipe_hf.train.recipe import DataSection, ModelSource
+    monkeypatch.setattr("transformers.utils.is_torchvision_available", lambda: True)
+    given = []
+    monkeypatch.setattr(AutoProcessor, "from_pretrained", lambda path, **kw: given.append((path, kw)) or
+                        SimpleNamespace(chat_template="the checkpoint's", **kw))
+    path = _checkpoint(tmp_path / "model")
+    (tmp_path / "model" / "model.safetensors").touch()  # ModelSource asks for weights; nothing reads them here
+    own = qwen2_tokenizer(5120)
+    own.chat_template = "{{ 'the recipe tokenizer' }}"
+    own.save_pretrained(tmp_path / "tokenizer")
+    config = AutoConfig.from_pretrained(path)
+    recipe = SimpleNamespace(model=ModelSource(name_or_path=path, tokenizer=str(tmp_path / "tokenizer")),
+                             data=DataSection(path="x.jsonl", min_pixels=1000, max_pixels=20000))
+    monkeypatch.setattr(sources, "PIXEL_BOUNDED_TYPES", frozenset([STOCK]))  # as a Qwen-like stock family would be
+    processor = sources.load_processor(recipe, config)
+    assert [p for p, _ in given] == [path] and processor.chat_template == "{{ 'the recipe tokenizer' }}"
+    assert processor.tokenizer.chat_template == own.chat_template
+    assert processor.size == {"shortest_edge": 1000, "longest_edge": 20000} and processor.max_pixels == 20000
+    monkeypatch.setattr(sources, "PIXEL_BOUNDED_TYPES", frozenset())
+    recipe.model = ModelSource(name_or_path=path)
+    processor = sources.load_processor(recipe, config)  # no model.tokenizer, no pixel bounds: the checkpoint's own
+    assert given[-1] == (path, {}) and processor.chat_template == "the checkpoint's"

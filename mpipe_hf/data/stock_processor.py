@@ -44,15 +44,22 @@ def processor_problem(model_type: str, checkpoint: str | None) -> str | None:
     return None
 
 
-def stock_processor(model_type: str, checkpoint: str | None):
+def stock_processor(model_type: str, checkpoint: str | None, tokenizer_dir: str | None = None, **settings):
     """The checkpoint's own processor (``AutoProcessor``: the stock classes, its chat template) for a family of
-    ``model_type``.
+    ``model_type``, ``settings`` over its own (e.g. the recipe's pixel bounds), with the tokenizer of
+    ``tokenizer_dir`` where given (the recipe's ``model.tokenizer``; its chat template wins where it has one).
 
     Raises:
         ValueError: :func:`processor_problem`'s reason, where there is one (no torchvision, or no checkpoint).
     """
-    from transformers import AutoProcessor
+    from transformers import AutoProcessor, AutoTokenizer
     problem = processor_problem(model_type, checkpoint)
     if problem:
         raise ValueError(problem)
-    return AutoProcessor.from_pretrained(checkpoint)
+    tokenizer = None if tokenizer_dir is None else AutoTokenizer.from_pretrained(tokenizer_dir)
+    if tokenizer is not None:
+        settings["tokenizer"] = tokenizer
+    processor = AutoProcessor.from_pretrained(checkpoint, **settings)
+    if tokenizer is not None and tokenizer.chat_template:
+        processor.chat_template = tokenizer.chat_template
+    return processor

@@ -65,24 +65,34 @@ def load_share(source: ModelSource, config, cfg, rank: int, layers_per_stage: li
     return split_from_config(config, cfg, rank, layers_per_stage, text_layers, seed, adapter)
 
 
+def pixel_settings(recipe: Recipe, config) -> dict:
+    """The recipe's pixel bounds as settings of a checkpoint's image processor, to win over its own (``size``, and
+    ``min_pixels`` / ``max_pixels`` where it has them), for a family whose images are resized between them
+    (:data:`~mpipe_hf.data.processor.PIXEL_BOUNDED_TYPES`); ``{}`` for any other."""
+    if config.model_type not in PIXEL_BOUNDED_TYPES:
+        return {}
+    low, high = recipe.data.min_pixels, recipe.data.max_pixels
+    return {"size": {"shortest_edge": low, "longest_edge": high}, "min_pixels": low, "max_pixels": high}
+
+
 def load_processor(recipe: Recipe, config):
     """The tokenizer (decoder-only LM) or the family's processor (vision-language). A checkpoint's own image
     processor is used when it has one; a config-initialised model gets one built from its config. Qwen families
-    resize images to ``min_pixels .. max_pixels``."""
+    resize images to ``min_pixels .. max_pixels``. A family whose data path is its checkpoint's stock processor
+    (:mod:`~mpipe_hf.data.stock_processor`) gets the recipe's ``model.tokenizer`` and pixel bounds over it too."""
     from ..data.processors_torch_op_images import checkpoint_image_processor
     from ..data.stock_processor import needs_stock_processor, stock_processor
     if is_vision_language(config) and needs_stock_processor(config.model_type):  # the stock one (torchvision)
-        return stock_processor(config.model_type, recipe.model.name_or_path)
+        return stock_processor(config.model_type, recipe.model.name_or_path, recipe.model.tokenizer,
+                               **pixel_settings(recipe, config))
     tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer_dir)
     if not is_vision_language(config):
         return tokenizer
     saved = recipe.model.name_or_path is not None and os.path.isfile(
         os.path.join(recipe.model.name_or_path, "preprocessor_config.json"))
-    if saved:  # the recipe's pixel bounds win over the checkpoint's (size, and min/max_pixels where it has them)
-        size = ({"size": {"shortest_edge": recipe.data.min_pixels, "longest_edge": recipe.data.max_pixels},
-                 "min_pixels": recipe.data.min_pixels, "max_pixels": recipe.data.max_pixels}
-                if config.model_type in PIXEL_BOUNDED_TYPES else {})
-        image_processor = checkpoint_image_processor(config.model_type, recipe.model.name_or_path, **size)
+    if saved:  # the recipe's pixel bounds win over the checkpoint's
+        image_processor = checkpoint_image_processor(config.model_type, recipe.model.name_or_path,
+                                                     **pixel_settings(recipe, config))
     else:
         image_processor = image_processor_for(config, recipe.data.min_pixels, recipe.data.max_pixels)
     return build_processor(config, tokenizer, image_processor)
