@@ -63,10 +63,11 @@ STOCK_ONLY = {
     # tiny_cohere2_vision_config: 56-px tiles; ``small``: 24-px tiles, up to 6 (the photos shrink onto the grid)
     "cohere2_vision": ("Cohere2VisionImageProcessor", {"size": {"height": 56, "width": 56}, "max_patches": 4}),
     "cohere2_vision/small": ("Cohere2VisionImageProcessor", {"size": {"height": 24, "width": 24}, "max_patches": 6}),
-    # tiny_molmo2_config: 32-px crops of 8-px patches sharing 1 patch a side, up to 4; ``odd``: 28-px crops of 4-px
-    # patches (7 a side: the pooling windows cut at the edge) with unequal margins and 3 x 2 pooling, up to 6
+    # tiny_molmo2_config: 32-px crops of 8-px patches sharing 1 patch a side, up to 8 (the data path's: the same
+    # outputs as image/molmo2, kept once); ``odd``: 28-px crops of 4-px patches (7 a side: the pooling windows cut at
+    # the edge) with unequal margins and 3 x 2 pooling, up to 6
     "molmo2": ("Molmo2ImageProcessor", {"size": {"height": 32, "width": 32}, "patch_size": 8,
-                                        "overlap_margins": [1, 1], "max_crops": 4}),
+                                        "overlap_margins": [1, 1], "max_crops": 8}),
     "molmo2/odd": ("Molmo2ImageProcessor", {"size": {"height": 28, "width": 28}, "patch_size": 4,
                                             "overlap_margins": [2, 1], "max_crops": 6, "pooling_size": [3, 2]}),
     # tiny_step3p7_config: 96-px global views, 64-px windows (the 33 x 75 pattern gets 3); ``small``: 40-px global
@@ -75,11 +76,12 @@ STOCK_ONLY = {
                                           "vision_patch_size": 8}),
     "step3p7/small": ("Step3p7ImageProcessor", {"size": {"height": 40, "width": 40}, "patch_size": 24,
                                                 "max_image_size": 56, "vision_patch_size": 8}),
-    # tiny_minimax_m3_vl_config: 8-px patches merged 2 x 2, 1,024 to 2,048 px (every photo shrunk); ``grow``: 4-px
-    # patches 3 frames deep, 4,096 to 12,800 px (every photo grown)
-    "minimax_m3_vl": ("MiniMaxM3VLImageProcessor", {"patch_size": 8, "min_pixels": 1024, "max_pixels": 2048}),
-    "minimax_m3_vl/grow": ("MiniMaxM3VLImageProcessor", {"patch_size": 4, "temporal_patch_size": 3,
-                                                         "min_pixels": 4096, "max_pixels": 12800}),
+    # tiny_minimax_m3_vl_config: 8-px patches merged 2 x 2, 3,136 to 12,544 px (the data path's: every photo grown,
+    # the same outputs as image/minimax_m3_vl, kept once); ``shrink``: 4-px patches 3 frames deep, 256 to 1,024 px
+    # (every photo shrunk)
+    "minimax_m3_vl": ("MiniMaxM3VLImageProcessor", {"patch_size": 8, "min_pixels": 3136, "max_pixels": 12544}),
+    "minimax_m3_vl/shrink": ("MiniMaxM3VLImageProcessor", {"patch_size": 4, "temporal_patch_size": 3,
+                                                           "min_pixels": 256, "max_pixels": 1024}),
     # tiny_kimi_k25_config: 14-px patches, 2 x 2 merge, at most 6 patches (the photos shrink to it, then pad to
     # whole merge blocks; Kimi never grows an image); ``side``: at most 3 patches a side
     "kimi_k25": ("Kimi_K25ImageProcessor", {"patch_size": 14, "merge_size": 2, "max_patches": 6}),
