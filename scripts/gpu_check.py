@@ -11,7 +11,8 @@ Qwen2.5-VL (``P`` identity, frozen, trainable), Qwen3-VL, Qwen3.5 unpadded, a pa
 2 where ``flash_attn`` imports; a micro-batch through the sender and wire code onto the device and run by stage 0;
 the split against the unsplit model under deterministic algorithms; FSDP2 on a one-rank mesh in bf16 with LoRA
 against one process; bf16 memory and ``max_memory_allocated`` against the plan; swap overlap; step timing; host
-syncs per step and per action; eager or lazy NCCL set-up from NCCL's own log.
+syncs per step and per action; MoE experts per token on the bf16 grouped GEMM against transformers' fp32 path and a
+dense MLP of the same active width; eager or lazy NCCL set-up from NCCL's own log.
 
 Each row says PASS, FAIL, INFO or n/a with its figures. A row that raises is a FAIL with its error's first line,
 and the rows after it still run; so is a row that runs past ``--row-timeout`` seconds (one stuck where no signal
