@@ -126,27 +126,21 @@ def syncs_per_step(model, group, num_micro: int, bf16: bool = False):
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
-def test_host_syncs_per_step_are_a_fixed_few_and_none_per_action(world, bf16):
+def test_host_syncs_per_step_are_a_fixed_few_and_none_per_action(world, bf16, monkeypatch):
     """Every read of a device tensor on the host and every blocking copy, counted on an emulated device: the
-    same count for 2 and 6 micro-batches (none per action), and at most two per step (the step's sums)."""
-    import sys
-    sys.path.insert(0, os.path.dirname(__file__))
-    few = syncs_per_step(qwen2(), world, 2, bf16)
-    many = syncs_per_step(qwen2(), world, 6, bf16)
-    assert sum(many.values()) == sum(few.values()), f"per action: {many - few}"
-    assert sum(few.values()) <= 2, few
-
-
-def test_the_step_sums_go_to_the_device_from_pinned_memory(world, monkeypatch):
-    """The step's sums leave the host through ``to_device`` (pinned on CUDA: a ``non_blocking`` copy from pageable
-    memory waits for the device, a second host sync per step), not a plain ``.to``."""
+    same count for 2 and 6 micro-batches (none per action), and at most two per step (the step's sums). The sums
+    leave the host through ``to_device`` (pinned on CUDA: a ``non_blocking`` copy from pageable memory waits for
+    the device, another host sync per step), not a plain ``.to``."""
     import sys
     sys.path.insert(0, os.path.dirname(__file__))
     from mpipe_hf.runtime import executor, placement
     moved = []
     monkeypatch.setattr(executor, "to_device", lambda t, device: moved.append(t) or placement.to_device(t, device))
-    syncs_per_step(qwen2(), world, 2)
+    few = syncs_per_step(qwen2(), world, 2, bf16)
     assert [t.dtype for t in moved] == [torch.float64, torch.float64], moved  # the two steps' sums
+    many = syncs_per_step(qwen2(), world, 6, bf16)
+    assert sum(many.values()) == sum(few.values()), f"per action: {many - few}"
+    assert sum(few.values()) <= 2, few
 
 
 @pytest.fixture(scope="module")
