@@ -99,16 +99,16 @@ class Skips:
         return len(new)
 
 
-def forget_stale(skips: Skips, stale: list[int], plan, executor) -> None:
+def forget_stale(skips: Skips, stale: list[int]) -> None:
     """Drop from ``skips.rows`` the checkpoint's failed rows that ``plan``'s data no longer holds as they were
     (``stale``: :meth:`~mpipe_hf.data.owner.MicroBatchPlan.remember`'s answer), which are tried again and, should
-    they fail, counted as new; the lead rank says so in one line. Their count stays in ``skips.bad_rows``: those
+    they fail, counted as new; the world's rank 0 says so in one line. Their count stays in ``skips.bad_rows``: those
     rows did fail in the run before. An entry saved without a digest (its place only) is tried again too, but
     kept, so that it is not counted twice. Every rank decides alike (the same data, the same checkpoint)."""
     if not stale:
         return
     places = [skips.rows.pop(i)[0] if isinstance(skips.rows[i], tuple) else skips.rows[i] for i in stale]
-    if getattr(executor, "rank", 0) == 0:
+    if not dist.is_initialized() or dist.get_rank() == 0:  # the lead rank of the world: one line for the run
         shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
         print(f"mpipe_hf: resumed onto other data: {len(stale)} row(s) the checkpoint remembers as failed are not "
               f"known to be the rows at those places now ({shown}); they are tried again", flush=True)
@@ -155,7 +155,7 @@ def run_step(executor: PipelineExecutor, load: Callable[[int], dict], data: Data
     """
     executor.step_index = step  # P's dropout seeds follow the data step, skipped steps included
     if plan is not None:
-        forget_stale(skips, plan.remember(skips.rows), plan, executor)  # resumed: the checkpoint's failed rows
+        forget_stale(skips, plan.remember(skips.rows))  # resumed: the checkpoint's failed rows
         bad_rows = bad_rows or plan.take_dropped
     if executor.cfg.placement != "fill":
         ahead = None
