@@ -150,7 +150,7 @@ def test_dp2_pp2_fsdp_bf16_through_the_executor_equals_one_process(demo, tmp_pat
 
 def test_a_step_inside_the_callers_autocast_region_is_refused(world):
     """A caller's autocast region, enabled or disabled, would nest the step's own regions and keep their casts
-    past them (issue 37's loss of gradient under FSDP2): the executor's step and its evaluation refuse it, naming
+    past them (under FSDP2, a loss of gradient): the executor's step and its evaluation refuse it, naming
     the policy."""
     import torch
     from mpipe_hf.runtime import PipelineExecutor, Preprocess
