@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
 from transformers import AutoModelForImageTextToText
 from transformers.integrations import moe
 
@@ -28,6 +29,7 @@ from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.models import expert_precision, tiny
 from mpipe_hf.models.adapters import apply_adapter, is_adapter_tensor
 from mpipe_hf.runtime.casts import cached_cast, step_casts
+from mpipe_hf.runtime.memory import weight_copy
 from mpipe_hf.train.recipe_lora import LoraSection
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -141,6 +143,19 @@ def test_one_cast_per_step_equals_a_cast_per_call(monkeypatch):
     assert (n_step, n_call) == (fused, 2 * fused)
     assert all(torch.equal(a, b) for a, b in zip(step, call))
     assert sorted(per_step) == sorted(per_call) and all(torch.equal(per_step[n], per_call[n]) for n in per_step)
+
+
+def test_the_step_copies_are_weights_to_the_memory_count_and_the_swap():
+    """The step's copy of a trained fused weight and of a frozen one (a frozen expert: a frozen parameter, as
+    ``frozen_weight_casts`` makes a frozen Linear's) are weights to ``weight_copy``, views included, so that the
+    memory count and the activation swap leave them out; each is made once."""
+    trained = nn.Parameter(torch.randn(4, 16, 8))
+    frozen = nn.Parameter(torch.randn(4, 16, 8), requires_grad=False)
+    with step_casts():
+        for weight in (trained, frozen):
+            copy = cached_cast(weight, torch.bfloat16)
+            assert copy.dtype == torch.bfloat16 and copy is cached_cast(weight, torch.bfloat16)
+            assert weight_copy(copy) and weight_copy(copy.transpose(-2, -1)), weight.requires_grad
 
 
 def test_lora_on_the_fused_experts_casts_the_adapted_weight():

@@ -113,9 +113,10 @@ def step_casts(keeps=None) -> Iterator[None]:
 
 def cached_cast(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``weight`` in ``dtype`` when it is an fp32 tensor, else ``weight`` itself. A leaf (a trained weight, or a
-    frozen one: then a copy without gradient) is cast once per :func:`step_casts` and that copy reused; a
-    trained leaf only while gradients are on (a copy made under ``no_grad`` would carry none). A computed weight
-    (peft's ``ParamWrapper`` adds its adapter to the fused tensor on every read) is cast on every call."""
+    frozen one: then a frozen parameter, which the memory count and the swap take for a weight) is cast once per
+    :func:`step_casts` and that copy reused; a trained leaf only while gradients are on (a copy made under
+    ``no_grad`` would carry none). A computed weight (peft's ``ParamWrapper`` adds its adapter to the fused tensor
+    on every read) is cast on every call."""
     if weight.dtype != torch.float32 or dtype == torch.float32:
         return weight
     cacheable = _STEP_CASTS is not None and weight.is_leaf and (torch.is_grad_enabled() or not weight.requires_grad)
@@ -123,6 +124,7 @@ def cached_cast(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return weight.to(dtype)
     held = _STEP_CASTS.get(id(weight))
     if held is None or held[0] is not weight:
-        held = (weight, weight.to(dtype) if weight.requires_grad else weight.detach().to(dtype))
+        held = (weight, weight.to(dtype) if weight.requires_grad else  # a frozen one's copy: a parameter, as
+                nn.Parameter(weight.detach().to(dtype), requires_grad=False))  # frozen_weight_casts makes it
         _STEP_CASTS[id(weight)] = held
     return held[1]
