@@ -5,6 +5,7 @@ stream against fake CUDA streams. Single process, a few seconds."""
 import contextlib
 import dataclasses
 import functools
+import os
 import random
 import types
 
@@ -157,6 +158,23 @@ def test_pair_groups_made_by_their_members_in_sorted_order_cannot_deadlock():
         if R >= 3:
             crossed = {r: connect_ops(r, pairs[::-1] if r % 2 else pairs) for r, pairs in mine.items()}
             assert lazy_setup(crossed).deadlocked, R
+
+
+@pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="about 200 s: MPIPE_HF_FULL=1")
+def test_no_eager_deadlock_at_twelve_and_sixteen_ranks():
+    """The eager model (rendezvous at first use, 8 hardware queues, conservative) on 20 configurations at
+    ``R = 12`` and 16, where rank 0's 30 pair streams share its 8 queues: none deadlocks."""
+    rng, found, n = random.Random(5), 0, 0
+    while n < 20:
+        case, R = random_case(rng), rng.choice((12, 16))
+        case["cfg"] = dataclasses.replace(case["cfg"], pp_size=R, num_micro=rng.randint(R, 2 * R), owners=None)
+        try:
+            ops = with_connect(case_ops(**case))
+        except ValueError:  # a configuration the builder refuses at this size
+            continue
+        n += 1
+        found += eager_streams(ops, PER_PAIR, True, rendezvous=True, queues=8).deadlocked
+    assert found == 0
 
 
 def test_eager_streams_hold_a_receive_behind_another_pairs_send():
