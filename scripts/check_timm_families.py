@@ -1,17 +1,18 @@
-"""Check that the families whose vision tower is a timm model (FastVLM, Perception-LM) split exactly, where timm
-and torchvision import (they do not beside the CPU torch the project's CI runs on).
+"""Check that the families whose vision tower is a timm model (FastVLM, Perception-LM, Gemma 3n) split exactly, where
+timm and torchvision import (they do not beside the CPU torch the project's CI runs on).
 
 Usage (an environment with timm, torchvision and mpipe_hf installed, e.g. the stock PyPI torch build):
     /work/venv-stock/bin/python scripts/check_timm_families.py [--out DIR]
 
-For each type, as ``tests/test_numerics.py``'s family cases: its tiny config (:mod:`mpipe_hf.models.tiny_llava_like`)
-at 12 layers, a ragged pool of real photos and captions whose vision inputs are built directly in the shape the real
+For each type, as ``tests/test_numerics.py``'s family cases: its tiny config
+(:data:`mpipe_hf.models.tiny_all.TIMM_TINY`) at 12 layers, a ragged pool of real photos and captions whose vision inputs are built directly in the shape the real
 processor gives (:data:`IMAGES`; the project has no processor of these types), then one 2-process torchrun of
 ``tests/dist/numerics_worker.py``: a trainable tower at ``T = 1`` and a frozen one at ``T = 0`` (2 AdamW steps,
 ``R = 2``, ``V = 2``, ``M = 3``, then a save and ``from_pretrained`` reload), each checked by ``matrix.check_case`` and
 ``check_reload`` against the unsplit one-process model. Two negative controls per type must fail the same check:
 the image features cut from the tower's graph (``detach_features``) and the last AdamW step skipped
-(``skip_last_step``). The load-time check must pass every micro-batch of the pool and refuse one with an image token
+(``skip_last_step``); Gemma 3n's third, its AltUp streams 1 and 2 swapped where a stage hands them on
+(``altup_swapped``). The load-time check must pass every micro-batch of the pool and refuse one with an image token
 lost. Prints a PASS or FAIL line per type and writes :data:`RECORD` (the date, versions and verdicts), which
 ``scripts/model_table.py`` reads: a type that passed is "exact (script, <date>)" in docs/models.md.
 """
@@ -30,7 +31,8 @@ ROOT = os.path.join(HERE, "..")
 sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
 WORKER = os.path.join(ROOT, "tests", "dist", "numerics_worker.py")
 RECORD = os.path.join(HERE, "check_timm_families.json")
-TYPES = ("fast_vlm", "perception_lm")
+TYPES = ("fast_vlm", "perception_lm", "gemma3n")
+CONTROLS = {"detach_features": TYPES, "skip_last_step": TYPES, "altup_swapped": ("gemma3n",)}  # option: types
 
 
 def fast_vlm_image(config, photo):
@@ -55,7 +57,16 @@ def perception_lm_image(config, photo):
     return {"pixel_values": views.unsqueeze(0)}, 3 * per_tile
 
 
-IMAGES = {"fast_vlm": fast_vlm_image, "perception_lm": perception_lm_image}
+def gemma3n_image(config, photo):
+    """Gemma 3n's ``SiglipImageProcessor``: one square resize (768 px on the hub, 64 here), ``pixel_values`` ``(1,
+    3, S, S)`` in [-1, 1]; the tower's multi-scale fusion adapter gives its fixed grid whatever ``S``
+    (``vision_soft_tokens_per_image`` tokens: 256 on the hub, 4 here)."""
+    from direct_llava_like import pixels
+    side = 64
+    return {"pixel_values": pixels(photo, side, side).unsqueeze(0)}, config.vision_soft_tokens_per_image
+
+
+IMAGES = {"fast_vlm": fast_vlm_image, "perception_lm": perception_lm_image, "gemma3n": gemma3n_image}
 
 
 def build_fixture(path: str) -> dict:
@@ -65,10 +76,10 @@ def build_fixture(path: str) -> dict:
     import torch
     from common import NUM_LAYERS, VOCAB_RANKS, make_ragged_pool
     from mpipe_hf.data import qwen2_tokenizer
-    from mpipe_hf.models import tiny_llava_like
+    from mpipe_hf.models.tiny_all import TIMM_TINY
     direct_llava_like.IMAGES.update(IMAGES)  # the direct collator's image builders, by model type
     tokenizer = qwen2_tokenizer(VOCAB_RANKS)
-    configs = {t: getattr(tiny_llava_like, f"tiny_{t}_config")(tokenizer, num_layers=NUM_LAYERS) for t in TYPES}
+    configs = {t: TIMM_TINY[t](tokenizer, num_layers=NUM_LAYERS) for t in TYPES}
     pools = {f"ragged-{t}": make_ragged_pool(direct_llava_like.direct_collator(c, tokenizer))
              for t, c in configs.items()}
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
@@ -127,9 +138,8 @@ def cases() -> list[dict]:
     """The exact cases and the negative controls (``control`` set: they must fail) of every type."""
     from matrix import family_cases
     exact = family_cases([(t, pre, layers, None) for t in TYPES for pre, layers in (("trainable", 1), ("frozen", 0))])
-    controls = [dict(c, reload=False, control=True)
-                for option in ("detach_features", "skip_last_step")
-                for c in family_cases([(t, "trainable", 1, None) for t in TYPES], **{option: True})]
+    controls = [dict(c, reload=False, control=True) for option, types in CONTROLS.items()
+                for c in family_cases([(t, "trainable", 1, None) for t in types], **{option: True})]
     return exact + controls
 
 

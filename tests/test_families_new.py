@@ -109,3 +109,41 @@ def test_refusals_say_why(tokenizer):
     for model_type in REFUSED:
         assert refusal(model_type) == REFUSED[model_type]
     assert refusal("gemma4") is None and refusal("mistral4") is None
+
+
+def _gemma3n_text(tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from mpipe_hf.models.tiny import non_degenerate
+    torch.manual_seed(0)
+    config = TINY["gemma3n_text"](tokenizer, num_layers=6)
+    config.tie_word_embeddings = False  # the two copies of a tied head are summed by the executor, not here
+    model = non_degenerate(AutoModelForCausalLM.from_config(config))  # AltUp's output scale starts at zero
+    batch = tokenizer(["The pipeline splits the model.", "Each rank loads its own micro-batches here."],
+                      padding=True, return_tensors="pt")
+    batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    return model, dict(batch)
+
+
+def test_gemma3n_text_splits_exactly(tokenizer):
+    """Gemma 3n's language model: the AltUp streams (4, B, L, H), per-layer inputs and shared key/value states
+    cross stage boundaries (6 layers over 4 stages: the last two reuse earlier layers' keys and values) and the
+    split equals the unsplit model bit for bit."""
+    model, batch = _gemma3n_text(tokenizer)
+    assert type(model).__name__ == "Gemma3nForCausalLM"
+    check_exact(model, batch, 1)
+
+
+def test_gemma3n_text_with_its_streams_swapped_at_a_boundary_is_not_exact(tokenizer):
+    """The negative control of the test above: AltUp streams 1 and 2 swapped where each stage hands them on."""
+    from unittest import mock
+
+    from mpipe_hf.models import gemma3n_altup
+
+    def swapped(self, inputs):
+        out = gemma3n_altup.SharedKVStage.forward(self, inputs)
+        return {**out, "hidden_states": out["hidden_states"][[0, 2, 1, 3]]} if "hidden_states" in out else out
+    model, batch = _gemma3n_text(tokenizer)
+    with mock.patch.object(gemma3n_altup.AltUpStage, "forward", swapped):
+        with pytest.raises(AssertionError):
+            check_exact(model, batch, 1)

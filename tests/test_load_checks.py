@@ -20,10 +20,10 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import MicroBatchPlan, qwen2_tokenizer
-from mpipe_hf.models import tiny, tiny_llava_like
+from mpipe_hf.models import tiny
 from mpipe_hf.models.families_llava_like import TIMM_FAMILIES
 from mpipe_hf.models.registry import FAMILIES
-from mpipe_hf.models.tiny_all import TINY_MODELS
+from mpipe_hf.models.tiny_all import TIMM_TINY, TINY_MODELS
 from mpipe_hf.train.sources import micro_validator
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
@@ -36,7 +36,7 @@ OLDER = {"qwen2_vl": tiny.tiny_qwen2_vl_config, "qwen2_5_vl": tiny.tiny_qwen2_5_
          "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": lambda t, **k: tiny.tiny_glm4v_config(t, moe=True, **k),
          "llava": tiny.tiny_llava_config}
 # the timm-tower families (no processor here: skipped below by name; scripts/check_timm_families.py checks them)
-BUILDERS = {**OLDER, **TINY_MODELS, **{t: getattr(tiny_llava_like, f"tiny_{t}_config") for t in TIMM_FAMILIES}}
+BUILDERS = {**OLDER, **TINY_MODELS, **TIMM_TINY}
 # decoder-only language models: no tower, no image token, nothing to count
 NO_IMAGES = sorted(t for t, family in FAMILIES.items() if not getattr(family, "vision", ()))
 VISION = sorted(t for t in FAMILIES if t not in NO_IMAGES)
@@ -190,3 +190,37 @@ def test_a_timm_tower_type_without_timm_fails_at_load_naming_timm_and_torchvisio
         pytest.skip("timm is installed: scripts/check_timm_families.py checks these types")
     with pytest.raises(ImportError, match=f"{model_type}.*timm and torchvision"):
         meta_model(BUILDERS[model_type](tokenizer, num_layers=1))
+
+
+def _stand_in_gemma3n(config, grid: tuple[int, int]):
+    """What Gemma 3n's load-time check reads of the model: its config and its timm tower's multi-scale fusion
+    adapter's output grid (the real tower needs timm to build: scripts/check_timm_families.py checks it there)."""
+    from types import SimpleNamespace
+    msfa = SimpleNamespace(output_resolution=grid)
+    return SimpleNamespace(config=config, model=SimpleNamespace(
+        vision_tower=SimpleNamespace(timm_model=SimpleNamespace(msfa=msfa))))
+
+
+def test_gemma3n_counts_its_towers_grid_and_refuses_audio(tokenizer):
+    """Gemma 3n's check counts an image's tokens as its tower's output grid (the adapter resizes any image to it),
+    so a row one token off is refused; a config whose ``vision_soft_tokens_per_image`` disagrees with the grid is
+    refused (``get_image_features`` could not reshape the features), and so are audio inputs, by name."""
+    config = BUILDERS["gemma3n"](tokenizer, num_layers=1)
+    grid = (2, 2)
+    image = [config.boi_token_id] + [config.image_token_id] * 4 + [config.eoi_token_id]
+    ids = torch.tensor([tokenizer.encode("user:") + image + tokenizer.encode("a photo")])
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": torch.zeros(1, 3, 64, 64),
+             "labels": torch.cat([torch.full((1, ids.shape[1] - 2), -100), ids[:, -2:]], 1)}
+    validate = FAMILIES["gemma3n"].validate(_stand_in_gemma3n(config, grid))
+    validate(batch)
+    for more in (True, False):
+        with pytest.raises(ValueError, match=REFUSED):
+            validate(one_token_off(batch, config.image_token_id, more))
+    with pytest.raises(ValueError, match="audio"):
+        validate({**batch, "input_features": torch.zeros(1, 8, 16)})
+    config.vision_soft_tokens_per_image = 9  # a 3 x 3 tower would give these: this one gives 2 x 2
+    with pytest.raises(ValueError, match="2 x 2 tokens an image, but vision_soft_tokens_per_image is 9"):
+        FAMILIES["gemma3n"].validate(_stand_in_gemma3n(config, grid))(batch)
+    config.vision_soft_tokens_per_image = 9  # the tower's grid decides: 3 x 3 makes the 4-token row wrong
+    with pytest.raises(ValueError, match=REFUSED):
+        FAMILIES["gemma3n"].validate(_stand_in_gemma3n(config, (3, 3)))(batch)

@@ -34,9 +34,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
 from matrix import NEGATIVE_CONTROLS, REL_TOL, check_case, check_reload  # noqa: E402
-from specs_ci import (CONTROL_CASES, DEEPSTACK_CONTROL, DROPOUT_CASES, ERROR_CASES, FAMILY_CASES,  # noqa: E402
-                      FILL_CASES, FREEZE_CASES, GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES, PACKED_CASES, PIXEL_CASES,
-                      PRECISION_CASES, ROW_CASES, SWAP_CASES, VIDEO_CASES, VIDEO_CONTROL, ZB_CASES, cases)
+from specs_ci import (ALTUP_CONTROL, CONTROL_CASES, DEEPSTACK_CONTROL, DROPOUT_CASES, ERROR_CASES,  # noqa: E402
+                      FAMILY_CASES, FILL_CASES, FREEZE_CASES, GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES, PACKED_CASES,
+                      PIXEL_CASES, PRECISION_CASES, ROW_CASES, SWAP_CASES, VIDEO_CASES, VIDEO_CONTROL, ZB_CASES, cases)
 from specs_video import VIDEO_CONFIGS  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "numerics_worker.py")
@@ -371,3 +371,11 @@ def test_the_video_deepstack_order_matters_to_the_video_check(results):
     tokens' order (a micro holds a row with a video before a row with an image) fails the check."""
     per_rank = results(2)[DEEPSTACK_CONTROL["name"]]
     assert check_case(DEEPSTACK_CONTROL, per_rank), "video DeepStack features out of order went unnoticed"
+
+
+def test_the_altup_stream_order_matters_to_the_gemma3n_check(results):
+    """The negative control of Gemma 3n's language model: its AltUp streams 1 and 2 swapped where a stage hands its
+    streams ``(4, B, L, H)`` on fails the family check (``family-gemma3n_text-trainable-T1`` passes it)."""
+    per_rank = results(2)[ALTUP_CONTROL["name"]]
+    problems = check_case(ALTUP_CONTROL, per_rank)
+    assert any("step 0" in p or "loss" in p for p in problems), problems

@@ -100,7 +100,8 @@ def is_sparse(c, layer: int) -> bool:
 
 
 def mlp_cost(c, layer: int) -> int:
-    """Active MLP weights of decoder layer ``layer``: ``3 x hidden x intermediate_size`` when dense; else the
+    """Active MLP weights of decoder layer ``layer``: ``3 x hidden x intermediate_size`` when dense (Gemma 3n's
+    ``intermediate_size`` is a list: the layer's entry); else the
     router, ``num_experts_per_tok`` experts and the shared expert. Llama 4's dense layers are
     ``intermediate_size_mlp`` wide, its experts and its one shared expert ``intermediate_size``; Muse Spark's
     experts work at ``moe_hidden_size``, projected to it and back.
@@ -118,7 +119,8 @@ def mlp_cost(c, layer: int) -> int:
         return h * num_experts(c) + (c.num_experts_per_tok * 3 * h * c.intermediate_size
                                      + 3 * h * c.shared_intermediate_size)
     if not is_sparse(c, layer):
-        return 3 * h * (llama4 or c.intermediate_size)
+        width = llama4 or c.intermediate_size
+        return 3 * h * (width[layer] if isinstance(width, (list, tuple)) else width)  # Gemma 3n: one per layer
     if llama4:
         return h * num_experts(c) + (c.num_experts_per_tok + 1) * 3 * h * c.intermediate_size
     inner = getattr(c, "moe_hidden_size", None)  # Muse Spark: experts of moe_hidden_size between two projections

@@ -23,8 +23,9 @@ anyres packing) and video tokens (docs/video.md).
 FastVLM and Perception-LM (:data:`TIMM_FAMILIES`) are LLaVA's layout around a timm tower (``TimmWrapperModel``):
 FastVLM's FastViT-HD gives one token per cell of its 64 x downsampled feature map; Perception-LM's ViT gives each
 tile's patches (CLS dropped), average-pooled ``projector_pooling_ratio`` x on each side; its video inputs (the same
-tower over frames, at ``video_token_id``) are refused at load. Their model needs timm and torchvision, which CI's
-CPU torch cannot import: ``scripts/check_timm_families.py`` checks them where both import.
+tower over frames, at ``video_token_id``) are refused at load. Gemma 3n (:mod:`.families_gemma3n`, a timm
+MobileNet-V5 tower and a text model with AltUp streams) is registered beside them. Their model needs timm and
+torchvision, which CI's CPU torch cannot import: ``scripts/check_timm_families.py`` checks them where both import.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 
 from .families import (FAMILIES as _BASE, TOWER, _pixtral_tokens, anyres_tokens, patch_grid, pixel_shuffled_tokens,
                        real_tiles, tower_tokens, validate_counted_micro)
+from .families_gemma3n import GEMMA3N
 from .families_llava_like_tv import FAMILIES as _TV
 from .family import Family
 
@@ -236,6 +238,7 @@ FAMILIES.update(_TV)  # the families whose processors need torchvision (their ow
 TIMM_FAMILIES: dict[str, Family] = {
     "fast_vlm": Family(vision=TOWER, validate=validate_counted_micro(_fastvit_tokens)),
     "perception_lm": Family(vision=TOWER, validate=refuse_modalities(VIDEOS, validate_counted_micro(_pe_tokens))),
+    "gemma3n": GEMMA3N,  # a timm MobileNet-V5 tower; its text model's AltUp streams: .gemma3n_altup
 }
 # model_type -> why it cannot be split, in the user's terms
 REFUSED: dict[str, str] = {
@@ -243,9 +246,4 @@ REFUSED: dict[str, str] = {
              "the image features at the image tokens; the split's stage-0 front places image features only",
     "fuyu": "it has no vision tower: image patches are embedded by a linear layer and gathered into each row at "
             "'image_patches_indices', and its Persimmon text model ends in 'final_layernorm', not 'norm'",
-    "gemma3n": "its text model runs AltUp: every decoder layer reads and writes altup_num_inputs (4) hidden-state "
-               "streams (4, B, L, H), predicted and corrected inside the layer, made from the embeddings by "
-               "altup_projections and mixed into one only after the last layer (altup_unembed_projections), while "
-               "the splitter's stages run their layers on one (B, L, H) hidden state: it has no stage for the 4 "
-               "streams yet (nor for Gemma 3n's per-layer inputs beside them); not declared yet",
 }

@@ -17,6 +17,7 @@ from dataclasses import replace
 from torch import nn
 
 from .families import validate_counted_micro
+from .families_gemma3n import GEMMA3N_TEXT, tiny_gemma3n_text_config
 from .families_muse import MUSE_GLIMMER, tiny_muse_glimmer_config, tiny_muse_spark_config
 from .family import Family
 from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage, unified_masks
@@ -164,6 +165,8 @@ TINY: dict = {"gemma4": tiny_gemma4_config, "mistral4": tiny_mistral4_config, "l
               "gemma4_unified": tiny_gemma4_unified_config, "muse_glimmer": tiny_muse_glimmer_config,
               "muse_spark": tiny_muse_spark_config}
 FAMILIES["muse_glimmer"] = MUSE_GLIMMER
+# Gemma 3n's language model alone (its image-text model has a timm tower: families_llava_like.TIMM_FAMILIES)
+FAMILIES["gemma3n_text"], TINY["gemma3n_text"] = GEMMA3N_TEXT, tiny_gemma3n_text_config
 # Muse Spark: Muse Glimmer's image path and text attention (with experts); its audio tower is never run by the split
 FAMILIES["muse_spark"] = replace(MUSE_GLIMMER, unused=("model.audio_tower",), validate=_both(
     refuse_other_modalities({"input_values": "audio", "pixel_values_videos": "video"}), MUSE_GLIMMER.validate))

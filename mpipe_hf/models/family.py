@@ -65,6 +65,8 @@ class Family:
             checked at load; ``None``: stage 0's image-token count check alone.
         embed_parts: children of the text model that go wherever its ``embed_tokens`` goes (Gemma 4's per-layer
             embedding and projection).
+        head_parts: children of the text model that go wherever its final norm goes (Gemma 3n's AltUp
+            unembedding projections).
         stage: ``stage(model) -> cls``, a :class:`~.decoder.DecoderStage` subclass (or a callable taking its
             arguments) for every stage and ``P``'s text block; ``None``: ``DecoderStage`` (``DeepStackStage`` with
             ``deepstack``).
@@ -97,6 +99,7 @@ class Family:
     unused: tuple[str, ...] = ()
     validate: Callable | None = None
     embed_parts: tuple[str, ...] = ()
+    head_parts: tuple[str, ...] = ()
     stage: Callable | None = None
     norm: str = "norm"
     checkpoint: tuple[str, str] | None = None

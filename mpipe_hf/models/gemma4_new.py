@@ -96,10 +96,15 @@ class SharedKVStage(DecoderStage):
     def __init__(self, front, layers, layer_ids, layer_types, rotary_emb, text_config, head=None,
                  carry=CARRIED_KEYS, masks=layer_type_masks, router=None, *, text_model=None, config=None):
         if front is not None and getattr(text_config, "hidden_size_per_layer_input", None):
-            front = PerLayerFront(front, text_model, config)
+            front = self.wrap_front(front, text_model, config)
         self.kv_keys = kv_keys(text_config)
         carry = tuple(dict.fromkeys(carry + (PER_LAYER_KEY,) + self.kv_keys))
         super().__init__(front, layers, layer_ids, layer_types, rotary_emb, text_config, head, carry, masks, router)
+
+    def wrap_front(self, front: nn.Module, text_model: nn.Module, config) -> nn.Module:
+        """The front that adds the per-layer inputs (Gemma 4's :class:`PerLayerFront`; a model that computes them
+        otherwise overrides this)."""
+        return PerLayerFront(front, text_model, config)
 
     def layer_kwargs(self, layer_id: int, state: Tensors) -> dict:
         per_layer = state.get(PER_LAYER_KEY)
@@ -108,8 +113,8 @@ class SharedKVStage(DecoderStage):
 
     def run_layers(self, hidden: torch.Tensor, state: Tensors, padding: torch.Tensor | None) -> torch.Tensor:
         if "packed_lengths" in state:
-            raise ValueError("Gemma 4 cannot run packed micro-batches: its per-layer inputs and shared key/value "
-                             "states would have to be cut per row; set data.packing: false")
+            raise ValueError(f"{self.text_config.model_type} cannot run packed micro-batches: its per-layer inputs "
+                             "and shared key/value states would have to be cut per row; set data.packing: false")
         shared = KVSharingDict()
         for key in self.kv_keys[::2]:
             if key in state:

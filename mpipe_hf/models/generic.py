@@ -177,7 +177,7 @@ def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: in
     counts = layer_counts(family, model.config, cfg, layers_per_stage, text_layers)
     p_ids, ids = stage_layer_ids(counts, text_layers)
     layout = [[f"{family.text}.layers.{i}" for i in ids[s]] for s in range(cfg.num_stages)]
-    layout[-1] += [f"{family.text}.{family.norm}", family.head]
+    layout[-1] += [f"{family.text}.{part}" for part in (family.norm,) + family.head_parts] + [family.head]
     preprocess, p_fqns, front = pieces.preprocess(text_layers, p_ids)
     if not cfg.transposed:
         layout[0][:0] = list(family.vision) + pieces.embeds

@@ -74,11 +74,15 @@ class ReplayRandomOnMeta(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+TIMM_TOWERS = ("timm_wrapper", "gemma3n_vision")  # vision_config.model_type of the timm towers
+
+
 def require_timm(config) -> None:
     """Raise ``ImportError`` when ``config``'s vision tower is a timm model (``vision_config.model_type``
-    ``timm_wrapper``: FastVLM, Perception-LM) and timm does not import here: timm needs torchvision, both installed
-    beside a torch they were built for (``pip install timm torchvision``)."""
-    if getattr(getattr(config, "vision_config", None), "model_type", None) != "timm_wrapper":
+    ``timm_wrapper``: FastVLM, Perception-LM; ``gemma3n_vision``: Gemma 3n's MobileNet-V5) and timm does not import
+    here: timm needs torchvision, both installed beside a torch they were built for (``pip install timm
+    torchvision``)."""
+    if getattr(getattr(config, "vision_config", None), "model_type", None) not in TIMM_TOWERS:
         return
     try:
         import timm  # noqa: F401

@@ -7,7 +7,7 @@ from unittest import mock
 
 import torch
 
-from mpipe_hf.models import decoder, deepstack, family, host_metadata, moe, packed
+from mpipe_hf.models import decoder, deepstack, family, gemma3n_altup, host_metadata, moe, packed
 
 _flat_features = family.flat_features
 
@@ -21,7 +21,9 @@ def negative_controls(case):
     MoE load-balancing term from each stage's own routers (the sums not relayed). Issue 39's:
     ``case["no_video_time"]``, the host's ``get_rope_index`` call without Qwen2.5-VL's ``second_per_grid_ts`` (the
     videos' temporal positions spaced as at one second a temporal patch); ``case["deepstack_apart"]``, Qwen3-VL's
-    video DeepStack features put after the images' instead of in the tokens' order."""
+    video DeepStack features put after the images' instead of in the tokens' order. Gemma 3n's:
+    ``case["altup_swapped"]``, AltUp streams 1 and 2 swapped where a stage hands its streams on
+    (:func:`swapped_streams_forward`)."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -44,7 +46,19 @@ def negative_controls(case):
         stack.enter_context(mock.patch.object(deepstack, "deepstack_order", lambda ids, _: torch.arange(len(ids))))
     if case.get("no_linear_reset"):
         stack.enter_context(mock.patch.object(decoder.DecoderStage, "run_layers", leaky_run_layers))
+    if case.get("altup_swapped"):
+        stack.enter_context(mock.patch.object(gemma3n_altup.AltUpStage, "forward", swapped_streams_forward))
     return stack
+
+
+def swapped_streams_forward(self, inputs):
+    """A Gemma 3n stage that hands on its AltUp streams ``(4, B, L, H)`` with streams 1 and 2 swapped (each stream
+    has its own prediction and correction coefficients and unembedding projection, so the order matters); the
+    last stage's loss is left as it is."""
+    out = gemma3n_altup.SharedKVStage.forward(self, inputs)
+    if "hidden_states" not in out:
+        return out
+    return {**out, "hidden_states": out["hidden_states"][[0, 2, 1, 3]]}
 
 
 def leaky_run_layers(self, hidden, state, padding):

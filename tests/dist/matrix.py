@@ -315,7 +315,8 @@ PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
 
 # case options whose cases must fail (numerics_worker.py, controls.py): issue 30's packing bugs, issue 38's gradients
 NEGATIVE_CONTROLS = ("one_range", "no_linear_reset", "detach_features", "scale_small", "scale_later",
-                     "keep_zero_init", "stage_sums", "no_video_time", "deepstack_apart", "skip_last_step")
+                     "keep_zero_init", "stage_sums", "no_video_time", "deepstack_apart", "skip_last_step",
+                     "altup_swapped")
 
 
 def packed_cases(specs=None, **options) -> list[dict]:
@@ -372,9 +373,10 @@ def skipped_step_controls() -> list[dict]:
             if c.get("steps", 1) > 1]
 
 
-UNPACKED = ("minicpmv4_7", "gemma4", "gemma4_unified", "llama4")  # refused packed by name: MiniCPM-V 4.7's canvas
-# M-RoPE is computed per micro-batch; Gemma 4's (and Gemma 4 Unified's) shared key/value states would have to be cut
-# per row; Llama 4's chunked attention counts its chunks from the start of the sequence (docs/packing.md)
+# refused packed by name: MiniCPM-V 4.7's canvas M-RoPE is computed per micro-batch; Gemma 4's (and Gemma 4
+# Unified's, Gemma 3n's) shared key/value states would have to be cut per row; Llama 4's chunked attention counts its
+# chunks from the start of the sequence (docs/packing.md)
+UNPACKED = ("minicpmv4_7", "gemma4", "gemma4_unified", "llama4", "gemma3n_text")
 
 
 def packed_grid() -> list[dict]:

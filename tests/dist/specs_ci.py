@@ -92,9 +92,11 @@ CONTROL_CASES, GRADIENT_CONTROLS = packing_controls(), gradient_controls()  # ma
 # issue 39: what trains by pattern (matrix.FREEZE_SPECS), rows mixing images and videos, and the two video controls
 FREEZE_CASES, VIDEO_CASES = freeze_cases(), video_cases()
 VIDEO_CONTROL, DEEPSTACK_CONTROL = video_cases(VIDEO_CONTROLS)
+# Gemma 3n's AltUp streams 1 and 2 swapped where a stage hands them on: the language model's check must fail
+ALTUP_CONTROL = dict(family_cases([("gemma3n_text", "trainable", 1, None)], altup_swapped=True)[0], reload=False)
 EXTRA = {2: PACKED_CASES + CONTROL_CASES + GRADIENT_CONTROLS + PIXEL_CASES + FAMILY_CASES
          + MOE_CASES[-len(MOE_ORDER_SPECS):] + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
-         + OWNER_CASES[3:] + FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL, DEEPSTACK_CONTROL],
+         + OWNER_CASES[3:] + FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL, DEEPSTACK_CONTROL, ALTUP_CONTROL],
          3: FILL_CASES[1:] + ZB_CASES[3:5] + OWNER_CASES[2:3],
          4: ERROR_CASES + ROW_CASES + FILL_CASES[:1] + SWAP_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
          + ZB_CASES[:3] + OWNER_CASES[:2]}
