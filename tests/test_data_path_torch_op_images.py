@@ -86,10 +86,18 @@ def test_a_saved_snapshot_loads_back_without_torchvision(model_type, tokenizer, 
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
 
 
+# The tiny Gemma 4 Unified's first gradient norm is 1.6e3 (its raw-patch embedder at random weights), so the clip
+# scales the gradients by 6e-4, and AdamW's eps (1e-6) meets gradient elements of its size, where float32 reduction
+# order shows in the update: its one-process reference alone, on 1 thread and on 2, ends 2.3e-4 apart in the
+# checkpoint's logits; the split ends 1.5e-3 apart (losses and gradient norms within 1e-4). Measured: the last
+# AdamW step skipped moves them by 0.79, so the bound keeps its teeth.
+LOGITS_TOL = {"gemma4_unified": 1e-2}
+
+
 @pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1",
                     reason="the full suite (MPIPE_HF_FULL=1): a torchrun launch of its own; CI checks these "
                            "families' data path above and their split in test_numerics.py")
-@pytest.mark.parametrize("model_type", ["lfm2_vl", "muse_glimmer", "muse_spark"])
+@pytest.mark.parametrize("model_type", ["lfm2_vl", "gemma4_unified", "muse_glimmer", "muse_spark"])
 def test_mpipe_hf_train_through_the_torchvision_free_data_path(demo, tmp_path, model_type):
     """``mpipe-hf train`` on the tiny model over the demo's conversations, micro-batches built by the data path
     (the torch-operation image processor under the stock processor class), equals the unsplit model on one
@@ -98,5 +106,6 @@ def test_mpipe_hf_train_through_the_torchvision_free_data_path(demo, tmp_path, m
     model's dtype but the one-process reference (the HF model as called) refuses in a float32 model."""
     from mpipe_hf.models.tiny_all import TINY_MODELS
     from train_common import train_tiny_family_like_one_process
-    processor, _, micro = train_tiny_family_like_one_process(demo, tmp_path, model_type, TINY_MODELS[model_type])
+    processor, _, micro = train_tiny_family_like_one_process(demo, tmp_path, model_type, TINY_MODELS[model_type],
+                                                             LOGITS_TOL.get(model_type, 1e-4))
     assert type(processor.image_processor).__name__.endswith("NoTV") and "pixel_values" in micro
