@@ -196,6 +196,26 @@ def test_expert_parallel_reads_the_split_sizes_once_per_moe_layer(world):
     assert any(".experts." in n and g.abs().max() > 0 for n, g in grads.items())
 
 
+def test_experts_whose_rows_the_grouped_gemm_cannot_take_in_bf16_stay_fp32():
+    """The grouped GEMM needs 16-byte aligned rows: experts of hidden and intermediate size 12 (24 bytes in bf16)
+    run in fp32 as before, instead of failing (the CPU kernel's error, also without the guard's cast: a bf16
+    model of that size fails in transformers itself)."""
+    from transformers import Qwen3VLMoeTextConfig
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextExperts
+    config = Qwen3VLMoeTextConfig(hidden_size=12, moe_intermediate_size=12, num_experts=4, num_experts_per_tok=2)
+    config._experts_implementation = "grouped_mm"
+    experts = Qwen3VLMoeTextExperts(config)
+    for p in experts.parameters():
+        torch.nn.init.normal_(p)
+    counter = GroupedReads([experts])
+    with counter, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = experts(torch.randn(5, 12), torch.randint(0, 4, (5, 2)), torch.rand(5, 2))
+    assert out.dtype == torch.float32 and set(counter.calls) == {(torch.float32, torch.float32)}, counter.calls
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="multiple of 16 bytes"):
+        torch._grouped_mm(torch.randn(5, 12).bfloat16(), torch.randn(4, 12, 12).bfloat16(),
+                          offs=torch.tensor([1, 2, 3, 5], dtype=torch.int32))
+
+
 def test_the_bf16_experts_are_transformers_grouped_mm():
     """The registration is what a model's ``grouped_mm`` experts call."""
     assert moe.ALL_EXPERTS_FUNCTIONS["grouped_mm"] is expert_precision.bf16_grouped_experts

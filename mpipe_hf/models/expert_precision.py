@@ -66,6 +66,8 @@ def bf16_grouped_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_ind
             weight = getattr(self, name, None)  # a peft ParamWrapper's parametrization adds its adapter here
             if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32:
                 casts[name] = cached_cast(weight, dtype)
+        if any(w.dim() == 3 and (w.shape[-1] * w.element_size()) % 16 for w in casts.values()):
+            casts = {}  # the grouped GEMM takes 16-byte aligned rows only: such experts stay fp32, as before
         if casts and getattr(self, "_is_expert_parallel", False):
             # rows received by an all-to-all (top-1, unit weights): the output stays bf16 so that the combine
             # weights and sums it in bf16, as the unsplit experts do (their weighted sum is of bf16 products)
