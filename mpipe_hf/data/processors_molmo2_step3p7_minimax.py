@@ -14,6 +14,8 @@ text), and count their ids as the stock classes count the literal ones.
   every image of the conversation first (``<|image|>``, or ``Image 1<|image|>Image 2<|image|>...``), then
   ChatML turns, text parts joined by a space; here each answer closes with ``<|im_end|>\\n`` (the hub writes it
   before the next user turn, which renders a multi-turn conversation the same, and leaves the last answer open).
+  As the images come first, a row with an image after its first answer renders its earlier turns differently
+  once that image counts, so its answers cannot be found and the loader refuses the row, naming the reason.
 - ``step3p7``: ``Step3p7Processor`` over :class:`~.image_processor_step3p7.Step3p7ImageProcessorNoTV` (global
   views of the tower's ``image_size``, windows of 504/728 of it in whole downsampled tokens, images capped at
   3024/728 of it, as the hub's); an image is, per window, ``<patch_start>`` + ``<im_patch>`` x its tokens +
