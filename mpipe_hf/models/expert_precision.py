@@ -61,18 +61,19 @@ def bf16_grouped_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_ind
     device = hidden_states.device.type  # no autocast on some (the meta device)
     if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
-        casts = {}
+        weights = {}
         for name in FUSED:
             weight = getattr(self, name, None)  # a peft ParamWrapper's parametrization adds its adapter here
             if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32:
-                casts[name] = cached_cast(weight, dtype)
-        if any(w.dim() == 3 and (w.shape[-1] * w.element_size()) % 16 for w in casts.values()):
-            casts = {}  # the grouped GEMM takes 16-byte aligned rows only: such experts stay fp32, as before
-        if casts and getattr(self, "_is_expert_parallel", False):
-            # rows received by an all-to-all (top-1, unit weights): the output stays bf16 so that the combine
-            # weights and sums it in bf16, as the unsplit experts do (their weighted sum is of bf16 products)
-            hidden_states = hidden_states.to(dtype)
-        if casts:
+                weights[name] = weight
+        width = torch.finfo(dtype).bits // 8
+        # the grouped GEMM takes 16-byte aligned rows only: other experts stay fp32, as before
+        if weights and not any(w.dim() == 3 and w.shape[-1] * width % 16 for w in weights.values()):
+            casts = {name: cached_cast(weight, dtype) for name, weight in weights.items()}
+            if getattr(self, "_is_expert_parallel", False):
+                # rows received by an all-to-all (top-1, unit weights): the output stays bf16 so that the combine
+                # weights and sums it in bf16, as the unsplit experts do (their weighted sum is of bf16 products)
+                hidden_states = hidden_states.to(dtype)
             return _PLAIN(_CastExperts(self, casts), hidden_states, top_k_index, top_k_weights)
     return _PLAIN(self, hidden_states, top_k_index, top_k_weights)
 
