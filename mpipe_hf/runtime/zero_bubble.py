@@ -26,10 +26,13 @@ class WeightWork:
     groups: list[dict] = field(default_factory=list)
 
     def run(self) -> None:
-        """Accumulate the weight gradients into ``.grad``; the work is dropped afterwards."""
+        """Accumulate the weight gradients into ``.grad``; the work is dropped afterwards. Each parameter group's
+        pass keeps the graph: two groups' paths to their weights may share nodes (in Gemma 3n's decoder layer they
+        do), which the first pass would otherwise free before the second reads them; the graph goes with the
+        work."""
         if self.groups:
             from torch.distributed.pipelining._backward import stage_backward_weight  # imported when used: ~0.9 s
-            stage_backward_weight(iter(self.weights), self.groups)
+            stage_backward_weight(iter(self.weights), self.groups, retain_graph=True)
         self.weights, self.groups = [], []
 
 

@@ -76,7 +76,8 @@ ZB_CASES = [make_case("vision", 4, 2, 8, "frozen", zero_bubble=True, steps=3),
     dict(case, zero_bubble=True, reload=False, name=case["name"] + "-zb") for case in family_cases(FAMILY_SPECS)
     if case["preprocess"] == "trainable"] + [  # the new families' zero-bubble: scripts/grad_matrix.py --families
     dict(case, zero_bubble=True, reload=False, name=case["name"] + "-zb") for case in family_cases(
-        [("qwen3_5_moe", "trainable", 1, None), ("gemma3", "trainable", 0, None)])]
+        [("qwen3_5_moe", "trainable", 1, None), ("gemma3", "trainable", 0, None),
+         ("gemma3n_text", "trainable", 1, None)])]  # Gemma 3n: W's parameter groups share graph nodes
 # load-aware owners (issue 18, item 4): LPT over each run's real image-token counts (ragged photos), with prefix
 # and with filling plus look-ahead (M = 6 of the pool's 8 micros: each run's micros, and owners, differ from the
 # next's), and reversed owners, trainable with the graph shipped and with owner-backward
