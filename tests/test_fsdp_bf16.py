@@ -121,8 +121,11 @@ def dp_cases(demo: str, out: str) -> list[dict]:
             "parallel": {**parallel, "preprocess": "identity"}, "train": train}
     lora = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
             "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], "init_lora_weights": False}
+    # one pipeline rank, two chunks (vpp 2) over dp 4: the embedding in chunk 0 and the head tied to it in chunk 1,
+    # one weight of two FSDP2 units (FSDP2 would shard it twice: two parameters, each with half the gradient)
+    tied_pp1 = {**tied, "parallel": {**tied["parallel"], "pp_size": 1, "dp_size": 4}}
     return [dict(name="moe-lora", recipe={**moe, "lora": lora}), dict(name="moe-full", recipe=moe),
-            dict(name="tied-full", recipe=tied)]
+            dict(name="tied-full", recipe=tied), dict(name="tied-pp1-vpp2", recipe=tied_pp1)]
 
 
 def test_dp2_pp2_fsdp_bf16_through_the_executor_equals_one_process(demo, tmp_path):
@@ -142,6 +145,8 @@ def test_dp2_pp2_fsdp_bf16_through_the_executor_equals_one_process(demo, tmp_pat
             assert res["names"], (rank, name)  # every rank trains something in these cases
             for a, b in zip(res["losses"], res["ref_losses"]):
                 assert abs(a - b) < 1e-5, (rank, name, res["losses"], res["ref_losses"])
+            if name == "tied-pp1-vpp2":  # the tie kept: one parameter, not the head as a second DTensor
+                assert "model.embed_tokens.weight" in res["names"] and "lm_head.weight" not in res["names"], res
             for step, g in enumerate(res["grads"]):
                 assert not g["missing"], (rank, name, step, g["missing"][:5])
                 assert g["scaled"] <= 1.0, (rank, name, step, g)

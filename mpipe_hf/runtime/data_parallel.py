@@ -93,6 +93,16 @@ def bf16_units(stages: dict[int, nn.Module]) -> list[nn.Module]:
     return units
 
 
+def shared_between(stages: dict[int, nn.Module]) -> set[int]:
+    """The ids of the parameters that more than one of ``stages``' chunks holds (a tied LM head and embedding on
+    one rank)."""
+    seen: dict[int, int] = {}
+    for module in stages.values():
+        for p in module.parameters():
+            seen[id(p)] = seen.get(id(p), 0) + 1
+    return {k for k, n in seen.items() if n > 1}
+
+
 class DataParallel:
     """The ``dp`` side of one rank: wraps its stage chunks, and reduces their gradients once per step.
 
@@ -132,7 +142,10 @@ class DataParallel:
     def wrap(self, stages: dict[int, nn.Module]) -> None:
         """``fully_shard`` each stage chunk over ``dp`` (engine ``shard``; nothing with ``replicate``), with
         ``bf16`` its matmul modules first, each a nested unit in bf16 with fp32 reduction. Call before the
-        optimizer and the executor are built: the parameters become DTensors."""
+        optimizer and the executor are built: the parameters become DTensors. A weight two chunks of this rank
+        hold (an LM head tied to the embedding with ``pp_size`` 1 and ``vpp`` >= 2) is left out of both units:
+        FSDP2 would shard it once per unit, two parameters each with one use's gradient. It stays one replicated
+        parameter, its gradient summed over ``dp`` with the other replicated ones (:meth:`sum_replicated`)."""
         if self.engine != "shard" or self.size == 1:
             return
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -146,8 +159,9 @@ class DataParallel:
             # (reshard_after_forward=False) do not need
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP(Linear|Conv[123]d)\) returned "
                                     r"a view tensor")
+        shared = shared_between(stages)  # a weight tied across two chunks of this rank stays whole: replicated
         for stage, module in stages.items():
-            ignored = {p for p in module.parameters() if id(p) in self.experts} or None
+            ignored = {p for p in module.parameters() if id(p) in self.experts or id(p) in shared} or None
             fully_shard(module, mesh=self.mesh, reshard_after_forward=False, ignored_params=ignored)
             self.chunks[stage] = module
 
