@@ -8,6 +8,7 @@ another ``ep_size``, bit for bit and up to fp32 reordering."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -64,6 +65,8 @@ CASES = [
     dict(name="qwen3_vl_moe-lora-trainable-T1-fsdp2-bf16", family="qwen3_vl_moe", preprocess="trainable",
          text_layers=1, dp_shard=True, lora=True, bf16=True, lr=1e-4, adam_eps=1e-3, expert_rel=2 ** -7,
          last_step_rel=2 ** -5, loss_atol=1e-4),
+    # the EP replicas given different row counts for a step (replica 1 one micro-batch fewer): refused on every rank
+    dict(name="qwen3_vl_moe-drift", family="qwen3_vl_moe", preprocess="frozen", text_layers=0, drift=True),
     dict(name="qwen3_5_moe-lora-wrong-cut", family="qwen3_5_moe", preprocess="frozen", text_layers=0, lora=True,
          wrong_cut=True),
 ]
@@ -150,7 +153,7 @@ def check_case(per_rank: list[dict], case: dict) -> None:
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.get("dp_experts") and not c.get("fail")
-                                  and not c.get("wrong_cut")],
+                                  and not c.get("wrong_cut") and not c.get("drift")],
                          ids=lambda c: c["name"])
 def test_pp2_ep2_equals_one_process(case, results):
     check_case([r[case["name"]] for r in results], case)
@@ -185,6 +188,58 @@ def test_a_failed_step_aborts_the_ep_group(results):
         assert res["failed_s"] < 20, res
         assert abs(res["loss"] - res["ref_loss"]) < LOSS_ATOL, res
         assert abs(res["eval_loss"] - res["ref_loss"]) < LOSS_ATOL, res  # an evaluation right after it
+
+
+def test_ep_replicas_with_different_row_counts_are_refused(results):
+    """The EP replicas given different row counts for a step (replica 1 one micro-batch fewer, as a short last
+    step of an epoch on one replica would be): without an agreement gloo aborts a rank on the mismatched
+    all-to-all sizes (NCCL would wait for ever). The step's vote agrees on each pipeline rank's micro-batch count
+    and order first: every rank raises the same named error within seconds, no all-to-all ran, and the next step,
+    the same on both, equals one process."""
+    per_rank = [r["qwen3_vl_moe-drift"] for r in results]
+    assert len({res["error"] for res in per_rank}) == 1, per_rank
+    for res in per_rank:
+        assert res["error"] and "num_micro" in res["error"] and "expert-parallel" in res["error"], res
+        assert res["failed_s"] < 20 and res["exchanged"] == 0, res
+        assert abs(res["loss"] - res["ref_loss"]) < LOSS_ATOL, res
+
+
+def test_schedule_signature_tells_drift_apart():
+    """The vote's agreement (:func:`~mpipe_hf.runtime.preload.body_signature`, summed in slots): replicas of one
+    pipeline rank agree when their bodies match whatever micro each action carries (an expert computes each token
+    alone); one micro-batch fewer, or two actions swapped, is told apart and named; the negative control: a
+    signature that ignored the order would let the swap through."""
+    from mpipe_hf.runtime.preload import (ScheduleMismatch, agreement_slots, body_signature, check_agreement)
+    from mpipe_hf.schedule import ScheduleConfig, build_schedule
+    from mpipe_hf.schedule.actions import Kind
+
+    def summed(*orders, sign=body_signature):  # replica d's rank-0 order, with rank 1's the same on each
+        rows = [agreement_slots(r, 2, sign(o)) for o in orders for r in (0, 1)]
+        return [sum(col) for col in zip(*rows)]
+    full = build_schedule(ScheduleConfig(2, 1, 4, "frozen"))[0]
+    short = build_schedule(ScheduleConfig(2, 1, 3, "frozen"))[0]
+    body = [i for i, a in enumerate(full) if a.kind in (Kind.F, Kind.B)]
+    swapped = list(full)
+    i, j = next((i, j) for i, j in zip(body, body[1:]) if full[i].kind != full[j].kind)
+    swapped[i], swapped[j] = full[j], full[i]
+    relabelled = [dataclasses.replace(a, micro=3 - a.micro) if a.micro is not None else a for a in full]
+    assert body_signature(full)[0] == 4 and body_signature(short)[0] == 3
+    check_agreement(summed(full, full, relabelled), 2)
+    with pytest.raises(ScheduleMismatch, match="pipeline rank 0's replicas .*num_micro"):
+        check_agreement(summed(full, short), 2)
+    with pytest.raises(ScheduleMismatch, match="pipeline rank 0's replicas .*order"):
+        check_agreement(summed(full, swapped), 2)
+    check_agreement(summed(full, swapped, sign=lambda o: (body_signature(o)[0], 0)), 2)  # order-blind: missed
+
+
+def test_mpipe_trainer_takes_no_expert_parallel_replicas():
+    """``MPipeTrainer`` runs one pipeline (its loop hands every rank the same rows, so every rank's ``num_micro``
+    is the step's row count): expert parallelism, which needs replicas, is refused by name at ``MPipeConfig``."""
+    from mpipe_hf.train.hf_parts import MPipeConfig
+    with pytest.raises(ValueError, match="MPipeConfig dp_size must be 1"):
+        MPipeConfig(pp_size=2, dp_size=2, ep_size=2)
+    with pytest.raises(ValueError, match="parallel.ep_size"):
+        MPipeConfig(pp_size=2, ep_size=2)
 
 
 def test_expert_gradients_summed_over_dp_fail(results):

@@ -194,7 +194,8 @@ class PipelineExecutor:
         self.watchdog.start_step()
         prepare = partial(host_prepare, self.preprocess, pin=self.device.type == "cuda")
         loaded, error = load_owned(order, load, self.rank, prepare)
-        self.dropped = vote(self.control, self.watchdog, error, bad_rows() if bad_rows is not None else ())
+        self.dropped = vote(self.control, self.watchdog, error, bad_rows() if bad_rows is not None else (), order,
+                            self.rank, self.cfg.pp_size)  # and the replicas agree on their schedules
         return loaded
 
     def evaluate(self, load: Callable[[int], Tensors], num_micro: int | None = None) -> tuple[float, int]:

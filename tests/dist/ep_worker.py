@@ -279,6 +279,43 @@ def failing(case, fixture, mesh, emesh, device, out_dir):
             "eval_loss": float(evaluated[0] / evaluated[1])}
 
 
+def drifting(case, fixture, mesh, emesh, device, out_dir):
+    """The EP replicas given different row counts for step 0: replica 1 runs ``M - 1`` micro-batches
+    (``num_micro``), replica 0 all ``M``, so their all-to-alls would pair different micro-batches. Every rank must
+    refuse the step by name before any all-to-all (the step's vote agrees on ``num_micro``), within seconds, not
+    after the 60 s timeout; the next step, the same on both, then runs as on one process over its batch."""
+    import time
+    from mpipe_hf.runtime.preload import ScheduleMismatch
+    rank, replica = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+    cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"])
+    model = build_model(fixture, case["family"])
+    carved = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
+    shards = shard_experts(carved, model.config, rank, PP, emesh["ep"], emesh["batch"])
+    dp = DataParallel(mesh["dp"], "replicate", False, (shards.params, emesh["edp"], shards.group))
+    dp.wrap(carved.stages)
+    params = carved.trainable_parameters(cfg, rank)
+    executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, mesh.get_group("pp"), device,
+                                params.values(), TIMEOUT, carved.tied_parameters(cfg, rank), data_parallel=dp)
+    pool = fixture["pools"][case["data"]]
+    loads = [lambda m, s=s: global_batch(case, pool, s)[replica * cfg.num_micro + m] for s in range(2)]
+    start, error, exchanged = time.perf_counter(), None, EXCHANGED[0]
+    try:
+        executor.step(loads[0], num_micro=cfg.num_micro - 1 if replica == 1 else None)
+    except ScheduleMismatch as err:
+        error = str(err)
+    failed_s, exchanged = time.perf_counter() - start, EXCHANGED[0] - exchanged
+    loss = executor.step(loads[1]).loss
+    executor.close()
+    path = os.path.join(out_dir, f"ref-{case['name']}.pt")
+    if dist.get_rank() == 0:
+        torch.save(reference_run(build_model(fixture, case["family"]), global_batch(case, pool, 1), order="pipeline"),
+                   path)
+    dist.barrier()
+    ref = torch.load(path, weights_only=False)  # this run's own file
+    dist.barrier()
+    return {"error": error, "failed_s": failed_s, "exchanged": exchanged, "loss": loss, "ref_loss": float(ref)}
+
+
 def watching_views(run, case, *args) -> dict:
     """``run(case, *args)``'s result with ``view_warnings``: the distinct warnings, each recorded however often it
     came, that a module returned a view tensor (FSDP2 warns when a wrapped stage does: an in-place op on it would
@@ -302,8 +339,9 @@ def main():
     fixture = torch.load(fixture_path, weights_only=False)
     mesh = build_mesh(PP, DP)
     emesh = expert_mesh(mesh, EP)
-    run_cases(cases, lambda case: watching_views(failing if case.get("fail") else run_case, case, fixture, mesh,
-                                                 emesh, device, out_dir), out_dir, dist.get_rank())
+    kinds = {"fail": failing, "drift": drifting}
+    run_cases(cases, lambda case: watching_views(next((kinds[k] for k in kinds if case.get(k)), run_case), case,
+                                                 fixture, mesh, emesh, device, out_dir), out_dir, dist.get_rank())
     dist.destroy_process_group()
 
 
