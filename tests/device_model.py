@@ -18,10 +18,14 @@ The second half (issue 40) puts expert parallelism's all-to-all into the op orde
 :mod:`mpipe_hf.schedule.eager`: :func:`ep_ops` gives every process of several pipeline replicas its transfers with
 each MoE layer's all-to-alls inside its stage's ``F`` and ``B``, and :func:`ep_streams` runs them
 (``tests/test_ep_deadlock.py``).
+
+:class:`NcclLikeComm` stands for NCCL's streams when a peer is lost: a host wait that only the communicator's abort
+ends (``tests/test_liveness.py``).
 """
 
 from __future__ import annotations
 
+import threading
 import traceback
 from collections import Counter
 
@@ -314,3 +318,30 @@ def ep_labels(ops: dict[int, list], me: int) -> list:
         if isinstance(op.what, tuple) and op.kind in ("send", "recv") and (not out or out[-1] != op.what):
             out.append(op.what)
     return out
+
+
+class NcclLikeComm:
+    """NCCL's answer to a lost peer, on the CPU (the liveness tests' device): a host wait on
+    work that needs a peer's data (``synchronize()``, a host read of a tensor the work writes, an all-to-all inside
+    a stage) neither fails nor times out when the peer's process is gone or stopped, since NCCL's kernels do not
+    notice a closed socket; only the communicator's abort (``ncclCommAbort``, torch's ``_abort_process_group``)
+    releases it, with an error. :meth:`wait` blocks so, and records what it blocked in."""
+
+    def __init__(self):
+        self.aborted = threading.Event()
+        self.blocked: list[str] = []
+
+    def wait(self, what: str, timeout: float | None = None) -> None:
+        """Block in ``what`` until :meth:`abort` (``timeout``: the test's own bound, then ``TimeoutError``).
+
+        Raises:
+            RuntimeError: the communicator was aborted (NCCL's error after an abort).
+            TimeoutError: still blocked after ``timeout`` seconds.
+        """
+        self.blocked.append(what)
+        if self.aborted.wait(timeout):
+            raise RuntimeError(f"NCCL communicator was aborted while blocked in {what}")
+        raise TimeoutError(f"still blocked in {what} after {timeout}s")
+
+    def abort(self) -> None:
+        self.aborted.set()
