@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ..schedule.eager import pipeline_pairs
 from .group_names import member_group
+from .liveness import announce_end
 from .p2p import P2P
 from .preload import alive, shared_error
 from .watchdog import PeerFailed, Watchdog, lost_peer
@@ -130,6 +131,7 @@ def abandon(ex, err: BaseException, action) -> BaseException:
     first = ex.watchdog.first_error()
     if not ex.recover:
         ex.ended = f"{first}; {RESTART}"
+        announce_end(f"mpipe-hf: error: {first}")  # ranks blocked where no wait of ours runs end too (.liveness)
         end_communicators(ex.group)
         return RuntimeError(ex.ended)
     return first

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..schedule.mesh_order import ORDERS
+from .liveness import nccl_error_handling, start_beating
 
 
 def init_distributed(timeout: timedelta = timedelta(minutes=5)) -> torch.device:
@@ -21,14 +22,21 @@ def init_distributed(timeout: timedelta = timedelta(minutes=5)) -> torch.device:
     the agent's store under a prefix of its own attempt: on the agent's store the backends' connection keys of the
     failed attempt are still there (torch 2.13, gloo: the restarted ranks dial the dead processes' addresses and
     fail with "Connection refused").
+
+    Starts the process's liveness thread (on NCCL; :mod:`.liveness`): a rank that dies or stops ends every rank
+    within seconds, each printing one line that names it. On NCCL, torch's own error handling is left to it
+    (``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` unless set).
     """
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     if dist.is_initialized():
+        start_beating(timeout.total_seconds())
         return device
     backend, restart = "nccl" if cuda else "gloo", int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if cuda:
+        nccl_error_handling()
     if restart > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         world = int(os.environ["WORLD_SIZE"])
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
@@ -38,6 +46,7 @@ def init_distributed(timeout: timedelta = timedelta(minutes=5)) -> torch.device:
                                 device_id=device if cuda else None)
     else:
         dist.init_process_group(backend, timeout=timeout, device_id=device if cuda else None)
+    start_beating(timeout.total_seconds())  # a lost or stopped rank ends every rank, on NCCL too (.liveness)
     return device
 
 

@@ -304,7 +304,9 @@ class PipelineRun:
         """End the executor's helper threads and destroy the process groups while Python is still whole (a gloo
         group torn down during interpreter finalisation can abort a finished run: "terminate called without an
         active exception")."""
+        from ..runtime.liveness import stop_beating
         from ..runtime.watchdog import release_watched
+        stop_beating()  # a clean end: no peer takes this rank for lost
         if self.executor is not None:
             self.executor.watchdog.close()
         release_watched()

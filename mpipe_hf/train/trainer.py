@@ -16,6 +16,7 @@ import time
 
 import torch.distributed as dist
 
+from ..runtime.liveness import announce_end
 from .checks import check, check_layout, check_output_dir  # cli.py, the tests and the scripts import them here
 from .job import RecipeJob, TrainResult
 from .recipe import Recipe, load_recipe
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as err:  # noqa: BLE001 - reported as one line, the traceback in the log
         path = log_failure(err, recipe.train.output_dir, rank)
         shared = getattr(err, "shared", False) or str(err).startswith("pipeline rank")
+        announce_end(f"mpipe-hf: error: rank {rank}: {error_line(err)}")  # peers blocked on NCCL end too
         if rank == 0 or not shared:
             where = "" if shared or int(os.environ.get("WORLD_SIZE", 1)) == 1 else f"rank {rank}: "
             print(f"mpipe-hf: error: {where}{error_line(err)} (tracebacks: {os.path.dirname(path)})",
