@@ -12,6 +12,7 @@ import random
 
 from device_model import ep_labels, ep_ops, ep_streams
 
+from mpipe_hf.runtime.preload import body_signature
 from mpipe_hf.schedule import Kind, ScheduleConfig, build_schedule
 from mpipe_hf.schedule.simulate import Costs, split_pairs
 
@@ -65,6 +66,8 @@ def test_ep_all_to_alls_pair_up_and_never_deadlock_the_pipeline():
             bodies = [[(a.kind, a.stage) for a in orders[p] if a.kind in (Kind.F, Kind.B, Kind.W)]
                       for orders in replicas]
             assert all(b == bodies[0] for b in bodies), (cfg, p)
+            # the step's vote compares these signatures: it lets every such step run
+            assert len({body_signature(orders[p]) for orders in replicas}) == 1, (cfg, p)
         ops = ep_ops(replicas, moe)
         for p in range(R):
             labels = [ep_labels(ops, e * R + p) for e in range(ep_size)]
@@ -90,6 +93,17 @@ def test_ep_peers_with_different_action_orders_deadlock():
     assert any(isinstance(op.what, tuple) for op, _, _ in outcome.waits.values()), str(outcome)
     assert any(ep_labels(ops, p) != ep_labels(ops, 4 + p) for p in range(4))
     assert not ep_streams(ep_ops(replicas, [0, 0, 0, 0]), 4).deadlocked
+    # the step's vote refuses these replicas before any transfer: some pipeline rank's signatures differ
+    assert any(body_signature(replicas[0][p]) != body_signature(replicas[1][p]) for p in range(4))
+
+
+def test_ep_peer_with_a_micro_batch_fewer_deadlocks_and_is_refused():
+    """A replica with one micro-batch fewer (a short step on one EP peer): the model deadlocks, and the step's
+    vote refuses it first (its signature's micro-batch count differs on every pipeline rank)."""
+    cfg = ScheduleConfig(2, 1, 4, "identity")
+    replicas = [build_schedule(cfg), build_schedule(dataclasses.replace(cfg, num_micro=3))]
+    assert ep_streams(ep_ops(replicas, [1, 1]), 2).deadlocked
+    assert all(body_signature(replicas[0][p])[0] == 4 and body_signature(replicas[1][p])[0] == 3 for p in range(2))
 
 
 def test_ep_groups_across_stages_deadlock():
