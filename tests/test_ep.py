@@ -232,6 +232,26 @@ def test_schedule_signature_tells_drift_apart():
     check_agreement(summed(full, swapped, sign=lambda o: (body_signature(o)[0], 0)), 2)  # order-blind: missed
 
 
+def test_train_loops_plans_give_every_replica_num_micro_micro_batches():
+    """``mpipe-hf train``'s loop never passes ``num_micro``: every replica runs the schedule's ``M`` each step, and
+    its plans give each replica ``M`` micro-batches of rows in every step, across an epoch's end that does not
+    fill a step (7 rows, 2 replicas x 3 micro-batches of 2: the stream runs on into the next epoch), shuffled or
+    not, packed or not, so no EP replica gets fewer. (A short step is the executor's ``num_micro``, which
+    ``MPipeTrainer`` alone passes, and it runs one pipeline.)"""
+    from mpipe_hf.data import MicroBatchPlan
+    from mpipe_hf.data.packing import PackedPlan
+    rows = list(range(7))
+    for shuffle in (False, True):
+        plans = [MicroBatchPlan(rows, list, 3, 2, shuffle=shuffle, replica=d, num_replicas=2) for d in range(2)]
+        packed = [PackedPlan(rows, list, 3, 8, [1, 5, 3, 8, 2, 7, 4], shuffle=shuffle, replica=d, num_replicas=2)
+                  for d in range(2)]
+        for step in range(6):  # about five epochs
+            for plan in plans:
+                assert [len(plan.rows(step, m)) for m in range(3)] == [2, 2, 2], (shuffle, step)
+            for plan in packed:
+                assert len(plan.placed(step)) == 6 and all(plan.rows(step, m) for m in range(3)), (shuffle, step)
+
+
 def test_mpipe_trainer_takes_no_expert_parallel_replicas():
     """``MPipeTrainer`` runs one pipeline (its loop hands every rank the same rows, so every rank's ``num_micro``
     is the step's row count): expert parallelism, which needs replicas, is refused by name at ``MPipeConfig``."""
