@@ -95,7 +95,9 @@ def test_the_record_covers_every_replaced_processor(record):
     from mpipe_hf.data import qwen2_tokenizer
     from mpipe_hf.data.processor import image_processor_for
     meta, _, _ = record
-    assert os.path.getsize(RECORD) < 2_000_000
+    # 2.39 MB with the 12 torch-operation image processors (each at its tiny tower's settings and variants); a cap,
+    # so that a new entry keeping a large tensor in full instead of a sample shows up here
+    assert os.path.getsize(RECORD) < 3_000_000
     cases = meta["cases"]
     tokenizer = qwen2_tokenizer(5120)
     for family in SCRIPT["VIDEO_TYPES"]:
