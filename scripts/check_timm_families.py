@@ -5,11 +5,12 @@ Usage (an environment with timm, torchvision and mpipe_hf installed, e.g. the st
     /work/venv-stock/bin/python scripts/check_timm_families.py [--out DIR]
 
 For each type, as ``tests/test_numerics.py``'s family cases: its tiny config
-(:data:`mpipe_hf.models.tiny_all.TIMM_TINY`) at 12 layers, a ragged pool of real photos and captions whose vision inputs are built directly in the shape the real
-processor gives (:data:`IMAGES`; the project has no processor of these types), then one 2-process torchrun of
-``tests/dist/numerics_worker.py``: a trainable tower at ``T = 1`` and a frozen one at ``T = 0`` (2 AdamW steps,
-``R = 2``, ``V = 2``, ``M = 3``, then a save and ``from_pretrained`` reload), each checked by ``matrix.check_case`` and
-``check_reload`` against the unsplit one-process model. Two negative controls per type must fail the same check:
+(:data:`mpipe_hf.models.tiny_all.TIMM_TINY`) at 12 layers, a ragged pool of real photos and captions whose vision
+inputs are built directly in the shape the real processor gives (:data:`IMAGES`; the project has no processor of
+these types), then one 2-process torchrun of ``tests/dist/numerics_worker.py``: a trainable tower at ``T = 1`` and a
+frozen one at ``T = 0`` (2 AdamW steps, ``R = 2``, ``V = 2``, ``M = 3``, then a save and ``from_pretrained``
+reload; Gemma 3n also trainable at ``T = 0``), each checked by ``matrix.check_case`` and ``check_reload`` against the
+unsplit one-process model. Two negative controls per type must fail the same check:
 the image features cut from the tower's graph (``detach_features``) and the last AdamW step skipped
 (``skip_last_step``); Gemma 3n's third, its AltUp streams 1 and 2 swapped where a stage hands them on
 (``altup_swapped``). The load-time check must pass every micro-batch of the pool and refuse one with an image token
@@ -138,6 +139,9 @@ def cases() -> list[dict]:
     """The exact cases and the negative controls (``control`` set: they must fail) of every type."""
     from matrix import family_cases
     exact = family_cases([(t, pre, layers, None) for t in TYPES for pre, layers in (("trainable", 1), ("frozen", 0))])
+    # Gemma 3n's stage 0 reads the vision embedder's hard-token table, which a trainable P at T = 0 holds: both
+    # give it gradients (P's soft tokens, stage 0's end-of-image token), summed on rank 0
+    exact += [dict(c, reload=False) for c in family_cases([("gemma3n", "trainable", 0, None)]) if c["family"] in TYPES]
     controls = [dict(c, reload=False, control=True) for option, types in CONTROLS.items()
                 for c in family_cases([(t, "trainable", 1, None) for t in types], **{option: True})]
     return exact + controls
