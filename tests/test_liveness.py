@@ -28,15 +28,15 @@ WAITS = ("all-to-all", "host read", "synchronize")
 class Rank:
     """One rank: its liveness thread and its main thread, blocked in ``what`` on a communicator of its own."""
 
-    def __init__(self, store, rank: int, world: int, what: str, watch: bool = True):
+    def __init__(self, store, rank: int, world: int, what: str, watch: bool = True, stuck_s: float | None = None):
         self.comm, self.line, self.error, self.ended_at = NcclLikeComm(), None, None, None
         self.done = threading.Event()  # the liveness thread ended the rank
-        self.live = Liveness(store, rank, world, SILENCE, self.comm.abort, end=self._end, beat_s=BEAT,
-                             namespace="test")
         self.main = threading.Thread(target=self._block, args=(what,), daemon=True)
+        self.main.start()
+        self.live = Liveness(store, rank, world, SILENCE, self.comm.abort, end=self._end, beat_s=BEAT,
+                             namespace="test", stuck_s=stuck_s, main=self.main.ident)
         if watch:
             self.live.start()
-        self.main.start()
 
     def _block(self, what: str) -> None:
         try:
@@ -58,9 +58,10 @@ class Rank:
         self.live.stop(done=False)
 
 
-def world(layout: str, watch: bool = True) -> list[Rank]:
+def world(layout: str, watch: bool = True, stuck: dict | None = None) -> list[Rank]:
+    """The ranks of ``layout``; ``stuck``: ``{rank: stuck_s}`` for the ranks that watch their main thread."""
     store, size = dist.HashStore(), LAYOUTS[layout]
-    return [Rank(store, r, size, WAITS[r % len(WAITS)], watch) for r in range(size)]
+    return [Rank(store, r, size, WAITS[r % len(WAITS)], watch, (stuck or {}).get(r)) for r in range(size)]
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -120,3 +121,23 @@ def test_silence_meets_the_targets(timeout_s):
     ``parallel.timeout_s`` + 10 s (the silence and two beats: one to miss, one to read)."""
     found = silence_for(timeout_s) + 2.0
     assert found <= 30.0 and found <= timeout_s + 10.0
+
+
+@pytest.mark.parametrize("watch_main", [True, False])
+def test_a_main_thread_stuck_with_every_rank_alive_ends_the_run(watch_main):
+    """Torch's NCCL watchdog no longer ends a collective that no peer completes (its error handling is left to
+    the process): every rank alive and beating, every main thread blocked; the rank that watches its main thread
+    (the runs: for ``2 * timeout_s``) ends the run, naming itself and where it waits. Without that watch (the
+    negative control) every rank stays blocked."""
+    ranks = world("ep x pp", stuck={2: 4 * SILENCE} if watch_main else None)
+    time.sleep(8 * SILENCE)
+    if not watch_main:
+        assert [r.line for r in ranks] == [None] * 4 and all(r.main.is_alive() for r in ranks)
+        for rank in ranks:
+            rank.live.stop()
+            rank.comm.abort()
+        return
+    for rank in ranks:
+        rank.join(8 * SILENCE)
+        assert rank.line is not None and "rank 2: its main thread has waited" in rank.line, rank.line
+        assert "device_model.py" in rank.line and "aborted" in str(rank.error)

@@ -13,7 +13,10 @@ host read or in ``synchronize()`` cannot look at the store at all. So a thread i
   that froze): the thread publishes one line naming it under ``<namespace>/ended`` (the first writer wins);
 - reads ``<namespace>/ended`` every beat: a rank that ended the run for any other reason (a failed step on NCCL,
   :func:`~.groups.end_communicators`; an error of its own, :func:`announce_end`) has written its line there;
-- on either, aborts this process's communicators (``abort``: NCCL's abort of every communicator releases the
+- as a backstop for what torch's NCCL watchdog did before (every rank alive, a collective no peer completes),
+  looks where the main thread stands: one call that has not returned for twice ``parallel.timeout_s`` ends the
+  run (the step's own waits poll, so they never stand still);
+- on any of these, aborts this process's communicators (``abort``: NCCL's abort of every communicator releases the
   kernels and waits of the blocked main thread), prints the line and ends the process with :data:`EXIT_CODE`
   (torchrun's ``--max-restarts`` restarts the workers, which resume from the last checkpoint).
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import sysconfig
 import threading
 import time
 from typing import Callable
@@ -39,6 +43,7 @@ SILENCE_S = 20.0        # a heartbeat that has not moved this long: the rank is 
 ABORT_S = 10.0          # longest wait for the communicators' abort before the process ends anyway, seconds
 EXIT_CODE = 75          # the exit status of a process that the liveness thread ended
 NAMESPACE = "mpipe_hf/liveness"
+_STDLIB = sysconfig.get_paths()["stdlib"]  # frames of Python's own library: the line names their caller
 _ACTIVE: list["Liveness"] = []  # this process's running liveness thread (at most one)
 
 
@@ -59,11 +64,17 @@ class Liveness:
         end: ends the process with the line (default: print it to stderr, ``os._exit(EXIT_CODE)``).
         beat_s: the heartbeat's period, seconds.
         namespace: the keys' prefix (a restarted attempt or a test uses its own).
+        stuck_s: end the run when thread ``main`` (default: the process's main thread) has stood at one
+            instruction this long, seconds (None: never). The runs use ``2 * timeout_s``, the groups' timeout that
+            torch's watchdog ended a stuck collective at before.
     """
 
     def __init__(self, store: dist.Store, rank: int, world: int, silence_s: float, abort: Callable[[], None],
-                 end: Callable[[str], None] | None = None, beat_s: float = BEAT_S, namespace: str = NAMESPACE):
+                 end: Callable[[str], None] | None = None, beat_s: float = BEAT_S, namespace: str = NAMESPACE,
+                 stuck_s: float | None = None, main: int | None = None):
         self.store, self.rank, self.world, self.silence_s = store, rank, world, silence_s
+        self.stuck_s, self.main = stuck_s, main if main is not None else threading.main_thread().ident
+        self._where: tuple = (None, 0.0)  # (the main thread's frame and instruction, since when)
         self.abort, self.end, self.beat_s, self.namespace = abort, end or _exit_with, beat_s, namespace
         self.count, self.ended = 0, None  # heartbeats written; the line this rank ended with
         self._stop = threading.Event()
@@ -99,7 +110,7 @@ class Liveness:
         while not self._stop.wait(self.beat_s):
             try:
                 self._beat()
-                line = self._ended_line() or self._lost_line(peers, seen)
+                line = self._ended_line() or self._lost_line(peers, seen) or self._stuck_line()
             except RuntimeError:  # the store is gone (the job is ending): nothing to watch
                 return
             if line is not None and not self._stop.is_set():
@@ -123,6 +134,26 @@ class Liveness:
                         f"ago (its process ended or is stopped; see its log); rank {self.rank} ends the run")
                 return announce(self.store, line, self.namespace)
         return None
+
+    def _stuck_line(self) -> str | None:
+        """The backstop torch's own NCCL watchdog was (``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is 0): the main thread
+        has stood at the same instruction (one call that does not return: a host read or a synchronize behind a
+        collective no peer completes, every rank alive) for ``stuck_s``; published as the run's end, else None."""
+        frame = sys._current_frames().get(self.main) if self.stuck_s is not None else None
+        if frame is None:
+            return None
+        where, now = (frame.f_code, frame.f_lasti, id(frame)), time.monotonic()
+        if where != self._where[0]:
+            self._where = (where, now)
+            return None
+        if now - self._where[1] < self.stuck_s:
+            return None
+        while frame.f_back is not None and frame.f_code.co_filename.startswith(_STDLIB):  # the caller's line
+            frame = frame.f_back
+        line = (f"mpipe-hf: error: rank {self.rank}: its main thread has waited {now - self._where[1]:.0f}s in "
+                f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name}), a wait no peer completes; "
+                f"it ends the run")
+        return announce(self.store, line, self.namespace)
 
     def _finish(self, line: str) -> None:
         """Abort the communicators (bounded by ``ABORT_S``: an abort that hangs does not keep the process),
@@ -174,7 +205,7 @@ def start_beating(timeout_s: float) -> Liveness | None:
     store = dist.distributed_c10d._get_default_store()
     namespace = f"{NAMESPACE}/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     _ACTIVE.append(Liveness(store, dist.get_rank(), dist.get_world_size(), silence_for(timeout_s), _abort_world,
-                            namespace=namespace).start())
+                            namespace=namespace, stuck_s=2 * timeout_s + BEAT_S).start())
     atexit.register(_at_exit)
     return _ACTIVE[0]
 
@@ -188,7 +219,10 @@ def stop_beating(done: bool = True) -> None:
 def announce_end(line: str) -> None:
     """Publish ``line`` as the run's end (every other rank's liveness thread ends its process with it within a
     beat): a failed step on NCCL, or an error of this rank's own, which this rank reports and exits with itself
-    (its own thread stops first). Nothing without a liveness thread."""
+    (its own thread stops first). Nothing without a liveness thread. When the liveness thread is already ending
+    the process (its abort woke the main thread), the caller waits for it instead: the process prints one line."""
+    if any(live.ended is not None for live in _ACTIVE):
+        threading.Event().wait()  # the liveness thread calls os._exit with its line
     for live in list(_ACTIVE):
         live.stop(done=False)
         try:
