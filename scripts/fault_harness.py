@@ -28,7 +28,8 @@ def worker(fault: str, recipe: str) -> None:
     every shard is on disk and before the directory is renamed into place); ``nan:STEP`` (the last stage's loss
     is NaN at step STEP, 1-based; ``nan:all`` at every step); ``enospc:RANK:STEP`` (rank RANK's shard write of
     ``checkpoint-STEP`` fails with ``ENOSPC``); ``signal-in-save:STEP`` (rank 0 sends SIGTERM to the torchrun
-    agent while it writes ``checkpoint-STEP``, as a scheduler does at a job's time limit, and the save goes on).
+    agent while it writes ``checkpoint-STEP``, as a scheduler does at a job's time limit, and the save goes on);
+    ``nccl-blind:STEP`` (from step STEP on every rank blocks as NCCL leaves it on a lost peer: :func:`blind_from`).
     """
     from mpipe_hf.train import checkpoint, job, trainer
     from mpipe_hf.runtime import executor
@@ -73,10 +74,30 @@ def worker(fault: str, recipe: str) -> None:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
             return save_file(tensors, path, *a, **k)
         checkpoint.save_file = full
+    elif kind == "nccl-blind":
+        blind_from(int(args[0]))
     elif kind != "none":
         raise SystemExit(f"unknown fault {fault!r}")
     trainer.main([recipe])
 
+
+
+def blind_from(step_number: int) -> None:
+    """NCCL's answer to a lost peer on gloo's run: from step ``step_number`` on (1-based) every rank blocks in the
+    step as in a host read of a tensor an NCCL collective writes, which only the communicators' abort ends (gloo
+    would notice a killed peer's closed sockets). The abort is the liveness thread's
+    (:mod:`mpipe_hf.runtime.liveness`, on under ``MPIPE_HF_LIVENESS=1``): here it releases the wait."""
+    import threading
+    from mpipe_hf.runtime import executor, liveness
+    released, step = threading.Event(), executor.PipelineExecutor.step
+    liveness._abort_world = released.set
+
+    def blind(self, *a, **k):
+        if self.step_index + 1 >= step_number:
+            released.wait()
+            raise RuntimeError("NCCL communicator was aborted")
+        return step(self, *a, **k)
+    executor.PipelineExecutor.step = blind
 
 # ---- runninses ----------------------------------------------------------------------------------------------
 

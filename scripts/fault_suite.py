@@ -33,7 +33,7 @@ from typing import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fault_harness import (LIMIT_S, PP, SAVE, STEPS, Run, kill_rank, launch, lost, once, rows,  # noqa: E402
-                           step_metrics, weights, worker)
+                           step_metrics, weights, worker, workers)
 
 
 # ---- the cases ----------------------------------------------------------------------------------------------
@@ -88,6 +88,49 @@ def case_kill(suite: Suite) -> Outcome:
                    f"{', naming the lost rank' if named else ', WITHOUT naming the lost rank'}; resume: auto exited "
                    f"{second.rc}: {detail}", first.hung + second.hung, n,
                    first.rc == 1 and named and second.rc == 0 and n == 0)
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie its parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def nccl_blind(suite: Suite, name: str, signal_name: str) -> Outcome:
+    """Every rank blocked in step 4 as NCCL leaves it when a peer is lost (``nccl-blind:4``: only the abort ends
+    the wait), then ``signal_name`` (``SIGKILL``: a dead rank; ``SIGSTOP``: a hung one) to rank 1: the liveness
+    thread (``MPIPE_HF_LIVENESS=1``) must end every rank, within 30 s of a kill and ``timeout_s`` + 10 s of a
+    stop, with one line naming rank 1."""
+    path, out = suite.recipe(name)
+    took = []
+
+    def act(proc):  # signal rank 1, time rank 0's end, then let torchrun end (a stopped rank ignores its SIGTERM)
+        pids = workers(proc.pid)
+        if 1 not in pids or 0 not in pids:
+            return
+        os.kill(pids[1], getattr(signal, signal_name))
+        start = time.time()
+        while not ended(pids[0]) and time.time() - start < LIMIT_S / 2:
+            time.sleep(0.1)
+        took.append(time.time() - start)
+        if signal_name == "SIGSTOP":
+            os.kill(pids[1], signal.SIGKILL)
+    os.environ["MPIPE_HF_LIVENESS"] = "1"
+    try:
+        run = launch(path, fault="nccl-blind:4", kill=once(lambda: any(r.get("step") == 3 for r in rows(out)), act,
+                                                             1.0))
+    finally:
+        del os.environ["MPIPE_HF_LIVENESS"]
+    took = took[0] if took else float("nan")
+    lines = [line for line in run.out.splitlines() if "rank 1 is lost" in line]
+    bound = 30.0 if signal_name == "SIGKILL" else 60 + 10.0
+    return Outcome(f"{signal_name} of rank 1 in step 4: rank 0 ended {took:.1f}s later (bound {bound:.0f}s), the run "
+                   f"exited {run.rc}; "
+                   f"{len(lines)} line(s) naming rank 1: {lines[:1]}", int(run.hung), 0,
+                   run.rc != 0 and not run.hung and took <= bound and len(lines) >= 1)
 
 
 def case_restart(suite: Suite) -> Outcome:
@@ -315,7 +358,9 @@ def case_recipe_keys(suite: Suite) -> Outcome:
 CASES = {"kill": case_kill, "restart": case_restart, "kill-in-save": case_kill_in_save, "preempt": case_preempt,
          "preempt-in-save": case_preempt_in_save, "preempt-accelerate": case_preempt_accelerate, "nan": case_nan,
          "nan-always": case_nan_always, "disk-full": case_disk_full, "not-writable": case_not_writable,
-         "bad-rows": case_bad_rows, "recipe-keys": case_recipe_keys}
+         "bad-rows": case_bad_rows, "recipe-keys": case_recipe_keys,
+         "nccl-kill": lambda suite: nccl_blind(suite, "nccl-kill", "SIGKILL"),
+         "nccl-stop": lambda suite: nccl_blind(suite, "nccl-stop", "SIGSTOP")}
 
 
 def run_cases(names: list[str], demo: str | None = None, work: str | None = None) -> list[tuple[str, Outcome]]:

@@ -12,6 +12,10 @@ on purpose, each checked against an uninterrupted run, bit for bit (``restart``,
 - ``nan``: a NaN in the last stage's loss skips that step on every rank, with no optimizer step;
 - ``disk-full``: one rank's checkpoint write fails with ENOSPC: every rank stops with that error, no partial
   checkpoint is left, and the previous one resumes exactly.
+- ``nccl-kill`` and ``nccl-stop`` (``MPIPE_HF_FULL=1``): every rank blocked in step 4 as NCCL leaves it on a lost
+  peer (a wait only the communicators' abort ends), then rank 1 SIGKILLed or SIGSTOPped: the liveness thread ends
+  rank 0 within 30 s, or ``timeout_s`` + 10 s, with one line naming rank 1 (``tests/test_liveness.py`` models
+  the same in CI for pp, dp x pp and ep x pp).
 
 The other cases (``kill``: the same kill without restarts, stopping with one line that names the lost rank and
 resumed by hand; ``kill-in-save``: rank 0 killed while it writes a checkpoint, the previous one loading and the
@@ -40,7 +44,8 @@ def suite(demo, tmp_path_factory):
 FULL = os.environ.get("MPIPE_HF_FULL") == "1"
 
 
-@pytest.mark.parametrize("case", ["nan", "disk-full"] + (["restart", "preempt", "preempt-in-save"] if FULL else []))
+@pytest.mark.parametrize("case", ["nan", "disk-full"] + (["restart", "preempt", "preempt-in-save", "nccl-kill",
+                                                            "nccl-stop"] if FULL else []))
 def test_fault(suite, case):
     outcome = SUITE["CASES"][case](suite)
     assert outcome.hung == 0, outcome.happened
