@@ -107,7 +107,9 @@ DP_WORKER = os.path.join(os.path.dirname(__file__), "dist", "dp_bf16_worker.py")
 def dp_cases(demo: str, out: str) -> list[dict]:
     """``dp = 2`` x ``pp = 2`` (``V = 2``, ``M = 3``), FSDP2 in bf16: LoRA on a MoE model's attention and fused
     experts, the MoE model trained whole (fused experts, router, load-balancing term), and a decoder-only LM
-    trained whole with its head tied to the embedding (the pair split over ranks 0 and 1)."""
+    trained whole with its head tied to the embedding (the pair split over ranks 0 and 1); that LM at ``pp = 1`` x
+    ``dp = 4`` too, the tied weight in two chunks of one rank, and in ``P`` and a chunk: one parameter that FSDP2
+    leaves whole (sharded once per unit, the embedding's gradient was 0.17 off on 0.17)."""
     parallel = {"pp_size": 2, "vpp": 2, "num_micro": 3, "dp_size": 2, "dp_shard": True, "timeout_s": 120,
                 "mesh_order": "pp_inner"}
     train = {"bf16": True, "output_dir": out, "seed": 4}
@@ -124,8 +126,11 @@ def dp_cases(demo: str, out: str) -> list[dict]:
     # one pipeline rank, two chunks (vpp 2) over dp 4: the embedding in chunk 0 and the head tied to it in chunk 1,
     # one weight of two FSDP2 units (FSDP2 would shard it twice: two parameters, each with half the gradient)
     tied_pp1 = {**tied, "parallel": {**tied["parallel"], "pp_size": 1, "dp_size": 4}}
+    # and one chunk (vpp 1) with the embedding in a trainable P, which FSDP2 does not wrap, the head in the chunk
+    tied_p = {**tied, "parallel": {**tied_pp1["parallel"], "vpp": 1, "preprocess": "trainable", "text_layers": 1}}
     return [dict(name="moe-lora", recipe={**moe, "lora": lora}), dict(name="moe-full", recipe=moe),
-            dict(name="tied-full", recipe=tied), dict(name="tied-pp1-vpp2", recipe=tied_pp1)]
+            dict(name="tied-full", recipe=tied), dict(name="tied-pp1-vpp2", recipe=tied_pp1),
+            dict(name="tied-pp1-in-p", recipe=tied_p)]
 
 
 def test_dp2_pp2_fsdp_bf16_through_the_executor_equals_one_process(demo, tmp_path):
@@ -145,7 +150,7 @@ def test_dp2_pp2_fsdp_bf16_through_the_executor_equals_one_process(demo, tmp_pat
             assert res["names"], (rank, name)  # every rank trains something in these cases
             for a, b in zip(res["losses"], res["ref_losses"]):
                 assert abs(a - b) < 1e-5, (rank, name, res["losses"], res["ref_losses"])
-            if name == "tied-pp1-vpp2":  # the tie kept: one parameter, not the head as a second DTensor
+            if name.startswith("tied-pp1"):  # the tie kept: one parameter, not the head as a second DTensor
                 assert "model.embed_tokens.weight" in res["names"] and "lm_head.weight" not in res["names"], res
             for step, g in enumerate(res["grads"]):
                 assert not g["missing"], (rank, name, step, g["missing"][:5])

@@ -93,13 +93,13 @@ def bf16_units(stages: dict[int, nn.Module]) -> list[nn.Module]:
     return units
 
 
-def shared_between(stages: dict[int, nn.Module]) -> set[int]:
-    """The ids of the parameters that more than one of ``stages``' chunks holds (a tied LM head and embedding on
-    one rank)."""
+def shared_between(groups: Iterable[Iterable[nn.Parameter]]) -> set[int]:
+    """The ids of the parameters that more than one of ``groups`` holds (each a chunk's parameters, or ``P``'s):
+    a tied LM head and embedding on one rank."""
     seen: dict[int, int] = {}
-    for module in stages.values():
-        for p in module.parameters():
-            seen[id(p)] = seen.get(id(p), 0) + 1
+    for group in groups:
+        for k in {id(p) for p in group}:
+            seen[k] = seen.get(k, 0) + 1
     return {k for k, n in seen.items() if n > 1}
 
 
@@ -139,27 +139,30 @@ class DataParallel:
             dist.get_process_group_ranks(self.group), timedelta(minutes=10))
         self.chunks: dict[int, nn.Module] = {}
 
-    def wrap(self, stages: dict[int, nn.Module]) -> None:
+    def wrap(self, stages: dict[int, nn.Module], unwrapped: Iterable[nn.Parameter] = ()) -> None:
         """``fully_shard`` each stage chunk over ``dp`` (engine ``shard``; nothing with ``replicate``), with
         ``bf16`` its matmul modules first, each a nested unit in bf16 with fp32 reduction. Call before the
         optimizer and the executor are built: the parameters become DTensors. A weight two chunks of this rank
-        hold (an LM head tied to the embedding with ``pp_size`` 1 and ``vpp`` >= 2) is left out of both units:
-        FSDP2 would shard it once per unit, two parameters each with one use's gradient. It stays one replicated
-        parameter, its gradient summed over ``dp`` with the other replicated ones (:meth:`sum_replicated`)."""
+        hold (an LM head tied to the embedding with ``pp_size`` 1 and ``vpp`` >= 2), or one a chunk shares with
+        ``unwrapped`` (the parameters of ``P``, which FSDP2 does not wrap: an embedding there), is left out of the
+        units: FSDP2 would shard it once per unit, two parameters each with one use's gradient. It stays one
+        replicated parameter, its gradient summed over ``dp`` with the other replicated ones
+        (:meth:`sum_replicated`)."""
         if self.engine != "shard" or self.size == 1:
             return
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        shared = shared_between([*(m.parameters() for m in stages.values()), unwrapped])  # tied: kept whole
         if self.bf16:  # bottom-up: the nested units first, then each chunk takes what is left
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                           cast_forward_inputs=False)
             for module in bf16_units(stages):
-                fully_shard(module, mesh=self.mesh, reshard_after_forward=False, mp_policy=policy)
+                if not any(id(p) in shared for p in module.parameters(recurse=False)):  # a head tied to P's
+                    fully_shard(module, mesh=self.mesh, reshard_after_forward=False, mp_policy=policy)
             # a Linear on a 3-D input returns a view, and FSDP2 warns that an in-place op on it would drop the
             # unit's pre-backward hook; that hook only re-gathers, which weights kept gathered through the step
             # (reshard_after_forward=False) do not need
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP(Linear|Conv[123]d)\) returned "
                                     r"a view tensor")
-        shared = shared_between(stages)  # a weight tied across two chunks of this rank stays whole: replicated
         for stage, module in stages.items():
             ignored = {p for p in module.parameters() if id(p) in self.experts or id(p) in shared} or None
             fully_shard(module, mesh=self.mesh, reshard_after_forward=False, ignored_params=ignored)

@@ -184,7 +184,7 @@ class PipelineRun:
         if par.dp_size > 1:  # FSDP2 per stage chunk, before the optimizer sees the (then DTensor) parameters
             self.data_parallel = DataParallel(self.mesh["dp"], "shard" if par.dp_shard else "replicate", bf16=bf16,
                                               experts=self.shard_experts())
-            self.data_parallel.wrap(carved.stages)
+            self.data_parallel.wrap(carved.stages, carved.preprocess.trainable_parameters())  # P's: not wrapped
         self.params = carved.trainable_parameters(self.cfg, self.rank)  # none where a frozen P is all it holds
         tied = carved.tied_parameters(self.cfg, self.rank)
         heads = {id(p) for p, peer in tied if peer == 0}  # the head copy of a tied pair
