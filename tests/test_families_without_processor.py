@@ -75,6 +75,7 @@ WRONG_GRID = {
     "gemma4_unified": lambda b: {**b, "image_position_ids": b["image_position_ids"].clamp(min=0)},  # no padding
     "muse_glimmer": lambda b: {**b, "image_grid_thw": b["image_grid_thw"] * torch.tensor([1, 2, 1])},
     "muse_spark": lambda b: {**b, "image_grid_thw": b["image_grid_thw"] * torch.tensor([1, 1, 2])},
+    "nemotron_h_omni": lambda b: {**b, "image_grid_hw": b["image_grid_hw"] * torch.tensor([1, 2])},
 }
 
 
@@ -85,7 +86,8 @@ def test_a_wrong_grid_is_refused(model_type, tokenizer):
         micro_validator(config)(WRONG_GRID[model_type](batch))
 
 
-@pytest.mark.parametrize("model_type, audio", [("gemma4_unified", "input_features"), ("muse_spark", "input_values")])
+@pytest.mark.parametrize("model_type, audio", [("gemma4_unified", "input_features"), ("muse_spark", "input_values"),
+                                               ("nemotron_h_omni", "input_features")])
 def test_video_and_audio_are_refused_by_name(model_type, audio, tokenizer):
     config, batch = micro(model_type, tokenizer)
     validate = micro_validator(config)

@@ -156,6 +156,25 @@ def attention_cost(c, layer_type: str) -> int:
     return latent_attention_cost(c) if getattr(c, "kv_lora_rank", None) else softmax_attention_cost(c)
 
 
+def nemotron_h_cost(c, layer_type: str) -> int:
+    """Weights of one Nemotron-H block (``NemotronHBlock``: one mixer a layer, no separate MLP): Mamba-2
+    (``linear_attention``: ``in_proj`` to gate, convolution channels and one ``dt`` a head, the depthwise ``conv1d``,
+    ``out_proj``), attention, the ReLU^2 MLP (``up_proj``, ``down_proj``), or MoE (the router, ``top_k`` experts and
+    the shared expert, each up and down, at ``moe_latent_size`` with its two projections where set)."""
+    h = c.hidden_size
+    if layer_type == LINEAR_ATTENTION:
+        inner = c.mamba_num_heads * c.mamba_head_dim
+        channels = inner + 2 * c.n_groups * c.ssm_state_size
+        return h * (inner + channels + c.mamba_num_heads) + channels * c.conv_kernel + inner * h
+    if layer_type == "mlp":
+        return 2 * h * c.intermediate_size
+    if layer_type == "moe":
+        latent = c.moe_latent_size or h
+        return (h * num_experts(c) + c.num_experts_per_tok * 2 * latent * c.moe_intermediate_size
+                + 2 * h * c.moe_shared_expert_intermediate_size + (2 * h * latent if c.moe_latent_size else 0))
+    return softmax_attention_cost(c)
+
+
 def layer_costs(text_config) -> list[float]:
     """Active weights (elements) each token multiplies by in every decoder layer, in layer order: its token
     mixer (by :func:`~.decoder.layer_types`, the stages' own reading of ``layer_types``) plus its MLP. ``2 x`` that is the layer's forward
@@ -165,6 +184,8 @@ def layer_costs(text_config) -> list[float]:
         ValueError: as :func:`attention_cost` and :func:`mlp_cost`.
     """
     types = layer_types(text_config)
+    if getattr(text_config, "model_type", "") == "nemotron_h":  # one mixer a block, no MLP beside it
+        return [float(nemotron_h_cost(text_config, t)) for t in types]
     layers = [text_config.per_layer_config[i] if getattr(text_config, "is_heterogeneous", False) else text_config
               for i in range(len(types))]  # a layer's own head sizes where they differ (Gemma 4's global layers)
     return [float(attention_cost(c, t) + mlp_cost(c, i)) for i, (c, t) in enumerate(zip(layers, types))]

@@ -58,9 +58,6 @@ _OWN = {
     "mistral_large4": "its decoder layers pass state to later layers: 'shared' indexer layers reuse an earlier "
                       "layer's top-k token indices, 'reuse' layers read another layer's latent keys and values, and "
                       "the rotary embedding has a learned parameter (rotary_emb.alpha) that every layer reads",
-    "nemotron_h_omni": "its text model is Nemotron-H, a hybrid whose layers are each one block: Mamba-2 (a recurrent "
-                       "state-space mixer), attention, MLP or mixture of experts (layer types 'mamba', 'attention', "
-                       "'mlp', 'moe'); the splitter has masks and costs for none but attention: not declared yet",
     "granite4_vision": "projected features of several vision layers are added before deep decoder layers (12, 15, "
                        "18 and 21 by default) and the image-token embeddings are zeroed; the splitter relays "
                        "features into the first decoder layers only (DeepStack), not into chosen deep ones",

@@ -264,7 +264,8 @@ def decoder_stage(text_model: nn.Module, text_config, layer_ids: list[int], fron
         check_layer_types([types[i] for i in layer_ids])
     layers = [text_model.layers[i] for i in layer_ids]
     sums = RouterSums(layers, *router[:4]) if router is not None else None
-    return cls(front, layers, list(layer_ids), [types[i] for i in layer_ids], text_model.rotary_emb, text_config,
+    rotary = getattr(text_model, "rotary_emb", None)  # None: a position-free model's stage class supplies its own
+    return cls(front, layers, list(layer_ids), [types[i] for i in layer_ids], rotary, text_config,
                head, carry + (ROUTER_KEYS if router is not None and head is None else ()), masks, sums)
 
 

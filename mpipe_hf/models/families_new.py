@@ -19,6 +19,7 @@ from torch import nn
 from .families import validate_counted_micro
 from .families_gemma3n import GEMMA3N_TEXT, tiny_gemma3n_text_config
 from .families_muse import MUSE_GLIMMER, tiny_muse_glimmer_config, tiny_muse_spark_config
+from .families_nemotron import NEMOTRON_H_OMNI, tiny_nemotron_h_omni_config
 from .family import Family
 from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage, unified_masks
 from .tiny import _text
@@ -170,6 +171,8 @@ FAMILIES["gemma3n_text"], TINY["gemma3n_text"] = GEMMA3N_TEXT, tiny_gemma3n_text
 # Muse Spark: Muse Glimmer's image path and text attention (with experts); its audio tower is never run by the split
 FAMILIES["muse_spark"] = replace(MUSE_GLIMMER, unused=("model.audio_tower",), validate=_both(
     refuse_other_modalities({"input_values": "audio", "pixel_values_videos": "video"}), MUSE_GLIMMER.validate))
+# Nemotron-H Omni: Mamba-2, attention, MLP and MoE blocks, no rotary embedding (families_nemotron)
+FAMILIES["nemotron_h_omni"], TINY["nemotron_h_omni"] = NEMOTRON_H_OMNI, tiny_nemotron_h_omni_config
 REFUSED: dict[str, str] = {  # model_type -> why it cannot be split, in the user's terms
     "diffusion_gemma": "block diffusion: a Gemma encoder and a diffusion decoder that attends bidirectionally over "
                        "a noised block and reads the encoder's cache, trained by denoising, not a causal decoder "

@@ -78,6 +78,7 @@ class Family:
             the image tokens' mask): the loader's planner and packer put image rows and video rows in different
             micro-batches (:mod:`mpipe_hf.data.apart`), and ``validate`` refuses a micro-batch holding both.
         head: FQN of the LM head (Llama 4's is ``language_model.lm_head``, inside its causal LM).
+        embed: the text model's token embedding, under ``text`` (Nemotron-H's is ``embeddings``).
     """
 
     text: str = "model.language_model"
@@ -105,6 +106,7 @@ class Family:
     checkpoint: tuple[str, str] | None = None
     media_apart: bool = False
     head: str = "lm_head"
+    embed: str = "embed_tokens"
 
     def layer_counts(self, config, cfg, layers_per_stage=None, text_layers: int = 0) -> list[int]:
         """Decoder layers per stage (the registry protocol; :func:`.generic.layer_counts`)."""

@@ -75,6 +75,15 @@ def _host_positions(inputs):
     return inputs["position_ids"]
 
 
+def _present(model: nn.Module, fqn: str) -> bool:
+    """Whether ``model`` has a module at ``fqn`` (an optional part the config left out is ``None`` there)."""
+    try:
+        model.get_submodule(fqn)
+    except AttributeError:
+        return False
+    return True
+
+
 def _part(model: nn.Module, fqn: str) -> nn.Module | nn.Parameter:
     try:
         return model.get_submodule(fqn)
@@ -89,7 +98,7 @@ class _Pieces:
         self.family, self.model, self.cfg = family, model, cfg
         self.text_model = model.get_submodule(family.text)
         self.text_config = model.config.get_text_config()
-        self.embed = f"{family.text}.embed_tokens"
+        self.embed = f"{family.text}.{family.embed}"
         self.embeds = [self.embed] + [f"{family.text}.{part}" for part in family.embed_parts
                                       if hasattr(self.text_model, part)]  # a model may lack one (no PLE)
         self.router = router_spec(self.text_model, self.text_config)
@@ -121,7 +130,8 @@ class _Pieces:
 
     def front(self, vision: nn.Module | None) -> ImageFront:
         extras = DEEPSTACK_KEYS if self.family.deepstack else ()
-        return ImageFront(self.text_model.embed_tokens, self.image_token_id, vision, _positions(self.family), extras,
+        embed = self.text_model.get_submodule(self.family.embed)
+        return ImageFront(embed, self.image_token_id, vision, _positions(self.family), extras,
                           self.video_token_id)
 
     def stage(self, ids: list[int], front=None, head=None, carry=None) -> nn.Module:
@@ -186,8 +196,9 @@ def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: in
         if not text_layers:
             layout[0][:0] = pieces.embeds
         frozen = list(p_fqns) if cfg.preprocess == "frozen" else []
-    layout[0][:0] = list(family.unused)
-    frozen += list(family.unused)
+    unused = [fqn for fqn in family.unused if _present(model, fqn)]  # a config may leave one out (no audio tower)
+    layout[0][:0] = unused
+    frozen += unused
     head = pieces.head()
     ends = [sum(counts[:s + 1]) - 1 for s in range(cfg.num_stages)]  # the last layer id each stage reaches
 

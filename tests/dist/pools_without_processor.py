@@ -103,10 +103,24 @@ def gemma4_unified_image(config, image: Image.Image, max_patches: int = 28) -> t
     return {"pixel_values": padded, "image_position_ids": ids}, h * w
 
 
+def nemotron_h_omni_image(config, image: Image.Image) -> tuple[dict, int]:
+    """``NemotronH_Omni_Reasoning_V3ImageProcessor``: the image resized to a patch grid of even sides, normalised
+    with the OpenAI CLIP mean and std, its patches in row-major order, each flattened channel-major ``(h * w, 3 *
+    patch * patch)`` (``convert_image_to_patches``), ``image_grid_hw`` ``(1, 2)``; ``h * w * downsample_ratio **
+    2`` tokens (the pixel shuffle)."""
+    from transformers.utils.constants import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+    patch, shrink = config.vision_config.patch_size, round(1 / config.downsample_ratio)
+    h, w = _even_grid(image, patch, shrink)
+    unit = _pixels(image, h * patch, w * patch) * 0.5 + 0.5  # back to [0, 1]
+    pixels = (unit - torch.tensor(OPENAI_CLIP_MEAN).view(3, 1, 1)) / torch.tensor(OPENAI_CLIP_STD).view(3, 1, 1)
+    patches = pixels.view(3, h, patch, w, patch).permute(1, 3, 0, 2, 4).reshape(h * w, -1)
+    return {"pixel_values": patches, "image_grid_hw": torch.tensor([[h, w]])}, h * w // shrink ** 2
+
+
 # model type -> (one image's builder, the dimension a micro-batch's images' pixels are joined along)
 BUILDERS = {"llama4": (llama4_image, 0), "kimi_k25": (kimi_k25_image, 0), "minicpm_ocr": (minicpm_image, -1),
             "gemma4_unified": (gemma4_unified_image, 0), "muse_glimmer": (muse_glimmer_image, 0),
-            "muse_spark": (muse_glimmer_image, 0)}
+            "muse_spark": (muse_glimmer_image, 0), "nemotron_h_omni": (nemotron_h_omni_image, 0)}
 TOKEN_TYPES = ("gemma4_unified",)  # families whose masks read mm_token_type_ids (1 at each image token)
 
 

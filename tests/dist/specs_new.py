@@ -46,6 +46,9 @@ PACKED_OPTIONS = {"lfm3_vl": {"adam_eps": 1e-3}}  # LFM3-VL packed: the default 
 # (pools_without_processor.py)
 SPECS += [("llama4", "trainable", 1, None), ("gemma4_unified", "trainable", 1, None),
           ("muse_glimmer", "trainable", 1, None), ("muse_spark", "trainable", 1, None)]
+# Nemotron-H Omni (its stock image processor needs torchvision): Mamba-2, attention, MLP and MoE blocks, no rotary
+# embedding; specs_ci adds its frozen-tower (T = 0) case
+SPECS += [("nemotron_h_omni", "trainable", 1, None)]
 # Gemma 3n (its language model here, the image-text model in scripts/check_timm_families.py) runs at the default
 # settings too: its split's first step is bit for bit the unsplit model's (tests/test_families_new.py). (Its front
 # once made the AltUp streams before the per-layer inputs, the model's order reversed: autograd then summed the input

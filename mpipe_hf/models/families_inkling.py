@@ -1,0 +1,123 @@
+"""Inkling (``inkling_mm_model``, ``InklingForConditionalGeneration``): what its text model does outside the shared
+decoder loop, read from transformers' ``InklingTextModel.forward`` and ``InklingForConditionalGeneration.forward``.
+
+- No rotary embedding: each attention layer adds a relative-position bias that its own ``r_proj`` computes from the
+  layer's hidden states (``InklingRelativeLogits``, distances within one sequence), so nothing positional is made
+  before the layers and nothing but the hidden states crosses a stage boundary.
+- Two attention types, ``hybrid`` (causal, the full mask) and ``hybrid_sliding`` (the sliding-window mask), each
+  from transformers' builder for the type they stand for (:func:`inkling_masks`).
+- A second mask for every layer: ``conv_mask``, the ``(B, L)`` padding mask (transformers'
+  ``create_recurrent_attention_mask``: ``None`` without padding) that the short convolutions on keys, values and the
+  two residual branches multiply in; a convolution's state lives within its layer, so it too stays on its stage.
+- The head reads ``hidden / logits_mup_width_multiplier``: the logits times its inverse (the head's ``scale``).
+
+The vision tower is a stack of linear layers over each patch ``(N, T, p, p, C)``: one image token a patch. Audio
+inputs are refused by name; the audio tower is never run by the split.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.masking_utils import create_recurrent_attention_mask
+
+from .decoder import DecoderStage, layer_type_masks
+from .families import validate_counted_micro
+from .family import Family
+from .gemma4_new import refuse_other_modalities
+from .tiny import _text
+
+# Inkling's layer type -> the transformers mask type its text model builds for it
+MASK_TYPE = {"hybrid": "full_attention", "hybrid_sliding": "sliding_attention"}
+
+
+def inkling_masks(text_config, hidden: torch.Tensor, padding: torch.Tensor | None,
+                  text_positions: torch.Tensor | None, state: dict, types: set[str]) -> dict:
+    """``{Inkling layer type: mask}`` (:func:`~.decoder.layer_type_masks`' signature): ``hybrid`` gets the causal
+    mask and ``hybrid_sliding`` the ``sliding_window``-token mask, as ``InklingTextModel.forward`` builds them.
+
+    Raises:
+        ValueError: a layer type other than the two.
+    """
+    unknown = sorted(set(types) - set(MASK_TYPE))
+    if unknown:
+        raise ValueError(f"inkling: layer types {unknown} are not 'hybrid' or 'hybrid_sliding'")
+    built = layer_type_masks(text_config, hidden, padding, text_positions, state, {MASK_TYPE[t] for t in types})
+    return {t: built[MASK_TYPE[t]] for t in types}
+
+
+class _NoRotary(nn.Module):
+    """The stage's rotary embedding for a model without one: ``None`` for every layer."""
+
+    def forward(self, x, position_ids):
+        return None
+
+
+class InklingStage(DecoderStage):
+    """A :class:`~.decoder.DecoderStage` for Inkling's text model: no rotary embedding, every layer also given
+    ``conv_mask`` (the padding mask of its short convolutions), and the logits over ``logits_mup_width_multiplier``.
+
+    Raises:
+        ValueError: a text config whose ``unpadded_vocab_size`` cuts the logits (the head here keeps them all).
+    """
+
+    def __init__(self, front, layers, layer_ids, layer_types, rotary_emb, text_config, *args, **kwargs):
+        super().__init__(front, layers, layer_ids, layer_types, _NoRotary(), text_config, *args, **kwargs)
+        unpadded = text_config.unpadded_vocab_size
+        if unpadded is not None and unpadded < text_config.vocab_size:
+            raise ValueError(f"inkling: unpadded_vocab_size {unpadded} < vocab_size {text_config.vocab_size} cuts "
+                             f"the logits, which the split's head does not")
+        if self.head is not None:
+            self.head.scale = 1.0 / float(text_config.logits_mup_width_multiplier)
+
+    def run_layers(self, hidden: torch.Tensor, state: dict, padding: torch.Tensor | None) -> torch.Tensor:
+        conv_mask = create_recurrent_attention_mask(self.text_config, hidden, padding)
+        return super().run_layers(hidden, {**state, "conv_mask": conv_mask}, padding)
+
+    def layer_kwargs(self, layer_id: int, state) -> dict:
+        return {"conv_mask": state["conv_mask"], "position_ids": None}
+
+
+def _inkling_tokens(model: nn.Module):
+    """Inkling: one image token a patch of ``pixel_values`` ``(N, T, p, p, C)``."""
+    return lambda raw: int(raw["pixel_values"].shape[0])
+
+
+def _inkling_validate(model: nn.Module):
+    """Audio rows refused by name, then the image-token count (one a patch)."""
+    checks = [refuse_other_modalities({"audio_input_ids": "audio"})(model),
+              validate_counted_micro(_inkling_tokens)(model)]
+
+    def validate_micro(raw) -> None:
+        for check in checks:
+            check(raw)
+    return validate_micro
+
+
+INKLING = Family(vision=("model.vision_tower",), masks=lambda model: inkling_masks,
+                 stage=lambda model: InklingStage, unused=("model.audio_tower",), validate=_inkling_validate)
+
+
+def tiny_inkling_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
+    """An ``InklingConfig`` (as thinkingmachines/Inkling, scaled down): a 4-layer patch tower over 4-px patches of
+    2 frames (one token a patch); a text model of ``num_layers`` alternating sliding (16 tokens, also the bias's
+    reach) and full layers, 4 heads of 16 (2 key-value heads), a relative-position bias of width 4 reaching 32 tokens
+    back on the full layers with the log-length query scaling from 8 tokens, short convolutions of 4 taps, the first
+    MLP dense and the others 4 routed experts (2 active) with one shared expert; the head reads the hidden states over
+    ``logits_mup_width_multiplier`` 4; untied embeddings, as the real model. Images are ``<|image_pad|>`` x patches;
+    its audio tower is never run."""
+    from transformers import InklingConfig
+    types = ["hybrid_sliding" if i % 2 == 0 else "hybrid" for i in range(num_layers)]
+    types[-1] = "hybrid"
+    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, swa_num_attention_heads=4,
+                 swa_num_key_value_heads=2, swa_head_dim=hidden_size // 4, sliding_window_size=16, d_rel=4,
+                 rel_extent=32, log_scaling_n_floor=8, layer_types=types, conv_kernel_size=4,
+                 mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1), moe_intermediate_size=hidden_size // 2,
+                 n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, route_scale=1.0,
+                 logits_mup_width_multiplier=4.0)
+    ids = tokenizer.convert_tokens_to_ids
+    vision = dict(patch_size=4, temporal_patch_size=2, num_hidden_layers=4, hidden_size=32)
+    return InklingConfig(text_config=text, vision_config=vision, audio_config=dict(n_mel_bins=4, mel_vocab_size=8),
+                         tie_word_embeddings=False, image_token_id=ids("<|image_pad|>"),
+                         audio_token_id=ids("<|quad_start|>"), image_bos_token_id=ids("<|vision_start|>"),
+                         audio_bos_token_id=ids("<|quad_end|>"))
