@@ -75,6 +75,7 @@ WRONG_GRID = {
     "gemma4_unified": lambda b: {**b, "image_position_ids": b["image_position_ids"].clamp(min=0)},  # no padding
     "muse_glimmer": lambda b: {**b, "image_grid_thw": b["image_grid_thw"] * torch.tensor([1, 2, 1])},
     "muse_spark": lambda b: {**b, "image_grid_thw": b["image_grid_thw"] * torch.tensor([1, 1, 2])},
+    "inkling_mm_model": lambda b: {**b, "pixel_values": b["pixel_values"][:-1]},  # one patch fewer
     "nemotron_h_omni": lambda b: {**b, "image_grid_hw": b["image_grid_hw"] * torch.tensor([1, 2])},
 }
 

@@ -31,7 +31,8 @@ from .decoder import layer_types
 # MiniMax-M3's block-sparse layers (their small indexer aside) and Unlimited-OCR's reference sliding-window
 # layers multiply by the weights of softmax attention
 SOFTMAX_ATTENTION = ("full_attention", "sliding_attention", "chunked_attention", "minimax_m3_sparse",
-                     "reference_sliding_attention")
+                     "reference_sliding_attention",
+                     "hybrid", "hybrid_sliding")  # Inkling's full and sliding layers (bias and convolutions: small)
 LINEAR_ATTENTION = "linear_attention"
 # text model types whose softmax attention projects query and output gate together (q_proj is 2x wide)
 GATED_ATTENTION = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",

@@ -48,10 +48,6 @@ _OWN = {
     "inkling2_loop": "a looped block: layers loop_layer_index_start to loop_layer_index_end run loop_num_passes "
                      "times per forward, each pass reading the last: the same layers run more than once per token, "
                      "so no contiguous cut into stages exists",
-    "inkling_mm_model": "its text model has no rotary embedding: every attention layer adds a learned "
-                        "relative-position bias conditioned on the hidden states, and every layer also takes a second "
-                        "mask for the short convolutions on its keys, values and residual stream; the splitter's "
-                        "stages build rotary embeddings and one mask per layer type: not declared yet",
     "apertus1p5": "images are discrete tokens: a frozen VQ image tokenizer (argmax over a codebook) turns them into "
                   "ids that the text embedding reads, so there is no trainable vision tower or projector to put in "
                   "the preprocess (as chameleon and emu3)",

@@ -18,6 +18,7 @@ from torch import nn
 
 from .families import validate_counted_micro
 from .families_gemma3n import GEMMA3N_TEXT, tiny_gemma3n_text_config
+from .families_inkling import INKLING, tiny_inkling_config
 from .families_muse import MUSE_GLIMMER, tiny_muse_glimmer_config, tiny_muse_spark_config
 from .families_nemotron import NEMOTRON_H_OMNI, tiny_nemotron_h_omni_config
 from .family import Family
@@ -166,6 +167,8 @@ TINY: dict = {"gemma4": tiny_gemma4_config, "mistral4": tiny_mistral4_config, "l
               "gemma4_unified": tiny_gemma4_unified_config, "muse_glimmer": tiny_muse_glimmer_config,
               "muse_spark": tiny_muse_spark_config}
 FAMILIES["muse_glimmer"] = MUSE_GLIMMER
+# Inkling: no rotary embedding, a hidden-state-conditioned relative-position bias and short-convolution masks
+FAMILIES["inkling_mm_model"], TINY["inkling_mm_model"] = INKLING, tiny_inkling_config
 # Gemma 3n's language model alone (its image-text model has a timm tower: families_llava_like.TIMM_FAMILIES)
 FAMILIES["gemma3n_text"], TINY["gemma3n_text"] = GEMMA3N_TEXT, tiny_gemma3n_text_config
 # Muse Spark: Muse Glimmer's image path and text attention (with experts); its audio tower is never run by the split

@@ -103,6 +103,18 @@ def gemma4_unified_image(config, image: Image.Image, max_patches: int = 28) -> t
     return {"pixel_values": padded, "image_position_ids": ids}, h * w
 
 
+def inkling_image(config, image: Image.Image) -> tuple[dict, int]:
+    """``InklingImageProcessor``: the image cut into ``patch`` px squares in row-major order, each repeated over
+    ``temporal_patch_size`` frames, ``(n, T, patch, patch, 3)`` (its ``permute(0, 4, 2, 3, 1)``); one token a patch.
+    The grid here is the image's at one pixel a pixel, at most 4 patches a side."""
+    vision = config.vision_config
+    patch, frames = vision.patch_size, vision.temporal_patch_size
+    h, w = _even_grid(image, patch, merge=1, cap=4)
+    pixels = _pixels(image, h * patch, w * patch)
+    patches = pixels.view(3, h, patch, w, patch).permute(1, 3, 2, 4, 0).reshape(h * w, 1, patch, patch, 3)
+    return {"pixel_values": patches.expand(-1, frames, -1, -1, -1).contiguous()}, h * w
+
+
 def nemotron_h_omni_image(config, image: Image.Image) -> tuple[dict, int]:
     """``NemotronH_Omni_Reasoning_V3ImageProcessor``: the image resized to a patch grid of even sides, normalised
     with the OpenAI CLIP mean and std, its patches in row-major order, each flattened channel-major ``(h * w, 3 *
@@ -120,7 +132,8 @@ def nemotron_h_omni_image(config, image: Image.Image) -> tuple[dict, int]:
 # model type -> (one image's builder, the dimension a micro-batch's images' pixels are joined along)
 BUILDERS = {"llama4": (llama4_image, 0), "kimi_k25": (kimi_k25_image, 0), "minicpm_ocr": (minicpm_image, -1),
             "gemma4_unified": (gemma4_unified_image, 0), "muse_glimmer": (muse_glimmer_image, 0),
-            "muse_spark": (muse_glimmer_image, 0), "nemotron_h_omni": (nemotron_h_omni_image, 0)}
+            "muse_spark": (muse_glimmer_image, 0), "inkling_mm_model": (inkling_image, 0),
+            "nemotron_h_omni": (nemotron_h_omni_image, 0)}
 TOKEN_TYPES = ("gemma4_unified",)  # families whose masks read mm_token_type_ids (1 at each image token)
 
 

@@ -46,6 +46,9 @@ PACKED_OPTIONS = {"lfm3_vl": {"adam_eps": 1e-3}}  # LFM3-VL packed: the default 
 # (pools_without_processor.py)
 SPECS += [("llama4", "trainable", 1, None), ("gemma4_unified", "trainable", 1, None),
           ("muse_glimmer", "trainable", 1, None), ("muse_spark", "trainable", 1, None)]
+# Inkling (its stock image processor needs torchvision): no rotary embedding, a relative-position bias from the hidden
+# states, short convolutions with their own padding mask; specs_ci adds its frozen-tower (T = 0) case
+SPECS += [("inkling_mm_model", "trainable", 1, None)]
 # Nemotron-H Omni (its stock image processor needs torchvision): Mamba-2, attention, MLP and MoE blocks, no rotary
 # embedding; specs_ci adds its frozen-tower (T = 0) case
 SPECS += [("nemotron_h_omni", "trainable", 1, None)]
