@@ -269,7 +269,8 @@ def decoder_stage(text_model: nn.Module, text_config, layer_ids: list[int], fron
                head, carry + (ROUTER_KEYS if router is not None and head is None else ()), masks, sums)
 
 
-PACKABLE = ("full_attention", "sliding_attention", *sorted(RECURRENT))  # the layer types packed exactly
+# the layer types packed exactly; Nemotron-H's MLP and MoE blocks (layer types of their own) mix no tokens
+PACKABLE = ("full_attention", "sliding_attention", *sorted(RECURRENT), "mlp", "moe")
 
 
 def check_packable(text_config) -> None:

@@ -4,7 +4,7 @@ model, declared over the generic splitter.
 Nemotron-H's layers are each one block (``NemotronHBlock``: a norm, one mixer, the residual), the mixer chosen by
 the layer's type (``config.layer_types``): ``linear_attention`` (Mamba-2, a state-space mixer whose convolution and
 scan state lives within the layer: no state crosses a stage boundary, and a packed micro runs it row by row as the
-other recurrent types), ``full_attention`` (no rotary embedding: ``NemotronHModel.forward`` hands the layers none),
+other recurrent types; the MLP and MoE blocks mix no tokens, so they pack as they are), ``full_attention`` (no rotary embedding: ``NemotronHModel.forward`` hands the layers none),
 ``mlp`` and ``moe``. What ``NemotronHModel.forward`` computes around the layers, read from transformers' own code and
 done here the same way: the causal mask for the attention layers and the recurrent (padding) mask for the Mamba
 layers, from transformers' builders for those two types, and no mask for the MLP and MoE layers

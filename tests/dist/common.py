@@ -23,7 +23,8 @@ SENTENCES = ["The pipeline splits the model into stages.", "Each rank loads only
              "A bubble is time a rank spends waiting.", "Warm-up fills the pipeline; cooldown drains it.",
              "The visual tower turns patches into features.", "Gradients flow back through every stage.",
              "Interleaving gives each rank several chunks.", "One forward, one backward, in steady state."]
-PACKED_CONFIGS = ("vl", "qwen3_vl", "qwen3_5", "llava", "gemma3")  # the packed pools' families (issue 30)
+PACKED_CONFIGS = ("vl", "qwen3_vl", "qwen3_5", "llava", "gemma3",  # the packed pools' families (issue 30)
+                  "nemotron_h_omni")  # and Nemotron-H's Mamba-2 layers, whose state must restart at each row
 NUM_LAYERS = 12  # enough for R * V = 12 stages
 # The Qwen2 BPE cut to its first 5,120 ranks, the Qwen2 special tokens right after them (as scripts/make_demo.py
 # cuts it): with all 151,643 ranks the embedding and the LM head were 19 M of a tiny model's 20 M parameters

@@ -310,7 +310,8 @@ def check_reload(per_rank: list[dict]) -> list[str]:
 # against the unsplit model on the same rows unpacked, padded; (config, preprocess, text_layers, layout)
 PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
                 ("qwen3_vl", "trainable", 0, [1, 3, 4, 4]), ("qwen3_5", "frozen", 1, [4, 2, 3, 3]),
-                ("llava", "trainable", 0, None), ("gemma3", "frozen", 0, None)]
+                ("llava", "trainable", 0, None), ("gemma3", "frozen", 0, None),
+                ("nemotron_h_omni", "trainable", 1, None)]  # Mamba-2 layers run row by row, MoE and MLP blocks
 
 
 # case options whose cases must fail (numerics_worker.py, controls.py): issue 30's packing bugs, issue 38's gradients
@@ -339,10 +340,12 @@ def packed_cases(specs=None, **options) -> list[dict]:
 
 def packing_controls() -> list[dict]:
     """Issue 30's negative controls, which the packed check must catch: positions as one range over the packed
-    sequence (the mask then spans rows; M-RoPE loses each image's grid), and Qwen3.5's linear attention run over the
-    packed sequence at once (its state flows into the next row); controls.py patches each in."""
+    sequence (the mask then spans rows; M-RoPE loses each image's grid), and Qwen3.5's linear attention (Nemotron-H's
+    Mamba-2 layers) run over the packed sequence at once (its state flows into the next row); controls.py patches each
+    in."""
     return packed_cases([("vl", "frozen", 0, None), ("llava", "trainable", 0, None)], one_range=True) + \
-        packed_cases([("qwen3_5", "frozen", 1, [4, 2, 3, 3])], no_linear_reset=True)
+        packed_cases([("qwen3_5", "frozen", 1, [4, 2, 3, 3]), ("nemotron_h_omni", "trainable", 1, None)],
+                     no_linear_reset=True)
 
 
 def gradient_controls() -> list[dict]:
