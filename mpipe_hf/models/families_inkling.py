@@ -71,10 +71,13 @@ class InklingStage(DecoderStage):
             self.head.scale = 1.0 / float(text_config.logits_mup_width_multiplier)
 
     def run_layers(self, hidden: torch.Tensor, state: dict, padding: torch.Tensor | None) -> torch.Tensor:
+        """The layers over ``hidden`` ``(B, L, H)``, with ``conv_mask`` made once from ``padding`` ``(B, L)`` as
+        ``InklingTextModel.forward`` makes it (``None`` without padding)."""
         conv_mask = create_recurrent_attention_mask(self.text_config, hidden, padding)
         return super().run_layers(hidden, {**state, "conv_mask": conv_mask}, padding)
 
     def layer_kwargs(self, layer_id: int, state) -> dict:
+        """Every layer's ``conv_mask``; no ``position_ids`` (the model hands its layers none)."""
         return {"conv_mask": state["conv_mask"], "position_ids": None}
 
 
