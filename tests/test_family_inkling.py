@@ -4,8 +4,9 @@ and the identity preprocess. Its text model has no rotary embedding (a relative-
 states), ``hybrid`` and ``hybrid_sliding`` layers, short convolutions with their own padding mask, and logits over
 ``logits_mup_width_multiplier``. Rows are 41 tokens, past the 16-token window and the bias's 32-token reach, and one
 is padded. Negative controls: the sliding layers given the full mask, and the head without its scale, are not exact.
-Audio rows are refused by name at load."""
+Audio rows are refused by name at load, packed micro-batches at the stage (and at launch by their layer types)."""
 
+import copy
 import os
 import sys
 from unittest import mock
@@ -75,7 +76,19 @@ def test_the_head_without_its_scale_is_not_exact(model_and_batch):
 
 def test_audio_rows_are_refused_by_name(model_and_batch):
     model, batch = model_and_batch
-    validate = split(model, ScheduleConfig(2, 1, 2, "identity"), 0).validate_micro
+    validate = split(copy.deepcopy(model), ScheduleConfig(2, 1, 2, "identity"), 0).validate_micro
     validate(batch)
     with pytest.raises(ValueError, match="audio inputs"):
         validate({**batch, "audio_input_ids": torch.zeros(1, 2, 4, dtype=torch.long)})
+
+
+def test_packed_micro_batches_are_refused(model_and_batch):
+    from mpipe_hf.models.decoder import check_packable
+    model, batch = model_and_batch
+    with pytest.raises(ValueError, match="cannot be packed exactly"):
+        check_packable(model.config.get_text_config())
+    stage = split(copy.deepcopy(model), ScheduleConfig(2, 1, 2, "identity"), 1).stages[1]  # the last stage
+    hidden = torch.zeros(1, 6, model.config.get_text_config().hidden_size)
+    with pytest.raises(ValueError, match="cannot run packed micro-batches"):
+        stage({"hidden_states": hidden, "position_ids": torch.arange(6)[None], "labels": torch.zeros(1, 6).long(),
+               "packed_lengths": torch.tensor([3, 3])})

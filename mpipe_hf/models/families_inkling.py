@@ -72,7 +72,16 @@ class InklingStage(DecoderStage):
 
     def run_layers(self, hidden: torch.Tensor, state: dict, padding: torch.Tensor | None) -> torch.Tensor:
         """The layers over ``hidden`` ``(B, L, H)``, with ``conv_mask`` made once from ``padding`` ``(B, L)`` as
-        ``InklingTextModel.forward`` makes it (``None`` without padding)."""
+        ``InklingTextModel.forward`` makes it (``None`` without padding).
+
+        Raises:
+            ValueError: a packed micro-batch (``packed_lengths``): the short convolutions would read the row before,
+                and the full layers' log-length scaling each token's place in the packed sequence, not in its row.
+        """
+        if "packed_lengths" in state:
+            raise ValueError("inkling_mm_model cannot run packed micro-batches: its short convolutions would reach "
+                             "into the row before and its log-length query scaling counts positions from the packed "
+                             "sequence's start; set data.packing: false")
         conv_mask = create_recurrent_attention_mask(self.text_config, hidden, padding)
         return super().run_layers(hidden, {**state, "conv_mask": conv_mask}, padding)
 

@@ -378,8 +378,9 @@ def skipped_step_controls() -> list[dict]:
 
 # refused packed by name: MiniCPM-V 4.7's canvas M-RoPE is computed per micro-batch; Gemma 4's (and Gemma 4
 # Unified's, Gemma 3n's) shared key/value states would have to be cut per row; Llama 4's chunked attention counts its
-# chunks from the start of the sequence (docs/packing.md)
-UNPACKED = ("minicpmv4_7", "gemma4", "gemma4_unified", "llama4", "gemma3n_text")
+# chunks from the start of the sequence (docs/packing.md); Inkling's short convolutions would reach into the row
+# before, and its log-length query scaling counts from the packed sequence's start
+UNPACKED = ("minicpmv4_7", "gemma4", "gemma4_unified", "llama4", "gemma3n_text", "inkling_mm_model")
 
 
 def packed_grid() -> list[dict]:
