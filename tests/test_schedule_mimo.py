@@ -52,3 +52,14 @@ def test_a_text_schedule_with_a_collective_is_refused():
     text = {r: order + [Action(Kind.GRAD_REDUCE)] for r, order in text.items()}
     with pytest.raises(ValueError, match="collective"):
         mimo_orders(text, 1, True)
+
+
+def test_filling_with_zero_bubble_takes_weights_for_this_step_and_the_next():
+    # placement fill weighs 2M micros (this step's and the next's); the zero-bubble placement runs before the
+    # look-ahead and must see this step's M of them
+    micro = 4
+    weights = (1.5, 0.5, 1.0, 1.0) * 2
+    costs = Costs(1.0, 2.0, 1.0, 0.0, weight=1.0, micro_preprocess_weights=weights)
+    orders = build_schedule(ScheduleConfig(2, 2, micro, "frozen", placement="fill", zero_bubble=True), costs,
+                            own=False, ahead=True)
+    assert simulate(orders, costs).makespan > 0

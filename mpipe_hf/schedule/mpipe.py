@@ -14,12 +14,14 @@ its rank's waits.
 
 from __future__ import annotations
 
+import dataclasses
+
 from .actions import Action, Kind
 from .config import ScheduleConfig
 from .fill import carried_facts, place_groups
 from .interleaved import body_order
 from .lowering import add_transfers
-from .simulate import Costs
+from .simulate import MICRO_WEIGHT_FIELDS, Costs
 from .validate import validate
 from .zero_bubble import place_weights, split_backwards
 
@@ -90,6 +92,16 @@ def suffix(cfg: ScheduleConfig, rank: int) -> list[Action]:
     return own + [Action(Kind.GRAD_REDUCE)]
 
 
+def this_step_costs(costs: Costs | None, num_micro: int) -> Costs | None:
+    """``costs`` with its per-micro weights cut to this step's ``num_micro`` micros: placement ``fill``'s costs
+    also weigh the next step's (micros ``M .. 2M - 1``), which the weights are placed before."""
+    if costs is None:
+        return None
+    cut = {name: getattr(costs, name)[:num_micro] for name in MICRO_WEIGHT_FIELDS
+           if getattr(costs, name) is not None and len(getattr(costs, name)) > num_micro}
+    return dataclasses.replace(costs, **cut) if cut else costs
+
+
 def build_schedule(cfg: ScheduleConfig, costs: Costs | None = None, own: bool = True,
                    ahead: bool = False) -> dict[int, list[Action]]:
     """The full, validated MPipe Transpose schedule: ``{rank: [Action, ...]}`` with all transfers in place.
@@ -116,7 +128,7 @@ def build_schedule(cfg: ScheduleConfig, costs: Costs | None = None, own: bool = 
         orders[rank] = prefix(cfg, rank) + body + suffix(cfg, rank)
     orders = add_transfers(cfg, orders)
     if cfg.zero_bubble or cfg.owner_backward:
-        orders = place_weights(orders, costs)
+        orders = place_weights(orders, this_step_costs(costs, cfg.num_micro))
     if cfg.placement == "fill":
         orders = place_groups(cfg, orders, costs, own, ahead)
     validate(cfg, orders, None if own else carried_facts(cfg))
