@@ -113,6 +113,14 @@ STOCK_ONLY.update({f"{family}{variant}": ("MuseGlimmerImageProcessor", settings)
                        ("/capped", {"patch_size": 8, "merge_size": 2, "max_image_tokens": 6}),
                        ("/flat", {"patch_size": 4, "merge_size": 2, "max_image_tokens": 40,
                                   "temporal_patch_size": 1}))})
+# tiny_inkling_config: 4-px squares, no resize (the photos cut as they are: part squares padded, a last column of
+# none); ``grown``: 8-px squares of the photos grown 1.5 times with Lanczos, the long edge capped at 80 px;
+# ``shrunk``: 8-px squares of the photos shrunk to 0.7
+STOCK_ONLY.update({f"inkling_mm_model{variant}": ("InklingImageProcessor", settings) for variant, settings in (
+    ("", {"size": {"height": 4, "width": 4}}),
+    ("/grown", {"size": {"height": 8, "width": 8}, "rescale_image_frac": 1.5,
+                "rescale_image_max_upscaled_long_edge": 80}),
+    ("/shrunk", {"size": {"height": 8, "width": 8}, "rescale_image_frac": 0.7}))})
 # The project's torchvision-free stand-ins for :data:`STOCK_ONLY` classes (torch operations only), compared with
 # the record bit for bit by ``tests/test_stock_recorded.py``.
 NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoTV",
@@ -126,7 +134,8 @@ NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoT
          "unlimited_ocr": "mpipe_hf.data.image_processor_unlimited_ocr:UnlimitedOcrImageProcessorNoTV",
          "gemma4_unified": "mpipe_hf.data.image_processor_gemma4_unified:Gemma4UnifiedImageProcessorNoTV",
          "muse_glimmer": "mpipe_hf.data.image_processor_muse_glimmer:MuseGlimmerImageProcessorNoTV",
-         "muse_spark": "mpipe_hf.data.image_processor_muse_glimmer:MuseGlimmerImageProcessorNoTV"}
+         "muse_spark": "mpipe_hf.data.image_processor_muse_glimmer:MuseGlimmerImageProcessorNoTV",
+         "inkling_mm_model": "mpipe_hf.data.image_processor_inkling_mm_model:InklingImageProcessorNoTV"}
 
 
 def _photos() -> dict:

@@ -95,7 +95,7 @@ def test_the_record_covers_every_replaced_processor(record):
     from mpipe_hf.data import qwen2_tokenizer
     from mpipe_hf.data.processor import image_processor_for
     meta, _, _ = record
-    # 2.39 MB with the 12 torch-operation image processors (each at its tiny tower's settings and variants); a cap,
+    # 2.50 MB with the 13 torch-operation image processors (each at its tiny tower's settings and variants); a cap,
     # so that a new entry keeping a large tensor in full instead of a sample shows up here
     assert os.path.getsize(RECORD) < 3_000_000
     cases = meta["cases"]
@@ -237,7 +237,8 @@ def test_a_changed_torch_op_image_processor_differs_from_the_record(record, fami
         assert _torch_op_failures(_verdicts(record, name, shifted), family), name
         bicubic["settings"]["resample"] = 2 if int(built.resample) == 3 else 3  # the filter it does not use
         resized.append(bool(_torch_op_failures(_verdicts(record, name, bicubic), family)))
-    assert sum(resized) >= len(resized) - 1, resized
+    # LFM2-VL keeps one photo as it is; Inkling's tiny tower's setting cuts all three as they are (no resize)
+    assert sum(resized) >= len(resized) - (3 if family == "inkling_mm_model" else 1), resized
     if family == "llama4":
         from mpipe_hf.data.image_processor_llama4 import Llama4ImageProcessorNoTV
 
