@@ -4,12 +4,14 @@ model, declared over the generic splitter.
 Nemotron-H's layers are each one block (``NemotronHBlock``: a norm, one mixer, the residual), the mixer chosen by
 the layer's type (``config.layer_types``): ``linear_attention`` (Mamba-2, a state-space mixer whose convolution and
 scan state lives within the layer: no state crosses a stage boundary, and a packed micro runs it row by row as the
-other recurrent types; the MLP and MoE blocks mix no tokens, so they pack as they are), ``full_attention`` (no rotary embedding: ``NemotronHModel.forward`` hands the layers none),
-``mlp`` and ``moe``. What ``NemotronHModel.forward`` computes around the layers, read from transformers' own code and
-done here the same way: the causal mask for the attention layers and the recurrent (padding) mask for the Mamba
-layers, from transformers' builders for those two types, and no mask for the MLP and MoE layers
-(:func:`nemotron_masks`); no rotary embedding (:class:`NoRotaryStage`); the final norm ``norm_f``, the embedding
-``embeddings``. Its MoE adds no load-balancing loss (the conditional model's loss is the token loss alone).
+other recurrent types), ``full_attention`` (no rotary embedding: ``NemotronHModel.forward`` hands the layers none),
+``mlp`` and ``moe`` (these two mix no tokens, so they pack as they are). What ``NemotronHModel.forward`` computes
+around the layers, read from transformers' own code and done here the same way: the causal mask for the attention
+layers and the recurrent (padding) mask for the Mamba layers, from transformers' builders for those two types, and
+no mask for the MLP and MoE layers (:func:`nemotron_masks`); no rotary embedding (:class:`NoRotaryStage`); the final
+norm ``norm_f``, the embedding ``embeddings``. Its MoE adds no load-balancing loss (the conditional model's loss is
+the token loss alone). The released checkpoints' audio tower and projector are never run by the split: frozen and
+kept with stage 0 (``unused``; a config without ``audio_config`` has neither).
 
 The image path is the model's own ``get_image_features`` (``pixel_values`` ``(patches, 3 * patch ** 2)`` and
 ``image_grid_hw`` ``(images, 2)``): each image gives ``h * w * downsample_ratio ** 2`` tokens. Video and audio
