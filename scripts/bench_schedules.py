@@ -7,9 +7,9 @@ Usage: python scripts/bench_schedules.py [--quick | --video] [--steps 5] [--mark
 video-heavy profile: M = 16, a tower of ``Pf = 60 ms`` (6 body chunks' forward), frozen, trainable and
 ``freeze_vit``, issue 39).
 
-The code is in three files: this one (the launch and the overheads), ``bench_schedules_stages.py`` (the stages
-and the runners, shared with ``bench_compute.py``) and ``bench_schedules_profiles.py`` (the points and the
-report).
+The code is in four files: this one (the launch and the overheads), ``bench_schedules_stages.py`` (the stages
+and the runners, shared with ``bench_compute.py``), ``bench_schedules_profiles.py`` (the points and the report)
+and ``bench_schedules_mimo.py`` (the MIMO-style rows).
 
 Stages. Each stage is a module whose forward and backward sleep (``time.sleep`` frees the core, so 4 ranks share
 2 CPU cores honestly): body F = 10 ms and B = 20 ms per chunk, V = 2. Its backward is two autograd nodes, as a
@@ -42,7 +42,12 @@ sleeping module of its own whose backward is all weight path. A frozen ``P`` has
 - (j) (a) with (c)'s layout (stage 0 keeps the same number of layers);
 - (k) torch ``ScheduleInterleavedZeroBubble`` (ZB-1P), ``P`` inside stage 0; (l) (k) with (c)'s layout;
 - (m) torch ``ScheduleZBVZeroBubble``, ``P`` inside stage 0, the stages placed V-shape (rank ``r`` holds stages
-  ``r`` and ``2R-1-r``, so rank 0 holds the first and the last).
+  ``r`` and ``2R-1-r``, so rank 0 holds the first and the last);
+- (n), (o) MIMO-style (``bench_schedules_mimo.py``), ``K`` = 1 and 2 ranks of their own for ``P`` (Megatron's
+  MIMO), the body's 32 layers over the other ``R - K`` ranks' ``(R - K) V`` stages under the torch schedule the
+  simulator finds faster for them (interleaved 1F1B or zero-bubble), each feature sent to text stage 0 and its
+  gradient back; a frozen ``P`` runs a step ahead (as (f) does). ``K = 3`` leaves one text rank: slower than
+  ``K = 2`` at every point in ``scripts/sim_mimo.py``'s map, so not run. The ideal limit does not cover them.
 
 (h) and (i) need ``ScheduleConfig.zero_bubble`` and ``Costs.weight``; without them they are skipped, with a note.
 Our rows run on our executor, the torch rows on torch's runtime, each over the same sleeping stages. Every run is

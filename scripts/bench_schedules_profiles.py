@@ -16,6 +16,7 @@ import os
 
 from bench_schedules_stages import (B_MS, F_MS, LAYERS, R, V, SleepingStages, first_line, lockstep, run_ours,
                                     run_torch, sim_costs, stage_costs, torch_makespan, zero_bubble_supported)
+from bench_schedules_mimo import run_mimo
 from sleeping import print_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +52,7 @@ class Row:
 
     point: tuple[int, str, float]
     name: str
-    family: str  # "torch", "ours" or "mpipe"
+    family: str  # "torch", "ours", "mpipe" or "mimo"
     measured: float | None = None
     predicted: float | None = None
     bound: float | None = None
@@ -140,9 +141,50 @@ def point_rows(args, rank, num_micro, mode, pf_ms, ours_rt, torch_rt):
     torch_row(f"(l) torch interleaved zero-bubble, stage 0 keeps {best}/{keep} layers", "zb", rebalanced,
               rebalanced_body)
     torch_row("(m) torch ZBV zero-bubble, P in stage 0", "zbv", inside, body)
+    for towers in (1, 2):  # MIMO-style: K tower ranks, torch's best text schedule on the others
+        kind = mimo_text_kind(R - towers, num_micro)
+        row = Row(point, f"({'n' if towers == 1 else 'o'}) MIMO-style, K = {towers} tower rank(s), torch "
+                         f"{'interleaved 1F1B' if kind == '1f1b' else 'interleaved zero-bubble'} on {R - towers} "
+                         f"ranks{', towers a step ahead' if p_mode == 'frozen' else ''}", "mimo")
+        rows.append(row)
+        row.measured, row.error = lockstep(lambda: run_mimo(kind, rank, towers, pf, pb, None, num_micro, steps,
+                                                            ahead=p_mode == "frozen"))
+        progress(rank, row)
+        if rank == 0 and row.measured is not None:
+            row.predicted = mimo_predicted(kind, towers, num_micro, pf, pb, torch_rt)
     bounds = [row.bound for row in rows if row.measured is not None and row.bound is not None]
     ideal = max(min(bounds), work) if bounds else work
     return rows, our_limit, ideal, notes
+
+
+def mimo_text_kind(text_ranks, num_micro):
+    """``1f1b`` or ``zb``: the torch schedule the simulator finds faster for the body alone on ``text_ranks`` ranks
+    (our builder's orders for both; torch's ZB-1P is of the zero-bubble family)."""
+    from mpipe_hf.schedule import Costs, ScheduleConfig, build_schedule
+    from mpipe_hf.schedule.simulate import simulate
+    stages = text_ranks * V
+    costs = Costs(R * V * F_MS / 1e3 / stages, R * V * B_MS / 1e3 / stages)
+    steps = {kind: simulate(build_schedule(ScheduleConfig(text_ranks, V, num_micro, "identity",
+                                                          zero_bubble=kind == "zb")), costs).makespan
+             for kind in ("1f1b", "zb")}
+    return min(steps, key=steps.get)
+
+
+def mimo_predicted(kind, towers, num_micro, pf, pb, runtime):
+    """The simulator's step of a MIMO-style row (:func:`mpipe_hf.schedule.mimo.best_mimo` over our builder's order
+    of ``kind``, with torch's measured ``runtime`` overheads); a frozen ``P`` a step ahead: the larger of the
+    text's step and the busiest tower's work."""
+    from bench_schedules_mimo import text_costs
+
+    from mpipe_hf.schedule import Costs, ScheduleConfig, build_schedule
+    from mpipe_hf.schedule.mimo import best_mimo
+    from mpipe_hf.schedule.simulate import simulate
+    sc = text_costs(R - towers)
+    text = build_schedule(ScheduleConfig(R - towers, V, num_micro, "identity", zero_bubble=kind == "zb"))
+    costs = Costs(sc.fwd, sc.bwd, pf, pb, weight=sc.bwd_w, **runtime)
+    if pb:
+        return best_mimo(text, towers, True, costs)[0].makespan
+    return max(simulate(text, costs).makespan, pf * -(-num_micro // towers))
 
 
 def cell(value, fmt):
@@ -167,6 +209,9 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
                "| M | P | Pf ms | best torch | step s | best MPipe | step s | speed-up | MPipe / ideal |",
                "|---|---|---|---|---|---|---|---|---|"]
     failures = []
+    mimo_lines = ["", "Per point: the best MIMO-style row ((n), (o)) against the best MPipe row: MPipe / MIMO = MIMO "
+                  "step / MPipe step (above 1: MPipe faster; the goal: at least 0.97 at these fixed-cost points).", "",
+                  "| M | P | Pf ms | best MIMO-style | step s | best MPipe step s | MPipe / MIMO |", "|---|---|---|---|---|---|---|"]
     for rows, our_limit, ideal in points:
         m, mode, pf = rows[0].point
         lead = f"| {m} | {mode} | {pf:g} | "
@@ -174,6 +219,10 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
         base = next((row.measured for row in ran if row.name.startswith("(a)")), None)
         torch_best = min((row for row in ran if row.family == "torch"), key=lambda row: row.measured, default=None)
         mpipe_best = min((row for row in ran if row.family == "mpipe"), key=lambda row: row.measured, default=None)
+        mimo_best = min((row for row in ran if row.family == "mimo"), key=lambda row: row.measured, default=None)
+        if mimo_best is not None and mpipe_best is not None:
+            mimo_lines.append(lead + f"{mimo_best.name} | {mimo_best.measured:.3f} | {mpipe_best.measured:.3f} | "
+                              f"{mimo_best.measured / mpipe_best.measured:.3f} |")
         for row in rows:
             if row.measured is None:
                 error = row.error.replace("|", "\\|")
@@ -197,7 +246,7 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
     (t_torch, c_torch), n_torch = torch_zero
     (t_ours, c_ours), n_ours = ours_zero
     split_in, split_w, split_first = split
-    lines += summary + ["", "Runtime overheads:", "",
+    lines += summary + mimo_lines + ["", "Runtime overheads:", "",
                         f"- one transfer of a 4 x 64 fp32 tensor, rank 0 -> 1 and back, halved: ours (shape header and "
                         f"payload) {ours_hdr * 1e6:.0f} us, a plain fixed-shape send {plain * 1e6:.0f} us "
                         f"({(ours_hdr - plain) * 1e6:+.0f} us per transfer).",

@@ -26,6 +26,8 @@ SMOKE = {
     "demo_reply.py": (["--before", "{demo}/model", "--after", "{demo}/model"], 300),
     "device_ready_figures.py": ([], 600),
     "sim_at_scale.py": (["--models", "7b", "--gpus", "8", "--pp", "2"], 300),
+    "sim_mimo.py": (["--smoke", "--micro", "8", "--out", "{tmp}"], 300),
+    "sim_mimo_calibrate.py": (["--micro", "4"], 300),
     "bench_checkpointing.py": (["{recipe}", "--micros", "1"], 600),
     "video_stock_check.py": (["tokenizer", "{tmp}"], 300),
 }
@@ -33,6 +35,7 @@ SMOKE = {
 RUN_ELSEWHERE = {
     "bench_compute.py": "tests/test_scripts.py::test_bench_compute_runs_its_schedules_at_tiny_size",
     "bench_compute_stages.py": "a module of bench_compute.py's (no __main__), run by its test",
+    "bench_schedules_mimo.py": "a module of bench_schedules.py's (no __main__): its MIMO-style rows, in its smoke run",
     "demo_gantt.py": "tests/test_scripts.py::test_demo_gantt_help_and_default_output",
     "fault_suite.py": "tests/test_faults.py (its cases, through the script's own functions)",
     "gpu_check.py": "tests/test_gpu_check.py::test_gpu_check_prints_every_row_on_cpu",
