@@ -141,6 +141,16 @@ def point_rows(args, rank, num_micro, mode, pf_ms, ours_rt, torch_rt):
     torch_row(f"(l) torch interleaved zero-bubble, stage 0 keeps {best}/{keep} layers", "zb", rebalanced,
               rebalanced_body)
     torch_row("(m) torch ZBV zero-bubble, P in stage 0", "zbv", inside, body)
+    rows += mimo_rows(rank, point, p_mode, pf, pb, steps, torch_rt)
+    bounds = [row.bound for row in rows if row.measured is not None and row.bound is not None]
+    ideal = max(min(bounds), work) if bounds else work
+    return rows, our_limit, ideal, notes
+
+
+def mimo_rows(rank, point, p_mode, pf, pb, steps, torch_rt):
+    """The MIMO-style rows (n) and (o) of one point: ``K`` = 1 and 2 tower ranks (``bench_schedules_mimo.py``),
+    each measured and (rank 0) predicted."""
+    num_micro, rows = point[0], []
     for towers in (1, 2):  # MIMO-style: K tower ranks, torch's best text schedule on the others
         kind = mimo_text_kind(R - towers, num_micro)
         row = Row(point, f"({'n' if towers == 1 else 'o'}) MIMO-style, K = {towers} tower rank(s), torch "
@@ -152,9 +162,7 @@ def point_rows(args, rank, num_micro, mode, pf_ms, ours_rt, torch_rt):
         progress(rank, row)
         if rank == 0 and row.measured is not None:
             row.predicted = mimo_predicted(kind, towers, num_micro, pf, pb, torch_rt)
-    bounds = [row.bound for row in rows if row.measured is not None and row.bound is not None]
-    ideal = max(min(bounds), work) if bounds else work
-    return rows, our_limit, ideal, notes
+    return rows
 
 
 def mimo_text_kind(text_ranks, num_micro):
