@@ -34,13 +34,14 @@ from ..models import split
 from ..models.costs import is_sparse, matmul_costs, num_experts
 from ..models.decoder import layer_types
 from ..models.load import meta_model
+from .plan_layer_inputs import boundary_bytes, head_norm, kv_modes, layer_bytes, shares_kv, streams
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import Kind
 from ..schedule.simulate import simulate
 from ..schedule.tune import Profile, costs_for
 from .plan_experts import ExpertPlan, expert_plan, rank_bytes, sharded_names, with_all_to_all
 from .plan_nccl import nccl_bytes
-from .plan_vision import patches_per_image_token, vision_parts, with_frozen_vit
+from .plan_vision import patches_per_image_token, tower_units, vision_parts, with_frozen_vit
 
 ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per trained element
 GIB = 2**30
@@ -155,11 +156,12 @@ def register_fused_attention() -> str:
 
 def representative_layers(text) -> dict[int, int]:
     """``{layer id: layers of its kind}``: the first decoder layer of each kind, a kind being the layer's
-    attention type (:func:`~mpipe_hf.models.decoder.layer_types`) and whether its MLP is a mixture of experts
-    (:func:`~mpipe_hf.models.costs.is_sparse`); layers of one kind save the same bytes per token."""
+    attention type (:func:`~mpipe_hf.models.decoder.layer_types`), whether its MLP is a mixture of experts
+    (:func:`~mpipe_hf.models.costs.is_sparse`) and whether it stores, reuses or keeps to itself its keys and
+    values (:func:`~.plan_layer_inputs.kv_modes`); layers of one kind save the same bytes per token."""
     firsts, counts = {}, Counter()
-    for i, layer_type in enumerate(layer_types(text)):
-        kind = (layer_type, is_sparse(text, i))
+    for i, (layer_type, mode) in enumerate(zip(layer_types(text), kv_modes(text))):
+        kind = (layer_type, is_sparse(text, i), mode)
         firsts.setdefault(kind, i)
         counts[kind] += 1
     return {firsts[kind]: counts[kind] for kind in firsts}
@@ -220,13 +222,16 @@ def meta_activation_bytes(config, tokens: int, bf16: bool = False) -> tuple[int,
     text = counted.get_text_config()
     kinds = representative_layers(text)
     _static_rope(text)
-    text.num_hidden_layers = max(kinds) + 1  # the layers up to the last representative, no more
+    if not shares_kv(text):  # the layers up to the last representative, no more (plan_layer_inputs: why not)
+        text.num_hidden_layers = max(kinds) + 1
     if getattr(text, "layer_types", None):
         text.layer_types = text.layer_types[:text.num_hidden_layers]
     model = meta_model(counted)
     model.get_decoder().config._attn_implementation = FUSED_ATTENTION
     if num_experts(text) and model.config._experts_implementation != "grouped_mm":
-        model.set_experts_implementation("grouped_mm")  # eager's routing reads counts back: no meta kernel
+        # eager's routing reads counts back: no meta kernel; Kimi K2.5 sets it on its language model alone
+        (model if model._can_set_experts_implementation() else model.get_decoder()).set_experts_implementation(
+            "grouped_mm")
     if not bf16:
         with quiet_transformers():
             layers, head = _count(model, text, tokens, list(kinds), "meta", contextlib.nullcontext())
@@ -245,7 +250,8 @@ def _count(model, text, tokens: int, layer_ids: list[int], device: str, region) 
     inside ``region``."""
     inner = model.get_decoder()
     params = storage_ids(model.parameters())
-    hidden = torch.empty(1, tokens, text.hidden_size, device=device, requires_grad=True)
+    lead = (streams(text),) if streams(text) > 1 else ()  # Gemma 3n: the AltUp streams (S, B, L, H)
+    hidden = torch.empty(*lead, 1, tokens, text.hidden_size, device=device, requires_grad=True)
     positions = torch.arange(tokens, device=device).unsqueeze(0)
     if "mrope_section" in (getattr(text, "rope_parameters", None) or {}):
         positions = positions.expand(3, 1, tokens)
@@ -253,13 +259,10 @@ def _count(model, text, tokens: int, layer_ids: list[int], device: str, region) 
     per_type = "layer_type" in inspect.signature(inner.rotary_emb.forward).parameters  # Gemma 3: one per type
     types = layer_types(text)
     with region, _experts_fallback():
-        layers = []
-        for i in layer_ids:
-            rope = inner.rotary_emb(hidden, positions, types[i]) if per_type else inner.rotary_emb(hidden, positions)
-            layers.append(saved_bytes(lambda: inner.layers[i](hidden, attention_mask=None, position_embeddings=rope,
-                                                              position_ids=None), params))
-        lm_head = model.get_output_embeddings()  # Llama 4's sits inside its language_model
-        head = saved_bytes(lambda: model.loss_function(logits=lm_head(inner.norm(hidden)), labels=labels,
+        layers = layer_bytes(inner, text, layer_ids, hidden, lambda i: inner.rotary_emb(
+            hidden, positions, types[i]) if per_type else inner.rotary_emb(hidden, positions), params, tokens)
+        lm_head, norm = model.get_output_embeddings(), head_norm(inner, text)  # Llama 4's head: in language_model
+        head = saved_bytes(lambda: model.loss_function(logits=lm_head(norm(hidden)), labels=labels,
                                                        vocab_size=text.vocab_size), params)
     return layers, head
 
@@ -295,15 +298,12 @@ def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float =
     layer_act, head_act = meta_activation_bytes(config, tokens, bf16)
     if patches:  # as many bytes per element and block as a text layer saves per token and hidden unit (rough)
         per_unit = layer_act / (tokens * text.hidden_size)
-        vision = config.vision_config
-        width = getattr(vision, "embed_dim", None) or vision.hidden_size
-        depth = getattr(vision, "depth", None) or vision.num_hidden_layers
-        tower_act = per_unit * depth * patches * width
+        tower_act = per_unit * patches * tower_units(config.vision_config)
     profile = Profile(
         num_layers=text.num_hidden_layers, layer_forward_s=2 * layer_w * tokens / rate,
         layer_backward_s=4 * layer_w * tokens / rate, preprocess_forward_s=2 * vision_mm / rate,
         preprocess_backward_s=4 * vision_mm / rate, head_forward_s=2 * head_w * tokens / rate,
-        head_backward_s=4 * head_w * tokens / rate, activation_bytes=4.0 * tokens * text.hidden_size,
+        head_backward_s=4 * head_w * tokens / rate, activation_bytes=boundary_bytes(text, tokens),
         feature_bytes=4.0 * image_tokens * text.hidden_size, layer_activation_bytes=float(layer_act),
         head_activation_bytes=float(head_act), preprocess_activation_bytes=float(tower_act),
         layer_param_bytes=4.0 * layer_params,

@@ -67,3 +67,17 @@ def with_frozen_vit(profile: Profile, shadow, config, image_tokens: int, rate: f
     graph = 2 * 4.0 * image_tokens * patches_per_image_token(config) * width if weights else 0.0
     return dataclasses.replace(profile, preprocess_backward_s=4 * weights * image_tokens / rate,
                                preprocess_param_bytes=4.0 * weights, preprocess_activation_bytes=graph)
+
+
+def tower_units(vision) -> float:
+    """The tower's blocks times their width, summed over its encoders (a SAM encoder and a ViT behind it are two,
+    each a sub-config of ``vision``), for the plan's rough count of the tower's activations (per patch, as many
+    bytes per block and hidden unit as a text layer's per token). A tower whose config gives no width or depth
+    (a patch embedder) counts as one block of its embedding width (``mm_embed_dim``), else 0."""
+    subs = [v for v in vars(vision).values() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+    width = getattr(vision, "embed_dim", None) or getattr(vision, "hidden_size", None)
+    if width is None and subs:
+        return float(sum(tower_units(sub) for sub in subs))
+    width = width or getattr(vision, "mm_embed_dim", None) or 0
+    depth = getattr(vision, "depth", None) or getattr(vision, "num_hidden_layers", None) or 1
+    return float(width * depth)
