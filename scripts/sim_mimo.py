@@ -19,7 +19,7 @@ variation 0.5. Layouts, each the fastest of its configurations:
   lead (``best_mimo``); a frozen tower may also run one step ahead (the step is then the larger of the text's
   step and the busiest tower's work; the text ranks' bubble and imbalance are then reported for it);
 - MPipe Transpose: overflow ``full`` and ``min``, bubble filling (frozen) or owner-backward (trainable), each with
-  and without zero-bubble.
+  and without zero-bubble; varying, each also with load-aware owners (``parallel.owners: balanced``).
 
 For each point the script prints the three steps, the winner, MPipe / MIMO (above 1: MPipe faster) against the
 goal (1.10 varying, 0.97 fixed), and where a goal is missed, where MPipe's time went: per rank the share idle
@@ -29,6 +29,7 @@ goal (1.10 varying, 0.97 fixed), and where a goal is missed, where MPipe's time 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -173,22 +174,28 @@ def mimo_best(num_micro, pf, pb, weights):
 def mpipe_best(num_micro, pf, pb, weights, mode):
     """The fastest MPipe Transpose configuration: ``(step, name, simulation)``."""
     from mpipe_hf.schedule import Costs, ScheduleConfig, build_schedule, simulate
+    from mpipe_hf.schedule.owners import step_owners, with_owners
     best = None
     variants = [("full", dict(overflow="full")), ("min", dict(overflow="min"))]
     variants.append(("fill", dict(placement="fill")) if mode == "frozen" else ("owner-backward",
                                                                                 dict(owner_backward=True)))
-    for name, fields in variants:
-        for zero_bubble in (False, True):
-            cfg = ScheduleConfig(R, V, num_micro, mode, zero_bubble=zero_bubble, **fields)
-            recompute = pf if mode == "trainable" and not cfg.owner_backward else 0.0
-            fill = cfg.placement == "fill"
-            micro_w = None if weights is None else (weights + weights if fill else weights)
-            costs = Costs(F_S, B_S, pf, pb + recompute, weight=B_S / 2, micro_preprocess_weights=micro_w)
-            orders = build_schedule(cfg, costs, **(dict(own=False, ahead=True) if fill else {}))
-            sim = simulate(orders, costs)
-            label = f"{name}{' + zero-bubble' if zero_bubble else ''}"
-            if best is None or sim.makespan < best[0]:
-                best = (sim.makespan, label, sim)
+    policies = ("modulo",) if weights is None else ("modulo", "balanced")
+    for (name, fields), zero_bubble, policy in itertools.product(variants, (False, True), policies):
+        cfg = ScheduleConfig(R, V, num_micro, mode, zero_bubble=zero_bubble, **fields)
+        if policy == "balanced" and cfg.overflow != "full":  # overflow min fixes its owners
+            continue
+        recompute = pf if mode == "trainable" and not cfg.owner_backward else 0.0
+        fill = cfg.placement == "fill"
+        micro_w = None if weights is None else (weights + weights if fill else weights)
+        costs = Costs(F_S, B_S, pf, pb + recompute, weight=B_S / 2, micro_preprocess_weights=micro_w)
+        owners = step_owners(policy, weights, cfg) if weights is not None else None
+        if owners is not None:  # load-aware owners (parallel.owners: balanced), the next step's alike
+            cfg = with_owners(cfg, owners, owners if fill else None)
+        orders = build_schedule(cfg, costs, **(dict(own=False, ahead=True) if fill else {}))
+        sim = simulate(orders, costs)
+        label = f"{name}{' + zero-bubble' if zero_bubble else ''}{', balanced owners' if owners else ''}"
+        if best is None or sim.makespan < best[0]:
+            best = (sim.makespan, label, sim)
     return best
 
 
