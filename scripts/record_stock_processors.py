@@ -121,6 +121,15 @@ STOCK_ONLY.update({f"inkling_mm_model{variant}": ("InklingImageProcessor", setti
     ("/grown", {"size": {"height": 8, "width": 8}, "rescale_image_frac": 1.5,
                 "rescale_image_max_upscaled_long_edge": 80}),
     ("/shrunk", {"size": {"height": 8, "width": 8}, "rescale_image_frac": 0.7}))})
+# tiny_nemotron_h_omni_config: 16-px patches, a 2 x 2 pixel shuffle, 4 to 16 patches (the photos resized in float32
+# onto grids of even sides); ``shrunk``: 8-px patches, 16 to 24 (every photo shrunk under the cap, a side rounded
+# down to even); ``budget``: 4-px patches, no cap, the context length (40 tokens) giving the budget of 144 patches
+STOCK_ONLY.update({f"nemotron_h_omni{variant}": ("NemotronH_Omni_Reasoning_V3ImageProcessor", settings)
+                   for variant, settings in (
+                       ("", {"patch_size": 16, "min_num_patches": 4, "max_num_patches": 16}),
+                       ("/shrunk", {"patch_size": 8, "min_num_patches": 16, "max_num_patches": 24}),
+                       ("/budget", {"patch_size": 4, "min_num_patches": 64, "max_num_patches": 0,
+                                    "max_model_len": 40}))})
 # The project's torchvision-free stand-ins for :data:`STOCK_ONLY` classes (torch operations only), compared with
 # the record bit for bit by ``tests/test_stock_recorded.py``.
 NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoTV",
@@ -135,7 +144,8 @@ NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoT
          "gemma4_unified": "mpipe_hf.data.image_processor_gemma4_unified:Gemma4UnifiedImageProcessorNoTV",
          "muse_glimmer": "mpipe_hf.data.image_processor_muse_glimmer:MuseGlimmerImageProcessorNoTV",
          "muse_spark": "mpipe_hf.data.image_processor_muse_glimmer:MuseGlimmerImageProcessorNoTV",
-         "inkling_mm_model": "mpipe_hf.data.image_processor_inkling_mm_model:InklingImageProcessorNoTV"}
+         "inkling_mm_model": "mpipe_hf.data.image_processor_inkling_mm_model:InklingImageProcessorNoTV",
+         "nemotron_h_omni": "mpipe_hf.data.image_processor_nemotron_h_omni:NemotronHOmniImageProcessorNoTV"}
 
 
 def _photos() -> dict:

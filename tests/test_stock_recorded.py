@@ -95,7 +95,7 @@ def test_the_record_covers_every_replaced_processor(record):
     from mpipe_hf.data import qwen2_tokenizer
     from mpipe_hf.data.processor import image_processor_for
     meta, _, _ = record
-    # 2.50 MB with the 13 torch-operation image processors (each at its tiny tower's settings and variants); a cap,
+    # 2.63 MB with the 14 torch-operation image processors (each at its tiny tower's settings and variants); a cap,
     # so that a new entry keeping a large tensor in full instead of a sample shows up here
     assert os.path.getsize(RECORD) < 3_000_000
     cases = meta["cases"]
@@ -188,8 +188,10 @@ def test_the_recording_script_starts_and_compares():
 # Molmo2 resizes through float32 without antialiasing on every CPU, but the kernel without AVX2 rounds a few values
 # (0.02-0.2 %) to the other side of .5: one level there (mean 0.002). MiniMax-M3-VL's bicubic: always bit for bit.
 # Gemma 4 Unified's bicubic and Muse's Lanczos (torchvision's native uint8 kernel for both on every CPU): bit for bit
-# under ATEN_CPU_CAPABILITY=default too.
-FLOAT_PATH_MAX = {"llama4": 1.5 + SLACK, "lfm2_vl": 1 + SLACK, "step3p7": 2 + SLACK, "molmo2": 1 + SLACK}
+# under ATEN_CPU_CAPABILITY=default too. Nemotron-H Omni resizes the float32 image (bicubic): torch's float kernel
+# without AVX2 sums its taps in another order, float32 rounding apart (measured: at most 0.065 levels, mean 2e-5).
+FLOAT_PATH_MAX = {"llama4": 1.5 + SLACK, "lfm2_vl": 1 + SLACK, "step3p7": 2 + SLACK, "molmo2": 1 + SLACK,
+                  "nemotron_h_omni": SLACK}
 
 
 def _bit_for_bit_here(family: str) -> bool:
