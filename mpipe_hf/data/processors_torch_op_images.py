@@ -31,6 +31,7 @@ from .image_processor_cohere2_vision import Cohere2VisionImageProcessorNoTV
 from .image_processor_lfm2_vl import Lfm2VlImageProcessorNoTV
 from .image_processor_llama4 import Llama4ImageProcessorNoTV
 from .processors_gemma4_unified_muse import TORCH_OP_IMAGES as _GEMMA4_UNIFIED_MUSE_IMAGES
+from .processors_inkling import TORCH_OP_IMAGES as _INKLING_IMAGES
 from .processors_kimi_ocr import TORCH_OP_IMAGES as _KIMI_OCR_IMAGES
 from .processors_molmo2_step3p7_minimax import TORCH_OP_IMAGES as _MOLMO2_STEP3P7_MINIMAX_IMAGES
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
@@ -116,6 +117,7 @@ TORCH_OP_IMAGES = {"llama4": Llama4ImageProcessorNoTV, "lfm2_vl": Lfm2VlImagePro
 TORCH_OP_IMAGES.update(_KIMI_OCR_IMAGES)  # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR (.processors_kimi_ocr)
 TORCH_OP_IMAGES.update(_GEMMA4_UNIFIED_MUSE_IMAGES)  # Gemma 4 Unified, Muse (.processors_gemma4_unified_muse)
 TORCH_OP_IMAGES.update(_MOLMO2_STEP3P7_MINIMAX_IMAGES)  # Molmo2, Step3p7, MiniMax-M3-VL
+TORCH_OP_IMAGES.update(_INKLING_IMAGES)  # Inkling (.processors_inkling)
 
 def checkpoint_image_processor(model_type: str, directory: str, **settings):
     """A checkpoint's image processor, ``settings`` over its own: ``AutoImageProcessor``'s, except for the

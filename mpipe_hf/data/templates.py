@@ -262,7 +262,8 @@ STAND_INS = {"<start_of_turn>": "<|im_start|>", "<end_of_turn>": "<|im_end|>",  
              "<|turn>": "<|im_start|>", "<turn|>": "<|im_end|>",  # Gemma 4
              "[|endofturn|]": "<|im_end|>",  # EXAONE 4.5
              "<|vision_bos|>": "<|vision_start|>", "<|vision_eos|>": "<|vision_end|>",  # Qwen2.5-Omni
-             "<|header_start|>": "<|im_start|>", "<|eot|>": "<|im_end|>"}  # Llama 4
+             "<|header_start|>": "<|im_start|>", "<|eot|>": "<|im_end|>",  # Llama 4
+             "<|content_image|>": "<|vision_start|>", "<|end_message|>": "<|im_end|>"}  # Inkling
 
 
 def default_chat_template(model_type: str, image_token: str | None = None, tokenizer=None,
