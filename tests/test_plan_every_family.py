@@ -81,3 +81,32 @@ def test_gemma3n_boundary_is_four_streams_and_the_per_layer_inputs(tokenizer):
     width, text4 = g4.get_text_config().hidden_size_per_layer_input or 0, g4.get_text_config()
     assert estimate_profile(g4, TOKENS).activation_bytes == 4 * TOKENS * (text4.hidden_size +
                                                                           text4.num_hidden_layers * width)
+
+
+def test_gemma3n_count_is_the_mean_of_its_real_layers_on_cpu(tokenizer):
+    """The meta count of Gemma 3n (4 streams, per-layer inputs, layers that store and reuse keys and values) is the
+    mean of what each real layer saves on CPU, run in order with one shared key/value dict as the model runs them
+    (a reused key or value is the producer's storage, counted there); a count of one stream would be far less."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.cache_utils import KVSharingDict
+
+    from mpipe_hf.runtime.memory import saved_bytes, storage_ids
+    from mpipe_hf.train.plan import register_fused_attention
+    config = BUILDERS["gemma3n_text"](tokenizer, num_layers=4)
+    config._attn_implementation = register_fused_attention()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    inner, text = model.get_decoder(), config.get_text_config()
+    assert "reuse" in text.kv_sharing_modes and "store" in text.kv_sharing_modes
+    hidden = torch.randn(4, 1, TOKENS, text.hidden_size, requires_grad=True)
+    per_layer = torch.randn(1, TOKENS, text.hidden_size_per_layer_input, requires_grad=True)
+    positions, shared, saved = torch.arange(TOKENS).unsqueeze(0), KVSharingDict(), []
+    for layer, layer_type, mode in zip(inner.layers, text.layer_types, text.kv_sharing_modes):
+        rope = inner.rotary_emb(hidden, positions, layer_type)
+        skip = storage_ids(model.parameters()) | (storage_ids(t for kv in shared.values() for t in kv)
+                                                  if mode == "reuse" else set())
+        saved.append(saved_bytes(lambda: layer(hidden, per_layer_input=per_layer, shared_kv_states=shared,
+                                               attention_mask=None, position_embeddings=rope), skip))
+    planned, _ = meta_activation_bytes(config, TOKENS)
+    assert planned == round(sum(saved) / len(saved)), (saved, planned)
