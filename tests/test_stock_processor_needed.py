@@ -24,6 +24,8 @@ def test_the_families_needing_the_stock_processor_are_those_without_ours():
     assert {"molmo2", "step3p7", "minimax_m3_vl"} <= set(PROCESSOR_TYPES)
     # Inkling: its own too (mpipe_hf/data/processors_inkling.py)
     assert not needs_stock_processor("inkling_mm_model") and "inkling_mm_model" in PROCESSOR_TYPES
+    # Nemotron-H Omni: its own too (mpipe_hf/data/processors_nemotron_h_omni.py)
+    assert not needs_stock_processor("nemotron_h_omni") and "nemotron_h_omni" in PROCESSOR_TYPES
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from .image_processor_lfm2_vl import Lfm2VlImageProcessorNoTV
 from .image_processor_llama4 import Llama4ImageProcessorNoTV
 from .processors_gemma4_unified_muse import TORCH_OP_IMAGES as _GEMMA4_UNIFIED_MUSE_IMAGES
 from .processors_inkling import TORCH_OP_IMAGES as _INKLING_IMAGES
+from .processors_nemotron_h_omni import TORCH_OP_IMAGES as _NEMOTRON_H_OMNI_IMAGES
 from .processors_kimi_ocr import TORCH_OP_IMAGES as _KIMI_OCR_IMAGES
 from .processors_molmo2_step3p7_minimax import TORCH_OP_IMAGES as _MOLMO2_STEP3P7_MINIMAX_IMAGES
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
@@ -118,6 +119,7 @@ TORCH_OP_IMAGES.update(_KIMI_OCR_IMAGES)  # Kimi K2.5, MiniCPM-OCR and Unlimited
 TORCH_OP_IMAGES.update(_GEMMA4_UNIFIED_MUSE_IMAGES)  # Gemma 4 Unified, Muse (.processors_gemma4_unified_muse)
 TORCH_OP_IMAGES.update(_MOLMO2_STEP3P7_MINIMAX_IMAGES)  # Molmo2, Step3p7, MiniMax-M3-VL
 TORCH_OP_IMAGES.update(_INKLING_IMAGES)  # Inkling (.processors_inkling)
+TORCH_OP_IMAGES.update(_NEMOTRON_H_OMNI_IMAGES)  # Nemotron-H Omni (.processors_nemotron_h_omni)
 
 def checkpoint_image_processor(model_type: str, directory: str, **settings):
     """A checkpoint's image processor, ``settings`` over its own: ``AutoImageProcessor``'s, except for the

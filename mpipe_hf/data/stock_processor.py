@@ -2,8 +2,8 @@
 backend and that mpipe_hf has no torchvision-free version of (none today: Llama 4, LFM2-VL and Cohere2-Vision have
 theirs, :mod:`.processors_torch_op_images`, Kimi K2.5, MiniCPM-OCR and Unlimited-OCR theirs,
 :mod:`.processors_kimi_ocr`, Molmo2, Step3p7 and MiniMax-M3-VL theirs, :mod:`.processors_molmo2_step3p7_minimax`,
-Gemma 4 Unified, Muse Glimmer and Muse Spark theirs, :mod:`.processors_gemma4_unified_muse`, and Inkling its own,
-:mod:`.processors_inkling`).
+Gemma 4 Unified, Muse Glimmer and Muse Spark theirs, :mod:`.processors_gemma4_unified_muse`, Inkling its own,
+:mod:`.processors_inkling`, and Nemotron-H Omni its own, :mod:`.processors_nemotron_h_omni`).
 
 Where torchvision imports, training uses the checkpoint's own processor (``AutoProcessor`` over the
 checkpoint's files, with its chat template); where it does not, :func:`processor_problem` says so before any
