@@ -34,7 +34,8 @@ from ..models import split
 from ..models.costs import is_sparse, matmul_costs, num_experts
 from ..models.decoder import layer_types
 from ..models.load import meta_model
-from .plan_layer_inputs import boundary_bytes, head_norm, kv_modes, layer_bytes, shares_kv, streams
+from .plan_layer_inputs import (boundary_bytes, decoder_of, head_norm, head_of, kv_modes, layer_bytes, shares_kv,
+                                streams)
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import Kind
 from ..schedule.simulate import simulate
@@ -227,11 +228,12 @@ def meta_activation_bytes(config, tokens: int, bf16: bool = False) -> tuple[int,
     if getattr(text, "layer_types", None):
         text.layer_types = text.layer_types[:text.num_hidden_layers]
     model = meta_model(counted)
-    model.get_decoder().config._attn_implementation = FUSED_ATTENTION
+    decoder_of(model).config._attn_implementation = FUSED_ATTENTION
     if num_experts(text) and model.config._experts_implementation != "grouped_mm":
-        # eager's routing reads counts back: no meta kernel; Kimi K2.5 sets it on its language model alone
-        (model if model._can_set_experts_implementation() else model.get_decoder()).set_experts_implementation(
-            "grouped_mm")
+        # eager's routing reads counts back: no meta kernel; Kimi K2.5 sets it on its language model alone, Llama
+        # 4's experts (one batched matmul) have no other implementation
+        for part in [p for p in (model, decoder_of(model)) if p._can_set_experts_implementation()][:1]:
+            part.set_experts_implementation("grouped_mm")
     if not bf16:
         with quiet_transformers():
             layers, head = _count(model, text, tokens, list(kinds), "meta", contextlib.nullcontext())
@@ -248,7 +250,7 @@ def meta_activation_bytes(config, tokens: int, bf16: bool = False) -> tuple[int,
 def _count(model, text, tokens: int, layer_ids: list[int], device: str, region) -> tuple[list[int], int]:
     """:func:`meta_activation_bytes`'s count of layers ``layer_ids`` of ``model`` and its head, on ``device``
     inside ``region``."""
-    inner = model.get_decoder()
+    inner = decoder_of(model)
     params = storage_ids(model.parameters())
     lead = (streams(text),) if streams(text) > 1 else ()  # Gemma 3n: the AltUp streams (S, B, L, H)
     hidden = torch.empty(*lead, 1, tokens, text.hidden_size, device=device, requires_grad=True)
@@ -256,12 +258,13 @@ def _count(model, text, tokens: int, layer_ids: list[int], device: str, region) 
     if "mrope_section" in (getattr(text, "rope_parameters", None) or {}):
         positions = positions.expand(3, 1, tokens)
     labels = torch.zeros(1, tokens, dtype=torch.long, device=device)
-    per_type = "layer_type" in inspect.signature(inner.rotary_emb.forward).parameters  # Gemma 3: one per type
+    rotary = getattr(inner, "rotary_emb", None)  # Inkling's text model has none: its layers take None
+    per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters  # Gemma 3
     types = layer_types(text)
     with region, _experts_fallback():
-        layers = layer_bytes(inner, text, layer_ids, hidden, lambda i: inner.rotary_emb(
-            hidden, positions, types[i]) if per_type else inner.rotary_emb(hidden, positions), params, tokens)
-        lm_head, norm = model.get_output_embeddings(), head_norm(inner, text)  # Llama 4's head: in language_model
+        layers = layer_bytes(inner, text, layer_ids, hidden, lambda i: None if rotary is None else rotary(
+            hidden, positions, types[i]) if per_type else rotary(hidden, positions), params, tokens)
+        lm_head, norm = head_of(model), head_norm(model, text)
         head = saved_bytes(lambda: model.loss_function(logits=lm_head(norm(hidden)), labels=labels,
                                                        vocab_size=text.vocab_size), params)
     return layers, head
@@ -289,7 +292,7 @@ def estimate_profile(config, tokens: int, image_tokens: int = 0, tflops: float =
     layer_w, head_w = matmul_costs(text)
     rate = tflops * 1e12 * mfu
     shadow = meta_model(config)
-    layer_params = sum(p.numel() for p in shadow.get_decoder().layers.parameters()) / text.num_hidden_layers
+    layer_params = sum(p.numel() for p in decoder_of(shadow).layers.parameters()) / text.num_hidden_layers
     vision_w, vision_mm, patches, tower_act = 0.0, 0.0, 0.0, 0.0
     if hasattr(config, "vision_config"):
         sizes = [float(n) for n in vision_parts(shadow, config.model_type)]

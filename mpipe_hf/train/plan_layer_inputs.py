@@ -75,10 +75,35 @@ def layer_bytes(inner: nn.Module, text, layer_ids: list[int], hidden: torch.Tens
     return out
 
 
-def head_norm(inner: nn.Module, text) -> nn.Module:
-    """The module between the last layer and the LM head: the final norm, behind Gemma 3n's merge of its streams
+def _declared(model: nn.Module):
+    """``model``'s registered family, or ``None`` (a bare HF config the cost model is asked about)."""
+    from ..models import get_family
+    try:
+        return get_family(model.config.model_type)
+    except ValueError:
+        return None
+
+
+def decoder_of(model: nn.Module) -> nn.Module:
+    """The text model whose ``layers`` the family splits (``Family.text``: Llama 4's and Nemotron-H Omni's sit
+    inside their causal LM, where ``get_decoder`` does not reach); an unregistered model's ``get_decoder()``."""
+    family = _declared(model)
+    return model.get_submodule(family.text) if family else model.get_decoder()
+
+
+def head_of(model: nn.Module) -> nn.Module:
+    """The LM head the family declares (``Family.head``); an unregistered model's output embeddings."""
+    family = _declared(model)
+    return model.get_submodule(family.head) if family else model.get_output_embeddings()
+
+
+def head_norm(model: nn.Module, text) -> nn.Module:
+    """The module between the last layer and the LM head: the family's final norm (``Family.norm``: LFM2's is
+    ``embedding_norm``; an unregistered model's ``norm``), behind Gemma 3n's merge of its streams
     (:class:`~mpipe_hf.models.gemma3n_altup.AltUpMerge`)."""
+    family, inner = _declared(model), decoder_of(model)
+    norm = inner.get_submodule(family.norm if family else "norm")
     if streams(text) == 1:
-        return inner.norm
+        return norm
     from ..models.gemma3n_altup import AltUpMerge
-    return AltUpMerge(inner.altup_unembed_projections, inner.norm)
+    return AltUpMerge(inner.altup_unembed_projections, norm)
