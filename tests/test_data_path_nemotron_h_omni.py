@@ -102,3 +102,15 @@ def test_mpipe_hf_train_through_the_torchvision_free_data_path(demo, tmp_path):
     from train_common import train_tiny_family_like_one_process
     processor, _, micro = train_tiny_family_like_one_process(demo, tmp_path, MODEL_TYPE, TINY_MODELS[MODEL_TYPE])
     assert type(processor.image_processor).__name__.endswith("NoTV") and "image_grid_hw" in micro
+
+
+def test_a_config_file_with_an_infinite_float_loads(tokenizer, tmp_path):
+    """A recipe's ``model.config`` file as ``save_pretrained`` writes it: Nemotron-H's ``time_step_limit`` of
+    ``(0, inf)`` is saved tagged (``{"__float__": "Infinity"}``) and read back as ``inf`` (untagged, the config
+    class refuses the tag: the tiny recipe stopped there)."""
+    from mpipe_hf.train.recipe_model import ModelSource
+    from mpipe_hf.train.sources import load_config
+    TINY_MODELS[MODEL_TYPE](tokenizer).to_json_file(str(tmp_path / "config.json"))
+    assert '"__float__": "Infinity"' in (tmp_path / "config.json").read_text()
+    config = load_config(ModelSource(config=str(tmp_path / "config.json")))
+    assert list(config.text_config.time_step_limit) == [0.0, float("inf")]

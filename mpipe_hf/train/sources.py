@@ -29,11 +29,13 @@ def is_vision_language(config) -> bool:
 
 
 def load_config(source: ModelSource):
-    """The HF config of ``source`` (a checkpoint directory, a config directory or a ``config.json`` file)."""
+    """The HF config of ``source`` (a checkpoint directory, a config directory or a ``config.json`` file; floats
+    JSON cannot hold, as ``save_pretrained`` tags them (Nemotron-H's ``time_step_limit`` of ``inf``), read back)."""
+    from transformers import PretrainedConfig
     path = source.name_or_path or source.config
     if os.path.isfile(path):
         with open(path) as f:
-            raw = json.load(f)
+            raw = PretrainedConfig._decode_special_floats(json.load(f))
         if not isinstance(raw, dict) or "model_type" not in raw:
             raise ValueError(f"model.config {path!r} has no model_type; write a config with save_pretrained or "
                              f"copy a checkpoint's config.json")
