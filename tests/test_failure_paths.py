@@ -51,6 +51,19 @@ def test_a_failed_step_on_nccl_aborts_every_communicator_at_once(monkeypatch):
     assert "cannot be recovered in-process" in str(err) and "image tokens" in str(err)
 
 
+def test_a_failed_step_on_nccl_ends_the_ranks_blocked_elsewhere(monkeypatch):
+    """The failed step's line goes to every rank's liveness thread (ranks blocked in a collective, a host read or a
+    synchronize end within a beat: :mod:`mpipe_hf.runtime.liveness`), and this rank's own thread stops."""
+    from mpipe_hf.runtime import liveness
+    store = dist.HashStore()
+    live = liveness.Liveness(store, 1, 2, 20.0, lambda: None, end=lambda line: None, namespace="t")
+    monkeypatch.setattr(liveness, "_ACTIVE", [live])
+    failed_step(monkeypatch, "nccl", recover=False)
+    assert store.check(["t/ended"]), "no line for the liveness threads"
+    assert "image tokens and features differ" in store.get("t/ended").decode()
+    assert live._stop.is_set()
+
+
 def test_a_failed_step_on_gloo_aborts_nothing(monkeypatch):
     for recover in (True, False):  # False: NCCL's policy emulated on gloo (tests/test_numerics.py)
         _, aborted = failed_step(monkeypatch, "gloo", recover)
