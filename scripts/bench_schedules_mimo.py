@@ -91,40 +91,63 @@ def tower_step(rank, towers, owners, pf, pb, weights, ahead):
         work.wait()
 
 
-def run_mimo(kind, rank, towers, pf, pb, weights, num_micro, steps, ahead=False):
-    """Median step seconds of the MIMO-style layout: ``towers`` tower ranks, torch's ``kind`` (``1f1b`` or ``zb``)
-    on the other ranks; ``weights`` the per-micro tower weights; ``ahead``: a frozen tower a step ahead. Raises
-    what torch's schedule raises (the caller's ``lockstep`` reports it)."""
+def text_schedule(kinds, rank, towers, owners, trainable, num_micro, group):
+    """Text rank ``rank``'s torch schedule: the first of ``kinds`` torch builds (its interleaved schedules take
+    only ``M`` that are multiples of ``M // pp``: not 16 on 3 ranks; ``zbv`` places the stages V-shape). Returns ``(kind, schedule, stage 0 or None, modules)``, or
+    ``(None, error text, None, None)`` when none builds."""
     from torch.distributed import pipelining
+    pp = R - towers
+    sc, local, num_stages = text_costs(pp), rank - towers, pp * V
+    errors = []
+    for kind in kinds:
+        first = FirstTextStage(sc.fwd[0], sc.bwd_in[0], sc.bwd_w[0], owners, trainable)
+        placed = [local, 2 * pp - 1 - local] if kind == "zbv" else range(local, num_stages, pp)
+        modules = {s: first if s == 0 else SleepModule(sc.fwd[s], sc.bwd_in[s], sc.bwd_w[s]) for s in placed}
+        try:
+            built = [pipelining.PipelineStage(module, s, num_stages, torch.device("cpu"), group=group)
+                     for s, module in modules.items()]
+            schedule = getattr(pipelining, TORCH_KINDS[kind])(built, num_micro, loss_fn=lambda out, target: out.sum())
+        except ValueError as error:
+            errors.append(f"{kind}: {error}")
+            continue
+        return kind, schedule, first if 0 in modules else None, modules
+    return None, "; ".join(errors), None, None
 
+
+def run_mimo(kinds, rank, towers, pf, pb, weights, num_micro, steps, ahead=False):
+    """The MIMO-style layout: ``towers`` tower ranks, on the other ranks the first torch schedule of ``kinds``
+    (``1f1b``, ``zb``, ``zbv``) that builds; ``weights`` the per-micro tower weights; ``ahead``: a frozen tower a step
+    ahead. Returns ``(median step seconds, the kind run)``. Raises ``ValueError`` on every rank when no kind builds
+    (the ranks agree first, so none waits for a failed one); a step's error as torch raises it (the caller's
+    ``lockstep`` reports it)."""
     from mpipe_hf.schedule.mimo import tower_owners
     weights = weights or (1.0,) * num_micro
     owners = tower_owners(num_micro, towers, weights)
-    text_ranks = list(range(towers, R))
-    group = dist.new_group(text_ranks, backend="gloo", timeout=TORCH_TIMEOUT)
+    group = dist.new_group(list(range(towers, R)), backend="gloo", timeout=TORCH_TIMEOUT)
     try:
+        kind = schedule = first = modules = None
+        if rank >= towers:
+            kind, schedule, first, modules = text_schedule(kinds, rank, towers, owners, pb > 0, num_micro, group)
+        agreed = [None] * dist.get_world_size()
+        dist.all_gather_object(agreed, (kind, schedule if kind is None else None))
+        if agreed[towers][0] is None:
+            raise ValueError(f"no torch schedule of {kinds} builds on {R - towers} ranks: {agreed[towers][1]}")
         if rank < towers:
             if ahead:  # the first step's features, before the timing
                 for m in (m for m, t in enumerate(owners) if t == rank):
                     Sleep.apply(torch.ones(1), pf * weights[m], 0.0)
             step = lambda: tower_step(rank, towers, owners, pf, pb, weights, ahead)  # noqa: E731
-            return timed(step, dist.group.WORLD, steps)
-        sc, pp = text_costs(len(text_ranks)), len(text_ranks)
-        local, num_stages = rank - towers, len(text_ranks) * V
-        first = FirstTextStage(sc.fwd[0], sc.bwd_in[0], sc.bwd_w[0], owners, pb > 0)
-        modules = {s: first if s == 0 else SleepModule(sc.fwd[s], sc.bwd_in[s], sc.bwd_w[s])
-                   for s in range(local, num_stages, pp)}
-        built = [pipelining.PipelineStage(module, s, num_stages, torch.device("cpu"), group=group)
-                 for s, module in modules.items()]
-        schedule = getattr(pipelining, TORCH_KINDS[kind])(built, num_micro, loss_fn=lambda out, target: out.sum())
+            return timed(step, dist.group.WORLD, steps), agreed[towers][0]
         inputs = torch.arange(num_micro, dtype=torch.float32).unsqueeze(1).expand(num_micro, 16).contiguous()
+        last = (R - towers) * V - 1
 
         def step():
-            schedule.step(*([inputs] if 0 in modules else []), target=torch.ones(num_micro, 16)
-                          if num_stages - 1 in modules else None)
-            for work in first.sends:
+            schedule.step(*([inputs] if first is not None else []),
+                          target=torch.ones(num_micro, 16) if last in modules else None)
+            for work in first.sends if first is not None else []:
                 work.wait()
-            first.sends.clear()
-        return timed(step, dist.group.WORLD, steps)
+            if first is not None:
+                first.sends.clear()
+        return timed(step, dist.group.WORLD, steps), kind
     finally:
         dist.destroy_process_group(group)

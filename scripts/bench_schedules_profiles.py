@@ -151,18 +151,23 @@ def mimo_rows(rank, point, p_mode, pf, pb, steps, torch_rt):
     """The MIMO-style rows (n) and (o) of one point: ``K`` = 1 and 2 tower ranks (``bench_schedules_mimo.py``),
     each measured and (rank 0) predicted."""
     num_micro, rows = point[0], []
-    for towers in (1, 2):  # MIMO-style: K tower ranks, torch's best text schedule on the others
-        kind = mimo_text_kind(R - towers, num_micro)
-        row = Row(point, f"({'n' if towers == 1 else 'o'}) MIMO-style, K = {towers} tower rank(s), torch "
-                         f"{'interleaved 1F1B' if kind == '1f1b' else 'interleaved zero-bubble'} on {R - towers} "
-                         f"ranks{', towers a step ahead' if p_mode == 'frozen' else ''}", "mimo")
+    for towers in (1, 2):  # MIMO-style: K tower ranks, torch's best text schedule (that builds) on the others
+        best = mimo_text_kind(R - towers, num_micro)
+        row = Row(point, f"({'n' if towers == 1 else 'o'}) MIMO-style, K = {towers} tower rank(s)", "mimo")
         rows.append(row)
-        row.measured, row.error = lockstep(lambda: run_mimo(kind, rank, towers, pf, pb, None, num_micro, steps,
-                                                            ahead=p_mode == "frozen"))
+        result, row.error = lockstep(lambda: run_mimo((best, "zb" if best == "1f1b" else "1f1b", "zbv"), rank, towers, pf,
+                                                      pb, None, num_micro, steps, ahead=p_mode == "frozen"))
+        if result is not None:
+            row.measured, kind = result
+            row.name += (f", torch {TEXT_NAMES[kind]} on "
+                         f"{R - towers} ranks{', towers a step ahead' if p_mode == 'frozen' else ''}")
         progress(rank, row)
         if rank == 0 and row.measured is not None:
             row.predicted = mimo_predicted(kind, towers, num_micro, pf, pb, torch_rt)
     return rows
+
+
+TEXT_NAMES = {"1f1b": "interleaved 1F1B", "zb": "interleaved zero-bubble", "zbv": "ZBV zero-bubble"}
 
 
 def mimo_text_kind(text_ranks, num_micro):
@@ -180,15 +185,15 @@ def mimo_text_kind(text_ranks, num_micro):
 
 def mimo_predicted(kind, towers, num_micro, pf, pb, runtime):
     """The simulator's step of a MIMO-style row (:func:`mpipe_hf.schedule.mimo.best_mimo` over our builder's order
-    of ``kind``, with torch's measured ``runtime`` overheads); a frozen ``P`` a step ahead: the larger of the
-    text's step and the busiest tower's work."""
+    of ``kind``, its zero-bubble order for ``zbv`` too, with torch's measured ``runtime`` overheads); a frozen
+    ``P`` a step ahead: the larger of the text's step and the busiest tower's work."""
     from bench_schedules_mimo import text_costs
 
     from mpipe_hf.schedule import Costs, ScheduleConfig, build_schedule
     from mpipe_hf.schedule.mimo import best_mimo
     from mpipe_hf.schedule.simulate import simulate
     sc = text_costs(R - towers)
-    text = build_schedule(ScheduleConfig(R - towers, V, num_micro, "identity", zero_bubble=kind == "zb"))
+    text = build_schedule(ScheduleConfig(R - towers, V, num_micro, "identity", zero_bubble=kind != "1f1b"))
     costs = Costs(sc.fwd, sc.bwd, pf, pb, weight=sc.bwd_w, **runtime)
     if pb:
         return best_mimo(text, towers, True, costs)[0].makespan
