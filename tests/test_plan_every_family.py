@@ -25,8 +25,6 @@ TOKENS, IMAGE_TOKENS = 64, 16
 # the meta count does not reach these families' layers yet (each reason is what the count trips on)
 NOT_YET = {
     "lfm3_vl": "its short-convolution layer type has no cost in models.costs",
-    "hunyuan_vl": "its 4-part rotary positions are counted as 3 (mrope)",
-    "mistral4": "its attention head width is None in the config (derived by the model)",
 }
 SHARES_KV = ("gemma3n_text", "gemma4", "gemma4_unified")
 

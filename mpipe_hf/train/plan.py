@@ -255,15 +255,17 @@ def _count(model, text, tokens: int, layer_ids: list[int], device: str, region) 
     lead = (streams(text),) if streams(text) > 1 else ()  # Gemma 3n: the AltUp streams (S, B, L, H)
     hidden = torch.empty(*lead, 1, tokens, text.hidden_size, device=device, requires_grad=True)
     positions = torch.arange(tokens, device=device).unsqueeze(0)
-    if "mrope_section" in (getattr(text, "rope_parameters", None) or {}):
-        positions = positions.expand(3, 1, tokens)
+    section = (getattr(text, "rope_parameters", None) or {}).get("mrope_section")
+    if section:  # M-RoPE: one row per axis (HunYuan-VL's 4)
+        positions = positions.expand(len(section), 1, tokens)
     labels = torch.zeros(1, tokens, dtype=torch.long, device=device)
     rotary = getattr(inner, "rotary_emb", None)  # Inkling's text model has none: its layers take None
     per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters  # Gemma 3
     types = layer_types(text)
     with region, _experts_fallback():
         layers = layer_bytes(inner, text, layer_ids, hidden, lambda i: None if rotary is None else rotary(
-            hidden, positions, types[i]) if per_type else rotary(hidden, positions), params, tokens)
+            hidden, positions, types[i]) if per_type else rotary(hidden, positions), params, tokens,
+                             positions if positions.dim() == 2 else None)  # a stage's text positions
         lm_head, norm = head_of(model), head_norm(model, text)
         head = saved_bytes(lambda: model.loss_function(logits=lm_head(norm(hidden)), labels=labels,
                                                        vocab_size=text.vocab_size), params)

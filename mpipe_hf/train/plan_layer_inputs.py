@@ -53,11 +53,12 @@ def boundary_bytes(text, tokens: int) -> float:
 
 
 def layer_bytes(inner: nn.Module, text, layer_ids: list[int], hidden: torch.Tensor, rope_of, params: set[int],
-                tokens: int) -> list[int]:
+                tokens: int, position_ids: torch.Tensor | None = None) -> list[int]:
     """Bytes each layer of ``layer_ids`` (ascending) of the text model ``inner`` saves for backward, called with
     ``hidden`` (``(B, L, H)``, or the streams ``(S, B, L, H)``), its rotary embedding ``rope_of(i)``, and where
-    its ``forward`` takes them a per-layer input ``(B, L, D)`` and the shared key/value dict (module docstring);
-    ``params``: storages left out (:func:`~mpipe_hf.runtime.memory.storage_ids`)."""
+    its ``forward`` takes them a per-layer input ``(B, L, D)`` and the shared key/value dict (module docstring),
+    and ``position_ids`` ``(B, L)`` as a stage hands them (``None`` with M-RoPE; Mistral 4 scales its queries by
+    them); ``params``: storages left out (:func:`~mpipe_hf.runtime.memory.storage_ids`)."""
     from transformers.cache_utils import KVSharingDict
     shared, modes, width = KVSharingDict(), kv_modes(text), per_layer_width(text)
     out = []
@@ -71,7 +72,7 @@ def layer_bytes(inner: nn.Module, text, layer_ids: list[int], hidden: torch.Tens
             extra["shared_kv_states"] = shared
         skip = params | storage_ids(t for kv in shared.values() for t in kv) if modes[i] == "reuse" else params
         out.append(saved_bytes(lambda: inner.layers[i](hidden, attention_mask=None, position_embeddings=rope_of(i),
-                                                       position_ids=None, **extra), skip))
+                                                       position_ids=position_ids, **extra), skip))
     return out
 
 
