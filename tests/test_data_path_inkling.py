@@ -26,7 +26,7 @@ ANSWERS = ["A cup of coffee.", "Hello there!"]
 
 
 def rows() -> list[dict]:
-    photo = PIL.Image.fromarray(skimage.data.coffee()).resize((30, 20))  # grown 2x: 60 x 40 px, 10 x 16 squares
+    photo = PIL.Image.fromarray(skimage.data.coffee()).resize((200, 120))  # to 0.2: 40 x 24 px, 6 x 11 squares
     image = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]},
                           {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[0]}]}], "images": [photo]}
     text = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello."}]},
@@ -48,8 +48,8 @@ def test_a_conversation_trains_and_passes_the_load_check(tokenizer):
     batch = ConversationCollator(processor, None, model_type=FAMILY)(rows())
     ids, labels = batch["input_ids"], batch["labels"]
     image = ids == config.image_token_id
-    assert batch["pixel_values"].shape == (10 * 16, 2, 4, 4, 3)  # rows ceil(40 / 4), columns 60 // 4 + 1
-    assert int(image[0].sum()) == 160 and not image[1].any() and (labels[image] == -100).all()
+    assert batch["pixel_values"].shape == (6 * 11, 2, 4, 4, 3)  # rows ceil(24 / 4), columns 40 // 4 + 1
+    assert int(image[0].sum()) == 66 and not image[1].any() and (labels[image] == -100).all()
     first = image[0].nonzero()[0, 0]
     assert ids[0, first - 1] == config.image_bos_token_id  # the image-start marker before its squares
     answered = [processor.tokenizer.decode(ids[i][labels[i] != -100], skip_special_tokens=True).strip()
@@ -78,7 +78,7 @@ def test_a_saved_snapshot_loads_back_without_torchvision(tokenizer, tmp_path):
     config.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "preprocessor_config.json").read_text())
-    assert saved["image_processor_type"] == "InklingImageProcessor" and saved["rescale_image_frac"] == 2.0
+    assert saved["image_processor_type"] == "InklingImageProcessor" and saved["rescale_image_frac"] == 0.2
     if is_torchvision_available():
         pytest.skip("with torchvision the snapshot loads as the stock classes")
     loaded = load_checkpoint_processor(str(tmp_path))

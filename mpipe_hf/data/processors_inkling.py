@@ -3,10 +3,10 @@ exists in ``transformers`` only with a torchvision backend: here its torchvision
 (:mod:`.image_processor_inkling_mm_model`, equal to the stock outputs bit for bit) under the stock
 ``InklingProcessor``.
 
-- Images: the tower's ``patch_size`` px squares of the image grown 2x with Lanczos, the growth capped at 2,048 px of
-  long edge for 40-px patches (the released checkpoints' ``rescale_image_frac`` and
-  ``rescale_image_max_upscaled_long_edge``; the cap scaled with the patch side, so a tiny tower's 4-px patches cap
-  it at 205 px); one image token a square.
+- Images: the tower's ``patch_size`` px squares of the image resized with Lanczos by the released checkpoints'
+  ``rescale_image_frac`` (2, for 40-px patches) and ``rescale_image_max_upscaled_long_edge`` (2,048 px), both
+  scaled with the patch side, so that a tower of other patches cuts a photo into the squares the released one
+  does (a tiny tower's 4-px patches: the photo shrunk to 0.2, the cap 205 px); one image token a square.
 - The processor: ``InklingProcessor`` with its default (untouched) audio feature extractor; the image, image-start,
   audio and audio-start markers are the config's ids (``image_token_id``, ``image_bos_token_id``, ...), as the
   released tokenizer's ``<|unused_200054|>``, ``<|content_image|>``, ``<|unused_200053|>`` and
@@ -51,10 +51,11 @@ _INKLING = (
 
 
 def _inkling_images(config, min_pixels: int, max_pixels: int):
-    """The tower's patch side, the image grown :data:`HUB_FRAC` times up to the hub's long edge scaled by the
-    patch side (module docstring); ``min_pixels`` / ``max_pixels`` do not apply (the checkpoints bound no area)."""
+    """The tower's patch side, the hub's resize factor and growth cap scaled by it (module docstring);
+    ``min_pixels`` / ``max_pixels`` do not apply (the checkpoints bound no area)."""
     patch = _patch(config)
-    return InklingImageProcessorNoTV(size={"height": patch, "width": patch}, rescale_image_frac=HUB_FRAC,
+    return InklingImageProcessorNoTV(size={"height": patch, "width": patch},
+                                     rescale_image_frac=HUB_FRAC * patch / HUB_PATCH,
                                      rescale_image_max_upscaled_long_edge=round(HUB_LONG_EDGE * patch / HUB_PATCH))
 
 
