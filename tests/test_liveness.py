@@ -77,7 +77,7 @@ def test_a_lost_rank_ends_every_blocked_rank(layout, lost):
     for rank in others:
         assert rank.line is not None, "a rank blocked where NCCL would keep it did not end"
         assert f"rank {lost} is lost" in rank.line
-        assert SILENCE - 2 * BEAT <= rank.ended_at - killed_at < SILENCE + 25 * BEAT  # the silence, and beats to see it
+        assert SILENCE - 2 * BEAT <= rank.ended_at - killed_at < SILENCE + 50 * BEAT  # the silence, and beats to see it
         assert "aborted" in str(rank.error)  # the abort released the blocked wait
     assert len({r.line for r in others}) == 1  # one line, the same on every rank
 
@@ -92,7 +92,7 @@ def test_an_ended_run_ends_the_blocked_ranks_within_a_beat():
     for rank in ranks:
         rank.join(10 * SILENCE)
         assert rank.line == line and "aborted" in str(rank.error)
-        assert rank.ended_at - announced_at < 25 * BEAT
+        assert rank.ended_at - announced_at < 50 * BEAT
 
 
 def test_a_rank_done_is_not_lost():
