@@ -122,8 +122,9 @@ STOCK_ONLY.update({f"inkling_mm_model{variant}": ("InklingImageProcessor", setti
                 "rescale_image_max_upscaled_long_edge": 80}),
     ("/shrunk", {"size": {"height": 8, "width": 8}, "rescale_image_frac": 0.7}))})
 # tiny_nemotron_h_omni_config: 16-px patches, a 2 x 2 pixel shuffle, 4 to 16 patches (the photos resized in float32
-# onto grids of even sides); ``shrunk``: 8-px patches, 16 to 24 (every photo shrunk under the cap, a side rounded
-# down to even); ``budget``: 4-px patches, no cap, the context length (40 tokens) giving the budget of 144 patches
+# onto grids of even sides; the data path's 12 to 49, from its pixel bounds, are image/nemotron_h_omni); ``shrunk``:
+# 8-px patches, 16 to 24 (every photo shrunk under the cap, a side rounded down to even); ``budget``: 4-px patches,
+# no cap, the context length (40 tokens) giving the budget of 144 patches
 STOCK_ONLY.update({f"nemotron_h_omni{variant}": ("NemotronH_Omni_Reasoning_V3ImageProcessor", settings)
                    for variant, settings in (
                        ("", {"patch_size": 16, "min_num_patches": 4, "max_num_patches": 16}),
