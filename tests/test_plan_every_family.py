@@ -18,15 +18,14 @@ from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.plan import estimate_profile, meta_activation_bytes, plan
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
-from common import VOCAB_RANKS  # noqa: E402
+from common import VOCAB_RANKS, tiny_configs  # noqa: E402
 
 BUILDERS = {**TINY_MODELS, **{t: b for t, b in TIMM_TINY.items() if b is not None}}
 TOKENS, IMAGE_TOKENS = 64, 16
-# the meta count does not reach these families' layers yet (each reason is what the count trips on)
-NOT_YET = {
-    "lfm3_vl": "its short-convolution layer type has no cost in models.costs",
-}
 SHARES_KV = ("gemma3n_text", "gemma4", "gemma4_unified")
+# the numerics tests' configs of the families older than the tiny_all registry (tests/dist/common.py's names)
+OLDER = ("vl", "qwen2_vl", "qwen3_vl", "llava", "llava-full", "llama", "qwen2", "qwen3-tied", "qwen3_5", "qwen3_5_moe",
+         "qwen3_vl_moe", "glm4v", "glm4v_moe")
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +33,26 @@ def tokenizer():
     return qwen2_tokenizer(VOCAB_RANKS)
 
 
-def _params() -> list:
-    return [pytest.param(name, marks=[pytest.mark.xfail(reason=NOT_YET[name], strict=True)] if name in NOT_YET
-                         else []) for name in sorted(BUILDERS)]
+@pytest.fixture(scope="module")
+def older(tokenizer):
+    configs = tiny_configs(tokenizer)
+    return {name: configs[name] for name in OLDER}
 
 
-@pytest.mark.parametrize("model_type", _params())
-def test_plan_estimate_runs_on_every_familys_tiny_config(tokenizer, model_type):
+def test_every_registered_family_has_a_config_here(older, tokenizer):
+    """The configs below cover every model type the registry splits."""
+    from mpipe_hf.models.registry import FAMILIES
+    covered = set(BUILDERS) | {c.model_type for c in older.values()}
+    assert set(FAMILIES) <= covered, sorted(set(FAMILIES) - covered)
+
+
+@pytest.mark.parametrize("model_type", sorted(BUILDERS) + list(OLDER))
+def test_plan_estimate_runs_on_every_familys_tiny_config(tokenizer, older, model_type):
     """Every rank's memory and a step time come out positive for the tiny config of each family (the timm-tower
     families where timm imports)."""
     if model_type in TIMM_TINY and importlib.util.find_spec("timm") is None:
         pytest.skip("its tower is a timm model; timm is not installed")
-    config = BUILDERS[model_type](tokenizer, num_layers=4)
+    config = older[model_type] if model_type in older else BUILDERS[model_type](tokenizer, num_layers=4)
     vision = hasattr(config, "vision_config")
     profile = estimate_profile(config, TOKENS, IMAGE_TOKENS if vision else 0)
     assert profile.layer_activation_bytes > 0 and profile.head_activation_bytes > 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import inspect
 from collections import Counter
 from dataclasses import dataclass
 
@@ -34,8 +33,8 @@ from ..models import split
 from ..models.costs import is_sparse, matmul_costs, num_experts
 from ..models.decoder import layer_types
 from ..models.load import meta_model
-from .plan_layer_inputs import (boundary_bytes, decoder_of, head_norm, head_of, kv_modes, layer_bytes, shares_kv,
-                                streams)
+from .plan_layer_inputs import (boundary_bytes, decoder_of, head_norm, head_of, kv_modes, layer_bytes, rope_of,
+                                shares_kv, streams)
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import Kind
 from ..schedule.simulate import simulate
@@ -259,13 +258,9 @@ def _count(model, text, tokens: int, layer_ids: list[int], device: str, region) 
     if section:  # M-RoPE: one row per axis (HunYuan-VL's 4)
         positions = positions.expand(len(section), 1, tokens)
     labels = torch.zeros(1, tokens, dtype=torch.long, device=device)
-    rotary = getattr(inner, "rotary_emb", None)  # Inkling's text model has none: its layers take None
-    per_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters  # Gemma 3
-    types = layer_types(text)
     with region, _experts_fallback():
-        layers = layer_bytes(inner, text, layer_ids, hidden, lambda i: None if rotary is None else rotary(
-            hidden, positions, types[i]) if per_type else rotary(hidden, positions), params, tokens,
-                             positions if positions.dim() == 2 else None)  # a stage's text positions
+        layers = layer_bytes(inner, text, layer_ids, hidden, rope_of(inner, hidden, positions, layer_types(text)),
+                             params, tokens, positions if positions.dim() == 2 else None)  # a stage's text positions
         lm_head, norm = head_of(model), head_norm(model, text)
         head = saved_bytes(lambda: model.loss_function(logits=lm_head(norm(hidden)), labels=labels,
                                                        vocab_size=text.vocab_size), params)

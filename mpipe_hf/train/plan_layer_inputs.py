@@ -76,6 +76,19 @@ def layer_bytes(inner: nn.Module, text, layer_ids: list[int], hidden: torch.Tens
     return out
 
 
+def rope_of(inner: nn.Module, hidden: torch.Tensor, positions: torch.Tensor, types: list[str]):
+    """``i -> layer i's rotary embedding`` as a stage hands it: one per layer type where the rotary module takes
+    the type (Gemma 3), ``None`` for a type it has none for (LFM3's short convolutions) and for a text model with
+    no rotary embedding (Inkling)."""
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None:
+        return lambda i: None
+    if "layer_type" not in inspect.signature(rotary.forward).parameters:
+        return lambda i: rotary(hidden, positions)
+    known = getattr(rotary, "layer_types", None)
+    return lambda i: rotary(hidden, positions, types[i]) if known is None or types[i] in known else None
+
+
 def _declared(model: nn.Module):
     """``model``'s registered family, or ``None`` (a bare HF config the cost model is asked about)."""
     from ..models import get_family
