@@ -205,6 +205,21 @@ def cell(value, fmt):
     return "n/a" if value is None else format(value, fmt)
 
 
+def mimo_summary(points):
+    """Per point, the best MIMO-style row against the best MPipe row (markdown lines)."""
+    lines = ["", "Per point: the best MIMO-style row ((n), (o)) against the best MPipe row: MPipe / MIMO = MIMO step / "
+             "MPipe step (above 1: MPipe faster; the goal: at least 0.97 at these fixed-cost points).", "",
+             "| M | P | Pf ms | best MIMO-style | step s | best MPipe step s | MPipe / MIMO |", "|---|---|---|---|---|---|---|"]
+    for rows, _, _ in points:
+        m, mode, pf = rows[0].point
+        best = {family: min((row for row in rows if row.family == family and row.measured is not None),
+                            key=lambda row: row.measured, default=None) for family in ("mimo", "mpipe")}
+        if best["mimo"] is not None and best["mpipe"] is not None:
+            lines.append(f"| {m} | {mode} | {pf:g} | {best['mimo'].name} | {best['mimo'].measured:.3f} | "
+                         f"{best['mpipe'].measured:.3f} | {best['mimo'].measured / best['mpipe'].measured:.3f} |")
+    return lines
+
+
 def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch, split, took):
     """Print (and with ``--markdown``, write) the table, the per-point summary and the runtime overheads."""
     lines = [f"R = {R}, V = {V}, body F = {F_MS:g} ms and B = {B_MS:g} ms per chunk (B_in = B_w = B / 2), P backward "
@@ -222,9 +237,6 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
                "| M | P | Pf ms | best torch | step s | best MPipe | step s | speed-up | MPipe / ideal |",
                "|---|---|---|---|---|---|---|---|---|"]
     failures = []
-    mimo_lines = ["", "Per point: the best MIMO-style row ((n), (o)) against the best MPipe row: MPipe / MIMO = MIMO "
-                  "step / MPipe step (above 1: MPipe faster; the goal: at least 0.97 at these fixed-cost points).", "",
-                  "| M | P | Pf ms | best MIMO-style | step s | best MPipe step s | MPipe / MIMO |", "|---|---|---|---|---|---|---|"]
     for rows, our_limit, ideal in points:
         m, mode, pf = rows[0].point
         lead = f"| {m} | {mode} | {pf:g} | "
@@ -232,10 +244,6 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
         base = next((row.measured for row in ran if row.name.startswith("(a)")), None)
         torch_best = min((row for row in ran if row.family == "torch"), key=lambda row: row.measured, default=None)
         mpipe_best = min((row for row in ran if row.family == "mpipe"), key=lambda row: row.measured, default=None)
-        mimo_best = min((row for row in ran if row.family == "mimo"), key=lambda row: row.measured, default=None)
-        if mimo_best is not None and mpipe_best is not None:
-            mimo_lines.append(lead + f"{mimo_best.name} | {mimo_best.measured:.3f} | {mpipe_best.measured:.3f} | "
-                              f"{mimo_best.measured / mpipe_best.measured:.3f} |")
         for row in rows:
             if row.measured is None:
                 error = row.error.replace("|", "\\|")
@@ -259,7 +267,7 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
     (t_torch, c_torch), n_torch = torch_zero
     (t_ours, c_ours), n_ours = ours_zero
     split_in, split_w, split_first = split
-    lines += summary + mimo_lines + ["", "Runtime overheads:", "",
+    lines += summary + mimo_summary(points) + ["", "Runtime overheads:", "",
                         f"- one transfer of a 4 x 64 fp32 tensor, rank 0 -> 1 and back, halved: ours (shape header and "
                         f"payload) {ours_hdr * 1e6:.0f} us, a plain fixed-shape send {plain * 1e6:.0f} us "
                         f"({(ours_hdr - plain) * 1e6:+.0f} us per transfer).",
