@@ -113,9 +113,10 @@ STOCK_ONLY.update({f"{family}{variant}": ("MuseGlimmerImageProcessor", settings)
                        ("/capped", {"patch_size": 8, "merge_size": 2, "max_image_tokens": 6}),
                        ("/flat", {"patch_size": 4, "merge_size": 2, "max_image_tokens": 40,
                                   "temporal_patch_size": 1}))})
-# tiny_inkling_config: 4-px squares, no resize (the photos cut as they are: part squares padded, a last column of
-# none); ``grown``: 8-px squares of the photos grown 1.5 times with Lanczos, the long edge capped at 80 px;
-# ``shrunk``: 8-px squares of the photos shrunk to 0.7
+# tiny_inkling_config: 4-px squares at the stock default, no resize (the photos cut as they are: part squares padded,
+# a last column of none; the data path's own setting, shrunk to 0.2, is recorded as image/inkling_mm_model);
+# ``grown``: 8-px squares of the photos grown 1.5 times with Lanczos, the long edge capped at 80 px; ``shrunk``: 8-px
+# squares of the photos shrunk to 0.7
 STOCK_ONLY.update({f"inkling_mm_model{variant}": ("InklingImageProcessor", settings) for variant, settings in (
     ("", {"size": {"height": 4, "width": 4}}),
     ("/grown", {"size": {"height": 8, "width": 8}, "rescale_image_frac": 1.5,
