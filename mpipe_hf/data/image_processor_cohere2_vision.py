@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
+from .image_torch_ops import PilBackendAsStock
 from .video_processor import resize_frames
 
 
@@ -44,7 +44,7 @@ def tile_grid(height: int, width: int, tile: int, max_tiles: int) -> tuple[int, 
     return grids[int(np.argmin(np.where(scales < 1.0, 10e9, scales)))]
 
 
-class Cohere2VisionImageProcessorNoTV(PilBackend):
+class Cohere2VisionImageProcessorNoTV(PilBackendAsStock):
     """``Cohere2VisionImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults
     are the stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -55,12 +55,6 @@ class Cohere2VisionImageProcessorNoTV(PilBackend):
     size = {"height": 512, "width": 512}
     do_resize = do_rescale = do_normalize = do_convert_rgb = crop_to_patches = True
     min_patches, max_patches, patch_size = 1, 12, 16
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``)."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def _tiles(self, image: torch.Tensor, side: int, max_patches: int, resample) -> list[torch.Tensor]:
         """One ``uint8`` ``(3, H, W)`` image -> its tiles (and thumbnail), ``(3, side, side)`` each."""

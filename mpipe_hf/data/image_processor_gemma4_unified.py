@@ -22,12 +22,12 @@ the ``uint8`` image, torchvision's path on every CPU), the rescale the backend's
 from __future__ import annotations
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import PILImageResampling
 from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
 from transformers.processing_utils import ImagesKwargs
 
+from .image_torch_ops import PilBackendAsStock
 from .video_processor import resize_frames
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the stock class's allowed max_soft_tokens
@@ -65,7 +65,7 @@ def rescaled(image: torch.Tensor, do_rescale: bool, rescale_factor: float, do_no
     return image * rescale_factor if do_rescale else image
 
 
-class Gemma4UnifiedImageProcessorNoTV(PilBackend):
+class Gemma4UnifiedImageProcessorNoTV(PilBackendAsStock):
     """``Gemma4UnifiedImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults
     are the stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged.
 
@@ -87,12 +87,6 @@ class Gemma4UnifiedImageProcessorNoTV(PilBackend):
         super().__init__(**kwargs)
         if self.max_soft_tokens not in SOFT_TOKEN_BUDGETS:
             raise ValueError(f"`max_soft_tokens` must be one of {SOFT_TOKEN_BUDGETS}, got {self.max_soft_tokens}.")
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``)."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def _validate_preprocess_kwargs(self, **kwargs):
         kwargs["do_resize"] = False  # the size comes from the patch budget, not ``size`` (as the stock class)

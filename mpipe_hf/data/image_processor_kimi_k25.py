@@ -16,12 +16,11 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import pad_bottom_right, rescale_and_normalize
+from .image_torch_ops import PilBackendAsStock, pad_bottom_right, rescale_and_normalize
 from .video_processor import resize_frames
 
 
@@ -48,7 +47,7 @@ def navit_size(height: int, width: int, patch: int, merge: int, max_patches: int
     return (new_h, new_w), (-(-new_h // block) * block, -(-new_w // block) * block)
 
 
-class KimiK25ImageProcessorNoTV(PilBackend):
+class KimiK25ImageProcessorNoTV(PilBackendAsStock):
     """``Kimi_K25ImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults are
     the stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -60,13 +59,6 @@ class KimiK25ImageProcessorNoTV(PilBackend):
     do_resize = do_rescale = do_normalize = do_convert_rgb = True
     image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
     model_input_names = ["pixel_values", "image_grid_thw"]
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
-        snapshot loads as the stock class where torchvision is installed."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def get_number_of_image_patches(self, height: int, width: int, images_kwargs: dict | None = None) -> int:
         """Patches of an image of ``height`` x ``width`` px after padding (the processor writes one image token

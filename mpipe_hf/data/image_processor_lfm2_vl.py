@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_transforms import split_to_tiles
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
+from .image_torch_ops import PilBackendAsStock
 from .video_processor import resize_frames
 
 
@@ -74,7 +74,7 @@ def tile_grid(height: int, width: int, min_tiles: int, max_tiles: int, tile: int
     return best
 
 
-class Lfm2VlImageProcessorNoTV(PilBackend):
+class Lfm2VlImageProcessorNoTV(PilBackendAsStock):
     """``Lfm2VlImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults are the
     stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -89,13 +89,6 @@ class Lfm2VlImageProcessorNoTV(PilBackend):
     image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
     valid_kwargs = Lfm2VlNoTVKwargs
     model_input_names = ["pixel_values", "pixel_attention_mask", "spatial_shapes"]
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
-        snapshot loads as the stock class where torchvision is installed."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def _tiles(self, image: torch.Tensor, o: dict) -> tuple[list[torch.Tensor], list[int], list[int]]:
         """One ``uint8`` ``(3, H, W)`` image -> its resized tiles (``(3, h, w)`` each), ``[rows, columns]`` and

@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_transforms import split_to_tiles
 from transformers.image_utils import PILImageResampling, SizeDict
 from transformers.processing_utils import ImagesKwargs
 
+from .image_torch_ops import PilBackendAsStock
 from .video_processor import resize_frames
 
 
@@ -65,7 +65,7 @@ def fit_without_distortion(height: int, width: int, target_h: int, target_w: int
     return target_h, min(math.floor(width * scale_h), target_w)
 
 
-class Llama4ImageProcessorNoTV(PilBackend):
+class Llama4ImageProcessorNoTV(PilBackendAsStock):
     """``Llama4ImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults are the
     stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -79,13 +79,6 @@ class Llama4ImageProcessorNoTV(PilBackend):
     resize_to_max_canvas = False
     valid_kwargs = Llama4NoTVKwargs
     model_input_names = ["pixel_values"]
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
-        snapshot loads as the stock class where torchvision is installed."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def get_number_of_image_patches(self, height: int, width: int, images_kwargs: dict | None = None) -> int:
         """Tiles of an image of ``height`` x ``width`` px, the global tile included when there is more than one

@@ -22,12 +22,11 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import rescale_and_normalize
+from .image_torch_ops import PilBackendAsStock, rescale_and_normalize
 from .video_processor import resize_frames
 
 
@@ -101,7 +100,7 @@ def navit_patches(view: torch.Tensor, patch: int) -> torch.Tensor:
     return x.reshape(channels, patch, -1)
 
 
-class MiniCPMOcrImageProcessorNoTV(PilBackend):
+class MiniCPMOcrImageProcessorNoTV(PilBackendAsStock):
     """``MiniCPMOcrImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults are
     the stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -113,13 +112,6 @@ class MiniCPMOcrImageProcessorNoTV(PilBackend):
     max_slice_nums, scale_resolution, patch_size = 9, 448, 14
     downsample_mode, small_image_upsize = "4x", "always"
     model_input_names = ["pixel_values", "target_sizes"]
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
-        snapshot loads as the stock class where torchvision is installed."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def _validate_preprocess_kwargs(self, **kwargs):
         """The base checks less ``do_resize``'s need of a ``size`` (the sizes come from ``scale_resolution``), as

@@ -15,13 +15,12 @@ backend's fused step), and the patches in ``merge_size`` x ``merge_size`` window
 from __future__ import annotations
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling, SizeDict
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import rescale_and_normalize
+from .image_torch_ops import PilBackendAsStock, rescale_and_normalize
 from .video_processor import resize_frames
 
 
@@ -47,7 +46,7 @@ def patchify(image: torch.Tensor, patch: int, merge: int, frames: int) -> torch.
     return x.reshape(rows * cols, channels * frames * patch * patch)
 
 
-class MiniMaxM3VLImageProcessorNoTV(PilBackend):
+class MiniMaxM3VLImageProcessorNoTV(PilBackendAsStock):
     """``MiniMaxM3VLImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults
     are the stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -71,12 +70,6 @@ class MiniMaxM3VLImageProcessorNoTV(PilBackend):
         if (most := kwargs.pop("max_pixels", None)) is not None:
             size["longest_edge"] = most
         super().__init__(size=size, **kwargs)
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``)."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def get_number_of_image_patches(self, height: int, width: int, images_kwargs: dict | None = None) -> int:
         """Patches of an image of ``height`` x ``width`` px (``MiniMaxM3VLProcessor`` divides by ``merge_size **

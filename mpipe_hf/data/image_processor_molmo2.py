@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling, SizeDict
 from transformers.models.molmo2.image_processing_molmo2 import (Molmo2ImageProcessor, Molmo2ImageProcessorKwargs,
                                                                 arange_for_pooling, batch_pixels_to_patches,
                                                                 compute_crop_geometry)
 
-from .image_torch_ops import rescale_and_normalize
+from .image_torch_ops import PilBackendAsStock, rescale_and_normalize
 from .video_processor import MODES
 
 
@@ -47,7 +46,7 @@ def resize_through_float(image: torch.Tensor, height: int, width: int, resample)
     return out.round().clamp(0, 255).to(image.dtype).reshape(*image.shape[:-2], height, width)
 
 
-class Molmo2ImageProcessorNoTV(PilBackend):
+class Molmo2ImageProcessorNoTV(PilBackendAsStock):
     """``Molmo2ImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults are
     the stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -61,12 +60,6 @@ class Molmo2ImageProcessorNoTV(PilBackend):
     max_crops, overlap_margins, patch_size, pooling_size = 8, [4, 4], 14, [2, 2]
     get_number_of_image_patches = Molmo2ImageProcessor.get_number_of_image_patches
     get_image_grid_and_crops = Molmo2ImageProcessor.get_image_grid_and_crops
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``)."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def _views(self, image: torch.Tensor, crop: int, patch: int, margins, max_crops: int, resample,
                normalize) -> tuple[torch.Tensor, torch.Tensor, int, int]:

@@ -19,12 +19,12 @@ import itertools
 import math
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
 from .image_processor_gemma4_unified import rescaled
+from .image_torch_ops import PilBackendAsStock
 from .video_processor import resize_frames
 
 
@@ -66,7 +66,7 @@ def temporal_patches(image: torch.Tensor, patch: int, temporal: int) -> torch.Te
     return patches.unsqueeze(2).expand(-1, -1, temporal, -1, -1, -1).reshape(rows * cols, -1)
 
 
-class MuseGlimmerImageProcessorNoTV(PilBackend):
+class MuseGlimmerImageProcessorNoTV(PilBackendAsStock):
     """``MuseGlimmerImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults
     are the stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -80,12 +80,6 @@ class MuseGlimmerImageProcessorNoTV(PilBackend):
     rescale_factor = 1 / 255
     image_mean, image_std = IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD
     patch_size, temporal_patch_size, merge_size, max_image_tokens = 14, 2, 2, 4096
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``)."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def _validate_preprocess_kwargs(self, **kwargs):
         kwargs["do_resize"] = False  # the size comes from the token cap, not ``size`` (as the stock class)

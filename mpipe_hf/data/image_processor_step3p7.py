@@ -18,16 +18,15 @@ per image, padded with ``False``: a newline after each row of windows but the la
 from __future__ import annotations
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 from transformers.models.step3p7.image_processing_step3p7 import Step3p7ImageProcessor, Step3p7ImageProcessorKwargs
 
-from .image_torch_ops import rescale_and_normalize
+from .image_torch_ops import PilBackendAsStock, rescale_and_normalize
 from .video_processor import resize_frames
 
 
-class Step3p7ImageProcessorNoTV(PilBackend):
+class Step3p7ImageProcessorNoTV(PilBackendAsStock):
     """``Step3p7ImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults are
     the stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -43,12 +42,6 @@ class Step3p7ImageProcessorNoTV(PilBackend):
     _is_extreme_aspect = staticmethod(Step3p7ImageProcessor._is_extreme_aspect)
     _plan_patches = Step3p7ImageProcessor._plan_patches
     get_number_of_image_patches = Step3p7ImageProcessor.get_number_of_image_patches
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``)."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def _views(self, image: torch.Tensor, side: int, patch_size: int, resample) -> tuple[torch.Tensor, list, int,
                                                                                          int]:

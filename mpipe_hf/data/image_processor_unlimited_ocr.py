@@ -17,12 +17,11 @@ bicubic on the ``uint8`` image). Outputs: ``pixel_values`` ``(images, 3, side, s
 from __future__ import annotations
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import pad_to_square, rescale_and_normalize
+from .image_torch_ops import PilBackendAsStock, pad_to_square, rescale_and_normalize
 from .video_processor import resize_frames
 
 
@@ -55,7 +54,7 @@ def tile_grid(height: int, width: int, tile: int, min_tiles: int, max_tiles: int
     return best
 
 
-class UnlimitedOcrImageProcessorNoTV(PilBackend):
+class UnlimitedOcrImageProcessorNoTV(PilBackendAsStock):
     """``UnlimitedOcrImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults
     are the stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -68,13 +67,6 @@ class UnlimitedOcrImageProcessorNoTV(PilBackend):
     min_patches, max_patches, tile_size, maximum_pad_value = 2, 32, 640, 640
     background_color = [127, 127, 127]
     model_input_names = ["pixel_values", "num_local_patches", "patches_grid"]
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
-        snapshot loads as the stock class where torchvision is installed."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def get_number_of_image_patches(self, height: int, width: int, images_kwargs: dict | None = None) -> int:
         """Views of an image of ``height`` x ``width`` px: the global one and its tiles."""

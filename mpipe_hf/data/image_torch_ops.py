@@ -1,10 +1,25 @@
 """Steps shared by the torch-operation image processors (the stand-ins for stock classes that exist only with a
-torchvision backend): the backend's fused rescale and normalisation, and zero or colour padding of ``uint8``
-images."""
+torchvision backend): their base class, which saves its settings under the stock class's name, the backend's fused
+rescale and normalisation, and zero or colour padding of ``uint8`` images."""
 
 from __future__ import annotations
 
 import torch
+from transformers.image_processing_backends import PilBackend
+
+
+class PilBackendAsStock(PilBackend):
+    """The base of the torch-operation image processors: a subclass names the stock class it stands in for
+    (``stock_class_name``), and its settings are saved as that class saves them, under its name."""
+
+    stock_class_name: str
+
+    def to_dict(self) -> dict:
+        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
+        snapshot loads as the stock class where torchvision is installed."""
+        out = super().to_dict()
+        out["image_processor_type"] = self.stock_class_name
+        return out
 
 
 def rescale_and_normalize(images: torch.Tensor, do_rescale: bool, rescale_factor: float, do_normalize: bool,
