@@ -71,3 +71,14 @@ def test_loading_the_processor_raises_the_reason_before_reading_a_checkpoint(che
     with pytest.raises(ValueError) as err:
         stock_processor("kimi_k25", checkpoint)
     assert str(err.value) == processor_problem("kimi_k25", checkpoint)
+
+
+def test_the_timm_tower_families_train_through_their_checkpoints_processor():
+    """FastVLM, Perception-LM and Gemma 3n (exact by ``scripts/check_timm_families.py``) have no processor here:
+    their data path is the checkpoint's own, which a recipe without ``model.name_or_path`` cannot give (named);
+    decoder-only types need none."""
+    for model_type in ("fast_vlm", "perception_lm", "gemma3n"):
+        assert needs_stock_processor(model_type) and model_type not in PROCESSOR_TYPES
+        assert "model.name_or_path" in processor_problem(model_type, None) or not is_torchvision_available()
+    assert processor_problem("gemma3n", "some/checkpoint") is None  # a PIL backend: no torchvision needed
+    assert not any(needs_stock_processor(t) for t in ("gemma3n_text", "mistral4"))

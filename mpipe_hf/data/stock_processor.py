@@ -1,14 +1,15 @@
-"""The stock processor of a family whose image processor exists in ``transformers`` only with a torchvision
-backend and that mpipe_hf has no torchvision-free version of (none today: Llama 4, LFM2-VL and Cohere2-Vision have
-theirs, :mod:`.processors_torch_op_images`, Kimi K2.5, MiniCPM-OCR and Unlimited-OCR theirs,
-:mod:`.processors_kimi_ocr`, Molmo2, Step3p7 and MiniMax-M3-VL theirs, :mod:`.processors_molmo2_step3p7_minimax`,
-Gemma 4 Unified, Muse Glimmer and Muse Spark theirs, :mod:`.processors_gemma4_unified_muse`, Inkling its own,
-:mod:`.processors_inkling`, and Nemotron-H Omni its own, :mod:`.processors_nemotron_h_omni`).
+"""The stock processor of a vision-language family that mpipe_hf has no processor of: the timm-tower families
+(FastVLM, Perception-LM, Gemma 3n), whose towers need torchvision and timm anyway. Every family whose stock image
+processor exists in ``transformers`` only with a torchvision backend has a torchvision-free one here (Llama 4,
+LFM2-VL and Cohere2-Vision, :mod:`.processors_torch_op_images`; Kimi K2.5, MiniCPM-OCR and Unlimited-OCR,
+:mod:`.processors_kimi_ocr`; Molmo2, Step3p7 and MiniMax-M3-VL, :mod:`.processors_molmo2_step3p7_minimax`;
+Gemma 4 Unified, Muse Glimmer and Muse Spark, :mod:`.processors_gemma4_unified_muse`; Inkling,
+:mod:`.processors_inkling`; Nemotron-H Omni, :mod:`.processors_nemotron_h_omni`).
 
-Where torchvision imports, training uses the checkpoint's own processor (``AutoProcessor`` over the
-checkpoint's files, with its chat template); where it does not, :func:`processor_problem` says so before any
-process starts (``mpipe-hf check`` and ``train``), naming the fix.
-"""
+Training uses the checkpoint's own processor (``AutoProcessor`` over the checkpoint's files, with its chat
+template); where its stock image processor needs torchvision and torchvision does not import, or there is no
+checkpoint, :func:`processor_problem` says so before any process starts (``mpipe-hf check`` and ``train``),
+naming the fix."""
 
 from __future__ import annotations
 
@@ -20,11 +21,23 @@ def stock_image_backends(model_type: str) -> dict:
     return dict(names) if isinstance(names, dict) else {}
 
 
+def _has_vision_tower(model_type: str) -> bool:
+    """Whether transformers' default config of ``model_type`` has a vision tower (``vision_config``)."""
+    from transformers import AutoConfig
+    try:
+        return getattr(AutoConfig.for_model(model_type), "vision_config", None) is not None
+    except (KeyError, ValueError, ImportError, TypeError):
+        return False
+
+
 def needs_stock_processor(model_type: str) -> bool:
-    """Whether the family has no processor here (:data:`~.processor.PROCESSOR_TYPES`) and its stock image
-    processor only a torchvision backend."""
+    """Whether the family has no processor here (:data:`~.processor.PROCESSOR_TYPES`) but one in transformers: a
+    stock image processor, or a vision tower whose checkpoint names its processor (FastVLM's and Gemma 3n's, whose
+    timm towers need torchvision anyway; Perception-LM's, torchvision only)."""
     from .processor import PROCESSOR_TYPES
-    return model_type not in PROCESSOR_TYPES and set(stock_image_backends(model_type)) == {"torchvision"}
+    if model_type in PROCESSOR_TYPES:
+        return False
+    return bool(stock_image_backends(model_type)) or _has_vision_tower(model_type)
 
 
 def processor_problem(model_type: str, checkpoint: str | None) -> str | None:
@@ -34,8 +47,9 @@ def processor_problem(model_type: str, checkpoint: str | None) -> str | None:
     if not needs_stock_processor(model_type):
         return None
     from transformers.utils import is_torchvision_available
-    name = stock_image_backends(model_type)["torchvision"]
-    if not is_torchvision_available():
+    backends = stock_image_backends(model_type)
+    name = backends.get("torchvision") or next(iter(backends.values()), "the one its files name")
+    if set(backends) == {"torchvision"} and not is_torchvision_available():
         return (f"model_type {model_type!r}: its stock image processor ({name}) exists in transformers only with "
                 f"torchvision, which does not import here, and mpipe_hf has no torchvision-free one for it; "
                 f"install torchvision (pip install torchvision, the release paired with your torch)")

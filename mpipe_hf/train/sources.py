@@ -84,7 +84,7 @@ def load_processor(recipe: Recipe, config):
     (:mod:`~mpipe_hf.data.stock_processor`) gets the recipe's ``model.tokenizer`` and pixel bounds over it too."""
     from ..data.processors_torch_op_images import checkpoint_image_processor
     from ..data.stock_processor import needs_stock_processor, stock_processor
-    if is_vision_language(config) and needs_stock_processor(config.model_type):  # the stock one (torchvision)
+    if is_vision_language(config) and needs_stock_processor(config.model_type):  # the checkpoint's own
         return stock_processor(config.model_type, recipe.model.name_or_path, recipe.model.tokenizer,
                                **pixel_settings(recipe, config))
     tokenizer = AutoTokenizer.from_pretrained(recipe.model.tokenizer_dir)
