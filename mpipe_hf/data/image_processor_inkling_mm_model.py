@@ -21,13 +21,12 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 from transformers.utils.constants import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-from .image_torch_ops import rescale_and_normalize
+from .image_torch_ops import PilBackendAsStock, rescale_and_normalize
 from .video_processor import resize_frames
 
 PAD_VALUE = -1.0  # what the stock class pads a part square with, before rescaling
@@ -76,7 +75,7 @@ def cut_squares(image: torch.Tensor, side: int) -> torch.Tensor:
                                                                                          side, side)
 
 
-class InklingImageProcessorNoTV(PilBackend):
+class InklingImageProcessorNoTV(PilBackendAsStock):
     """``InklingImageProcessor``'s outputs without torchvision (module docstring); its settings and defaults are the
     stock class's, so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
 
@@ -90,13 +89,6 @@ class InklingImageProcessorNoTV(PilBackend):
     rescale_image_frac = None
     rescale_image_max_upscaled_long_edge = 2048
     model_input_names = ["pixel_values", "num_patches"]
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
-        snapshot loads as the stock class where torchvision is installed."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def _validate_preprocess_kwargs(self, do_resize=None, size=None, **kwargs):
         """The stock class's checks: ``do_resize`` may not be ``False`` and ``size`` must be square.

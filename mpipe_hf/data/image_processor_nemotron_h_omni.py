@@ -19,12 +19,11 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers.image_processing_backends import PilBackend
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import rescale_and_normalize
+from .image_torch_ops import PilBackendAsStock, rescale_and_normalize
 from .video_processor import resize_frames
 
 
@@ -72,7 +71,7 @@ def patch_budget(images: int, merge: int, min_patches: int, max_patches: int, ma
     return max(budget, min_patches)
 
 
-class NemotronHOmniImageProcessorNoTV(PilBackend):
+class NemotronHOmniImageProcessorNoTV(PilBackendAsStock):
     """``NemotronH_Omni_Reasoning_V3ImageProcessor``'s outputs without torchvision (module docstring); its settings
     and defaults are the stock class's (the released checkpoints' ``norm_mean`` / ``norm_std`` read as the mean
     and std, as there), so a checkpoint's ``preprocessor_config.json`` applies unchanged."""
@@ -93,13 +92,6 @@ class NemotronHOmniImageProcessorNoTV(PilBackend):
             kwargs.setdefault("image_std", std)
         kwargs.pop("_downsample_factor", None)
         super().__init__(**kwargs)
-
-    def to_dict(self) -> dict:
-        """The settings as the stock class saves them, named as it (``image_processor_type``), so that a saved
-        snapshot loads as the stock class where torchvision is installed."""
-        out = super().to_dict()
-        out["image_processor_type"] = self.stock_class_name
-        return out
 
     def get_number_of_image_patches(self, height: int, width: int, images_kwargs: dict | None = None,
                                     num_images: int = 1) -> int:
