@@ -227,12 +227,9 @@ def reload_check(case, fixture, carved, shards, mesh, out_dir, want):
     return out
 
 
-def failing(case, fixture, mesh, emesh, device, out_dir):
-    """Step 0 fails on one rank mid-forward (replica 0's last stage rank raises in its second call of its first
-    experts module) while its EP peer waits in that layer's all-to-all: every rank raises the first error within
-    seconds (the watchdog breaks the EP group; the pipeline's timeout is 60 s), then an evaluation and step 1 run
-    on a renewed EP group, the evaluation's loss and the step's the unsplit model's over step 1's batch."""
-    import time
+def _replica_executor(case, fixture, mesh, emesh, device):
+    """``(rank, replica, cfg, carved, shards, params, executor)``: one EP replica's split, its experts sharded over
+    the EP group and a replicated data-parallel engine, and its executor (the failure cases' set-up)."""
     rank, replica = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
     cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"])
     model = build_model(fixture, case["family"])
@@ -243,6 +240,28 @@ def failing(case, fixture, mesh, emesh, device, out_dir):
     params = carved.trainable_parameters(cfg, rank)
     executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, mesh.get_group("pp"), device,
                                 params.values(), TIMEOUT, carved.tied_parameters(cfg, rank), data_parallel=dp)
+    return rank, replica, cfg, carved, shards, params, executor
+
+
+def _reference_loss(case, fixture, pool, out_dir) -> float:
+    """The unsplit model's loss over step 1's batch, run once by rank 0 and read by every rank."""
+    path = os.path.join(out_dir, f"ref-{case['name']}.pt")
+    if dist.get_rank() == 0:
+        torch.save(reference_run(build_model(fixture, case["family"]), global_batch(case, pool, 1), order="pipeline"),
+                   path)
+    dist.barrier()
+    ref = torch.load(path, weights_only=False)  # this run's own file
+    dist.barrier()
+    return float(ref)
+
+
+def failing(case, fixture, mesh, emesh, device, out_dir):
+    """Step 0 fails on one rank mid-forward (replica 0's last stage rank raises in its second call of its first
+    experts module) while its EP peer waits in that layer's all-to-all: every rank raises the first error within
+    seconds (the watchdog breaks the EP group; the pipeline's timeout is 60 s), then an evaluation and step 1 run
+    on a renewed EP group, the evaluation's loss and the step's the unsplit model's over step 1's batch."""
+    import time
+    rank, replica, cfg, carved, shards, params, executor = _replica_executor(case, fixture, mesh, emesh, device)
     if replica == 0 and rank == PP - 1:
         module = carved.model.get_submodule(sorted(shards.names)[0].rpartition(".")[0])
         calls, forward = [0], module.forward
@@ -268,14 +287,8 @@ def failing(case, fixture, mesh, emesh, device, out_dir):
     dist.all_reduce(evaluated, group=mesh.get_group("dp"))
     loss = executor.step(loads[1]).loss
     executor.close()
-    path = os.path.join(out_dir, f"ref-{case['name']}.pt")
-    if dist.get_rank() == 0:
-        torch.save(reference_run(build_model(fixture, case["family"]), global_batch(case, pool, 1), order="pipeline"),
-                   path)
-    dist.barrier()
-    ref = torch.load(path, weights_only=False)  # this run's own file
-    dist.barrier()
-    return {"error": error, "failed_s": failed_s, "loss": loss, "ref_loss": float(ref),
+    ref = _reference_loss(case, fixture, pool, out_dir)
+    return {"error": error, "failed_s": failed_s, "loss": loss, "ref_loss": ref,
             "eval_loss": float(evaluated[0] / evaluated[1])}
 
 
@@ -286,16 +299,7 @@ def drifting(case, fixture, mesh, emesh, device, out_dir):
     after the 60 s timeout; the next step, the same on both, then runs as on one process over its batch."""
     import time
     from mpipe_hf.runtime.preload import ScheduleMismatch
-    rank, replica = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
-    cfg = ScheduleConfig(PP, case["vpp"], case["num_micro"], case["preprocess"])
-    model = build_model(fixture, case["family"])
-    carved = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
-    shards = shard_experts(carved, model.config, rank, PP, emesh["ep"], emesh["batch"])
-    dp = DataParallel(mesh["dp"], "replicate", False, (shards.params, emesh["edp"], shards.group))
-    dp.wrap(carved.stages)
-    params = carved.trainable_parameters(cfg, rank)
-    executor = PipelineExecutor(cfg, rank, carved.stages, carved.preprocess, mesh.get_group("pp"), device,
-                                params.values(), TIMEOUT, carved.tied_parameters(cfg, rank), data_parallel=dp)
+    rank, replica, cfg, carved, shards, params, executor = _replica_executor(case, fixture, mesh, emesh, device)
     pool = fixture["pools"][case["data"]]
     loads = [lambda m, s=s: global_batch(case, pool, s)[replica * cfg.num_micro + m] for s in range(2)]
     start, error, exchanged = time.perf_counter(), None, EXCHANGED[0]
@@ -306,14 +310,8 @@ def drifting(case, fixture, mesh, emesh, device, out_dir):
     failed_s, exchanged = time.perf_counter() - start, EXCHANGED[0] - exchanged
     loss = executor.step(loads[1]).loss
     executor.close()
-    path = os.path.join(out_dir, f"ref-{case['name']}.pt")
-    if dist.get_rank() == 0:
-        torch.save(reference_run(build_model(fixture, case["family"]), global_batch(case, pool, 1), order="pipeline"),
-                   path)
-    dist.barrier()
-    ref = torch.load(path, weights_only=False)  # this run's own file
-    dist.barrier()
-    return {"error": error, "failed_s": failed_s, "exchanged": exchanged, "loss": loss, "ref_loss": float(ref)}
+    ref = _reference_loss(case, fixture, pool, out_dir)
+    return {"error": error, "failed_s": failed_s, "exchanged": exchanged, "loss": loss, "ref_loss": ref}
 
 
 def watching_views(run, case, *args) -> dict:
