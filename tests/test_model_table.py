@@ -1,4 +1,4 @@
-"""Issue 38: every model type of transformers' image-text-to-text map is split exactly or refused with its reason,
+"""Every model type of transformers' image-text-to-text map is split exactly or refused with its reason,
 and docs/models.md's table is the code's."""
 
 import os
@@ -18,6 +18,16 @@ REFUSED_TYPES = sorted(t for t in image_text_types() if t not in FAMILIES)
 
 def test_the_table_in_docs_is_the_codes(capsys):
     assert model_table.main(["--check"]) == 0, capsys.readouterr().err[-2000:]
+
+
+def test_the_readme_counts_are_the_tables():
+    """README's "N model types exact in CI, M more (timm towers) by a script" is docs/models.md's count line."""
+    import re
+    with open(os.path.join(ROOT, "docs", "models.md")) as f:
+        ci, script = re.search(r"(\d+) exact \(CI\), (\d+) exact \(script\)", f.read()).groups()
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    assert f"{ci} model types exact in CI, {script} more" in readme, (ci, script)
 
 
 def test_every_mapped_type_has_a_row_and_a_status():
