@@ -21,7 +21,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 from transformers.processing_utils import ImagesKwargs
 
 from .image_torch_ops import PilBackendAsStock, rescale_and_normalize
-from .video_processor import resize_frames
+from .video_processor import patchify, resize_frames
 
 
 class MiniMaxM3VLNoTVKwargs(ImagesKwargs, total=False):
@@ -33,17 +33,6 @@ class MiniMaxM3VLNoTVKwargs(ImagesKwargs, total=False):
     patch_size: int
     temporal_patch_size: int
     merge_size: int
-
-
-def patchify(image: torch.Tensor, patch: int, merge: int, frames: int) -> torch.Tensor:
-    """A normalised ``(3, H, W)`` image -> ``(H / patch * W / patch, 3 * frames * patch * patch)``: its patches
-    in ``merge`` x ``merge`` windows row by row, each patch ``(3, patch, patch)`` repeated over ``frames``."""
-    channels, height, width = image.shape
-    rows, cols = height // patch, width // patch
-    x = image.reshape(channels, rows // merge, merge, patch, cols // merge, merge, patch)
-    x = x.permute(1, 4, 2, 5, 0, 3, 6)  # windows, then the patch in its window, then (3, patch, patch)
-    x = x.unsqueeze(5).expand(-1, -1, -1, -1, -1, frames, -1, -1)
-    return x.reshape(rows * cols, channels * frames * patch * patch)
 
 
 class MiniMaxM3VLImageProcessorNoTV(PilBackendAsStock):
@@ -101,7 +90,9 @@ class MiniMaxM3VLImageProcessorNoTV(PilBackendAsStock):
                                             size.shortest_edge, size.longest_edge)
                 image = resize_frames(image, new_h, new_w, resample)
             normalized = rescale_and_normalize(image, do_rescale, rescale_factor, do_normalize, image_mean, image_std)
-            patches.append(patchify(normalized, patch_size, merge_size, temporal_patch_size))
+            # one frame repeated temporal_patch_size times: Qwen2-VL's video patches of a one-frame clip
+            clip = normalized[None, None].expand(-1, temporal_patch_size, -1, -1, -1)
+            patches.append(patchify(clip, patch_size, merge_size, temporal_patch_size)[0][0])
             grids.append([1, image.shape[-2] // patch_size, image.shape[-1] // patch_size])
         return BatchFeature(data={"pixel_values": torch.cat(patches), "image_grid_thw": torch.tensor(grids)},
                             tensor_type=return_tensors)
