@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
-    """The demo (``scripts/make_demo.py``: the tiny Qwen2.5-VL checkpoint and its conversation rows), built once
+    """The demo (``scripts/make/make_demo.py``: the tiny Qwen2.5-VL checkpoint and its conversation rows), built once
     for the whole run: tests read it and write elsewhere (about 10 s a build). Under pytest-xdist the workers
     share one build, in the run's own base folder (the first worker builds it under a file lock)."""
     from filelock import FileLock
@@ -25,7 +25,7 @@ def demo(tmp_path_factory):
     out = shared / "demo"
     with FileLock(str(shared / "demo.lock")):
         if not (out / "built").is_file():
-            runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))["main"]([str(out)])
+            runpy.run_path(os.path.join(ROOT, "scripts", "make", "make_demo.py"))["main"]([str(out)])
             (out / "built").touch()
     return str(out)
 

@@ -177,7 +177,7 @@ def test_zero1_accounting():
 
 
 def test_script_prints_a_table_from_a_measured_profile(tmp_path, capsys):
-    """``scripts/sim_at_scale.py --profile`` reads a profile YAML as ``mpipe-hf profile`` writes it (here one
+    """``scripts/bench/sim_at_scale.py --profile`` reads a profile YAML as ``mpipe-hf profile`` writes it (here one
     built from the figures, its layer time doubled) and the config for the parameter counts."""
     config = small_config()
     config.save_pretrained(tmp_path)
@@ -186,7 +186,8 @@ def test_script_prints_a_table_from_a_measured_profile(tmp_path, capsys):
                                Cluster(), pp_size=2).profile
     profile = dataclasses.replace(profile, layer_forward_s=1e-3, layer_backward_s=2e-3)
     profile.save(str(tmp_path / "profile.yaml"))
-    spec = importlib.util.spec_from_file_location("sim_at_scale", os.path.join(ROOT, "scripts", "sim_at_scale.py"))
+    path = os.path.join(ROOT, "scripts", "bench", "sim_at_scale.py")
+    spec = importlib.util.spec_from_file_location("sim_at_scale", path)
     script = importlib.util.module_from_spec(spec)
     sys.modules["sim_at_scale"] = script  # its dataclasses look their module up
     spec.loader.exec_module(script)

@@ -1,4 +1,4 @@
-"""The CI subset of the fault suite (``scripts/fault_suite.py``, issue 14): real runs of the demo model broken
+"""The CI subset of the fault suite (``scripts/check/fault_suite.py``, issue 14): real runs of the demo model broken
 on purpose, each checked against an uninterrupted run, bit for bit (``restart``, ``preempt`` and
 ``preempt-in-save`` with ``MPIPE_HF_FULL=1``).
 
@@ -20,7 +20,7 @@ on purpose, each checked against an uninterrupted run, bit for bit (``restart``,
 The other cases (``kill``: the same kill without restarts, stopping with one line that names the lost rank and
 resumed by hand; ``kill-in-save``: rank 0 killed while it writes a checkpoint, the previous one loading and the
 resume exact (a save cut short in CI: ``disk-full``, and the atomic rename in ``tests/test_resume.py``); every bad row, NaN at every step, an output directory that is not writable, the recipe table)
-run in ``python scripts/fault_suite.py``; the recipe table and the bad rows are also unit-tested
+run in ``python scripts/check/fault_suite.py``; the recipe table and the bad rows are also unit-tested
 (``tests/test_recipe_schema.py``, ``tests/test_conversation.py``).
 """
 
@@ -30,7 +30,7 @@ import runpy
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUITE = runpy.run_path(os.path.join(ROOT, "scripts", "fault_suite.py"))
+SUITE = runpy.run_path(os.path.join(ROOT, "scripts", "check", "fault_suite.py"))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def suite(demo, tmp_path_factory):
 
 
 # restart, preempt and preempt-in-save (each a minute or more) run with MPIPE_HF_FULL=1 and in
-# scripts/fault_suite.py; CI stops every rank on a signal in tests/test_preempt.py and saves and stops a preempted
+# scripts/check/fault_suite.py; CI stops every rank on a signal in tests/test_preempt.py and saves and stops a preempted
 # MPipeTrainer in tests/test_hf_trainer.py
 FULL = os.environ.get("MPIPE_HF_FULL") == "1"
 

@@ -232,13 +232,13 @@ def test_other_families(tokenizer, tmp_path, family, video):
     assert loaded.chat_template == template
 
 
-# One family a group, in CI (each its tiny checkpoint as scripts/make_tiny_models.py writes it); every exact family
+# One family a group, in CI (each its tiny checkpoint as scripts/make/make_tiny_models.py writes it); every exact family
 # with a vision tower in the full suite. Most of these failed here before: AutoProcessor reached a video processor
 # that needs torchvision (Gemma 4, GLM-4.6V, EXAONE 4.5, Video-LLaVA), or read a processor's defaults instead of the
 # checkpoint's (Aria, Janus: token counts the model does not produce; GOT-OCR2: nested images refused).
 GENERATE_GROUPS = {"qwen-like": "exaone4_5", "llava-like": "video_llava", "gemma": "gemma4", "glm": "glm46v",
                    "idefics": "idefics3", "internvl-deepseek-ocr": "got_ocr2", "newer": "aria"}
-TINY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "make_tiny_models.py")
+TINY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "make", "make_tiny_models.py")
 
 
 def exact_vision_types() -> list[str]:

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py on the CPU (issue 37): one table with every row; the rows that can run on a CPU pass (the
+"""scripts/check/gpu_check.py on the CPU (issue 37): one table with every row; the rows that can run on a CPU pass (the
 wire loopback, the split against the unsplit model, FSDP2 on a one-rank mesh, bf16 saved bytes, swap), the
 sync-debug rows run their step and say n/a, the CUDA-only rows say n/a; and a row broken on purpose
 (``--break``) makes the exit status non-zero and is named. The CUDA paths themselves run only where there is a GPU
@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.py")
+SCRIPT = os.path.join(ROOT, "scripts", "check", "gpu_check.py")
 TINY = ["--device", "cpu", "--hidden", "64", "--layers", "2", "--vocab", "256", "--tokens", "16", "--micro", "2",
         "--steps", "2"]
 ROWS = ["sync-debug qwen2.5-vl identity", "sync-debug qwen2.5-vl frozen", "sync-debug qwen2.5-vl trainable",

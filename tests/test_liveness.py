@@ -7,7 +7,7 @@ a lost peer): in an all-to-all inside a stage, in the step's host read, or in ``
 those of the runs: pp (2 ranks), dp x pp and ep x pp (4 ranks; the liveness is the world's, so what differs is
 where each rank is blocked). A killed rank stops beating without writing ``done``; a stopped one (``SIGSTOP``) is
 the same to its peers. Periods are scaled down (beats of 20 ms, a silence of 0.3 s); the real ones are checked
-against the targets by :func:`test_silence_meets_the_targets`, and real processes by ``scripts/fault_suite.py``'s
+against the targets by :func:`test_silence_meets_the_targets`, and real processes by ``scripts/check/fault_suite.py``'s
 ``nccl-kill`` and ``nccl-stop`` cases.
 """
 

@@ -94,7 +94,7 @@ def test_checkpoint_errors_name_the_tensor(configs, tmp_path):
 @pytest.fixture(scope="module")
 def checkpoint_1b(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("qwen2_5_vl_1b"))
-    runpy.run_path(os.path.join(ROOT, "scripts", "make_1b.py"))["main"]([out, "--zeros"])
+    runpy.run_path(os.path.join(ROOT, "scripts", "make", "make_1b.py"))["main"]([out, "--zeros"])
     return out
 
 
@@ -196,7 +196,7 @@ def test_cost_balanced_layout_beats_count_balanced_on_the_demo_profile():
     assert list(by_cost.layers_per_stage) == profile_layers(profile, cfg)
     assert by_cost.step_s < 0.97 * by_count.step_s, (by_cost, by_count)
     # the demo recipe's default layout, balanced by the config's matmul sizes, is as fast as the profile's own
-    make_demo = runpy.run_path(os.path.join(ROOT, "scripts", "make_demo.py"))
+    make_demo = runpy.run_path(os.path.join(ROOT, "scripts", "make", "make_demo.py"))
     config = tiny.tiny_qwen2_5_vl_config(qwen2_tokenizer(make_demo["DEMO_RANKS"]), num_layers=make_demo["DEMO_LAYERS"],
                                          vision_depth=4)
     default = predict(profile, cfg, get_family(config.model_type).layer_counts(config, cfg))

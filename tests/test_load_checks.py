@@ -35,7 +35,7 @@ OLDER = {"qwen2_vl": tiny.tiny_qwen2_vl_config, "qwen2_5_vl": tiny.tiny_qwen2_5_
          "qwen3_5": tiny.tiny_qwen3_5_config, "qwen3_5_moe": lambda t, **k: tiny.tiny_qwen3_5_config(t, moe=True, **k),
          "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": lambda t, **k: tiny.tiny_glm4v_config(t, moe=True, **k),
          "llava": tiny.tiny_llava_config}
-# the timm-tower families (no processor here: skipped below by name; scripts/check_timm_families.py checks them)
+# the timm-tower families (no processor here: skipped below by name; scripts/check/check_timm_families.py checks them)
 BUILDERS = {**OLDER, **TINY_MODELS, **TIMM_TINY}
 # decoder-only language models: no tower, no image token, nothing to count
 NO_IMAGES = sorted(t for t, family in FAMILIES.items() if not getattr(family, "vision", ()))
@@ -187,14 +187,14 @@ def test_a_timm_tower_type_without_timm_fails_at_load_naming_timm_and_torchvisio
 
     from mpipe_hf.models.materialize import meta_model
     if importlib.util.find_spec("timm") is not None:
-        pytest.skip("timm is installed: scripts/check_timm_families.py checks these types")
+        pytest.skip("timm is installed: scripts/check/check_timm_families.py checks these types")
     with pytest.raises(ImportError, match=f"{model_type}.*timm and torchvision"):
         meta_model(BUILDERS[model_type](tokenizer, num_layers=1))
 
 
 def _stand_in_gemma3n(config, grid: tuple[int, int]):
     """What Gemma 3n's load-time check reads of the model: its config and its timm tower's multi-scale fusion
-    adapter's output grid (the real tower needs timm to build: scripts/check_timm_families.py checks it there)."""
+    adapter's output grid (the real tower needs timm to build: scripts/check/check_timm_families.py checks it there)."""
     from types import SimpleNamespace
     msfa = SimpleNamespace(output_resolution=grid)
     return SimpleNamespace(config=config, model=SimpleNamespace(

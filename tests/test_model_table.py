@@ -10,7 +10,7 @@ from mpipe_hf.models import FAMILIES, get_family
 from mpipe_hf.models.coverage import REFUSED, image_text_types, refusal
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "report"))
 import model_table  # noqa: E402
 
 REFUSED_TYPES = sorted(t for t in image_text_types() if t not in FAMILIES)

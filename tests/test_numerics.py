@@ -4,7 +4,7 @@
   the first T text layers, text layers of Llama and Qwen2, identity), frozen and trainable, overflow full and
   min, owner-backward, less_memory, R in {2, 3, 4}, V in {1, 2, 3}, M < R, M not a multiple of R, M = 2R, ragged
   VL batches and whole steps without an image, 3 AdamW steps, gradient accumulation over two schedule runs. The
-  full grid is ``python scripts/grad_matrix.py``.
+  full grid is ``python scripts/check/grad_matrix.py``.
 - Model families (issue 4): Qwen2.5-VL, Qwen2-VL, Qwen3-VL (DeepStack layers relayed across ranks), LLaVA (two
   feature-layer/strategy settings), Llama, Qwen2 and Qwen3 with tied embeddings, each at R = 2, V = 2, frozen
   and trainable, 2 AdamW steps, then saved and reloaded with ``from_pretrained``.

@@ -27,7 +27,7 @@ def test_the_setup_line_names_the_whole_layout(dp_size, dp_shard, ep_size, engin
                                   ep_size=ep_size))
     assert line.startswith(f"mpipe_hf: qwen2_vl pp_size=2 vpp=2 dp_size={dp_size} ep_size={ep_size} "
                            f"engine={engine} M=4 "), line
-    assert " layers per stage=[2, 2]" in line, line  # what scripts/bench_packing.py reads
+    assert " layers per stage=[2, 2]" in line, line  # what scripts/bench/bench_packing.py reads
 
 
 def test_rows_left_out_are_counted_by_reason():

@@ -13,7 +13,7 @@ def test_demo_gantt_help_and_default_output(tmp_path):
     """``--help`` prints the usage (no file named ``--help``, no traceback); with no argument the picture goes to
     ``gantt.png`` in the working directory, never over the tracked ``docs/gantt.png``."""
     pytest.importorskip("matplotlib")
-    script = os.path.join(ROOT, "scripts", "demo_gantt.py")
+    script = os.path.join(ROOT, "scripts", "report", "demo_gantt.py")
     tracked = os.path.join(ROOT, "docs", "gantt.png")
     before = os.path.getmtime(tracked)
     help_run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, cwd=tmp_path,
@@ -26,10 +26,10 @@ def test_demo_gantt_help_and_default_output(tmp_path):
 
 @pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="about 60 s: the full suite (MPIPE_HF_FULL=1)")
 def test_bench_compute_runs_its_schedules_at_tiny_size(tmp_path):
-    """``scripts/bench_compute.py --tiny --skip-packing`` (issue 41): MPipe and torch's schedules over real
+    """``scripts/bench/bench_compute.py --tiny --skip-packing`` (issue 41): MPipe and torch's schedules over real
     Qwen2.5-VL layers on 2 gloo ranks, at hidden 64 and one step a row; every row runs and the report names the
     best rows and the goal of each tower mode."""
-    script = os.path.join(ROOT, "scripts", "bench_compute.py")
+    script = os.path.join(ROOT, "scripts", "bench", "bench_compute.py")
     run = subprocess.run([sys.executable, script, "--tiny", "--skip-packing", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=ROOT, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -74,7 +74,7 @@ def test_loading_the_processor_raises_the_reason_before_reading_a_checkpoint(che
 
 
 def test_the_timm_tower_families_train_through_their_checkpoints_processor():
-    """FastVLM, Perception-LM and Gemma 3n (exact by ``scripts/check_timm_families.py``) have no processor here:
+    """FastVLM, Perception-LM and Gemma 3n (exact by ``scripts/check/check_timm_families.py``) have no processor here:
     their data path is the checkpoint's own, which a recipe without ``model.name_or_path`` cannot give (named);
     decoder-only types need none."""
     for model_type in ("fast_vlm", "perception_lm", "gemma3n"):

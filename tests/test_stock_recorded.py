@@ -1,5 +1,5 @@
 """mpipe_hf's torchvision-free image and video processors against the stock ``transformers`` classes' outputs,
-recorded with torchvision by ``scripts/record_stock_processors.py`` into ``tests/stock_processor_outputs.npz``
+recorded with torchvision by ``scripts/check/record_stock_processors.py`` into ``tests/stock_processor_outputs.npz``
 and compared here without torchvision, on any CPU (docs/design.md, "Against the stock processor").
 
 Differences are counted in ``uint8`` levels of the output (one level: ``rescale_factor / min(image_std)``, the
@@ -32,7 +32,7 @@ from mpipe_hf.data.processor import PROCESSOR_TYPES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORD = os.path.join(ROOT, "tests", "stock_processor_outputs.npz")
-SCRIPT = runpy.run_path(os.path.join(ROOT, "scripts", "record_stock_processors.py"))
+SCRIPT = runpy.run_path(os.path.join(ROOT, "scripts", "check", "record_stock_processors.py"))
 
 SLACK = 0.25  # float16 keeps values below 4 to 0.002 (0.001 below 2): at most 0.25 of the smallest level, 0.0078
 # Pillow and torch resize a uint8 image with different fixed-point weights and round once each: at most one level
@@ -113,7 +113,7 @@ def test_the_record_covers_every_replaced_processor(record):
             continue
         names = _image_cases(record, family)
         assert len(names) == 3 and all(cases[n]["ours"] == ours for n in names), (
-            f"{family}'s image processor ({ours}) is not in the record: run scripts/record_stock_processors.py "
+            f"{family}'s image processor ({ours}) is not in the record: run scripts/check/record_stock_processors.py "
             "record in the environment with torchvision (its docstring)")
     assert [n for n, c in cases.items() if "error" in c] == ["image/video_llava"]
     for family, (name, _) in SCRIPT["STOCK_ONLY"].items():  # torchvision-only stock classes, kept for a PIL version
@@ -165,11 +165,11 @@ def test_a_changed_image_processor_breaks_the_tolerances(record, change, family)
 
 
 def test_the_recording_script_starts_and_compares():
-    """``scripts/record_stock_processors.py --help`` starts without torchvision, and its ``compare`` gives the
+    """``scripts/check/record_stock_processors.py --help`` starts without torchvision, and its ``compare`` gives the
     verdicts the tests above read (two cases: one video, one image)."""
     import subprocess
     import sys
-    script = os.path.join(ROOT, "scripts", "record_stock_processors.py")
+    script = os.path.join(ROOT, "scripts", "check", "record_stock_processors.py")
     run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "usage:" in run.stdout and "compare" in run.stdout
     verdicts = SCRIPT["compare"](RECORD, ["video/qwen3_vl/sampled", "image/llava/astronaut_48x64"])

@@ -1,9 +1,9 @@
-"""The tiny family folders of ``scripts/make_tiny_models.py`` load back as hub snapshots do, their recipes in
+"""The tiny family folders of ``scripts/make/make_tiny_models.py`` load back as hub snapshots do, their recipes in
 recipes/tiny/ are what the generator writes, the Gemma 3 one and one of each family group train through ``mpipe-hf
 train`` from another working directory like one process, and a chat template of another family is refused before
 any process starts.
 
-The slow check, every family's recipe trained, is ``scripts/train_tiny_recipes.py``.
+The slow check, every family's recipe trained, is ``scripts/check/train_tiny_recipes.py``.
 """
 
 import json
@@ -23,7 +23,7 @@ from mpipe_hf.data.template_family import check_template_family, template_famili
 from mpipe_hf.data.templates import TEMPLATE_TYPES
 from train_common import EPS, ROOT, recipe_reference
 
-SCRIPT = runpy.run_path(os.path.join(ROOT, "scripts", "make_tiny_models.py"))
+SCRIPT = runpy.run_path(os.path.join(ROOT, "scripts", "make", "make_tiny_models.py"))
 GROUPS = ("glm4v", "idefics3", "aria")  # one family a group: CI trains its recipe
 BUILT = ("gemma3", "qwen2_5_vl", "qwen3") + GROUPS  # a few families: CI builds these, the script all
 
@@ -61,7 +61,7 @@ def test_tiny_folder_loads_back_with_its_processor_and_own_template(tiny, model_
 
 
 def test_recipes_on_disk_are_what_the_generator_writes(tmp_path):
-    assert SCRIPT["recipe_problems"]() == [], "run python scripts/make_tiny_models.py --recipes"
+    assert SCRIPT["recipe_problems"]() == [], "run python scripts/make/make_tiny_models.py --recipes"
     written = SCRIPT["write_recipes"](str(tmp_path))
     assert "gemma3.yaml" in written and SCRIPT["recipe_problems"](str(tmp_path)) == []
     with open(tmp_path / "gemma3.yaml", "a") as f:

@@ -27,7 +27,7 @@ from mpipe_hf.data.video_processor import QwenVideoProcessor, stock_sample_indic
 from mpipe_hf.models import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECK = runpy.run_path(os.path.join(ROOT, "scripts", "video_stock_check.py"))
+CHECK = runpy.run_path(os.path.join(ROOT, "scripts", "check", "video_stock_check.py"))
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +119,10 @@ def test_sampling_equals_the_stock_method():
 
 
 def test_outputs_equal_the_recorded_stock_outputs():
-    """The cases of scripts/video_stock_check.py against the stock classes' outputs recorded with torchvision
-    (scripts/record_stock_processors.py -> tests/stock_processor_outputs.npz), replayed here without it, bit for bit
+    """The cases of scripts/check/video_stock_check.py against the stock classes' outputs recorded with torchvision
+    (scripts/check/record_stock_processors.py -> tests/stock_processor_outputs.npz), replayed here without it, bit for bit
     on any CPU (why no tolerance: tests/test_stock_recorded.py's docstring)."""
-    record = runpy.run_path(os.path.join(ROOT, "scripts", "record_stock_processors.py"))
+    record = runpy.run_path(os.path.join(ROOT, "scripts", "check", "record_stock_processors.py"))
     meta, arrays = record["load"](os.path.join(ROOT, "tests", "stock_processor_outputs.npz"))
     names = sorted(n for n in meta["cases"] if n.startswith("qwen2_case/"))
     assert [n.split("/", 1)[1] for n in names] == sorted(case["name"] for case in CHECK["cases"]())

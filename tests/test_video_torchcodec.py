@@ -43,7 +43,7 @@ def clips(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("clips"))
     codec = "h264" if "libx264" in av.codecs_available else "mpeg4"
     out = {part["video"]: codec for part in write_clips(folder) if os.path.isfile(part["video"])}
-    frames_of = runpy.run_path(os.path.join(ROOT, "scripts", "make_demo_videos.py"))["frames_of"]
+    frames_of = runpy.run_path(os.path.join(ROOT, "scripts", "make", "make_demo_videos.py"))["frames_of"]
     for name, motion, count, size, fps in MPEG4:
         path = os.path.join(folder, f"{name}_{motion}_mpeg4.mp4")
         _mpeg4(path, frames_of(photo(name, 512), motion, count, size), fps)

@@ -133,6 +133,6 @@ def check_template_family(template, model_type: str, where: str = "the tokenizer
         f"{' (the same format as ' + ', '.join(families[1:]) + ')' if len(families) > 1 else ''}, not of "
         f"{model_type}, the model's model_type: its turns and image placeholder are not {model_type}'s, so every "
         f"image row would fail at load. Fix: point model.tokenizer at a {model_type} tokenizer (a checkpoint's; "
-        f"scripts/make_tiny_models.py writes tiny/{model_type}) or at one without a chat template (the demo's "
+        f"scripts/make/make_tiny_models.py writes tiny/{model_type}) or at one without a chat template (the demo's "
         f"demo/tokenizer), or remove its chat template (chat_template.jinja, or chat_template in "
         f"tokenizer_config.json), so that {model_type}'s own default renders the rows")

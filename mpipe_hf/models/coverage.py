@@ -1,5 +1,5 @@
 """Every model type transformers maps to ``AutoModelForImageTextToText``: split exactly, or refused with the reason
-in the user's terms (issue 38). ``docs/models.md``'s table is generated from here (``scripts/model_table.py``).
+in the user's terms (issue 38). ``docs/models.md``'s table is generated from here (``scripts/report/model_table.py``).
 
 A type is *declared* when :data:`~.registry.FAMILIES` has its declaration; it is *refused* with the reason
 :data:`REFUSED` gives (the architecture in a few words: why there is no decoder stack to cut, or what it would need

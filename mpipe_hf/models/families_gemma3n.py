@@ -7,7 +7,7 @@
   audio range, which only the audio path writes: both are ``unused`` (frozen, kept with stage 0), the front still
   applying ``embed_audio``'s table as the model's forward does. The text model runs AltUp, per-layer inputs and
   shared key/value layers across stage boundaries (:mod:`.gemma3n_altup`); the logits are soft-capped. Building
-  the model needs timm (and torchvision): ``scripts/check_timm_families.py`` checks it where both import.
+  the model needs timm (and torchvision): ``scripts/check/check_timm_families.py`` checks it where both import.
 - ``gemma3n_text`` (``Gemma3nForCausalLM``): the same text model alone, which CI checks without timm.
 """
 

@@ -25,7 +25,7 @@ FastVLM's FastViT-HD gives one token per cell of its 64 x downsampled feature ma
 tile's patches (CLS dropped), average-pooled ``projector_pooling_ratio`` x on each side; its video inputs (the same
 tower over frames, at ``video_token_id``) are refused at load. Gemma 3n (:mod:`.families_gemma3n`, a timm
 MobileNet-V5 tower and a text model with AltUp streams) is registered beside them. Their model needs timm and
-torchvision, which CI's CPU torch cannot import: ``scripts/check_timm_families.py`` checks them where both import.
+torchvision, which CI's CPU torch cannot import: ``scripts/check/check_timm_families.py`` checks them where both import.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ FAMILIES["llava_onevision"] = replace(_BASE["llava_onevision"], video_inputs=("p
 FAMILIES.update(_TV)  # the families whose processors need torchvision (their own module)
 # the families whose vision tower is a timm model (TimmWrapperModel), kept apart from FAMILIES (whose tiny models
 # every test builds): declared without importing timm, registered beside them; building their model needs timm and
-# torchvision (materialize.require_timm); scripts/check_timm_families.py checks their split where both import
+# torchvision (materialize.require_timm); scripts/check/check_timm_families.py checks their split where both import
 TIMM_FAMILIES: dict[str, Family] = {
     "fast_vlm": Family(vision=TOWER, validate=validate_counted_micro(_fastvit_tokens)),
     "perception_lm": Family(vision=TOWER, validate=refuse_modalities(VIDEOS, validate_counted_micro(_pe_tokens))),

@@ -173,7 +173,7 @@ def tiny_glm4v_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, moe
 def non_degenerate(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
     """``model`` with every floating-point parameter that its initialisation left all zeros drawn afresh from
     ``N(0, std^2)`` (a generator seeded by the parameter's name), in place (issue 38), for the tests' models and
-    the tiny folders of ``scripts/make_tiny_models.py``. transformers zero-initialises
+    the tiny folders of ``scripts/make/make_tiny_models.py``. transformers zero-initialises
     some weights (Gemma 3's ``mm_input_projection_weight``, biases, (1 + w) norms): with a zero projection the image
     features are exactly 0, every tower gradient is 0 on both sides, and a gradient check compares zero with zero.
     Gated DeltaNet's decay rates ``A_log`` (Qwen3.5), initialised to ``log U(0.01, 16)``, are drawn from

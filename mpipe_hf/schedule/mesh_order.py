@@ -13,7 +13,7 @@ pipeline's traffic, every micro-batch's activations and gradients (and MPipe's f
 owners and rank 0), or the step's data-parallel exchange of the rank's weights and gradients.
 :func:`choose_mesh_order` simulates both: the schedule's step (:func:`~.simulate.simulate`, on the pipeline's
 link in each order) plus each rank's data-parallel exchange after its last action (ring collectives,
-:meth:`~.cluster.Cluster.ring_seconds`, on the group's link), as ``scripts/sim_at_scale.py`` adds ZeRO-1's.
+:meth:`~.cluster.Cluster.ring_seconds`, on the group's link), as ``scripts/bench/sim_at_scale.py`` adds ZeRO-1's.
 Assumptions: the simulator has one link for all the pipeline's transfers, so a pipeline with any pair of ranks on
 different nodes takes InfiniBand for every transfer (conservative, as :meth:`~.cluster.Cluster.pipeline_link`);
 a data-parallel group with ranks on two nodes runs its rings at InfiniBand's pace (the slowest link of a ring);

@@ -45,7 +45,7 @@ class Costs:
         send_overhead: how long posting a send holds the sender.
         dispatch: how long every action holds its rank besides the above: the runtime's own work per action
             (its Python, hand-overs, bookkeeping); measured as a runtime's CPU time per action on stages that do
-            nothing (``scripts/bench_schedules.py``).
+            nothing (``scripts/bench/bench_schedules.py``).
         weight: the part of ``backward`` that is the weight gradient (one number, or a tuple by stage; ``None``:
             half, Zero Bubble PP's ``B = W``). In a zero-bubble schedule a ``B`` with its ``W`` costs
             ``backward - weight`` and the ``W`` costs ``weight``; a ``W`` alone (stage 0, whose inputs need no

@@ -8,7 +8,7 @@ peer it connects to, one buffer per channel and per protocol, ``NCCL_BUFFSIZE`` 
 ``peers x channels x protocols x 4 MiB`` = 24 MiB per peer. NCCL's own figures differ a little per protocol (LL's
 buffer is smaller, LL128's a little larger): this is an estimate of the right size, not a count of NCCL's
 allocations. A collective's communicator over NVLink can open more channels than two (up to NCCL's maximum),
-so for the collective groups the figure is a floor; only a GPU shows the real one (``scripts/gpu_check.py``).
+so for the collective groups the figure is a floor; only a GPU shows the real one (``scripts/check/gpu_check.py``).
 
 The communicators (:mod:`mpipe_hf.runtime.groups`): one per directed pair of pipeline ranks the rank is in (a peer
 each; :func:`~mpipe_hf.schedule.eager.pipeline_pairs`: at most 6, rank 0 ``2R - 2``), the pipeline's collective

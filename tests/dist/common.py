@@ -26,7 +26,7 @@ SENTENCES = ["The pipeline splits the model into stages.", "Each rank loads only
 PACKED_CONFIGS = ("vl", "qwen3_vl", "qwen3_5", "llava", "gemma3",  # the packed pools' families (issue 30)
                   "nemotron_h_omni")  # and Nemotron-H's Mamba-2 layers, whose state must restart at each row
 NUM_LAYERS = 12  # enough for R * V = 12 stages
-# The Qwen2 BPE cut to its first 5,120 ranks, the Qwen2 special tokens right after them (as scripts/make_demo.py
+# The Qwen2 BPE cut to its first 5,120 ranks, the Qwen2 special tokens right after them (as scripts/make/make_demo.py
 # cuts it): with all 151,643 ranks the embedding and the LM head were 19 M of a tiny model's 20 M parameters
 # and most of every case's time, and the numerics do not depend on the vocabulary's size.
 VOCAB_RANKS = 5120
@@ -106,11 +106,11 @@ CLIPS = [("astronaut", "pan", 8, (56, 56), 2, {"fps": 1}, False), ("coffee", "zo
 
 def write_clips(folder: str) -> list[dict]:
     """Short real clips (issue 39) made from the scikit-image photos as the demo makes its own
-    (``scripts/make_demo_videos.py``: a window panning, tilting or zooming over the photo, encoded with PyAV), 4
+    (``scripts/make/make_demo_videos.py``: a window panning, tilting or zooming over the photo, encoded with PyAV), 4
     to 8 frames of 56 to 84 px each (:data:`CLIPS`); the last as a folder of PNG frames. Returns a video part of
     each (``{"type": "video", "video": path, **options}``)."""
     import runpy
-    demo = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "make_demo_videos.py"))
+    demo = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "make", "make_demo_videos.py"))
     os.makedirs(folder, exist_ok=True)
     paths = []
     for name, motion, count, size, fps, options, as_frames in CLIPS:

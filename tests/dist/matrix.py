@@ -229,7 +229,7 @@ FAMILY_SPECS = [
     ("qwen3-tied", "frozen", 1, None), ("qwen3-tied", "trainable", 1, None), ("qwen3-tied", "identity", 0, None),
 ]
 # The families of issue 29, on the generic splitter: a frozen tower at T = 0 and a trainable one at T = 1 each
-# (the full family x preprocess x T grid: python scripts/grad_matrix.py --families). Qwen3.5's layout [3, 3, 3, 3] cuts
+# (the full family x preprocess x T grid: python scripts/check/grad_matrix.py --families). Qwen3.5's layout [3, 3, 3, 3] cuts
 # between linear-attention layer 2 and full-attention layer 3; Qwen3-VL-MoE's relays DeepStack features (layers
 # 0, 1) from stage 0 to stage 1; the MoE families add the load-balancing loss (HF's aux_loss in the reference),
 # once more in the HF Trainer's order (each micro's own loss, "micro"), the order MPipeTrainer picks for them.
@@ -279,7 +279,7 @@ def family_cases(specs=None, **options) -> list[dict]:
 def family_grid() -> list[dict]:
     """Every family (:data:`FAMILY_SPECS` and :data:`NEW_FAMILY_SPECS`, each with its first spec's layout) x
     frozen and trainable x ``T`` in 0, 1, identity at ``T = 0``, a zero-bubble trainable case, and each MoE family
-    in the HF Trainer's order too: ``python scripts/grad_matrix.py --families``."""
+    in the HF Trainer's order too: ``python scripts/check/grad_matrix.py --families``."""
     layouts = {}
     for config, _, _, layout in FAMILY_SPECS + NEW_FAMILY_SPECS:
         layouts.setdefault(config, layout)
@@ -367,7 +367,7 @@ def gradient_controls() -> list[dict]:
 
 def skipped_step_controls() -> list[dict]:
     """Every family (each config's first spec in :data:`FAMILY_SPECS` and :data:`NEW_FAMILY_SPECS`) with its last
-    AdamW step skipped on every rank, which the update check must catch: ``python scripts/grad_matrix.py
+    AdamW step skipped on every rank, which the update check must catch: ``python scripts/check/grad_matrix.py
     --controls``. A family whose case takes one step (``specs_new.OPTIONS``) has no update to check, and no control."""
     first = {}
     for spec in FAMILY_SPECS + NEW_FAMILY_SPECS:
@@ -386,7 +386,7 @@ UNPACKED = ("minicpmv4_7", "gemma4", "gemma4_unified", "llama4", "gemma3n_text",
 def packed_grid() -> list[dict]:
     """Every family packed (:data:`FAMILY_SPECS` and :data:`NEW_FAMILY_SPECS`' configs, each with its first
     layout, but :data:`UNPACKED`), frozen at ``T = 0`` (trainable at ``T = 1`` for a decoder-only LM) and
-    trainable at ``T = 1``: ``python scripts/grad_matrix.py --packed``."""
+    trainable at ``T = 1``: ``python scripts/check/grad_matrix.py --packed``."""
     layouts = {}
     for config, _, _, layout in FAMILY_SPECS + NEW_FAMILY_SPECS:
         if config not in UNPACKED:

@@ -74,7 +74,7 @@ ZB_CASES = [make_case("vision", 4, 2, 8, "frozen", zero_bubble=True, steps=3),
             make_case("llama-text", 2, 2, 4, "frozen", zero_bubble=True, gradient_checkpointing=True),
             make_case("vision", 2, 2, 4, "frozen", zero_bubble=True, swap="all", steps=2)] + [
     dict(case, zero_bubble=True, reload=False, name=case["name"] + "-zb") for case in family_cases(FAMILY_SPECS)
-    if case["preprocess"] == "trainable"] + [  # the new families' zero-bubble: scripts/grad_matrix.py --families
+    if case["preprocess"] == "trainable"] + [  # the new families' zero-bubble: scripts/check/grad_matrix.py --families
     dict(case, zero_bubble=True, reload=False, name=case["name"] + "-zb") for case in family_cases(
         [("qwen3_5_moe", "trainable", 1, None), ("gemma3", "trainable", 0, None),
          ("gemma3n_text", "trainable", 1, None)])]  # Gemma 3n: W's parameter groups share graph nodes

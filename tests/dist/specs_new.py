@@ -34,7 +34,7 @@ lfm3_vl``). Why the packed first step parts that projection more than the padded
 TEXT_TYPES = ("mistral4", "gemma3n_text")
 SPECS: list[tuple] = [
     ("mistral4", "trainable", 1, None),
-    # Gemma 3n's language model (its image-text model needs timm: scripts/check_timm_families.py): the AltUp streams
+    # Gemma 3n's language model (its image-text model needs timm: scripts/check/check_timm_families.py): the AltUp streams
     # (4, B, L, H), per-layer inputs and shared key/value states cross the stage boundaries
     ("gemma3n_text", "trainable", 1, None),
     ("gemma4", "trainable", 0, None),
@@ -52,7 +52,7 @@ SPECS += [("inkling_mm_model", "trainable", 1, None)]
 # Nemotron-H Omni (its stock image processor needs torchvision): Mamba-2, attention, MLP and MoE blocks, no rotary
 # embedding; specs_ci adds its frozen-tower (T = 0) case
 SPECS += [("nemotron_h_omni", "trainable", 1, None)]
-# Gemma 3n (its language model here, the image-text model in scripts/check_timm_families.py) runs at the default
+# Gemma 3n (its language model here, the image-text model in scripts/check/check_timm_families.py) runs at the default
 # settings too: its split's first step is bit for bit the unsplit model's (tests/test_families_new.py). (Its front
 # once made the AltUp streams before the per-layer inputs, the model's order reversed: autograd then summed the input
 # embeddings' gradient in another order, an ulp apart, and the second step's gradients parted by up to 6.3e-4 of
