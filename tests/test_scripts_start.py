@@ -89,3 +89,33 @@ def test_every_cited_script_has_a_smoke_run_or_a_reason():
     assert not set(SMOKE) & set(RUN_ELSEWHERE), set(SMOKE) & set(RUN_ELSEWHERE)
     assert cited == set(SMOKE) | set(RUN_ELSEWHERE), (cited - set(SMOKE) - set(RUN_ELSEWHERE),
                                                       (set(SMOKE) | set(RUN_ELSEWHERE)) - cited)
+
+
+def index_problems(index: str, folders: dict[str, set[str]]) -> list[str]:
+    """What ``scripts/README.md``'s text ``index`` gets wrong about ``folders`` (``{folder: its file names}``): a
+    folder without its line or section, a file its section does not list, a listed file that is not there."""
+    problems = [f"no line for {name}/" for name in folders if f"- `{name}/`:" not in index]
+    sections = dict(re.findall(r"^## (\w+)/\n(.*?)(?=^## |\Z)", index, re.M | re.S))
+    for name, files in sorted(folders.items()):
+        if name not in sections:
+            problems.append(f"no section for {name}/")
+            continue
+        listed = set(re.findall(r"^- `([\w.]+)`", sections[name], re.M))
+        listed |= set(re.findall(r"\(\+ `([\w.]+)/?`", sections[name]))
+        problems += [f"{name}/{f} is not listed" for f in sorted(files - listed)]
+        problems += [f"{name}/{f} is listed but not there" for f in sorted(listed - files)]
+    return problems
+
+
+def test_the_scripts_index_lists_every_script():
+    """``scripts/README.md`` has one line per folder and per file of each (a module the scripts import included);
+    negative controls: the index with a line dropped, and a folder holding a file the index does not list."""
+    index = (ROOT / "scripts" / "README.md").read_text()
+    folders = {d.name: {p.name for p in d.iterdir() if p.name != "__pycache__"}
+               for d in sorted((ROOT / "scripts").iterdir()) if d.is_dir() and d.name != "__pycache__"}
+    assert set(folders) >= {"bench", "make", "check", "report"}, folders
+    assert index_problems(index, folders) == []
+    dropped = index.replace("- `bench_lora.py`:", "- bench_lora:")
+    assert index_problems(dropped, folders) == ["bench/bench_lora.py is not listed"]
+    extra = {**folders, "make": folders["make"] | {"make_new_thing.py"}}
+    assert index_problems(index, extra) == ["make/make_new_thing.py is not listed"]
