@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from transformers.video_utils import VideoMetadata
 
-from mpipe_hf.data.video_processor import QwenVideoProcessor, resize_frames
+from mpipe_hf.data.image_torch_ops import resize_frames
+from mpipe_hf.data.video_processor import QwenVideoProcessor
 
 
 class TorchvisionSteps(QwenVideoProcessor):

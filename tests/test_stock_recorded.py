@@ -27,7 +27,7 @@ import runpy
 import pytest
 import torch
 
-import mpipe_hf.data.video_processor as video_processor_module
+import mpipe_hf.data.image_torch_ops as image_torch_ops
 from mpipe_hf.data.processor import PROCESSOR_TYPES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,7 +132,7 @@ def test_video_outputs_equal_the_stock_record(record, family):
 def test_a_video_resize_rounded_through_float_differs_from_the_record(record, monkeypatch):
     """The video check's teeth: the resize through float32 and rounding (torchvision's path where it has no
     native uint8 kernel; a bilinear video resize without AVX2) instead of the native uint8 kernel."""
-    monkeypatch.setattr(video_processor_module, "_native_uint8", lambda mode: False)
+    monkeypatch.setattr(image_torch_ops, "_native_uint8", lambda mode: False)
     verdict = _verdicts(record, "video/qwen2_5_vl/whole_two")
     assert not verdict["pixel_values_videos"]["exact"] and verdict["pixel_values_videos"]["shape"]
     assert verdict["video_grid_thw"]["exact"]
@@ -195,7 +195,7 @@ FLOAT_PATH_MAX = {"llama4": 1.5 + SLACK, "lfm2_vl": 1 + SLACK, "step3p7": 2 + SL
 
 
 def _bit_for_bit_here(family: str) -> bool:
-    return family not in FLOAT_PATH_MAX or video_processor_module._native_uint8("bilinear")
+    return family not in FLOAT_PATH_MAX or image_torch_ops._native_uint8("bilinear")
 
 
 def _torch_op_failures(verdicts: dict, family: str) -> list:

@@ -139,7 +139,7 @@ def test_outputs_equal_the_recorded_stock_outputs():
 def test_the_resize_rounding_path_matters():
     """What makes the recorded comparison able to fail: resizing through float32 and rounding (torchvision's path
     without a native uint8 kernel) changes pixels that the native uint8 kernel gives."""
-    from mpipe_hf.data.video_processor import resize_frames
+    from mpipe_hf.data.image_torch_ops import resize_frames
     frames = torch.from_numpy(CHECK["_pan"](3, 70, 90)).permute(0, 3, 1, 2).contiguous()
     native = resize_frames(frames, 56, 84)
     through_float = torch.nn.functional.interpolate(frames.float(), size=[56, 84], mode="bicubic",

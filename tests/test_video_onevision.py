@@ -6,7 +6,7 @@ The stock class cannot be built here (its bases need torchvision), so its code i
 transformers' source: ``LlavaOnevisionVideoProcessor`` over ``BaseVideoProcessor`` (``video_processing_utils.py``)
 over ``TorchvisionBackend`` (``image_processing_backends.py``), each undecorated, with the three torchvision
 functions their code calls (``tvF.resize``, ``tvF.normalize``, ``tvF.grayscale_to_rgb``, and the interpolation
-enum) given as :mod:`mpipe_hf.data.video_processor`'s ``resize_frames`` (checked against torchvision's recorded
+enum) given as :mod:`mpipe_hf.data.image_torch_ops`' ``resize_frames`` (checked against torchvision's recorded
 outputs in ``tests/test_video.py``) and torchvision's own arithmetic. Everything else on the stock side (sampling,
 the size, grouping, the fused normalisation, the outputs) is the stock code, compared with ``torch.equal``. The
 stock class itself, with torchvision, is compared on recorded outputs in ``tests/test_stock_recorded.py``.
@@ -27,7 +27,7 @@ from transformers.video_utils import VideoMetadata
 
 from mpipe_hf.data import build_processor, qwen2_tokenizer
 from mpipe_hf.data.video import video_ref
-from mpipe_hf.data.video_processor import resize_frames
+from mpipe_hf.data.image_torch_ops import resize_frames
 from mpipe_hf.data.video_processor_onevision import NUM_FRAMES, OnevisionVideoProcessor
 from mpipe_hf.models import split
 from mpipe_hf.models.tiny_vlms import tiny_llava_onevision_config

@@ -4,11 +4,11 @@ count against the collator's.
 
 The stock class cannot be built here (its module's class needs torchvision), so its source (``sample_frames``,
 ``resize``, ``patchify``, ``_preprocess``, ``get_num_of_video_patches`` and its defaults) is compiled over a base
-whose two torchvision steps are :mod:`mpipe_hf.data.video_processor`'s (``resize_frames`` and the fused
-normalisation), the steps ``tests/test_video.py`` checks against torchvision's recorded outputs. What differs
-between Qwen3-VL's class and Qwen2-VL's (sampling, the whole-video budget, the cap, defaults) is then the stock
-code itself on one side and ours on the other, compared with ``torch.equal``. The stock class itself, with
-torchvision, is compared on recorded outputs in ``tests/test_stock_recorded.py``.
+whose two torchvision steps are ours (``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops` and the fused
+normalisation of :mod:`mpipe_hf.data.video_processor`), the steps ``tests/test_video.py`` checks against
+torchvision's recorded outputs. What differs between Qwen3-VL's class and Qwen2-VL's (sampling, the whole-video
+budget, the cap, defaults) is then the stock code itself on one side and ours on the other, compared with
+``torch.equal``. The stock class itself, with torchvision, is compared on recorded outputs in ``tests/test_stock_recorded.py``.
 """
 
 import importlib

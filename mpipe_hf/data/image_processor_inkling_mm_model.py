@@ -4,7 +4,7 @@ class with no PIL twin) with torch operations only.
 
 The stock steps, per image: where ``rescale_image_frac`` is set, the image resized (Lanczos, the class's default
 filter: torchvision resizes a CPU ``uint8`` tensor with ``interpolate``'s antialiased ``lanczos`` mode, as
-``resize_frames`` of :mod:`.video_processor` does) to its long edge times that fraction, the growth capped at
+``resize_frames`` of :mod:`.image_torch_ops` does) to its long edge times that fraction, the growth capped at
 ``rescale_image_max_upscaled_long_edge`` px (a larger image kept as it is), each side rounded half up
 (:func:`rescaled_size`); then cut into ``size`` px squares in raster order, ``ceil(H / p)`` rows but always
 ``W // p + 1`` columns (the stock ``divide_to_patches``: a width that divides evenly gets a last column of no
@@ -26,8 +26,7 @@ from transformers.image_utils import PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 from transformers.utils.constants import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-from .image_torch_ops import PilBackendAsStock, rescale_and_normalize
-from .video_processor import resize_frames
+from .image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
 
 PAD_VALUE = -1.0  # what the stock class pads a part square with, before rescaling
 FRAMES = 2  # frames each square is repeated over (the stock class's constant)

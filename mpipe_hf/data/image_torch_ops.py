@@ -1,11 +1,24 @@
 """Steps shared by the torch-operation image processors (the stand-ins for stock classes that exist only with a
 torchvision backend): their base class, which saves its settings under the stock class's name, the backend's fused
-rescale and normalisation, and zero or colour padding of ``uint8`` images."""
+rescale and normalisation, zero or colour padding of ``uint8`` images, and torchvision's resize (which the video
+processors and :func:`~.video.load_video` share with them).
+
+The resize: ``torchvision.transforms.v2.functional.resize`` (``resize_image``, torchvision 0.28, the release paired
+with torch 2.13) calls ``torch.nn.functional.interpolate`` (``align_corners=False``, ``antialias=True``) on the
+``uint8`` frames for bicubic and Lanczos (and for bilinear on AVX2/AVX512 or ARM CPUs), else on ``float32`` frames
+then clamped (bicubic), rounded and cast back (:func:`resize_frames`)."""
 
 from __future__ import annotations
 
+import platform
+
 import torch
+import torch.nn.functional as F
 from transformers.image_processing_backends import PilBackend
+from transformers.image_utils import PILImageResampling
+
+MODES = {PILImageResampling.BICUBIC: "bicubic", PILImageResampling.BILINEAR: "bilinear",
+         PILImageResampling.LANCZOS: "lanczos"}  # Lanczos: the Muse image processor's (torchvision 0.27 and later)
 
 
 class PilBackendAsStock(PilBackend):
@@ -71,3 +84,42 @@ def pad_to_square(images: torch.Tensor, fill) -> torch.Tensor:
     top, left = (side - h) // 2, (side - w) // 2
     out[..., top:top + h, left:left + w] = images
     return out
+
+
+def _native_uint8(mode: str) -> bool:
+    """Whether torchvision resizes a CPU ``uint8`` tensor without casting it (``_do_native_uint8_resize_on_cpu``)."""
+    if mode in ("bicubic", "lanczos"):
+        return True
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64",
+                                                                                                  "arm64")
+
+
+def resize_frames(frames: torch.Tensor, height: int, width: int, resample=PILImageResampling.BICUBIC) -> torch.Tensor:
+    """``frames`` ``(..., C, H, W)`` resized to ``(..., C, height, width)`` as torchvision 0.28's ``resize`` does
+    (module docstring): antialiased, ``align_corners=False``, the dtype kept (integers rounded; a ``uint8`` tensor
+    off the CPU goes through float32, as torchvision sends it).
+
+    Raises:
+        ValueError: ``resample`` is not bicubic, bilinear or Lanczos (:data:`MODES`).
+    """
+    mode = MODES.get(PILImageResampling(int(resample)))
+    if mode is None:
+        raise ValueError(f"resample {resample!r}: only bicubic, bilinear and Lanczos resizes are reproduced here")
+    shape = frames.shape
+    channels, old_h, old_w = shape[-3:]
+    if (height, width) == (old_h, old_w) or frames.numel() == 0:
+        return frames
+    dtype = frames.dtype
+    keep = dtype in (torch.float32, torch.float64) or (dtype == torch.uint8 and frames.device.type == "cpu"
+                                                       and _native_uint8(mode))
+    flat = frames.reshape(-1, channels, old_h, old_w)
+    if not keep:
+        flat = flat.to(torch.float32)
+    out = F.interpolate(flat, size=[height, width], mode=mode, align_corners=False, antialias=True)
+    if not keep:
+        if mode in ("bicubic", "lanczos") and dtype == torch.uint8:
+            out = out.clamp_(min=0, max=255)
+        if not dtype.is_floating_point:
+            out = out.round_()
+        out = out.to(dtype=dtype)
+    return out.reshape(shape[:-3] + (channels, height, width))

@@ -27,6 +27,8 @@ import PIL.Image
 import torch
 from transformers.video_utils import VideoMetadata
 
+from .image_torch_ops import resize_frames
+
 FRAME_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 FPS = 2.0  # frames a second a row's video is sampled at unless it or the processor says otherwise (qwen-vl-utils')
 FRAMES_FPS = 2.0  # the rate of a frame folder or list that names none (qwen-vl-utils' default for frame lists)
@@ -248,7 +250,6 @@ def load_video(ref: dict, video_processor, decoder: str = "pyav") -> tuple[np.nd
         ValueError: the video cannot be decoded or sampled (naming the file).
         ImportError: ``decoder`` is ``torchcodec`` and it does not load (naming ``data.video_decoder``).
     """
-    from .video_processor import resize_frames
     sampler = _sampler(ref, video_processor)
     if "frames" in ref:
         frames, metadata = read_frames(ref["frames"], ref.get("frames_fps"), sampler)

@@ -6,10 +6,8 @@ The stock class derives from ``BaseVideoProcessor`` (``video_processing_utils.py
 for two steps, both rewritten here as the installed torchvision (0.28, the release paired with torch 2.13) does
 them on a CPU tensor:
 
-- the resize: ``torchvision.transforms.v2.functional.resize`` (``resize_image``) calls
-  ``torch.nn.functional.interpolate`` (``align_corners=False``, ``antialias=True``) on the ``uint8`` frames for
-  bicubic (and for bilinear on AVX2/AVX512 or ARM CPUs), else on ``float32`` frames then clamped (bicubic),
-  rounded and cast back (:func:`resize_frames`);
+- the resize: ``torchvision.transforms.v2.functional.resize``, as :func:`~.image_torch_ops.resize_frames`
+  reproduces it (shared with the torch-operation image processors, which resize the same way);
 - the normalisation: ``normalize`` subtracts the mean and divides by the std, both scaled by ``1 / rescale_factor``
   (the backend's fused rescale and normalise), in ``float32``.
 
@@ -23,11 +21,9 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ChannelDimension, PILImageResampling,
                                       SizeDict, infer_channel_dimension_format)
@@ -37,8 +33,8 @@ from transformers.video_processing_utils import VideoProcessorMixin
 from transformers.video_utils import (VideoMetadata, convert_to_rgb, group_videos_by_shape, is_valid_video,
                                       make_batched_metadata, make_batched_videos, reorder_videos)
 
-MODES = {PILImageResampling.BICUBIC: "bicubic", PILImageResampling.BILINEAR: "bilinear",
-         PILImageResampling.LANCZOS: "lanczos"}  # Lanczos: the Muse image processor's (torchvision 0.27 and later)
+from .image_torch_ops import resize_frames
+from .video import decode_video, read_frames
 
 
 class QwenVideoKwargs(VideosKwargs, total=False):
@@ -56,45 +52,6 @@ class QwenVideoKwargs(VideosKwargs, total=False):
     max_frames: int
     cap_pixels_per_frame: bool
     max_video_tokens: int
-
-
-def _native_uint8(mode: str) -> bool:
-    """Whether torchvision resizes a CPU ``uint8`` tensor without casting it (``_do_native_uint8_resize_on_cpu``)."""
-    if mode in ("bicubic", "lanczos"):
-        return True
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64",
-                                                                                                  "arm64")
-
-
-def resize_frames(frames: torch.Tensor, height: int, width: int, resample=PILImageResampling.BICUBIC) -> torch.Tensor:
-    """``frames`` ``(..., C, H, W)`` resized to ``(..., C, height, width)`` as torchvision 0.28's ``resize`` does
-    (module docstring): antialiased, ``align_corners=False``, the dtype kept (integers rounded; a ``uint8`` tensor
-    off the CPU goes through float32, as torchvision sends it).
-
-    Raises:
-        ValueError: ``resample`` is not bicubic, bilinear or Lanczos (:data:`MODES`).
-    """
-    mode = MODES.get(PILImageResampling(int(resample)))
-    if mode is None:
-        raise ValueError(f"resample {resample!r}: only bicubic, bilinear and Lanczos resizes are reproduced here")
-    shape = frames.shape
-    channels, old_h, old_w = shape[-3:]
-    if (height, width) == (old_h, old_w) or frames.numel() == 0:
-        return frames
-    dtype = frames.dtype
-    keep = dtype in (torch.float32, torch.float64) or (dtype == torch.uint8 and frames.device.type == "cpu"
-                                                       and _native_uint8(mode))
-    flat = frames.reshape(-1, channels, old_h, old_w)
-    if not keep:
-        flat = flat.to(torch.float32)
-    out = F.interpolate(flat, size=[height, width], mode=mode, align_corners=False, antialias=True)
-    if not keep:
-        if mode in ("bicubic", "lanczos") and dtype == torch.uint8:
-            out = out.clamp_(min=0, max=255)
-        if not dtype.is_floating_point:
-            out = out.round_()
-        out = out.to(dtype=dtype)
-    return out.reshape(shape[:-3] + (channels, height, width))
 
 
 def frame_budget(size: SizeDict, frames: int, factor: int, temporal_factor: int, cap: bool | None,
@@ -214,7 +171,6 @@ class QwenVideoProcessor(VideoProcessorMixin):
     def fetch_videos(self, video_url_or_urls, sample_indices_fn=None):
         """Decode a path (or a list of paths) with PyAV (:func:`~.video.decode_video`): ``(frames, metadata)``,
         or the two as tuples for a list."""
-        from .video import decode_video
         if isinstance(video_url_or_urls, list):
             return tuple(zip(*[self.fetch_videos(x, sample_indices_fn) for x in video_url_or_urls]))
         return decode_video(video_url_or_urls, sample_indices_fn)
@@ -222,7 +178,6 @@ class QwenVideoProcessor(VideoProcessorMixin):
     def _decode_and_sample_videos(self, videos, video_metadata=None, do_sample_frames=None, sample_indices_fn=None):
         """Videos as 4-D arrays with their metadata, as ``BaseVideoProcessor`` gives them: arrays sampled with
         ``sample_indices_fn`` when ``do_sample_frames``, paths decoded (and sampled), frame-path lists read."""
-        from .video import read_frames
         videos = make_batched_videos(videos)
         video_metadata = make_batched_metadata(videos, video_metadata=video_metadata)
         if is_valid_video(videos[0]) and do_sample_frames:

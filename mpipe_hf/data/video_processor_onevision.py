@@ -10,7 +10,7 @@ default); what it does is ``BaseVideoProcessor``'s (``video_processing_utils.py`
   and ``fps`` defaulting to the processor's (``num_frames`` evenly, ``arange(n) * total // n``; else
   ``max(1, int(total / video_fps * fps))`` frames; else every frame);
 - each group of same-shaped videos resized to ``size``'s ``height`` x ``width`` (the only ``size`` the class
-  uses) with torchvision's resize, which :func:`~.video_processor.resize_frames` reproduces (``uint8`` bicubic
+  uses) with torchvision's resize, which :func:`~.image_torch_ops.resize_frames` reproduces (``uint8`` bicubic
   natively, antialiased);
 - the fused rescale and normalise in float32 (``QwenVideoProcessor._normalize``, the backend's arithmetic);
 - ``pixel_values_videos``: one ``(T, C, H, W)`` float32 tensor a video, stacked to ``(videos, T, C, H, W)`` by
@@ -35,7 +35,8 @@ from transformers.processing_utils import VideosKwargs
 from transformers.video_processing_utils import VideoProcessorMixin
 from transformers.video_utils import VideoMetadata, default_sample_indices_fn, group_videos_by_shape, reorder_videos
 
-from .video_processor import QwenVideoProcessor, resize_frames
+from .image_torch_ops import resize_frames
+from .video_processor import QwenVideoProcessor
 
 NUM_FRAMES = 8  # frames a video keeps by default here (evenly spread), so that a micro-batch's videos stack
 
