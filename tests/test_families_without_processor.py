@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mpipe_hf.data import qwen2_tokenizer
-from mpipe_hf.models.family import flat_features
+from mpipe_hf.models.image_features import flat_features
 from mpipe_hf.models.materialize import model_class
 from mpipe_hf.models.registry import FAMILIES
 from mpipe_hf.models.tiny_all import TINY_MODELS

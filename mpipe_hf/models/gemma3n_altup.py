@@ -73,7 +73,7 @@ class AltUpFront(nn.Module):
     ids with those outside the per-layer table read as 0, ``s`` and ``r`` the text model's scale buffers.
 
     Args:
-        front: the :class:`~.family.ImageFront`; text_model: ``Gemma3nTextModel`` (its per-layer and AltUp
+        front: the :class:`~.image_features.ImageFront`; text_model: ``Gemma3nTextModel`` (its per-layer and AltUp
             modules are held here, so that they are this stage's parameters).
     """
 

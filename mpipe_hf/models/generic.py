@@ -1,5 +1,5 @@
 """The one splitter: a Hugging Face model carved into ``P`` and pipeline stages from its family's declaration
-(:class:`~.family.Family`; SPEC.md, "The job", "Terms"; issue 29).
+(:class:`~.family.Family`; SPEC.md, "The job", "Terms").
 
 ``P`` is one of:
 
@@ -15,6 +15,10 @@ Every stage rebuilds its masks and rotary embeddings from the padding mask, the 
 mask inputs, which travel with the hidden states; a layer's recurrent state (Gated DeltaNet) lives within its
 layer, so no state crosses a stage boundary. The last stage holds the final norm, ``lm_head`` and the summed loss
 (with the MoE load-balancing loss from the routers' running sums, :mod:`.moe`).
+
+The functions here take the family's declaration (``family``: a :class:`~.family.Family`, whose ``split`` and
+``layer_counts`` call them) and read its fields; ``P``'s vision part and stage 0's front are
+:mod:`.image_features`' modules.
 """
 
 from __future__ import annotations
@@ -28,15 +32,15 @@ from .base import SplitModel, assemble, plan_layers, stage_layer_ids, tied_lm_he
 from .costs import layer_costs, matmul_costs
 from .decoder import CARRIED_KEYS, DecoderStage, LMHead, decoder_stage, layer_type_masks
 from .deepstack import DEEPSTACK_KEYS, DeepStackStage, deepstack_layers
-from .family import Family, ImageFeatures, ImageFront
 from .host_metadata import video_kwargs, vision_kwargs
+from .image_features import ImageFeatures, ImageFront
 from .moe import router_spec
 from .packed import PACKED_KEYS, packed_host
 
 RAW_KEYS = ("input_ids", "attention_mask", "position_ids") + PACKED_KEYS  # positions: packed 1-D families
 
 
-def layer_counts(family: Family, config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
+def layer_counts(family, config, cfg: ScheduleConfig, layers_per_stage: list[int] | None = None,
                  text_layers: int = 0) -> list[int]:
     """Decoder layers per stage for ``config`` (its text config holds the decoder), balanced by the layers' and
     the LM head's matmul cost when ``layers_per_stage`` is ``None``; the layout and ``text_layers`` are checked.
@@ -54,7 +58,7 @@ def layer_counts(family: Family, config, cfg: ScheduleConfig, layers_per_stage: 
                        (layer_costs(text), matmul_costs(text)[1]))
 
 
-def _positions(family: Family):
+def _positions(family):
     if family.positions == "host":
         return _host_positions
 
@@ -94,7 +98,7 @@ def _part(model: nn.Module, fqn: str) -> nn.Module | nn.Parameter:
 class _Pieces:
     """What one split reads from the model and its declaration (kept together so the helpers stay short)."""
 
-    def __init__(self, family: Family, model: nn.Module, cfg: ScheduleConfig):
+    def __init__(self, family, model: nn.Module, cfg: ScheduleConfig):
         self.family, self.model, self.cfg = family, model, cfg
         self.text_model = model.get_submodule(family.text)
         self.text_config = model.config.get_text_config()
@@ -166,7 +170,7 @@ class _Pieces:
                 None)
 
 
-def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: int,
+def split_family(family, model: nn.Module, cfg: ScheduleConfig, rank: int,
                  layers_per_stage: list[int] | None = None, text_layers: int = 0) -> SplitModel:
     """Carve ``model`` for pipeline rank ``rank`` of ``cfg`` by ``family``'s declaration (module docstring).
 
@@ -210,7 +214,7 @@ def split_family(family: Family, model: nn.Module, cfg: ScheduleConfig, rank: in
     return assemble(model, cfg, rank, layout, stage, preprocess, p_fqns, frozen, validate, tied)
 
 
-def micro_check(family: Family, model: nn.Module):
+def micro_check(family, model: nn.Module):
     """The load-time check of a raw micro-batch for ``model`` (``SplitModel.validate_micro``): ``raw -> None``,
     raising ``ValueError`` when the micro-batch does not fit the model (the family's ``validate``, e.g. its
     image-token count), or holds videos (``pixel_values_videos``) for a family that declares no ``video_inputs``
@@ -230,4 +234,4 @@ def micro_check(family: Family, model: nn.Module):
 
 
 def _no_check(raw: dict[str, torch.Tensor]) -> None:
-    """No load-time check beyond stage 0's image-token count (:func:`~.family.check_count`)."""
+    """No load-time check beyond stage 0's image-token count (:func:`~.image_features.check_count`)."""

@@ -7,9 +7,9 @@ from unittest import mock
 
 import torch
 
-from mpipe_hf.models import decoder, deepstack, family, gemma3n_altup, host_metadata, moe, packed
+from mpipe_hf.models import decoder, deepstack, gemma3n_altup, host_metadata, image_features, moe, packed
 
-_flat_features = family.flat_features
+_flat_features = image_features.flat_features
 
 
 def negative_controls(case):
@@ -34,7 +34,7 @@ def negative_controls(case):
         stack.enter_context(mock.patch.object(host_metadata, "mrope_positions", mrope))
         stack.enter_context(mock.patch.object(packed, "row_positions", rows))
     if case.get("detach_features"):  # issue 38: the tower's gradient lost
-        stack.enter_context(mock.patch.object(family, "flat_features", detached_features))
+        stack.enter_context(mock.patch.object(image_features, "flat_features", detached_features))
     if case.get("stage_sums"):  # the MoE term from each stage's own routers, not the relayed sums
         add = moe.RouterSums.add
         stack.enter_context(mock.patch.object(moe.RouterSums, "add", lambda self, state, *a: add(self, {}, *a)))
