@@ -24,8 +24,8 @@ def media_apart(collate) -> bool:
     model_type = getattr(getattr(collate, "encoder", None), "model_type", None)
     if not model_type:
         return False
-    from ..models.registry import FAMILIES  # at call time: the data layer imports without the models'
-    return bool(getattr(FAMILIES.get(model_type), "media_apart", False))
+    from ..families.registry import family  # at call time: the data layer imports without the families'
+    return bool(getattr(family(model_type), "media_apart", False))
 
 
 def _count_videos(row) -> int:

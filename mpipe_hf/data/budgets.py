@@ -134,11 +134,11 @@ def image_counts(encoder, sizes: list[tuple[int, int]]) -> list[int]:
     Raises:
         ValueError: the processor rejects a size.
     """
-    from .conversation_encoder import REPEATED
+    from .conversation_encoder import repeated
     if not sizes:
         return []
     try:
-        if encoder.model_type in REPEATED:
+        if repeated(encoder.model_type):
             return encoder.image_tokens_for_sizes(sizes)
         return [len(encoder.tokenizer(text, add_special_tokens=False)["input_ids"])
                 for text in encoder.image_replacements_for_sizes(sizes)]

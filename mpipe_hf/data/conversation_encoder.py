@@ -10,29 +10,29 @@ from dataclasses import dataclass, field
 
 import PIL.Image
 import torch
-from transformers import LlavaProcessor
 
 from .collate import IGNORE
-from .more_families import MORE
-from .processor import QWEN_PROCESSORS
+from ..families.registry import all_data, family_data
 from .templates import chat_template_for
 
-# families whose processor expands an image's placeholder to the placeholder token repeated, a count that depends
-# on that image's size only (``_get_num_multimodal_tokens``); the others' expansions are the processor's own text
-REPEATED = frozenset(["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "glm4v",
-                      "glm4v_moe", "llava", "llava_next", "paligemma", *(t for t, d in MORE.items() if d.repeated)])
+
+
+def repeated(model_type: str | None) -> bool:
+    """Whether the family's processor expands an image's placeholder to the placeholder token repeated, a count that
+    depends on that image's size only (``_get_num_multimodal_tokens``; ``FamilyData.repeated``); the others'
+    expansions are the processor's own text."""
+    declared = family_data(model_type) if model_type else None
+    return declared is not None and declared.repeated
 
 
 def _model_type_of(processor) -> str | None:
     """The family of a processor built by :mod:`.processor` (``None`` for a bare tokenizer)."""
     if getattr(processor, "mpipe_model_type", None):
         return processor.mpipe_model_type
+    owners = {name: model_type for model_type, declared in all_data().items() for name in declared.stock_classes}
     for cls in type(processor).__mro__:
-        for model_type, qwen in QWEN_PROCESSORS.items():
-            if cls is qwen:
-                return model_type
-        if cls is LlavaProcessor:
-            return "llava"
+        if cls.__module__.startswith("transformers.models.") and cls.__name__ in owners:
+            return owners[cls.__name__]
     return None
 
 
@@ -54,7 +54,7 @@ class ConversationEncoder:
     counts at load) and the collator.
 
     Args:
-        processor: an HF processor (of :data:`~.processor.PROCESSOR_TYPES`), or a tokenizer for a decoder-only LM
+        processor: an HF processor (a family with a data path here, :func:`~mpipe_hf.families.registry.family_data`), or a tokenizer for a decoder-only LM
             (rows without images).
         chat_template: a Jinja template; ``None``: :func:`~.templates.chat_template_for` (the checkpoint's own
             template, else the family default).
@@ -172,7 +172,7 @@ class ConversationEncoder:
                ) -> tuple[str, list[tuple[int, int]], list[int], list[str], list[int]]:
         """``text`` with its ``j``-th image placeholder (``processor.image_token``, found as the processor finds it)
         replaced by ``images[j]`` and its ``k``-th video placeholder (``processor.video_token``) by ``videos[k]``:
-        the text the processor expands it to, or an int ``n`` (any video; an image of a :data:`REPEATED` family):
+        the text the processor expands it to, or an int ``n`` (any video; an image of a :func:`repeated` family):
         the placeholder ``n`` times. Returns the expanded text, each placeholder's ``[start, end)`` in it and its
         start in ``text`` (in the text's order), its kind (``image`` / ``video``) and its length in ``text``.
 
@@ -187,8 +187,8 @@ class ConversationEncoder:
         pieces, chars, last = [], [], 0
         for start, kind, length in found:
             item = next(queues[kind])
-            if not isinstance(item, str):  # a count: any video's, or an image's of a REPEATED family
-                if kind == "image" and self.model_type not in REPEATED:
+            if not isinstance(item, str):  # a count: any video's, or an image's of a repeated family
+                if kind == "image" and not repeated(self.model_type):
                     raise ValueError(f"{where}: {self.model_type} expands an image to more than its placeholder "
                                      f"repeated; pass each image's expansion (image_replacements_for_sizes)")
                 item = marks[kind] * int(item)
@@ -255,10 +255,10 @@ class ConversationEncoder:
 
     def image_replacements_for_sizes(self, sizes: list[tuple[int, int]]) -> list:
         """What :meth:`encode` takes for one row's images of sizes ``(height, width)``, without decoding them: the
-        counts of :meth:`image_tokens_for_sizes` for a :data:`REPEATED` family, else the text the processor expands
+        counts of :meth:`image_tokens_for_sizes` for a :func:`repeated` family, else the text the processor expands
         each placeholder to for blank images of those sizes in one row (the expansion of these families depends on
         the size and, for LLaVA-OneVision, on the row's number of images, not on the pixels)."""
-        if not sizes or self.model_type in REPEATED:
+        if not sizes or repeated(self.model_type):
             return self.image_tokens_for_sizes(sizes)
         blanks = [PIL.Image.new("RGB", (int(w), int(h))) for h, w in sizes]
         out = self.processor(text=[self.image_token * len(sizes)], images=[blanks],

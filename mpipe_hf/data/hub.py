@@ -29,7 +29,6 @@ import json
 import os
 
 
-VIDEO_PROCESSOR_TYPES = {"qwen3_vl": "Qwen3VLVideoProcessor"}  # families whose snapshots hold a video processor file
 _VIDEO_KEYS = ("do_convert_rgb", "do_normalize", "do_rescale", "do_resize", "image_mean", "image_std", "merge_size",
                "patch_size", "resample", "rescale_factor", "size", "temporal_patch_size")
 CHATML_END_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the Qwen checkpoints stop at both, <|im_end|> first
@@ -133,7 +132,7 @@ def save_processor_files(directory: str, config, processor, chat_template: str, 
         generation_config: a ``GenerationConfig`` to start from (see :func:`chat_generation_config`).
         video_processor: the video processor's settings (e.g. :func:`video_processor_config` of the source
             checkpoint), written as ``video_preprocessor_config.json``. Without them: the processor's own video
-            processor's where it has one, else for the families in ``VIDEO_PROCESSOR_TYPES`` the image processor's
+            processor's where it has one, else for a family whose hub snapshots hold one (``FamilyData.snapshot_video_class``) the image processor's
             resizing and normalisation under the family's video processor class, else no file (Qwen2-VL,
             Qwen2.5-VL, as on the hub).
 
@@ -182,9 +181,11 @@ def save_processor(directory: str, processor, model_type: str, chat_template: st
     if video_processor is None and own_video is not None and not implied_by_image(own_video,
                                                                                   processor.image_processor):
         video_processor = json.loads(own_video.to_json_string())
-    if video_processor is None and model_type in VIDEO_PROCESSOR_TYPES:
+    from ..families.registry import family_data
+    declared = family_data(model_type)
+    if video_processor is None and declared is not None and declared.snapshot_video_class:
         video_processor = {key: image[key] for key in _VIDEO_KEYS if key in image}
-        video_processor["video_processor_type"] = VIDEO_PROCESSOR_TYPES[model_type]
+        video_processor["video_processor_type"] = declared.snapshot_video_class
     if video_processor is not None:
         _write_json(os.path.join(directory, "video_preprocessor_config.json"),
                     {**video_processor, "processor_class": name})
@@ -218,8 +219,8 @@ def load_checkpoint_processor(directory: str):
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
     from transformers.utils import is_torchvision_available
 
-    from .processor import PROCESSOR_TYPES, VIDEO_TYPES, build_processor
-    from .processors_vlm import FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE
+    from ..families.registry import family_data
+    from .processor import build_processor
     from .stock_processor import processor_problem
 
     adapter = os.path.join(directory, "adapter_config.json")
@@ -235,23 +236,17 @@ def load_checkpoint_processor(directory: str):
     problem = processor_problem(config.model_type, directory)
     if problem:  # its only processor is the stock torchvision one: say so, not AutoProcessor's generic error
         raise ValueError(problem)
-    # the families of processors_vlm always get build_processor's (the stock PaliGemma/Idefics3 processors add
+    # FamilyData.always_ours: build_processor's even with torchvision (the stock PaliGemma/Idefics3 processors add
     # tokens and rewrite the text; InternVL, LLaVA-OneVision, SmolVLM need torchvision for video, GLM-4.1V's ours)
-    if config.model_type not in FAMILY_TYPES and (is_torchvision_available()
-                                                  or config.model_type not in PROCESSOR_TYPES):
+    declared = family_data(config.model_type)
+    if declared is None or (is_torchvision_available() and not declared.always_ours):
         return AutoProcessor.from_pretrained(directory)
-    from .video_processor import video_processor_from_image
     tokenizer = AutoTokenizer.from_pretrained(directory)
     from .processors_torch_op_images import checkpoint_image_processor  # ours where the stock class needs torchvision
     image_processor = checkpoint_image_processor(config.model_type, directory)
     video = None
-    if config.model_type in VIDEO_TYPES:  # the snapshot's video settings where it has them, as AutoVideoProcessor
-        from .video_processor_qwen3 import qwen3_video_processor_from_image
-        derive = qwen3_video_processor_from_image if config.model_type in QWEN3_LIKE else video_processor_from_image
-        video = derive(image_processor, video_processor_config(directory))
-    elif config.model_type in GLM_LIKE:  # GLM-4.1V / GLM-4.5V snapshots ship their video processor's settings
-        from .video_processor_glm4v import glm_video_processor_from_image
-        video = glm_video_processor_from_image(image_processor, config.model_type, video_processor_config(directory))
+    if declared.video_from_snapshot is not None:  # the snapshot's video settings, as AutoVideoProcessor reads them
+        video = declared.video_from_snapshot(image_processor, config, video_processor_config(directory))
     processor = build_processor(config, tokenizer, image_processor, video_processor=video)
     processor.chat_template = tokenizer.chat_template
     return processor

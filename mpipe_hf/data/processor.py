@@ -13,6 +13,7 @@ from transformers import (LlavaProcessor, Qwen2_5_VLProcessor, Qwen2VLImageProce
                           Qwen3VLProcessor)
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
+from ..families.registry import all_data, family_data
 from .more_families import MORE
 from .processors_vlm import (FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE, conversation_class, family_image_processor,
                              family_processor)
@@ -21,10 +22,6 @@ from .video_processor_qwen3 import qwen3_video_processor_from_image
 
 QWEN_PROCESSORS = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}
 QWEN_PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
-PROCESSOR_TYPES = sorted([*QWEN_PROCESSORS, "llava", *FAMILY_TYPES, *MORE])
-# families whose image processor resizes to between min_pixels and max_pixels (a recipe's data.min/max_pixels)
-PIXEL_BOUNDED_TYPES = frozenset([*QWEN_PROCESSORS, *QWEN3_LIKE, *GLM_LIKE, *(t for t, d in MORE.items() if d.pixel_bounded)])
-
 
 VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_LIKE)  # families whose processor here takes videos (docs/video.md)
 # without torchvision's video processor (:func:`~.processors_vlm.conversation_class`): ours
@@ -32,6 +29,52 @@ _IMAGE_ONLY = {model_type: conversation_class(cls, model_type) for model_type, c
 
 
 def image_processor_for(config, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
+    """A PIL image processor for ``config`` (no checkpoint needed), set from the config as the hub checkpoints set
+    theirs (the family's :class:`~.family_data.FamilyData`); a pixel-bounded family resizes to between
+    ``min_pixels`` and ``max_pixels``.
+
+    Raises:
+        ValueError: ``config.model_type`` has no processor here (the message lists the supported ones).
+    """
+    return _declared(config.model_type, "image processor").image_processor(config, min_pixels, max_pixels)
+
+
+def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 56 * 56,
+                    max_pixels: int = 112 * 112, video_processor=None):
+    """The HF processor of ``config.model_type`` over ``tokenizer`` and ``image_processor`` (from
+    :func:`image_processor_for` when ``None``), as the family's :class:`~.family_data.FamilyData` builds it: the
+    stock class over the tokenizer with the family's markers named. A family that takes videos takes
+    ``video_processor`` too (``None``: the torchvision-free one with the image processor's settings, as
+    ``AutoVideoProcessor`` builds the hub's; docs/video.md).
+
+    Raises:
+        ValueError: ``config.model_type`` has no processor here (the message lists the supported ones); a marker
+            has no token in the vocabulary.
+    """
+    declared = _declared(config.model_type, "processor")
+    if image_processor is None:
+        image_processor = declared.image_processor(config, min_pixels, max_pixels)
+    if declared.videos:
+        return declared.processor(config, tokenizer, image_processor, video_processor=video_processor)
+    return declared.processor(config, tokenizer, image_processor)
+
+
+def _declared(model_type: str, what: str):
+    declared = family_data(model_type)
+    if declared is None:
+        raise ValueError(f"model_type {model_type!r} has no {what}; supported: {sorted(all_data())}")
+    return declared
+
+
+def __getattr__(name: str):
+    if name == "PROCESSOR_TYPES":  # every family with a data path here (each group imported on first use)
+        return sorted(all_data())
+    if name == "PIXEL_BOUNDED_TYPES":  # families whose image processor resizes to a recipe's data.min/max_pixels
+        return frozenset(t for t, d in all_data().items() if d.pixel_bounded)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def legacy_image_processor(config, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
     """A PIL image processor for ``config`` (no checkpoint needed): Qwen families resize to between ``min_pixels``
     and ``max_pixels`` in multiples of ``patch * merge`` px; LLaVA resizes and crops to the tower's image size;
     the other families as :func:`~.processors_vlm.family_image_processor`.
@@ -49,10 +92,10 @@ def image_processor_for(config, min_pixels: int = 56 * 56, max_pixels: int = 112
         return family_image_processor(config, min_pixels, max_pixels)
     if config.model_type in MORE:
         return MORE[config.model_type].image_processor(config, min_pixels, max_pixels)
-    raise ValueError(f"model_type {config.model_type!r} has no image processor; supported: {PROCESSOR_TYPES}")
+    raise ValueError(f"model_type {config.model_type!r} has no image processor; supported: {sorted(all_data())}")
 
 
-def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 56 * 56,
+def legacy_processor(config, tokenizer, image_processor=None, min_pixels: int = 56 * 56,
                     max_pixels: int = 112 * 112, video_processor=None):
     """The HF processor of ``config.model_type`` over ``tokenizer`` and ``image_processor`` (from
     :func:`image_processor_for` when ``None``). Qwen2-VL's and Qwen2.5-VL's take videos too, through
@@ -67,8 +110,6 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
     Raises:
         ValueError: ``config.model_type`` has no processor here (the message lists the supported ones).
     """
-    if image_processor is None:
-        image_processor = image_processor_for(config, min_pixels, max_pixels)
     if config.model_type in QWEN_PROCESSORS:
         if video_processor is None and config.model_type in VIDEO_TYPES:
             video_processor = (qwen3_video_processor_from_image if config.model_type in QWEN3_LIKE
@@ -85,7 +126,7 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
         return family_processor(config, tokenizer, image_processor, video_processor)
     if config.model_type in MORE:
         return MORE[config.model_type].processor(config, tokenizer, image_processor)
-    raise ValueError(f"model_type {config.model_type!r} has no processor; supported: {PROCESSOR_TYPES}")
+    raise ValueError(f"model_type {config.model_type!r} has no processor; supported: {sorted(all_data())}")
 
 
 def qwen2_5_vl_processor(tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112, image_processor=None):

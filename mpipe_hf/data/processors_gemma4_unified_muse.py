@@ -34,11 +34,11 @@ from .image_processor_muse_glimmer import MuseGlimmerImageProcessorNoTV
 from .processors_llava_like import _roles
 from .processors_new import _GEMMA4, DATA as _GEMMA4_DATA, _NamedGemma4Processor
 from .processors_vlm import _patch, conversation_class, named_tokenizer
-from .templates import _BOS
+from .templates import BOS
 
 _MUSE_ANSWER = "'<|start|>assistant to=user<|message|>'"
 _MUSE = _roles("'<|start|>user<|message|>'", _MUSE_ANSWER, "'<|start|>system<|message|>'", "'<|eot|>'", "'<|eot|>'",
-               "'IMAGE_TOKEN'", _MUSE_ANSWER, _BOS)
+               "'IMAGE_TOKEN'", _MUSE_ANSWER, BOS)
 
 
 class _NamedGemma4UnifiedProcessor(Gemma4UnifiedProcessor):

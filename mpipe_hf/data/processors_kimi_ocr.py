@@ -33,7 +33,7 @@ from .image_processor_unlimited_ocr import UnlimitedOcrImageProcessorNoTV
 from .processors_llava_like import _DEEPSEEK_VL2, IMAGE, _roles
 from .processors_qwen_like import _MINICPM_IDS, _MINICPM_TOKENS, _image_minicpm, _image_only
 from .processors_vlm import _patch, conversation_class, named_tokenizer
-from .templates import _chatml
+from .templates import chatml
 
 # Kimi K2.5 (module docstring): the answer header carries the empty reasoning block of the non-thinking mode.
 _KIMI_ANSWER = "'<|im_assistant|>assistant<|im_middle|><think></think>'"
@@ -99,7 +99,7 @@ DATA: dict[str, FamilyData] = {
         "video_token": ("<|kimi_k25_video_placeholder|>", "<|video_pad|>")},
         config_ids={"image_token": "image_token_id", "video_token": "video_token_id"}, repeated=True),
     "minicpm_ocr": FamilyData(_minicpm_ocr_images, _image_only(_image_minicpm(MiniCPMOcrProcessor), "minicpm_ocr"),
-                              _chatml(None, "'IMAGE_TOKEN\\n'"), hub_image_token="<unk>", tokens=_MINICPM_TOKENS,
+                              chatml(None, "'IMAGE_TOKEN\\n'"), hub_image_token="<unk>", tokens=_MINICPM_TOKENS,
                               config_ids=_MINICPM_IDS),
     "unlimited_ocr": FamilyData(_ocr_images, _ocr, _DEEPSEEK_VL2, tokens=IMAGE,
                                 config_ids={"image_token": "image_token_id"}, repeated=True),

@@ -31,7 +31,7 @@ from transformers.processing_utils import ProcessorMixin
 
 from .family_data import FamilyData
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
-from .templates import _BOS, _CONTENT, _GEMMA3, _GENERATION, _chatml, _idefics
+from .templates import BOS, CONTENT, _GEMMA3, GENERATION, chatml, _idefics
 
 IMAGE = {"image_token": ("<image>", "<|image_pad|>")}
 
@@ -50,10 +50,10 @@ def _roles(user: str, assistant: str, system: str, user_end: str, assistant_end:
             "{%- for message in messages -%}"
             "{%- if message['role'] == 'assistant' -%}{{- " + assistant + " -}}"
             "{%- elif message['role'] == 'system' -%}{{- " + system + " -}}"
-            "{%- else -%}{{- " + user + " -}}{%- endif -%}" + _CONTENT.replace("IMAGE", image) +
+            "{%- else -%}{{- " + user + " -}}{%- endif -%}" + CONTENT.replace("IMAGE", image) +
             "{%- if message['role'] == 'assistant' -%}{{- " + assistant_end + " -}}"
             "{%- else -%}{{- " + user_end + " -}}{%- endif -%}"
-            "{%- endfor -%}" + _GENERATION.replace("PROMPT", prompt))
+            "{%- endfor -%}" + GENERATION.replace("PROMPT", prompt))
 
 
 # VipLLaVA (vip-llava-*-hf): "###Human: <image>\n... ###Assistant: answer"; the eos after each answer.
@@ -65,15 +65,15 @@ _VICUNA = _roles("'USER: '", "'ASSISTANT: '", "''", "' '", "eos_token", "'IMAGE_
 # <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>...<|END_OF_TURN_TOKEN|>; the turn markers are ChatML's in the Qwen2
 # vocabulary (<|im_start|>, <|im_end|>), the role tokens plain text.
 _AYA = _roles("'<|im_start|><|USER_TOKEN|>'", "'<|im_start|><|CHATBOT_TOKEN|>'", "'<|im_start|><|SYSTEM_TOKEN|>'",
-              "'<|im_end|>'", "'<|im_end|>'", "'IMAGE_TOKEN'", "'<|im_start|><|CHATBOT_TOKEN|>'", _BOS)
+              "'<|im_end|>'", "'<|im_end|>'", "'IMAGE_TOKEN'", "'<|im_start|><|CHATBOT_TOKEN|>'", BOS)
 # DeepSeek-VL (deepseek-vl-*-chat-hf): "User: <image_placeholder>...\n\nAssistant: answer<｜end▁of▁sentence｜>".
 _DEEPSEEK_VL = _roles("'User: '", "'Assistant: '", "''", "'\\n\\n'", "eos_token + '\\n\\n'", "'IMAGE_TOKEN'",
-                      "'Assistant:'", _BOS)
+                      "'Assistant:'", BOS)
 
 # DeepSeek-OCR-2 (DeepSeek-VL2's "deepseek" format): "<|User|>: <image>\n...\n\n<|Assistant|>: answer<eos>";
 # <|User|> and <|Assistant|> plain text in the Qwen2 vocabulary.
 _DEEPSEEK_VL2 = _roles("'<|User|>: '", "'<|Assistant|>: '", "''", "'\\n\\n'", "eos_token", "'IMAGE_TOKEN\\n'",
-                       "'<|Assistant|>:'", _BOS)
+                       "'<|Assistant|>:'", BOS)
 
 
 def _llava(config, tokenizer, image_processor):
@@ -321,13 +321,13 @@ GEMMA3_TOKENS = {"image_token": ("<image_soft_token>", "<|image_pad|>"),
 
 # GOT-OCR2 / PP-Chart2Table (no hub template; the layout their processors build): ChatML with GOT's system
 # message, each image "<img>" + its tokens + "</img>\n" (<img> and </img> plain text in the Qwen2 vocabulary).
-_GOT = _chatml("You should follow the instructions carefully and explain your answers in detail.",
+_GOT = chatml("You should follow the instructions carefully and explain your answers in detail.",
                "'<img>IMAGE_TOKEN</img>\\n'")
 GOT_TOKENS = {"image_token": ("<imgpad>", "<|image_pad|>")}
 
 # Aria (rhymes-ai/Aria): ChatML, each image "<fim_prefix><|img|><fim_suffix>", which the Qwen2 vocabulary's
 # <|fim_prefix|> / <|fim_suffix|> stand in for.
-_ARIA = _chatml(None, "'<|fim_prefix|>IMAGE_TOKEN<|fim_suffix|>'")
+_ARIA = chatml(None, "'<|fim_prefix|>IMAGE_TOKEN<|fim_suffix|>'")
 
 DATA: dict[str, FamilyData] = {
     "aria": FamilyData(_aria_images, _aria, _ARIA, "<|img|>", tokens=IMAGE, config_ids={"image_token": "image_token_id"},
@@ -347,7 +347,7 @@ DATA: dict[str, FamilyData] = {
         "end_of_img_token": ("<|END_OF_IMG|>", "<|vision_end|>"),
         "img_line_break_token": ("<|IMG_LINE_BREAK|>", "<|vision_pad|>")},
         config_ids={"image_token": "image_token_id"}),
-    "qianfan_ocr": FamilyData(_tiles, _qianfan, _chatml(None, "'IMAGE_TOKEN\\n'"), "<IMG_CONTEXT>", tokens={
+    "qianfan_ocr": FamilyData(_tiles, _qianfan, chatml(None, "'IMAGE_TOKEN\\n'"), "<IMG_CONTEXT>", tokens={
         "context_image_token": ("<IMG_CONTEXT>", "<|image_pad|>"), "start_image_token": ("<img>", "<|vision_start|>"),
         "end_image_token": ("</img>", "<|vision_end|>")}, config_ids={"context_image_token": "image_token_id"}),
     "llava_next_video": FamilyData(_llava_next_images, _llava_next_video, _VICUNA, tokens={
@@ -370,7 +370,7 @@ DATA: dict[str, FamilyData] = {
         "end_of_utterance_token": ("<end_of_utterance>", "<|im_end|>")}, config_ids={"image_token": "image_token_id"}),
     "deepseek_ocr2": FamilyData(_ocr2_images, _ocr2, _DEEPSEEK_VL2, tokens=IMAGE,
                                 config_ids={"image_token": "image_token_id"}, repeated=True),
-    "lighton_ocr": FamilyData(_pixtral_images, _lighton, _chatml(None, "'IMAGE_TOKEN'"), "<|image_pad|>", tokens={
+    "lighton_ocr": FamilyData(_pixtral_images, _lighton, chatml(None, "'IMAGE_TOKEN'"), "<|image_pad|>", tokens={
         "image_token": ("<|image_pad|>", "<|image_pad|>"), "image_break_token": ("<|vision_pad|>", "<|vision_pad|>"),
         "image_end_token": ("<|vision_end|>", "<|vision_end|>")}, config_ids={"image_token": "image_token_id"}),
 }

@@ -41,7 +41,7 @@ from .image_processor_molmo2 import Molmo2ImageProcessorNoTV
 from .image_processor_step3p7 import Step3p7ImageProcessorNoTV
 from .processors_llava_like import _roles
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
-from .templates import _BOS, _GENERATION
+from .templates import BOS, GENERATION
 
 # the hub markers each processor writes -> the tokenizer attribute naming the token written in their place
 _MOLMO2_MARKERS = {"<im_patch>": "patch_token", "<im_col>": "col_token", "<im_start>": "start_token",
@@ -158,13 +158,13 @@ _MOLMO2 = ("{{- bos_token or eos_token -}}"
            "{%- endif -%}"
            "{%- for message in messages -%}"
            "{{- '<|im_start|>' + message['role'] + '\\n' -}}" + _MOLMO2_TEXT + "{{- '<|im_end|>\\n' -}}"
-           "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|im_start|>assistant\\n'"))
+           "{%- endfor -%}" + GENERATION.replace("PROMPT", "'<|im_start|>assistant\\n'"))
 # Step3 (module docstring): "<|BOT|>role\n...<|EOT|>" after the bos, the turn markers ChatML's.
 _STEP3P7 = _roles("'<|im_start|>user\\n'", "'<|im_start|>assistant\\n'", "'<|im_start|>system\\n'", "'<|im_end|>'",
-                  "'<|im_end|>'", "'IMAGE_TOKEN'", "'<|im_start|>assistant\\n'", _BOS)
+                  "'<|im_end|>'", "'IMAGE_TOKEN'", "'<|im_start|>assistant\\n'", BOS)
 # MiniMax (module docstring): "]~b]role\n...[e~[\n", the answer's role "ai", the markers ChatML's.
 _MINIMAX = _roles("'<|im_start|>user\\n'", "'<|im_start|>ai\\n'", "'<|im_start|>system\\n'", "'<|im_end|>\\n'",
-                  "'<|im_end|>\\n'", "'IMAGE_TOKEN'", "'<|im_start|>ai\\n'", _BOS)
+                  "'<|im_end|>\\n'", "'IMAGE_TOKEN'", "'<|im_start|>ai\\n'", BOS)
 
 # the families here whose stock image processor needs torchvision -> ours (what a snapshot loads without it)
 TORCH_OP_IMAGES = {"molmo2": Molmo2ImageProcessorNoTV, "step3p7": Step3p7ImageProcessorNoTV,

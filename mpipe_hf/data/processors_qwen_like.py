@@ -45,7 +45,7 @@ from transformers.processing_utils import ProcessorMixin
 from .family_data import FamilyData
 from .processors_glm import GLM_VIDEO_IDS, GLM_VIDEO_TOKENS, glm_processor, with_video_markers
 from .processors_vlm import conversation_class, named_tokenizer
-from .templates import _CONTENT, _GENERATION, _GLM4V, _GLM_CONTENT, _IMAGES, _TEXTS, _chatml
+from .templates import CONTENT, GENERATION, _GLM4V, _GLM_CONTENT, IMAGES, TEXTS, chatml
 
 DATA: dict[str, FamilyData] = {}
 
@@ -63,7 +63,7 @@ _GLM46V = ("{{- '[gMASK]<sop>' -}}"
            "{%- else -%}{{- '<|' + message['role'] + '|>\\n' -}}{%- endif -%}"
            + _GLM_CONTENT +
            "{%- if message['role'] == 'assistant' -%}{{- eos_token -}}{%- endif -%}"
-           "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|assistant|>\\n<think></think>\\n'"))
+           "{%- endfor -%}" + GENERATION.replace("PROMPT", "'<|assistant|>\\n<think></think>\\n'"))
 
 
 def _glm_image_processor(cls_name: str):
@@ -109,7 +109,7 @@ DATA["glm46v"] = FamilyData(_glm_image_processor("Glm46VImageProcessorPil"), _gl
 DATA["glmga"] = _glm("glmga", "GlmgaImageProcessorPil", _GLM46V)
 DATA["glm_ocr"] = _glm("glm_ocr", "Glm46VImageProcessorPil", _GLM4V)  # GLM-4.1V's turns, no reasoning block
 DATA["cosmos3_omni"] = FamilyData(_glm_image_processor("Qwen2VLImageProcessorPil"),
-                                  _image_only(Qwen3VLProcessor, "cosmos3_omni"), _chatml(None),
+                                  _image_only(Qwen3VLProcessor, "cosmos3_omni"), chatml(None),
                                   hub_image_token="<|image_pad|>", repeated=True, pixel_bounded=True)
 class _Cosmos3EdgeProcessor(Cosmos3EdgeProcessor):
     """``Cosmos3EdgeProcessor`` returning ``mm_token_type_ids``, which ``Cosmos3EdgeModel`` requires with images
@@ -120,7 +120,7 @@ class _Cosmos3EdgeProcessor(Cosmos3EdgeProcessor):
 
 
 DATA["cosmos3_edge"] = FamilyData(_glm_image_processor("Cosmos3EdgeImageProcessorPil"),
-                                  _image_only(_Cosmos3EdgeProcessor, "cosmos3_edge"), _chatml(None),
+                                  _image_only(_Cosmos3EdgeProcessor, "cosmos3_edge"), chatml(None),
                                   hub_image_token="<|image_pad|>", repeated=True, pixel_bounded=True)
 
 # PaddleOCR-VL: <|begin_of_sentence|> (the tokenizer's BOS, where it has one), a user turn "User: " + its images
@@ -129,11 +129,11 @@ DATA["cosmos3_edge"] = FamilyData(_glm_image_processor("Cosmos3EdgeImageProcesso
 # <|IMAGE_START|>/<|IMAGE_END|> are plain text in a vocabulary without them (the Qwen2 one).
 _PADDLEOCR_VL = ("{%- if bos_token -%}{{- bos_token -}}{%- endif -%}"
                  "{%- for message in messages -%}"
-                 "{%- if message['role'] == 'assistant' -%}{{- 'Assistant: ' -}}" + _TEXTS + "{{- eos_token -}}"
+                 "{%- if message['role'] == 'assistant' -%}{{- 'Assistant: ' -}}" + TEXTS + "{{- eos_token -}}"
                  "{%- else -%}{%- if message['role'] == 'user' -%}{{- 'User: ' -}}{%- endif -%}" +
-                 _IMAGES.replace("IMAGE", "'<|IMAGE_START|>IMAGE_TOKEN<|IMAGE_END|>'") + _TEXTS + "{{- '\\n' -}}"
+                 IMAGES.replace("IMAGE", "'<|IMAGE_START|>IMAGE_TOKEN<|IMAGE_END|>'") + TEXTS + "{{- '\\n' -}}"
                  "{%- endif -%}"
-                 "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'Assistant: '"))
+                 "{%- endfor -%}" + GENERATION.replace("PROMPT", "'Assistant: '"))
 DATA["paddleocr_vl"] = FamilyData(_glm_image_processor("PaddleOCRVLImageProcessorPil"),
                                   _image_only(PaddleOCRVLProcessor, "paddleocr_vl", video=False), _PADDLEOCR_VL,
                                   hub_image_token="<|IMAGE_PLACEHOLDER|>",
@@ -146,14 +146,14 @@ DATA["paddleocr_vl"] = FamilyData(_glm_image_processor("PaddleOCRVLImageProcesso
 # it (templates.STAND_INS), so that the end of each answer is one special token and labelled.
 _EXAONE = ("{%- for message in messages -%}"
            "{{- '[|' + message['role'] + '|]' -}}" +
-           _CONTENT.replace("IMAGE", "'<|vision_start|>IMAGE_TOKEN<|vision_end|>'") +
+           CONTENT.replace("IMAGE", "'<|vision_start|>IMAGE_TOKEN<|vision_end|>'") +
            "{{- '[|endofturn|]\\n' -}}"
-           "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'[|assistant|]'"))
+           "{%- endfor -%}" + GENERATION.replace("PROMPT", "'[|assistant|]'"))
 DATA["exaone4_5"] = FamilyData(_glm_image_processor("Qwen2VLImageProcessorPil"),
                                _image_only(Exaone4_5_Processor, "exaone4_5"), _EXAONE,
                                hub_image_token="<|image_pad|>", repeated=True, pixel_bounded=True)
 DATA["llava_onevision1_5"] = FamilyData(_glm_image_processor("Qwen2VLImageProcessorPil"),
-                                        _image_only(Exaone4_5_Processor, "llava_onevision1_5"), _chatml(None),
+                                        _image_only(Exaone4_5_Processor, "llava_onevision1_5"), chatml(None),
                                         hub_image_token="<|image_pad|>", repeated=True, pixel_bounded=True)
 
 
@@ -165,7 +165,7 @@ def _video_llama_3_images(config, min_pixels: int, max_pixels: int):
 
 
 DATA["video_llama_3"] = FamilyData(_video_llama_3_images, _image_only(VideoLlama3Processor, "video_llama_3"),
-                                   _chatml(None, "'IMAGE_TOKEN\\n'"), hub_image_token="<|image_pad|>",
+                                   chatml(None, "'IMAGE_TOKEN\\n'"), hub_image_token="<|image_pad|>",
                                    repeated=True, pixel_bounded=True)
 
 _ERNIE_TOKENS = {"image_token": ("<|IMAGE_PLACEHOLDER|>", "<|image_pad|>"),
@@ -211,22 +211,22 @@ _OMNI_SYSTEM = ("You are Qwen, a virtual human developed by the Qwen Team, Aliba
                 "auditory and visual inputs, as well as generating text and speech.")
 DATA["qwen2_5_omni_thinker"] = FamilyData(
     _glm_image_processor("Qwen2VLImageProcessorPil"), _omni_processor("Qwen2_5OmniProcessor", "qwen2_5_omni_thinker"),
-    _chatml(_OMNI_SYSTEM, "'<|vision_bos|>IMAGE_TOKEN<|vision_eos|>'"), hub_image_token="<|IMAGE|>",
+    chatml(_OMNI_SYSTEM, "'<|vision_bos|>IMAGE_TOKEN<|vision_eos|>'"), hub_image_token="<|IMAGE|>",
     tokens=_omni_tokens("<|IMAGE|>", "<|VIDEO|>", "<|AUDIO|>", ("<|vision_bos|>", "<|vision_eos|>"),
                         ("<|audio_bos|>", "<|audio_eos|>")),
     config_ids=_OMNI_IDS, repeated=True, pixel_bounded=True)
 DATA["qwen3_omni_moe_thinker"] = FamilyData(
     _glm_image_processor("Qwen2VLImageProcessorPil"),
-    _omni_processor("Qwen3OmniMoeProcessor", "qwen3_omni_moe_thinker"), _chatml(None),
+    _omni_processor("Qwen3OmniMoeProcessor", "qwen3_omni_moe_thinker"), chatml(None),
     hub_image_token="<|image_pad|>",
     tokens=_omni_tokens("<|image_pad|>", "<|video_pad|>", "<|audio_pad|>", ("<|vision_start|>", "<|vision_end|>"),
                         ("<|audio_start|>", "<|audio_end|>")),
     config_ids=_OMNI_IDS, repeated=True, pixel_bounded=True)
 DATA["lfm3_vl"] = FamilyData(_glm_image_processor("Qwen2VLImageProcessorPil"), _image_only(Lfm3VlProcessor, "lfm3_vl"),
-                             _chatml(None), hub_image_token="<|image_pad|>", repeated=True, pixel_bounded=True)
+                             chatml(None), hub_image_token="<|image_pad|>", repeated=True, pixel_bounded=True)
 DATA["hyperclovax_vision_v2"] = FamilyData(_glm_image_processor("Qwen2VLImageProcessorPil"),
                                            _image_only(HyperCLOVAXVisionV2Processor, "hyperclovax_vision_v2"),
-                                           _chatml(None), hub_image_token="<|image_pad|>", repeated=True,
+                                           chatml(None), hub_image_token="<|image_pad|>", repeated=True,
                                            pixel_bounded=True)
 
 
@@ -264,10 +264,10 @@ _MINICPM_TOKENS = {"image_token": ("<unk>", "<|image_pad|>"), "video_token": ("<
                    "image_id_end_token": ("</image_id>", "<|box_end|>")}
 _MINICPM_IDS = {"image_token": "image_token_id", "video_token": "video_token_id"}
 DATA["minicpmv4_6"] = FamilyData(_minicpm_images, _image_only(_image_minicpm(MiniCPMV4_6Processor), "minicpmv4_6"),
-                                 _chatml(None, "'IMAGE_TOKEN\\n'"), hub_image_token="<unk>", tokens=_MINICPM_TOKENS,
+                                 chatml(None, "'IMAGE_TOKEN\\n'"), hub_image_token="<unk>", tokens=_MINICPM_TOKENS,
                                  config_ids=_MINICPM_IDS)
 DATA["minicpmv4_7"] = FamilyData(_minicpm_images, _image_only(_image_minicpm(MiniCPMV4_7Processor), "minicpmv4_7"),
-                                 _chatml(None, "'IMAGE_TOKEN\\n'"), hub_image_token="<unk>", tokens=_MINICPM_TOKENS,
+                                 chatml(None, "'IMAGE_TOKEN\\n'"), hub_image_token="<unk>", tokens=_MINICPM_TOKENS,
                                  config_ids={**_MINICPM_IDS, "image_start_token": "image_start_id",
                                              "image_end_token": "image_end_id", "slice_start_token": "slice_start_id",
                                              "slice_end_token": "slice_end_id"})
@@ -280,10 +280,10 @@ _HUNYUAN = ("{{- '<｜hy_begin▁of▁sentence｜>' -}}"
             "{%- for message in messages -%}"
             "{%- if message['role'] == 'user' -%}{{- '<｜hy_User｜>' -}}"
             "{%- elif message['role'] == 'assistant' -%}{{- '<｜hy_Assistant｜>' -}}{%- endif -%}" +
-            _CONTENT.replace("IMAGE", "'<|vision_start|>IMAGE_TOKEN<|vision_end|>'") +
+            CONTENT.replace("IMAGE", "'<|vision_start|>IMAGE_TOKEN<|vision_end|>'") +
             "{%- if message['role'] == 'assistant' -%}{{- eos_token -}}"
             "{%- elif message['role'] == 'system' -%}{{- '<｜hy_place▁holder▁no▁3｜>' -}}{%- endif -%}"
-            "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<｜hy_Assistant｜>'"))
+            "{%- endfor -%}" + GENERATION.replace("PROMPT", "'<｜hy_Assistant｜>'"))
 
 
 def _hunyuan_processor(config, tokenizer, image_processor):

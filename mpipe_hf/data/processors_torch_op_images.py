@@ -37,18 +37,18 @@ from .processors_kimi_ocr import TORCH_OP_IMAGES as _KIMI_OCR_IMAGES
 from .processors_molmo2_step3p7_minimax import TORCH_OP_IMAGES as _MOLMO2_STEP3P7_MINIMAX_IMAGES
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
 from .processors_llava_like import _AYA
-from .templates import _BOS, _CONTENT, _GENERATION, _chatml
+from .templates import BOS, CONTENT, GENERATION, chatml
 
 # Llama 4 Instruct: <|begin_of_text|>, turns <|header_start|>role<|header_end|>\n\n ... <|eot|>, images <|image|>;
 # the prompt <|header_start|>assistant<|header_end|>\n\n. <|header_start|> and <|eot|> are written as <|im_start|>
 # and <|im_end|> where the vocabulary lacks them (templates.STAND_INS).
-_LLAMA4 = (_BOS + "{%- for message in messages -%}"
+_LLAMA4 = (BOS + "{%- for message in messages -%}"
            "{{- '<|header_start|>' + message['role'] + '<|header_end|>\\n\\n' -}}"
-           + _CONTENT.replace("IMAGE", "'IMAGE_TOKEN'") +
+           + CONTENT.replace("IMAGE", "'IMAGE_TOKEN'") +
            "{{- '<|eot|>' -}}"
-           "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|header_start|>assistant<|header_end|>\\n\\n'"))
+           "{%- endfor -%}" + GENERATION.replace("PROMPT", "'<|header_start|>assistant<|header_end|>\\n\\n'"))
 # LFM2-VL: <|startoftext|> (the bos) then ChatML, images <image>.
-_LFM2_VL = _BOS + _chatml(None, "'IMAGE_TOKEN'")
+_LFM2_VL = BOS + chatml(None, "'IMAGE_TOKEN'")
 
 
 class _NamedLlama4Processor(Llama4Processor):

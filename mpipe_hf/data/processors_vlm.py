@@ -36,6 +36,8 @@ from transformers.processing_utils import ProcessorMixin
 from transformers.utils import is_torchvision_available
 from transformers.video_processing_utils import VideoProcessorMixin
 
+from .markers import named_tokenizer
+from .stock_classes import conversation_class, tower_patch as _patch, tower_side as _side
 from .processors_glm import GLM_VIDEO_IDS, GLM_VIDEO_TOKENS, glm_processor, with_video_markers
 
 # model_type -> {tokenizer attribute: (the hub checkpoints' token, the Qwen2 special token standing in)}
@@ -78,73 +80,6 @@ CONFIG_TOKEN_IDS["glm4v_moe"] = CONFIG_TOKEN_IDS["glm4v"]
 QWEN3_LIKE = ("qwen3_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl_moe")  # the Qwen3-VL processor and image grid
 GLM_LIKE = ("glm4v", "glm4v_moe")
 VIDEO_FREE = {"gemma3", "paligemma", "mistral3", "llava_next", "idefics3"}  # stock classes without a video processor
-
-
-def _token_of(tokenizer, config, model_type: str, name: str) -> str:
-    """The token ``tokenizer.<name>`` should be (module docstring), for ``config.model_type == model_type``.
-
-    Raises:
-        ValueError: neither the hub token nor its stand-in is in the vocabulary.
-    """
-    from .more_families import MORE  # issue 38's families declare theirs (.family_data)
-    declared = MORE.get(model_type)
-    attr = (declared.config_ids if declared else CONFIG_TOKEN_IDS.get(model_type, {})).get(name)
-    token_id = getattr(config, attr, None) if attr else None
-    if token_id is not None:
-        return tokenizer.convert_ids_to_tokens(int(token_id))
-    own = getattr(tokenizer, "_special_tokens_map", {}).get(name)
-    if own is not None:
-        return str(own)
-    hub, stand_in = (declared.tokens if declared else FAMILY_TOKENS[model_type])[name]
-    vocab = tokenizer.get_vocab()
-    for token in (hub, stand_in):
-        if token in vocab:
-            return token
-    raise ValueError(f"{model_type}: the tokenizer has neither {hub!r} nor {stand_in!r} for its {name}")
-
-
-def named_tokenizer(tokenizer, config):
-    """``tokenizer`` with the image markers of ``config.model_type`` named (``tokenizer.image_token``,
-    ``tokenizer.image_token_id``, ...; :data:`FAMILY_TOKENS`), as a checkpoint's tokenizer names them in its
-    ``tokenizer_config.json``. A copy when a name is missing or differs, else ``tokenizer`` itself; no token is
-    added to the vocabulary (every name maps to a token already in it).
-
-    Raises:
-        ValueError: a marker has no token in the vocabulary (:func:`_token_of`).
-    """
-    from .more_families import MORE
-    model_type = config.model_type
-    markers = MORE[model_type].tokens if model_type in MORE else FAMILY_TOKENS.get(model_type, {})
-    names = {name: _token_of(tokenizer, config, model_type, name) for name in markers}
-    current = getattr(tokenizer, "_special_tokens_map", {})
-    if all(str(current.get(name)) == token for name, token in names.items()):
-        return tokenizer
-    named = copy.deepcopy(tokenizer)
-    named._set_model_specific_special_tokens(names)
-    return named
-
-
-def conversation_class(base: type, model_type: str) -> type:
-    """``base`` (a stock processor class) with ``video_processor=None`` (or a torchvision-free one,
-    :class:`~.video_processor.QwenVideoProcessor`) accepted and ``save_pretrained`` writing what a hub snapshot
-    holds (module docstring); ``model_type`` is its family (``mpipe_model_type``)."""
-
-    def check_argument_for_proper_class(self, argument_name, argument):
-        if argument_name == "video_processor" and (argument is None or isinstance(argument, VideoProcessorMixin)):
-            return type(argument)  # transformers names VideoProcessorMixin for this check only with torchvision
-        return base.check_argument_for_proper_class(self, argument_name, argument)
-
-    def save_pretrained(self, save_directory, **kwargs):
-        """What a hub snapshot holds for the processor (:func:`mpipe_hf.data.hub.save_processor`: the stock class's
-        name, so that ``AutoProcessor`` loads it where torchvision is installed), with the chat template."""
-        from .hub import save_processor
-        from .templates import chat_template_for
-        return save_processor(save_directory, self, model_type, chat_template_for(self, model_type))
-
-    prefix = "" if model_type in VIDEO_FREE else "ImageOnly"
-    members = {"check_argument_for_proper_class": check_argument_for_proper_class,
-               "save_pretrained": save_pretrained, "mpipe_model_type": model_type}
-    return type(f"{prefix}{base.__name__.lstrip('_')}", (base,), members)
 
 
 class _ConversationPaliGemmaProcessor(PaliGemmaProcessor):
@@ -272,17 +207,6 @@ def _mistral3_class() -> type:
         from transformers import PixtralProcessor
         return conversation_class(PixtralProcessor, "mistral3")
     return conversation_class(_PilPixtralProcessor, "mistral3")
-
-
-def _side(config) -> int:
-    """The vision tower's input side in px (an int, or InternVL's ``[h, w]``)."""
-    size = config.vision_config.image_size
-    return int(size[0] if isinstance(size, (list, tuple)) else size)
-
-
-def _patch(config) -> int:
-    size = config.vision_config.patch_size
-    return int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
 def family_image_processor(config, min_pixels: int, max_pixels: int):

@@ -31,11 +31,11 @@ def _has_vision_tower(model_type: str) -> bool:
 
 
 def needs_stock_processor(model_type: str) -> bool:
-    """Whether the family has no processor here (:data:`~.processor.PROCESSOR_TYPES`) but one in transformers: a
+    """Whether the family has no processor here (:func:`~mpipe_hf.families.registry.family_data`) but one in transformers: a
     stock image processor, or a vision tower whose checkpoint names its processor (FastVLM's and Gemma 3n's, whose
     timm towers need torchvision anyway; Perception-LM's, torchvision only)."""
-    from .processor import PROCESSOR_TYPES
-    if model_type in PROCESSOR_TYPES:
+    from ..families.registry import family_data
+    if family_data(model_type) is not None:
         return False
     return bool(stock_image_backends(model_type)) or _has_vision_tower(model_type)
 

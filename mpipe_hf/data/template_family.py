@@ -61,10 +61,10 @@ def _stood_in(template: str) -> str:
 def _family_patterns() -> dict[str, list[tuple[int, re.Pattern]]]:
     """``{model_type: [(probe index, pattern)]}`` for every family with a default chat template: its renderings of
     the first probe it renders, in the hub markers and with the stand-ins."""
-    from .more_families import MORE
-    from .templates import TEMPLATE_TYPES, default_chat_template
+    from ..families.registry import all_data
+    from .templates import default_chat_template
     patterns = {}
-    for model_type in sorted({*TEMPLATE_TYPES, *MORE}):
+    for model_type in sorted(all_data()):
         hub = default_chat_template(model_type, PROBE_IMAGE)
         for index, probe in enumerate(PROBES):
             renderings = {_render(t, probe) for t in (hub, _stood_in(hub))} - {None}
@@ -76,19 +76,19 @@ def _family_patterns() -> dict[str, list[tuple[int, re.Pattern]]]:
 
 def template_families(template) -> list[str]:
     """The model types whose chat template renders as ``template`` does (module docstring), those of
-    :data:`~.templates.TEMPLATE_TYPES` first (the original families: ``qwen2_5_vl`` before a later family that took
-    up its format), each group sorted; ``[]`` for a
+    the owners of the format first (``FamilyData.template_owner``: ``qwen2_5_vl`` before a family that took up
+    its format), each group sorted; ``[]`` for a
     template of no known family, an empty one, or one that is not a string (a dict of named templates: its
     ``default``)."""
     if isinstance(template, dict):
         template = template.get("default")
     if not isinstance(template, str) or not template.strip():
         return []
-    from .templates import TEMPLATE_TYPES
+    from ..families.registry import family_data
     renderings = [_render(template, probe) for probe in PROBES]
     return sorted((model_type for model_type, patterns in _family_patterns().items()
                    if any(renderings[i] is not None and p.fullmatch(renderings[i]) for i, p in patterns)),
-                  key=lambda model_type: (model_type not in TEMPLATE_TYPES, model_type))
+                  key=lambda model_type: (not family_data(model_type).template_owner, model_type))
 
 
 def _is_own_default(template, model_type: str) -> bool:

@@ -46,7 +46,7 @@ QWEN_VISION = "<|vision_start|><|image_pad|><|vision_end|>"
 QWEN_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"  # a video part in the Qwen templates (as the hub's)
 
 # The text of one message's content, a string or a list of parts, with each image part as ``IMAGE``.
-_CONTENT = (
+CONTENT = (
     "{%- if message['content'] is string -%}"
     "{{- message['content'] -}}"
     "{%- else -%}"
@@ -61,20 +61,20 @@ _CONTENT = (
 )
 
 
-def _with_video(content: str, video: str) -> str:
-    """``content`` (``_CONTENT`` with its images set) writing each video part as the Jinja string ``video``."""
+def with_video(content: str, video: str) -> str:
+    """``content`` (``CONTENT`` with its images set) writing each video part as the Jinja string ``video``."""
     text = "{%- elif part['type'] == 'text' -%}"
     part = ("{%- elif part['type'] == 'video' or (part['type'] is not defined and 'video' in part) -%}"
             "{{- " + video + " -}}")
     return content.replace(text, part + text, 1)
 
 
-def _chatml(default_system: str | None, image: str = "'" + QWEN_VISION + "'", video: str | None = None) -> str:
-    """ChatML over ``_CONTENT``, with ``default_system`` as the system turn when the first message is not one,
+def chatml(default_system: str | None, image: str = "'" + QWEN_VISION + "'", video: str | None = None) -> str:
+    """ChatML over ``CONTENT``, with ``default_system`` as the system turn when the first message is not one,
     each image part written as the Jinja string ``image`` and, where given, each video part as ``video``."""
-    content = _CONTENT.replace("IMAGE", image)
+    content = CONTENT.replace("IMAGE", image)
     if video is not None:
-        content = _with_video(content, video)
+        content = with_video(content, video)
     head = ""
     if default_system is not None:
         head = ("{%- if loop.first and message['role'] != 'system' -%}"
@@ -104,7 +104,7 @@ _LLAVA = ("{%- for message in messages -%}"
           "{%- elif message['role'] == 'assistant' -%}"
           "{{- 'ASSISTANT: ' -}}"
           "{%- endif -%}"
-          + _CONTENT.replace("{{- IMAGE -}}", _LLAVA_IMAGE) +
+          + CONTENT.replace("{{- IMAGE -}}", _LLAVA_IMAGE) +
           "{%- if message['role'] == 'assistant' -%}"
           "{{- eos_token -}}"
           "{%- else -%}"
@@ -117,24 +117,24 @@ _LLAVA = ("{%- for message in messages -%}"
 
 # The text parts of a message (or its string content), and its image parts alone, for templates that write a
 # message's images before its text (LLaVA-NeXT, LLaVA-OneVision, PaliGemma).
-_TEXTS = ("{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}"
+TEXTS = ("{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}"
           "{%- for part in message['content'] if part['type'] == 'text' -%}{{- part['text'] -}}{%- endfor -%}"
           "{%- endif -%}")
-_IMAGES = ("{%- if message['content'] is not string -%}"
+IMAGES = ("{%- if message['content'] is not string -%}"
            "{%- for part in message['content'] if part['type'] == 'image' -%}{{- IMAGE -}}{%- endfor -%}"
            "{%- endif -%}")
-_BOS = "{%- if bos_token -%}{{- bos_token -}}{%- endif -%}"
-_GENERATION = "{%- if add_generation_prompt -%}{{- PROMPT -}}{%- endif -%}"
+BOS = "{%- if bos_token -%}{{- bos_token -}}{%- endif -%}"
+GENERATION = "{%- if add_generation_prompt -%}{{- PROMPT -}}{%- endif -%}"
 
 
-def _image(expr: str) -> str:
-    """``_CONTENT`` with each image part written as the Jinja string ``expr``."""
-    return _CONTENT.replace("IMAGE", expr)
+def image_part(expr: str) -> str:
+    """``CONTENT`` with each image part written as the Jinja string ``expr``."""
+    return CONTENT.replace("IMAGE", expr)
 
 
 # Gemma 3 (gemma-3-*-it): <bos>, turns <start_of_turn>user|model\n ... <end_of_turn>\n, the system text and a blank
 # line before the first user text, text parts trimmed, images <start_of_image>.
-_GEMMA3 = (_BOS +
+_GEMMA3 = (BOS +
            "{%- if messages[0]['role'] == 'system' -%}"
            "{%- set first = messages[0]['content'] if messages[0]['content'] is string "
            "else messages[0]['content'][0]['text'] -%}"
@@ -149,36 +149,36 @@ _GEMMA3 = (_BOS +
            "{%- elif part['type'] == 'text' -%}{{- part['text'] | trim -}}{%- endif -%}"
            "{%- endfor -%}{%- endif -%}"
            "{{- '<end_of_turn>\\n' -}}"
-           "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<start_of_turn>model\\n'"))
+           "{%- endfor -%}" + GENERATION.replace("PROMPT", "'<start_of_turn>model\\n'"))
 
 # PaliGemma (no hub template; its processor's layout "<image>... <bos>prefix\n" + "suffix<eos>", turn by turn): a
 # user or system turn writes its images, the BOS after the first turn's images, its text and a newline; an
 # assistant turn its text and the EOS. No generation prompt (the answer follows the newline).
 _PALIGEMMA = ("{%- for message in messages -%}"
-              "{%- if message['role'] == 'assistant' -%}" + _TEXTS + "{{- eos_token -}}"
-              "{%- else -%}" + _IMAGES.replace("IMAGE", "'IMAGE_TOKEN'") +
-              "{%- if loop.first -%}" + _BOS + "{%- endif -%}" + _TEXTS + "{{- '\\n' -}}"
+              "{%- if message['role'] == 'assistant' -%}" + TEXTS + "{{- eos_token -}}"
+              "{%- else -%}" + IMAGES.replace("IMAGE", "'IMAGE_TOKEN'") +
+              "{%- if loop.first -%}" + BOS + "{%- endif -%}" + TEXTS + "{{- '\\n' -}}"
               "{%- endif -%}"
               "{%- endfor -%}")
 
 # Mistral 3 (Mistral-Small-3.1 v7 format, no default system prompt here): <s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]
 # [INST]...[/INST]answer</s>, images [IMG]. [INST] and the others are control tokens of Mistral's tokenizer and
 # plain text in a vocabulary without them (the Qwen2 one).
-_MISTRAL3 = (_BOS +
+_MISTRAL3 = (BOS +
              "{%- for message in messages -%}"
-             "{%- if message['role'] == 'system' -%}{{- '[SYSTEM_PROMPT]' -}}" + _image("'IMAGE_TOKEN'") +
+             "{%- if message['role'] == 'system' -%}{{- '[SYSTEM_PROMPT]' -}}" + image_part("'IMAGE_TOKEN'") +
              "{{- '[/SYSTEM_PROMPT]' -}}"
-             "{%- elif message['role'] == 'user' -%}{{- '[INST]' -}}" + _image("'IMAGE_TOKEN'") + "{{- '[/INST]' -}}"
-             "{%- else -%}" + _image("'IMAGE_TOKEN'") + "{{- eos_token -}}{%- endif -%}"
+             "{%- elif message['role'] == 'user' -%}{{- '[INST]' -}}" + image_part("'IMAGE_TOKEN'") + "{{- '[/INST]' -}}"
+             "{%- else -%}" + image_part("'IMAGE_TOKEN'") + "{{- eos_token -}}{%- endif -%}"
              "{%- endfor -%}")
 
 # LLaVA-NeXT (llava-v1.6-mistral-7b-hf): <<SYS>>\n...\n<</SYS>>\n\n, [INST] <image>\n...text [/INST], " answer</s> ";
 # a user turn's images first, then its text. No generation prompt.
 _LLAVA_NEXT = ("{%- for message in messages -%}"
-               "{%- if message['role'] == 'system' -%}{{- '<<SYS>>\\n' -}}" + _TEXTS + "{{- '\\n<</SYS>>\\n\\n' -}}"
+               "{%- if message['role'] == 'system' -%}{{- '<<SYS>>\\n' -}}" + TEXTS + "{{- '\\n<</SYS>>\\n\\n' -}}"
                "{%- elif message['role'] == 'user' -%}{{- '[INST] ' -}}" +
-               _IMAGES.replace("IMAGE", "'IMAGE_TOKEN\\n'") + _TEXTS + "{{- ' [/INST]' -}}"
-               "{%- else -%}{{- ' ' -}}" + _TEXTS + "{{- eos_token + ' ' -}}{%- endif -%}"
+               IMAGES.replace("IMAGE", "'IMAGE_TOKEN\\n'") + TEXTS + "{{- ' [/INST]' -}}"
+               "{%- else -%}{{- ' ' -}}" + TEXTS + "{{- eos_token + ' ' -}}{%- endif -%}"
                "{%- endfor -%}")
 
 # LLaVA-OneVision (llava-onevision-qwen2-*-ov-hf): <|im_start|>user <image>\ntext<|im_end|>, images first, then
@@ -187,15 +187,15 @@ _LLAVA_NEXT = ("{%- for message in messages -%}"
 # both are the latter, so a conversation's prefix renders as a prefix of it (and as the original LLaVA-OneVision
 # ChatML trains it).
 _LLAVA_ONEVISION = ("{%- for message in messages -%}"
-                    "{%- if message['role'] == 'assistant' -%}{{- '<|im_start|>assistant\\n' -}}" + _TEXTS +
+                    "{%- if message['role'] == 'assistant' -%}{{- '<|im_start|>assistant\\n' -}}" + TEXTS +
                     "{%- else -%}{{- '<|im_start|>' + message['role'] + ' ' -}}" +
-                    _IMAGES.replace("IMAGE", "'IMAGE_TOKEN'") +
-                    _IMAGES.replace("'image'", "'video'").replace("IMAGE", "'VIDEO_TOKEN'") +
+                    IMAGES.replace("IMAGE", "'IMAGE_TOKEN'") +
+                    IMAGES.replace("'image'", "'video'").replace("IMAGE", "'VIDEO_TOKEN'") +
                     "{%- if message['content'] is string -%}{{- '\\n' + message['content'] -}}{%- else -%}"
                     "{%- for part in message['content'] if part['type'] == 'text' -%}{{- '\\n' + part['text'] -}}"
                     "{%- endfor -%}{%- endif -%}"
                     "{%- endif -%}{{- '<|im_end|>' -}}"
-                    "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|im_start|>assistant\\n'"))
+                    "{%- endfor -%}" + GENERATION.replace("PROMPT", "'<|im_start|>assistant\\n'"))
 
 
 def _idefics(start: str) -> str:
@@ -205,9 +205,9 @@ def _idefics(start: str) -> str:
             "{%- for message in messages -%}"
             "{{- message['role'] | capitalize -}}"
             "{%- if message['content'] is not string and message['content'][0]['type'] == 'image' -%}{{- ':' -}}"
-            "{%- else -%}{{- ': ' -}}{%- endif -%}" + _image("'IMAGE_TOKEN'") +
+            "{%- else -%}{{- ': ' -}}{%- endif -%}" + image_part("'IMAGE_TOKEN'") +
             "{{- '<end_of_utterance>\\n' -}}"
-            "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'Assistant:'"))
+            "{%- endfor -%}" + GENERATION.replace("PROMPT", "'Assistant:'"))
 
 
 # GLM-4.1V / GLM-4.5V: [gMASK]<sop>, turns <|system|>\n / <|user|>\n / <|assistant|>\n, images
@@ -218,32 +218,32 @@ def _idefics(start: str) -> str:
 # as the turn's end token (a special token right after the answer, ConversationEncoder.encode).
 # A video part <|begin_of_video|><|video|><|end_of_video|> (the hub templates'), which the processor expands to a
 # <|begin_of_image|>...<|end_of_image|> and a time per temporal patch (docs/video.md).
-_GLM_CONTENT = _with_video(_image("'<|begin_of_image|>IMAGE_TOKEN<|end_of_image|>'"),
+_GLM_CONTENT = with_video(image_part("'<|begin_of_image|>IMAGE_TOKEN<|end_of_image|>'"),
                            "'<|begin_of_video|>VIDEO_TOKEN<|end_of_video|>'")
 _GLM4V = ("{{- '[gMASK]<sop>' -}}"
           "{%- for message in messages -%}"
           "{{- '<|' + message['role'] + '|>\\n' -}}" + _GLM_CONTENT +
           "{%- if message['role'] == 'assistant' -%}{{- eos_token -}}{%- endif -%}"
-          "{%- endfor -%}" + _GENERATION.replace("PROMPT", "'<|assistant|>\\n'"))
+          "{%- endfor -%}" + GENERATION.replace("PROMPT", "'<|assistant|>\\n'"))
 
 _QWEN_VIDEO = "'" + QWEN_VIDEO + "'"
 _TEMPLATES = {
-    "qwen2_vl": _chatml("You are a helpful assistant.", video=_QWEN_VIDEO),
-    "qwen2_5_vl": _chatml("You are a helpful assistant.", video=_QWEN_VIDEO),
-    "qwen3_vl": _chatml(None, video=_QWEN_VIDEO),
-    "qwen3_5": _chatml(None, video=_QWEN_VIDEO),
-    "qwen3_5_moe": _chatml(None, video=_QWEN_VIDEO),
-    "qwen3_vl_moe": _chatml(None, video=_QWEN_VIDEO),
+    "qwen2_vl": chatml("You are a helpful assistant.", video=_QWEN_VIDEO),
+    "qwen2_5_vl": chatml("You are a helpful assistant.", video=_QWEN_VIDEO),
+    "qwen3_vl": chatml(None, video=_QWEN_VIDEO),
+    "qwen3_5": chatml(None, video=_QWEN_VIDEO),
+    "qwen3_5_moe": chatml(None, video=_QWEN_VIDEO),
+    "qwen3_vl_moe": chatml(None, video=_QWEN_VIDEO),
     "llava": _LLAVA,
     "glm4v": _GLM4V,
     "glm4v_moe": _GLM4V,
     "gemma3": _GEMMA3,
     "paligemma": _PALIGEMMA,
-    "internvl": _chatml(None, "'IMAGE_TOKEN\\n'"),
+    "internvl": chatml(None, "'IMAGE_TOKEN\\n'"),
     "mistral3": _MISTRAL3,
     "llava_next": _LLAVA_NEXT,
     "llava_onevision": _LLAVA_ONEVISION,
-    "idefics3": _idefics(_BOS),  # the hub writes '<|begin_of_text|>', Llama 3's BOS
+    "idefics3": _idefics(BOS),  # the hub writes '<|begin_of_text|>', Llama 3's BOS
     "smolvlm": _idefics("{{- '<|im_start|>' -}}"),
 }
 TEMPLATE_TYPES = sorted(_TEMPLATES)
@@ -278,14 +278,13 @@ def default_chat_template(model_type: str, image_token: str | None = None, token
     Raises:
         ValueError: ``model_type`` has no template here (the message lists the supported ones).
     """
-    from .more_families import MORE  # issue 38's families declare theirs (.family_data)
-    templates = {**_TEMPLATES, **{t: d.template for t, d in MORE.items()}}
-    if model_type not in templates:
-        raise ValueError(f"model_type {model_type!r} has no default chat template; supported: {sorted(templates)}")
-    hub = MORE[model_type].hub_image_token if model_type in MORE else HUB_IMAGE_TOKENS.get(model_type, "<image>")
-    image_token = image_token or hub
-    template = templates[model_type].replace("IMAGE_TOKEN", image_token.replace("'", "\\'"))
-    video_token = video_token or HUB_VIDEO_TOKENS.get(model_type, "<|video|>")
+    from ..families.registry import all_data, family_data
+    declared = family_data(model_type)
+    if declared is None:
+        raise ValueError(f"model_type {model_type!r} has no default chat template; supported: {sorted(all_data())}")
+    image_token = image_token or declared.hub_image_token
+    template = declared.template.replace("IMAGE_TOKEN", image_token.replace("'", "\\'"))
+    video_token = video_token or declared.hub_video_token
     template = template.replace("VIDEO_TOKEN", video_token.replace("'", "\\'"))
     if tokenizer is not None:
         vocab = tokenizer.get_vocab()

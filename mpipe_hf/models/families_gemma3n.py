@@ -19,8 +19,8 @@ from .families import validate_counted_micro
 from .family import Family
 from .gemma3n_altup import EMBED_PARTS, HEAD_PARTS, altup_stage
 from .gemma4_new import refuse_other_modalities
-from .tiny import _text
-from .tiny_vlms import _id
+from .tiny import text_keys
+from .tiny import token_id
 
 
 def _gemma3n_tokens(model: nn.Module):
@@ -71,9 +71,9 @@ def tiny_gemma3n_text_config(tokenizer, num_layers: int = 8, hidden_size: int = 
     types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(num_layers)]
     types[-1] = "full_attention"
     sparse = num_layers // 4
-    text = _text(tokenizer, num_layers, hidden_size, tie=True, head_dim=hidden_size // 4, sliding_window=sliding_window,
+    text = text_keys(tokenizer, num_layers, hidden_size, tie=True, head_dim=hidden_size // 4, sliding_window=sliding_window,
                  layer_types=types, hidden_size_per_layer_input=8,
-                 vocab_size_per_layer_input=_id(tokenizer, "<|vision_end|>"), num_kv_shared_layers=num_layers // 3,
+                 vocab_size_per_layer_input=token_id(tokenizer, "<|vision_end|>"), num_kv_shared_layers=num_layers // 3,
                  laurel_rank=8, altup_num_inputs=4, final_logit_softcapping=30.0,
                  activation_sparsity_pattern=[0.95] * sparse + [0.0] * (num_layers - sparse))
     text["intermediate_size"] = [text["intermediate_size"]] * num_layers
@@ -91,14 +91,14 @@ def tiny_gemma3n_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
     ``embed_audio``'s. Building the model needs timm (and so torchvision); the config does not."""
     from transformers import Gemma3nConfig
     text = tiny_gemma3n_text_config(tokenizer, num_layers, hidden_size).to_dict()
-    vision_offset = _id(tokenizer, "<|vision_end|>")
+    vision_offset = token_id(tokenizer, "<|vision_end|>")
     vision = dict(architecture="mobilenetv5_300m_enc", hidden_size=2048, vocab_size=4, vocab_offset=vision_offset,
                   model_args={"channel_multiplier": 0.0625, "msfa_output_resolution": 2,
                               "layer_scale_init_value": 1.0})
     audio = dict(hidden_size=32, vocab_size=8, vocab_offset=vision_offset + 4, conf_num_hidden_layers=1,
                  conf_num_attention_heads=2, input_feat_size=16, sscp_conv_channel_size=[8, 8])
     return Gemma3nConfig(text_config=text, vision_config=vision, audio_config=audio, vision_soft_tokens_per_image=4,
-                         image_token_id=_id(tokenizer, "<|image_pad|>"),
-                         boi_token_id=_id(tokenizer, "<|vision_start|>"), eoi_token_id=vision_offset,
-                         audio_token_id=vision_offset + 5, boa_token_id=_id(tokenizer, "<|box_start|>"),
+                         image_token_id=token_id(tokenizer, "<|image_pad|>"),
+                         boi_token_id=token_id(tokenizer, "<|vision_start|>"), eoi_token_id=vision_offset,
+                         audio_token_id=vision_offset + 5, boa_token_id=token_id(tokenizer, "<|box_start|>"),
                          eoa_token_id=vision_offset + 4, tie_word_embeddings=True)

@@ -25,7 +25,7 @@ from .decoder import DecoderStage, layer_type_masks
 from .families import validate_counted_micro
 from .family import Family
 from .gemma4_new import refuse_other_modalities
-from .tiny import _text
+from .tiny import text_keys
 
 # Inkling's layer type -> the transformers mask type its text model builds for it
 MASK_TYPE = {"hybrid": "full_attention", "hybrid_sliding": "sliding_attention"}
@@ -121,7 +121,7 @@ def tiny_inkling_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
     from transformers import InklingConfig
     types = ["hybrid_sliding" if i % 2 == 0 else "hybrid" for i in range(num_layers)]
     types[-1] = "hybrid"
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, swa_num_attention_heads=4,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, swa_num_attention_heads=4,
                  swa_num_key_value_heads=2, swa_head_dim=hidden_size // 4, sliding_window_size=16, d_rel=4,
                  rel_extent=32, log_scaling_n_floor=8, layer_types=types, conv_kernel_size=4,
                  mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1), moe_intermediate_size=hidden_size // 2,

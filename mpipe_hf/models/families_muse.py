@@ -12,8 +12,8 @@ from torch import nn
 from .decoder import DecoderStage
 from .families import validate_counted_micro
 from .family import Family
-from .tiny import _qwen_specials, _text
-from .tiny_vlms import VISION
+from .tiny import qwen_special_ids, text_keys
+from .tiny import VISION
 
 
 class NoRopeStage(DecoderStage):
@@ -49,11 +49,11 @@ def tiny_muse_glimmer_config(tokenizer, num_layers: int = 8, hidden_size: int = 
     order) then moved the step-2 gradients by 2e-4 of their largest (Muse Spark's by 6.7e-3), against 8e-6 (4e-5)
     at 1.0 (:func:`~.tiny.usual_temperature` gives Gemma 4 the same start)."""
     from transformers import MuseGlimmerConfig
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, sliding_window=16,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, sliding_window=16,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, qk_scale_factor=1.0)
     vision = dict(patch_size=14, pos_emb_height=4, pos_emb_width=4, max_position_embeddings=16, patch_temporal=2,
                   merge_size=2, layer_types=["window_attention", "full_attention"], **VISION)
-    ids = _qwen_specials(tokenizer)
+    ids = qwen_special_ids(tokenizer)
     return MuseGlimmerConfig(text_config=text, vision_config=vision, out_hidden_size=4 * VISION["hidden_size"],
                              projector_hidden_size=hidden_size, tie_word_embeddings=False,
                              image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"])

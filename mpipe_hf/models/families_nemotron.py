@@ -27,7 +27,7 @@ from .decoder import DecoderStage, layer_type_masks
 from .families import validate_counted_micro
 from .family import Family
 from .gemma4_new import refuse_other_modalities
-from .tiny_vlms import _id
+from .tiny import token_id
 
 ATTENTION_TYPES = frozenset({"full_attention", "linear_attention"})  # the types NemotronHModel builds masks for
 
@@ -109,5 +109,5 @@ def tiny_nemotron_h_omni_config(tokenizer, num_layers: int = 8, hidden_size: int
                   image_size=64, max_img_size=256, num_cls_tokens=3, num_registers=2, video_temporal_patch_size=2)
     return NemotronH_Omni_Reasoning_V3_Config(
         text_config=text, vision_config=vision, vision_hidden_size=32, projector_hidden_size=hidden_size,
-        downsample_ratio=0.5, image_token_id=_id(tokenizer, "<|image_pad|>"),
-        video_token_id=_id(tokenizer, "<|video_pad|>"), tie_word_embeddings=False)
+        downsample_ratio=0.5, image_token_id=token_id(tokenizer, "<|image_pad|>"),
+        video_token_id=token_id(tokenizer, "<|video_pad|>"), tie_word_embeddings=False)

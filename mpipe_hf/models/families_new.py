@@ -23,8 +23,8 @@ from .families_muse import MUSE_GLIMMER, tiny_muse_glimmer_config, tiny_muse_spa
 from .families_nemotron import NEMOTRON_H_OMNI, tiny_nemotron_h_omni_config
 from .family import Family
 from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage, unified_masks
-from .tiny import _text
-from .tiny_vlms import _id
+from .tiny import text_keys
+from .tiny import token_id
 
 
 def _gemma4_tokens(model: nn.Module):
@@ -87,7 +87,7 @@ def tiny_gemma4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sl
     from transformers import Gemma4Config
     types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(num_layers)]
     types[-1] = "full_attention"
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, global_head_dim=hidden_size // 2,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, global_head_dim=hidden_size // 2,
                  sliding_window=sliding_window, layer_types=types, hidden_size_per_layer_input=8,
                  vocab_size_per_layer_input=len(tokenizer), num_kv_shared_layers=num_layers // 3,
                  attention_k_eq_v=True, num_global_key_value_heads=1, use_bidirectional_attention="vision",
@@ -96,8 +96,8 @@ def tiny_gemma4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sl
                   num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2,
                   position_embedding_size=256)
     return Gemma4Config(text_config=text, vision_config=vision, audio_config=None, tie_word_embeddings=False,
-                        image_token_id=_id(tokenizer, "<|image_pad|>"), video_token_id=_id(tokenizer, "<|video_pad|>"),
-                        boi_token_id=_id(tokenizer, "<|vision_start|>"), eoi_token_id=_id(tokenizer, "<|vision_end|>"))
+                        image_token_id=token_id(tokenizer, "<|image_pad|>"), video_token_id=token_id(tokenizer, "<|video_pad|>"),
+                        boi_token_id=token_id(tokenizer, "<|vision_start|>"), eoi_token_id=token_id(tokenizer, "<|vision_end|>"))
 
 
 def tiny_gemma4_unified_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sliding_window: int = 16):
@@ -110,17 +110,17 @@ def tiny_gemma4_unified_config(tokenizer, num_layers: int = 8, hidden_size: int 
     from transformers import Gemma4UnifiedConfig
     types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(num_layers)]
     types[-1] = "full_attention"
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, global_head_dim=hidden_size // 2,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, global_head_dim=hidden_size // 2,
                  sliding_window=sliding_window, layer_types=types, num_kv_shared_layers=num_layers // 3,
                  attention_k_eq_v=True, num_global_key_value_heads=1, use_bidirectional_attention="vision",
                  final_logit_softcapping=30.0)
     vision = dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=hidden_size, mm_posemb_size=16,
                   output_proj_dims=hidden_size)
     return Gemma4UnifiedConfig(text_config=text, vision_config=vision, audio_config=None, tie_word_embeddings=True,
-                               image_token_id=_id(tokenizer, "<|image_pad|>"),
-                               video_token_id=_id(tokenizer, "<|video_pad|>"),
-                               boi_token_id=_id(tokenizer, "<|vision_start|>"),
-                               eoi_token_id=_id(tokenizer, "<|vision_end|>"))
+                               image_token_id=token_id(tokenizer, "<|image_pad|>"),
+                               video_token_id=token_id(tokenizer, "<|video_pad|>"),
+                               boi_token_id=token_id(tokenizer, "<|vision_start|>"),
+                               eoi_token_id=token_id(tokenizer, "<|vision_end|>"))
 
 
 def tiny_llama4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
@@ -132,7 +132,7 @@ def tiny_llama4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
     untied embeddings, as the real models. The LM head is ``language_model.lm_head``. Images are
     ``<|image_pad|>`` x 4 per tile."""
     from transformers import Llama4Config
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, intermediate_size_mlp=2 * hidden_size,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, intermediate_size_mlp=2 * hidden_size,
                  num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layer_interval=4,
                  attention_chunk_size=8, floor_scale=4, attn_scale=0.1, rope_parameters={"rope_type": "default",
                                                                                        "rope_theta": 10000.0})
@@ -141,9 +141,9 @@ def tiny_llama4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
                   projector_output_dim=hidden_size, pixel_shuffle_ratio=0.5, rope_parameters={
                       "rope_type": "default", "rope_theta": 10000.0})
     return Llama4Config(text_config=text, vision_config=vision, tie_word_embeddings=False,
-                        image_token_index=_id(tokenizer, "<|image_pad|>"),
-                        boi_token_index=_id(tokenizer, "<|vision_start|>"),
-                        eoi_token_index=_id(tokenizer, "<|vision_end|>"))
+                        image_token_index=token_id(tokenizer, "<|image_pad|>"),
+                        boi_token_index=token_id(tokenizer, "<|vision_start|>"),
+                        eoi_token_index=token_id(tokenizer, "<|vision_end|>"))
 
 
 def tiny_mistral4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
@@ -155,7 +155,7 @@ def tiny_mistral4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
     rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024,
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
             "llama_4_scaling_beta": 0.1, "partial_rotary_factor": 0.5}
-    text = _text(tokenizer, num_layers, hidden_size, moe_intermediate_size=hidden_size // 2, n_shared_experts=1,
+    text = text_keys(tokenizer, num_layers, hidden_size, moe_intermediate_size=hidden_size // 2, n_shared_experts=1,
                  n_routed_experts=4, num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
                  qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, rope_parameters=rope)
     text["num_key_value_heads"] = text["num_attention_heads"]  # latent attention: one key and value per head

@@ -31,8 +31,8 @@ from .families_qwen_like_omni import (QWEN2_5_OMNI, QWEN3_OMNI, tiny_qwen2_5_omn
                                       tiny_qwen3_omni_moe_thinker_config)
 from .family import Family
 from .packed import is_packed, mrope_positions
-from .tiny import _mrope, _qwen_specials, _text, tiny_glm4v_config, tiny_qwen3_vl_config
-from .tiny_vlms import VISION
+from .tiny import mrope_keys, qwen_special_ids, text_keys, tiny_glm4v_config, tiny_qwen3_vl_config
+from .tiny import VISION
 
 FAMILIES: dict[str, Family] = {}
 TINY: dict = {}  # model_type -> tiny_<type>_config(tokenizer, num_layers=8, ...)
@@ -103,9 +103,9 @@ def rope_family(vision: tuple[str, ...], **extra) -> Family:
 
 
 def _mrope_text(tokenizer, model_type: str, num_layers: int, hidden_size: int, **extra) -> dict:
-    """A text config dict of ``model_type`` with M-RoPE sections over the 16-wide heads (:func:`~.tiny._mrope`)."""
-    return {"model_type": model_type, **_text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4,
-                                              rope_parameters=_mrope(hidden_size), **extra)}
+    """A text config dict of ``model_type`` with M-RoPE sections over the 16-wide heads (:func:`~.tiny.mrope_keys`)."""
+    return {"model_type": model_type, **text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4,
+                                              rope_parameters=mrope_keys(hidden_size), **extra)}
 
 
 def tiny_paddleocr_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
@@ -115,7 +115,7 @@ def tiny_paddleocr_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 
     from transformers import PaddleOCRVLConfig
     vision = dict(model_type="paddleocr_vl_vision", image_size=56, patch_size=14, spatial_merge_size=2, **VISION)
     return PaddleOCRVLConfig(text_config=_mrope_text(tokenizer, "paddleocr_vl_text", num_layers, hidden_size, tie=True),
-                             vision_config=vision, tie_word_embeddings=True, **_qwen_specials(tokenizer))
+                             vision_config=vision, tie_word_embeddings=True, **qwen_special_ids(tokenizer))
 
 
 def tiny_cosmos3_edge_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
@@ -125,7 +125,7 @@ def tiny_cosmos3_edge_config(tokenizer, num_layers: int = 8, hidden_size: int = 
     vision = dict(model_type="cosmos3_edge_vision", patch_size=16, num_patches=16, spatial_merge_size=2, **VISION)
     return Cosmos3EdgeConfig(text_config=_mrope_text(tokenizer, "cosmos3_edge_text", num_layers, hidden_size),
                              vision_config=vision, projector_hidden_size=hidden_size, tie_word_embeddings=False,
-                             **_qwen_specials(tokenizer))
+                             **qwen_special_ids(tokenizer))
 
 
 def tiny_exaone4_5_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sliding_window: int = 16):
@@ -136,9 +136,9 @@ def tiny_exaone4_5_config(tokenizer, num_layers: int = 8, hidden_size: int = 64,
     vision = dict(model_type="exaone4_5_vision", depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
                   num_key_value_heads=1, patch_size=14, temporal_patch_size=2, spatial_merge_size=2,
                   window_size=56, out_hidden_size=hidden_size, fullatt_block_indexes=[1])
-    text = {"model_type": "exaone4", **_text(tokenizer, num_layers, hidden_size, sliding_window=sliding_window,
+    text = {"model_type": "exaone4", **text_keys(tokenizer, num_layers, hidden_size, sliding_window=sliding_window,
                                              sliding_window_pattern=4)}
-    ids = _qwen_specials(tokenizer)
+    ids = qwen_special_ids(tokenizer)
     return Exaone4_5_Config(text_config=text, vision_config=vision, tie_word_embeddings=False,
                             image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"])
 
@@ -149,9 +149,9 @@ def tiny_llava_onevision1_5_config(tokenizer, num_layers: int = 8, hidden_size: 
     from transformers import LlavaOnevision15Config
     vision = dict(model_type="llava_onevision1_5_vision", depth=2, hidden_size=32, intermediate_size=64,
                   num_heads=2, patch_size=14, spatial_merge_size=2, out_hidden_size=hidden_size)
-    text = {"model_type": "qwen3", **_text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4)}
+    text = {"model_type": "qwen3", **text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4)}
     return LlavaOnevision15Config(text_config=text, vision_config=vision, tie_word_embeddings=False,
-                                  **_qwen_specials(tokenizer))
+                                  **qwen_special_ids(tokenizer))
 
 
 def tiny_video_llama_3_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
@@ -159,8 +159,8 @@ def tiny_video_llama_3_config(tokenizer, num_layers: int = 8, hidden_size: int =
     projector, and a Qwen2 text model with 1-D positions; images merged 2 x 2 (``image_merge_sizes``)."""
     from transformers import VideoLlama3Config
     vision = dict(model_type="video_llama_3_vision", patch_size=14, **VISION)
-    text = {"model_type": "qwen2", **_text(tokenizer, num_layers, hidden_size)}
-    ids = _qwen_specials(tokenizer)
+    text = {"model_type": "qwen2", **text_keys(tokenizer, num_layers, hidden_size)}
+    ids = qwen_special_ids(tokenizer)
     return VideoLlama3Config(text_config=text, vision_config=vision, tie_word_embeddings=False,
                              image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"])
 

@@ -16,7 +16,7 @@ from .decoder import DecoderStage
 from .families import validate_counted_micro
 from .family import Family
 from .packed import gather_rows, is_packed, row_positions, unpad_rows
-from .tiny import _qwen_specials, _text
+from .tiny import qwen_special_ids, text_keys
 
 
 def _axes(model) -> int:
@@ -73,11 +73,11 @@ def tiny_hunyuan_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64
     ``<|image_pad|>``, ``<|vision_end|>``; the row separator: ``<|vision_pad|>``. The head is tied to the
     embeddings, as HunyuanOCR's (``HunYuanVLConfig``'s default)."""
     from transformers import HunYuanVLConfig
-    text = _text(tokenizer, num_layers, hidden_size, tie=True, head_dim=hidden_size // 4,
+    text = text_keys(tokenizer, num_layers, hidden_size, tie=True, head_dim=hidden_size // 4,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2, 2]})
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=16,
                   spatial_merge_size=2, out_hidden_size=hidden_size, text_hidden_size=hidden_size)
-    ids = _qwen_specials(tokenizer)
+    ids = qwen_special_ids(tokenizer)
     return HunYuanVLConfig(text_config=text, vision_config=vision, image_token_id=ids["image_token_id"],
                            im_start_id=ids["vision_start_token_id"], im_end_id=ids["vision_end_token_id"],
                            im_newline_id=tokenizer.convert_tokens_to_ids("<|vision_pad|>"), tie_word_embeddings=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from .decoder import DecoderStage
-from .tiny import _qwen_specials, _text
+from .tiny import qwen_special_ids, text_keys
 
 
 class _KnownTypesRotary(nn.Module):
@@ -45,11 +45,11 @@ def tiny_lfm3_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, s
     LFM3 text model in its real layer pattern (``conv`` layers, every fourth a full attention layer with half its
     16-wide heads rotated, ``sliding_window``-token sliding layers between), untied embeddings."""
     from transformers import Lfm3VlConfig
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, sliding_window=sliding_window)
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, sliding_window=sliding_window)
     text.pop("max_position_embeddings")
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, patch_size=16, spatial_merge_size=2)
-    ids = _qwen_specials(tokenizer)
+    ids = qwen_special_ids(tokenizer)
     return Lfm3VlConfig(text_config={"model_type": "lfm3", **text}, vision_config=vision,
                         projector_hidden_size=hidden_size, tie_word_embeddings=False, **ids)
 
@@ -79,9 +79,9 @@ def tiny_hyperclovax_vision_v2_config(tokenizer, num_layers: int = 8, hidden_siz
     vision = dict(model_type="qwen2_5_vl_vision", depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
                   patch_size=14, temporal_patch_size=2, spatial_merge_size=2, window_size=56,
                   out_hidden_size=32, fullatt_block_indexes=[1])
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, embedding_multiplier=2.0,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, embedding_multiplier=2.0,
                  residual_multiplier=0.5, logits_scaling=0.25, attention_multiplier=0.2)
-    ids = _qwen_specials(tokenizer)
+    ids = qwen_special_ids(tokenizer)
     return HyperCLOVAXVisionV2Config(text_config={"model_type": "hyperclovax", **text}, vision_config=vision,
                                      tie_word_embeddings=False, image_token_id=ids["image_token_id"],
                                      video_token_id=ids["video_token_id"])
@@ -97,7 +97,7 @@ def tiny_minicpmv4_6_config(tokenizer, num_layers: int = 8, hidden_size: int = 6
     text = tiny_qwen3_5_config(tokenizer, num_layers, hidden_size).text_config.to_dict()
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   image_size=image_size, patch_size=14, insert_layer_id=0)
-    ids = _qwen_specials(tokenizer)
+    ids = qwen_special_ids(tokenizer)
     return MiniCPMV4_6Config(text_config=text, vision_config=vision, image_size=image_size, insert_layer_id=0,
                              image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"],
                              tie_word_embeddings=False)

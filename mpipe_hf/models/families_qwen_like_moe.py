@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .decoder import DecoderStage
-from .tiny import _qwen_specials, _text
+from .tiny import qwen_special_ids, text_keys
 
 MOE_TYPES = "moe_mm_token_type_ids"
 
@@ -51,14 +51,14 @@ def tiny_ernie4_5_vl_moe_config(tokenizer, num_layers: int = 8, hidden_size: int
     label reads: their gradient is zero by design, which would make every gradient check of them compare zero
     with zero."""
     from transformers import Ernie4_5_VLMoeConfig
-    text = _text(tokenizer, num_layers, hidden_size,
+    text = text_keys(tokenizer, num_layers, hidden_size,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]},
                  moe_intermediate_size=[hidden_size, hidden_size // 2], moe_k=2, moe_num_experts=4,
                  moe_num_shared_experts=1, output_router_logits=True, router_aux_loss_coef=0.01,
                  mlp_layer_types=["dense"] + ["sparse"] * max(num_layers - 2, 1) + ["dense"] * (num_layers > 2))
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
                   spatial_merge_size=2)
-    ids, specials = tokenizer.convert_tokens_to_ids, _qwen_specials(tokenizer)
+    ids, specials = tokenizer.convert_tokens_to_ids, qwen_special_ids(tokenizer)
     return Ernie4_5_VLMoeConfig(
         text_config=text, vision_config=vision, tie_word_embeddings=False,
         image_token_id=specials["image_token_id"], video_token_id=specials["video_token_id"],

@@ -18,7 +18,7 @@ import torch
 from .families import _qwen_tokens, validate_counted_micro
 from .family import Family
 from .packed import gather_rows, is_packed, row_positions, unpad_rows
-from .tiny import _mrope, _qwen_specials, _text
+from .tiny import mrope_keys, qwen_special_ids, text_keys
 
 AUDIO_VIDEO_KEYS = ("input_features", "feature_attention_mask", "audio_feature_lengths", "pixel_values_videos",
                     "video_grid_thw", "video_second_per_grid", "use_audio_in_video")
@@ -87,7 +87,7 @@ def _thinker_ids(tokenizer) -> dict:
     """The thinker's marker ids on the Qwen2 tokens in the same slots of the Qwen2 vocabulary (Omni's
     ``<|AUDIO|>``, ``<|audio_bos|>``, ``<|audio_eos|>`` are Qwen2's ``<|object_ref_start|>``,
     ``<|object_ref_end|>``, ``<|box_start|>``)."""
-    ids, specials = tokenizer.convert_tokens_to_ids, _qwen_specials(tokenizer)
+    ids, specials = tokenizer.convert_tokens_to_ids, qwen_special_ids(tokenizer)
     return dict(image_token_id=specials["image_token_id"], video_token_id=specials["video_token_id"],
                 audio_token_id=ids("<|object_ref_start|>"), audio_start_token_id=ids("<|object_ref_end|>"),
                 audio_end_token_id=ids("<|box_start|>"), vision_start_token_id=specials["vision_start_token_id"],
@@ -101,7 +101,7 @@ def tiny_qwen2_5_omni_thinker_config(tokenizer, num_layers: int = 8, hidden_size
     from transformers import Qwen2_5OmniThinkerConfig
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, temporal_patch_size=2,
                   spatial_merge_size=2, window_size=56, out_hidden_size=hidden_size, fullatt_block_indexes=[1])
-    text = _text(tokenizer, num_layers, hidden_size, rope_parameters=_mrope(hidden_size))
+    text = text_keys(tokenizer, num_layers, hidden_size, rope_parameters=mrope_keys(hidden_size))
     ids = _thinker_ids(tokenizer)
     return Qwen2_5OmniThinkerConfig(
         text_config=text, vision_config=vision, audio_config=dict(AUDIO, output_dim=hidden_size),
@@ -117,8 +117,8 @@ def tiny_qwen3_omni_moe_thinker_config(tokenizer, num_layers: int = 8, hidden_si
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, temporal_patch_size=2,
                   spatial_merge_size=2, out_hidden_size=hidden_size, num_position_embeddings=64,
                   deepstack_visual_indexes=[0, 1])
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4,
-                 rope_parameters={**_mrope(hidden_size), "mrope_interleaved": True}, moe_intermediate_size=hidden_size,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4,
+                 rope_parameters={**mrope_keys(hidden_size), "mrope_interleaved": True}, moe_intermediate_size=hidden_size,
                  num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
                  output_router_logits=True, router_aux_loss_coef=0.01)
     audio = dict(AUDIO, output_dim=hidden_size, downsample_hidden_size=32, conv_chunksize=50)

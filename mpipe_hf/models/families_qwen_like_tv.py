@@ -16,8 +16,8 @@ from torch import nn
 
 from .families import validate_counted_micro
 from .family import Family
-from .tiny import _qwen_specials, _text
-from .tiny_vlms import VISION
+from .tiny import qwen_special_ids, text_keys
+from .tiny import VISION
 
 
 def _kimi_tokens(model: nn.Module):
@@ -39,12 +39,12 @@ def tiny_kimi_k25_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
     experts of width 32, 2 active, and one shared), untied embeddings as DeepSeek-V3's. Images are
     ``<|image_pad|>`` x (patches / 4) between ``<|vision_start|>`` and ``<|vision_end|>``."""
     from transformers import Kimi_K25Config
-    text = _text(tokenizer, num_layers, hidden_size, moe_intermediate_size=hidden_size // 2, n_shared_experts=1,
+    text = text_keys(tokenizer, num_layers, hidden_size, moe_intermediate_size=hidden_size // 2, n_shared_experts=1,
                  n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=32,
                  qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1)
     text.update(model_type="deepseek_v3", num_key_value_heads=text["num_attention_heads"])
     vision = dict(patch_size=14, pos_emb_height=4, pos_emb_width=4, merge_kernel_size=[2, 2], **VISION)
-    ids = _qwen_specials(tokenizer)
+    ids = qwen_special_ids(tokenizer)
     return Kimi_K25Config(text_config=text, vision_config=vision, projection_hidden_size=VISION["hidden_size"],
                           tie_word_embeddings=False, image_token_id=ids["image_token_id"],
                           video_token_id=ids["video_token_id"], vision_start_token_id=ids["vision_start_token_id"],

@@ -2,9 +2,10 @@
 
 Adding a family
 ---------------
-A family is a :class:`~.family.Family` declaration (see :mod:`.families`): where the model keeps its vision
-part and text model, the keys its ``get_image_features`` takes, its positions and masks. Add it to
-:data:`FAMILIES` there, or call ``mpipe_hf.models.register("my_model_type", Family(...))``; :func:`split` and
+A family is a :class:`~.family.Family` declaration in its group's package (``mpipe_hf/families/<group>/split.py``,
+docs/adding_a_family.md): where the model keeps its vision part and text model, the keys its
+``get_image_features`` takes, its positions and masks; :mod:`mpipe_hf.families.registry` finds it by
+``model_type``. Or call ``mpipe_hf.models.register("my_model_type", Family(...))``; :func:`split` and
 ``mpipe-hf train`` pick it up by ``model_type``. Any object with these two methods also serves:
 
 ``layer_counts(config, cfg, layers_per_stage=None, text_layers=0) -> list[int]``
@@ -23,15 +24,16 @@ from typing import Iterable
 
 from torch import nn
 
+from ..families import registry as _registry
 from ..schedule import ScheduleConfig
 from .base import SplitModel
-from .families import FAMILIES
-from .families_llava_like import FAMILIES as _LLAVA_LIKE, TIMM_FAMILIES as _TIMM
-from .families_new import FAMILIES as _NEW
-from .families_qwen_like import FAMILIES as _QWEN_LIKE
 from .family import Family
 
-FAMILIES.update({**_LLAVA_LIKE, **_TIMM, **_QWEN_LIKE, **_NEW})  # the group modules
+
+def __getattr__(name: str):
+    if name == "FAMILIES":  # every declared family (each group imported on first use)
+        return _registry.all_families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(model_types: str | Iterable[str], family) -> None:
@@ -44,8 +46,7 @@ def register(model_types: str | Iterable[str], family) -> None:
     missing = [name for name in ("layer_counts", "split") if not callable(getattr(family, name, None))]
     if missing:
         raise ValueError(f"a model family needs callables layer_counts and split; {family!r} lacks {missing}")
-    for model_type in [model_types] if isinstance(model_types, str) else model_types:
-        FAMILIES[model_type] = family
+    _registry.register(model_types, family)
 
 
 def get_family(model_type: str) -> Family:
@@ -55,15 +56,16 @@ def get_family(model_type: str) -> Family:
         ValueError: ``model_type`` has no family: for a type of transformers' image-text-to-text map, the reason
             (:mod:`.coverage`); for any other, the list of the supported ones.
     """
-    if model_type not in FAMILIES:
-        from .coverage import REFUSED, image_text_types
-        if model_type in REFUSED or model_type in image_text_types():
-            reason = REFUSED.get(model_type, "not declared yet: no family declaration reads this architecture")
-            raise ValueError(f"model_type {model_type!r} cannot be split: {reason} (docs/models.md lists every "
-                             f"image-text-to-text model type and its status)")
+    declared = _registry.family(model_type)
+    if declared is None:
+        from .coverage import NOT_DECLARED, image_text_types
+        reason = _registry.refusal(model_type)
+        if reason is not None or model_type in image_text_types():
+            raise ValueError(f"model_type {model_type!r} cannot be split: {reason or NOT_DECLARED} (docs/models.md "
+                             f"lists every image-text-to-text model type and its status)")
         raise ValueError(f"model_type {model_type!r} has no splitter; supported model_type values: "
-                         f"{sorted(FAMILIES)}")
-    return FAMILIES[model_type]
+                         f"{sorted(_registry.all_families())}")
+    return declared
 
 
 def split(model: nn.Module, cfg: ScheduleConfig, rank: int, layers_per_stage: list[int] | None = None,

@@ -11,7 +11,7 @@ from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, Qwen2_5_VL
 HEADS = 4
 
 
-def _text(tokenizer, num_layers: int, hidden_size: int, tie: bool = False, **extra) -> dict:
+def text_keys(tokenizer, num_layers: int, hidden_size: int, tie: bool = False, **extra) -> dict:
     """Text-model keys shared by every tiny config: the real vocabulary, 4 heads of ``hidden_size / 4``, 2 key-value
     heads."""
     return dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
@@ -20,16 +20,32 @@ def _text(tokenizer, num_layers: int, hidden_size: int, tie: bool = False, **ext
                 bos_token_id=None, eos_token_id=tokenizer.eos_token_id, **extra)
 
 
-def _mrope(hidden_size: int) -> dict:
+def mrope_keys(hidden_size: int) -> dict:
     half = hidden_size // HEADS // 2
     return {"rope_type": "default", "rope_theta": 10000.0,
             "mrope_section": [half - 2 * (half // 3), half // 3, half // 3]}
 
 
-def _qwen_specials(tokenizer) -> dict:
+def qwen_special_ids(tokenizer) -> dict:
     ids = tokenizer.convert_tokens_to_ids
     return dict(image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
                 vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
+
+
+VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+
+
+def token_id(tokenizer, token: str) -> int:
+    """The id of ``token`` in ``tokenizer``'s vocabulary (ValueError when it has none: no token is ever added)."""
+    ids = tokenizer.get_vocab()
+    if token not in ids:
+        raise ValueError(f"the tokenizer has no {token!r}; the tiny configs use the Qwen2 special tokens")
+    return ids[token]
+
+
+def lm_keys(tokenizer, model_type: str, num_layers: int, hidden_size: int, **extra) -> dict:
+    """A text config dict of ``model_type`` (the shared tiny keys of :func:`text_keys`)."""
+    return {"model_type": model_type, **text_keys(tokenizer, num_layers, hidden_size, **extra)}
 
 
 def tiny_qwen2_5_vl_config(tokenizer, num_layers: int = 8, vision_depth: int = 4, hidden_size: int = 64
@@ -37,11 +53,11 @@ def tiny_qwen2_5_vl_config(tokenizer, num_layers: int = 8, vision_depth: int = 4
     """A ``Qwen2_5_VLConfig`` with the real vocabulary and special-token ids of ``tokenizer``, 4 heads of 16,
     ``mrope_section`` summing to ``head_dim / 2``, windowed vision attention, and untied embeddings."""
     return Qwen2_5_VLConfig(
-        text_config=_text(tokenizer, num_layers, hidden_size, rope_parameters=_mrope(hidden_size)),
+        text_config=text_keys(tokenizer, num_layers, hidden_size, rope_parameters=mrope_keys(hidden_size)),
         vision_config=dict(depth=vision_depth, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
                            temporal_patch_size=2, spatial_merge_size=2, window_size=112,
                            out_hidden_size=hidden_size, fullatt_block_indexes=[vision_depth - 1]),
-        tie_word_embeddings=False, **_qwen_specials(tokenizer))
+        tie_word_embeddings=False, **qwen_special_ids(tokenizer))
 
 
 def tiny_qwen2_vl_config(tokenizer, num_layers: int = 8, vision_depth: int = 2, hidden_size: int = 64
@@ -49,23 +65,23 @@ def tiny_qwen2_vl_config(tokenizer, num_layers: int = 8, vision_depth: int = 2, 
     """A ``Qwen2VLConfig``: as :func:`tiny_qwen2_5_vl_config`, with Qwen2-VL's vision tower (``embed_dim`` 32,
     LayerNorm blocks, no windows)."""
     return Qwen2VLConfig(
-        text_config=_text(tokenizer, num_layers, hidden_size, rope_parameters=_mrope(hidden_size)),
+        text_config=text_keys(tokenizer, num_layers, hidden_size, rope_parameters=mrope_keys(hidden_size)),
         vision_config=dict(depth=vision_depth, embed_dim=32, hidden_size=hidden_size, mlp_ratio=2, num_heads=2,
                            patch_size=14, temporal_patch_size=2, spatial_merge_size=2),
-        tie_word_embeddings=False, **_qwen_specials(tokenizer))
+        tie_word_embeddings=False, **qwen_special_ids(tokenizer))
 
 
 def tiny_qwen3_vl_config(tokenizer, num_layers: int = 8, vision_depth: int = 3, hidden_size: int = 64,
                          deepstack_visual_indexes: tuple[int, ...] = (0, 1, 2)) -> Qwen3VLConfig:
     """A ``Qwen3VLConfig``: 16-px patches, a learned 8 x 8 position grid, interleaved M-RoPE, and DeepStack
     features from vision blocks ``deepstack_visual_indexes`` (added after decoder layers ``0 .. K-1``)."""
-    rope = {**_mrope(hidden_size), "mrope_interleaved": True}
+    rope = {**mrope_keys(hidden_size), "mrope_interleaved": True}
     return Qwen3VLConfig(
-        text_config=_text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // HEADS, rope_parameters=rope),
+        text_config=text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // HEADS, rope_parameters=rope),
         vision_config=dict(depth=vision_depth, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
                            temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=hidden_size,
                            num_position_embeddings=64, deepstack_visual_indexes=list(deepstack_visual_indexes)),
-        tie_word_embeddings=False, **_qwen_specials(tokenizer))
+        tie_word_embeddings=False, **qwen_special_ids(tokenizer))
 
 
 def tiny_llava_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56,
@@ -75,7 +91,7 @@ def tiny_llava_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, ima
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
                               image_size=image_size, patch_size=14, projection_dim=32)
     return LlavaConfig(vision_config=vision.to_dict(), text_config={"model_type": "qwen2",
-                                                                    **_text(tokenizer, num_layers, hidden_size)},
+                                                                    **text_keys(tokenizer, num_layers, hidden_size)},
                        image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
                        vision_feature_layer=vision_feature_layer, vision_feature_select_strategy=strategy,
                        tie_word_embeddings=False)
@@ -93,16 +109,16 @@ def tiny_causal_lm_config(tokenizer, model_type: str = "qwen2", num_layers: int 
     if model_type not in classes:
         raise ValueError(f"model_type must be one of {sorted(classes)}, got {model_type!r}")
     extra = {"head_dim": hidden_size // HEADS} if model_type == "qwen3" else {}
-    return classes[model_type](**_text(tokenizer, num_layers, hidden_size, tie_word_embeddings, **extra))
+    return classes[model_type](**text_keys(tokenizer, num_layers, hidden_size, tie_word_embeddings, **extra))
 
 
-def _qwen_vision(hidden_size: int, depth: int = 2, **extra) -> dict:
+def qwen_vision_keys(hidden_size: int, depth: int = 2, **extra) -> dict:
     """A 2-block Qwen3-style vision tower (16-px patches, an 8 x 8 learned position grid) feeding ``hidden_size``."""
     return dict(depth=depth, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, temporal_patch_size=2,
                 spatial_merge_size=2, out_hidden_size=hidden_size, num_position_embeddings=64, **extra)
 
 
-def _moe(num_experts: int = 4, top_k: int = 2, hidden_size: int = 64) -> dict:
+def moe_keys(num_experts: int = 4, top_k: int = 2, hidden_size: int = 64) -> dict:
     return dict(moe_intermediate_size=hidden_size, num_experts_per_tok=top_k, router_aux_loss_coef=0.01,
                 output_router_logits=True, num_experts=num_experts)
 
@@ -117,15 +133,15 @@ def tiny_qwen3_5_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, m
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
             "mrope_section": [head_dim // 8, head_dim // 16, head_dim // 16], "mrope_interleaved": True}
     types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(num_layers)]
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=head_dim, rope_parameters=rope, layer_types=types,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=head_dim, rope_parameters=rope, layer_types=types,
                  linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
                  linear_num_value_heads=4)
     if moe:
-        text.update(_moe(hidden_size=hidden_size), shared_expert_intermediate_size=hidden_size)
+        text.update(moe_keys(hidden_size=hidden_size), shared_expert_intermediate_size=hidden_size)
         text.pop("intermediate_size")
     cls = Qwen3_5MoeConfig if moe else Qwen3_5Config
-    return cls(text_config=text, vision_config=_qwen_vision(hidden_size), tie_word_embeddings=False,
-               **_qwen_specials(tokenizer))
+    return cls(text_config=text, vision_config=qwen_vision_keys(hidden_size), tie_word_embeddings=False,
+               **qwen_special_ids(tokenizer))
 
 
 def tiny_qwen3_vl_moe_config(tokenizer, num_layers: int = 8, hidden_size: int = 64,
@@ -133,13 +149,13 @@ def tiny_qwen3_vl_moe_config(tokenizer, num_layers: int = 8, hidden_size: int = 
     """A ``Qwen3VLMoeConfig``: :func:`tiny_qwen3_vl_config`'s shape with sparse MoE blocks (4 experts, 2 active,
     ``decoder_sparse_step`` 1), DeepStack features from 2 vision blocks, the load-balancing loss weighted 0.01."""
     from transformers import Qwen3VLMoeConfig
-    rope = {**_mrope(hidden_size), "mrope_interleaved": True}
-    moe = _moe(hidden_size=hidden_size)
+    rope = {**mrope_keys(hidden_size), "mrope_interleaved": True}
+    moe = moe_keys(hidden_size=hidden_size)
     moe["num_local_experts"] = moe.pop("num_experts")
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // HEADS, rope_parameters=rope,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // HEADS, rope_parameters=rope,
                  decoder_sparse_step=1, mlp_only_layers=[], **moe)
-    return Qwen3VLMoeConfig(text_config=text, tie_word_embeddings=False, **_qwen_specials(tokenizer),
-                            vision_config=_qwen_vision(hidden_size, depth=2,
+    return Qwen3VLMoeConfig(text_config=text, tie_word_embeddings=False, **qwen_special_ids(tokenizer),
+                            vision_config=qwen_vision_keys(hidden_size, depth=2,
                                                        deepstack_visual_indexes=list(deepstack_visual_indexes)))
 
 
@@ -155,7 +171,7 @@ def tiny_glm4v_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, moe
                                                                               half // 3]}
     if moe:
         rope["partial_rotary_factor"] = 0.5
-    text = _text(tokenizer, num_layers, hidden_size, rope_parameters=rope)
+    text = text_keys(tokenizer, num_layers, hidden_size, rope_parameters=rope)
     if moe:
         text.update(moe_intermediate_size=hidden_size, num_experts_per_tok=2, n_routed_experts=4, n_shared_experts=1,
                     first_k_dense_replace=1, n_group=1, topk_group=1, router_aux_loss_coef=0.01, head_dim=head_dim,

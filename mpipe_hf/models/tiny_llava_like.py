@@ -14,8 +14,9 @@ from transformers import (AriaConfig, AyaVisionConfig, DeepseekOcr2Config, Deeps
                           GotOcr2Config, Idefics2Config, JanusConfig, LightOnOcrConfig, LlavaNextVideoConfig,
                           PPChart2TableConfig, QianfanOCRConfig, ShieldGemma2Config, VideoLlavaConfig, VipLlavaConfig)
 
-from .tiny import HEADS, _text
-from .tiny_vlms import VISION, _id, _lm, tiny_gemma3_config
+from .tiny import HEADS, text_keys
+from .tiny import VISION, lm_keys, token_id
+from .tiny_vlms import tiny_gemma3_config
 
 CLIP = dict(model_type="clip_vision_model", projection_dim=32, **VISION)
 
@@ -24,7 +25,7 @@ def _cohere2(tokenizer, num_layers: int, hidden_size: int, sliding_window: int =
     """A Cohere 2 text model: sliding-window layers with rotary positions and, every 4th, a global layer
     without them (``layer_types``, as Command R7B / A), its logits scaled by ``logit_scale`` 0.0625."""
     types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(num_layers)]
-    return _lm(tokenizer, "cohere2", num_layers, hidden_size, head_dim=hidden_size // HEADS, layer_types=types,
+    return lm_keys(tokenizer, "cohere2", num_layers, hidden_size, head_dim=hidden_size // HEADS, layer_types=types,
                sliding_window=sliding_window, logit_scale=0.0625)
 
 
@@ -34,8 +35,8 @@ def tiny_vipllava_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, 
     of layers ``(-2, -3, 1)`` are concatenated (VipLLaVA's multi-layer features; the hub's five of 24), the
     layer-normed projector, and a Llama text model."""
     vision = dict(CLIP, image_size=image_size, patch_size=14, num_hidden_layers=3)
-    return VipLlavaConfig(vision_config=vision, text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
-                          image_token_index=_id(tokenizer, "<|image_pad|>"), vision_feature_layer=[-2, -3, 1],
+    return VipLlavaConfig(vision_config=vision, text_config=lm_keys(tokenizer, "llama", num_layers, hidden_size),
+                          image_token_index=token_id(tokenizer, "<|image_pad|>"), vision_feature_layer=[-2, -3, 1],
                           image_seq_length=(image_size // 14) ** 2, tie_word_embeddings=False)
 
 
@@ -50,7 +51,7 @@ def tiny_aya_vision_config(tokenizer, num_layers: int = 8, hidden_size: int = 64
     by ``downsample_factor`` 2 to 4 tokens a tile, the SwiGLU projector, and a Cohere 2 text model
     (:func:`_cohere2`)."""
     return AyaVisionConfig(vision_config=_siglip(image_size), text_config=_cohere2(tokenizer, num_layers, hidden_size),
-                           image_token_index=_id(tokenizer, "<|image_pad|>"), downsample_factor=2,
+                           image_token_index=token_id(tokenizer, "<|image_pad|>"), downsample_factor=2,
                            tie_word_embeddings=False)
 
 
@@ -67,8 +68,8 @@ def tiny_got_ocr2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, 
     """A ``GotOcr2Config`` (``cls``: ``PPChart2TableConfig``, the same model): the SAM-style tower of
     :func:`_sam` on ``image_size``-px tiles, two stride-2 convolutions to ``(image_size / 32)**2`` tokens a tile,
     and a Qwen2 text model."""
-    return cls(vision_config=_sam(image_size), text_config=_lm(tokenizer, "qwen2", num_layers, hidden_size),
-               image_token_index=_id(tokenizer, "<|image_pad|>"), image_seq_length=(image_size // 32) ** 2,
+    return cls(vision_config=_sam(image_size), text_config=lm_keys(tokenizer, "qwen2", num_layers, hidden_size),
+               image_token_index=token_id(tokenizer, "<|image_pad|>"), image_seq_length=(image_size // 32) ** 2,
                tie_word_embeddings=False)
 
 
@@ -90,8 +91,8 @@ def tiny_qianfan_ocr_config(tokenizer, num_layers: int = 8, hidden_size: int = 6
     pixel-shuffled by ``downsample_ratio`` 0.5 to 4 tokens a tile, and a Qwen3 text model. The tower's stochastic
     depth is off (``drop_path_rate`` 0; the hub config's 0.1 drops residual branches at random in training)."""
     vision = dict(image_size=[image_size, image_size], patch_size=[14, 14], drop_path_rate=0.0, **VISION)
-    text = _lm(tokenizer, "qwen3", num_layers, hidden_size, head_dim=hidden_size // HEADS)
-    return QianfanOCRConfig(vision_config=vision, text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
+    text = lm_keys(tokenizer, "qwen3", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    return QianfanOCRConfig(vision_config=vision, text_config=text, image_token_id=token_id(tokenizer, "<|image_pad|>"),
                             image_seq_length=(image_size // 14) ** 2 // 4, downsample_ratio=0.5,
                             tie_word_embeddings=False)
 
@@ -102,9 +103,9 @@ def tiny_llava_next_video_config(tokenizer, num_layers: int = 8, hidden_size: in
     anyres grids of up to 2 x 2 crops) and a Llama text model; videos are ``<|video_pad|>`` (refused)."""
     side = image_size
     return LlavaNextVideoConfig(vision_config=dict(CLIP, image_size=image_size, patch_size=14),
-                                text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
-                                image_token_index=_id(tokenizer, "<|image_pad|>"),
-                                video_token_index=_id(tokenizer, "<|video_pad|>"),
+                                text_config=lm_keys(tokenizer, "llama", num_layers, hidden_size),
+                                image_token_index=token_id(tokenizer, "<|image_pad|>"),
+                                video_token_index=token_id(tokenizer, "<|video_pad|>"),
                                 image_grid_pinpoints=[[side, 2 * side], [2 * side, side], [2 * side, 2 * side]],
                                 vision_feature_select_strategy="default", vision_feature_layer=-2,
                                 image_seq_length=(image_size // 14) ** 2, tie_word_embeddings=False)
@@ -115,9 +116,9 @@ def tiny_video_llava_config(tokenizer, num_layers: int = 8, hidden_size: int = 6
     """A ``VideoLlavaConfig``: 2-layer CLIP image and video towers on ``image_size``-px images in 14-px patches and a
     Llama text model; videos are ``<|video_pad|>`` (refused)."""
     return VideoLlavaConfig(vision_config=dict(CLIP, image_size=image_size, patch_size=14),
-                            text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
-                            image_token_index=_id(tokenizer, "<|image_pad|>"),
-                            video_token_index=_id(tokenizer, "<|video_pad|>"),
+                            text_config=lm_keys(tokenizer, "llama", num_layers, hidden_size),
+                            image_token_index=token_id(tokenizer, "<|image_pad|>"),
+                            video_token_index=token_id(tokenizer, "<|video_pad|>"),
                             image_seq_length=(image_size // 14) ** 2, tie_word_embeddings=False)
 
 
@@ -125,8 +126,8 @@ def tiny_lighton_ocr_config(tokenizer, num_layers: int = 8, hidden_size: int = 6
     """A ``LightOnOcrConfig``: a 2-layer Pixtral tower in 8-px patches (images up to 64 px, any aspect ratio), the
     2 x 2 patch merger, and a Qwen3 text model."""
     vision = dict(model_type="pixtral", image_size=64, patch_size=8, head_dim=16, **VISION)
-    text = _lm(tokenizer, "qwen3", num_layers, hidden_size, head_dim=hidden_size // HEADS)
-    return LightOnOcrConfig(vision_config=vision, text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
+    text = lm_keys(tokenizer, "qwen3", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    return LightOnOcrConfig(vision_config=vision, text_config=text, image_token_id=token_id(tokenizer, "<|image_pad|>"),
                             spatial_merge_size=2, tie_word_embeddings=False)
 
 
@@ -134,9 +135,9 @@ def tiny_deepseek_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 6
                             ) -> DeepseekVLConfig:
     """A ``DeepseekVLConfig``: a 2-layer SigLIP tower on ``image_size``-px images in 14-px patches, the MLP aligner,
     and a Llama text model."""
-    return DeepseekVLConfig(vision_config=_siglip(image_size), text_config=_lm(tokenizer, "llama", num_layers,
+    return DeepseekVLConfig(vision_config=_siglip(image_size), text_config=lm_keys(tokenizer, "llama", num_layers,
                                                                                hidden_size),
-                            image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+                            image_token_id=token_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
 
 
 def tiny_deepseek_vl_hybrid_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56,
@@ -146,8 +147,8 @@ def tiny_deepseek_vl_hybrid_config(tokenizer, num_layers: int = 8, hidden_size: 
     SigLIP grid), the hybrid aligner, and a Llama text model."""
     sam = dict(model_type="sam_vision_model", **_sam(high_res_size))
     return DeepseekVLHybridConfig(vision_config=_siglip(image_size), high_res_vision_config=sam,
-                                  text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
-                                  image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+                                  text_config=lm_keys(tokenizer, "llama", num_layers, hidden_size),
+                                  image_token_id=token_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
 
 
 def tiny_janus_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 64) -> JanusConfig:
@@ -159,8 +160,8 @@ def tiny_janus_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, ima
     vq = dict(embed_dim=8, num_embeddings=64, latent_channels=32, base_channels=32, channel_multiplier=[1, 2],
               num_res_blocks=1, num_patches=image_size // 16, projection_dim=hidden_size,
               image_token_embed_dim=hidden_size)
-    return JanusConfig(vision_config=vision, vq_config=vq, text_config=_lm(tokenizer, "llama", num_layers, hidden_size),
-                       image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+    return JanusConfig(vision_config=vision, vq_config=vq, text_config=lm_keys(tokenizer, "llama", num_layers, hidden_size),
+                       image_token_id=token_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
 
 
 def tiny_aria_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 490) -> AriaConfig:
@@ -169,9 +170,9 @@ def tiny_aria_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, imag
     to 4 queries (``projector_patch_to_query_dict``), and an Aria text model with 4 routed experts (2 active) and
     one shared expert."""
     vision = dict(model_type="idefics3_vision", image_size=image_size, patch_size=14, **VISION)
-    text = _lm(tokenizer, "aria_text", num_layers, hidden_size, head_dim=hidden_size // HEADS, moe_num_experts=4,
+    text = lm_keys(tokenizer, "aria_text", num_layers, hidden_size, head_dim=hidden_size // HEADS, moe_num_experts=4,
                moe_topk=2, moe_num_shared_experts=1)
-    return AriaConfig(vision_config=vision, text_config=text, image_token_index=_id(tokenizer, "<|image_pad|>"),
+    return AriaConfig(vision_config=vision, text_config=text, image_token_index=token_id(tokenizer, "<|image_pad|>"),
                       projector_patch_to_query_dict={(image_size // 14) ** 2: 4}, tie_word_embeddings=False)
 
 
@@ -183,9 +184,9 @@ def tiny_idefics2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, 
     vision = dict(image_size=image_size, patch_size=8, **VISION)
     perceiver = dict(hidden_size=hidden_size, resampler_n_latents=8, resampler_depth=2, resampler_n_heads=2,
                      resampler_head_dim=16, num_key_value_heads=1)
-    text = _lm(tokenizer, "mistral", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    text = lm_keys(tokenizer, "mistral", num_layers, hidden_size, head_dim=hidden_size // HEADS)
     return Idefics2Config(vision_config=vision, perceiver_config=perceiver, text_config=text,
-                          image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+                          image_token_id=token_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
 
 
 def tiny_deepseek_ocr2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 128
@@ -199,11 +200,11 @@ def tiny_deepseek_ocr2_config(tokenizer, num_layers: int = 8, hidden_size: int =
     over patches and queries, and a DeepSeek-V2 text model with plain multi-head attention: the first layer dense,
     then 4 routed experts of width ``hidden_size / 2`` (2 active) and one shared."""
     sam = dict(_sam(image_size), patch_size=2, window_size=4, downsample_channels=[32, VISION["hidden_size"]])
-    text = _lm(tokenizer, "deepseek_ocr2_text", num_layers, hidden_size, moe_intermediate_size=hidden_size // 2,
+    text = lm_keys(tokenizer, "deepseek_ocr2_text", num_layers, hidden_size, moe_intermediate_size=hidden_size // 2,
                n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1))
     return DeepseekOcr2Config(vision_config=dict(sam_config=sam, encoder_config=dict(VISION, num_key_value_heads=1)),
-                              text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
+                              text_config=text, image_token_id=token_id(tokenizer, "<|image_pad|>"),
                               tie_word_embeddings=False)
 
 
@@ -215,7 +216,7 @@ def tiny_cohere2_vision_config(tokenizer, num_layers: int = 8, hidden_size: int 
     text = dict(_cohere2(tokenizer, num_layers, hidden_size), tie_word_embeddings=True)
     return Cohere2VisionConfig(vision_config=_siglip(image_size), text_config=text, downsample_factor=2,
                                alignment_intermediate_size=2 * hidden_size,
-                               image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=True)
+                               image_token_id=token_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=True)
 
 
 def tiny_lfm2_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, patch_size: int = 8):
@@ -226,10 +227,10 @@ def tiny_lfm2_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, p
     from transformers import Lfm2VlConfig
     vision = dict(model_type="siglip2_vision_model", patch_size=patch_size, num_patches=16, **VISION)
     types = ["full_attention" if (i + 1) % 3 == 0 else "conv" for i in range(num_layers)]
-    text = _lm(tokenizer, "lfm2", num_layers, hidden_size, layer_types=types, block_auto_adjust_ff_dim=False,
+    text = lm_keys(tokenizer, "lfm2", num_layers, hidden_size, layer_types=types, block_auto_adjust_ff_dim=False,
                tie=True)
     return Lfm2VlConfig(vision_config=vision, text_config=text, projector_hidden_size=hidden_size,
-                        image_token_id=_id(tokenizer, "<|image_pad|>"), downsample_factor=2, tie_word_embeddings=True)
+                        image_token_id=token_id(tokenizer, "<|image_pad|>"), downsample_factor=2, tie_word_embeddings=True)
 
 
 def tiny_step3p7_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 96,
@@ -243,12 +244,12 @@ def tiny_step3p7_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, i
     vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=image_size, patch_size=8,
                   mlp_ratio=2.0, max_position_embeddings=(image_size // 8) ** 2)
     types = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(num_layers)]
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=hidden_size // HEADS, layer_types=types,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // HEADS, layer_types=types,
                  sliding_window=sliding_window, mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1),
                  n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size // 2,
                  share_expert_dim=hidden_size // 2, swiglu_limits=[0] + [7.0] * (num_layers - 1),
                  swiglu_limits_shared=[0] + [16.0] * (num_layers - 1))
-    return Step3p7Config(vision_config=vision, text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
+    return Step3p7Config(vision_config=vision, text_config=text, image_token_id=token_id(tokenizer, "<|image_pad|>"),
                          tie_word_embeddings=False)
 
 
@@ -262,7 +263,7 @@ def tiny_minimax_m3_vl_config(tokenizer, num_layers: int = 8, hidden_size: int =
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=8,
                   image_size=64)
     head = hidden_size // HEADS
-    text = dict(_text(tokenizer, num_layers, hidden_size, head_dim=head, rotary_dim=head // 2,
+    text = dict(text_keys(tokenizer, num_layers, hidden_size, head_dim=head, rotary_dim=head // 2,
                       layer_types=["full_attention" if i % 2 == 0 else "minimax_m3_sparse" for i in range(num_layers)],
                       mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1), num_local_experts=4,
                       num_experts_per_tok=2, shared_intermediate_size=hidden_size // 2,
@@ -270,8 +271,8 @@ def tiny_minimax_m3_vl_config(tokenizer, num_layers: int = 8, hidden_size: int =
                       index_block_size=4, index_topk_blocks=2, index_local_blocks=1),
                 intermediate_size=hidden_size // 2)
     return MiniMaxM3VLConfig(vision_config=vision, text_config=text, projector_hidden_size=hidden_size,
-                             image_token_index=_id(tokenizer, "<|image_pad|>"),
-                             video_token_index=_id(tokenizer, "<|video_pad|>"), tie_word_embeddings=False)
+                             image_token_index=token_id(tokenizer, "<|image_pad|>"),
+                             video_token_index=token_id(tokenizer, "<|video_pad|>"), tie_word_embeddings=False)
 
 
 def tiny_unlimited_ocr_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 64,
@@ -286,14 +287,14 @@ def tiny_unlimited_ocr_config(tokenizer, num_layers: int = 8, hidden_size: int =
     sam = dict(_sam(image_size), patch_size=4, window_size=4, global_attn_indexes=[1],
                downsample_channels=[32, VISION["hidden_size"]])
     encoder = dict(VISION, image_size=56, patch_size=14)
-    text = dict(_text(tokenizer, num_layers, hidden_size, sliding_window=sliding_window,
+    text = dict(text_keys(tokenizer, num_layers, hidden_size, sliding_window=sliding_window,
                       layer_types=["full_attention" if i % 4 == 3 else "reference_sliding_attention"
                                    for i in range(num_layers)],
                       mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1), n_routed_experts=4,
                       num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=hidden_size // 2),
                 num_key_value_heads=HEADS)
     return UnlimitedOcrConfig(vision_config=dict(sam_config=sam, encoder_config=encoder), text_config=text,
-                              image_token_id=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+                              image_token_id=token_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
 
 
 def tiny_molmo2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, crop_size: int = 32):
@@ -307,12 +308,12 @@ def tiny_molmo2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, cr
     vision = dict(VISION, num_key_value_heads=2, head_dim=16, image_size=[crop_size, crop_size], patch_size=8)
     adapter = dict(vision_feature_layer=[-1, -2], hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
                    head_dim=16, intermediate_size=64, text_hidden_size=hidden_size, initializer_range=0.2)
-    text = _text(tokenizer, num_layers, hidden_size, head_dim=head, additional_vocab_size=8,
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=head, additional_vocab_size=8,
                  rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
                  rope_scaling_layers=list(range(1, num_layers, 2)))
     special = tokenizer.convert_tokens_to_ids
     return Molmo2Config(vision_config=vision, adapter_config=adapter, text_config=text,
-                        image_patch_id=_id(tokenizer, "<|image_pad|>"),
+                        image_patch_id=token_id(tokenizer, "<|image_pad|>"),
                         image_start_token_id=special("<|vision_start|>"),
                         low_res_image_start_token_id=special("<|quad_start|>"),
                         image_end_token_id=special("<|vision_end|>"), frame_start_token_id=special("<|box_start|>"),
@@ -331,8 +332,8 @@ def tiny_fast_vlm_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, 
                   hidden_size=64, initializer_range=0.2,
                   model_args={"inference_mode": True, "layers": [1] * 5, "embed_dims": [8, 16, 16, 32, 32],
                               "mlp_ratios": [2] * 5, "layer_scale_init_value": 1.0})
-    return FastVlmConfig(vision_config=vision, text_config=_lm(tokenizer, "qwen2", num_layers, hidden_size),
-                         image_token_index=_id(tokenizer, "<|image_pad|>"), image_seq_length=(image_size // 64) ** 2,
+    return FastVlmConfig(vision_config=vision, text_config=lm_keys(tokenizer, "qwen2", num_layers, hidden_size),
+                         image_token_index=token_id(tokenizer, "<|image_pad|>"), image_seq_length=(image_size // 64) ** 2,
                          tie_word_embeddings=False)
 
 
@@ -347,7 +348,7 @@ def tiny_perception_lm_config(tokenizer, num_layers: int = 8, hidden_size: int =
                   initializer_range=0.02,
                   model_args={"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": [tile_size, tile_size],
                               "patch_size": 8, "global_pool": "", "ref_feat_shape": [tile_size // 8] * 2})
-    text = dict(_lm(tokenizer, "llama", num_layers, hidden_size), tie_word_embeddings=True)
+    text = dict(lm_keys(tokenizer, "llama", num_layers, hidden_size), tie_word_embeddings=True)
     return PerceptionLMConfig(vision_config=vision, text_config=text, vision_use_cls_token=True,
-                              projector_pooling_ratio=2, image_token_id=_id(tokenizer, "<|image_pad|>"),
-                              video_token_id=_id(tokenizer, "<|video_pad|>"), tie_word_embeddings=True)
+                              projector_pooling_ratio=2, image_token_id=token_id(tokenizer, "<|image_pad|>"),
+                              video_token_id=token_id(tokenizer, "<|video_pad|>"), tie_word_embeddings=True)

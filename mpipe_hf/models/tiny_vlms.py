@@ -15,23 +15,7 @@ from __future__ import annotations
 from transformers import (CLIPVisionConfig, Gemma3Config, Idefics3Config, InternVLConfig, LlavaNextConfig,
                           LlavaOnevisionConfig, Mistral3Config, PaliGemmaConfig, SmolVLMConfig)
 
-from .tiny import HEADS, _text
-
-VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
-
-
-def _id(tokenizer, token: str) -> int:
-    """The id of ``token`` in ``tokenizer``'s vocabulary (ValueError when it has none: no token is ever added)."""
-    ids = tokenizer.get_vocab()
-    if token not in ids:
-        raise ValueError(f"the tokenizer has no {token!r}; the tiny configs use the Qwen2 special tokens")
-    return ids[token]
-
-
-def _lm(tokenizer, model_type: str, num_layers: int, hidden_size: int, **extra) -> dict:
-    """A text config dict of ``model_type`` (the shared tiny keys of :func:`mpipe_hf.models.tiny._text`)."""
-    return {"model_type": model_type, **_text(tokenizer, num_layers, hidden_size, **extra)}
-
+from .tiny import HEADS, VISION, lm_keys, text_keys, token_id
 
 def gemma3_layer_types(num_layers: int, period: int = 3) -> list[str]:
     """Gemma 3's interleaving scaled down: every ``period``-th layer global (``full_attention``), the others local
@@ -50,22 +34,22 @@ def tiny_gemma3_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, im
     ``<|image_pad|>`` x 4, ``<|vision_end|>`` (end of image). ``cls``: the config class (ShieldGemma 2's is Gemma 3
     under another name)."""
     head = hidden_size // HEADS
-    text = _lm(tokenizer, "gemma3_text", num_layers, hidden_size, head_dim=head, query_pre_attn_scalar=head,
+    text = lm_keys(tokenizer, "gemma3_text", num_layers, hidden_size, head_dim=head, query_pre_attn_scalar=head,
                sliding_window=sliding_window, layer_types=gemma3_layer_types(num_layers))
     vision = dict(model_type="siglip_vision_model", image_size=image_size, patch_size=14, **VISION)
     return cls(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-               boi_token_index=_id(tokenizer, "<|vision_start|>"), eoi_token_index=_id(tokenizer, "<|vision_end|>"),
-               image_token_index=_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
+               boi_token_index=token_id(tokenizer, "<|vision_start|>"), eoi_token_index=token_id(tokenizer, "<|vision_end|>"),
+               image_token_index=token_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
 
 
 def tiny_paligemma_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 56
                           ) -> PaliGemmaConfig:
     """A ``PaliGemmaConfig``: a 2-layer SigLIP tower on ``image_size``-px images in 14-px patches (16 tokens an
     image, ``<|image_pad|>``) and a Gemma text model."""
-    text = _lm(tokenizer, "gemma", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    text = lm_keys(tokenizer, "gemma", num_layers, hidden_size, head_dim=hidden_size // HEADS)
     vision = dict(model_type="siglip_vision_model", image_size=image_size, patch_size=14,
                   projection_dim=hidden_size, **VISION)
-    return PaliGemmaConfig(text_config=text, vision_config=vision, image_token_index=_id(tokenizer, "<|image_pad|>"),
+    return PaliGemmaConfig(text_config=text, vision_config=vision, image_token_index=token_id(tokenizer, "<|image_pad|>"),
                            vocab_size=len(tokenizer), projection_dim=hidden_size, hidden_size=hidden_size,
                            tie_word_embeddings=False)
 
@@ -76,8 +60,8 @@ def tiny_internvl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, 
     ``downsample_ratio`` 0.5 to 4 tokens a tile, and a Qwen2 text model (as InternVL3's)."""
     vision = dict(model_type="internvl_vision", image_size=[image_size, image_size], patch_size=[14, 14], **VISION)
     seq = (image_size // 14) ** 2 // 4
-    return InternVLConfig(vision_config=vision, text_config=_lm(tokenizer, "qwen2", num_layers, hidden_size),
-                          image_token_id=_id(tokenizer, "<|image_pad|>"), image_seq_length=seq,
+    return InternVLConfig(vision_config=vision, text_config=lm_keys(tokenizer, "qwen2", num_layers, hidden_size),
+                          image_token_id=token_id(tokenizer, "<|image_pad|>"), image_seq_length=seq,
                           downsample_ratio=0.5, tie_word_embeddings=False)
 
 
@@ -86,8 +70,8 @@ def tiny_mistral3_config(tokenizer, num_layers: int = 8, hidden_size: int = 64) 
     2 x 2 patch merger, and a Mistral text model. Images are ``<|image_pad|>`` rows split by ``<|vision_pad|>``
     (Pixtral's ``[IMG_BREAK]``) and closed by ``<|vision_end|>`` (``[IMG_END]``)."""
     vision = dict(model_type="pixtral", image_size=64, patch_size=8, head_dim=16, **VISION)
-    text = _lm(tokenizer, "mistral", num_layers, hidden_size, head_dim=hidden_size // HEADS)
-    return Mistral3Config(vision_config=vision, text_config=text, image_token_index=_id(tokenizer, "<|image_pad|>"),
+    text = lm_keys(tokenizer, "mistral", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    return Mistral3Config(vision_config=vision, text_config=text, image_token_index=token_id(tokenizer, "<|image_pad|>"),
                           spatial_merge_size=2, vision_feature_layer=-1, tie_word_embeddings=False)
 
 
@@ -97,9 +81,9 @@ def tiny_llava_next_config(tokenizer, num_layers: int = 8, hidden_size: int = 64
     up to 2 x 2 crops, and a Mistral text model (as llava-v1.6-mistral's)."""
     vision = CLIPVisionConfig(image_size=image_size, patch_size=14, projection_dim=32, **VISION)
     side = image_size
-    text = _lm(tokenizer, "mistral", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    text = lm_keys(tokenizer, "mistral", num_layers, hidden_size, head_dim=hidden_size // HEADS)
     return LlavaNextConfig(vision_config=vision.to_dict(), text_config=text,
-                           image_token_index=_id(tokenizer, "<|image_pad|>"),
+                           image_token_index=token_id(tokenizer, "<|image_pad|>"),
                            image_grid_pinpoints=[[side, 2 * side], [2 * side, side], [2 * side, 2 * side]],
                            vision_feature_select_strategy="default", vision_feature_layer=-2,
                            image_seq_length=(image_size // 14) ** 2, tie_word_embeddings=False)
@@ -112,17 +96,17 @@ def tiny_llava_onevision_config(tokenizer, num_layers: int = 8, hidden_size: int
     side = image_size
     vision = dict(model_type="siglip_vision_model", image_size=image_size, patch_size=14, **VISION)
     grid = [[h * side, w * side] for h in (1, 2) for w in (1, 2)]
-    return LlavaOnevisionConfig(vision_config=vision, text_config=_lm(tokenizer, "qwen2", num_layers, hidden_size),
-                                image_token_index=_id(tokenizer, "<|image_pad|>"),
-                                video_token_index=_id(tokenizer, "<|video_pad|>"), image_grid_pinpoints=grid,
+    return LlavaOnevisionConfig(vision_config=vision, text_config=lm_keys(tokenizer, "qwen2", num_layers, hidden_size),
+                                image_token_index=token_id(tokenizer, "<|image_pad|>"),
+                                video_token_index=token_id(tokenizer, "<|video_pad|>"), image_grid_pinpoints=grid,
                                 vision_feature_select_strategy="full", vision_feature_layer=-1,
                                 tie_word_embeddings=False)
 
 
 def _idefics_like(cls, vision_type: str, tokenizer, num_layers: int, hidden_size: int, image_size: int):
     vision = dict(model_type=vision_type, image_size=image_size, patch_size=8, **VISION)
-    text = _lm(tokenizer, "llama", num_layers, hidden_size, head_dim=hidden_size // HEADS)
-    return cls(vision_config=vision, text_config=text, image_token_id=_id(tokenizer, "<|image_pad|>"),
+    text = lm_keys(tokenizer, "llama", num_layers, hidden_size, head_dim=hidden_size // HEADS)
+    return cls(vision_config=vision, text_config=text, image_token_id=token_id(tokenizer, "<|image_pad|>"),
                scale_factor=2, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id)
 
 

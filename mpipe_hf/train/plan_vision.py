@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..models import FAMILIES
+from ..families.registry import family
 from ..schedule.tune import Profile
 
 VISION_TOWERS = ("visual", "vision_tower", "vision_model")  # Qwen-VL, GLM-4V | LLaVA, InternVL, Gemma 3 | Idefics3
@@ -22,7 +22,7 @@ def vision_parts(model, model_type: str | None = None) -> list[int]:
     Raises:
         ValueError: no declared FQN and no module of ``model`` has a tower's name.
     """
-    fqns = list(getattr(FAMILIES.get(model_type), "vision", ()) or ())
+    fqns = list(getattr(family(model_type), "vision", ()) or ())
     if not fqns:
         named = [(name, name.rsplit(".", 1)[-1]) for name, _ in model.named_modules()]
         towers = [name for name, last in named if last in VISION_TOWERS]
@@ -60,7 +60,7 @@ def with_frozen_vit(profile: Profile, shadow, config, image_tokens: int, rate: f
     weights are broadcast and reduced, and its graph holds the projector's input and hidden per image token
     (fp32, the tower's width times the patches merged into a token, twice)."""
     from ..models.freeze import matches, parts
-    aligner = parts(FAMILIES[config.model_type], shadow)["aligner"]
+    aligner = parts(family(config.model_type), shadow)["aligner"]
     weights = sum(p.numel() for n, p in shadow.named_parameters() if any(matches(n, f) for f in aligner))
     vision = config.vision_config
     width = getattr(vision, "embed_dim", None) or vision.hidden_size
