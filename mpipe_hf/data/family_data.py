@@ -42,6 +42,9 @@ class FamilyData:
             load (the stock class adds tokens, rewrites the text, or needs torchvision for its videos).
         stock_classes: the stock processor classes (by name) that are this family's own, for a processor that
             ``AutoProcessor`` loaded (:func:`~.conversation_encoder.model_type_of`).
+        no_torchvision_images: the family's torchvision-free image processor class where its stock one exists only
+            with a torchvision backend: a checkpoint's settings load into it where torchvision does not import
+            (:func:`~.stock_processor.checkpoint_image_processor`).
         template_owner: the template's format is this family's own: when a template renders as several families'
             do, the owners are named first (:func:`~.template_family.template_families`).
     """
@@ -60,4 +63,5 @@ class FamilyData:
     snapshot_video_class: str | None = None
     always_ours: bool = False
     stock_classes: tuple[str, ...] = ()
+    no_torchvision_images: type | None = None
     template_owner: bool = False

@@ -242,7 +242,7 @@ def load_checkpoint_processor(directory: str):
     if declared is None or (is_torchvision_available() and not declared.always_ours):
         return AutoProcessor.from_pretrained(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    from .processors_torch_op_images import checkpoint_image_processor  # ours where the stock class needs torchvision
+    from .stock_processor import checkpoint_image_processor  # ours where the stock class needs torchvision
     image_processor = checkpoint_image_processor(config.model_type, directory)
     video = None
     if declared.video_from_snapshot is not None:  # the snapshot's video settings, as AutoVideoProcessor reads them

@@ -30,6 +30,19 @@ def _has_vision_tower(model_type: str) -> bool:
         return False
 
 
+def checkpoint_image_processor(model_type: str, directory: str, **settings):
+    """A checkpoint's image processor, ``settings`` over its own: ``AutoImageProcessor``'s, except where torchvision
+    does not import for a family whose stock image processor needs it (``FamilyData.no_torchvision_images``: ours
+    over the same settings)."""
+    from transformers import AutoImageProcessor
+    from transformers.utils import is_torchvision_available
+
+    from ..families.registry import family_data
+    declared = None if is_torchvision_available() else family_data(model_type)
+    own = declared.no_torchvision_images if declared is not None else None
+    return (own or AutoImageProcessor).from_pretrained(directory, **settings)
+
+
 def needs_stock_processor(model_type: str) -> bool:
     """Whether the family has no processor here (:func:`~mpipe_hf.families.registry.family_data`) but one in transformers: a
     stock image processor, or a vision tower whose checkpoint names its processor (FastVLM's and Gemma 3n's, whose

@@ -38,7 +38,9 @@ def _data() -> dict:
     from ..data.video_processor import video_processor_from_image
     from ..data.video_processor_glm4v import glm_video_processor_from_image
     from ..data.video_processor_qwen3 import qwen3_video_processor_from_image
-    out = dict(MORE)
+    from dataclasses import replace
+    from ..data.processors_torch_op_images import TORCH_OP_IMAGES
+    out = {t: replace(d, no_torchvision_images=TORCH_OP_IMAGES.get(t)) for t, d in MORE.items()}
     repeated = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "glm4v", "glm4v_moe",
                 "llava", "llava_next", "paligemma"}
     for t in [*P.QWEN_PROCESSORS, "llava", *V.FAMILY_TYPES]:

@@ -82,8 +82,7 @@ def load_processor(recipe: Recipe, config):
     processor is used when it has one; a config-initialised model gets one built from its config. Qwen families
     resize images to ``min_pixels .. max_pixels``. A family whose data path is its checkpoint's stock processor
     (:mod:`~mpipe_hf.data.stock_processor`) gets the recipe's ``model.tokenizer`` and pixel bounds over it too."""
-    from ..data.processors_torch_op_images import checkpoint_image_processor
-    from ..data.stock_processor import needs_stock_processor, stock_processor
+    from ..data.stock_processor import checkpoint_image_processor, needs_stock_processor, stock_processor
     if is_vision_language(config) and needs_stock_processor(config.model_type):  # the checkpoint's own
         return stock_processor(config.model_type, recipe.model.name_or_path, recipe.model.tokenizer,
                                **pixel_settings(recipe, config))
