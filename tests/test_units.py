@@ -176,7 +176,7 @@ def test_a_family_registered_from_its_own_file_is_what_split_uses():
 
     from transformers import MistralConfig, MistralForCausalLM
 
-    from mpipe_hf.models import FAMILIES, register, split
+    from mpipe_hf.models import FAMILIES, register, split, unregister
     from mpipe_hf.schedule import ScheduleConfig
     calls = []
     decoder_only = FAMILIES["llama"]  # a declaration: Family(text="model")
@@ -192,7 +192,7 @@ def test_a_family_registered_from_its_own_file_is_what_split_uses():
         carved = split(model, ScheduleConfig(2, 1, 2, "identity"), 1)
         assert len(calls) == 1 and list(carved.stages) == [1] and carved.layout[1][-1] == "lm_head"
     finally:
-        FAMILIES.pop("mistral")
+        unregister("mistral")
 
 
 @pytest.mark.parametrize("per_micro", [True, False])

@@ -108,6 +108,12 @@ def register(model_types: str | Iterable[str], splitter) -> None:
         _REGISTERED[model_type] = splitter
 
 
+def unregister(model_types: str | Iterable[str]) -> None:
+    """Drop the splitters :func:`register` gave ``model_types`` (their declarations, if any, serve again)."""
+    for model_type in [model_types] if isinstance(model_types, str) else model_types:
+        _REGISTERED.pop(model_type, None)
+
+
 def _every(part: str, name: str) -> dict:
     from . import legacy
     out = dict(legacy.table(part, name))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {"SplitModel": ".base", "balanced_layers": ".base", "Family": ".family", "FAMILIES": ".registry",
-         "get_family": ".registry", "register": ".registry", "split": ".registry"}
+         "get_family": ".registry", "register": ".registry", "split": ".registry",
+         "unregister": ".registry"}
 __all__ = sorted(_LAZY)
 
 

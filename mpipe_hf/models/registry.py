@@ -49,6 +49,11 @@ def register(model_types: str | Iterable[str], family) -> None:
     _registry.register(model_types, family)
 
 
+def unregister(model_types: str | Iterable[str]) -> None:
+    """Undo :func:`register` for ``model_types``: their declarations, if any, serve again."""
+    _registry.unregister(model_types)
+
+
 def get_family(model_type: str) -> Family:
     """The family of ``model_type`` (its declaration, or a registered splitter).
 
