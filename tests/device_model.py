@@ -1,4 +1,4 @@
-"""A device emulated on the CPU, for counting what would stall a GPU (issue 27).
+"""A device emulated on the CPU, for counting what would stall a GPU.
 
 :class:`DeviceModel` is a ``TorchFunctionMode`` that tracks which tensors live "on the device": the modules'
 parameters and buffers, whatever is moved or created on :data:`DEVICE` (``cpu:0``, a device that is the host's
@@ -14,7 +14,7 @@ own (NCCL): :meth:`transport` wraps a ``P2P`` so that its sends and receives are
 is on the device (but the host integers of its header). ``tests/dist/host_syncs_worker.py`` runs NCCL's own path
 instead, with gloo groups standing for NCCL's.
 
-The second half (issue 40) puts expert parallelism's all-to-all into the op order of the stream model of
+The second half puts expert parallelism's all-to-all into the op order of the stream model of
 :mod:`mpipe_hf.schedule.eager`: :func:`ep_ops` gives every process of several pipeline replicas its transfers with
 each MoE layer's all-to-alls inside its stage's ``F`` and ``B``, and :func:`ep_streams` runs them
 (``tests/test_ep_deadlock.py``).
@@ -207,7 +207,7 @@ def syncs_per_step(built, preprocess: str, pool: list, world, offset: int = 0) -
     return counts
 
 
-# ---- expert parallelism's all-to-all in the communicator model (issue 40) -----------------------------------------
+# ---- expert parallelism's all-to-all in the communicator model -----------------------------------------
 
 def all_to_all_ops(me: int, group: list[int], label) -> list:
     """``me``'s operations of one all-to-all over ``group`` (global ranks), as the pairwise exchanges it is made of

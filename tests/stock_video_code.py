@@ -1,4 +1,4 @@
-"""What the tests of the torchvision-free video processors share (issue 39): a stock ``transformers`` video
+"""What the tests of the torchvision-free video processors share: a stock ``transformers`` video
 processor class compiled from its own source over a base whose two torchvision steps are
 :mod:`mpipe_hf.data.video_processor`'s (checked against torchvision's recorded outputs in ``tests/test_video.py``),
 and synthetic clips. These tests run the stock code under many settings; the stock classes themselves, with

@@ -1,4 +1,4 @@
-"""Communicator set-up and the NCCL receive path, on CPU (issue 27, parts 1 and 5): the lazy-set-up model over a
+"""Communicator set-up and the NCCL receive path, on CPU: the lazy-set-up model over a
 random sweep of the builder's schedules, :meth:`P2P.connect` against fake groups, and the payload receive on a side
 stream against fake CUDA streams. Single process, a few seconds."""
 

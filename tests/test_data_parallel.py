@@ -1,4 +1,4 @@
-"""Data parallel x pipeline parallel on one ``(dp, pp)`` mesh (issue 15): ``dp = 2`` replicas of an
+"""Data parallel x pipeline parallel on one ``(dp, pp)`` mesh: ``dp = 2`` replicas of an
 ``R = 2``, ``V = 2`` pipeline, through ``mpipe-hf train``'s worker under torchrun (4 processes), against the
 unsplit model on one process over the same global batch: the step's ``2 M`` micro-batches, replica ``d`` taking
 the ``d``-th run of ``M`` (different lengths and image counts per replica, as the demo's rows fall). The loss is

@@ -1,4 +1,4 @@
-"""Expert parallelism under the pipeline (issue 40): ``pp = 2`` x ``ep = 2`` on 4 gloo processes
+"""Expert parallelism under the pipeline: ``pp = 2`` x ``ep = 2`` on 4 gloo processes
 (``tests/dist/ep_worker.py``, one torchrun for every case) against the unsplit model on one process, for a tiny
 Qwen3-VL-MoE, a tiny Qwen3.5-MoE (shared expert) and a tiny GLM-4.5V (a dense first layer, a shared expert), a
 failed step while an EP peer waits in the all-to-all, LoRA on the attention and the fused experts (the adapter

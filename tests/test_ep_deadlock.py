@@ -1,4 +1,4 @@
-"""Expert parallelism's all-to-all against the pipeline's P2P, on the CPU model of NCCL's streams (issue 40, item 6).
+"""Expert parallelism's all-to-all against the pipeline's P2P, on the CPU model of NCCL's streams.
 
 The all-to-all is a collective of the EP group (the replicas of one pipeline rank) inside a stage's forward and
 backward, on every MoE layer. ``tests/device_model.py`` adds it to the op order of

@@ -1,4 +1,4 @@
-"""Experts cut at load (issue 40, item 1), one process, no launch: ``split_from_checkpoint(..., experts=(ep_rank,
+"""Experts cut at load, one process, no launch: ``split_from_checkpoint(..., experts=(ep_rank,
 ep_size))`` on a saved tiny Qwen3-VL-MoE gives each fused ``(E, ...)`` expert tensor of the rank's stages only its
 EP rank's ``E / ep_size`` rows, read from the checkpoint (and never made real whole), while every other tensor,
 ``P``'s experts included, is the no-EP load's; the hub layout (experts stored transposed, ``(E, H, 2I)``) reads the

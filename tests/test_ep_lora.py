@@ -1,4 +1,4 @@
-"""LoRA on the fused experts under expert parallelism (issue 40), one process, no launch: what
+"""LoRA on the fused experts under expert parallelism, one process, no launch: what
 :func:`~mpipe_hf.models.expert_parallel.shard_experts` leaves each EP rank of peft's ``ParamWrapper`` adapters.
 
 Each EP rank's share is made from a copy of the same adapted model, its dispatch replaced by transformers'

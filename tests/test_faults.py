@@ -1,10 +1,10 @@
-"""The CI subset of the fault suite (``scripts/check/fault_suite.py``, issue 14): real runs of the demo model broken
+"""The CI subset of the fault suite (``scripts/check/fault_suite.py``): real runs of the demo model broken
 on purpose, each checked against an uninterrupted run, bit for bit (``restart``, ``preempt`` and
 ``preempt-in-save`` with ``MPIPE_HF_FULL=1``).
 
 - ``restart``: rank 1 SIGKILLed in the middle of a step under ``--max-restarts 1`` with placement ``fill``:
   torchrun restarts the group, which resumes by itself, exactly (on NCCL every mid-step failure ends the run
-  this way, issue 27);
+  this way);
 - ``preempt``: SIGTERM to ``mpipe-hf train`` in the middle of step 4: every rank finishes the step, the run
   saves ``checkpoint-4``, exits 0 with one line naming it, and ``resume: auto`` continues exactly;
 - ``preempt-in-save``: SIGTERM to the torchrun agent while ``checkpoint-4`` is being written: the save finishes,

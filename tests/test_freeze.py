@@ -1,4 +1,4 @@
-"""What trains, by pattern (issue 39): ``train.freeze`` / ``train.trainable`` and the ``freeze_vit``,
+"""What trains, by pattern: ``train.freeze`` / ``train.trainable`` and the ``freeze_vit``,
 ``freeze_aligner`` and ``freeze_llm`` shortcuts.
 
 - the parts behind the shortcuts, read from each family's declaration;

@@ -1,4 +1,4 @@
-"""FSDP2 under ``train.bf16`` (issue 27): the matmul modules are gathered in bf16 and reduced in fp32, the rest
+"""FSDP2 under ``train.bf16``: the matmul modules are gathered in bf16 and reduced in fp32, the rest
 of each chunk gathered in fp32, and the gradients equal one process's under autocast bit for bit
 (:mod:`mpipe_hf.runtime.data_parallel` says why). The engine before issue 27 gathered everything in fp32.
 

@@ -246,7 +246,7 @@ def exact_vision_types() -> list[str]:
     import re
     import runpy
     script = runpy.run_path(TINY_SCRIPT)
-    table = open(os.path.join(os.path.dirname(TINY_SCRIPT), "..", "docs", "models.md")).read()
+    table = open(os.path.join(os.path.dirname(TINY_SCRIPT), "..", "..", "docs", "models.md")).read()
     exact = re.findall(r"^\| `([a-z0-9_.-]+)` \| [^|]+ \| exact", table, flags=re.M)
     return sorted(t for t in exact if t in script["builders"]() and script["is_vision_language"](t))
 

@@ -1,4 +1,4 @@
-"""scripts/check/gpu_check.py on the CPU (issue 37): one table with every row; the rows that can run on a CPU pass (the
+"""scripts/check/gpu_check.py on the CPU: one table with every row; the rows that can run on a CPU pass (the
 wire loopback, the split against the unsplit model, FSDP2 on a one-rank mesh, bf16 saved bytes, swap), the
 sync-debug rows run their step and say n/a, the CUDA-only rows say n/a; and a row broken on purpose
 (``--break``) makes the exit status non-zero and is named. The CUDA paths themselves run only where there is a GPU

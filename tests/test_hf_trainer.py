@@ -1,4 +1,4 @@
-"""``MPipeTrainer`` (issue 13) against the plain one-process ``transformers.Trainer`` on the same script and data.
+"""``MPipeTrainer`` against the plain one-process ``transformers.Trainer`` on the same script and data.
 
 The example scripts ``examples/sft_qwen2_5_vl.py`` (plain) and ``examples/sft_qwen2_5_vl_pipelined.py`` (the same
 with three lines changed) run on the demo: the plain one on one process, the pipelined one under torchrun at

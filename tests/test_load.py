@@ -132,7 +132,7 @@ def test_1b_load_never_holds_the_whole_model(checkpoint_1b):
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "recipes", "presets", "*.yaml"))))
 def test_every_preset_plan_fits_80gb(path):
     """Each preset's shipped config on the meta device: the planned shape fits 80 GiB with 10% headroom (with
-    ``parallel.ep_size``, each EP rank holding ``E / ep_size`` of the experts, issue 40)."""
+    ``parallel.ep_size``, each EP rank holding ``E / ep_size`` of the experts)."""
     from mpipe_hf.train import load_recipe
     from mpipe_hf.train.plan import estimate_profile, plan
     from mpipe_hf.train.trainer import check_layout, load_config

@@ -1,4 +1,4 @@
-"""Every state load names where its tensors go (issue 27, defect 4).
+"""Every state load names where its tensors go.
 
 ``torch.load`` without ``map_location`` puts each tensor back on the device index that saved it: on a resume
 that changes the layout, that is another process's GPU (or a GPU this process cannot see). safetensors'

@@ -1,4 +1,4 @@
-"""LoRA under the pipeline (issue 16): the adapter is put in with peft before the split, and the pipelined run
+"""LoRA under the pipeline: the adapter is put in with peft before the split, and the pipelined run
 equals the same ``PeftModel`` trained on one process.
 
 - ``tests/dist/lora_worker.py`` (one torchrun, R = 2): every step's loss, global grad norm and every adapter

@@ -1,4 +1,4 @@
-"""LoRA on MoE layers, one process (issue 16, docs/lora.md "MoE layers"): what ``target_modules`` and
+"""LoRA on MoE layers, one process (docs/lora.md "MoE layers"): what ``target_modules`` and
 ``target_parameters`` reach on the tiny Qwen3-VL-MoE and Qwen3.5-MoE, that only the adapter trains, and that the
 merged weights equal peft's ``merge_and_unload``. The pipelined run against one process is the ``moe-experts``
 case of ``tests/test_lora.py``."""

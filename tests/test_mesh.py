@@ -1,4 +1,4 @@
-"""The mesh order (``parallel.mesh_order``, issue 27): the two numberings of the ``(dp, pp)`` mesh, which
+"""The mesh order (``parallel.mesh_order``): the two numberings of the ``(dp, pp)`` mesh, which
 traffic each keeps inside a node, and ``auto``'s choice by the at-scale simulator, with the times that decide
 it. Pure and fast: the 4-process ``dp_inner`` run is ``tests/test_data_parallel.py``'s two-node test."""
 

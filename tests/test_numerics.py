@@ -5,20 +5,20 @@
   min, owner-backward, less_memory, R in {2, 3, 4}, V in {1, 2, 3}, M < R, M not a multiple of R, M = 2R, ragged
   VL batches and whole steps without an image, 3 AdamW steps, gradient accumulation over two schedule runs. The
   full grid is ``python scripts/check/grad_matrix.py``.
-- Model families (issue 4): Qwen2.5-VL, Qwen2-VL, Qwen3-VL (DeepStack layers relayed across ranks), LLaVA (two
+- Model families: Qwen2.5-VL, Qwen2-VL, Qwen3-VL (DeepStack layers relayed across ranks), LLaVA (two
   feature-layer/strategy settings), Llama, Qwen2 and Qwen3 with tied embeddings, each at R = 2, V = 2, frozen
   and trainable, 2 AdamW steps, then saved and reloaded with ``from_pretrained``.
 - Bubble filling: placement ``fill`` (frozen ``P``) at R = 3 and 4, overflow full and min, with the next
   step's micros loaded and preprocessed in this step's idle time.
 - Pixel policy: a frozen visual tower never ships pixels; the bytes that travel are exactly the owners' token ids,
   masks, grids and labels, and the features.
-- Load-aware owners (issue 18): owners balanced by the real micro-batches' image tokens, or reversed, per run.
+- Load-aware owners: owners balanced by the real micro-batches' image tokens, or reversed, per run.
 - Error path: a corrupt image, a rejected sample or a failure in the middle of a step on one rank raises the
   first error's text on every rank, quickly; no gradient of the failed step is left; the next step is exact.
-- A bad row (issue 28): an image that does not decode costs its row, not the step: the owner drops it (or, alone
+- A bad row: an image that does not decode costs its row, not the step: the owner drops it (or, alone
   in its micro-batch, a null micro-batch stands in), every rank learns the count, and the step equals one process
   trained without that row.
-- What trains by pattern and video rows (issue 39): ``train.freeze`` / ``train.trainable`` and the shortcuts
+- What trains by pattern and video rows: ``train.freeze`` / ``train.trainable`` and the shortcuts
   against the unsplit model frozen the same way; rows mixing images and videos; two video negative controls.
 
 One torchrun per world size runs all its cases in one process group.
@@ -204,7 +204,7 @@ def test_frozen_tower_never_ships_pixels(results):
     assert not any(k.startswith("GRAPH_SEND/") for k in sent)
     shipped = {k.split("/", 1)[1]: v for k, v in sent.items() if k.startswith("DATA_SEND/")}
     assert "pixel_values" in raw and "pixel_values" not in shipped
-    # the M-RoPE positions are computed on the owner's host at load (issue 27): stage 0 reads them, not the grid
+    # the M-RoPE positions are computed on the owner's host at load: stage 0 reads them, not the grid
     # and token types they come from
     assert shipped.pop("position_ids") == 3 * raw["input_ids"], "(3, B, L) int64 positions"
     host_only = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
@@ -249,7 +249,7 @@ def test_failure_on_one_rank_fails_every_rank_then_next_step_is_exact(case, resu
                           "in-process", "torchrun --max-restarts")
     assert all(text in error for text in expected[kind]), error
     assert all(res["error_after_s"] < 30 for res in per_rank), [res["error_after_s"] for res in per_rank]
-    if kind != "mid_step_owner":  # a bad sample fails every rank before the step's first transfer (issue 27)
+    if kind != "mid_step_owner":  # a bad sample fails every rank before the step's first transfer
         assert all(res["failed_step_sent_bytes"] == 0 for res in per_rank), per_rank
         assert not any(res["failed_step_broke_groups"] for res in per_rank), "a bad sample broke the groups"
     else:  # a failure mid-transfer: gloo recovers on fresh groups; without recovery (NCCL) the executor ends

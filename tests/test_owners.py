@@ -1,4 +1,4 @@
-"""Load-aware owners (issue 18, item 4): the LPT assignment, its validation, the schedules built through
+"""Load-aware owners: the LPT assignment, its validation, the schedules built through
 ``cfg.owner()``, the relabelled fast path of the executor, and ``parallel.owners: balanced`` training exactly like
 one process on ragged conversation data.
 

@@ -1,4 +1,4 @@
-"""NCCL transfers with their headers on the host (issue 27, part 5: no host synchronisation per receive).
+"""NCCL transfers with their headers on the host (no host synchronisation per receive).
 
 Two pipeline ranks in one process: their header groups are real gloo groups (two ``ProcessGroupGloo`` pairs over
 loopback), their data groups are fakes standing for NCCL (``test_connect``'s: each records its sends and receives

@@ -1,4 +1,4 @@
-"""Packed micro-batches (issue 30): pack_micro's packed sequence and the token-budget packer (PackedPlan)."""
+"""Packed micro-batches: pack_micro's packed sequence and the token-budget packer (PackedPlan)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Packing through ``mpipe-hf train`` (issue 30): ``data.packing`` at ``dp = 2`` x ``pp = 2`` against the unsplit
+"""Packing through ``mpipe-hf train``: ``data.packing`` at ``dp = 2`` x ``pp = 2`` against the unsplit
 model on one process over the same rows unpacked (padded). ``MPipeTrainer`` with ``MPipeConfig(packing=True)``
 against the plain one-process ``transformers.Trainer`` with padding is
 ``tests/test_hf_trainer.py::test_mpipe_trainer_equals_plain_trainer[frozen-packed]``. The model-level proof over every packed case (frozen and trainable towers, DeepStack, linear attention, a 1-D

@@ -1,4 +1,4 @@
-"""The two trainers share one run object (:class:`mpipe_hf.train.run.PipelineRun`, issue 26): ``mpipe-hf train`` on
+"""The two trainers share one run object (:class:`mpipe_hf.train.run.PipelineRun`): ``mpipe-hf train`` on
 a recipe and :class:`~mpipe_hf.MPipeTrainer` on the same rows, settings and loss normalisation give the same
 per-step losses, gradient norms and learning rates, and write the same checkpoints (every weight tensor, and each
 rank's ``rank<r>_state.pt``), bit for bit. fp32, the demo Qwen2.5-VL checkpoint, ``pp_size = 2``, 3 steps.

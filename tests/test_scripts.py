@@ -1,4 +1,4 @@
-"""Small checks of the scripts a new user runs first (issue 41, item 11)."""
+"""Small checks of the scripts a new user runs first."""
 
 import os
 import subprocess
@@ -26,7 +26,7 @@ def test_demo_gantt_help_and_default_output(tmp_path):
 
 @pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="about 60 s: the full suite (MPIPE_HF_FULL=1)")
 def test_bench_compute_runs_its_schedules_at_tiny_size(tmp_path):
-    """``scripts/bench/bench_compute.py --tiny --skip-packing`` (issue 41): MPipe and torch's schedules over real
+    """``scripts/bench/bench_compute.py --tiny --skip-packing``: MPipe and torch's schedules over real
     Qwen2.5-VL layers on 2 gloo ranks, at hidden 64 and one step a row; every row runs and the report names the
     best rows and the goal of each tower mode."""
     script = os.path.join(ROOT, "scripts", "bench", "bench_compute.py")

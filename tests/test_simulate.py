@@ -143,7 +143,7 @@ def test_fill_needs_a_frozen_preprocess():
 
 @pytest.mark.parametrize("zero_bubble", [False, True])
 def test_all_to_all_is_time_inside_the_stage_forward_and_backward(zero_bubble):
-    """``Costs.all_to_all`` (issue 40): an ``F`` takes its stage's all-to-alls on top of its compute, a ``B`` (and a
+    """``Costs.all_to_all``: an ``F`` takes its stage's all-to-alls on top of its compute, a ``B`` (and a
     ``W`` that is the whole backward) the backward ones, a split ``W`` none, each scaled by its micro-batch's
     weight: the timeline equals the same schedule's with those seconds added to ``forward`` and ``backward`` (a
     zero-bubble ``weight`` kept, so the ``W`` is unchanged), and the step is longer than without them."""

@@ -1,4 +1,4 @@
-"""Activation swap (issue 17): the schedule's swap actions, and the swap manager on a real HF decoder layer.
+"""Activation swap: the schedule's swap actions, and the swap manager on a real HF decoder layer.
 
 The pipelined runs with swap on are in ``tests/test_numerics.py`` (``SWAP_CASES``: exact against one process in
 every mode, with the bytes offloaded and the peak counted).

@@ -1,4 +1,4 @@
-"""GLM-4.xV's video processor without torchvision (issue 39): :class:`Glm4vVideoProcessorNoTV` against the stock
+"""GLM-4.xV's video processor without torchvision: :class:`Glm4vVideoProcessorNoTV` against the stock
 ``Glm4vVideoProcessor``'s own code, and its timestamps against the stock processor's prompt; GLM video rows as
 collated here against the stock processors' call, and the load-time refusal of micro-batches holding both images
 and videos.
@@ -122,7 +122,7 @@ def test_built_from_the_image_processor(model_type, cls):
     assert video.to_dict()["video_processor_type"] == cls.stock_class_name
 
 
-# -- the row path (issue 39, item 1): GLM video rows as the stock processors write them, and the micro-batch rule --
+# -- the row path: GLM video rows as the stock processors write them, and the micro-batch rule --
 
 GLM_HUB_TOKENS = {"image_token_id": "<|image|>", "video_token_id": "<|video|>",
                   "image_start_token_id": "<|begin_of_image|>", "image_end_token_id": "<|end_of_image|>",

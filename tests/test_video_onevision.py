@@ -1,4 +1,4 @@
-"""LLaVA-OneVision's video path without torchvision (issue 39): :class:`OnevisionVideoProcessor` against the stock
+"""LLaVA-OneVision's video path without torchvision: :class:`OnevisionVideoProcessor` against the stock
 ``LlavaOnevisionVideoProcessor``'s own code, the loader's token count against the stock processor's expansion, and
 the split's load-time check.
 

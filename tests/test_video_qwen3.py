@@ -1,4 +1,4 @@
-"""Qwen3-VL's video path without torchvision (issue 39): :class:`Qwen3VideoProcessor` against the stock
+"""Qwen3-VL's video path without torchvision: :class:`Qwen3VideoProcessor` against the stock
 ``Qwen3VLVideoProcessor``'s own code, the timestamp prompts against the stock processor's, and the loader's
 count against the collator's.
 

@@ -1,4 +1,4 @@
-"""Image rows and video rows in different micro-batches (issue 39), for a family whose model cannot take both in
+"""Image rows and video rows in different micro-batches, for a family whose model cannot take both in
 one forward (:attr:`~mpipe_hf.models.family.Family.media_apart`: GLM-4.1V / 4.5V / 4.6V, whose model finds a
 video's tokens with the image tokens' mask and raises on a micro-batch holding both).
 

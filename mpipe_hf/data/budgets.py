@@ -1,4 +1,4 @@
-"""Visual-token budgets of one row (issue 39, item 2; docs/data.md, "Visual-token budgets"): the caps a recipe's
+"""Visual-token budgets of one row (docs/data.md, "Visual-token budgets"): the caps a recipe's
 ``data`` section sets (:class:`RowCaps`) applied to a row's images and videos before it is encoded
 (:func:`cap_row`), so that a row over a cap is resized or sampled down, and counted, and never cut through an
 image's or a video's tokens.

@@ -1,4 +1,4 @@
-"""Packed micro-batches (issue 30): the rows of a micro-batch concatenated into one sequence with no padding
+"""Packed micro-batches: the rows of a micro-batch concatenated into one sequence with no padding
 (:func:`pack_micro`), and the packer that fills each micro-batch up to a token budget (:class:`PackedPlan`):
 best-fit decreasing over a window of the row stream, then LPT (longest processing time first) rebalancing of the
 chosen rows by cost across the step's micro-batches. A row is never split."""
@@ -283,7 +283,7 @@ def _checked_inputs(n: int, budget: int, lengths, costs) -> tuple[list[int], lis
 
 
 class PackedPlan(MicroBatchPlan):
-    """Token-budget micro-batches (issue 30): which dataset rows form packed micro ``m`` of step ``k``.
+    """Token-budget micro-batches: which dataset rows form packed micro ``m`` of step ``k``.
 
     The rows stream as :class:`~.owner.MicroBatchPlan` reads them (stream position ``p`` -> row
     ``order(p // n)[p % n]``, each epoch's order :func:`~.owner.epoch_order` with ``shuffle``, file order

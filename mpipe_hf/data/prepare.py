@@ -268,7 +268,7 @@ def as_checked(container: Container, check: RowCheck, done: datasets.Dataset) ->
     """The rows ``done`` that a stricter check of the same rows cached (``mpipe-hf check-data``'s, every image
     decoded) as ``check`` gives them: each row that failed there for an image is checked again with ``check``
     and takes its result (a truncated file fails a decode, not a header read), so that a run keeps the same rows,
-    in the same order, whether or not ``check-data`` ran first (issue 41). Every other row is the same under
+    in the same order, whether or not ``check-data`` ran first. Every other row is the same under
     either check. Returns ``done`` itself when no row changes, else the rows in memory."""
     table = done.with_format("arrow")
     status, errors = table["status"].to_pylist(), table["error"].to_pylist()

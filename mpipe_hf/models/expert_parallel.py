@@ -1,4 +1,4 @@
-"""Expert parallelism inside a pipeline stage (issue 40; docs/models.md, "Expert parallelism").
+"""Expert parallelism inside a pipeline stage (docs/models.md, "Expert parallelism").
 
 The ``ep_size`` replicas of one stage rank (an EP group, :func:`~mpipe_hf.runtime.mesh.expert_mesh`) each run
 their own micro-batches through the same schedule, and each holds ``E / ep_size`` experts of every MoE layer of its

@@ -1,4 +1,4 @@
-"""What trains, by pattern (issue 39): ``train.freeze`` / ``train.trainable`` module patterns and the shortcuts
+"""What trains, by pattern: ``train.freeze`` / ``train.trainable`` module patterns and the shortcuts
 users know from ms-swift and LLaMA-Factory, ``freeze_vit``, ``freeze_aligner`` and ``freeze_llm``.
 
 A pattern names a parameter or a module by its name in the HF model (``model.visual``, ``model.visual.merger``,

@@ -1,5 +1,5 @@
 """Metadata that transformers' Qwen-VL code reads on the host, computed on the host when a micro-batch is loaded
-(issue 27: no host synchronisation per action).
+(no host synchronisation per action).
 
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL derive from ``image_grid_thw`` (images x 3 ints) the vision tower's rotary
 positions, its packed-attention boundaries (``cu_seqlens``), Qwen2.5-VL's window order and Qwen3-VL's position
@@ -116,7 +116,7 @@ def qwen_host_inputs(model: nn.Module):
 
     def host(raw: Tensors) -> Tensors:
         ids, given = raw["input_ids"], grids(raw)
-        if is_packed(raw):  # each row's own positions, and the text-position row (issue 30)
+        if is_packed(raw):  # each row's own positions, and the text-position row
             return {"position_ids": mrope_positions(rope_index, raw), **tower_metadata(visual, raw)}
         if not given:
             return {"position_ids": torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, ids.shape[0], -1)}

@@ -1,4 +1,4 @@
-"""The MoE load-balancing loss across pipeline stages, equal to the unsplit model's (issue 29).
+"""The MoE load-balancing loss across pipeline stages, equal to the unsplit model's.
 
 Hugging Face's MoE families (Qwen3-VL-MoE, Qwen3.5-MoE, ...) add ``router_aux_loss_coef * aux`` to a
 micro-batch's loss when ``config.output_router_logits`` is set, with ``load_balancing_loss_func`` (Switch

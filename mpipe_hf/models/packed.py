@@ -1,4 +1,4 @@
-"""Packed micro-batches on the model side (issue 30): per-row positions, attention within a row, linear-attention
+"""Packed micro-batches on the model side: per-row positions, attention within a row, linear-attention
 state reset at row boundaries.
 
 A packed micro-batch (:func:`mpipe_hf.data.packing.pack_micro`) is one sequence ``(1, N)``: its rows'
@@ -19,7 +19,7 @@ unpacked model sees it alone: transformers' mask builders AND in its ``packed_se
 rows' ids (:func:`row_ids`, from the host lengths: no search of the positions on the device), one block-causal
 mask, so attention never crosses a row (with FlashAttention the varlen kernel takes ``cu_seq_lens`` instead,
 :func:`flash_kwargs`); a recurrent layer's (Gated DeltaNet's, LFM2's short convolution's) state starts from zero
-at every row (:func:`per_row`). Each GEMM is as tall as the whole micro (issue 41: row by row, a third as tall,
+at every row (:func:`per_row`). Each GEMM is as tall as the whole micro (row by row, a third as tall,
 lost packing's gain to per-call overhead). A family whose masks cannot take the rows (:data:`ROW_BLIND`: Gemma's
 token-type blocks, PaliGemma's prefix) runs its rows one by one.
 The labels were cut at the row boundaries when the micro was packed (a row's first token

@@ -1,4 +1,4 @@
-"""The MoE load-balancing loss folded into the last stage's loss, per micro-batch (issue 29; the term itself:
+"""The MoE load-balancing loss folded into the last stage's loss, per micro-batch (the term itself:
 :mod:`mpipe_hf.models.moe`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One bf16 copy of each weight per step (issue 27).
+"""One bf16 copy of each weight per step.
 
 Under bf16 autocast a matmul casts its fp32 weight to bf16, and the backward needs that copy, so each micro-batch
 in flight saved a copy of its stage's weights. Autocast's own cache shares one copy per step for the weights it
@@ -17,7 +17,7 @@ has reduce-scattered the chunk's gradient in its last backward: that micro's gra
 
 There, the step has no region around it at all (:func:`step_region`): autocast counts a *disabled* region as
 nesting too, and clears its cache only when the outermost region exits, so a disabled region over the step kept
-every per-call cast for the whole step, with the loss above (issue 37: LoRA adapters, fused MoE experts; a
+every per-call cast for the whole step, with the loss above (LoRA adapters, fused MoE experts; a
 gradient off by 0.29 at ``dp = 2``).
 
 Fused MoE experts (transformers' ``grouped_mm`` experts, :mod:`mpipe_hf.models.expert_precision`) are no

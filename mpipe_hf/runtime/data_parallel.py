@@ -112,7 +112,7 @@ class DataParallel:
         bf16: the run computes under bf16 autocast (``train.bf16``): with ``shard``, the matmul modules
             (:func:`bf16_units`) are gathered in bf16 and reduced in fp32 (the module docstring says why this is
             exact); no effect with ``replicate``, whose all-reduce sums the fp32 gradients.
-        experts: expert parallelism (issue 40): ``(this rank's expert shards, the edp mesh)``
+        experts: expert parallelism: ``(this rank's expert shards, the edp mesh)``
             (:class:`~mpipe_hf.models.expert_parallel.ExpertShards`' ``params``,
             :func:`~.mesh.expert_mesh`'s ``["edp"]``). The shards differ between the EP ranks of ``dp``, and
             the all-to-all's backward already summed their gradients over the EP group: FSDP2 leaves them alone

@@ -75,7 +75,7 @@ def build_mesh(pp_size: int, dp_size: int = 1, order: str = "pp_inner") -> Devic
 
 
 def expert_mesh(mesh: DeviceMesh, ep_size: int) -> DeviceMesh:
-    """The expert-parallel view of a ``(dp, pp)`` mesh (issue 40): its ``dp`` dimension (the pipeline replicas,
+    """The expert-parallel view of a ``(dp, pp)`` mesh: its ``dp`` dimension (the pipeline replicas,
     each on its own micro-batches) split into ``(edp, ep, batch)``. ``mesh_view["ep"]`` is an EP group: ``ep_size``
     replicas of one stage rank that each hold ``E / ep_size`` experts of the stage's MoE layers and exchange
     tokens by all-to-all (``dp`` rank ``d`` is EP rank ``d % ep_size``); ``mesh_view["edp"]`` groups the

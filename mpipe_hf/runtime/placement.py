@@ -1,5 +1,5 @@
 """Where a step's tensors live: moving a micro-batch's inputs to the device without a host wait, keeping the host
-integers a stage reads in Python on the host through every transfer (issue 37), and the strict device mode's check
+integers a stage reads in Python on the host through every transfer, and the strict device mode's check
 (issue 27)."""
 
 from __future__ import annotations

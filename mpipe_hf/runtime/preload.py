@@ -1,4 +1,4 @@
-"""A step's data, loaded before its first transfer, and one vote on whether the step runs (issue 27, SPEC.md
+"""A step's data, loaded before its first transfer, and one vote on whether the step runs (SPEC.md
 "Runtime rules": a failure on one rank ends the step on every rank with that error).
 
 Every owner calls ``load(m)`` (which decodes and validates the micro-batch's rows and raises ``ValueError`` on a bad

@@ -19,7 +19,7 @@ A peer's connection that closes is therefore either a peer that broke its groups
 error is in the store (or, for a timeout, after it marked one as coming: ``KEY/pending``), or a peer whose process
 is gone; :meth:`Watchdog.failure` tells the two apart.
 
-Expert parallelism (issue 40) adds collectives that no wait of the watchdog posts: the all-to-alls of the MoE
+Expert parallelism adds collectives that no wait of the watchdog posts: the all-to-alls of the MoE
 layers, inside a stage's forward and backward, on the EP group (a :class:`WatchedGroup`). While a step runs, the
 monitor also looks at the key when the caller is not blocked, and on a peer's error breaks every watched group, so
 an EP peer waiting in an all-to-all for a rank that failed gets gloo's error at once (the executor then raises the

@@ -35,7 +35,7 @@ _NUMPY = {torch.float32: (np.float32, None), torch.float16: (np.float16, None), 
 
 # keys whose small integer tensors, when they are on the host, travel in the header, as their values, and arrive on
 # the host: integers a receiving stage needs in Python, which a payload on the device would make it read back, one
-# host synchronisation per read (issue 37). A packed micro's row lengths
+# host synchronisation per read. A packed micro's row lengths
 # (mpipe_hf.models.packed), the image and video grids and the vision tower's attention boundaries (the keys
 # mpipe_hf.models.host_metadata keeps on the owner's host; with FlashAttention the boundaries are on the device,
 # which its kernel reads, and travel in the payload as any other tensor)

@@ -1,5 +1,5 @@
 """Point-to-point communicator set-up: the order every rank connects its peers in, and a model of NCCL's lazy
-set-up that shows why it is needed (issue 27, part 1).
+set-up that shows why it is needed.
 
 The runtime sends each transfer over one of two process groups, ``up`` (to a higher rank) and ``down`` (to a
 lower one; :meth:`mpipe_hf.runtime.p2p.P2P.channel`). NCCL builds the two-rank communicator of a (group, pair of

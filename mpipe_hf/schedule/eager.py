@@ -1,4 +1,4 @@
-"""A model of NCCL's *eager* communicator set-up, and the pairs the runtime's groups cover (issue 37, part 2).
+"""A model of NCCL's *eager* communicator set-up, and the pairs the runtime's groups cover.
 
 When the default process group is bound to a device (``init_process_group(device_id=...)``), PyTorch makes the
 NCCL communicator of every later group when the group is made (by ``ncclCommSplit`` of the default one), and a

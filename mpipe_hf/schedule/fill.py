@@ -1,5 +1,5 @@
 """Bubble filling for a frozen preprocess: each transposed forward goes where its owner would otherwise wait,
-not in a prefix, and the next step's go into this step's idle time (issue 5; SPEC.md, "How the schedule is built"
+not in a prefix, and the next step's go into this step's idle time (SPEC.md, "How the schedule is built"
 gives the prefix this replaces).
 
 A frozen ``P`` has no backward and no graph, so its forward on micro ``m`` can run anywhere on the owner before

@@ -1,4 +1,4 @@
-"""Cost profiles at scale from published hardware figures (issue 18): what one micro-batch of a Qwen2.5-VL-style
+"""Cost profiles at scale from published hardware figures: what one micro-batch of a Qwen2.5-VL-style
 vision-language model costs on one GPU class, counted from the model's shapes, as a :class:`~.tune.Profile`.
 
 Pure Python, no torch: the FLOPs, parameter counts and activation bytes are closed forms in the HF config's
@@ -9,7 +9,7 @@ in the docstring of the field that holds it; every assumption says so.
 The pieces live in sibling modules, and every name stays importable from here: :mod:`.cluster` (the GPU
 class, its links, ZeRO stage 1's bytes and seconds), :mod:`.shapes` (the model's sizes and the workload) and
 :mod:`.counts` (the closed forms and their FLOP conventions); this module puts them together into
-:func:`figures_estimate`, and times expert parallelism's all-to-all (:func:`all_to_all_seconds`, issue 40).
+:func:`figures_estimate`, and times expert parallelism's all-to-all (:func:`all_to_all_seconds`).
 """
 
 from __future__ import annotations

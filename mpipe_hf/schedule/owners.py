@@ -1,4 +1,4 @@
-"""Load-aware owners: which rank loads and preprocesses each micro-batch of a step (issue 18, item 4).
+"""Load-aware owners: which rank loads and preprocesses each micro-batch of a step.
 
 With ragged images the preprocess ``P`` (the vision tower) costs each micro-batch a very different amount: the
 workload of a batch varies up to 4.15x in PipeWeaver's traces (arXiv 2504.14145), and

@@ -52,10 +52,10 @@ class Costs:
             gradient) is the whole backward.
         micro_weights: per micro-batch ``m``, how many times the costs above its body ``F``, ``B`` and ``W`` take
             (``forward``/``backward``/``weight`` are those of the profile's micro-batch; a packed micro of other
-            token counts costs ``weight[m]`` times them, issue 30); ``None``: every micro 1 (uniform).
+            token counts costs ``weight[m]`` times them); ``None``: every micro 1 (uniform).
         micro_preprocess_weights: likewise for micro ``m``'s ``TRANSPOSE_FWD``, ``TRANSPOSE_BWD`` and
             ``DATA_LOAD`` (its image tokens); ``None``: uniform.
-        all_to_all: expert parallelism (issue 40): the time a body ``F`` spends in the all-to-alls of its MoE
+        all_to_all: expert parallelism: the time a body ``F`` spends in the all-to-alls of its MoE
             layers (each layer's dispatch and combine, :func:`~.hardware.moe_all_to_all_seconds`); one number, or
             a tuple by stage (a stage's MoE layers times one layer's). The all-to-all is a collective of the EP
             peers inside the stage's forward: they hold the same stage and run the same action list in step, so

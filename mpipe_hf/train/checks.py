@@ -106,7 +106,7 @@ def check(recipe: Recipe) -> list[int]:
         check_packable(config.get_text_config())
     if recipe.lora is not None:
         check_adapter(config, cfg, recipe.lora.peft_config(), counts, recipe.parallel.text_layers, recipe.lora.merge)
-    check_expert_parallel(config, recipe.parallel.ep_size,  # issue 40
+    check_expert_parallel(config, recipe.parallel.ep_size,
                           recipe.lora.peft_config() if recipe.lora is not None else None, recipe.data.packing)
     check_trainable(config, cfg, recipe.train.trainable_spec(),
                     recipe.lora.peft_config() if recipe.lora is not None else None, recipe.parallel.text_layers)

@@ -51,7 +51,7 @@ class MPipeConfig(ParallelSection):
             (:class:`~mpipe_hf.models.freeze.Trainable`), on top of what the model passed in has frozen already.
         packing: each micro-batch's rows (``per_device_train_batch_size`` of them, as the Trainer's loader
             yields them) packed into one sequence with no padding, each row with its own positions and attending
-            only to itself (:func:`~mpipe_hf.data.packing.pack_micro`; issue 30). The micro-batches hold the
+            only to itself (:func:`~mpipe_hf.data.packing.pack_micro`). The micro-batches hold the
             rows they hold unpacked, so the loss and gradients are the unpacked ones under either normalisation.
 
     Raises:

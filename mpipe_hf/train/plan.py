@@ -11,7 +11,7 @@ runs, before any GPU is booked.
   counted on the meta device by running one decoder layer and the head under ``saved_tensors_hooks``. With
   gradient checkpointing a layer in flight keeps only its input hidden states.
 - The step time and bubble are the simulator's (:func:`~mpipe_hf.schedule.tune.predict`) on that profile.
-- With expert parallelism (``parallel.ep_size``, issue 40) a rank holds ``E / ep_size`` experts of each MoE layer of
+- With expert parallelism (``parallel.ep_size``) a rank holds ``E / ep_size`` experts of each MoE layer of
   its stages, the all-to-all's buffers, and its stages' ``F`` and ``B`` take the all-to-alls' time
   (:mod:`.plan_experts`).
 - NCCL's buffers: the communicators a rank joins (its pipeline pairs, the pipeline's, the world's, the
@@ -196,7 +196,7 @@ def _static_rope(text) -> None:
 @contextlib.contextmanager
 def quiet_transformers():
     """transformers' warnings muted (its ``[transformers] ... falling back to its reference PyTorch implementation
-    ... much slower`` notices speak of running the model, which a count on the meta device does not; issue 41)."""
+    ... much slower`` notices speak of running the model, which a count on the meta device does not)."""
     from transformers.utils import logging as hf_logging
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()

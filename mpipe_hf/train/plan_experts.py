@@ -1,4 +1,4 @@
-"""Expert parallelism in ``mpipe-hf plan`` and the simulator (issue 40, item 5).
+"""Expert parallelism in ``mpipe-hf plan`` and the simulator.
 
 With ``parallel.ep_size = E_p`` the replicas of a stage rank form EP groups (:mod:`mpipe_hf.models.expert_parallel`):
 

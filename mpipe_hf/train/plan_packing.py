@@ -1,4 +1,4 @@
-"""The packed step in the simulator (issue 30, item 3b): ``mpipe-hf plan`` on a recipe with ``data.packing`` shows
+"""The packed step in the simulator: ``mpipe-hf plan`` on a recipe with ``data.packing`` shows
 step 0's packed micro-batches (:class:`~mpipe_hf.data.packing.PackedPlan`, as ``mpipe-hf train`` packs them),
 weighs each against the cost profile's micro-batch, and simulates the packed step next to the same rows padded at
 ``data.micro_batch_size`` rows per micro-batch.
@@ -185,7 +185,7 @@ def cost_budget(lengths: list[int], costs: list[float], budget: int) -> float:
 
 
 def packing_line(plan: PackedPlan, step: int = 0) -> str:
-    """The line rank 0 prints at start-up of a packed run (``data.packing``; issue 41): the budget, and of step
+    """The line rank 0 prints at start-up of a packed run (``data.packing``): the budget, and of step
     ``step``'s micro-batches on this replica the rows per micro-batch (fewest, mean, most), the fill (tokens over
     the budget: mean and lowest) and the padding packing saves: the tokens the same micro-batches would compute
     padded to their longest row (``rows x longest`` each), less the tokens they hold."""

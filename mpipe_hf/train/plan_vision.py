@@ -1,5 +1,5 @@
 """The vision side of the config-only cost estimate (:func:`~.plan.estimate_profile`): ``P``'s parameters per
-vision part, the patches the tower encodes per image token, and a frozen ViT's smaller backward (issue 39).
+vision part, the patches the tower encodes per image token, and a frozen ViT's smaller backward.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def patches_per_image_token(config) -> float:
 
 
 def with_frozen_vit(profile: Profile, shadow, config, image_tokens: int, rate: float) -> Profile:
-    """``profile`` with ``train.freeze_vit`` (issue 39): ``P``'s backward runs through the projector alone
+    """``profile`` with ``train.freeze_vit``: ``P``'s backward runs through the projector alone
     (:func:`~mpipe_hf.models.freeze.parts`' ``aligner``, ``4 * weights * image_tokens`` FLOPs), only its
     weights are broadcast and reduced, and its graph holds the projector's input and hidden per image token
     (fp32, the tower's width times the patches merged into a token, twice)."""

@@ -26,7 +26,7 @@ class Autocast(nn.Module):
     submodule, so a wrapped ``P`` still lists its trainable parameters).
 
     ``autocast_dtype`` tells the executor to hold one autocast region open over the whole step, so autocast's
-    cache casts each trained weight once per step and every micro-batch in flight shares that copy (issue 27: a
+    cache casts each trained weight once per step and every micro-batch in flight shares that copy (a
     region per stage call cast, and saved, a copy per micro-batch). An input that is a leaf taking a gradient
     (an activation received from the previous stage) goes in as a view, which autocast does not cache: its cast
     then lives only as long as the micro-batch's graph, not the whole step."""

@@ -95,7 +95,7 @@ class DataSection:
             ``eval_loss`` over every row of it; ``None``: no evaluation.
         packing: pack rows into micro-batches of one sequence each, up to ``max_tokens_per_micro`` tokens, with
             no padding (:class:`~mpipe_hf.data.packing.PackedPlan`: best-fit over a window of rows, balanced by
-            cost; issue 30); ``micro_batch_size`` is then unused. Each row keeps its own positions and attends
+            cost); ``micro_batch_size`` is then unused. Each row keeps its own positions and attends
             only to itself (:mod:`mpipe_hf.models.packed`).
         max_tokens_per_micro: the token budget of a packed micro-batch; ``None``: ``max_length``. Rows are cut or
             dropped at the smaller of the two by the ``max_length`` rules (:attr:`row_length`).

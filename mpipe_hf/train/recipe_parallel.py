@@ -29,7 +29,7 @@ class ParallelSection(ScheduleConfig):
         timeout_s: the longest any transfer may wait, in seconds.
         dp_size: pipeline replicas (data parallelism): ``dp_size * pp_size`` processes on one ``(dp, pp)`` mesh,
             each replica on its own share of the global batch (:mod:`mpipe_hf.runtime.data_parallel`).
-        ep_size: expert parallelism (issue 40): the replicas of a stage rank form groups of ``ep_size`` that
+        ep_size: expert parallelism: the replicas of a stage rank form groups of ``ep_size`` that
             each hold ``E / ep_size`` experts of every MoE layer of the stage and exchange tokens by all-to-all
             (:mod:`mpipe_hf.models.expert_parallel`, :func:`~mpipe_hf.runtime.mesh.expert_mesh`); must divide
             ``dp_size`` (and, checked against the model before launch, ``E``).

@@ -228,7 +228,7 @@ def _visual_tokens(dataset) -> list[int]:
 
 
 def packing_rows(dataset, config, data: DataSection, profile=None) -> tuple[list[int], list[float]]:
-    """``(lengths, costs)`` of every dataset row for the packer (``data.packing``, issue 30), known on every rank
+    """``(lengths, costs)`` of every dataset row for the packer (``data.packing``), known on every rank
     without decoding anything: a row's tokens after the cut (``min(num_tokens, data.row_length)``), and its cost
     in decoder-token units, ``tokens + w * image_tokens`` (its images' and videos' tokens) with ``w`` the vision
     part's work per image token over the decoder's per token (:func:`image_token_weight`; ``profile``: the

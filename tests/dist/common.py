@@ -23,7 +23,7 @@ SENTENCES = ["The pipeline splits the model into stages.", "Each rank loads only
              "A bubble is time a rank spends waiting.", "Warm-up fills the pipeline; cooldown drains it.",
              "The visual tower turns patches into features.", "Gradients flow back through every stage.",
              "Interleaving gives each rank several chunks.", "One forward, one backward, in steady state."]
-PACKED_CONFIGS = ("vl", "qwen3_vl", "qwen3_5", "llava", "gemma3",  # the packed pools' families (issue 30)
+PACKED_CONFIGS = ("vl", "qwen3_vl", "qwen3_5", "llava", "gemma3",  # the packed pools' families
                   "nemotron_h_omni")  # and Nemotron-H's Mamba-2 layers, whose state must restart at each row
 NUM_LAYERS = 12  # enough for R * V = 12 stages
 # The Qwen2 BPE cut to its first 5,120 ranks, the Qwen2 special tokens right after them (as scripts/make/make_demo.py
@@ -88,7 +88,7 @@ def multi_image_row(i: int, side: int, num_images: int, prompt_repeat: int) -> d
 
 
 def make_packed_pool(collate) -> list[dict[str, torch.Tensor]]:
-    """Padded micro-batches of 2-3 rows for packing (issue 30): a text-only row next to rows of two images and of
+    """Padded micro-batches of 2-3 rows for packing: a text-only row next to rows of two images and of
     one image, in differing orders and lengths; the pipeline packs each into one sequence."""
     pool = []
     for m in range(6):
@@ -105,7 +105,7 @@ CLIPS = [("astronaut", "pan", 8, (56, 56), 2, {"fps": 1}, False), ("coffee", "zo
 
 
 def write_clips(folder: str) -> list[dict]:
-    """Short real clips (issue 39) made from the scikit-image photos as the demo makes its own
+    """Short real clips made from the scikit-image photos as the demo makes its own
     (``scripts/make/make_demo_videos.py``: a window panning, tilting or zooming over the photo, encoded with PyAV), 4
     to 8 frames of 56 to 84 px each (:data:`CLIPS`); the last as a folder of PNG frames. Returns a video part of
     each (``{"type": "video", "video": path, **options}``)."""
@@ -155,7 +155,7 @@ def frames_of(clips: list[dict], count: int) -> list[dict]:
 
 
 def make_video_pool(collate, clips: list[dict], apart: bool = False) -> list[dict[str, torch.Tensor]]:
-    """Micro-batches of rows mixing images and videos (issue 39): a video alone, an image before a video and a
+    """Micro-batches of rows mixing images and videos: a video alone, an image before a video and a
     video before an image, two videos in one row, a frame-folder video, rows of one image or text only beside
     them, and a micro-batch with no video. ``apart``: no micro-batch holds both an image and a video (GLM-4.xV,
     :data:`VIDEO_APART`): a video alone, two videos in a row, a frame folder beside a clip, video or image rows

@@ -101,5 +101,5 @@ def tamper_grads(case, params, step):
 
 def detached_features(pooled):
     """``flat_features`` with the image features cut from the tower's graph: the tower gets no gradient (what a
-    zero-initialised projection hid, issue 38)."""
+    zero-initialised projection hid)."""
     return _flat_features(pooled).detach()

@@ -1,6 +1,6 @@
 """torchrun worker (``dp = 2`` x ``pp = 2``, 4 processes, gloo): FSDP2 under ``train.bf16`` through the trainer's
 own :class:`~mpipe_hf.train.run.PipelineRun` and the executor, against the unsplit model on one process under the
-same precision policy (issue 37, part 1).
+same precision policy.
 
 Usage: torchrun --nproc_per_node 4 dp_bf16_worker.py OUT_DIR CASES_JSON
 

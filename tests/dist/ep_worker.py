@@ -1,4 +1,4 @@
-"""torchrun worker: expert parallelism under the pipeline (issue 40), ``pp = 2`` x ``ep = 2`` on 4 gloo processes
+"""torchrun worker: expert parallelism under the pipeline, ``pp = 2`` x ``ep = 2`` on 4 gloo processes
 (``dp_size = 2`` replicas, each an EP rank) or 8 (``dp_size = 4``: two EP groups per stage rank, each expert shard
 held by ``edp = 2`` replicas whose gradients are summed), case after case in one process group, against the unsplit Hugging
 Face model on one process.

@@ -1,4 +1,4 @@
-"""torchrun worker (2 processes): the host syncs of a pipelined step with transfers between the ranks (issue 37).
+"""torchrun worker (2 processes): the host syncs of a pipelined step with transfers between the ranks.
 
 Usage: torchrun --nproc_per_node 2 host_syncs_worker.py OUT_DIR
 

@@ -121,7 +121,7 @@ def check_case(case: dict, per_rank: list[dict]) -> list[str]:
         if res["peak_activations"] != [res["expected_peak"]]:
             problems.append(f"rank {rank}: held {res['peak_activations']} activations at peak, the schedule says "
                             f"{res['expected_peak']}")
-        owned = res.get("owned_all", res["owned"] * runs)  # per-step owners (issue 18): each run's own
+        owned = res.get("owned_all", res["owned"] * runs)  # per-step owners: each run's own
         if sorted(res["loads"]) != sorted(owned):
             problems.append(f"rank {rank}: loaded micros {sorted(res['loads'])}, owns {owned} over {runs} runs")
     checked = sorted(n for res in per_rank for n in res["names"])

@@ -10,7 +10,7 @@ step; gradients add up), ``bad_micro`` (a micro with a wrong image-token count, 
 rank 0's stage 0 raise), ``lookahead`` (placement ``fill``: each run loads the next run's micros), ``reload``
 (after the steps, save the checkpoint and load it with ``from_pretrained``), ``owners`` (load-aware owners, issue
 18: ``"reversed"``, micro ``m`` to rank ``NT - 1 - m % NT``, or ``"balanced"``, LPT over each run's real image-token
-counts; every rank computes them from the same micro-batches), ``bad_rows`` (issue 28: the micro-batches are
+counts; every rank computes them from the same micro-batches), ``bad_rows`` (the micro-batches are
 collated from rows on their owners, two rows with an image that does not decode: row_cases.py).
 A failing step runs first; the measured steps follow on other micro-batches.
 
@@ -198,7 +198,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
     params = split.trainable_parameters(cfg, rank)
     stages, preprocess = (autocast_modules(split.stages, split.preprocess, device) if case.get("bf16")
                           else (split.stages, split.preprocess))
-    swap = SWAPS[case["swap"]] if case.get("swap") else None  # activation swap (issue 17)
+    swap = SWAPS[case["swap"]] if case.get("swap") else None  # activation swap
     if case.get("gradient_checkpointing"):
         split.model.activation_checkpointing_enable({"use_reentrant": False})
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(), TIMEOUT,
@@ -238,9 +238,9 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
 
         def load(m):
             loads.append(m)
-            if rows is not None:  # read from the rows: a bad one is dropped (issue 28)
+            if rows is not None:  # read from the rows: a bad one is dropped
                 return rows.load(run, m)
-            micro = pack_micro(micros[m]) if case.get("packed") else micros[m]  # one sequence (issue 30)
+            micro = pack_micro(micros[m]) if case.get("packed") else micros[m]  # one sequence
             split.validate_micro(micro)
             return micro
         return load

@@ -1,4 +1,4 @@
-"""The bad-row case of the numerics worker (issue 28: a row that fails mid-run costs that row, not the step).
+"""The bad-row case of the numerics worker (a row that fails mid-run costs that row, not the step).
 
 The case's micro-batches are read from conversation rows by a :class:`~mpipe_hf.data.MicroBatchPlan` with the
 model's own collator, on each micro-batch's owner. Two rows name a PNG truncated after its header (it opens, its

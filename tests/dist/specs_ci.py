@@ -48,7 +48,7 @@ PRECISION_CASES = [make_case("vision", 2, 2, 4, "frozen", bf16=True, order="pipe
                    make_case("vision", 2, 2, 3, "frozen", bf16=True)]
 # the fused MoE experts on the bf16 grouped GEMM, cast once per step (mpipe_hf.models.expert_precision): bitwise too
 PRECISION_CASES += family_cases([("qwen3_vl_moe", "trainable", 1, [2, 2, 4, 4])], bf16=True, order="pipeline")
-# activation swap (issue 17) in every mode: frozen at the issue's R = 4, V = 2, M = 8, trainable, owner-backward,
+# activation swap in every mode: frozen at the issue's R = 4, V = 2, M = 8, trainable, owner-backward,
 # identity, placement fill, a text P, gradient checkpointing, and rank 0 alone; exact, with bytes moved
 SWAP_CASES = [make_case("vision", 4, 2, 8, "frozen", swap="all", steps=3),
               make_case("vl-text", 4, 1, 5, "trainable", owner_backward=True, swap="rank0"),
@@ -62,7 +62,7 @@ SWAP_CASES = [make_case("vision", 4, 2, 8, "frozen", swap="all", steps=3),
               # swap on but no group far enough from its backward: the same actions and bytes as swap off
               make_case("vl-identity", 2, 2, 4, "identity", swap="never"),
               make_case("vl-identity", 2, 2, 4, "identity", swap="off")]
-# zero-bubble MPipe (issue 18): the backward split into B and W in every mode, with filling, swap, gradient
+# zero-bubble MPipe: the backward split into B and W in every mode, with filling, swap, gradient
 # checkpointing, and the families
 ZB_CASES = [make_case("vision", 4, 2, 8, "frozen", zero_bubble=True, steps=3),
             make_case("vision", 4, 2, 8, "frozen", placement="fill", lookahead=True, zero_bubble=True, steps=2),
@@ -78,7 +78,7 @@ ZB_CASES = [make_case("vision", 4, 2, 8, "frozen", zero_bubble=True, steps=3),
     dict(case, zero_bubble=True, reload=False, name=case["name"] + "-zb") for case in family_cases(
         [("qwen3_5_moe", "trainable", 1, None), ("gemma3", "trainable", 0, None),
          ("gemma3n_text", "trainable", 1, None)])]  # Gemma 3n: W's parameter groups share graph nodes
-# load-aware owners (issue 18, item 4): LPT over each run's real image-token counts (ragged photos), with prefix
+# load-aware owners: LPT over each run's real image-token counts (ragged photos), with prefix
 # and with filling plus look-ahead (M = 6 of the pool's 8 micros: each run's micros, and owners, differ from the
 # next's), and reversed owners, trainable with the graph shipped and with owner-backward
 OWNER_CASES = [make_case("vision", 4, 2, 8, "frozen", owners="balanced", steps=2),

@@ -1,4 +1,4 @@
-"""CI cases of the llava_like families (issue 38): (config name, preprocess, text_layers, layers_per_stage)."""
+"""CI cases of the llava_like families: (config name, preprocess, text_layers, layers_per_stage)."""
 
 SPECS: list[tuple] = [
     ("vipllava", "trainable", 1, None),

@@ -1,4 +1,4 @@
-"""CI cases of the new families (issue 38): (config name, preprocess, text_layers, layout), and per-family case
+"""CI cases of the new families: (config name, preprocess, text_layers, layout), and per-family case
 options (:data:`OPTIONS`).
 
 Gemma 4, Gemma 4 Unified, Muse Glimmer and Muse Spark run at the default settings: lr 1e-3, eps 1e-6, two AdamW

@@ -1,4 +1,4 @@
-"""CI cases of the qwen_like families (issue 38): (config name, preprocess, text_layers, layers_per_stage)."""
+"""CI cases of the qwen_like families: (config name, preprocess, text_layers, layers_per_stage)."""
 
 SPECS: list[tuple] = [("glm46v", "trainable", 1, None), ("glmga", "trainable", 1, None),
                       ("glm_ocr", "trainable", 1, None), ("cosmos3_omni", "trainable", 1, None),
