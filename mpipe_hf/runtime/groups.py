@@ -1,5 +1,5 @@
 """The process groups an executor talks on, and what a failed step does to them (SPEC.md, "Runtime rules";
-issue 27).
+docs/gpus.md).
 
 An executor owns a group over its pipeline ranks for collectives and one for each directed pair of pipeline ranks a
 step can use that has the rank in it (:func:`pair_groups`, made by the pair's two ranks alone; :class:`~.p2p.P2P`;

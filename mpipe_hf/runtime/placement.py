@@ -1,6 +1,6 @@
 """Where a step's tensors live: moving a micro-batch's inputs to the device without a host wait, keeping the host
 integers a stage reads in Python on the host through every transfer, and the strict device mode's check
-(issue 27)."""
+(docs/gpus.md: a host wait per transfer stalls the GPU's stream)."""
 
 from __future__ import annotations
 

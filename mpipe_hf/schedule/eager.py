@@ -27,7 +27,8 @@ from typing import Callable
 
 from .connect import Op, Pair, SetupOutcome, barrier, channel
 
-# a directed pair's group: one per direction (the runtime before issue 37), or one per directed pair (after it)
+# a directed pair's group: one per direction (an older runtime, kept as the model's control), or one per
+# directed pair (the runtime's own)
 PER_DIRECTION: Callable[[int, int], object] = channel
 PER_PAIR: Callable[[int, int], object] = lambda src, dst: (src, dst)
 

@@ -7,7 +7,7 @@ rank 0's patch (overflow loads in mode ``min``; after each stage-0 backward of a
 with owner-backward, the suffix (each owner's ``TRANSPOSE_BWD`` of its micros, ``GRAD_REDUCE``).
 
 Owner-backward's placement differs from SPEC.md ("How the schedule is built", 4), which sends every gradient
-after the body. For issue 18's trainable target the gradients go back inline, in each pair's message order
+after the body. For the zero-bubble trainable target (the backward split into B and W) the gradients go back inline, in each pair's message order
 (:mod:`.lowering` receives them), and :func:`~.zero_bubble.place_weights` then moves every ``P`` backward into
 its rank's waits.
 """
