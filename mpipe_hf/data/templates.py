@@ -147,21 +147,6 @@ def roles(user: str, assistant: str, system: str, user_end: str, assistant_end: 
             "{%- endfor -%}" + GENERATION.replace("PROMPT", prompt))
 
 
-def roles(user: str, assistant: str, system: str, user_end: str, assistant_end: str, image: str, prompt: str,
-          start: str = "") -> str:
-    """A template of role headers (each argument a Jinja string expression): ``start``, then per message its header
-    (``user``, ``assistant`` or ``system``), its content (``image`` for each image part) and its end
-    (``assistant_end`` after an answer, ``user_end`` after any other turn); ``prompt`` as the generation prompt."""
-    return (start +
-            "{%- for message in messages -%}"
-            "{%- if message['role'] == 'assistant' -%}{{- " + assistant + " -}}"
-            "{%- elif message['role'] == 'system' -%}{{- " + system + " -}}"
-            "{%- else -%}{{- " + user + " -}}{%- endif -%}" + CONTENT.replace("IMAGE", image) +
-            "{%- if message['role'] == 'assistant' -%}{{- " + assistant_end + " -}}"
-            "{%- else -%}{{- " + user_end + " -}}{%- endif -%}"
-            "{%- endfor -%}" + GENERATION.replace("PROMPT", prompt))
-
-
 # Gemma 3 (gemma-3-*-it): <bos>, turns <start_of_turn>user|model\n ... <end_of_turn>\n, the system text and a blank
 # line before the first user text, text parts trimmed, images <start_of_image>.
 _GEMMA3 = (BOS +
