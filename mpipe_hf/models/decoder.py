@@ -98,6 +98,23 @@ def layer_type_masks(text_config, hidden: torch.Tensor, padding: torch.Tensor | 
     return masks
 
 
+def model_class_masks(model: nn.Module, key: str = "token_type_ids"):
+    """``family.masks`` from the model class's own ``create_masks_for_generate`` with the token types under ``key``
+    (Gemma 3's ``token_type_ids``: full attention OR a bidirectional block per image, the sliding layers AND their
+    window; Gemma 4's and Molmo2's ``mm_token_type_ids``), as its ``forward`` builds them for a first (uncached)
+    pass: ``masks(text_config, hidden, padding, text_row, state, types) -> {layer type: mask}``."""
+    build, config = type(model).create_masks_for_generate, model.config
+
+    def masks(text_config, hidden, padding, text_row, state, types) -> dict:
+        out = build(config, inputs_embeds=hidden, attention_mask=padding, cache=None, position_ids=text_row,
+                    is_first_iteration=True, **{key: state.get(key)})
+        return out if isinstance(out, dict) else {t: out for t in types}
+    # transformers remaps a packed micro's indices to positions before the token-type overlay reads them: the
+    # image blocks would be looked up at the wrong tokens, so a packed micro runs row by row
+    setattr(masks, ROW_BLIND, True)
+    return masks
+
+
 def _takes(build) -> tuple[bool, bool]:
     params = inspect.signature(getattr(build, "func", build)).parameters
     return "allow_is_causal_skip" in params, "and_mask_function" in params
