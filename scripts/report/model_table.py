@@ -63,21 +63,22 @@ def inputs(model_type: str, class_name: str, video_in_ci: set[str]) -> str:
     import transformers
     cls = getattr(transformers, class_name, None)
     takes_video = cls is not None and "pixel_values_videos" in inspect.signature(cls.forward).parameters
-    from mpipe_hf.models import FAMILIES
+    from mpipe_hf.families.registry import family
     if model_type in video_in_ci:
         return "images and video"
-    if getattr(FAMILIES[model_type], "video_inputs", ()):
+    if getattr(family(model_type), "video_inputs", ()):
         return "images; video rows split, no CI case"
     return "images; video rows refused" if takes_video else "images"
 
 
 def rows() -> list[tuple[str, str, str, str]]:
     """``(model_type, class, status, note)`` for every type, sorted by status then name."""
-    from mpipe_hf.models import FAMILIES
+    from mpipe_hf.families.registry import all_families
     from mpipe_hf.models.coverage import NOTES, image_text_types, refusal
     types, in_ci, video_in_ci, by_script = image_text_types(), ci_types(), video_ci_types(), script_checked()
+    declared = all_families()  # every group's declarations (docs/adding_a_family.md)
     out = []
-    for model_type in sorted(set(types) | {t for t in FAMILIES if FAMILIES[t].vision == ()}):
+    for model_type in sorted(set(types) | {t for t, f in declared.items() if f.vision == ()}):
         reason = refusal(model_type)
         status = "refused" if reason else ("exact (CI)" if model_type in in_ci else "declared")
         recipe = os.path.join("recipes", "tiny", f"{model_type}.yaml")
