@@ -35,6 +35,14 @@ def qwen_special_ids(tokenizer) -> dict:
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 
 
+def sam_keys(image_size: int) -> dict:
+    """A 2-layer SAM-style vision config (GOT-OCR2's tower, also DeepSeek-OCR-2's and Unlimited-OCR's): 8-px
+    patches, windowed attention in layer 0, global in layer 1, a neck to 16 channels; weights drawn at
+    ``initializer_range`` 0.02 (the config's default 1e-10 leaves a random tower's gradients at zero)."""
+    return dict(hidden_size=32, mlp_dim=64, num_hidden_layers=2, num_attention_heads=2, image_size=image_size,
+                patch_size=8, window_size=2, global_attn_indexes=[1], output_channels=16, initializer_range=0.02)
+
+
 def token_id(tokenizer, token: str) -> int:
     """The id of ``token`` in ``tokenizer``'s vocabulary (ValueError when it has none: no token is ever added)."""
     ids = tokenizer.get_vocab()
