@@ -242,7 +242,7 @@ def test_a_changed_torch_op_image_processor_differs_from_the_record(record, fami
     # LFM2-VL keeps one photo as it is; Inkling's tiny tower's setting cuts all three as they are (no resize)
     assert sum(resized) >= len(resized) - (3 if family == "inkling_mm_model" else 1), resized
     if family == "llama4":
-        from mpipe_hf.data.image_processor_llama4 import Llama4ImageProcessorNoTV
+        from mpipe_hf.families.llava.image_processor_llama4 import Llama4ImageProcessorNoTV
 
         def in_float32(image, rescale, mean, std):
             out = image.float() * rescale

@@ -28,7 +28,7 @@ from transformers.video_utils import VideoMetadata
 from mpipe_hf.data import build_processor, qwen2_tokenizer
 from mpipe_hf.data.video import video_ref
 from mpipe_hf.data.image_torch_ops import resize_frames
-from mpipe_hf.data.video_processor_onevision import NUM_FRAMES, OnevisionVideoProcessor
+from mpipe_hf.families.llava.video_processor_onevision import NUM_FRAMES, OnevisionVideoProcessor
 from mpipe_hf.models import split
 from mpipe_hf.models.tiny_vlms import tiny_llava_onevision_config
 from mpipe_hf.schedule import ScheduleConfig

@@ -36,9 +36,9 @@ import re
 from transformers import MiniMaxM3VLProcessor, Molmo2Processor, Step3p7Processor
 
 from .family_data import FamilyData
-from .image_processor_minimax_m3_vl import MiniMaxM3VLImageProcessorNoTV
-from .image_processor_molmo2 import Molmo2ImageProcessorNoTV
-from .image_processor_step3p7 import Step3p7ImageProcessorNoTV
+from ..families.llava.image_processor_minimax_m3_vl import MiniMaxM3VLImageProcessorNoTV
+from ..families.llava.image_processor_molmo2 import Molmo2ImageProcessorNoTV
+from ..families.llava.image_processor_step3p7 import Step3p7ImageProcessorNoTV
 from .processors_llava_like import _roles
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
 from .templates import BOS, GENERATION

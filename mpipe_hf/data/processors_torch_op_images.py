@@ -27,9 +27,9 @@ import math
 from transformers import Cohere2VisionProcessor, Lfm2VlProcessor, Llama4Processor
 
 from .family_data import FamilyData
-from .image_processor_cohere2_vision import Cohere2VisionImageProcessorNoTV
-from .image_processor_lfm2_vl import Lfm2VlImageProcessorNoTV
-from .image_processor_llama4 import Llama4ImageProcessorNoTV
+from ..families.llava.image_processor_cohere2_vision import Cohere2VisionImageProcessorNoTV
+from ..families.llava.image_processor_lfm2_vl import Lfm2VlImageProcessorNoTV
+from ..families.llava.image_processor_llama4 import Llama4ImageProcessorNoTV
 from .processors_gemma4_unified_muse import TORCH_OP_IMAGES as _GEMMA4_UNIFIED_MUSE_IMAGES
 from .processors_inkling import TORCH_OP_IMAGES as _INKLING_IMAGES
 from .processors_nemotron_h_omni import TORCH_OP_IMAGES as _NEMOTRON_H_OMNI_IMAGES

@@ -301,7 +301,7 @@ def family_processor(config, tokenizer, image_processor, video_processor=None):
                    vision_feature_select_strategy=config.vision_feature_select_strategy,
                    num_additional_image_tokens=1 if cls_token else 0)
     if model_type == "llava_onevision":  # videos through the torchvision-free video processor (docs/video.md)
-        from .video_processor_onevision import onevision_video_processor
+        from ..families.llava.video_processor_onevision import onevision_video_processor
         return cls(image_processor, tok, onevision_video_processor(config), num_image_tokens=tiles, image_token=tok.image_token,
                    video_token=tok.video_token, vision_aspect_ratio=config.vision_aspect_ratio,
                    vision_feature_select_strategy=config.vision_feature_select_strategy)

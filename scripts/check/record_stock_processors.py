@@ -134,12 +134,12 @@ STOCK_ONLY.update({f"nemotron_h_omni{variant}": ("NemotronH_Omni_Reasoning_V3Ima
                                     "max_model_len": 40}))})
 # The project's torchvision-free stand-ins for :data:`STOCK_ONLY` classes (torch operations only), compared with
 # the record bit for bit by ``tests/test_stock_recorded.py``.
-NO_TV = {"llama4": "mpipe_hf.data.image_processor_llama4:Llama4ImageProcessorNoTV",
-         "lfm2_vl": "mpipe_hf.data.image_processor_lfm2_vl:Lfm2VlImageProcessorNoTV",
-         "cohere2_vision": "mpipe_hf.data.image_processor_cohere2_vision:Cohere2VisionImageProcessorNoTV",
-         "molmo2": "mpipe_hf.data.image_processor_molmo2:Molmo2ImageProcessorNoTV",
-         "step3p7": "mpipe_hf.data.image_processor_step3p7:Step3p7ImageProcessorNoTV",
-         "minimax_m3_vl": "mpipe_hf.data.image_processor_minimax_m3_vl:MiniMaxM3VLImageProcessorNoTV",
+NO_TV = {"llama4": "mpipe_hf.families.llava.image_processor_llama4:Llama4ImageProcessorNoTV",
+         "lfm2_vl": "mpipe_hf.families.llava.image_processor_lfm2_vl:Lfm2VlImageProcessorNoTV",
+         "cohere2_vision": "mpipe_hf.families.llava.image_processor_cohere2_vision:Cohere2VisionImageProcessorNoTV",
+         "molmo2": "mpipe_hf.families.llava.image_processor_molmo2:Molmo2ImageProcessorNoTV",
+         "step3p7": "mpipe_hf.families.llava.image_processor_step3p7:Step3p7ImageProcessorNoTV",
+         "minimax_m3_vl": "mpipe_hf.families.llava.image_processor_minimax_m3_vl:MiniMaxM3VLImageProcessorNoTV",
          "kimi_k25": "mpipe_hf.data.image_processor_kimi_k25:KimiK25ImageProcessorNoTV",
          "minicpm_ocr": "mpipe_hf.data.image_processor_minicpm_ocr:MiniCPMOcrImageProcessorNoTV",
          "unlimited_ocr": "mpipe_hf.data.image_processor_unlimited_ocr:UnlimitedOcrImageProcessorNoTV",

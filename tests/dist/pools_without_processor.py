@@ -30,12 +30,12 @@ def _even_grid(image: Image.Image, patch: int, merge: int = 2, cap: int = 8) -> 
 
 
 def llama4_image(config, image: Image.Image) -> tuple[dict, int]:
-    """Llama 4's image processor as the data path builds it (``mpipe_hf/data/image_processor_llama4.py``, the stock
+    """Llama 4's image processor as the data path builds it (``mpipe_hf/families/llava/image_processor_llama4.py``, the stock
     ``Llama4ImageProcessor``'s outputs bit for bit without torchvision), at most 2 tiles of ``image_size`` px and a
     global tile where there are 2: ``(tiles, 3, S, S)``, cast from the stock ``bfloat16`` to ``float32`` (exact;
     the unsplit reference takes the pixels as given, the split casts them to the model's dtype). Each tile gives
     ``(S / patch) ** 2 * pixel_shuffle_ratio ** 2`` tokens."""
-    from mpipe_hf.data.image_processor_llama4 import Llama4ImageProcessorNoTV
+    from mpipe_hf.families.llava.image_processor_llama4 import Llama4ImageProcessorNoTV
     vision = config.vision_config
     side = vision.image_size
     per_tile = int((side // vision.patch_size) ** 2 * vision.pixel_shuffle_ratio ** 2)

@@ -5,7 +5,7 @@ operations only.
 
 The stock steps, per image (Qwen2-VL's): the size ``smart_resize`` gives (multiples of ``patch_size *
 merge_size``, between ``size``'s ``shortest_edge`` and ``longest_edge`` px; the stock function is Qwen2-VL's,
-used here from its PIL module), the resize to it (``resize_frames`` of :mod:`.image_torch_ops`: torchvision's
+used here from its PIL module), the resize to it (``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops`: torchvision's
 antialiased bicubic ``interpolate`` on the ``uint8`` image), rescale and normalisation in ``float32`` (the
 backend's fused step), and the patches in ``merge_size`` x ``merge_size`` windows, each repeated over
 ``temporal_patch_size`` frames. Outputs: ``pixel_values`` ``(patches, 3 * T * p * p)`` and ``image_grid_thw``
@@ -20,8 +20,8 @@ from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImage
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
-from .video_processor import patchify
+from ...data.image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
+from ...data.video_processor import patchify
 
 
 class MiniMaxM3VLNoTVKwargs(ImagesKwargs, total=False):

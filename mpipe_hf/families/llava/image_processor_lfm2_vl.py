@@ -9,7 +9,7 @@ The stock steps, per image: the size that keeps the image between ``min_image_to
 thumbnail at that size, others are resized to it alone. Each tile or image is rescaled and normalised (the fused
 ``float32`` step of torchvision's backend), cut into ``encoder_patch_size`` patches flattened ``(p, p, C)``, and
 padded with zeros to the processor's patch budget. The resize is torchvision's (``resize_frames`` of
-:mod:`.image_torch_ops`). Outputs: ``pixel_values`` ``(tiles, budget, p * p * 3)`` ``float32``,
+:mod:`mpipe_hf.data.image_torch_ops`). Outputs: ``pixel_values`` ``(tiles, budget, p * p * 3)`` ``float32``,
 ``pixel_attention_mask`` ``(tiles, budget)`` ``int32`` and ``spatial_shapes`` ``(tiles, 2)`` (patch rows,
 columns). ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.
 """
@@ -24,7 +24,7 @@ from transformers.image_transforms import split_to_tiles
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import PilBackendAsStock, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, resize_frames
 
 
 class Lfm2VlNoTVKwargs(ImagesKwargs, total=False):

@@ -25,7 +25,7 @@ from transformers.models.molmo2.image_processing_molmo2 import (Molmo2ImageProce
                                                                 arange_for_pooling, batch_pixels_to_patches,
                                                                 compute_crop_geometry)
 
-from .image_torch_ops import MODES, PilBackendAsStock, rescale_and_normalize
+from ...data.image_torch_ops import MODES, PilBackendAsStock, rescale_and_normalize
 
 
 def resize_through_float(image: torch.Tensor, height: int, width: int, resample) -> torch.Tensor:

@@ -7,7 +7,7 @@ the least resizing (:func:`best_canvas`), resize without distortion to fit it (n
 unless ``resize_to_max_canvas``), pad right and bottom with zeros, rescale and normalise in ``bfloat16`` (the
 stock override of ``rescale_and_normalize``), cut into tiles, and append a global tile (the whole image resized to
 one tile) when there is more than one tile. The resize is torchvision's (``resize_frames`` of
-:mod:`.image_torch_ops`: antialiased ``interpolate`` on the ``uint8`` image). Outputs: ``pixel_values``
+:mod:`mpipe_hf.data.image_torch_ops`: antialiased ``interpolate`` on the ``uint8`` image). Outputs: ``pixel_values``
 ``(sum of tiles, 3, tile, tile)`` ``bfloat16`` and ``aspect_ratios`` ``(images, 2)`` (tile rows, tile columns).
 ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.
 """
@@ -22,7 +22,7 @@ from transformers.image_transforms import split_to_tiles
 from transformers.image_utils import PILImageResampling, SizeDict
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import PilBackendAsStock, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, resize_frames
 
 
 class Llama4NoTVKwargs(ImagesKwargs, total=False):

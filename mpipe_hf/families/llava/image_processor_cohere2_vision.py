@@ -6,7 +6,7 @@ The stock steps, per image (``crop_to_patches`` on, the checkpoints' setting): t
 ``max_patches``) that needs the least upscale, else the least downscale (:func:`tile_grid`); the image resized to
 it and cut into tiles row by row, plus a thumbnail (the whole image at one tile) when there is more than one
 tile; each tile resized to ``size`` (a no-op) and rescaled and normalised in ``float32`` (the backend's fused
-step). The resize is torchvision's (``resize_frames`` of :mod:`.image_torch_ops`, bicubic on the ``uint8``
+step). The resize is torchvision's (``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops`, bicubic on the ``uint8``
 image). Outputs: ``pixel_values`` ``(tiles, 3, H, W)`` and ``num_patches`` ``(images,)``.
 ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.
 """
@@ -19,7 +19,7 @@ from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import PilBackendAsStock, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, resize_frames
 
 
 class Cohere2VisionNoTVKwargs(ImagesKwargs, total=False):

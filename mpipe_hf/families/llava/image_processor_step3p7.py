@@ -8,7 +8,7 @@ a square (the original top left), one larger than ``max_image_size`` scaled down
 plan's size and then to ``size`` (two resizes, each back to ``uint8``); where the plan has windows, the image
 resized to the snapped crop size and cut into ``window``-px patches row by row, each resized to ``patch_size``;
 every view rescaled and normalised in ``float32`` (the backend's fused step). Each resize is torchvision's
-(``resize_frames`` of :mod:`.image_torch_ops`: antialiased ``interpolate`` on the ``uint8`` image, bilinear).
+(``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops`: antialiased ``interpolate`` on the ``uint8`` image, bilinear).
 Outputs: ``pixel_values`` ``(images, 3, size, size)``, ``num_local_patches`` ``(images,)`` and, where any image
 has windows, ``pixel_values_local`` ``(windows, 3, patch_size, patch_size)`` and ``patch_newline_masks`` (a list
 per image, padded with ``False``: a newline after each row of windows but the last).
@@ -22,7 +22,7 @@ from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 from transformers.models.step3p7.image_processing_step3p7 import Step3p7ImageProcessor, Step3p7ImageProcessorKwargs
 
-from .image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
 
 
 class Step3p7ImageProcessorNoTV(PilBackendAsStock):
