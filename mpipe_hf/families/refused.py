@@ -43,9 +43,6 @@ REFUSED: dict[str, str] = {
     "apertus1p5": "images are discrete tokens: a frozen VQ image tokenizer (argmax over a codebook) turns them into "
                   "ids that the text embedding reads, so there is no trainable vision tower or projector to put in "
                   "the preprocess (as chameleon and emu3)",
-    "mistral_large4": "its decoder layers pass state to later layers: 'shared' indexer layers reuse an earlier "
-                      "layer's top-k token indices, 'reuse' layers read another layer's latent keys and values, and "
-                      "the rotary embedding has a learned parameter (rotary_emb.alpha) that every layer reads",
     "granite4_vision": "projected features of several vision layers are added before deep decoder layers (12, 15, "
                        "18 and 21 by default) and the image-token embeddings are zeroed; the splitter relays "
                        "features into the first decoder layers only (DeepStack), not into chosen deep ones",
