@@ -24,7 +24,7 @@ and is listed the same way, after the pending ``W`` (it holds no stage's activat
 after the stage-0 ``B``, and with owner-backward on every other owner from the moment its feature gradient is
 received (``GRAD_RECV``). A rank takes a gradient as soon as it has arrived and is its pair's next message, and
 must take it before a later message of the pair (:mod:`.lowering` keeps each pair's order), so the tower's
-backward runs in the owners' waits instead of after their bodies (issue 18; SPEC.md's step 4 sent every gradient
+backward runs in the owners' waits instead of after their bodies (where SPEC.md's step 4 sent every gradient
 after the body).
 """
 
@@ -90,6 +90,9 @@ def _arrivals(orders: dict[int, list[Action]], costs: Costs) -> dict[tuple, floa
     return out
 
 
+WEIGHT_KINDS = (Kind.W, Kind.TRANSPOSE_BWD)  # the work a listing moves into the ranks' waits
+
+
 def _list_weights(orders: dict[int, list[Action]], costs: Costs,
                   expected: dict[tuple, float]) -> dict[int, list[Action]] | None:
     """One listing of :func:`place_weights`; ``None`` if it gets stuck (never for a validated schedule).
@@ -98,151 +101,200 @@ def _list_weights(orders: dict[int, list[Action]], costs: Costs,
     ``TRANSPOSE_BWD`` (pending after its ``GRAD_RECV`` on an owner past rank 0, else from its position), and so
     do the ``GRAD_RECV``: a rank takes its channel's next message when that is a gradient that has arrived, or
     when it must (the rank receives a later message of the channel, or has nothing else left)."""
-    weight_kinds = (Kind.W, Kind.TRANSPOSE_BWD)
-    grads = {r: [a for a in actions if a.kind is Kind.GRAD_RECV] for r, actions in orders.items()}
-    after_grad = {r: {a.micro: a for a in actions if a.kind is Kind.TRANSPOSE_BWD and a.micro in
-                      {g.micro for g in grads[r]}} for r, actions in orders.items()}  # micro -> its TRANSPOSE_BWD
-    base = {r: [a for a in actions if a.kind not in weight_kinds and a.kind is not Kind.GRAD_RECV]
-            for r, actions in orders.items()}
-    release: dict[int, dict[int, list[Action]]] = {r: {} for r in orders}  # base index -> work it makes pending
-    due: dict[int, dict[Action, int]] = {r: {} for r in orders}  # GRAD_RECV -> base index it must come before
+    return _Listing(orders, costs, expected).run()
+
+
+def _releases(orders: dict[int, list[Action]], after_grad: dict[int, dict[int, Action]]):
+    """Where the orders put the weight work and the gradient receives, counted in base actions (the others):
+    ``({rank: {base index: the work it makes pending}}, {rank: {GRAD_RECV: the base index it must come before}})``.
+    A ``TRANSPOSE_BWD`` in ``after_grad`` is made pending by its ``GRAD_RECV`` instead."""
+    release: dict[int, dict[int, list[Action]]] = {r: {} for r in orders}
+    due: dict[int, dict[Action, int]] = {r: {} for r in orders}
     for r, actions in orders.items():
         count = 0
         for a in actions:
-            if a.kind in weight_kinds and a is not after_grad[r].get(a.micro):
+            if a.kind in WEIGHT_KINDS and a is not after_grad[r].get(a.micro):
                 release[r].setdefault(count, []).append(a)
             elif a.kind is Kind.GRAD_RECV:
                 due[r][a] = count
-            elif a.kind not in weight_kinds:
+            elif a.kind not in WEIGHT_KINDS:
                 count += 1
-    channel: dict[tuple[int, int], list[tuple]] = {}  # every pair's messages, in the sender's order
+    return release, due
+
+
+def _channels(orders: dict[int, list[Action]]) -> dict[tuple[int, int], list[tuple]]:
+    """Every pair's messages, ``{(sender, receiver): [message, ...]}``, in the sender's order."""
+    channel: dict[tuple[int, int], list[tuple]] = {}
     for src, actions in orders.items():
         for a in actions:
             if a.kind in SEND_TO_RECV:
                 channel.setdefault((src, a.peer), []).append(a.message())
-    split = {r: split_pairs(actions) for r, actions in orders.items()}
-    cap = max(peak_in_flight(actions) for actions in orders.values())
-    clock = {r: 0.0 for r in orders}
-    pc = {r: 0 for r in orders}
-    pending: dict[int, dict[Kind, deque]] = {r: {k: deque() for k in weight_kinds} for r in orders}
-    live = {r: 0 for r in orders}
-    out: dict[int, list[Action]] = {r: [] for r in orders}
-    sent: dict[tuple[int, int], list[tuple[tuple, float]]] = {}
-    taken: dict[tuple[int, int], int] = {}
+    return channel
 
-    def compute(r: int, a: Action) -> float:
-        return costs.compute(a, (a.stage, a.micro) in split[r])
 
-    def emit(r: int, a: Action, end: float) -> None:
-        out[r].append(a)
-        clock[r] = end + costs.dispatch
+class _Listing:
+    """One listing's run of the ranks under ``costs``: what the orders fix (each rank's base actions, where its
+    weight work becomes pending, its gradient receives, every pair's messages, the in-flight cap) and each rank's
+    state (its clock, its next base action ``pc``, its pending weight work, its forwards in flight ``live``, the
+    actions listed so far, the messages sent and taken)."""
+
+    def __init__(self, orders: dict[int, list[Action]], costs: Costs, expected: dict[tuple, float]):
+        self.costs, self.expected = costs, expected
+        self.grads = {r: [a for a in actions if a.kind is Kind.GRAD_RECV] for r, actions in orders.items()}
+        self.after_grad = {r: {a.micro: a for a in actions if a.kind is Kind.TRANSPOSE_BWD and a.micro in {
+            g.micro for g in self.grads[r]}} for r, actions in orders.items()}  # micro -> its TRANSPOSE_BWD
+        self.base = {r: [a for a in actions if a.kind not in WEIGHT_KINDS and a.kind is not Kind.GRAD_RECV]
+                     for r, actions in orders.items()}
+        self.release, self.due = _releases(orders, self.after_grad)
+        self.channel = _channels(orders)
+        self.split = {r: split_pairs(actions) for r, actions in orders.items()}
+        self.cap = max(peak_in_flight(actions) for actions in orders.values())
+        self.clock = {r: 0.0 for r in orders}
+        self.pc = {r: 0 for r in orders}
+        self.pending: dict[int, dict[Kind, deque]] = {r: {k: deque() for k in WEIGHT_KINDS} for r in orders}
+        self.live = {r: 0 for r in orders}
+        self.out: dict[int, list[Action]] = {r: [] for r in orders}
+        self.sent: dict[tuple[int, int], list[tuple[tuple, float]]] = {}
+        self.taken: dict[tuple[int, int], int] = {}
+
+    def run(self) -> dict[int, list[Action]] | None:
+        """List every rank's actions, one move at a time in the order of the ranks' clocks; ``None`` if stuck."""
+        ranks = list(self.base)
+        moves = {r: self.move(r) for r in ranks}  # a rank's move changes only when it acts or a message reaches it
+        while any(m is not None for m in moves.values()) or any(
+                self.pc[r] < len(self.base[r]) or self.grads[r] for r in ranks):
+            ready = [r for r, m in moves.items() if m is not None]
+            if ready:
+                r = min(ready, key=lambda q: (self.clock[q], q))
+                reached = self.act(r, moves[r])
+                if reached is not None:
+                    moves[reached] = self.move(reached)
+                moves[r] = self.move(r)
+                continue
+            if not self.collective():
+                return None
+            moves = {r: self.move(r) for r in ranks}
+        return self.out
+
+    def act(self, r: int, move) -> int | None:
+        """Make rank ``r``'s ``move`` (see :meth:`move`); the rank a send of it reaches, else ``None``."""
+        if isinstance(move, Action):  # a GRAD_RECV: its TRANSPOSE_BWD becomes pending
+            self.grads[r].remove(move)
+            self.receive(r, move, self.clock[r])
+            self.pending[r][Kind.TRANSPOSE_BWD].append(self.after_grad[r][move.micro])
+            return None
+        if move in WEIGHT_KINDS:
+            a = self.pending[r][move].popleft()
+            self.emit(r, a, self.clock[r] + self.compute(r, a))
+            return None
+        a = self.base[r][self.pc[r]]
+        self.run_base(r)
+        return a.peer if a.kind in SEND_TO_RECV else None
+
+    def collective(self) -> bool:
+        """Run the collective every rank has reached with nothing local left, from the latest clock; ``False``
+        (stuck) where some rank has not reached it or still has work to do before it."""
+        heads = {r: self.base[r][self.pc[r]] for r in self.base if self.pc[r] < len(self.base[r])}
+        if len(heads) != len(self.base) or any(h.kind not in COLLECTIVE_KINDS for h in heads.values()) or any(
+                self.oldest(r) is not None or any(self.due[r][g] <= self.pc[r] for g in self.grads[r])
+                for r in self.base):
+            return False
+        start = max(self.clock.values())
+        for r, a in heads.items():
+            self.pc[r] += 1
+            self.clock[r] = start
+            self.emit(r, a, start + self.costs.transfer(a.kind))
+        return True
+
+    def compute(self, r: int, a: Action) -> float:
+        return self.costs.compute(a, (a.stage, a.micro) in self.split[r])
+
+    def emit(self, r: int, a: Action, end: float) -> None:
+        """List ``a`` on rank ``r``, ending at ``end``, and count the forwards it puts in flight or retires."""
+        self.out[r].append(a)
+        self.clock[r] = end + self.costs.dispatch
         if a.kind is Kind.F:
-            live[r] += 1
-        elif a.kind is Kind.W or (a.kind is Kind.B and (a.stage, a.micro) not in split[r]):
-            live[r] -= 1
+            self.live[r] += 1
+        elif a.kind is Kind.W or (a.kind is Kind.B and (a.stage, a.micro) not in self.split[r]):
+            self.live[r] -= 1
 
-    def head(r: int, peer: int) -> tuple[tuple | None, float | None]:
+    def head(self, r: int, peer: int) -> tuple[tuple | None, float | None]:
         """The next message ``peer`` -> ``r``, and when it arrives (``None``: not sent yet; then its expected
         arrival comes from the previous listing)."""
-        queue, i = channel.get((peer, r), []), taken.get((peer, r), 0)
+        queue, i = self.channel.get((peer, r), []), self.taken.get((peer, r), 0)
         if i >= len(queue):
             return None, None
-        done = sent.get((peer, r), [])
+        done = self.sent.get((peer, r), [])
         return queue[i], (done[i][1] if i < len(done) else None)
 
-    def arrived_grad(r: int, ready_by: float, only_due: bool = False):
+    def arrived_grad(self, r: int, ready_by: float, only_due: bool = False):
         """A ``GRAD_RECV`` of ``r`` whose gradient is its channel's next message and arrives by ``ready_by``
         (``only_due``: one of those the orders have before ``r``'s next action)."""
-        for g in grads[r]:
-            if only_due and due[r][g] > pc[r]:
+        for g in self.grads[r]:
+            if only_due and self.due[r][g] > self.pc[r]:
                 continue
-            message, at = head(r, g.peer)
+            message, at = self.head(r, g.peer)
             if message == g.message() and at is not None and at <= ready_by + 1e-12:
                 return g
         return None
 
-    def fitting(r: int, arrival: float):
+    def fitting(self, r: int, arrival: float):
         """The oldest ``W``, else the oldest ``TRANSPOSE_BWD``, that ends before ``arrival``."""
-        for kind in weight_kinds:
-            work = pending[r][kind]
-            if work and clock[r] + compute(r, work[0]) + costs.dispatch <= arrival + 1e-12:
+        for kind in WEIGHT_KINDS:
+            work = self.pending[r][kind]
+            if work and self.clock[r] + self.compute(r, work[0]) + self.costs.dispatch <= arrival + 1e-12:
                 return kind
         return None
 
-    def oldest(r: int):
-        return next((kind for kind in weight_kinds if pending[r][kind]), None)
+    def oldest(self, r: int):
+        return next((kind for kind in WEIGHT_KINDS if self.pending[r][kind]), None)
 
-    def move(r: int):
+    def move(self, r: int):
         """The move rank ``r`` makes next: a weight kind (run that pending work), a ``GRAD_RECV`` (take it),
         ``"base"``, or ``None`` (it waits)."""
-        for a in release[r].pop(pc[r], []):
-            pending[r][a.kind].append(a)
-        grad = arrived_grad(r, clock[r])
+        for a in self.release[r].pop(self.pc[r], []):
+            self.pending[r][a.kind].append(a)
+        grad = self.arrived_grad(r, self.clock[r])
         if grad is not None:
             return grad
-        a = base[r][pc[r]] if pc[r] < len(base[r]) else None
+        a = self.base[r][self.pc[r]] if self.pc[r] < len(self.base[r]) else None
         if a is None or a.kind in COLLECTIVE_KINDS:  # everything local must be done first
-            if oldest(r) is not None:
-                return oldest(r)
-            return arrived_grad(r, float("inf"), only_due=True)
-        if a.kind is Kind.F and live[r] >= cap and pending[r][Kind.W]:
+            if self.oldest(r) is not None:
+                return self.oldest(r)
+            return self.arrived_grad(r, float("inf"), only_due=True)
+        if a.kind is Kind.F and self.live[r] >= self.cap and self.pending[r][Kind.W]:
             return Kind.W
         if a.kind in RECV_KINDS:
-            message, at = head(r, a.peer)
-            arrival = at if at is not None else expected.get((a.peer, r, message), 0.0)
-            kind = fitting(r, arrival)
-            if kind is not None:
-                return kind
-            if at is None:
-                return None
-            return "base" if message == a.message() else Action(Kind.GRAD_RECV, message[1], peer=a.peer)
+            return self.wait_move(r, a)
         return "base"
 
-    def run_base(r: int) -> None:
-        a, start = base[r][pc[r]], clock[r]
-        pc[r] += 1
-        if a.kind in RECV_KINDS:
-            receive(r, a, start)
-        elif a.kind in SEND_TO_RECV:
-            end = start + costs.send_overhead
-            sent.setdefault((r, a.peer), []).append((a.message(), end + costs.dispatch + costs.transfer(a.kind)))
-            emit(r, a, end)
-        else:
-            emit(r, a, start + compute(r, a))
-
-    def receive(r: int, a: Action, start: float) -> None:
-        i = taken.get((a.peer, r), 0)
-        taken[(a.peer, r)] = i + 1
-        emit(r, a, max(start, sent[(a.peer, r)][i][1]) + compute(r, a))
-
-    moves = {r: move(r) for r in orders}  # a rank's move changes only when it acts or a message reaches it
-    while any(m is not None for m in moves.values()) or any(pc[r] < len(base[r]) or grads[r] for r in orders):
-        ready = [r for r, m in moves.items() if m is not None]
-        if ready:
-            r = min(ready, key=lambda q: (clock[q], q))
-            if isinstance(moves[r], Action):  # a GRAD_RECV: its TRANSPOSE_BWD becomes pending
-                g = moves[r]
-                grads[r].remove(g)
-                receive(r, g, clock[r])
-                pending[r][Kind.TRANSPOSE_BWD].append(after_grad[r][g.micro])
-            elif moves[r] in weight_kinds:
-                a = pending[r][moves[r]].popleft()
-                emit(r, a, clock[r] + compute(r, a))
-            else:
-                a = base[r][pc[r]]
-                run_base(r)
-                if a.kind in SEND_TO_RECV:
-                    moves[a.peer] = move(a.peer)
-            moves[r] = move(r)
-            continue
-        heads = {r: base[r][pc[r]] for r in orders if pc[r] < len(base[r])}
-        if len(heads) != len(orders) or any(h.kind not in COLLECTIVE_KINDS for h in heads.values()) \
-                or any(oldest(r) is not None or any(due[r][g] <= pc[r] for g in grads[r]) for r in orders):
+    def wait_move(self, r: int, a: Action):
+        """Rank ``r``'s move at its receive ``a``: pending weight work that ends before the message arrives, else
+        the receive (``"base"``) or the gradient its channel holds first, or ``None`` while nothing was sent."""
+        message, at = self.head(r, a.peer)
+        arrival = at if at is not None else self.expected.get((a.peer, r, message), 0.0)
+        kind = self.fitting(r, arrival)
+        if kind is not None:
+            return kind
+        if at is None:
             return None
-        start = max(clock.values())
-        for r, a in heads.items():
-            pc[r] += 1
-            clock[r] = start
-            emit(r, a, start + costs.transfer(a.kind))
-        moves = {r: move(r) for r in orders}
-    return out
+        return "base" if message == a.message() else Action(Kind.GRAD_RECV, message[1], peer=a.peer)
+
+    def run_base(self, r: int) -> None:
+        """Run rank ``r``'s next base action: a receive waits for its message, a send posts one."""
+        a, start = self.base[r][self.pc[r]], self.clock[r]
+        self.pc[r] += 1
+        if a.kind in RECV_KINDS:
+            self.receive(r, a, start)
+        elif a.kind in SEND_TO_RECV:
+            end = start + self.costs.send_overhead
+            self.sent.setdefault((r, a.peer), []).append(
+                (a.message(), end + self.costs.dispatch + self.costs.transfer(a.kind)))
+            self.emit(r, a, end)
+        else:
+            self.emit(r, a, start + self.compute(r, a))
+
+    def receive(self, r: int, a: Action, start: float) -> None:
+        i = self.taken.get((a.peer, r), 0)
+        self.taken[(a.peer, r)] = i + 1
+        self.emit(r, a, max(start, self.sent[(a.peer, r)][i][1]) + self.compute(r, a))
