@@ -7,8 +7,8 @@ The stock steps, per image: with ``crop_to_patches`` and a side over ``tile_size
 to it and cut row by row; then a global view of side ``max(size)``: resized to that square directly when
 ``crop_to_patches`` is off and the side is at most ``maximum_pad_value``, else resized at its aspect ratio (sides
 rounded) and padded, centred, to a square with ``background_color``. Each view is rescaled and normalised in
-``float32`` (the backend's fused step). The resize is torchvision's (``resize_frames`` of :mod:`.image_torch_ops`,
-bicubic on the ``uint8`` image). Outputs: ``pixel_values`` ``(images, 3, side, side)``, ``pixel_values_local``
+``float32`` (the backend's fused step). The resize is torchvision's (``resize_frames`` of
+:mod:`mpipe_hf.data.image_torch_ops`, bicubic on the ``uint8`` image). Outputs: ``pixel_values`` ``(images, 3, side, side)``, ``pixel_values_local``
 ``(tiles, 3, tile, tile)`` where an image has tiles, ``num_local_patches`` (tiles per image, 0 without) and
 ``patches_grid`` (``[columns, rows]`` per image, ``[1, 1]`` without tiles).
 ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.
@@ -21,7 +21,7 @@ from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import PilBackendAsStock, pad_to_square, rescale_and_normalize, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, pad_to_square, rescale_and_normalize, resize_frames
 
 
 class UnlimitedOcrNoTVKwargs(ImagesKwargs, total=False):
