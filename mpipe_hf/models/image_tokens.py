@@ -1,8 +1,7 @@
 """How many image (video) tokens a micro-batch's vision inputs give, counted on the host as a family's tower and
 projector size their output, and :func:`validate_counted_micro`, the ``family.validate`` that compares that count
 with the tokens in ``input_ids`` before the step (what stage 0 would otherwise find on the device, where it ends the
-run), and :func:`refuse_other_modalities`, the ``family.validate`` that refuses the inputs of a path not split.
-The counters shared by several family groups live here; one family's own counter lives in its package."""
+run). The counters shared by several family groups live here; one family's own counter lives in its package."""
 
 from __future__ import annotations
 
@@ -32,19 +31,6 @@ def validate_counted_micro(counter, videos=None):
                 if n_tokens != n_feats:
                     raise ValueError(f"{kind}-token count {n_tokens} (id {token_id} in input_ids) differs from "
                                      f"the {n_feats} {kind} features the micro-batch's {kind}s give")
-        return validate_micro
-    return build
-
-
-def refuse_other_modalities(keys: dict[str, str]):
-    """``family.validate`` for a family whose image path alone is split: ``validate_micro(raw)`` raises
-    ``ValueError`` naming the modality when a micro-batch holds one of ``keys`` (``{raw key: modality}``)."""
-    def build(model: nn.Module):
-        def validate_micro(raw: Tensors) -> None:
-            for key, modality in keys.items():
-                if raw.get(key) is not None:
-                    raise ValueError(f"{model.config.model_type}: {modality} inputs ({key}) are not supported; "
-                                     f"only the image path is split across pipeline stages")
         return validate_micro
     return build
 
