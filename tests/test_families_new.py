@@ -138,7 +138,7 @@ def test_gemma3n_text_with_its_streams_swapped_at_a_boundary_is_not_exact(tokeni
     """The negative control of the test above: AltUp streams 1 and 2 swapped where each stage hands them on."""
     from unittest import mock
 
-    from mpipe_hf.models import gemma3n_altup
+    from mpipe_hf.families.gemma import altup as gemma3n_altup
 
     def swapped(self, inputs):
         out = gemma3n_altup.SharedKVStage.forward(self, inputs)

@@ -13,7 +13,7 @@ def test_the_families_needing_the_stock_processor_are_those_without_ours():
     # Llama 4, LFM2-VL and Cohere2-Vision have torchvision-free image processors; the PIL families need none
     assert not any(needs_stock_processor(t) for t in ("llama4", "lfm2_vl", "cohere2_vision", "qwen2_vl", "gemma3"))
     assert {"llama4", "lfm2_vl", "cohere2_vision"} <= set(PROCESSOR_TYPES)
-    # Gemma 4 Unified, Muse Glimmer and Muse Spark: theirs too (mpipe_hf/data/processors_gemma4_unified_muse.py)
+    # Gemma 4 Unified, Muse Glimmer and Muse Spark: theirs too (mpipe_hf/families/gemma/data.py)
     assert not any(needs_stock_processor(t) for t in ("gemma4_unified", "muse_glimmer", "muse_spark"))
     assert {"gemma4_unified", "muse_glimmer", "muse_spark"} <= set(PROCESSOR_TYPES)
     # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR: theirs too (mpipe_hf/data/processors_kimi_ocr.py)

@@ -6,7 +6,6 @@ from .family_data import FamilyData
 from .processors_llava_like import DATA as _LLAVA_LIKE
 from .processors_qwen_like import DATA as _QWEN_LIKE
 from .processors_new import DATA as _NEW
-from .processors_gemma4_unified_muse import DATA as _GEMMA4_UNIFIED_MUSE
 from .processors_torch_op_images import DATA as _TORCH_OP_IMAGES
 from .processors_kimi_ocr import DATA as _KIMI_OCR
 from .processors_molmo2_step3p7_minimax import DATA as _MOLMO2_STEP3P7_MINIMAX
@@ -15,7 +14,6 @@ from .processors_nemotron_h_omni import DATA as _NEMOTRON_H_OMNI
 
 MORE: dict[str, FamilyData] = {**_LLAVA_LIKE, **_QWEN_LIKE, **_NEW, **_TORCH_OP_IMAGES}
 MORE.update(_KIMI_OCR)
-MORE.update(_GEMMA4_UNIFIED_MUSE)
 MORE.update(_MOLMO2_STEP3P7_MINIMAX)
 MORE.update(_INKLING)
 MORE.update(_NEMOTRON_H_OMNI)

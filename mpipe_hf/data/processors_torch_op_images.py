@@ -30,7 +30,6 @@ from .family_data import FamilyData
 from ..families.llava.image_processor_cohere2_vision import Cohere2VisionImageProcessorNoTV
 from ..families.llava.image_processor_lfm2_vl import Lfm2VlImageProcessorNoTV
 from ..families.llava.image_processor_llama4 import Llama4ImageProcessorNoTV
-from .processors_gemma4_unified_muse import TORCH_OP_IMAGES as _GEMMA4_UNIFIED_MUSE_IMAGES
 from .processors_inkling import TORCH_OP_IMAGES as _INKLING_IMAGES
 from .processors_nemotron_h_omni import TORCH_OP_IMAGES as _NEMOTRON_H_OMNI_IMAGES
 from .processors_kimi_ocr import TORCH_OP_IMAGES as _KIMI_OCR_IMAGES
@@ -116,7 +115,6 @@ def _cohere2(config, tokenizer, image_processor):
 TORCH_OP_IMAGES = {"llama4": Llama4ImageProcessorNoTV, "lfm2_vl": Lfm2VlImageProcessorNoTV,
                    "cohere2_vision": Cohere2VisionImageProcessorNoTV}
 TORCH_OP_IMAGES.update(_KIMI_OCR_IMAGES)  # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR (.processors_kimi_ocr)
-TORCH_OP_IMAGES.update(_GEMMA4_UNIFIED_MUSE_IMAGES)  # Gemma 4 Unified, Muse (.processors_gemma4_unified_muse)
 TORCH_OP_IMAGES.update(_MOLMO2_STEP3P7_MINIMAX_IMAGES)  # Molmo2, Step3p7, MiniMax-M3-VL
 TORCH_OP_IMAGES.update(_INKLING_IMAGES)  # Inkling (.processors_inkling)
 TORCH_OP_IMAGES.update(_NEMOTRON_H_OMNI_IMAGES)  # Nemotron-H Omni (.processors_nemotron_h_omni)

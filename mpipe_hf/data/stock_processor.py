@@ -3,7 +3,7 @@
 processor exists in ``transformers`` only with a torchvision backend has a torchvision-free one here (Llama 4,
 LFM2-VL and Cohere2-Vision, :mod:`.processors_torch_op_images`; Kimi K2.5, MiniCPM-OCR and Unlimited-OCR,
 :mod:`.processors_kimi_ocr`; Molmo2, Step3p7 and MiniMax-M3-VL, :mod:`.processors_molmo2_step3p7_minimax`;
-Gemma 4 Unified, Muse Glimmer and Muse Spark, :mod:`.processors_gemma4_unified_muse`; Inkling,
+Gemma 4 Unified, Muse Glimmer and Muse Spark, :mod:`mpipe_hf.families.gemma.data`; Inkling,
 :mod:`.processors_inkling`; Nemotron-H Omni, :mod:`.processors_nemotron_h_omni`).
 
 Training uses the checkpoint's own processor (``AutoProcessor`` over the checkpoint's files, with its chat

@@ -2,11 +2,11 @@
 
 - ``gemma3n`` (``Gemma3nForConditionalGeneration``): the timm MobileNet-V5 tower (``model.vision_tower``) and
   ``model.embed_vision`` in ``P``'s vision part; ``embed_vision``'s hard-token table is read by stage 0's front
-  too (:class:`~.gemma3n_altup.MultimodalTokens`: the end-of-image token). The audio path is refused at load by
+  too (:class:`~mpipe_hf.families.gemma.altup.MultimodalTokens`: the end-of-image token). The audio path is refused at load by
   name (``input_features``), so the audio tower never runs and ``model.embed_audio`` only ever embeds ids of the
   audio range, which only the audio path writes: both are ``unused`` (frozen, kept with stage 0), the front still
   applying ``embed_audio``'s table as the model's forward does. The text model runs AltUp, per-layer inputs and
-  shared key/value layers across stage boundaries (:mod:`.gemma3n_altup`); the logits are soft-capped. Building
+  shared key/value layers across stage boundaries (:mod:`mpipe_hf.families.gemma.altup`); the logits are soft-capped. Building
   the model needs timm (and torchvision): ``scripts/check/check_timm_families.py`` checks it where both import.
 - ``gemma3n_text`` (``Gemma3nForCausalLM``): the same text model alone, which CI checks without timm.
 """
@@ -17,8 +17,8 @@ from torch import nn
 
 from .families import validate_counted_micro
 from .family import Family
-from .gemma3n_altup import EMBED_PARTS, HEAD_PARTS, altup_stage
-from .gemma4_new import refuse_other_modalities
+from ..families.gemma.altup import EMBED_PARTS, HEAD_PARTS, altup_stage
+from .micro_checks import refuse_other_modalities
 from .tiny import text_keys
 from .tiny import token_id
 

@@ -3,7 +3,7 @@ refused with their reason.
 
 - ``gemma4``: a Gemma 4 vision tower (``model.vision_tower`` and the ``model.embed_vision`` projector), and a text
   model with per-layer inputs and shared key/value layers, which cross stage boundaries as
-  :mod:`.gemma4_new` describes; masks from the model class (bidirectional image blocks on the sliding layers);
+  :mod:`mpipe_hf.families.gemma.shared_kv` describes; masks from the model class (bidirectional image blocks on the sliding layers);
   the logits soft-capped as ``Gemma4ForConditionalGeneration`` does. Audio and video inputs are refused by name.
 - ``mistral4``: transformers maps it to ``Mistral4ForCausalLM``, a decoder-only LM (multi-head latent attention,
   DeepSeek-style routed and shared experts, YaRN rotary): ``Family(text="model")``; ``output_router_logits``
@@ -22,7 +22,9 @@ from .families_inkling import INKLING, tiny_inkling_config
 from .families_muse import MUSE_GLIMMER, tiny_muse_glimmer_config, tiny_muse_spark_config
 from .families_nemotron import NEMOTRON_H_OMNI, tiny_nemotron_h_omni_config
 from .family import Family
-from .gemma4_new import PER_LAYER_PARTS, gemma4_masks, refuse_other_modalities, shared_kv_stage, unified_masks
+from ..families.gemma.masks import gemma4_masks, unified_masks
+from ..families.gemma.shared_kv import PER_LAYER_PARTS, shared_kv_stage
+from .micro_checks import refuse_other_modalities
 from .tiny import text_keys
 from .tiny import token_id
 

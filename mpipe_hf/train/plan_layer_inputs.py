@@ -2,9 +2,9 @@
 hidden state, and what crosses a stage boundary, for the families whose layers read more than ``(B, L, H)``:
 
 - Gemma 3n's AltUp streams: the hidden state is the stack ``(altup_num_inputs, B, L, H)`` (4 streams) at every
-  layer and at every stage boundary (:mod:`~mpipe_hf.models.gemma3n_altup`); its head merges the streams first.
+  layer and at every stage boundary (:mod:`~mpipe_hf.families.gemma.altup`); its head merges the streams first.
 - Gemma 3n's and Gemma 4's per-layer inputs ``(B, L, layers, hidden_size_per_layer_input)``: each layer reads its
-  slice, and the whole tensor crosses every boundary (:mod:`~mpipe_hf.models.gemma4_new`).
+  slice, and the whole tensor crosses every boundary (:mod:`~mpipe_hf.families.gemma.shared_kv`).
 - Their shared key/value states: the last layers (``num_kv_shared_layers``) ``"reuse"`` the keys and values one
   earlier layer of their attention type ``"store"``\\ s (``config.kv_sharing_modes``). Such a config cannot be cut
   to fewer layers (transformers checks that every reused type has a producer), so its layers are counted in the
@@ -114,10 +114,10 @@ def head_of(model: nn.Module) -> nn.Module:
 def head_norm(model: nn.Module, text) -> nn.Module:
     """The module between the last layer and the LM head: the family's final norm (``Family.norm``: LFM2's is
     ``embedding_norm``; an unregistered model's ``norm``), behind Gemma 3n's merge of its streams
-    (:class:`~mpipe_hf.models.gemma3n_altup.AltUpMerge`)."""
+    (:class:`~mpipe_hf.families.gemma.altup.AltUpMerge`)."""
     family, inner = _declared(model), decoder_of(model)
     norm = inner.get_submodule(family.norm if family else "norm")
     if streams(text) == 1:
         return norm
-    from ..models.gemma3n_altup import AltUpMerge
+    from ..families.gemma.altup import AltUpMerge
     return AltUpMerge(inner.altup_unembed_projections, norm)

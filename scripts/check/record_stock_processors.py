@@ -143,9 +143,9 @@ NO_TV = {"llama4": "mpipe_hf.families.llava.image_processor_llama4:Llama4ImagePr
          "kimi_k25": "mpipe_hf.data.image_processor_kimi_k25:KimiK25ImageProcessorNoTV",
          "minicpm_ocr": "mpipe_hf.data.image_processor_minicpm_ocr:MiniCPMOcrImageProcessorNoTV",
          "unlimited_ocr": "mpipe_hf.data.image_processor_unlimited_ocr:UnlimitedOcrImageProcessorNoTV",
-         "gemma4_unified": "mpipe_hf.data.image_processor_gemma4_unified:Gemma4UnifiedImageProcessorNoTV",
-         "muse_glimmer": "mpipe_hf.data.image_processor_muse_glimmer:MuseGlimmerImageProcessorNoTV",
-         "muse_spark": "mpipe_hf.data.image_processor_muse_glimmer:MuseGlimmerImageProcessorNoTV",
+         "gemma4_unified": "mpipe_hf.families.gemma.unified_image_processor:Gemma4UnifiedImageProcessorNoTV",
+         "muse_glimmer": "mpipe_hf.families.gemma.muse_image_processor:MuseGlimmerImageProcessorNoTV",
+         "muse_spark": "mpipe_hf.families.gemma.muse_image_processor:MuseGlimmerImageProcessorNoTV",
          "inkling_mm_model": "mpipe_hf.data.image_processor_inkling_mm_model:InklingImageProcessorNoTV",
          "nemotron_h_omni": "mpipe_hf.data.image_processor_nemotron_h_omni:NemotronHOmniImageProcessorNoTV"}
 

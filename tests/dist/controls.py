@@ -7,7 +7,8 @@ from unittest import mock
 
 import torch
 
-from mpipe_hf.models import decoder, deepstack, gemma3n_altup, host_metadata, image_features, moe, packed
+from mpipe_hf.families.gemma import altup as gemma3n_altup
+from mpipe_hf.models import decoder, deepstack, host_metadata, image_features, moe, packed
 
 _flat_features = image_features.flat_features
 

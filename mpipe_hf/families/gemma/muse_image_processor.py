@@ -6,7 +6,7 @@ The stock steps, per image: the grid of ``patch_size * merge_size`` px cells nea
 within ``max_image_tokens`` cells (``smart_resize``; the stock module imports torchvision, so it is written again
 here, :func:`token_grid`), the image resized to it with Lanczos (the class's default filter; torchvision 0.27 and
 later resize a CPU ``uint8`` tensor with ``interpolate``'s antialiased ``lanczos`` mode, as ``resize_frames`` of
-:mod:`.image_torch_ops` does), rescaled and normalised in ``float32`` (the backend's fused step), cut into
+:mod:`~mpipe_hf.data.image_torch_ops` does), rescaled and normalised in ``float32`` (the backend's fused step), cut into
 ``patch_size`` px patches in raster order, each repeated ``temporal_patch_size`` times (a still image as a clip)
 and flattened ``(time, channel, row, column)``. Outputs: ``pixel_values`` ``(sum of patches, temporal_patch_size *
 3 * patch_size ** 2)`` and ``image_grid_thw`` ``(images, 3)`` (``1``, patch rows, patch columns).
@@ -23,8 +23,8 @@ from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_processor_gemma4_unified import rescaled
-from .image_torch_ops import PilBackendAsStock, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, resize_frames
+from .unified_image_processor import rescaled
 
 
 class MuseGlimmerNoTVKwargs(ImagesKwargs, total=False):

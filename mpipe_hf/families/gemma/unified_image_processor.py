@@ -12,7 +12,7 @@ order and joins them; that is the image cut straight into ``k * patch_size`` px 
 row then channel last (:func:`merged_patches`), at the kernel grid's ``(x, y)`` positions. Rows are padded with
 zeros (positions ``-1``) to ``max_soft_tokens``.
 
-The resize is torchvision's (``resize_frames`` of :mod:`.image_torch_ops`: antialiased bicubic ``interpolate`` on
+The resize is torchvision's (``resize_frames`` of :mod:`~mpipe_hf.data.image_torch_ops`: antialiased bicubic ``interpolate`` on
 the ``uint8`` image, torchvision's path on every CPU), the rescale the backend's ``x * rescale_factor`` in
 ``float32``. Outputs: ``pixel_values`` ``(images, max_soft_tokens, (k * patch_size) ** 2 * 3)``,
 ``image_position_ids`` ``(images, max_soft_tokens, 2)`` and ``num_soft_tokens_per_image`` ``(images,)``.
@@ -27,7 +27,7 @@ from transformers.image_utils import PILImageResampling
 from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import PilBackendAsStock, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, resize_frames
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the stock class's allowed max_soft_tokens
 

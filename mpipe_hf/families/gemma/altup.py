@@ -9,7 +9,7 @@ multimodal token embeddings, as ``Gemma3nModel.forward`` and ``Gemma3nTextModel.
   stage hands it on whole, and the last stage merges it (:class:`AltUpMerge`: ``altup_unembed_projections`` of
   streams 1..3 scaled to stream 0's magnitude, the mean of the four, the final norm) before the LM head. The masks
   are built from stream 0 (one ``(B, L, H)``), as the model builds them from its input embeddings.
-- *Per-layer inputs* and *shared key/value states*: as Gemma 4's (:mod:`.gemma4_new`), whose stage this one
+- *Per-layer inputs* and *shared key/value states*: as Gemma 4's (:mod:`.shared_kv`), whose stage this one
   extends; Gemma 3n's token part reads every id outside ``embed_tokens_per_layer``'s table (the image and audio
   tokens) as id 0 (``get_per_layer_inputs``) and scales by the text model's own buffers.
 - *Multimodal token embeddings* (the image-text model): ids in ``[embed_vision.vocab_offset,
@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .decoder import CARRIED_KEYS, layer_type_masks
-from .gemma4_new import PER_LAYER_KEY, PER_LAYER_PARTS, SharedKVStage
+from ...models.decoder import CARRIED_KEYS, layer_type_masks
+from .shared_kv import PER_LAYER_KEY, PER_LAYER_PARTS, SharedKVStage
 
 Tensors = dict[str, torch.Tensor]
 EMBED_PARTS = PER_LAYER_PARTS + ("altup_projections",)  # go wherever embed_tokens goes
@@ -73,7 +73,7 @@ class AltUpFront(nn.Module):
     ids with those outside the per-layer table read as 0, ``s`` and ``r`` the text model's scale buffers.
 
     Args:
-        front: the :class:`~.image_features.ImageFront`; text_model: ``Gemma3nTextModel`` (its per-layer and AltUp
+        front: the :class:`~mpipe_hf.models.image_features.ImageFront`; text_model: ``Gemma3nTextModel`` (its per-layer and AltUp
             modules are held here, so that they are this stage's parameters).
     """
 
@@ -111,7 +111,7 @@ class AltUpFront(nn.Module):
 class AltUpMerge(nn.Module):
     """The last stage's merge of the streams ``(4, B, L, H)`` -> ``(B, L, H)``: stream 0, and each other stream
     through its ``altup_unembed_projections`` entry scaled to stream 0's root-mean-square per token; their mean;
-    the text model's final ``norm``. It stands as the :class:`~.decoder.LMHead`'s norm."""
+    the text model's final ``norm``. It stands as the :class:`~mpipe_hf.models.decoder.LMHead`'s norm."""
 
     def __init__(self, unembed: nn.ModuleList, norm: nn.Module):
         super().__init__()
@@ -125,7 +125,7 @@ class AltUpMerge(nn.Module):
 
 
 def first_stream_masks(masks):
-    """A mask builder (:func:`~.decoder.layer_type_masks`'s signature) that reads the streams' stream 0 ``(B, L,
+    """A mask builder (:func:`~mpipe_hf.models.decoder.layer_type_masks`'s signature) that reads the streams' stream 0 ``(B, L,
     H)`` where it is handed the stack ``(4, B, L, H)``."""
     def build(text_config, hidden, *args):
         return masks(text_config, hidden[0] if hidden.dim() == 4 else hidden, *args)
@@ -133,11 +133,11 @@ def first_stream_masks(masks):
 
 
 class AltUpStage(SharedKVStage):
-    """A Gemma 3n :class:`~.gemma4_new.SharedKVStage` whose hidden state is the AltUp streams ``(4, B, L, H)``
+    """A Gemma 3n :class:`~.shared_kv.SharedKVStage` whose hidden state is the AltUp streams ``(4, B, L, H)``
     (module docstring): its front (stage 0, ``P``) is :class:`AltUpFront` (with :class:`MultimodalTokens` in the
     image front for the image-text model), its head (the last stage) merges the streams first.
     ``embedders``: ``[embed_vision, embed_audio]`` of the image-text model, ``[]`` for the language model; the
-    other arguments are :class:`~.gemma4_new.SharedKVStage`'s.
+    other arguments are :class:`~.shared_kv.SharedKVStage`'s.
 
     Raises:
         ValueError: a packed micro-batch (at forward).

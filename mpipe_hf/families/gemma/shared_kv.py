@@ -1,4 +1,4 @@
-"""Gemma 4 across pipeline stages: per-layer inputs and shared key/value states (issue 38).
+"""Gemma 4 across pipeline stages: per-layer inputs and shared key/value states.
 
 Two things in ``Gemma4TextModel.forward`` reach past one decoder layer, and both cross stage boundaries here:
 
@@ -25,9 +25,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import KVSharingDict
 
-from .decoder import CARRIED_KEYS, DecoderStage, layer_type_masks
-from .families import model_class_masks
-from .packed import ROW_BLIND
+from ...models.decoder import CARRIED_KEYS, DecoderStage, layer_type_masks
 
 Tensors = dict[str, torch.Tensor]
 PER_LAYER_KEY = "per_layer_inputs"
@@ -52,7 +50,7 @@ class PerLayerFront(nn.Module):
     read as ``pad_token_id``.
 
     Args:
-        front: the :class:`~.family.ImageFront`; text_model: ``Gemma4TextModel`` (its three PLE modules are held
+        front: the :class:`~mpipe_hf.models.image_features.ImageFront`; text_model: ``Gemma4TextModel`` (its three PLE modules are held
             here, so that they are this stage's parameters); config: the ``Gemma4Config`` (placeholder ids).
     """
 
@@ -84,10 +82,10 @@ class PerLayerFront(nn.Module):
 
 
 class SharedKVStage(DecoderStage):
-    """A :class:`~.decoder.DecoderStage` of Gemma 4 layers (module docstring): each layer gets its slice of
+    """A :class:`~mpipe_hf.models.decoder.DecoderStage` of Gemma 4 layers (module docstring): each layer gets its slice of
     ``per_layer_inputs`` and the stage's ``KVSharingDict`` (seeded from the carried ``shared_kv.*`` keys); what
     the stage's producers stored leaves with the hidden states. ``text_model``: the ``Gemma4TextModel``;
-    ``config``: the model's config; the other arguments are :class:`~.decoder.DecoderStage`'s.
+    ``config``: the model's config; the other arguments are :class:`~mpipe_hf.models.decoder.DecoderStage`'s.
 
     Raises:
         ValueError: a packed micro-batch (at forward).
@@ -135,50 +133,4 @@ def shared_kv_stage(model: nn.Module):
 
     def build(*args, **kwargs) -> SharedKVStage:
         return SharedKVStage(*args, **kwargs, text_model=text_model, config=config)
-    return build
-
-
-def gemma4_masks(model: nn.Module):
-    """Gemma 4's masks as its ``forward`` builds them (:func:`~.families.model_class_masks` with
-    ``mm_token_type_ids``): causal on the global layers; on the sliding layers the window AND (causal OR one
-    bidirectional block per image) when the text config sets ``use_bidirectional_attention = "vision"``."""
-    return model_class_masks(model, "mm_token_type_ids")
-
-
-def unified_masks(model: nn.Module):
-    """Gemma 4 Unified's masks as its ``forward`` builds them for training: transformers'
-    ``create_masks_for_generate`` per layer type with, when the text config sets ``use_bidirectional_attention =
-    "vision"``, one bidirectional block per run of image tokens (``get_block_sequence_ids_for_mask`` over
-    ``mm_token_type_ids``; every token its own causal block without them) on every layer type, the sliding layers
-    under their window (the forward does not call the class's ``create_masks_for_generate``, whose global layers
-    stay causal)."""
-    from transformers.masking_utils import create_masks_for_generate
-    from transformers.models.gemma4_unified.modeling_gemma4_unified import get_block_sequence_ids_for_mask
-    config = model.config.get_text_config()
-    blocks = config.use_bidirectional_attention == "vision"
-
-    def masks(text_config, hidden, padding, text_row, state, types) -> dict:
-        kwargs = {}
-        if blocks:
-            token_types = state.get("mm_token_type_ids")
-            kwargs["block_sequence_ids"] = (get_block_sequence_ids_for_mask(token_types, hidden.device)
-                                            if token_types is not None
-                                            else torch.full(hidden.shape[:-1], -1, device=hidden.device))
-        out = create_masks_for_generate(config=config, inputs_embeds=hidden, attention_mask=padding, cache=None,
-                                        position_ids=text_row, **kwargs)
-        return out if isinstance(out, dict) else {t: out for t in types}
-    setattr(masks, ROW_BLIND, True)  # the blocks are read by position: a packed micro runs row by row
-    return masks
-
-
-def refuse_other_modalities(keys: dict[str, str]):
-    """``Family.validate``: raise ``ValueError`` naming the modality when a micro-batch holds one of ``keys``
-    (``{raw key: modality}``): the image path alone is split."""
-    def build(model: nn.Module):
-        def validate_micro(raw: Tensors) -> None:
-            for key, modality in keys.items():
-                if raw.get(key) is not None:
-                    raise ValueError(f"{model.config.model_type}: {modality} inputs ({key}) are not supported; "
-                                     f"only the image path is split across pipeline stages")
-        return validate_micro
     return build
