@@ -11,12 +11,19 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import ConversationCollator, build_processor, default_chat_template, qwen2_tokenizer
+from mpipe_hf.families.llava.split import REFUSED
+from mpipe_hf.families.registry import family, tiny_config
 from mpipe_hf.models import split
-from mpipe_hf.models.families_llava_like import FAMILIES, REFUSED
-from mpipe_hf.models.families_llava_like_tv import FAMILIES as WITHOUT_PROCESSOR
-from mpipe_hf.models.tiny_all import LLAVA_LIKE as TINY
 from mpipe_hf.schedule import ScheduleConfig
 
+# the families of LLaVA's layout (a tower, a projector, the features at the image tokens) this module covers, from
+# several family groups; those whose stock image processor needs torchvision have ours
+WITHOUT_PROCESSOR = ("cohere2_vision", "lfm2_vl", "step3p7", "minimax_m3_vl", "molmo2", "unlimited_ocr")
+LLAVA_LIKE = ("vipllava", "shieldgemma2", "aya_vision", "qianfan_ocr", "got_ocr2", "pp_chart2table",
+              "llava_next_video", "video_llava", "janus", "deepseek_vl", "deepseek_vl_hybrid", "aria", "idefics2",
+              "deepseek_ocr2", "lighton_ocr", "llava_onevision", *WITHOUT_PROCESSOR)
+FAMILIES = {t: family(t) for t in LLAVA_LIKE}
+TINY = {t: tiny_config(t) for t in LLAVA_LIKE}
 ANSWERS = ["A cup of coffee.", "Yes, on a saucer.", "Hello there!"]
 
 

@@ -11,6 +11,7 @@ import torch
 from accelerate.utils import set_seed
 
 from mpipe_hf.data import qwen2_tokenizer
+from mpipe_hf.families.llava.tiny import tiny_llava_config
 from mpipe_hf.models import get_family, split, tiny
 from mpipe_hf.models.load import READ_BLOCK_BYTES, model_class, split_from_checkpoint, split_from_config
 from mpipe_hf.schedule import ScheduleConfig
@@ -24,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def configs():
     tokenizer = qwen2_tokenizer(1024)
     return {"qwen2_5_vl": tiny.tiny_qwen2_5_vl_config(tokenizer), "qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer),
-            "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer), "llava": tiny.tiny_llava_config(tokenizer),
+            "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer), "llava": tiny_llava_config(tokenizer),
             "llama": tiny.tiny_causal_lm_config(tokenizer, "llama"),
             "qwen3_tied": tiny.tiny_causal_lm_config(tokenizer, "qwen3", tie_word_embeddings=True)}
 

@@ -20,8 +20,8 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import MicroBatchPlan, qwen2_tokenizer
+from mpipe_hf.families.llava.tiny import tiny_llava_config
 from mpipe_hf.models import tiny
-from mpipe_hf.models.families_llava_like import TIMM_FAMILIES
 from mpipe_hf.models.registry import FAMILIES
 from mpipe_hf.models.tiny_all import TIMM_TINY, TINY_MODELS
 from mpipe_hf.train.sources import micro_validator
@@ -34,7 +34,9 @@ OLDER = {"qwen2_vl": tiny.tiny_qwen2_vl_config, "qwen2_5_vl": tiny.tiny_qwen2_5_
          "qwen3_vl": tiny.tiny_qwen3_vl_config, "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config,
          "qwen3_5": tiny.tiny_qwen3_5_config, "qwen3_5_moe": lambda t, **k: tiny.tiny_qwen3_5_config(t, moe=True, **k),
          "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": lambda t, **k: tiny.tiny_glm4v_config(t, moe=True, **k),
-         "llava": tiny.tiny_llava_config}
+         "llava": tiny_llava_config}
+# the types whose vision tower is a timm model (TimmWrapperModel): building their model needs timm
+TIMM_FAMILIES = ("fast_vlm", "perception_lm", "gemma3n")
 # the timm-tower families (no processor here: skipped below by name; scripts/check/check_timm_families.py checks them)
 BUILDERS = {**OLDER, **TINY_MODELS, **TIMM_TINY}
 # decoder-only language models: no tower, no image token, nothing to count

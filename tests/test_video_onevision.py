@@ -30,7 +30,7 @@ from mpipe_hf.data.video import video_ref
 from mpipe_hf.data.image_torch_ops import resize_frames
 from mpipe_hf.families.llava.video_processor_onevision import NUM_FRAMES, OnevisionVideoProcessor
 from mpipe_hf.models import split
-from mpipe_hf.models.tiny_vlms import tiny_llava_onevision_config
+from mpipe_hf.families.llava.tiny import tiny_llava_onevision_config
 from mpipe_hf.schedule import ScheduleConfig
 from stock_video_code import pan
 

@@ -5,7 +5,7 @@ Usage (an environment with timm, torchvision and mpipe_hf installed, e.g. the st
     /work/venv-stock/bin/python scripts/check/check_timm_families.py [--out DIR]
 
 For each type, as ``tests/test_numerics.py``'s family cases: its tiny config
-(:data:`mpipe_hf.models.tiny_all.TIMM_TINY`) at 12 layers, a ragged pool of real photos and captions whose vision
+(:func:`mpipe_hf.families.registry.tiny_config`) at 12 layers, a ragged pool of real photos and captions whose vision
 inputs are built directly in the shape the real processor gives (:data:`IMAGES`; the project has no processor of
 these types), then one 2-process torchrun of ``tests/dist/numerics_worker.py``: a trainable tower at ``T = 1`` and a
 frozen one at ``T = 0`` (2 AdamW steps, ``R = 2``, ``V = 2``, ``M = 3``, then a save and ``from_pretrained``
@@ -77,10 +77,10 @@ def build_fixture(path: str) -> dict:
     import torch
     from common import NUM_LAYERS, VOCAB_RANKS, make_ragged_pool
     from mpipe_hf.data import qwen2_tokenizer
-    from mpipe_hf.models.tiny_all import TIMM_TINY
+    from mpipe_hf.families.registry import tiny_config
     direct_llava_like.IMAGES.update(IMAGES)  # the direct collator's image builders, by model type
     tokenizer = qwen2_tokenizer(VOCAB_RANKS)
-    configs = {t: TIMM_TINY[t](tokenizer, num_layers=NUM_LAYERS) for t in TYPES}
+    configs = {t: tiny_config(t)(tokenizer, num_layers=NUM_LAYERS) for t in TYPES}
     pools = {f"ragged-{t}": make_ragged_pool(direct_llava_like.direct_collator(c, tokenizer))
              for t, c in configs.items()}
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)

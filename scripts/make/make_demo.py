@@ -26,6 +26,7 @@ import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
 
 from mpipe_hf.data import default_chat_template, qwen2_5_vl_processor, qwen2_tokenizer
+from mpipe_hf.families.llava.tiny import tiny_llava_config
 from mpipe_hf.models import tiny
 from mpipe_hf.data.hub import save_processor_files
 
@@ -53,7 +54,7 @@ def main(argv=None):
     n = sum(p.numel() for p in model.parameters())
     print(f"wrote {model_dir}: Qwen2.5-VL, {n / 1e6:.1f}M parameters, vocabulary {len(tokenizer)}")
     configs = {"qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer), "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer),
-               "llava": tiny.tiny_llava_config(tokenizer), "llama": tiny.tiny_causal_lm_config(tokenizer, "llama"),
+               "llava": tiny_llava_config(tokenizer), "llama": tiny.tiny_causal_lm_config(tokenizer, "llama"),
                "qwen3": tiny.tiny_causal_lm_config(tokenizer, "qwen3", tie_word_embeddings=True),
                "qwen3_5": tiny.tiny_qwen3_5_config(tokenizer), "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config(tokenizer)}
     os.makedirs(os.path.join(out, "configs"), exist_ok=True)

@@ -78,6 +78,7 @@ def builders() -> dict:
     """``{model_type: build(tokenizer) -> config}``: the Qwen-family configs of :mod:`mpipe_hf.models.tiny`, then
     every entry of ``TINY_MODELS`` (as it is now) but those whose processor is the checkpoint's stock one, sorted
     by model type."""
+    from mpipe_hf.families.llava.tiny import tiny_llava_config
     from mpipe_hf.models import tiny
     from mpipe_hf.models.tiny_all import TINY_MODELS
     causal = tiny.tiny_causal_lm_config
@@ -85,7 +86,7 @@ def builders() -> dict:
             "qwen3_vl": tiny.tiny_qwen3_vl_config, "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config,
             "qwen3_5": tiny.tiny_qwen3_5_config, "qwen3_5_moe": functools.partial(tiny.tiny_qwen3_5_config, moe=True),
             "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": functools.partial(tiny.tiny_glm4v_config, moe=True),
-            "llava": tiny.tiny_llava_config, "llama": functools.partial(causal, model_type="llama"),
+            "llava": tiny_llava_config, "llama": functools.partial(causal, model_type="llama"),
             "qwen2": functools.partial(causal, model_type="qwen2"),
             "qwen3": functools.partial(causal, model_type="qwen3", tie_word_embeddings=True)}
     from mpipe_hf.data.stock_processor import needs_stock_processor

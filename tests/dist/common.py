@@ -13,6 +13,7 @@ from PIL import Image
 from skimage import data as skdata
 
 from mpipe_hf.data import ConversationCollator, build_processor, qwen2_tokenizer
+from mpipe_hf.families.llava.tiny import tiny_llava_config
 from mpipe_hf.models import tiny
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "horse", "clock"]
@@ -206,8 +207,8 @@ def tiny_configs(tokenizer, only: list[str] | None = None) -> dict:
         "vl": tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=n),
         "qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer, num_layers=n),
         "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer, num_layers=n),
-        "llava": tiny.tiny_llava_config(tokenizer, num_layers=n),
-        "llava-full": tiny.tiny_llava_config(tokenizer, num_layers=n, vision_feature_layer=[-3, -1], strategy="full"),
+        "llava": tiny_llava_config(tokenizer, num_layers=n),
+        "llava-full": tiny_llava_config(tokenizer, num_layers=n, vision_feature_layer=[-3, -1], strategy="full"),
         "llama": tiny.tiny_causal_lm_config(tokenizer, "llama", num_layers=n),
         "qwen2": tiny.tiny_causal_lm_config(tokenizer, "qwen2", num_layers=n),
         "qwen3-tied": tiny.tiny_causal_lm_config(tokenizer, "qwen3", num_layers=n, tie_word_embeddings=True),

@@ -5,8 +5,8 @@ operations only.
 
 The stock steps, per image (Qwen2-VL's): the size ``smart_resize`` gives (multiples of ``patch_size *
 merge_size``, between ``size``'s ``shortest_edge`` and ``longest_edge`` px; the stock function is Qwen2-VL's,
-used here from its PIL module), the resize to it (``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops`: torchvision's
-antialiased bicubic ``interpolate`` on the ``uint8`` image), rescale and normalisation in ``float32`` (the
+used here from its PIL module), the resize to it (``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops`:
+torchvision's antialiased bicubic ``interpolate`` on the ``uint8`` image), rescale and normalisation in ``float32`` (the
 backend's fused step), and the patches in ``merge_size`` x ``merge_size`` windows, each repeated over
 ``temporal_patch_size`` frames. Outputs: ``pixel_values`` ``(patches, 3 * T * p * p)`` and ``image_grid_thw``
 ``(images, 3)``. ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.

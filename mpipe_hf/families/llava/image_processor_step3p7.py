@@ -8,9 +8,9 @@ a square (the original top left), one larger than ``max_image_size`` scaled down
 plan's size and then to ``size`` (two resizes, each back to ``uint8``); where the plan has windows, the image
 resized to the snapped crop size and cut into ``window``-px patches row by row, each resized to ``patch_size``;
 every view rescaled and normalised in ``float32`` (the backend's fused step). Each resize is torchvision's
-(``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops`: antialiased ``interpolate`` on the ``uint8`` image, bilinear).
-Outputs: ``pixel_values`` ``(images, 3, size, size)``, ``num_local_patches`` ``(images,)`` and, where any image
-has windows, ``pixel_values_local`` ``(windows, 3, patch_size, patch_size)`` and ``patch_newline_masks`` (a list
+(``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops`: antialiased ``interpolate`` on the ``uint8`` image,
+bilinear). Outputs: ``pixel_values`` ``(images, 3, size, size)``, ``num_local_patches`` ``(images,)`` and, where any
+image has windows, ``pixel_values_local`` ``(windows, 3, patch_size, patch_size)`` and ``patch_newline_masks`` (a list
 per image, padded with ``False``: a newline after each row of windows but the last).
 ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.
 """

@@ -10,15 +10,15 @@ default); what it does is ``BaseVideoProcessor``'s (``video_processing_utils.py`
   and ``fps`` defaulting to the processor's (``num_frames`` evenly, ``arange(n) * total // n``; else
   ``max(1, int(total / video_fps * fps))`` frames; else every frame);
 - each group of same-shaped videos resized to ``size``'s ``height`` x ``width`` (the only ``size`` the class
-  uses) with torchvision's resize, which :func:`~mpipe_hf.data.image_torch_ops.resize_frames` reproduces (``uint8`` bicubic
-  natively, antialiased);
+  uses) with torchvision's resize, which :func:`~mpipe_hf.data.image_torch_ops.resize_frames` reproduces
+  (``uint8`` bicubic natively, antialiased);
 - the fused rescale and normalise in float32 (``QwenVideoProcessor._normalize``, the backend's arithmetic);
 - ``pixel_values_videos``: one ``(T, C, H, W)`` float32 tensor a video, stacked to ``(videos, T, C, H, W)`` by
   ``return_tensors`` (so a call's videos must have one frame count, as the model's ``get_video_features``
   takes them).
 
-Decoding, frame lists and RGB conversion are :class:`~mpipe_hf.data.video_processor.QwenVideoProcessor`'s (the same as the
-stock base's for arrays; a path is decoded with PyAV). ``do_center_crop`` (``None`` in the stock class) is
+Decoding, frame lists and RGB conversion are :class:`~mpipe_hf.data.video_processor.QwenVideoProcessor`'s (the
+same as the stock base's for arrays; a path is decoded with PyAV). ``do_center_crop`` (``None`` in the stock class) is
 refused rather than reproduced. The processor (``LlavaOnevisionProcessor``) writes a video as
 ``frames * ceil(sqrt(num_image_tokens) / 2) ** 2 + 1`` video tokens (each frame's features pooled 2 x 2, then
 ``image_newline``): :meth:`OnevisionVideoProcessor.tokens_for` with ``frame_tokens`` set
@@ -137,8 +137,8 @@ class OnevisionVideoProcessor(VideoProcessorMixin):
 def onevision_video_processor(config, num_frames: int | None = NUM_FRAMES) -> OnevisionVideoProcessor:
     """The video processor of a LLaVA-OneVision ``config``: frames resized to the tower's side
     (``vision_config.image_size``, as the hub's 384 px), ``num_frames`` kept (``None``: the stock default, no count;
-    rows then sample at :data:`~mpipe_hf.data.video.FPS`), and ``frame_tokens`` as the stock processor counts a frame (its
-    ``num_image_tokens = (image_size // patch_size) ** 2`` patches pooled 2 x 2:
+    rows then sample at :data:`~mpipe_hf.data.video.FPS`), and ``frame_tokens`` as the stock processor counts a frame
+    (its ``num_image_tokens = (image_size // patch_size) ** 2`` patches pooled 2 x 2:
     ``ceil(sqrt(num_image_tokens) / 2) ** 2``)."""
     vision = config.vision_config
     side = vision.image_size
