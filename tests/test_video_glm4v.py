@@ -22,7 +22,7 @@ import pytest
 import torch
 from transformers.video_utils import VideoMetadata
 
-from mpipe_hf.data.video_processor_glm4v import (Glm4vVideoProcessorNoTV, Glm46vVideoProcessorNoTV,
+from mpipe_hf.families.glm.video_processor import (Glm4vVideoProcessorNoTV, Glm46vVideoProcessorNoTV,
                                                  glm_video_processor_from_image)
 from stock_video_code import compare_with_stock, pan, stock_class
 

@@ -23,7 +23,7 @@ from transformers.video_utils import VideoMetadata
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.data.processor import build_processor
 from mpipe_hf.data.video import video_ref
-from mpipe_hf.data.video_processor_qwen3 import Qwen3VideoProcessor
+from mpipe_hf.families.qwen.qwen3_video_processor import Qwen3VideoProcessor
 from mpipe_hf.models import tiny
 from stock_video_code import compare_with_stock, pan, stock_class
 

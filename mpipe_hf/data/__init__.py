@@ -12,7 +12,8 @@ _LAZY = {"TextCollator": ".collate", "MicroBatchPlan": ".owner", "load_checkpoin
          **dict.fromkeys(["ConversationCollator", "ConversationDataset", "ConversationEncoder", "Source",
                           "load_conversation_dataset", "load_sources"], ".conversation"),
          **dict.fromkeys(["PackedCollate", "PackedPlan", "pack_micro"], ".packing"),
-         **dict.fromkeys(["build_processor", "image_processor_for", "qwen2_5_vl_processor"], ".processor"),
+         **dict.fromkeys(["build_processor", "image_processor_for"], ".processor"),
+         "qwen2_5_vl_processor": "..families.qwen.data",
          **dict.fromkeys(["chat_template_for", "default_chat_template"], ".templates"),
          "qwen2_tokenizer": ".tokenizer"}
 __all__ = sorted(_LAZY)

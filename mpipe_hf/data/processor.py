@@ -18,7 +18,7 @@ from .more_families import MORE
 from .processors_vlm import (FAMILY_TYPES, GLM_LIKE, QWEN3_LIKE, conversation_class, family_image_processor,
                              family_processor)
 from .video_processor import video_processor_from_image
-from .video_processor_qwen3 import qwen3_video_processor_from_image
+from ..families.qwen.qwen3_video_processor import qwen3_video_processor_from_image
 
 QWEN_PROCESSORS = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}
 QWEN_PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
@@ -101,8 +101,8 @@ def legacy_processor(config, tokenizer, image_processor=None, min_pixels: int = 
     :func:`image_processor_for` when ``None``). Qwen2-VL's and Qwen2.5-VL's take videos too, through
     ``video_processor`` (``None``: the torchvision-free :class:`~.video_processor.QwenVideoProcessor` with the
     image processor's settings, as ``AutoVideoProcessor`` builds theirs; docs/video.md), and so do the Qwen3-VL
-    family's (:class:`~.video_processor_qwen3.Qwen3VideoProcessor`) and GLM-4.1V / GLM-4.5V's
-    (:func:`~.processors_glm.glm_processor`). LLaVA's takes its patch
+    family's (:class:`~mpipe_hf.families.qwen.qwen3_video_processor.Qwen3VideoProcessor`) and GLM-4.1V / GLM-4.5V's
+    (:func:`~mpipe_hf.families.glm.processor.glm_processor`). LLaVA's takes its patch
     size, feature strategy and image token from ``config`` (one extra position for a CLIP tower's CLS token); the
     other families' are :func:`~.processors_vlm.family_processor`'s (the tokenizer copied with the family's image
     markers named).

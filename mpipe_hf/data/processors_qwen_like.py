@@ -6,7 +6,7 @@ px and writes an image as its placeholder repeated once per merged patch (``imag
 - ``glm46v``, ``glmga``, ``glm_ocr``: ``Glm46VProcessor`` (the class the GLM-4.6V, Glmga and GLM-OCR hub
   snapshots name) over ``Glm46VImageProcessorPil`` (Glmga: ``GlmgaImageProcessorPil``), images
   ``<|begin_of_image|><|image|><|end_of_image|>`` with the Qwen2 vision tokens standing in; GLM-4.6V's with
-  videos (:mod:`.processors_glm`, docs/video.md);
+  videos (:mod:`mpipe_hf.families.glm.processor`, docs/video.md);
 - ``cosmos3_omni``: ``Qwen3VLProcessor`` (Cosmos3-Omni's model is Qwen3-VL's) over ``Qwen2VLImageProcessorPil`` in
   16-px patches, ChatML;
 - ``cosmos3_edge``: ``Cosmos3EdgeProcessor`` over ``Cosmos3EdgeImageProcessorPil`` (16-px patches, no temporal
@@ -43,7 +43,7 @@ from transformers import (Cosmos3EdgeProcessor, Ernie4_5_VLMoeProcessor, Exaone4
 from transformers.processing_utils import ProcessorMixin
 
 from .family_data import FamilyData
-from .processors_glm import GLM_VIDEO_IDS, GLM_VIDEO_TOKENS, glm_processor, with_video_markers
+from ..families.glm.processor import GLM_VIDEO_IDS, GLM_VIDEO_TOKENS, glm_processor, with_video_markers
 from .processors_vlm import conversation_class, named_tokenizer
 from .templates import CONTENT, GENERATION, _GLM4V, _GLM_CONTENT, IMAGES, TEXTS, chatml
 
@@ -99,7 +99,7 @@ _GLM46V_CLASS = conversation_class(with_video_markers(Glm46VProcessor), "glm46v"
 
 
 def _glm46v_processor(config, tokenizer, image_processor):
-    """GLM-4.6V's processor with its torchvision-free video processor (:func:`~.processors_glm.glm_processor`)."""
+    """GLM-4.6V's processor with its torchvision-free video processor (families.glm.processor)."""
     return glm_processor(_GLM46V_CLASS, config, named_tokenizer(tokenizer, config), image_processor)
 
 

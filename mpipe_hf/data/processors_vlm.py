@@ -5,7 +5,7 @@ Every processor built here is a thin subclass of the stock ``transformers`` clas
 
 - families whose stock class holds a video processor (Qwen, GLM-4V, InternVL, LLaVA-OneVision, SmolVLM) take
   ``video_processor=None`` (the stock class check refuses ``None``, and their video processors need torchvision)
-  or a torchvision-free one (Qwen3-VL's, GLM-4.xV's: :mod:`.processors_glm`); images and text are processed
+  or a torchvision-free one (Qwen3-VL's, GLM-4.xV's: :mod:`..families.glm.processor`); images and text are processed
   exactly as by the stock class;
 - ``save_pretrained`` writes what a hub snapshot holds (:func:`mpipe_hf.data.hub.save_processor`: the stock class's
   name, the chat template);
@@ -38,7 +38,7 @@ from transformers.video_processing_utils import VideoProcessorMixin
 
 from .markers import named_tokenizer
 from .stock_classes import conversation_class, tower_patch as _patch, tower_side as _side
-from .processors_glm import GLM_VIDEO_IDS, GLM_VIDEO_TOKENS, glm_processor, with_video_markers
+from ..families.glm.processor import GLM_VIDEO_IDS, GLM_VIDEO_TOKENS, glm_processor, with_video_markers
 
 # model_type -> {tokenizer attribute: (the hub checkpoints' token, the Qwen2 special token standing in)}
 FAMILY_TOKENS = {
@@ -265,7 +265,7 @@ def family_processor(config, tokenizer, image_processor, video_processor=None):
     """The processor of ``config.model_type`` (:data:`FAMILY_TYPES`) over :func:`named_tokenizer` of ``tokenizer`` and
     ``image_processor``, with the family's arguments from ``config`` (tokens per image or tile, patch sizes, feature
     strategy), as the hub checkpoints' ``processor_config.json`` holds them; ``video_processor``: GLM-4.1V /
-    GLM-4.5V's (``None``: built from the image processor, :func:`~.processors_glm.glm_processor`).
+    GLM-4.5V's (``None``: built from the image processor, :func:`~mpipe_hf.families.glm.processor.glm_processor`).
 
     Raises:
         ValueError: ``config.model_type`` is not one of :data:`FAMILY_TYPES`; a marker has no token in the
@@ -277,7 +277,7 @@ def family_processor(config, tokenizer, image_processor, video_processor=None):
     cls = CLASSES[model_type] if model_type in CLASSES else _mistral3_class()
     tok = named_tokenizer(tokenizer, config)
     if model_type in QWEN3_LIKE:  # videos through the torchvision-free Qwen3-VL video processor (docs/video.md)
-        from .video_processor_qwen3 import qwen3_video_processor_from_image
+        from ..families.qwen.qwen3_video_processor import qwen3_video_processor_from_image
         return cls(image_processor=image_processor, tokenizer=tok,
                    video_processor=qwen3_video_processor_from_image(image_processor))
     if model_type in GLM_LIKE:  # videos through the torchvision-free GLM-4.1V video processor (docs/video.md)

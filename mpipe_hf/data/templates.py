@@ -273,7 +273,7 @@ HUB_VIDEO_TOKENS = {"llava_onevision": "<video>"}  # a template's VIDEO_TOKEN wh
 STAND_INS = {"<start_of_turn>": "<|im_start|>", "<end_of_turn>": "<|im_end|>",  # Gemma 3
              "<end_of_utterance>": "<|im_end|>",  # Idefics3, SmolVLM
              "<|begin_of_image|>": "<|vision_start|>", "<|end_of_image|>": "<|vision_end|>",  # GLM-4V
-             "<|begin_of_video|>": "<|box_start|>", "<|end_of_video|>": "<|box_end|>",  # (.processors_glm)
+             "<|begin_of_video|>": "<|box_start|>", "<|end_of_video|>": "<|box_end|>",  # (families.glm.processor)
              "<|turn>": "<|im_start|>", "<turn|>": "<|im_end|>",  # Gemma 4
              "[|endofturn|]": "<|im_end|>",  # EXAONE 4.5
              "<|vision_bos|>": "<|vision_start|>", "<|vision_eos|>": "<|vision_end|>",  # Qwen2.5-Omni

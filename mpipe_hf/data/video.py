@@ -297,7 +297,7 @@ def video_tokens(ref: dict, video_processor) -> int:
 def video_layout(ref: dict, video_processor) -> tuple[tuple[int, int, int], VideoMetadata]:
     """``ref``'s grid ``(grid_t, grid_h, grid_w)`` and metadata (``frames_indices`` the sampled frames) without
     decoding it, as :func:`load_video` then the processor would give them (a processor with ``grid_for``:
-    :class:`~.video_processor_qwen3.Qwen3VideoProcessor`).
+    :class:`~mpipe_hf.families.qwen.qwen3_video_processor.Qwen3VideoProcessor`).
 
     Raises:
         ValueError: :func:`video_metadata`'s, or the sampling's.

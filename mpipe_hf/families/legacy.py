@@ -36,8 +36,8 @@ def _data() -> dict:
     from ..data.family_data import FamilyData
     from ..data.more_families import MORE
     from ..data.video_processor import video_processor_from_image
-    from ..data.video_processor_glm4v import glm_video_processor_from_image
-    from ..data.video_processor_qwen3 import qwen3_video_processor_from_image
+    from .glm.video_processor import glm_video_processor_from_image
+    from .qwen.qwen3_video_processor import qwen3_video_processor_from_image
     from dataclasses import replace
     from ..data.processors_torch_op_images import TORCH_OP_IMAGES
     out = {t: replace(d, no_torchvision_images=TORCH_OP_IMAGES.get(t)) for t, d in MORE.items()}

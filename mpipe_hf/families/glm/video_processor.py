@@ -3,9 +3,9 @@
 uses it) and :class:`Glm46vVideoProcessorNoTV` those of GLM-4.6V's ``Glm46VVideoProcessor`` (the same class but
 its sampling, :func:`glm46v_sample_indices`) with torch operations only.
 
-It is :class:`~.video_processor.QwenVideoProcessor` (the resize, normalisation and patchify that torchvision 0.28
-computes, compared bit for bit with the stock Qwen2-VL class: docs/video.md) with what the GLM class does
-otherwise, read from its code:
+It is :class:`~mpipe_hf.data.video_processor.QwenVideoProcessor` (the resize, normalisation and patchify that
+torchvision 0.28 computes, compared bit for bit with the stock Qwen2-VL class: docs/video.md) with what the GLM
+class does otherwise, read from its code:
 
 - defaults: 14-px patches, OpenAI CLIP's mean and std, ``size`` ``[112 * 112, 28 * 28 * 2 * 30000]`` px for the
   whole video, frames sampled at 2 fps by default (``do_sample_frames``), at most ``max_duration`` 300 s;
@@ -31,7 +31,7 @@ from transformers.image_utils import SizeDict
 from transformers.models.glm4v.video_processing_glm4v import smart_resize as glm_smart_resize
 from transformers.video_utils import VideoMetadata
 
-from .video_processor import QwenVideoKwargs, QwenVideoProcessor
+from ...data.video_processor import QwenVideoKwargs, QwenVideoProcessor
 
 
 class GlmVideoKwargs(QwenVideoKwargs, total=False):
@@ -217,6 +217,6 @@ def glm_video_processor_from_image(image_processor, model_type: str = "glm4v",
     GLM-4.6V's class, else GLM-4.1V's): ``image_processor``'s patch and normalisation settings, the whole-video
     budget ``[shortest_edge, FRAMES_PER_BUDGET * longest_edge]`` of the image's (as for Qwen3-VL), ``settings``
     (a snapshot's ``video_preprocessor_config.json``, whose own ``size`` wins) over them."""
-    from .video_processor_qwen3 import whole_video_processor
+    from ..qwen.qwen3_video_processor import whole_video_processor
     cls = Glm46vVideoProcessorNoTV if model_type == "glm46v" else Glm4vVideoProcessorNoTV
     return whole_video_processor(cls, image_processor, settings)

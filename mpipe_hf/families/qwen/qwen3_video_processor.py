@@ -2,9 +2,9 @@
 ``transformers``' ``Qwen3VLVideoProcessor`` (``models/qwen3_vl/video_processing_qwen3_vl.py``, 5.25; also the
 video processor of Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE) with torch operations only.
 
-It is :class:`~.video_processor.QwenVideoProcessor` (the resize, normalisation and patchify that torchvision 0.28
-computes, compared bit for bit with the stock Qwen2-VL class: docs/video.md) with what the Qwen3-VL class does
-otherwise, read from its code:
+It is :class:`~mpipe_hf.data.video_processor.QwenVideoProcessor` (the resize, normalisation and patchify that
+torchvision 0.28 computes, compared bit for bit with the stock Qwen2-VL class: docs/video.md) with what the
+Qwen3-VL class does otherwise, read from its code:
 
 - defaults: 16-px patches, ImageNet's standard mean and std (0.5), ``size`` ``[128, 768] x 32 x 32`` px, frames
   sampled at 2 fps by default (``do_sample_frames``), ``max_video_tokens`` 768 a frame;
@@ -29,7 +29,7 @@ from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_S
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as video_smart_resize
 from transformers.video_utils import VideoMetadata
 
-from .video_processor import QwenVideoProcessor
+from ...data.video_processor import QwenVideoProcessor
 
 UNKNOWN_FPS = 24  # the rate the stock class assumes for a video whose metadata has none
 
