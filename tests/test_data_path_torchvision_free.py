@@ -283,7 +283,7 @@ def test_minicpm_ocr_adaptive_upsize_needs_opencv_as_the_stock_class():
     included: torch 2.14.1, torchvision 0.29.1, opencv-python-headless 5.0.)"""
     import importlib.util
 
-    from mpipe_hf.data.image_processor_minicpm_ocr import MiniCPMOcrImageProcessorNoTV
+    from mpipe_hf.families.qwen_like.image_processor_minicpm_ocr import MiniCPMOcrImageProcessorNoTV
     if importlib.util.find_spec("cv2") is not None:
         pytest.skip("OpenCV is installed")
     processor = MiniCPMOcrImageProcessorNoTV(scale_resolution=56, patch_size=14, small_image_upsize="adaptive")

@@ -1,6 +1,7 @@
-"""The qwen_like families of issue 38: each declared family's tiny config, processor and chat template collate a
-two-turn conversation with an image (next to a text-only row), and the unsplit HF model trains on it; each refused
-type has a reason and no declaration."""
+"""The Qwen-like families (mpipe_hf/families/qwen_like, with GLM-4.6V's kin and the Qwen Omni thinkers that were
+declared beside them): each declared family's tiny config, processor and chat template collate a two-turn
+conversation with an image (next to a text-only row), and the unsplit HF model trains on it; each refused type has a
+reason and no declaration."""
 
 import PIL.Image
 import pytest
@@ -9,10 +10,17 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import ConversationCollator, build_processor, qwen2_tokenizer
-from mpipe_hf.data.processors_qwen_like import DATA
-from mpipe_hf.models.families_qwen_like import FAMILIES, REFUSED, TINY
-from mpipe_hf.models.families_qwen_like_tv import TYPES as NEEDS_TORCHVISION
+from mpipe_hf.families import registry
 from test_family_data import label_runs
+
+_TYPES = [*registry.GROUPS["qwen_like"], "glm46v", "glmga", "glm_ocr", "qwen2_5_omni_thinker",
+          "qwen3_omni_moe_thinker"]
+FAMILIES = {t: registry.family(t) for t in _TYPES if registry.family(t) is not None}
+TINY = {t: registry.tiny_config(t) for t in _TYPES if registry.tiny_config(t) is not None}
+REFUSED = {t: registry.refusal(t) for t in _TYPES if registry.refusal(t) is not None}
+# the types whose stock image processor needs torchvision (their data path is tested with the torch-operation ones)
+NEEDS_TORCHVISION = [t for t in _TYPES if getattr(registry.family_data(t), "no_torchvision_images", None)]
+DATA = {t: registry.family_data(t) for t in FAMILIES if registry.family_data(t) and t not in NEEDS_TORCHVISION}
 
 ANSWERS = ["A cup of coffee.", "Yes, on a saucer.", "Hello there!"]
 # the types whose stock image processor needs torchvision may have no processor here yet: their split is checked on

@@ -16,7 +16,7 @@ def test_the_families_needing_the_stock_processor_are_those_without_ours():
     # Gemma 4 Unified, Muse Glimmer and Muse Spark: theirs too (mpipe_hf/families/gemma/data.py)
     assert not any(needs_stock_processor(t) for t in ("gemma4_unified", "muse_glimmer", "muse_spark"))
     assert {"gemma4_unified", "muse_glimmer", "muse_spark"} <= set(PROCESSOR_TYPES)
-    # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR: theirs too (mpipe_hf/data/processors_kimi_ocr.py)
+    # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR: theirs too (mpipe_hf/families/qwen_like/data.py, families/ocr/data.py)
     assert not any(needs_stock_processor(t) for t in ("kimi_k25", "minicpm_ocr", "unlimited_ocr"))
     assert {"kimi_k25", "minicpm_ocr", "unlimited_ocr"} <= set(PROCESSOR_TYPES)
     # Molmo2, Step3p7 and MiniMax-M3-VL: theirs too (mpipe_hf/data/processors_molmo2_step3p7_minimax.py)

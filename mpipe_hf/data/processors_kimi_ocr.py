@@ -27,9 +27,9 @@ import torch
 from transformers import Kimi_K25Processor, MiniCPMOcrProcessor, UnlimitedOcrProcessor
 
 from .family_data import FamilyData
-from .image_processor_kimi_k25 import KimiK25ImageProcessorNoTV
-from .image_processor_minicpm_ocr import MiniCPMOcrImageProcessorNoTV
-from .image_processor_unlimited_ocr import UnlimitedOcrImageProcessorNoTV
+from ..families.qwen_like.image_processor_kimi_k25 import KimiK25ImageProcessorNoTV
+from ..families.qwen_like.image_processor_minicpm_ocr import MiniCPMOcrImageProcessorNoTV
+from ..families.ocr.image_processor_unlimited_ocr import UnlimitedOcrImageProcessorNoTV
 from .processors_llava_like import _DEEPSEEK_VL2, IMAGE, _roles
 from .processors_qwen_like import _MINICPM_IDS, _MINICPM_TOKENS, _image_minicpm, _image_only
 from .processors_vlm import _patch, conversation_class, named_tokenizer

@@ -9,11 +9,11 @@ asks, at most ``max_slice_nums``, nearest its aspect ratio); the overview, the i
 whole ``patch_size * merge`` blocks (:func:`best_resize`); with a grid, the image resized to the grid's refined
 size and cut into its slices, row by row. Each is rescaled and normalised in ``float32`` (the backend's fused
 step) and laid out as NaViT patches ``(3, patch, h * w / patch)``. The resize is torchvision's (``resize_frames``
-of :mod:`.image_torch_ops`, bicubic on the ``uint8`` image). Outputs: ``pixel_values`` ``(1, 3, patch, sum of
-h * w / patch)`` and ``target_sizes`` ``(views, 2)`` (patch rows, patch columns of the overview and each slice).
-With ``small_image_upsize="adaptive"`` the unsliced image and each slice take the resolution the stock glyph
-classifier picks (its own function, which needs OpenCV as the stock class does; :meth:`~MiniCPMOcrImageProcessorNoTV.
-_adaptive_slice`).
+of :mod:`mpipe_hf.data.image_torch_ops`, bicubic on the ``uint8`` image). Outputs: ``pixel_values`` ``(1, 3,
+patch, sum of h * w / patch)`` and ``target_sizes`` ``(views, 2)`` (patch rows, patch columns of the overview
+and each slice). With ``small_image_upsize="adaptive"`` the unsliced image and each slice take the resolution
+the stock glyph classifier picks (its own function, which needs OpenCV as the stock class does;
+:meth:`~MiniCPMOcrImageProcessorNoTV._adaptive_slice`).
 ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.
 """
 
@@ -26,7 +26,7 @@ from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
 
 
 class MiniCPMOcrNoTVKwargs(ImagesKwargs, total=False):

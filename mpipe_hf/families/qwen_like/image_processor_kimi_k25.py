@@ -4,10 +4,10 @@ torchvision class with no PIL twin) with torch operations only.
 
 The stock steps, per image: the NaViT size (:func:`navit_size`: shrunk, never grown, to at most ``max_patches``
 patches and ``size["max_height"]`` patches a side, floored to whole pixels), the image resized to it (bicubic,
-torchvision's: ``resize_frames`` of :mod:`.image_torch_ops`, on the ``uint8`` image) and padded at the bottom and
-right with zeros to whole ``patch_size * merge_size`` blocks, rescaled and normalised in ``float32`` (the backend's
-fused step), and cut into patches. Outputs: ``pixel_values`` ``(patches, 3, patch, patch)`` (each image's patches
-row by row) and ``image_grid_thw`` ``(images, 3)`` (``1``, patch rows, patch columns).
+torchvision's: ``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops`, on the ``uint8`` image) and padded at
+the bottom and right with zeros to whole ``patch_size * merge_size`` blocks, rescaled and normalised in
+``float32`` (the backend's fused step), and cut into patches. Outputs: ``pixel_values`` ``(patches, 3, patch,
+patch)`` (each image's patches row by row) and ``image_grid_thw`` ``(images, 3)`` (``1``, patch rows, patch columns).
 ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.
 """
 
@@ -20,7 +20,7 @@ from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import PilBackendAsStock, pad_bottom_right, rescale_and_normalize, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, pad_bottom_right, rescale_and_normalize, resize_frames
 
 
 class KimiK25NoTVKwargs(ImagesKwargs, total=False):
