@@ -25,7 +25,7 @@ from mpipe_hf.schedule import ScheduleConfig
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import VOCAB_RANKS, caption_row  # noqa: E402
 from pools_without_processor import direct_collator  # noqa: E402
-from test_families_new import check_exact  # noqa: E402
+from test_family_gemma import check_exact  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from mpipe_hf.models.costs import layer_costs
 from mpipe_hf.models.families_nemotron import tiny_nemotron_h_omni_config
 from mpipe_hf.models.tiny import non_degenerate
 
-from test_families_new import chained
+from test_family_gemma import chained
 
 
 @pytest.fixture(scope="module")

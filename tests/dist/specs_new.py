@@ -53,7 +53,7 @@ SPECS += [("inkling_mm_model", "trainable", 1, None)]
 # embedding; specs_ci adds its frozen-tower (T = 0) case
 SPECS += [("nemotron_h_omni", "trainable", 1, None)]
 # Gemma 3n (its language model here, the image-text model in scripts/check/check_timm_families.py) runs at the default
-# settings too: its split's first step is bit for bit the unsplit model's (tests/test_families_new.py). (Its front
+# settings too: its split's first step is bit for bit the unsplit model's (tests/test_family_gemma.py). (Its front
 # once made the AltUp streams before the per-layer inputs, the model's order reversed: autograd then summed the input
 # embeddings' gradient in another order, an ulp apart, and the second step's gradients parted by up to 6.3e-4 of
 # their largest)

@@ -1,7 +1,8 @@
-"""Issue 38's new group (``families_new``): Gemma 4's data path (its processor without token additions, its chat
-template, a two-turn conversation with an image) through the unsplit model, its split chained on one process
-equal to the unsplit model bit for bit (per-layer inputs and shared key/value states crossing stages), audio and
-video refused by name; Mistral 4 (a decoder-only LM in the image-text-to-text map) split the same way."""
+"""Gemma 4's data path (its processor without token additions, its chat template, a two-turn conversation with an
+image) through the unsplit model, its split chained on one process equal to the unsplit model bit for bit (per-layer
+inputs and shared key/value states crossing stages), audio and video refused by name; Gemma 3n's language model (its
+AltUp streams crossing stages) and Mistral 4 (a decoder-only LM in the image-text-to-text map) split the same way;
+every refusal says why."""
 
 import copy
 
@@ -12,10 +13,13 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import ConversationCollator, build_processor, qwen2_tokenizer
+from mpipe_hf.families.registry import all_refused, tiny_config
 from mpipe_hf.models.coverage import refusal
-from mpipe_hf.models.families_new import REFUSED, TINY
 from mpipe_hf.models.registry import split
 from mpipe_hf.schedule import ScheduleConfig
+
+TINY = {t: tiny_config(t) for t in ("gemma4", "gemma3n_text", "mistral4")}
+REFUSED = all_refused()
 
 ANSWERS = ["A cup of coffee.", "Yes, on a saucer.", "Hello there!"]
 
