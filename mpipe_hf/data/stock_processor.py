@@ -4,7 +4,7 @@ processor exists in ``transformers`` only with a torchvision backend has a torch
 LFM2-VL and Cohere2-Vision, :mod:`.processors_torch_op_images`; Kimi K2.5, MiniCPM-OCR and Unlimited-OCR,
 :mod:`.processors_kimi_ocr`; Molmo2, Step3p7 and MiniMax-M3-VL, :mod:`.processors_molmo2_step3p7_minimax`;
 Gemma 4 Unified, Muse Glimmer and Muse Spark, :mod:`mpipe_hf.families.gemma.data`; Inkling,
-:mod:`.processors_inkling`; Nemotron-H Omni, :mod:`.processors_nemotron_h_omni`).
+:mod:`mpipe_hf.families.inkling.data`; Nemotron-H Omni, :mod:`mpipe_hf.families.nemotron.data`).
 
 Training uses the checkpoint's own processor (``AutoProcessor`` over the checkpoint's files, with its chat
 template); where its stock image processor needs torchvision and torchvision does not import, or there is no

@@ -34,12 +34,6 @@ REFUSED: dict[str, str] = {
     "t5gemma2": _ENCODER_DECODER + " (T5Gemma 2)",
     "udop": _ENCODER_DECODER + " (T5 with layout embeddings)",
     "vision-encoder-decoder": _ENCODER_DECODER,
-    "inkling2": "every layer attends over a growing stack of earlier block outputs (block_states, (B, L, k, H), "
-                "read by its block attention residual) and the final input mixes the whole stack: a stage boundary "
-                "would carry k + 1 hidden-state streams, not one",
-    "inkling2_loop": "a looped block: layers loop_layer_index_start to loop_layer_index_end run loop_num_passes "
-                     "times per forward, each pass reading the last: the same layers run more than once per token, "
-                     "so no contiguous cut into stages exists",
     "apertus1p5": "images are discrete tokens: a frozen VQ image tokenizer (argmax over a codebook) turns them into "
                   "ids that the text embedding reads, so there is no trainable vision tower or projector to put in "
                   "the preprocess (as chameleon and emu3)",

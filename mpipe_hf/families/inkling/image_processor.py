@@ -4,8 +4,8 @@ class with no PIL twin) with torch operations only.
 
 The stock steps, per image: where ``rescale_image_frac`` is set, the image resized (Lanczos, the class's default
 filter: torchvision resizes a CPU ``uint8`` tensor with ``interpolate``'s antialiased ``lanczos`` mode, as
-``resize_frames`` of :mod:`.image_torch_ops` does) to its long edge times that fraction, the growth capped at
-``rescale_image_max_upscaled_long_edge`` px (a larger image kept as it is), each side rounded half up
+``resize_frames`` of :mod:`mpipe_hf.data.image_torch_ops` does) to its long edge times that fraction, the growth
+capped at ``rescale_image_max_upscaled_long_edge`` px (a larger image kept as it is), each side rounded half up
 (:func:`rescaled_size`); then cut into ``size`` px squares in raster order, ``ceil(H / p)`` rows but always
 ``W // p + 1`` columns (the stock ``divide_to_patches``: a width that divides evenly gets a last column of no
 pixels), each square cast to ``float32`` and padded at the bottom and right to ``p`` x ``p`` with ``-1.0`` (before
@@ -26,7 +26,7 @@ from transformers.image_utils import PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 from transformers.utils.constants import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-from .image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
 
 PAD_VALUE = -1.0  # what the stock class pads a part square with, before rescaling
 FRAMES = 2  # frames each square is repeated over (the stock class's constant)

@@ -1,6 +1,6 @@
-"""The data path of Nemotron-H Omni (``nemotron_h_omni``, :class:`~.family_data.FamilyData`), whose stock image
-processor exists in ``transformers`` only with a torchvision backend: here its torchvision-free version
-(:mod:`.image_processor_nemotron_h_omni`, equal to the stock outputs bit for bit) under the stock
+"""The data path of Nemotron-H Omni (``nemotron_h_omni``, :class:`~mpipe_hf.data.family_data.FamilyData`), whose
+stock image processor exists in ``transformers`` only with a torchvision backend: here its torchvision-free version
+(:mod:`.image_processor`, equal to the stock outputs bit for bit) under the stock
 ``NemotronH_Omni_Reasoning_V3Processor`` (images only: no video processor, no audio feature extractor; the
 family refuses video and audio rows by name).
 
@@ -18,21 +18,22 @@ from __future__ import annotations
 
 from transformers import NemotronH_Omni_Reasoning_V3Processor
 
-from .family_data import FamilyData
-from .image_processor_nemotron_h_omni import NemotronHOmniImageProcessorNoTV
-from .processors_llava_like import _roles
-from .processors_vlm import _patch, conversation_class, named_tokenizer
+from ...data.family_data import FamilyData
+from ...data.markers import named_tokenizer
+from ...data.stock_classes import conversation_class, tower_patch
+from ...data.templates import roles
+from .image_processor import NemotronHOmniImageProcessorNoTV
 
 _ANSWER = "'<|im_start|>assistant\\n<think></think>'"
 _NO_SYSTEM = ("{%- if not messages or messages[0]['role'] != 'system' -%}"
               "{{- '<|im_start|>system\\n<|im_end|>\\n' -}}{%- endif -%}")
-_NEMOTRON = _roles("'<|im_start|>user\\n'", _ANSWER, "'<|im_start|>system\\n'", "'<|im_end|>\\n'", "'<|im_end|>\\n'",
+_NEMOTRON = roles("'<|im_start|>user\\n'", _ANSWER, "'<|im_start|>system\\n'", "'<|im_end|>\\n'", "'<|im_end|>\\n'",
                    "'IMAGE_TOKEN'", _ANSWER, start=_NO_SYSTEM)
 
 
 def _nemotron_images(config, min_pixels: int, max_pixels: int):
     """The tower's patches, ``min_pixels`` to ``max_pixels`` px of them (at least one pixel-shuffle block)."""
-    patch = _patch(config)
+    patch = tower_patch(config)
     most = max(round(1 / config.downsample_ratio) ** 2, max_pixels // patch ** 2)
     return NemotronHOmniImageProcessorNoTV(patch_size=patch, downsample_ratio=config.downsample_ratio,
                                            min_num_patches=min(most, max(1, min_pixels // patch ** 2)),
@@ -71,12 +72,10 @@ def _nemotron(config, tokenizer, image_processor):
         image_processor=image_processor, tokenizer=named_tokenizer(tokenizer, config), video_processor=None)
 
 
-# the family here whose stock image processor needs torchvision -> ours (what a snapshot loads without it)
-TORCH_OP_IMAGES = {"nemotron_h_omni": NemotronHOmniImageProcessorNoTV}
-
 DATA: dict[str, FamilyData] = {
     "nemotron_h_omni": FamilyData(_nemotron_images, _nemotron, _NEMOTRON, "<image>", tokens={
         "image_token": ("<image>", "<|image_pad|>"), "image_start_token": ("<img>", "<|vision_start|>"),
         "image_end_token": ("</img>", "<|vision_end|>"), "video_token": ("<video>", "<|video_pad|>")},
-        config_ids={"image_token": "image_token_id", "video_token": "video_token_id"}),
+        config_ids={"image_token": "image_token_id", "video_token": "video_token_id"},
+        no_torchvision_images=NemotronHOmniImageProcessorNoTV),
 }

@@ -1,6 +1,6 @@
-"""The data path of Inkling (``inkling_mm_model``, :class:`~.family_data.FamilyData`), whose stock image processor
-exists in ``transformers`` only with a torchvision backend: here its torchvision-free version
-(:mod:`.image_processor_inkling_mm_model`, equal to the stock outputs bit for bit) under the stock
+"""The data path of Inkling (``inkling_mm_model``, :class:`~mpipe_hf.data.family_data.FamilyData`), whose stock image
+processor exists in ``transformers`` only with a torchvision backend: here its torchvision-free version
+(:mod:`.image_processor`, equal to the stock outputs bit for bit) under the stock
 ``InklingProcessor``.
 
 - Images: the tower's ``patch_size`` px squares of the image resized with Lanczos by the released checkpoints'
@@ -17,16 +17,17 @@ exists in ``transformers`` only with a torchvision backend: here its torchvision
   answers ``<|message_model|><|content_text|>...<|end_message|>``, the text marker part of the prompt (the
   non-thinking answer, as Kimi K2.5's empty reasoning block). In the Qwen2 vocabulary of the tests the markers are
   plain text but for ``<|end_message|>`` and ``<|content_image|>``, written as ``<|im_end|>`` and
-  ``<|vision_start|>`` (:data:`~.templates.STAND_INS`).
+  ``<|vision_start|>`` (:data:`~mpipe_hf.data.templates.STAND_INS`).
 """
 
 from __future__ import annotations
 
 from transformers import InklingFeatureExtractor, InklingProcessor
 
-from .family_data import FamilyData
-from .image_processor_inkling_mm_model import InklingImageProcessorNoTV
-from .processors_vlm import _patch, conversation_class, named_tokenizer
+from ...data.family_data import FamilyData
+from ...data.markers import named_tokenizer
+from ...data.stock_classes import conversation_class, tower_patch
+from .image_processor import InklingImageProcessorNoTV
 
 HUB_PATCH, HUB_FRAC, HUB_LONG_EDGE = 40, 2.0, 2048  # the released checkpoints' image settings
 
@@ -53,7 +54,7 @@ _INKLING = (
 def _inkling_images(config, min_pixels: int, max_pixels: int):
     """The tower's patch side, the hub's resize factor and growth cap scaled by it (module docstring);
     ``min_pixels`` / ``max_pixels`` do not apply (the checkpoints bound no area)."""
-    patch = _patch(config)
+    patch = tower_patch(config)
     return InklingImageProcessorNoTV(size={"height": patch, "width": patch},
                                      rescale_image_frac=HUB_FRAC * patch / HUB_PATCH,
                                      rescale_image_max_upscaled_long_edge=round(HUB_LONG_EDGE * patch / HUB_PATCH))
@@ -67,11 +68,9 @@ def _inkling(config, tokenizer, image_processor):
         audio_bos_token=marker(config.audio_bos_token_id))
 
 
-# the family here whose stock image processor needs torchvision -> ours (what a snapshot loads without it)
-TORCH_OP_IMAGES = {"inkling_mm_model": InklingImageProcessorNoTV}
-
 DATA: dict[str, FamilyData] = {
     "inkling_mm_model": FamilyData(_inkling_images, _inkling, _INKLING, "<|unused_200054|>", tokens={
         "image_token": ("<|unused_200054|>", "<|image_pad|>"), "audio_token": ("<|unused_200053|>", "<|quad_start|>")},
-        config_ids={"image_token": "image_token_id", "audio_token": "audio_token_id"}, repeated=True),
+        config_ids={"image_token": "image_token_id", "audio_token": "audio_token_id"}, repeated=True,
+        no_torchvision_images=InklingImageProcessorNoTV),
 }

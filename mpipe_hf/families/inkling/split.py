@@ -12,7 +12,8 @@ decoder loop, read from transformers' ``InklingTextModel.forward`` and ``Inkling
 - The head reads ``hidden / logits_mup_width_multiplier``: the logits times its inverse (the head's ``scale``).
 
 The vision tower is a stack of linear layers over each patch ``(N, T, p, p, C)``: one image token a patch. Audio
-inputs are refused by name; the audio tower is never run by the split.
+inputs are refused by name; the audio tower is never run by the split. Inkling 2 (``inkling2``, ``inkling2_loop``)
+is refused (:data:`REFUSED`): its layers read a stack of earlier block outputs, or run more than once per token.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ import torch
 from torch import nn
 from transformers.masking_utils import create_recurrent_attention_mask
 
-from .decoder import DecoderStage, layer_type_masks
-from .families import validate_counted_micro
-from .family import Family
-from .gemma4_new import refuse_other_modalities
-from .tiny import text_keys
+from ...models.decoder import DecoderStage, layer_type_masks
+from ...models.family import Family
+from ...models.image_tokens import validate_counted_micro
+from ...models.micro_checks import all_checks, refuse_other_modalities
 
 # Inkling's layer type -> the transformers mask type its text model builds for it
 MASK_TYPE = {"hybrid": "full_attention", "hybrid_sliding": "sliding_attention"}
@@ -33,8 +33,9 @@ MASK_TYPE = {"hybrid": "full_attention", "hybrid_sliding": "sliding_attention"}
 
 def inkling_masks(text_config, hidden: torch.Tensor, padding: torch.Tensor | None,
                   text_positions: torch.Tensor | None, state: dict, types: set[str]) -> dict:
-    """``{Inkling layer type: mask}`` (:func:`~.decoder.layer_type_masks`' signature): ``hybrid`` gets the causal
-    mask and ``hybrid_sliding`` the ``sliding_window``-token mask, as ``InklingTextModel.forward`` builds them.
+    """``{Inkling layer type: mask}`` (:func:`~mpipe_hf.models.decoder.layer_type_masks`' signature): ``hybrid``
+    gets the causal mask and ``hybrid_sliding`` the ``sliding_window``-token mask, as ``InklingTextModel.forward``
+    builds them.
 
     Raises:
         ValueError: a layer type other than the two.
@@ -54,8 +55,9 @@ class _NoRotary(nn.Module):
 
 
 class InklingStage(DecoderStage):
-    """A :class:`~.decoder.DecoderStage` for Inkling's text model: no rotary embedding, every layer also given
-    ``conv_mask`` (the padding mask of its short convolutions), and the logits over ``logits_mup_width_multiplier``.
+    """A :class:`~mpipe_hf.models.decoder.DecoderStage` for Inkling's text model: no rotary embedding, every layer
+    also given ``conv_mask`` (the padding mask of its short convolutions), and the logits over
+    ``logits_mup_width_multiplier``.
 
     Raises:
         ValueError: a text config whose ``unpadded_vocab_size`` cuts the logits (the head here keeps them all).
@@ -95,41 +97,17 @@ def _inkling_tokens(model: nn.Module):
     return lambda raw: int(raw["pixel_values"].shape[0])
 
 
-def _inkling_validate(model: nn.Module):
-    """Audio rows refused by name, then the image-token count (one a patch)."""
-    checks = [refuse_other_modalities({"audio_input_ids": "audio"})(model),
-              validate_counted_micro(_inkling_tokens)(model)]
-
-    def validate_micro(raw) -> None:
-        for check in checks:
-            check(raw)
-    return validate_micro
-
-
 INKLING = Family(vision=("model.vision_tower",), masks=lambda model: inkling_masks,
-                 stage=lambda model: InklingStage, unused=("model.audio_tower",), validate=_inkling_validate)
+                 stage=lambda model: InklingStage, unused=("model.audio_tower",),
+                 validate=all_checks(refuse_other_modalities({"audio_input_ids": "audio"}),
+                                     validate_counted_micro(_inkling_tokens)))
 
-
-def tiny_inkling_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
-    """An ``InklingConfig`` (as thinkingmachines/Inkling, scaled down): a 4-layer patch tower over 4-px patches of
-    2 frames (one token a patch); a text model of ``num_layers`` alternating sliding (16 tokens, also the bias's
-    reach) and full layers, 4 heads of 16 (2 key-value heads), a relative-position bias of width 4 reaching 32 tokens
-    back on the full layers with the log-length query scaling from 8 tokens, short convolutions of 4 taps, the first
-    MLP dense and the others 4 routed experts (2 active) with one shared expert; the head reads the hidden states over
-    ``logits_mup_width_multiplier`` 4; untied embeddings, as the real model. Images are ``<|image_pad|>`` x patches;
-    its audio tower is never run."""
-    from transformers import InklingConfig
-    types = ["hybrid_sliding" if i % 2 == 0 else "hybrid" for i in range(num_layers)]
-    types[-1] = "hybrid"
-    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, swa_num_attention_heads=4,
-                 swa_num_key_value_heads=2, swa_head_dim=hidden_size // 4, sliding_window_size=16, d_rel=4,
-                 rel_extent=32, log_scaling_n_floor=8, layer_types=types, conv_kernel_size=4,
-                 mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1), moe_intermediate_size=hidden_size // 2,
-                 n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, route_scale=1.0,
-                 logits_mup_width_multiplier=4.0)
-    ids = tokenizer.convert_tokens_to_ids
-    vision = dict(patch_size=4, temporal_patch_size=2, num_hidden_layers=4, hidden_size=32)
-    return InklingConfig(text_config=text, vision_config=vision, audio_config=dict(n_mel_bins=4, mel_vocab_size=8),
-                         tie_word_embeddings=False, image_token_id=ids("<|image_pad|>"),
-                         audio_token_id=ids("<|quad_start|>"), image_bos_token_id=ids("<|vision_start|>"),
-                         audio_bos_token_id=ids("<|quad_end|>"))
+FAMILIES: dict[str, Family] = {"inkling_mm_model": INKLING}
+REFUSED: dict[str, str] = {
+    "inkling2": "every layer attends over a growing stack of earlier block outputs (block_states, (B, L, k, H), "
+                "read by its block attention residual) and the final input mixes the whole stack: a stage boundary "
+                "would carry k + 1 hidden-state streams, not one",
+    "inkling2_loop": "a looped block: layers loop_layer_index_start to loop_layer_index_end run loop_num_passes "
+                     "times per forward, each pass reading the last: the same layers run more than once per token, "
+                     "so no contiguous cut into stages exists",
+}

@@ -8,9 +8,9 @@ in pre-shuffle patches, clamped to ``[min_num_patches, max_num_patches]``), the 
 (:func:`patch_grid`: its own grid scaled into ``[min_num_patches, budget]``, each side a multiple of the pixel
 shuffle's ``1 / downsample_ratio``), the image turned to ``float32`` and resized to that grid's pixels where its
 size differs (bicubic, antialiased, on the ``float32`` image so the overshoot is kept: ``resize_frames`` of
-:mod:`.image_torch_ops`, torchvision's float path), rescaled and normalised in ``float32`` (the backend's fused
-step) and cut into patches. Outputs: ``pixel_values`` ``(patches, 3 * patch ** 2)`` (each image's patches row by
-row, each laid out channel-major) and ``image_grid_hw`` ``(images, 2)`` (patch rows, patch columns).
+:mod:`mpipe_hf.data.image_torch_ops`, torchvision's float path), rescaled and normalised in ``float32`` (the
+backend's fused step) and cut into patches. Outputs: ``pixel_values`` ``(patches, 3 * patch ** 2)`` (each image's
+patches row by row, each laid out channel-major) and ``image_grid_hw`` ``(images, 2)`` (patch rows, patch columns).
 ``tests/test_stock_recorded.py`` compares them with the stock class's recorded outputs.
 """
 
@@ -23,7 +23,7 @@ from transformers.image_processing_utils import BatchFeature
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 from transformers.processing_utils import ImagesKwargs
 
-from .image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
+from ...data.image_torch_ops import PilBackendAsStock, rescale_and_normalize, resize_frames
 
 
 class NemotronHOmniNoTVKwargs(ImagesKwargs, total=False):
