@@ -252,7 +252,7 @@ def test_rows_mixing_images_and_videos_collate_as_the_processor_call(demo, data)
 
 
 def test_a_video_for_a_processor_without_videos_is_refused(data, tokenizer):
-    from mpipe_hf.models.tiny_vlms import tiny_internvl_config
+    from mpipe_hf.families.internvl.tiny import tiny_internvl_config
     internvl = build_processor(tiny_internvl_config(tokenizer), tokenizer)  # InternVL: no video processor
     row = canonical_row(json.loads(open(os.path.join(data, "video.jsonl")).readline()), data, "video.jsonl:1")
     row["where"] = "video.jsonl:1"

@@ -62,13 +62,13 @@ def test_a_family_without_videos_refuses_them_at_load_and_in_the_split(data, tok
     from mpipe_hf.models import get_family
     from mpipe_hf.models.generic import micro_check
     from mpipe_hf.families.llava.tiny import tiny_llava_next_config
-    from mpipe_hf.models import tiny_vlms
+    from mpipe_hf.families.internvl.tiny import tiny_internvl_config
     from mpipe_hf.models.materialize import meta_model
-    internvl = build_processor(tiny_vlms.tiny_internvl_config(tokenizer), tokenizer)
+    internvl = build_processor(tiny_internvl_config(tokenizer), tokenizer)
     with pytest.raises(ValueError, match="video.jsonl:1: the row has 1 video\\(s\\) but .* takes no videos"):
         load_conversation_dataset(os.path.join(data, "video.jsonl"), internvl, 2048)
     micro = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "pixel_values_videos": torch.zeros(4, 8)}
-    for config in (tiny_vlms.tiny_internvl_config(tokenizer),
+    for config in (tiny_internvl_config(tokenizer),
                    tiny_llava_next_config(tokenizer)):
         check = micro_check(get_family(config.model_type), meta_model(config))
         with pytest.raises(ValueError, match=f"{config.model_type}: video inputs .* are not supported"):
