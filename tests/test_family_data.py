@@ -18,7 +18,7 @@ from transformers.utils import is_torchvision_available
 
 from mpipe_hf.data import (ConversationCollator, build_processor, chat_template_for, default_chat_template,
                            load_conversation_dataset, qwen2_tokenizer)
-from mpipe_hf.data import processors_vlm
+from mpipe_hf.families.mistral import data as mistral_data, pixtral_processor
 from mpipe_hf.data.processor import PROCESSOR_TYPES
 from mpipe_hf.models import tiny
 from mpipe_hf.models.tiny_vlms import TINY_VLMS
@@ -230,10 +230,10 @@ def pixtral_photos():
 
 
 def test_mistral3_without_torchvision_expands_images_as_the_stock_processor(tokenizer, stock_pixtral, monkeypatch):
-    monkeypatch.setattr(processors_vlm, "is_torchvision_available", lambda: False)
+    monkeypatch.setattr(mistral_data, "is_torchvision_available", lambda: False)
     config = tiny_config("mistral3", tokenizer, num_layers=1)
     ours = build_processor(config, tokenizer)
-    assert isinstance(ours, processors_vlm._PilPixtralProcessor)
+    assert isinstance(ours, pixtral_processor.PilPixtralProcessor)
     stock = stock_pixtral(ours.image_processor, ours.tokenizer, patch_size=ours.patch_size,
                           spatial_merge_size=ours.spatial_merge_size, image_token=ours.image_token,
                           image_break_token=ours.image_break_token, image_end_token=ours.image_end_token)
@@ -254,7 +254,7 @@ def test_mistral3_without_torchvision_expands_images_as_the_stock_processor(toke
 
 
 def test_mistral3_image_tokens_are_the_model_features_per_image(tokenizer, monkeypatch):
-    monkeypatch.setattr(processors_vlm, "is_torchvision_available", lambda: False)
+    monkeypatch.setattr(mistral_data, "is_torchvision_available", lambda: False)
     config = tiny_config("mistral3", tokenizer, num_layers=1)
     processor = build_processor(config, tokenizer)
     photos = pixtral_photos()
