@@ -23,7 +23,8 @@ gloo it moves its transfers to fresh process groups, so no stale message of the 
 one, and on NCCL the run ends, to restart from its last checkpoint (:mod:`.groups`).
 
 The forward-only run of :meth:`PipelineExecutor.evaluate` is :mod:`.evaluate`; a step's figures :mod:`.step_stats`;
-the pass over the action list :mod:`.order_run`.
+the pass over the action list :mod:`.order_run`; the step's totals (loss, tokens, times, peaks)
+:mod:`.step_totals`, and the gradients it sets aside and normalises :mod:`.step_gradients`.
 """
 
 from __future__ import annotations
@@ -54,15 +55,15 @@ from .placement import host_prepare, to_device
 from .groups import abandon, close, fresh_groups, in_process_recovery
 from .order_run import OrderRun
 from .preload import control_group, load_owned, vote
+from .step_gradients import StepGradients
 from .step_stats import StepStats
+from .step_totals import SUMS, StepClock, StepTotals, rank_totals
 from .swap import SwapManager
 from .watchdog import PeerFailed
 
 __all__ = ["PipelineExecutor", "StepStats"]
 
 
-FIXED = 7  # totals' step-wide slots: loss sum, label tokens, busy, wall, micro means, MoE aux sum, micros with aux
-SUMS = [0, 1, 4, 5, 6]  # the slots the last stage accumulates (StepContext.sums)
 _REPLICATED = 0  # executors built with data parallelism so far (names their shared error key)
 
 
@@ -100,7 +101,8 @@ class PipelineExecutor:
             schedule gets its swap actions and a :class:`~.swap.SwapManager` moves the saved tensors; with
             ``measure_memory`` the peak counts the bytes on the device only.
         strict: strict device mode: every tensor handed to a transfer or a collective is checked to be on
-            ``device`` (a ``RuntimeError`` names the first that is not; issue 27's CPU harness runs with it).
+            ``device`` (a ``RuntimeError`` names the first that is not; the CPU tests that emulate a device,
+            ``tests/device_model.py``, run every step with it).
 
     Raises:
         ValueError: a tied parameter that is not in ``params``; ``cfg.zero_bubble`` with FSDP2 (an engine
@@ -268,39 +270,71 @@ class PipelineExecutor:
         """
         check_no_outer_region(self.device.type)
         start = time.perf_counter()
-        mine = set(self.params)
-        trained = self.params + [p for p in self.preprocess.trainable_parameters() if p not in mine]
-        kept = {p: p.grad for p in trained}
-        for p in trained:
-            p.grad = None
+        grads = StepGradients(self.params, self.preprocess.trainable_parameters())
         carried, self._carried = self._carried, None
+        cfg, ahead = self._step_schedule(num_micro, next_load, owners, next_owners, grads, carried)
+        ctx = self._step_context(cfg, load, next_load, bad_rows, grads, carried)
+        clock = StepClock(self.device, start, ctx)
+        if self.dp is not None:
+            self.dp.start_step()
+        run = OrderRun(self, ctx)
+        totals, ahead_loaded = self._run(run, clock, grads)
+        if totals.num_tokens == 0:
+            grads.put_back()
+            raise self._no_label_tokens()
+        if ahead:
+            self._carried = ahead_loaded
+        self.step_index += 1
+        replicas = self.dp.size if self.dp is not None else 1
+        divisor = cfg.num_micro * replicas if self.per_micro else totals.num_tokens
+        grads.finish(divisor, replicas, self.dp)
+        return totals.stats(self.per_micro, divisor, time.perf_counter() - start, run.peak, self.measure_memory,
+                            clock.cuda, self.dropped)
+
+    def _step_schedule(self, num_micro: int | None, next_load, owners: Sequence[int] | None,
+                       next_owners: Sequence[int] | None, grads: StepGradients,
+                       carried: dict | None) -> tuple[ScheduleConfig, bool]:
+        """The step's schedule config and whether it loads the next step's micros ahead; sets :attr:`order`.
+
+        Raises:
+            ValueError: a short step (``num_micro``) out of range, or with a look-ahead; bad owners (these with the
+                step's gradients and carried micros put back: nothing ran).
+        """
         cfg = self.cfg
         if num_micro is not None and num_micro != cfg.num_micro:  # a short step: its own schedule, no look-ahead
             if not 1 <= num_micro <= cfg.num_micro or next_load is not None or carried is not None:
                 raise ValueError(f"a step of num_micro = {num_micro} needs 1 <= num_micro <= {cfg.num_micro}, no "
                                  f"next_load and no micro-batches carried from the step before")
             cfg = dataclasses.replace(cfg, num_micro=num_micro, placement="prefix")
-        ahead, num_micro = next_load is not None and cfg.placement == "fill", cfg.num_micro
+        ahead = next_load is not None and cfg.placement == "fill"
         try:  # the step's owners; bad ones fail here, before anything ran, with the step's state put back
             cfg = with_owners(cfg, owners, next_owners if ahead else None)
         except ValueError:
-            for p in trained:
-                p.grad = kept[p]
+            grads.put_back()
             self._carried = carried
             raise
         self.order = self._order(own=carried is None, ahead=ahead, cfg=cfg)
+        return cfg, ahead
+
+    def _step_context(self, cfg: ScheduleConfig, load: Callable[[int], Tensors], next_load, bad_rows,
+               grads: StepGradients, carried: dict | None) -> StepContext:
+        """Load every micro this rank loads (a look-ahead micro ``m >= M`` through ``next_load``) before the
+        step's first transfer, and hold them, and those ``carried`` from the step before, in the step's context.
+
+        Raises:
+            as :meth:`_begin`, with the step's gradients and carried micros put back (nothing ran).
+        """
+        num_micro, index = cfg.num_micro, self.step_index
 
         def loader(m: int) -> Tensors:
             return load(m) if m < num_micro else next_load(m - num_micro)
-        index = self.step_index
 
         def micro_seed(m: int) -> int:  # a look-ahead micro (m >= M) belongs to the next step
             return preprocess_seed(self.seed, index + m // num_micro, m % num_micro)
         try:  # every micro this rank loads, before the step's first transfer: a bad one skips it on every rank
             loaded = self._begin(self.order, loader, bad_rows)
         except BaseException:
-            for p in trained:
-                p.grad = kept[p]
+            grads.put_back()
             self._carried = carried  # nothing ran: a retry without look-ahead starts from them too
             raise
         ctx = StepContext(cfg, self.rank, self.stages, self.preprocess, self.p2p, self.group, self.watchdog,
@@ -310,14 +344,13 @@ class PipelineExecutor:
             self.swap.reset()
         for m, (data, feats) in (carried or {}).items():
             ctx.data[m], ctx.feats[m] = data, feats
-        cuda = self.device.type == "cuda"
-        if cuda:  # compute is timed on the device (the launches are asynchronous): CUDA events
-            torch.cuda.reset_peak_memory_stats(self.device)
-            ctx.gpu_events, step_begin = [], torch.cuda.Event(enable_timing=True)
-            step_begin.record()
-        if self.dp is not None:
-            self.dp.start_step()
-        run = OrderRun(self, ctx)
+        return ctx
+
+    def _run(self, run: OrderRun, clock: StepClock, grads: StepGradients) -> tuple[StepTotals, dict]:
+        """Run the step's action list, sum its totals over the pipeline (and its loss figures over the replicas)
+        and the tied weights' gradients over their pairs: the summed totals, and the next step's micros this one
+        loaded ahead. A failure puts the step's gradients back and is abandoned (:mod:`.groups`)."""
+        ctx, num_micro, world = run.ctx, run.ctx.cfg.num_micro, len(self.global_ranks)
         try:
             # one bf16 copy of each weight per step, shared by the micros (:mod:`.casts`). No region at all
             # otherwise (fp32, FSDP2): a disabled one still nests the stages' regions, which then keep their casts
@@ -327,19 +360,8 @@ class PipelineExecutor:
                 run()
             self.p2p.drain()
             run.action = None
-            world, wall, busy = len(self.global_ranks), time.perf_counter() - start, ctx.busy_s
-            if cuda:  # the device's timeline, read once per step
-                step_end = torch.cuda.Event(enable_timing=True)
-                step_end.record()
-                step_end.synchronize()
-                wall = step_begin.elapsed_time(step_end) / 1e3
-                busy = sum(a.elapsed_time(b) for a, b in ctx.gpu_events) / 1e3
-            # sums, then per rank: busy, wall, saved-activation peak, device-memory peak
-            totals = torch.zeros(FIXED + 4 * world, dtype=torch.float64)
-            totals[2], totals[3] = busy, wall
-            totals[FIXED + self.rank], totals[FIXED + world + self.rank] = busy, wall
-            totals[FIXED + 2 * world + self.rank] = run.peak_bytes
-            totals[FIXED + 3 * world + self.rank] = torch.cuda.max_memory_allocated(self.device) if cuda else 0
+            busy, wall = clock.read(ctx)
+            totals = rank_totals(self.rank, world, busy, wall, run.peak_bytes, clock.device_peak())
             totals = to_device(totals, self.device)  # pinned on CUDA: from pageable memory the copy would wait
             totals[SUMS] = ctx.sums(self.device)  # accumulated on the device: no sync per micro-batch
             ctx.check({"totals": totals}, "the step's loss sum")
@@ -350,44 +372,18 @@ class PipelineExecutor:
             ahead_loaded = {m - num_micro: (ctx.data.pop(m), ctx.feats.pop(m)) for m in sorted(ctx.data)
                             if m >= num_micro}
         except BaseException as err:
-            for p in trained:
-                p.grad = kept[p]
+            grads.put_back()
             if self.swap is not None:  # a failed step's groups go too
                 self.swap.reset()
             raise self._abandon(err, run.action) from (None if isinstance(err, PeerFailed) else err)
         finally:
             ctx.clear()
-        values = totals.tolist()
-        loss_sum, num_tokens, busy, wall_sum, micro_means, aux_sum, aux_micros = values[:FIXED]
-        busy_r, wall_r, saved_r, device_r = (values[FIXED + k * world:FIXED + (k + 1) * world] for k in range(4))
-        rank_bubble = [round(1.0 - b / w, 4) if w else 0.0 for b, w in zip(busy_r, wall_r)]
-        activation_bytes = [int(v) for v in saved_r] if self.measure_memory else []
-        device_bytes = [int(v) for v in device_r] if cuda else []
-        if num_tokens == 0:
-            for p in trained:
-                p.grad = kept[p]
-            err = ValueError("the step has no label tokens (every label is -100)" + (
-                f"; {self.dropped[0]} bad rows dropped, e.g. {self.dropped[1]}" if self.dropped[0] else
-                "; check the collator's labels"))
-            err.bad_rows = self.dropped[0]
-            raise err
-        if ahead:
-            self._carried = ahead_loaded
-        self.step_index += 1
-        replicas = self.dp.size if self.dp is not None else 1
-        for p in trained:
-            if p not in mine:  # a replica of P on a rank that does not own it: rank 0 optimises P
-                p.grad = kept[p]
-            elif p.grad is not None:  # FSDP averaged its gradients over the replicas: divide the rest
-                divisor = num_micro * replicas if self.per_micro else num_tokens
-                p.grad.div_(divisor / replicas if is_sharded(p.grad) else divisor)
-        if self.dp is not None:
-            self.dp.sum_replicated([p for p in trained if p in mine])
-        for p in trained:  # gradients of earlier steps, not yet stepped on, stay and add up
-            if p in mine and kept[p] is not None:
-                p.grad = kept[p] if p.grad is None else kept[p].add_(p.grad)
-        loss = micro_means / (num_micro * replicas) if self.per_micro else loss_sum / num_tokens
-        aux = aux_sum / (num_micro * replicas) if self.per_micro else aux_sum / num_tokens
-        return StepStats(loss, int(num_tokens), 1.0 - busy / wall_sum, time.perf_counter() - start,
-                         run.peak, rank_bubble, activation_bytes, device_bytes, wall_r, *self.dropped,
-                         aux_loss=aux if aux_micros else None)  # no router: no micro returned an aux_loss
+        return StepTotals.read(totals, world), ahead_loaded
+
+    def _no_label_tokens(self) -> ValueError:
+        """The error of a step without a label token, naming the rows its loads dropped (``err.bad_rows``)."""
+        err = ValueError("the step has no label tokens (every label is -100)" + (
+            f"; {self.dropped[0]} bad rows dropped, e.g. {self.dropped[1]}" if self.dropped[0] else
+            "; check the collator's labels"))
+        err.bad_rows = self.dropped[0]
+        return err
