@@ -1,4 +1,4 @@
-"""Inkling's split (``mpipe_hf/models/families_inkling.py``) on one process: R = 2, V = 2 chained stage after stage
+"""Inkling's split (``mpipe_hf/families/inkling/split.py``) on one process: R = 2, V = 2 chained stage after stage
 equals the unsplit model bit for bit (loss and every gradient) with a trainable tower (T = 1), a frozen one (T = 0)
 and the identity preprocess. Its text model has no rotary embedding (a relative-position bias from each layer's hidden
 states), ``hybrid`` and ``hybrid_sliding`` layers, short convolutions with their own padding mask, and logits over
@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import qwen2_tokenizer
-from mpipe_hf.models import families_inkling
-from mpipe_hf.models.families_new import TINY
+from mpipe_hf.families.inkling import split as families_inkling
+from mpipe_hf.families.inkling.tiny import TINY
 from mpipe_hf.models.registry import split
 from mpipe_hf.models.tiny import non_degenerate
 from mpipe_hf.schedule import ScheduleConfig

@@ -1,4 +1,4 @@
-"""Nemotron-H Omni (``families_nemotron``) on one process: the cost model counts each block's own weights, and a
+"""Nemotron-H Omni (``families/nemotron``) on one process: the cost model counts each block's own weights, and a
 model with the released checkpoints' audio tower splits exactly with that tower frozen on stage 0 and audio rows
 refused by name (the CI cases, tests/dist/specs_new.py, train the image path of a model without it)."""
 
@@ -10,7 +10,7 @@ from transformers import AutoModelForImageTextToText, NemotronH_Omni_Reasoning_V
 
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.models.costs import layer_costs
-from mpipe_hf.models.families_nemotron import tiny_nemotron_h_omni_config
+from mpipe_hf.families.nemotron.tiny import tiny_nemotron_h_omni_config
 from mpipe_hf.models.tiny import non_degenerate
 
 from test_family_gemma import chained
