@@ -25,7 +25,7 @@ from mpipe_hf.data import build_processor, qwen2_tokenizer
 from mpipe_hf.data.conversation import ConversationCollator, ConversationDataset, Source, load_sources
 from mpipe_hf.data.budgets import RowCaps
 from mpipe_hf.data.packing import PackedPlan
-from mpipe_hf.models import tiny
+from mpipe_hf.families.qwen import tiny as qwen_tiny
 from mpipe_hf.train.recipe_data import DataSection
 
 
@@ -37,7 +37,7 @@ def fresh_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def processor():
     tokenizer = qwen2_tokenizer(5120)
-    return build_processor(tiny.tiny_qwen2_5_vl_config(tokenizer), tokenizer, max_pixels=160 * 160)
+    return build_processor(qwen_tiny.tiny_qwen2_5_vl_config(tokenizer), tokenizer, max_pixels=160 * 160)
 
 
 def demo_rows(demo, tmp_path):
@@ -144,7 +144,7 @@ def measured_rows(config, count: int = 256, seed: int = 0):
 def test_packing_with_the_tower_cost_balances_better():
     from mpipe_hf.train.plan_packing import cost_budget, packing_costs
     from mpipe_hf.train.sources import packing_rows
-    config = tiny.tiny_qwen2_vl_config(qwen2_tokenizer(5120), num_layers=4, vision_depth=8)  # a heavy tower
+    config = qwen_tiny.tiny_qwen2_vl_config(qwen2_tokenizer(5120), num_layers=4, vision_depth=8)  # a heavy tower
     rows = measured_rows(config)
     lengths, metas, work = zip(*rows)
     dataset = ConversationDataset(

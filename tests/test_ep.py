@@ -20,7 +20,8 @@ from common import collator, make_ragged_pool, read_results, run_torchrun  # noq
 from matrix import strict_grad_problems  # noqa: E402
 
 from mpipe_hf.data import qwen2_tokenizer  # noqa: E402
-from mpipe_hf.models import tiny  # noqa: E402
+from mpipe_hf.families.glm import tiny as glm_tiny  # noqa: E402
+from mpipe_hf.families.qwen import tiny as qwen_tiny  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "ep_worker.py")
 RUNS_WORKER = os.path.join(os.path.dirname(__file__), "dist", "recipe_runs_worker.py")
@@ -81,9 +82,9 @@ for c in CASES + EDP_CASES:
 def build_fixture(path: str) -> None:
     import torch
     tok = qwen2_tokenizer(5120)
-    configs = {"qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config(tok, num_layers=4),
-               "qwen3_5_moe": tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True),
-               "glm4v_moe": tiny.tiny_glm4v_config(tok, num_layers=4, moe=True)}
+    configs = {"qwen3_vl_moe": qwen_tiny.tiny_qwen3_vl_moe_config(tok, num_layers=4),
+               "qwen3_5_moe": qwen_tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True),
+               "glm4v_moe": glm_tiny.tiny_glm4v_config(tok, num_layers=4, moe=True)}
     pools = {f"ragged-{k}": make_ragged_pool(collator(c, tok)) for k, c in configs.items()}
     torch.save({"configs": {k: c.to_dict() for k, c in configs.items()}, "pools": pools}, path)
 
@@ -287,15 +288,15 @@ def test_bad_ep_values_name_the_field():
         ParallelSection(pp_size=2, num_micro=2, dp_size=2, ep_size=0)
     assert ParallelSection(pp_size=2, num_micro=2, dp_size=4, ep_size=2).ep_size == 2
     tok = qwen2_tokenizer(5120)
-    moe = tiny.tiny_qwen3_vl_moe_config(tok, num_layers=2)  # 4 experts
+    moe = qwen_tiny.tiny_qwen3_vl_moe_config(tok, num_layers=2)  # 4 experts
     check_expert_parallel(moe, 2)
     with pytest.raises(ValueError, match="must divide the model's 4 experts"):
         check_expert_parallel(moe, 8)
     with pytest.raises(ValueError, match="has none"):
-        check_expert_parallel(tiny.tiny_qwen3_5_config(tok, num_layers=4), 2)  # dense: no EP plan
+        check_expert_parallel(qwen_tiny.tiny_qwen3_5_config(tok, num_layers=4), 2)  # dense: no EP plan
     check_expert_parallel(moe, 2, packed=True)  # one all-to-all per MoE layer and micro, whatever its rows
     with pytest.raises(ValueError, match="linear_attention.*data.packing"):  # Gated DeltaNet runs once per row
-        check_expert_parallel(tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True), 2, packed=True)
+        check_expert_parallel(qwen_tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True), 2, packed=True)
     check_expert_parallel(moe, 2, adapter=LoraConfig(target_modules=["q_proj"],  # cut per EP rank, as the experts
                                                      target_parameters=["mlp.experts.gate_up_proj"]))
     check_expert_parallel(moe, 2, adapter=LoraConfig(target_modules=["q_proj"], target_parameters=["mlp.gate.weight"]))

@@ -16,7 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from mpipe_hf.data import qwen2_tokenizer
-from mpipe_hf.models import load, tiny
+from mpipe_hf.models import load
+from mpipe_hf.families.qwen import tiny as qwen_tiny
 from mpipe_hf.models.expert_parallel import shard_experts
 from mpipe_hf.models.load import load_share_values, model_class, split_from_checkpoint
 from mpipe_hf.schedule import ScheduleConfig
@@ -33,7 +34,7 @@ def saved(tmp_path_factory):
     """``(config, the unsplit model's state, checkpoint dir, hub-layout checkpoint dir)``: the second stores the
     fused ``gate_up_proj`` tensors transposed, ``(E, H, 2I)``, as the hub's Qwen3-VL-MoE checkpoints (transformers'
     ``Transpose(1, 2, check_dims=True)``; the tiny ``down_proj`` is square, ``H = I``, where no layout shows)."""
-    config = tiny.tiny_qwen3_vl_moe_config(qwen2_tokenizer(5120), num_layers=4)
+    config = qwen_tiny.tiny_qwen3_vl_moe_config(qwen2_tokenizer(5120), num_layers=4)
     torch.manual_seed(0)
     model = model_class(config).from_config(config, dtype=torch.float32)
     path, hub = tmp_path_factory.mktemp("moe"), tmp_path_factory.mktemp("moe-hub")

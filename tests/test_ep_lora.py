@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from mpipe_hf.data import qwen2_tokenizer
-from mpipe_hf.models import split, tiny
+from mpipe_hf.models import split
+from mpipe_hf.families.glm import tiny as glm_tiny
+from mpipe_hf.families.qwen import tiny as qwen_tiny
 from mpipe_hf.models.adapters import apply_adapter, is_adapter_tensor, merged_state
 from mpipe_hf.models.expert_parallel import ExpertCut, shard_experts
 from mpipe_hf.schedule import ScheduleConfig
@@ -35,8 +37,8 @@ def first_experts(model) -> str:
 
 def adapted(family="qwen3_vl_moe"):
     tok = qwen2_tokenizer(5120)
-    config = (tiny.tiny_qwen3_vl_moe_config(tok, num_layers=2) if family == "qwen3_vl_moe"
-              else tiny.tiny_glm4v_config(tok, num_layers=2, moe=True))
+    config = (qwen_tiny.tiny_qwen3_vl_moe_config(tok, num_layers=2) if family == "qwen3_vl_moe"
+              else glm_tiny.tiny_glm4v_config(tok, num_layers=2, moe=True))
     from transformers import AutoModelForImageTextToText
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(config)
@@ -148,7 +150,7 @@ def test_ep_refuses_lora_on_fused_biases_and_copies_of_the_experts(monkeypatch):
                                                      target_parameters=["mlp.experts.gate_up_proj"]))
     tok = qwen2_tokenizer(5120)
     from transformers import AutoModelForImageTextToText
-    model = AutoModelForImageTextToText.from_config(tiny.tiny_qwen3_vl_moe_config(tok, num_layers=2))
+    model = AutoModelForImageTextToText.from_config(qwen_tiny.tiny_qwen3_vl_moe_config(tok, num_layers=2))
     peft_model = apply_adapter(model, LoraSection(r=R, target_modules=["q_proj"],
                                                   modules_to_save=["mlp.experts"]).peft_config())
     with pytest.raises(ValueError, match="modules_to_save or target_modules on an experts module"):
@@ -187,8 +189,8 @@ def test_a_full_checkpoint_loads_into_ep_shards(tmp_path, monkeypatch):
     from mpipe_hf.runtime import watchdog
     monkeypatch.setattr(watchdog, "watched", lambda mesh: None)
     torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_config(tiny.tiny_qwen3_vl_moe_config(qwen2_tokenizer(5120),
-                                                                                  num_layers=2))
+    model = AutoModelForImageTextToText.from_config(qwen_tiny.tiny_qwen3_vl_moe_config(qwen2_tokenizer(5120),
+                                                                                       num_layers=2))
     model.save_pretrained(tmp_path)
     state = {n: t.detach().clone() for n, t in model.state_dict().items()}
     cfg = ScheduleConfig(1, 1, 1, "frozen")

@@ -20,12 +20,10 @@ from mpipe_hf.data import (ConversationCollator, build_processor, chat_template_
                            load_conversation_dataset, qwen2_tokenizer)
 from mpipe_hf.families.mistral import data as mistral_data, pixtral_processor
 from mpipe_hf.data.processor import PROCESSOR_TYPES
-from mpipe_hf.models import tiny
+from mpipe_hf.families import registry
 from mpipe_hf.models.tiny_vlms import TINY_VLMS
 
-QWEN_LIKE = {"qwen3_5": ("tiny_qwen3_5_config", {}), "qwen3_5_moe": ("tiny_qwen3_5_config", {"moe": True}),
-             "qwen3_vl_moe": ("tiny_qwen3_vl_moe_config", {}), "glm4v": ("tiny_glm4v_config", {}),
-             "glm4v_moe": ("tiny_glm4v_config", {"moe": True})}
+QWEN_LIKE = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "glm4v", "glm4v_moe")
 FAMILIES = sorted([*QWEN_LIKE, *TINY_VLMS])
 # the forward inputs each family's micro-batch carries beside input_ids, attention_mask and labels
 QWEN_KEYS = {"mm_token_type_ids", "pixel_values", "image_grid_thw"}
@@ -62,10 +60,7 @@ def tokenizer():
 def tiny_config(model_type, tokenizer, num_layers=4):
     if model_type in TINY_VLMS:
         return TINY_VLMS[model_type](tokenizer, num_layers=num_layers)
-    name, extra = QWEN_LIKE[model_type]
-    if not hasattr(tiny, name):
-        pytest.skip(f"mpipe_hf.models.tiny has no {name} yet")
-    return functools.partial(getattr(tiny, name), **extra)(tokenizer, num_layers=num_layers)
+    return registry.tiny_config(model_type)(tokenizer, num_layers=num_layers)
 
 
 def label_runs(ids, labels):

@@ -11,11 +11,13 @@ import os
 
 import pytest
 
-from mpipe_hf.models import tiny, tiny_vlms
+from mpipe_hf.models import tiny_vlms
+from mpipe_hf.families.glm import tiny as glm_tiny
+from mpipe_hf.families.qwen import tiny as qwen_tiny
 from train_common import train_tiny_family_like_one_process
 
-FAMILIES = {"qwen3_5_moe": lambda tok: tiny.tiny_qwen3_5_config(tok, moe=True),
-            "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": lambda tok: tiny.tiny_glm4v_config(tok, moe=True),
+FAMILIES = {"qwen3_5_moe": lambda tok: qwen_tiny.tiny_qwen3_5_config(tok, moe=True),
+            "glm4v": glm_tiny.tiny_glm4v_config, "glm4v_moe": lambda tok: glm_tiny.tiny_glm4v_config(tok, moe=True),
             **tiny_vlms.TINY_VLMS}
 FULL = os.environ.get("MPIPE_HF_FULL") == "1"
 

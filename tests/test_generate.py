@@ -22,7 +22,8 @@ from transformers import (AutoConfig, AutoImageProcessor, AutoModelForImageTextT
 from transformers.utils import is_torchvision_available
 
 from mpipe_hf.data import build_processor, chat_template_for, default_chat_template, qwen2_tokenizer
-from mpipe_hf.models import tiny
+from mpipe_hf.families.qwen import tiny as qwen_tiny
+from mpipe_hf.families.registry import tiny_config
 from mpipe_hf.data.hub import load_checkpoint_processor, save_processor_files, video_processor_config
 from mpipe_hf.train.checkpoint import save_checkpoint
 
@@ -59,7 +60,7 @@ def saved(directory, config, processor, template, state):
 
 @pytest.fixture(scope="module")
 def checkpoint(tokenizer, tmp_path_factory):
-    config = tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=4, vision_depth=2)
+    config = qwen_tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=4, vision_depth=2)
     torch.manual_seed(0)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     processor = build_processor(config, tokenizer)  # image-only, as the trainer's
@@ -199,7 +200,7 @@ def test_auto_processor_as_with_torchvision(checkpoint, monkeypatch):
 def test_other_families(tokenizer, tmp_path, family, video):
     """Qwen2-VL as Qwen2.5-VL; Qwen3-VL's snapshot adds its video processor file; LLaVA's processor_config.json
     holds the processor's own arguments, and its stock processor (no video processor) loads without torchvision."""
-    config = getattr(tiny, f"tiny_{family}_config")(tokenizer)
+    config = tiny_config(family)(tokenizer)
     processor = build_processor(config, tokenizer)
     template = default_chat_template(family)
     config.save_pretrained(tmp_path)

@@ -12,7 +12,9 @@ from accelerate.utils import set_seed
 
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.families.llava.tiny import tiny_llava_config
-from mpipe_hf.models import get_family, split, tiny
+from mpipe_hf.models import get_family, split
+from mpipe_hf.families.qwen import tiny as qwen_tiny
+from mpipe_hf.families.text import tiny as text_tiny
 from mpipe_hf.models.load import READ_BLOCK_BYTES, model_class, split_from_checkpoint, split_from_config
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.schedule.layout import balanced_layers
@@ -24,10 +26,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def configs():
     tokenizer = qwen2_tokenizer(1024)
-    return {"qwen2_5_vl": tiny.tiny_qwen2_5_vl_config(tokenizer), "qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer),
-            "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer), "llava": tiny_llava_config(tokenizer),
-            "llama": tiny.tiny_causal_lm_config(tokenizer, "llama"),
-            "qwen3_tied": tiny.tiny_causal_lm_config(tokenizer, "qwen3", tie_word_embeddings=True)}
+    return {"qwen2_5_vl": qwen_tiny.tiny_qwen2_5_vl_config(tokenizer),
+            "qwen2_vl": qwen_tiny.tiny_qwen2_vl_config(tokenizer),
+            "qwen3_vl": qwen_tiny.tiny_qwen3_vl_config(tokenizer), "llava": tiny_llava_config(tokenizer),
+            "llama": text_tiny.tiny_causal_lm_config(tokenizer, "llama"),
+            "qwen3_tied": text_tiny.tiny_causal_lm_config(tokenizer, "qwen3", tie_word_embeddings=True)}
 
 
 def unsplit(config, seed=3):
@@ -198,8 +201,8 @@ def test_cost_balanced_layout_beats_count_balanced_on_the_demo_profile():
     assert by_cost.step_s < 0.97 * by_count.step_s, (by_cost, by_count)
     # the demo recipe's default layout, balanced by the config's matmul sizes, is as fast as the profile's own
     make_demo = runpy.run_path(os.path.join(ROOT, "scripts", "make", "make_demo.py"))
-    config = tiny.tiny_qwen2_5_vl_config(qwen2_tokenizer(make_demo["DEMO_RANKS"]), num_layers=make_demo["DEMO_LAYERS"],
-                                         vision_depth=4)
+    config = qwen_tiny.tiny_qwen2_5_vl_config(qwen2_tokenizer(make_demo["DEMO_RANKS"]),
+                                              num_layers=make_demo["DEMO_LAYERS"], vision_depth=4)
     default = predict(profile, cfg, get_family(config.model_type).layer_counts(config, cfg))
     assert default.step_s < 1.02 * by_cost.step_s, (default, by_cost)
 

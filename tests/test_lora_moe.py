@@ -9,7 +9,7 @@ import torch
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.models.adapters import (adapted_parameters, adapter_state, apply_adapter, base_name, is_adapter_tensor,
                                       load_adapter_state, merged_state)
-from mpipe_hf.models.tiny import tiny_qwen3_5_config, tiny_qwen3_vl_moe_config
+from mpipe_hf.families.qwen.tiny import tiny_qwen3_5_config, tiny_qwen3_vl_moe_config
 from mpipe_hf.train.recipe_lora import LoraSection
 
 # docs/lora.md's recipe snippet: attention and shared expert by module, fused experts and router by parameter

@@ -127,12 +127,12 @@ def test_auto_order_across_nodes_reads_moe_configs():
     routed experts and a shared expert), which the simulator reads as the width a token runs through
     (``token_mlp_width``: top-k experts' width plus the shared expert's)."""
     from mpipe_hf.data import qwen2_tokenizer
-    from mpipe_hf.models import tiny
+    from mpipe_hf.families.qwen import tiny as qwen_tiny
     from mpipe_hf.schedule.shapes import token_mlp_width
     tok = qwen2_tokenizer(5120)
     data = DataSection(path="x", max_length=256)
     par = ParallelSection(pp_size=2, num_micro=4, dp_size=2)
-    for config in (tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True), tiny.tiny_qwen3_vl_moe_config(tok)):
+    for config in (qwen_tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True), qwen_tiny.tiny_qwen3_vl_moe_config(tok)):
         text = config.get_text_config()
         shared = getattr(text, "shared_expert_intermediate_size", 0) or 0
         want = getattr(text, "intermediate_size", None) or (

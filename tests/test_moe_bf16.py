@@ -26,7 +26,8 @@ from transformers import AutoModelForImageTextToText
 from transformers.integrations import moe
 
 from mpipe_hf.data import qwen2_tokenizer
-from mpipe_hf.models import expert_precision, tiny
+from mpipe_hf.models import expert_precision
+from mpipe_hf.families.qwen import tiny as qwen_tiny
 from mpipe_hf.models.adapters import apply_adapter, is_adapter_tensor
 from mpipe_hf.runtime.casts import cached_cast, step_casts
 from mpipe_hf.runtime.memory import weight_copy
@@ -70,8 +71,8 @@ class GroupedReads(DeviceModel):
 def tiny_model(family: str):
     tok = qwen2_tokenizer(5120)
     torch.manual_seed(0)
-    config = (tiny.tiny_qwen3_vl_moe_config(tok, num_layers=2) if family == "qwen3_vl_moe"
-              else tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True))
+    config = (qwen_tiny.tiny_qwen3_vl_moe_config(tok, num_layers=2) if family == "qwen3_vl_moe"
+              else qwen_tiny.tiny_qwen3_5_config(tok, num_layers=4, moe=True))
     return AutoModelForImageTextToText.from_config(config)
 
 

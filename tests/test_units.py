@@ -146,7 +146,8 @@ def tokenizer():
 ])
 def test_text_layers_are_checked_against_stage0(tokenizer, family, kwargs, match):
     from mpipe_hf.models import get_family
-    from mpipe_hf.models.tiny import tiny_causal_lm_config, tiny_qwen2_5_vl_config
+    from mpipe_hf.families.qwen.tiny import tiny_qwen2_5_vl_config
+    from mpipe_hf.families.text.tiny import tiny_causal_lm_config
     from mpipe_hf.schedule import ScheduleConfig
     config = tiny_qwen2_5_vl_config(tokenizer) if family == "qwen2_5_vl" else tiny_causal_lm_config(tokenizer, family)
     cfg = ScheduleConfig(4, 2 if "layers_per_stage" not in kwargs else 1, 4, "trainable")

@@ -24,7 +24,7 @@ from mpipe_hf.data.layouts import conversation
 from mpipe_hf.data.templates import default_chat_template
 from mpipe_hf.data.video import decode_video, list_frames, load_video, read_frames, video_tokens
 from mpipe_hf.data.video_processor import QwenVideoProcessor, stock_sample_indices
-from mpipe_hf.models import tiny
+from mpipe_hf.families.qwen import tiny as qwen_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK = runpy.run_path(os.path.join(ROOT, "scripts", "check", "video_stock_check.py"))
@@ -37,7 +37,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def processor(tokenizer):
-    return build_processor(tiny.tiny_qwen2_5_vl_config(tokenizer), tokenizer)
+    return build_processor(qwen_tiny.tiny_qwen2_5_vl_config(tokenizer), tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +277,7 @@ def test_the_recipes_decoder_reaches_the_collator(demo, data, monkeypatch):
 
 
 def test_snapshots_keep_the_video_settings_only_where_they_differ(tokenizer, tmp_path):
-    config = tiny.tiny_qwen2_vl_config(tokenizer)
+    config = qwen_tiny.tiny_qwen2_vl_config(tokenizer)
     processor = build_processor(config, tokenizer)
     assert type(processor.video_processor) is QwenVideoProcessor
     assert processor.video_processor.size == processor.image_processor.size

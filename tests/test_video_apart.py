@@ -19,7 +19,8 @@ from mpipe_hf.data import ConversationCollator, build_processor, load_conversati
 from mpipe_hf.data.apart import IMAGE, VIDEO, apart_blocks, keep_apart, row_kinds
 from mpipe_hf.data.owner import MicroBatchPlan
 from mpipe_hf.data.packing import PackedPlan
-from mpipe_hf.models import get_family, tiny
+from mpipe_hf.models import get_family
+from mpipe_hf.families.glm import tiny as glm_tiny
 from mpipe_hf.models.generic import micro_check
 from mpipe_hf.models.materialize import meta_model
 
@@ -46,7 +47,7 @@ def glm(tmp_path_factory):
                 {"role": "user", "content": part + [{"type": "text", "text": "What is it?" + " Briefly." * (j % 3)}]},
                 {"role": "assistant", "content": [{"type": "text", "text": CAPTIONS[j % 8]}]}]}) + "\n")
     tokenizer = qwen2_tokenizer(5120)
-    config = tiny.tiny_glm4v_config(tokenizer)
+    config = glm_tiny.tiny_glm4v_config(tokenizer)
     processor = build_processor(config, tokenizer)
     cache, datasets.config.HF_DATASETS_CACHE = datasets.config.HF_DATASETS_CACHE, str(folder / "cache")
     try:

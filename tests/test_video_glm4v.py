@@ -131,9 +131,8 @@ STOCK_PROCESSORS = {"glm4v": stock_processor.Glm4vProcessor, "glm46v": glm46v_pr
 
 
 def _tiny_config(model_type, tokenizer):
-    from mpipe_hf.models import tiny
-    from mpipe_hf.models.families_qwen_like import tiny_glm46v_config
-    return (tiny.tiny_glm4v_config if model_type == "glm4v" else tiny_glm46v_config)(tokenizer)
+    from mpipe_hf.families.glm import tiny as glm_tiny
+    return (glm_tiny.tiny_glm4v_config if model_type == "glm4v" else glm_tiny.tiny_glm46v_config)(tokenizer)
 
 
 @pytest.fixture(scope="module")

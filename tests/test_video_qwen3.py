@@ -24,7 +24,7 @@ from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.data.processor import build_processor
 from mpipe_hf.data.video import video_ref
 from mpipe_hf.families.qwen.qwen3_video_processor import Qwen3VideoProcessor
-from mpipe_hf.models import tiny
+from mpipe_hf.families.qwen import tiny as qwen_tiny
 from stock_video_code import compare_with_stock, pan, stock_class
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
@@ -93,7 +93,7 @@ def test_timestamps_equal_the_stock_processor():
 def qwen3(tmp_path_factory):
     from common import collator, write_clips
     tokenizer = qwen2_tokenizer(4096)
-    config = tiny.tiny_qwen3_vl_config(tokenizer, num_layers=2)
+    config = qwen_tiny.tiny_qwen3_vl_config(tokenizer, num_layers=2)
     return collator(config, tokenizer), write_clips(str(tmp_path_factory.mktemp("clips")))
 
 
@@ -117,6 +117,6 @@ def test_rows_expand_to_timestamped_frames_counted_at_load(qwen3):
 
 def test_qwen3_5_processor_takes_videos():
     tokenizer = qwen2_tokenizer(4096)
-    processor = build_processor(tiny.tiny_qwen3_5_config(tokenizer, num_layers=2), tokenizer)
+    processor = build_processor(qwen_tiny.tiny_qwen3_5_config(tokenizer, num_layers=2), tokenizer)
     assert isinstance(processor.video_processor, Qwen3VideoProcessor)
     assert processor.video_processor.to_dict()["video_processor_type"] == "Qwen3VLVideoProcessor"

@@ -14,7 +14,7 @@ import torch
 from mpipe_hf.data import ConversationCollator, build_processor, qwen2_tokenizer
 from mpipe_hf.data.conversation_rows import canonical_row
 from mpipe_hf.data.hub import load_checkpoint_processor
-from mpipe_hf.models import tiny
+from mpipe_hf.families.qwen import tiny as qwen_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +81,7 @@ def test_a_micro_batch_whose_video_tokens_do_not_match_is_refused_at_load(demo, 
     from mpipe_hf.models import get_family
     from mpipe_hf.models.generic import micro_check
     from mpipe_hf.models.materialize import meta_model
-    config = tiny.tiny_qwen2_5_vl_config(tokenizer)
+    config = qwen_tiny.tiny_qwen2_5_vl_config(tokenizer)
     processor = build_processor(config, tokenizer)
     row = canonical_row(json.loads(open(os.path.join(data, "video.jsonl")).readline()), data, "video.jsonl:1")
     micro = ConversationCollator(processor, None)([row])

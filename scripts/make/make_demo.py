@@ -27,7 +27,8 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 
 from mpipe_hf.data import default_chat_template, qwen2_5_vl_processor, qwen2_tokenizer
 from mpipe_hf.families.llava.tiny import tiny_llava_config
-from mpipe_hf.models import tiny
+from mpipe_hf.families.qwen import tiny as qwen_tiny
+from mpipe_hf.families.text import tiny as text_tiny
 from mpipe_hf.data.hub import save_processor_files
 
 
@@ -45,18 +46,20 @@ def main(argv=None):
     model_dir = os.path.join(out, "model")
     tokenizer = qwen2_tokenizer(DEMO_RANKS)
     torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=DEMO_LAYERS,
-                                                                            vision_depth=4))
+    config = qwen_tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=DEMO_LAYERS, vision_depth=4)
+    model = Qwen2_5_VLForConditionalGeneration(config)
     model.save_pretrained(model_dir)
     # the tokenizer, the image processor (56 x 56 to 112 x 112 px), the chat template and generation_config.json
     save_processor_files(model_dir, model.config, qwen2_5_vl_processor(tokenizer, 56 * 56, 112 * 112),
                          default_chat_template("qwen2_5_vl"))
     n = sum(p.numel() for p in model.parameters())
     print(f"wrote {model_dir}: Qwen2.5-VL, {n / 1e6:.1f}M parameters, vocabulary {len(tokenizer)}")
-    configs = {"qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer), "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer),
-               "llava": tiny_llava_config(tokenizer), "llama": tiny.tiny_causal_lm_config(tokenizer, "llama"),
-               "qwen3": tiny.tiny_causal_lm_config(tokenizer, "qwen3", tie_word_embeddings=True),
-               "qwen3_5": tiny.tiny_qwen3_5_config(tokenizer), "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config(tokenizer)}
+    configs = {"qwen2_vl": qwen_tiny.tiny_qwen2_vl_config(tokenizer),
+               "qwen3_vl": qwen_tiny.tiny_qwen3_vl_config(tokenizer),
+               "llava": tiny_llava_config(tokenizer), "llama": text_tiny.tiny_causal_lm_config(tokenizer, "llama"),
+               "qwen3": text_tiny.tiny_causal_lm_config(tokenizer, "qwen3", tie_word_embeddings=True),
+               "qwen3_5": qwen_tiny.tiny_qwen3_5_config(tokenizer),
+               "qwen3_vl_moe": qwen_tiny.tiny_qwen3_vl_moe_config(tokenizer)}
     os.makedirs(os.path.join(out, "configs"), exist_ok=True)
     for name, config in configs.items():
         config.to_json_file(os.path.join(out, "configs", f"{name}.json"))

@@ -75,17 +75,20 @@ train:
 
 
 def builders() -> dict:
-    """``{model_type: build(tokenizer) -> config}``: the Qwen-family configs of :mod:`mpipe_hf.models.tiny`, then
+    """``{model_type: build(tokenizer) -> config}``: the configs of the qwen, glm and text groups, then
     every entry of ``TINY_MODELS`` (as it is now) but those whose processor is the checkpoint's stock one, sorted
     by model type."""
     from mpipe_hf.families.llava.tiny import tiny_llava_config
-    from mpipe_hf.models import tiny
+    from mpipe_hf.families.glm import tiny as glm_tiny
+    from mpipe_hf.families.qwen import tiny as qwen_tiny
+    from mpipe_hf.families.text import tiny as text_tiny
     from mpipe_hf.models.tiny_all import TINY_MODELS
-    causal = tiny.tiny_causal_lm_config
-    qwen = {"qwen2_vl": tiny.tiny_qwen2_vl_config, "qwen2_5_vl": tiny.tiny_qwen2_5_vl_config,
-            "qwen3_vl": tiny.tiny_qwen3_vl_config, "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config,
-            "qwen3_5": tiny.tiny_qwen3_5_config, "qwen3_5_moe": functools.partial(tiny.tiny_qwen3_5_config, moe=True),
-            "glm4v": tiny.tiny_glm4v_config, "glm4v_moe": functools.partial(tiny.tiny_glm4v_config, moe=True),
+    causal = text_tiny.tiny_causal_lm_config
+    qwen = {"qwen2_vl": qwen_tiny.tiny_qwen2_vl_config, "qwen2_5_vl": qwen_tiny.tiny_qwen2_5_vl_config,
+            "qwen3_vl": qwen_tiny.tiny_qwen3_vl_config, "qwen3_vl_moe": qwen_tiny.tiny_qwen3_vl_moe_config,
+            "qwen3_5": qwen_tiny.tiny_qwen3_5_config,
+            "qwen3_5_moe": functools.partial(qwen_tiny.tiny_qwen3_5_config, moe=True),
+            "glm4v": glm_tiny.tiny_glm4v_config, "glm4v_moe": functools.partial(glm_tiny.tiny_glm4v_config, moe=True),
             "llava": tiny_llava_config, "llama": functools.partial(causal, model_type="llama"),
             "qwen2": functools.partial(causal, model_type="qwen2"),
             "qwen3": functools.partial(causal, model_type="qwen3", tie_word_embeddings=True)}

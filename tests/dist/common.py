@@ -14,7 +14,9 @@ from skimage import data as skdata
 
 from mpipe_hf.data import ConversationCollator, build_processor, qwen2_tokenizer
 from mpipe_hf.families.llava.tiny import tiny_llava_config
-from mpipe_hf.models import tiny
+from mpipe_hf.families.glm import tiny as glm_tiny
+from mpipe_hf.families.qwen import tiny as qwen_tiny
+from mpipe_hf.families.text import tiny as text_tiny
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "horse", "clock"]
 CAPTIONS = ["An astronaut in an orange suit.", "A cup of coffee on a saucer.", "A tabby cat looks at the camera.",
@@ -204,14 +206,14 @@ def tiny_configs(tokenizer, only: list[str] | None = None) -> dict:
     (``only``: the issue-29-and-later families of these names alone, beside the older ones)."""
     n = NUM_LAYERS
     return {
-        "vl": tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=n),
-        "qwen2_vl": tiny.tiny_qwen2_vl_config(tokenizer, num_layers=n),
-        "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer, num_layers=n),
+        "vl": qwen_tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=n),
+        "qwen2_vl": qwen_tiny.tiny_qwen2_vl_config(tokenizer, num_layers=n),
+        "qwen3_vl": qwen_tiny.tiny_qwen3_vl_config(tokenizer, num_layers=n),
         "llava": tiny_llava_config(tokenizer, num_layers=n),
         "llava-full": tiny_llava_config(tokenizer, num_layers=n, vision_feature_layer=[-3, -1], strategy="full"),
-        "llama": tiny.tiny_causal_lm_config(tokenizer, "llama", num_layers=n),
-        "qwen2": tiny.tiny_causal_lm_config(tokenizer, "qwen2", num_layers=n),
-        "qwen3-tied": tiny.tiny_causal_lm_config(tokenizer, "qwen3", num_layers=n, tie_word_embeddings=True),
+        "llama": text_tiny.tiny_causal_lm_config(tokenizer, "llama", num_layers=n),
+        "qwen2": text_tiny.tiny_causal_lm_config(tokenizer, "qwen2", num_layers=n),
+        "qwen3-tied": text_tiny.tiny_causal_lm_config(tokenizer, "qwen3", num_layers=n, tie_word_embeddings=True),
         **new_family_configs(tokenizer, only),
     }
 
@@ -220,11 +222,11 @@ def new_family_configs(tokenizer, only: list[str] | None = None) -> dict:
     """The families of issue 29 (the generic splitter's declarations), by model type, at :data:`NUM_LAYERS`."""
     from mpipe_hf.models.tiny_all import TINY_MODELS
     n = NUM_LAYERS
-    configs = {"qwen3_5": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n),
-               "qwen3_5_moe": tiny.tiny_qwen3_5_config(tokenizer, num_layers=n, moe=True),
-               "qwen3_vl_moe": tiny.tiny_qwen3_vl_moe_config(tokenizer, num_layers=n),
-               "glm4v": tiny.tiny_glm4v_config(tokenizer, num_layers=n),
-               "glm4v_moe": tiny.tiny_glm4v_config(tokenizer, num_layers=n, moe=True),
+    configs = {"qwen3_5": qwen_tiny.tiny_qwen3_5_config(tokenizer, num_layers=n),
+               "qwen3_5_moe": qwen_tiny.tiny_qwen3_5_config(tokenizer, num_layers=n, moe=True),
+               "qwen3_vl_moe": qwen_tiny.tiny_qwen3_vl_moe_config(tokenizer, num_layers=n),
+               "glm4v": glm_tiny.tiny_glm4v_config(tokenizer, num_layers=n),
+               "glm4v_moe": glm_tiny.tiny_glm4v_config(tokenizer, num_layers=n, moe=True),
                **{name: build(tokenizer, num_layers=n) for name, build in TINY_MODELS.items()
                   if not only or name in only}}
     return {k: c for k, c in configs.items() if not only or k in only}

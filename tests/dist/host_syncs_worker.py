@@ -28,7 +28,7 @@ from transformers import AutoModelForImageTextToText  # noqa: E402
 
 from mpipe_hf.data.packing import pack_micro  # noqa: E402
 from mpipe_hf.models import split as split_model  # noqa: E402
-from mpipe_hf.models import tiny  # noqa: E402
+from mpipe_hf.families.qwen import tiny as qwen_tiny  # noqa: E402
 from mpipe_hf.runtime import PipelineExecutor  # noqa: E402
 from mpipe_hf.runtime.watchdog import Watchdog  # noqa: E402
 from mpipe_hf.schedule import ScheduleConfig  # noqa: E402
@@ -47,9 +47,9 @@ CASES = [  # (name, config, preprocess, pool, micro-batches of the pool)
 
 def configs(tokenizer) -> dict:
     """Tiny real configs, one decoder layer per stage (Qwen3.5: two, the last one full attention)."""
-    return {"vl": tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=2),
-            "qwen3_vl": tiny.tiny_qwen3_vl_config(tokenizer, num_layers=2),
-            "qwen3_5": tiny.tiny_qwen3_5_config(tokenizer, num_layers=4)}
+    return {"vl": qwen_tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=2),
+            "qwen3_vl": qwen_tiny.tiny_qwen3_vl_config(tokenizer, num_layers=2),
+            "qwen3_5": qwen_tiny.tiny_qwen3_5_config(tokenizer, num_layers=4)}
 
 
 def polled_wait(self, work, what):

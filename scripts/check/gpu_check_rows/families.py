@@ -82,9 +82,9 @@ def micro_batches(config, shape: str) -> list[dict]:
 
 
 def build_model(builder: str, attn: str = "sdpa"):
-    """The tiny model of ``builder`` (a :mod:`mpipe_hf.models.tiny` function), random weights (seed 0)."""
+    """The tiny model of ``builder`` (a :mod:`mpipe_hf.families.qwen.tiny` function), random weights (seed 0)."""
     from transformers import AutoModelForImageTextToText
-    from mpipe_hf.models import tiny
+    from mpipe_hf.families.qwen import tiny
     config = getattr(tiny, builder)(tokenizer(), num_layers=LAYERS)
     torch.manual_seed(0)
     return AutoModelForImageTextToText.from_config(config, attn_implementation=attn)
