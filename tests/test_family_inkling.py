@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import qwen2_tokenizer
-from mpipe_hf.families.inkling import split as families_inkling
+from mpipe_hf.families.inkling import split as inkling_split
 from mpipe_hf.families.inkling.tiny import TINY
 from mpipe_hf.models.registry import split
 from mpipe_hf.models.tiny import non_degenerate
@@ -49,27 +49,27 @@ def test_inkling_splits_exactly(model_and_batch, text_layers, preprocess):
 
 def _full_everywhere(text_config, hidden, padding, text_positions, state, types):
     """The negative control's masks: every layer the causal mask, the sliding layers' window lost."""
-    built = families_inkling.layer_type_masks(text_config, hidden, padding, text_positions, state,
+    built = inkling_split.layer_type_masks(text_config, hidden, padding, text_positions, state,
                                               {"full_attention"})
     return {t: built["full_attention"] for t in types}
 
 
 def test_the_sliding_layers_given_the_full_mask_are_not_exact(model_and_batch):
     model, batch = model_and_batch
-    with mock.patch.object(families_inkling, "inkling_masks", _full_everywhere):
+    with mock.patch.object(inkling_split, "inkling_masks", _full_everywhere):
         with pytest.raises(AssertionError):
             check_exact(model, batch, 1)
 
 
 def test_the_head_without_its_scale_is_not_exact(model_and_batch):
     model, batch = model_and_batch
-    original = families_inkling.InklingStage.__init__
+    original = inkling_split.InklingStage.__init__
 
     def unscaled(self, *args, **kwargs):
         original(self, *args, **kwargs)
         if self.head is not None:
             self.head.scale = None
-    with mock.patch.object(families_inkling.InklingStage, "__init__", unscaled):
+    with mock.patch.object(inkling_split.InklingStage, "__init__", unscaled):
         with pytest.raises(AssertionError):
             check_exact(model, batch, 1)
 
