@@ -55,6 +55,7 @@ def anyres_images(config, min_pixels: int, max_pixels: int):
 
 
 def llava_next(config, tokenizer, image_processor):
+    """LLaVA-NeXT's ``LlavaNextProcessor``: anyres images, one extra position for a CLIP tower's CLS token."""
     tok = named_tokenizer(tokenizer, config)
     cls_token = config.vision_config.model_type == "clip_vision_model"
     return conversation_class(LlavaNextProcessor, "llava_next")(
@@ -64,6 +65,7 @@ def llava_next(config, tokenizer, image_processor):
 
 
 def llava_next_video(config, tokenizer, image_processor):
+    """LLaVA-NeXT-Video's processor without a video processor (its videos are refused at load), CLS dropped."""
     tok = named_tokenizer(tokenizer, config)
     return conversation_class(LlavaNextVideoProcessor, config.model_type)(
         None, image_processor, tok, patch_size=tower_patch(config), image_token=tok.image_token,
@@ -92,6 +94,7 @@ def llava_onevision(config, tokenizer, image_processor, video_processor=None):
 
 
 def video_llava_images(config, min_pixels: int, max_pixels: int):
+    """Video-LLaVA: resized (shortest edge) and centre-cropped to the tower's side (its only image processor)."""
     from transformers.models.video_llava.image_processing_video_llava import VideoLlavaImageProcessor
     return VideoLlavaImageProcessor(size={"shortest_edge": tower_side(config)}, crop_size=_square(config))
 
@@ -109,6 +112,7 @@ class _VideoLlavaImages(VideoLlavaProcessor):
 
 
 def video_llava(config, tokenizer, image_processor):
+    """Video-LLaVA's processor without a video processor (its videos are refused at load)."""
     tok = named_tokenizer(tokenizer, config)
     return conversation_class(_VideoLlavaImages, config.model_type)(
         image_processor, None, tok, patch_size=tower_patch(config), image_token=tok.image_token,
@@ -123,6 +127,7 @@ def tiles(config, min_pixels: int, max_pixels: int, max_patches: int = 4):
 
 
 def aya_vision(config, tokenizer, image_processor):
+    """Aya Vision's processor: each tile's pixel-shuffled patches between the markers the tokenizer names."""
     tok = named_tokenizer(tokenizer, config)
     return conversation_class(AyaVisionProcessor, config.model_type)(
         image_processor, tok, patch_size=tower_patch(config), img_size=tower_side(config),
@@ -146,6 +151,7 @@ class _AriaProcessor(AriaProcessor):
 
 
 def aria(config, tokenizer, image_processor):
+    """Aria's processor: the projector's queries a crop for the tower's side (``size_conversion``)."""
     queries = {tower_side(config): q for q in config.projector_patch_to_query_dict.values()}
     return conversation_class(_AriaProcessor, config.model_type)(
         image_processor, named_tokenizer(tokenizer, config), size_conversion=queries)

@@ -80,6 +80,7 @@ def llama4_images(config, min_pixels: int, max_pixels: int):
 
 
 def llama4(config, tokenizer, image_processor):
+    """Llama 4's processor over the markers the tokenizer names (module docstring)."""
     tok = named_tokenizer(tokenizer, config)
     return conversation_class(_NamedLlama4Processor, config.model_type)(
         image_processor, tok, patch_size=tower_patch(config),
@@ -103,6 +104,7 @@ def lfm2_images(config, min_pixels: int, max_pixels: int):
 
 
 def lfm2_vl(config, tokenizer, image_processor):
+    """LFM2-VL's stock ``Lfm2VlProcessor`` over the named tokenizer."""
     return conversation_class(Lfm2VlProcessor, config.model_type)(image_processor, named_tokenizer(tokenizer, config))
 
 
@@ -116,6 +118,7 @@ def cohere2_images(config, min_pixels: int, max_pixels: int):
 
 
 def cohere2_vision(config, tokenizer, image_processor):
+    """Cohere2-Vision's stock ``Cohere2VisionProcessor`` over the named tokenizer."""
     return conversation_class(Cohere2VisionProcessor, config.model_type)(image_processor,
                                                                          named_tokenizer(tokenizer, config))
 
@@ -146,6 +149,7 @@ def molmo2_images(config, min_pixels: int, max_pixels: int):
 
 
 def molmo2(config, tokenizer, image_processor):
+    """Molmo2's processor, without its video processor, over the markers the tokenizer names."""
     return conversation_class(_NamedMolmo2Processor, config.model_type)(
         image_processor=image_processor, video_processor=None, tokenizer=named_tokenizer(tokenizer, config))
 
@@ -176,6 +180,7 @@ def step3p7_images(config, min_pixels: int, max_pixels: int):
 
 
 def step3p7(config, tokenizer, image_processor):
+    """Step3p7's processor over the placeholder and markers the tokenizer names."""
     return conversation_class(_NamedStep3p7Processor, config.model_type)(image_processor,
                                                                          named_tokenizer(tokenizer, config))
 
@@ -198,6 +203,7 @@ def minimax_images(config, min_pixels: int, max_pixels: int):
 
 
 def minimax_m3_vl(config, tokenizer, image_processor):
+    """MiniMax-M3-VL's processor, without its video processor, over the markers the tokenizer names."""
     tok = named_tokenizer(tokenizer, config)
     return conversation_class(_named_minimax_class(tok), config.model_type)(
         image_processor=image_processor, tokenizer=tok, video_processor=None)
