@@ -22,9 +22,9 @@ def test_the_families_needing_the_stock_processor_are_those_without_ours():
     # Molmo2, Step3p7 and MiniMax-M3-VL: theirs too (mpipe_hf/data/processors_molmo2_step3p7_minimax.py)
     assert not any(needs_stock_processor(t) for t in ("molmo2", "step3p7", "minimax_m3_vl"))
     assert {"molmo2", "step3p7", "minimax_m3_vl"} <= set(PROCESSOR_TYPES)
-    # Inkling: its own too (mpipe_hf/data/processors_inkling.py)
+    # Inkling: its own too (mpipe_hf/families/inkling/data.py)
     assert not needs_stock_processor("inkling_mm_model") and "inkling_mm_model" in PROCESSOR_TYPES
-    # Nemotron-H Omni: its own too (mpipe_hf/data/processors_nemotron_h_omni.py)
+    # Nemotron-H Omni: its own too (mpipe_hf/families/nemotron/data.py)
     assert not needs_stock_processor("nemotron_h_omni") and "nemotron_h_omni" in PROCESSOR_TYPES
 
 

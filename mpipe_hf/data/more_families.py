@@ -9,8 +9,8 @@ from .processors_new import DATA as _NEW
 from .processors_torch_op_images import DATA as _TORCH_OP_IMAGES
 from .processors_kimi_ocr import DATA as _KIMI_OCR
 from .processors_molmo2_step3p7_minimax import DATA as _MOLMO2_STEP3P7_MINIMAX
-from .processors_inkling import DATA as _INKLING
-from .processors_nemotron_h_omni import DATA as _NEMOTRON_H_OMNI
+from ..families.inkling.data import DATA as _INKLING
+from ..families.nemotron.data import DATA as _NEMOTRON_H_OMNI
 
 MORE: dict[str, FamilyData] = {**_LLAVA_LIKE, **_QWEN_LIKE, **_NEW, **_TORCH_OP_IMAGES}
 MORE.update(_KIMI_OCR)

@@ -30,8 +30,8 @@ from .family_data import FamilyData
 from ..families.llava.image_processor_cohere2_vision import Cohere2VisionImageProcessorNoTV
 from ..families.llava.image_processor_lfm2_vl import Lfm2VlImageProcessorNoTV
 from ..families.llava.image_processor_llama4 import Llama4ImageProcessorNoTV
-from .processors_inkling import TORCH_OP_IMAGES as _INKLING_IMAGES
-from .processors_nemotron_h_omni import TORCH_OP_IMAGES as _NEMOTRON_H_OMNI_IMAGES
+from ..families.inkling.image_processor import InklingImageProcessorNoTV
+from ..families.nemotron.image_processor import NemotronHOmniImageProcessorNoTV
 from .processors_kimi_ocr import TORCH_OP_IMAGES as _KIMI_OCR_IMAGES
 from .processors_molmo2_step3p7_minimax import TORCH_OP_IMAGES as _MOLMO2_STEP3P7_MINIMAX_IMAGES
 from .processors_vlm import _patch, _side, conversation_class, named_tokenizer
@@ -116,8 +116,8 @@ TORCH_OP_IMAGES = {"llama4": Llama4ImageProcessorNoTV, "lfm2_vl": Lfm2VlImagePro
                    "cohere2_vision": Cohere2VisionImageProcessorNoTV}
 TORCH_OP_IMAGES.update(_KIMI_OCR_IMAGES)  # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR (.processors_kimi_ocr)
 TORCH_OP_IMAGES.update(_MOLMO2_STEP3P7_MINIMAX_IMAGES)  # Molmo2, Step3p7, MiniMax-M3-VL
-TORCH_OP_IMAGES.update(_INKLING_IMAGES)  # Inkling (.processors_inkling)
-TORCH_OP_IMAGES.update(_NEMOTRON_H_OMNI_IMAGES)  # Nemotron-H Omni (.processors_nemotron_h_omni)
+TORCH_OP_IMAGES["inkling_mm_model"] = InklingImageProcessorNoTV  # Inkling (families/inkling)
+TORCH_OP_IMAGES["nemotron_h_omni"] = NemotronHOmniImageProcessorNoTV  # Nemotron-H Omni (families/nemotron)
 
 def checkpoint_image_processor(model_type: str, directory: str, **settings):
     """A checkpoint's image processor, ``settings`` over its own: ``AutoImageProcessor``'s, except for the

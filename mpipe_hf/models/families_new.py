@@ -18,9 +18,11 @@ from torch import nn
 
 from .families import validate_counted_micro
 from .families_gemma3n import GEMMA3N_TEXT, tiny_gemma3n_text_config
-from .families_inkling import INKLING, tiny_inkling_config
+from ..families.inkling.split import INKLING
+from ..families.inkling.tiny import tiny_inkling_config
 from .families_muse import MUSE_GLIMMER, tiny_muse_glimmer_config, tiny_muse_spark_config
-from .families_nemotron import NEMOTRON_H_OMNI, tiny_nemotron_h_omni_config
+from ..families.nemotron.split import NEMOTRON_H_OMNI
+from ..families.nemotron.tiny import tiny_nemotron_h_omni_config
 from .family import Family
 from ..families.gemma.masks import gemma4_masks, unified_masks
 from ..families.gemma.shared_kv import PER_LAYER_PARTS, shared_kv_stage
@@ -176,7 +178,7 @@ FAMILIES["gemma3n_text"], TINY["gemma3n_text"] = GEMMA3N_TEXT, tiny_gemma3n_text
 # Muse Spark: Muse Glimmer's image path and text attention (with experts); its audio tower is never run by the split
 FAMILIES["muse_spark"] = replace(MUSE_GLIMMER, unused=("model.audio_tower",), validate=_both(
     refuse_other_modalities({"input_values": "audio", "pixel_values_videos": "video"}), MUSE_GLIMMER.validate))
-# Nemotron-H Omni: Mamba-2, attention, MLP and MoE blocks, no rotary embedding (families_nemotron)
+# Nemotron-H Omni: Mamba-2, attention, MLP and MoE blocks, no rotary embedding (families/nemotron)
 FAMILIES["nemotron_h_omni"], TINY["nemotron_h_omni"] = NEMOTRON_H_OMNI, tiny_nemotron_h_omni_config
 REFUSED: dict[str, str] = {  # model_type -> why it cannot be split, in the user's terms
     "diffusion_gemma": "block diffusion: a Gemma encoder and a diffusion decoder that attends bidirectionally over "
