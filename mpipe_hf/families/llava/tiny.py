@@ -102,7 +102,7 @@ def _cohere2(tokenizer, num_layers: int, hidden_size: int, sliding_window: int =
     without them (``layer_types``, as Command R7B / A), its logits scaled by ``logit_scale`` 0.0625."""
     types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(num_layers)]
     return lm_keys(tokenizer, "cohere2", num_layers, hidden_size, head_dim=hidden_size // HEADS, layer_types=types,
-               sliding_window=sliding_window, logit_scale=0.0625)
+                   sliding_window=sliding_window, logit_scale=0.0625)
 
 
 def _siglip(image_size: int, patch_size: int = 14) -> dict:
@@ -138,7 +138,7 @@ def tiny_aria_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, imag
     one shared expert."""
     vision = dict(model_type="idefics3_vision", image_size=image_size, patch_size=14, **VISION)
     text = lm_keys(tokenizer, "aria_text", num_layers, hidden_size, head_dim=hidden_size // HEADS, moe_num_experts=4,
-               moe_topk=2, moe_num_shared_experts=1)
+                   moe_topk=2, moe_num_shared_experts=1)
     return AriaConfig(vision_config=vision, text_config=text, image_token_index=token_id(tokenizer, "<|image_pad|>"),
                       projector_patch_to_query_dict={(image_size // 14) ** 2: 4}, tie_word_embeddings=False)
 
@@ -156,7 +156,8 @@ def tiny_fast_vlm_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, 
                   model_args={"inference_mode": True, "layers": [1] * 5, "embed_dims": [8, 16, 16, 32, 32],
                               "mlp_ratios": [2] * 5, "layer_scale_init_value": 1.0})
     return FastVlmConfig(vision_config=vision, text_config=lm_keys(tokenizer, "qwen2", num_layers, hidden_size),
-                         image_token_index=token_id(tokenizer, "<|image_pad|>"), image_seq_length=(image_size // 64) ** 2,
+                         image_token_index=token_id(tokenizer, "<|image_pad|>"),
+                         image_seq_length=(image_size // 64) ** 2,
                          tie_word_embeddings=False)
 
 
@@ -186,10 +187,10 @@ def tiny_llama4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64):
     untied embeddings, as the real models. The LM head is ``language_model.lm_head``. Images are
     ``<|image_pad|>`` x 4 per tile."""
     from transformers import Llama4Config
-    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, intermediate_size_mlp=2 * hidden_size,
-                 num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layer_interval=4,
-                 attention_chunk_size=8, floor_scale=4, attn_scale=0.1, rope_parameters={"rope_type": "default",
-                                                                                       "rope_theta": 10000.0})
+    text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4,
+                     intermediate_size_mlp=2 * hidden_size, num_local_experts=4, num_experts_per_tok=1,
+                     interleave_moe_layer_step=2, no_rope_layer_interval=4, attention_chunk_size=8, floor_scale=4,
+                     attn_scale=0.1, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     vision = dict(hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=56,
                   patch_size=14, vision_output_dim=hidden_size, projector_input_dim=hidden_size,
                   projector_output_dim=hidden_size, pixel_shuffle_ratio=0.5, rope_parameters={
@@ -209,9 +210,10 @@ def tiny_lfm2_vl_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, p
     vision = dict(model_type="siglip2_vision_model", patch_size=patch_size, num_patches=16, **VISION)
     types = ["full_attention" if (i + 1) % 3 == 0 else "conv" for i in range(num_layers)]
     text = lm_keys(tokenizer, "lfm2", num_layers, hidden_size, layer_types=types, block_auto_adjust_ff_dim=False,
-               tie=True)
+                   tie=True)
     return Lfm2VlConfig(vision_config=vision, text_config=text, projector_hidden_size=hidden_size,
-                        image_token_id=token_id(tokenizer, "<|image_pad|>"), downsample_factor=2, tie_word_embeddings=True)
+                        image_token_id=token_id(tokenizer, "<|image_pad|>"), downsample_factor=2,
+                        tie_word_embeddings=True)
 
 
 def tiny_step3p7_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, image_size: int = 96,
@@ -226,10 +228,10 @@ def tiny_step3p7_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, i
                   mlp_ratio=2.0, max_position_embeddings=(image_size // 8) ** 2)
     types = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(num_layers)]
     text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // HEADS, layer_types=types,
-                 sliding_window=sliding_window, mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1),
-                 n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size // 2,
-                 share_expert_dim=hidden_size // 2, swiglu_limits=[0] + [7.0] * (num_layers - 1),
-                 swiglu_limits_shared=[0] + [16.0] * (num_layers - 1))
+                     sliding_window=sliding_window, mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1),
+                     n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size // 2,
+                     share_expert_dim=hidden_size // 2, swiglu_limits=[0] + [7.0] * (num_layers - 1),
+                     swiglu_limits_shared=[0] + [16.0] * (num_layers - 1))
     return Step3p7Config(vision_config=vision, text_config=text, image_token_id=token_id(tokenizer, "<|image_pad|>"),
                          tie_word_embeddings=False)
 
@@ -245,11 +247,12 @@ def tiny_minimax_m3_vl_config(tokenizer, num_layers: int = 8, hidden_size: int =
                   image_size=64)
     head = hidden_size // HEADS
     text = dict(text_keys(tokenizer, num_layers, hidden_size, head_dim=head, rotary_dim=head // 2,
-                      layer_types=["full_attention" if i % 2 == 0 else "minimax_m3_sparse" for i in range(num_layers)],
-                      mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1), num_local_experts=4,
-                      num_experts_per_tok=2, shared_intermediate_size=hidden_size // 2,
-                      dense_intermediate_size=2 * hidden_size, index_n_heads=2, index_head_dim=head // 2,
-                      index_block_size=4, index_topk_blocks=2, index_local_blocks=1),
+                          layer_types=["full_attention" if i % 2 == 0 else "minimax_m3_sparse"
+                                       for i in range(num_layers)],
+                          mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1), num_local_experts=4,
+                          num_experts_per_tok=2, shared_intermediate_size=hidden_size // 2,
+                          dense_intermediate_size=2 * hidden_size, index_n_heads=2, index_head_dim=head // 2,
+                          index_block_size=4, index_topk_blocks=2, index_local_blocks=1),
                 intermediate_size=hidden_size // 2)
     return MiniMaxM3VLConfig(vision_config=vision, text_config=text, projector_hidden_size=hidden_size,
                              image_token_index=token_id(tokenizer, "<|image_pad|>"),
@@ -268,8 +271,8 @@ def tiny_molmo2_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, cr
     adapter = dict(vision_feature_layer=[-1, -2], hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
                    head_dim=16, intermediate_size=64, text_hidden_size=hidden_size, initializer_range=0.2)
     text = text_keys(tokenizer, num_layers, hidden_size, head_dim=head, additional_vocab_size=8,
-                 rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
-                 rope_scaling_layers=list(range(1, num_layers, 2)))
+                     rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                     rope_scaling_layers=list(range(1, num_layers, 2)))
     special = tokenizer.convert_tokens_to_ids
     return Molmo2Config(vision_config=vision, adapter_config=adapter, text_config=text,
                         image_patch_id=token_id(tokenizer, "<|image_pad|>"),
