@@ -175,12 +175,8 @@ def _clips() -> dict:
 
 def tiny_config(model_type: str, tokenizer):
     """The project's tiny config of ``model_type`` (what the image and video processors are set from)."""
-    from mpipe_hf.models import tiny
-    from mpipe_hf.models.tiny_all import TINY_MODELS
-    build = getattr(tiny, f"tiny_{model_type}_config", None) or TINY_MODELS.get(model_type)
-    if build is None and model_type.endswith("_moe"):  # glm4v_moe, qwen3_5_moe: the dense builder's MoE variant
-        return getattr(tiny, f"tiny_{model_type[:-4]}_config")(tokenizer, moe=True)
-    return build(tokenizer)
+    from mpipe_hf.families.registry import tiny_config as tiny_builder
+    return tiny_builder(model_type)(tokenizer)
 
 
 def image_families() -> list[str]:
