@@ -51,13 +51,13 @@ def test_check_refuses_before_any_process_without_torchvision(monkeypatch, kimi_
     """``check_processor`` (run by ``check``, what ``mpipe-hf check`` and ``train`` run first) raises the reason
     for a Kimi K2.5 config without torchvision, and passes Llama 4's (its processor is torchvision-free)."""
     from mpipe_hf.data import qwen2_tokenizer
-    from mpipe_hf.models.tiny_all import TINY_MODELS
+    from mpipe_hf.families.registry import tiny_config
     from mpipe_hf.train.checks import check_processor
     monkeypatch.setattr("transformers.utils.is_torchvision_available", lambda: False)
     tokenizer = qwen2_tokenizer(5120)
     with pytest.raises(ValueError, match="Kimi_K25ImageProcessor.*install torchvision"):
-        check_processor(TINY_MODELS["kimi_k25"](tokenizer), "some/checkpoint")
-    check_processor(TINY_MODELS["llama4"](tokenizer), None)
+        check_processor(tiny_config("kimi_k25")(tokenizer), "some/checkpoint")
+    check_processor(tiny_config("llama4")(tokenizer), None)
 
 
 @pytest.mark.parametrize("checkpoint", [None, "some/checkpoint"])
