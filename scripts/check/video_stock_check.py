@@ -128,14 +128,15 @@ def stock(folder: str) -> None:
 
 def ours(tokenizer=None) -> dict:
     """mpipe_hf's outputs of every case (the tokenizer: the full Qwen2 one unless given)."""
+    import transformers
     from mpipe_hf.data import qwen2_tokenizer
-    from mpipe_hf.data.processor import QWEN_PROCESSORS
-    from mpipe_hf.data.processors_vlm import conversation_class
+    from mpipe_hf.data.stock_classes import conversation_class
     from mpipe_hf.data.video_processor import QwenVideoProcessor
+    from mpipe_hf.families.qwen.data import STOCK
     tokenizer = tokenizer or qwen2_tokenizer()
 
     def processor_of(family, video):
-        cls = conversation_class(QWEN_PROCESSORS[family], family)
+        cls = conversation_class(getattr(transformers, STOCK[family]), family)
         return cls(image_processor=_image_processor(), tokenizer=tokenizer, video_processor=video)
     return {case["name"]: run(case, QwenVideoProcessor, processor_of) for case in cases()}
 
