@@ -388,10 +388,11 @@ def run_qwen2_case(case: dict, stock_side: bool, tokenizer) -> dict:
         from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
         classes, video_cls = {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor}, Qwen2VLVideoProcessor
     else:
-        from mpipe_hf.data.processor import QWEN_PROCESSORS
-        from mpipe_hf.data.processors_vlm import conversation_class
+        import transformers
+        from mpipe_hf.data.stock_classes import conversation_class
         from mpipe_hf.data.video_processor import QwenVideoProcessor
-        classes = {k: conversation_class(QWEN_PROCESSORS[k], k) for k in ("qwen2_vl", "qwen2_5_vl")}
+        from mpipe_hf.families.qwen.data import STOCK
+        classes = {k: conversation_class(getattr(transformers, STOCK[k]), k) for k in ("qwen2_vl", "qwen2_5_vl")}
         video_cls = QwenVideoProcessor
 
     def processor_of(family, video):
