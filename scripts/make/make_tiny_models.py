@@ -9,7 +9,7 @@ run time, so a family added there appears here by itself) and the Qwen-family co
 (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and its MoE, GLM-4.1V, GLM-4.5V, LLaVA, and the decoder-only
 Llama, Qwen2, Qwen3): the model built from its real config class scaled down (8 decoder layers, random weights,
 ``save_pretrained``, so ``from_pretrained`` loads it), on the demo's tokenizer (the Qwen2 BPE cut to 5,120 ranks)
-with the family's image markers named (:func:`mpipe_hf.data.processors_vlm.named_tokenizer`), the family's processor
+with the family's image markers named (:func:`mpipe_hf.data.markers.named_tokenizer`), the family's processor
 (:func:`mpipe_hf.data.build_processor`) and the family's own chat template with its processor's image placeholder,
 saved as a hub snapshot holds them (:func:`mpipe_hf.data.hub.save_processor_files`). A decoder-only LM gets its
 tokenizer, with ChatML for Qwen2 and Qwen3 (their checkpoints' turns) and no template for Llama (Llama 3's
