@@ -15,6 +15,11 @@ The rest (frame sampling, ``smart_resize`` under ``size``, the per-frame cap of 
 patchify with the last frame repeated to a multiple of ``temporal_patch_size``) follows the stock code line by
 line; ``group_videos_by_shape`` / ``reorder_videos`` are ``transformers.video_utils``' own. ``docs/video.md``
 says how the outputs were compared with the stock class's.
+
+It is the data layer's generic video machinery, not one group's: the family groups' torchvision-free video
+processors (Qwen3-VL's, GLM-4.xV's, LLaVA-OneVision's) derive from :class:`QwenVideoProcessor` or borrow its
+steps, and :func:`~.hub.load_checkpoint_processor` asks :func:`implied_by_image` whether a snapshot's video
+processor is the default one.
 """
 
 from __future__ import annotations
