@@ -32,10 +32,11 @@ def tiny_gemma3_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, im
     cls = cls or Gemma3Config
     head = hidden_size // HEADS
     text = lm_keys(tokenizer, "gemma3_text", num_layers, hidden_size, head_dim=head, query_pre_attn_scalar=head,
-               sliding_window=sliding_window, layer_types=gemma3_layer_types(num_layers))
+                   sliding_window=sliding_window, layer_types=gemma3_layer_types(num_layers))
     vision = dict(model_type="siglip_vision_model", image_size=image_size, patch_size=14, **VISION)
     return cls(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-               boi_token_index=token_id(tokenizer, "<|vision_start|>"), eoi_token_index=token_id(tokenizer, "<|vision_end|>"),
+               boi_token_index=token_id(tokenizer, "<|vision_start|>"),
+               eoi_token_index=token_id(tokenizer, "<|vision_end|>"),
                image_token_index=token_id(tokenizer, "<|image_pad|>"), tie_word_embeddings=False)
 
 
@@ -46,7 +47,8 @@ def tiny_paligemma_config(tokenizer, num_layers: int = 8, hidden_size: int = 64,
     text = lm_keys(tokenizer, "gemma", num_layers, hidden_size, head_dim=hidden_size // HEADS)
     vision = dict(model_type="siglip_vision_model", image_size=image_size, patch_size=14,
                   projection_dim=hidden_size, **VISION)
-    return PaliGemmaConfig(text_config=text, vision_config=vision, image_token_index=token_id(tokenizer, "<|image_pad|>"),
+    return PaliGemmaConfig(text_config=text, vision_config=vision,
+                           image_token_index=token_id(tokenizer, "<|image_pad|>"),
                            vocab_size=len(tokenizer), projection_dim=hidden_size, hidden_size=hidden_size,
                            tie_word_embeddings=False)
 
@@ -69,11 +71,12 @@ def tiny_gemma3n_text_config(tokenizer, num_layers: int = 8, hidden_size: int = 
     types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(num_layers)]
     types[-1] = "full_attention"
     sparse = num_layers // 4
-    text = text_keys(tokenizer, num_layers, hidden_size, tie=True, head_dim=hidden_size // 4, sliding_window=sliding_window,
-                 layer_types=types, hidden_size_per_layer_input=8,
-                 vocab_size_per_layer_input=token_id(tokenizer, "<|vision_end|>"), num_kv_shared_layers=num_layers // 3,
-                 laurel_rank=8, altup_num_inputs=4, final_logit_softcapping=30.0,
-                 activation_sparsity_pattern=[0.95] * sparse + [0.0] * (num_layers - sparse))
+    text = text_keys(tokenizer, num_layers, hidden_size, tie=True, head_dim=hidden_size // 4,
+                     sliding_window=sliding_window, layer_types=types, hidden_size_per_layer_input=8,
+                     vocab_size_per_layer_input=token_id(tokenizer, "<|vision_end|>"),
+                     num_kv_shared_layers=num_layers // 3, laurel_rank=8, altup_num_inputs=4,
+                     final_logit_softcapping=30.0,
+                     activation_sparsity_pattern=[0.95] * sparse + [0.0] * (num_layers - sparse))
     text["intermediate_size"] = [text["intermediate_size"]] * num_layers
     return Gemma3nTextConfig(**text)
 
@@ -114,16 +117,18 @@ def tiny_gemma4_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sl
     types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(num_layers)]
     types[-1] = "full_attention"
     text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, global_head_dim=hidden_size // 2,
-                 sliding_window=sliding_window, layer_types=types, hidden_size_per_layer_input=8,
-                 vocab_size_per_layer_input=len(tokenizer), num_kv_shared_layers=num_layers // 3,
-                 attention_k_eq_v=True, num_global_key_value_heads=1, use_bidirectional_attention="vision",
-                 final_logit_softcapping=30.0)
+                     sliding_window=sliding_window, layer_types=types, hidden_size_per_layer_input=8,
+                     vocab_size_per_layer_input=len(tokenizer), num_kv_shared_layers=num_layers // 3,
+                     attention_k_eq_v=True, num_global_key_value_heads=1, use_bidirectional_attention="vision",
+                     final_logit_softcapping=30.0)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2,
                   position_embedding_size=256)
     return Gemma4Config(text_config=text, vision_config=vision, audio_config=None, tie_word_embeddings=False,
-                        image_token_id=token_id(tokenizer, "<|image_pad|>"), video_token_id=token_id(tokenizer, "<|video_pad|>"),
-                        boi_token_id=token_id(tokenizer, "<|vision_start|>"), eoi_token_id=token_id(tokenizer, "<|vision_end|>"))
+                        image_token_id=token_id(tokenizer, "<|image_pad|>"),
+                        video_token_id=token_id(tokenizer, "<|video_pad|>"),
+                        boi_token_id=token_id(tokenizer, "<|vision_start|>"),
+                        eoi_token_id=token_id(tokenizer, "<|vision_end|>"))
 
 
 def tiny_gemma4_unified_config(tokenizer, num_layers: int = 8, hidden_size: int = 64, sliding_window: int = 16):
@@ -137,9 +142,9 @@ def tiny_gemma4_unified_config(tokenizer, num_layers: int = 8, hidden_size: int 
     types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(num_layers)]
     types[-1] = "full_attention"
     text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, global_head_dim=hidden_size // 2,
-                 sliding_window=sliding_window, layer_types=types, num_kv_shared_layers=num_layers // 3,
-                 attention_k_eq_v=True, num_global_key_value_heads=1, use_bidirectional_attention="vision",
-                 final_logit_softcapping=30.0)
+                     sliding_window=sliding_window, layer_types=types, num_kv_shared_layers=num_layers // 3,
+                     attention_k_eq_v=True, num_global_key_value_heads=1, use_bidirectional_attention="vision",
+                     final_logit_softcapping=30.0)
     vision = dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=hidden_size, mm_posemb_size=16,
                   output_proj_dims=hidden_size)
     return Gemma4UnifiedConfig(text_config=text, vision_config=vision, audio_config=None, tie_word_embeddings=True,
@@ -163,7 +168,7 @@ def tiny_muse_glimmer_config(tokenizer, num_layers: int = 8, hidden_size: int = 
     at 1.0 (:func:`~mpipe_hf.models.tiny.usual_temperature` gives Gemma 4 the same start)."""
     from transformers import MuseGlimmerConfig
     text = text_keys(tokenizer, num_layers, hidden_size, head_dim=hidden_size // 4, sliding_window=16,
-                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, qk_scale_factor=1.0)
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, qk_scale_factor=1.0)
     vision = dict(patch_size=14, pos_emb_height=4, pos_emb_width=4, max_position_embeddings=16, patch_temporal=2,
                   merge_size=2, layer_types=["window_attention", "full_attention"], **VISION)
     ids = qwen_special_ids(tokenizer)
