@@ -146,8 +146,8 @@ NO_TV = {"llama4": "mpipe_hf.families.llava.image_processor_llama4:Llama4ImagePr
          "gemma4_unified": "mpipe_hf.families.gemma.unified_image_processor:Gemma4UnifiedImageProcessorNoTV",
          "muse_glimmer": "mpipe_hf.families.gemma.muse_image_processor:MuseGlimmerImageProcessorNoTV",
          "muse_spark": "mpipe_hf.families.gemma.muse_image_processor:MuseGlimmerImageProcessorNoTV",
-         "inkling_mm_model": "mpipe_hf.data.image_processor_inkling_mm_model:InklingImageProcessorNoTV",
-         "nemotron_h_omni": "mpipe_hf.data.image_processor_nemotron_h_omni:NemotronHOmniImageProcessorNoTV"}
+         "inkling_mm_model": "mpipe_hf.families.inkling.image_processor:InklingImageProcessorNoTV",
+         "nemotron_h_omni": "mpipe_hf.families.nemotron.image_processor:NemotronHOmniImageProcessorNoTV"}
 
 
 def _photos() -> dict:
