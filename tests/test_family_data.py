@@ -21,9 +21,11 @@ from mpipe_hf.data import (ConversationCollator, build_processor, chat_template_
 from mpipe_hf.families.mistral import data as mistral_data, pixtral_processor
 from mpipe_hf.data.processor import PROCESSOR_TYPES
 from mpipe_hf.families import registry
-from mpipe_hf.models.tiny_vlms import TINY_VLMS
 
 QWEN_LIKE = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "glm4v", "glm4v_moe")
+# the other vision-language families with a processor here (their tiny configs from their group packages)
+TINY_VLMS = {t: registry.tiny_config(t) for t in ("gemma3", "paligemma", "internvl", "mistral3", "llava_next",
+                                                   "llava_onevision", "idefics3", "smolvlm")}
 FAMILIES = sorted([*QWEN_LIKE, *TINY_VLMS])
 # the forward inputs each family's micro-batch carries beside input_ids, attention_mask and labels
 QWEN_KEYS = {"mm_token_type_ids", "pixel_values", "image_grid_thw"}

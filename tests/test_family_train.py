@@ -11,14 +11,15 @@ import os
 
 import pytest
 
-from mpipe_hf.models import tiny_vlms
 from mpipe_hf.families.glm import tiny as glm_tiny
+from mpipe_hf.families.registry import tiny_config
 from mpipe_hf.families.qwen import tiny as qwen_tiny
 from train_common import train_tiny_family_like_one_process
 
 FAMILIES = {"qwen3_5_moe": lambda tok: qwen_tiny.tiny_qwen3_5_config(tok, moe=True),
             "glm4v": glm_tiny.tiny_glm4v_config, "glm4v_moe": lambda tok: glm_tiny.tiny_glm4v_config(tok, moe=True),
-            **tiny_vlms.TINY_VLMS}
+            **{t: tiny_config(t) for t in ("gemma3", "paligemma", "internvl", "mistral3", "llava_next",
+                                           "llava_onevision", "idefics3", "smolvlm")}}
 FULL = os.environ.get("MPIPE_HF_FULL") == "1"
 
 
