@@ -26,7 +26,7 @@ from transformers.utils import is_torchvision_available
 
 from mpipe_hf.data import ConversationCollator, build_processor, load_checkpoint_processor, qwen2_tokenizer
 from mpipe_hf.models import split
-from mpipe_hf.models.tiny_all import TINY_MODELS
+from mpipe_hf.families.registry import tiny_config
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.sources import micro_validator
 
@@ -204,7 +204,7 @@ def test_a_conversation_trains_and_passes_the_load_check(model_type, tokenizer):
     labelled, the model trains on it, and one image token less or more is refused at load."""
     family = FAMILIES[model_type]
     torch.manual_seed(0)
-    config = TINY_MODELS[model_type](tokenizer, num_layers=family.layers)
+    config = tiny_config(model_type)(tokenizer, num_layers=family.layers)
     processor = build_processor(config, tokenizer)
     assert len(processor.tokenizer) == len(tokenizer)  # no token added
     assert type(processor.image_processor).__name__.endswith("NoTV")
@@ -244,7 +244,7 @@ def test_a_saved_snapshot_loads_back_without_torchvision(model_type, tokenizer, 
     with the stock classes under torch 2.14.1 + torchvision 0.29.1, LFM2-VL's snapshot gave the same tensors);
     without torchvision ``load_checkpoint_processor`` builds ours over the snapshot's settings, which processes a
     conversation as the processor that saved it."""
-    config = TINY_MODELS[model_type](tokenizer)
+    config = tiny_config(model_type)(tokenizer)
     processor = build_processor(config, tokenizer)
     config.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
@@ -271,7 +271,7 @@ def test_mpipe_hf_train_through_the_torchvision_free_data_path(demo, tmp_path, m
     process (losses, gradient norms, the reloaded checkpoint's logits: ``train_like_one_process``)."""
     from train_common import train_tiny_family_like_one_process
     family = FAMILIES[model_type]
-    processor, _, micro = train_tiny_family_like_one_process(demo, tmp_path, model_type, TINY_MODELS[model_type],
+    processor, _, micro = train_tiny_family_like_one_process(demo, tmp_path, model_type, tiny_config(model_type),
                                                              family.logits_tol)
     assert type(processor.image_processor).__name__.endswith("NoTV") and family.micro_key in micro
 
@@ -299,7 +299,7 @@ def test_a_nemotron_h_config_file_with_an_infinite_float_loads(tokenizer, tmp_pa
     class refuses the tag: the tiny recipe stopped there)."""
     from mpipe_hf.train.recipe_model import ModelSource
     from mpipe_hf.train.sources import load_config
-    TINY_MODELS["nemotron_h_omni"](tokenizer).to_json_file(str(tmp_path / "config.json"))
+    tiny_config("nemotron_h_omni")(tokenizer).to_json_file(str(tmp_path / "config.json"))
     assert '"__float__": "Infinity"' in (tmp_path / "config.json").read_text()
     config = load_config(ModelSource(config=str(tmp_path / "config.json")))
     assert list(config.text_config.time_step_limit) == [0.0, float("inf")]
