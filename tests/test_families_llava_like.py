@@ -1,6 +1,7 @@
-"""The llava_like families of issue 38: each family's tiny config, processor and chat template collate a two-turn
-conversation with an image (and a text-only row), the unsplit HF model trains on it, the split's load-time check
-takes it, and the video inputs of the video families are refused by name."""
+"""The families of LLaVA's layout (a tower and a projector, the features at the image tokens): each family's tiny
+config, processor and chat template collate a two-turn conversation with an image (and a text-only row), the
+unsplit HF model trains on it, the split's load-time check takes it, and the video inputs of the video families
+are refused by name."""
 
 import functools
 
