@@ -14,7 +14,7 @@ from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.models.image_features import flat_features
 from mpipe_hf.models.materialize import model_class
 from mpipe_hf.models.registry import FAMILIES
-from mpipe_hf.models.tiny_all import TINY_MODELS
+from mpipe_hf.families.registry import tiny_config
 from mpipe_hf.train.sources import micro_validator
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
@@ -31,7 +31,7 @@ def tokenizer():
 
 def micro(model_type: str, tokenizer):
     """``(config, micro-batch)``: two rows, of a wide and a square photo (Llama 4: 3 tiles and 1)."""
-    config = TINY_MODELS[model_type](tokenizer, num_layers=1)
+    config = tiny_config(model_type)(tokenizer, num_layers=1)
     return config, direct_collator(config, tokenizer)([caption_row(0, 84, True, 0), caption_row(1, 56, True, 1)])
 
 
