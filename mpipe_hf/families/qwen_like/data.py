@@ -44,14 +44,14 @@ from transformers import (Ernie4_5_VLMoeProcessor, Exaone4_5_Processor, HyperCLO
 
 from ...data.family_data import FamilyData
 from ...data.templates import chatml
+from ..qwen.data import grid_image_processor
 from .chat_templates import EXAONE, HUNYUAN, KIMI, PADDLEOCR_VL
 from .image_processor_kimi_k25 import KimiK25ImageProcessorNoTV
 from .image_processor_minicpm_ocr import MiniCPMOcrImageProcessorNoTV
 from .processors import (Cosmos3EdgeWithTypesProcessor, hunyuan_images, hunyuan_processor, image_only, images_alone,
-                         kimi_images, kimi_processor, minicpm_images, minicpm_ocr_images, pixel_bounded_images,
-                         video_llama_3_images)
+                         kimi_images, kimi_processor, minicpm_images, minicpm_ocr_images, video_llama_3_images)
 
-QWEN2_IMAGES = pixel_bounded_images("Qwen2VLImageProcessorPil")
+QWEN2_IMAGES = grid_image_processor("Qwen2VLImageProcessorPil")
 """The PIL image processor transformers' auto classes pair with several of these processors."""
 PLAIN_CHATML = chatml(None)
 """ChatML with no default system turn, each image in the Qwen2 vision markers."""
@@ -89,9 +89,9 @@ _KIMI_TOKENS = {"image_token": ("<|media_pad|>", "<|image_pad|>"),
 
 DATA: dict[str, FamilyData] = {
     "cosmos3_omni": _repeated(QWEN2_IMAGES, image_only(Qwen3VLProcessor, "cosmos3_omni"), PLAIN_CHATML),
-    "cosmos3_edge": _repeated(pixel_bounded_images("Cosmos3EdgeImageProcessorPil"),
+    "cosmos3_edge": _repeated(grid_image_processor("Cosmos3EdgeImageProcessorPil"),
                               image_only(Cosmos3EdgeWithTypesProcessor, "cosmos3_edge"), PLAIN_CHATML),
-    "paddleocr_vl": _repeated(pixel_bounded_images("PaddleOCRVLImageProcessorPil"),
+    "paddleocr_vl": _repeated(grid_image_processor("PaddleOCRVLImageProcessorPil"),
                               image_only(PaddleOCRVLProcessor, "paddleocr_vl", video=False), PADDLEOCR_VL,
                               "<|IMAGE_PLACEHOLDER|>", tokens={"image_token": _ERNIE_TOKENS["image_token"]},
                               config_ids={"image_token": "image_token_id"}),
@@ -100,7 +100,7 @@ DATA: dict[str, FamilyData] = {
                                     PLAIN_CHATML),
     "video_llama_3": _repeated(video_llama_3_images, image_only(VideoLlama3Processor, "video_llama_3"),
                                chatml(None, "'IMAGE_TOKEN\\n'")),
-    "ernie4_5_vl_moe": _repeated(pixel_bounded_images("Ernie4_5_VLMoeImageProcessorPil"),
+    "ernie4_5_vl_moe": _repeated(grid_image_processor("Ernie4_5_VLMoeImageProcessorPil"),
                                  image_only(Ernie4_5_VLMoeProcessor, "ernie4_5_vl_moe"), PADDLEOCR_VL,
                                  "<|IMAGE_PLACEHOLDER|>", tokens=_ERNIE_TOKENS,
                                  config_ids={name: f"{name}_id" for name in _ERNIE_TOKENS}),

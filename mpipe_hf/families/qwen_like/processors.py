@@ -15,19 +15,6 @@ from .image_processor_kimi_k25 import KimiK25ImageProcessorNoTV
 from .image_processor_minicpm_ocr import MiniCPMOcrImageProcessorNoTV
 
 
-def pixel_bounded_images(cls_name: str):
-    """``image_processor(config, min_pixels, max_pixels)`` of the PIL class ``cls_name`` of :mod:`transformers`,
-    in the tower's patch, temporal patch (1 where it has none) and merge sizes, images resized to between
-    ``min_pixels`` and ``max_pixels`` px."""
-    def build(config, min_pixels: int, max_pixels: int):
-        import transformers
-        vision = config.vision_config
-        return getattr(transformers, cls_name)(
-            patch_size=vision.patch_size, temporal_patch_size=getattr(vision, "temporal_patch_size", 1),
-            merge_size=vision.spatial_merge_size, size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
-    return build
-
-
 def image_only(base: type, model_type: str, video: bool = True):
     """``processor(config, tokenizer, image_processor)``: ``base`` (``video``: without its video processor,
     :func:`~mpipe_hf.data.stock_classes.conversation_class`) over the tokenizer with the family's markers named."""

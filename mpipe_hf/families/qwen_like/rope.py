@@ -11,10 +11,16 @@ from ...models.decoder import DecoderStage
 from ...models.packed import gather_rows, is_packed, mrope_positions, row_positions, unpad_rows
 
 
-def _text_positions(ids: torch.Tensor, axes: int = 3) -> torch.Tensor:
-    """``arange`` over the ``(B, L)`` ids on all ``axes`` axes ``(axes, B, L)``: a micro without images, as the text
-    models compute their positions."""
-    return torch.arange(ids.shape[1]).view(1, 1, -1).expand(axes, ids.shape[0], -1)
+def _positions(rope_index, raw: dict, sizes: str, axes: int = 3) -> torch.Tensor:
+    """``get_rope_index``'s ``(axes, B, L)`` positions of an unpacked micro ``raw`` over its ``mm_token_type_ids``
+    and the images' sizes under the key ``sizes`` (``image_grid_thw``, MiniCPM-V's ``target_sizes``); without images,
+    ``arange`` on all ``axes`` axes, as the text models compute theirs."""
+    ids = raw["input_ids"]
+    if raw.get(sizes) is None:
+        return torch.arange(ids.shape[1]).view(1, 1, -1).expand(axes, ids.shape[0], -1)
+    positions, _ = rope_index(ids, mm_token_type_ids=raw["mm_token_type_ids"], attention_mask=raw.get("attention_mask"),
+                              **{sizes: raw[sizes]})
+    return positions
 
 
 def rope_host_inputs(model):
@@ -25,14 +31,9 @@ def rope_host_inputs(model):
     rope_index = model.model.get_rope_index
 
     def host(raw):
-        ids, grid = raw["input_ids"], raw.get("image_grid_thw")
         if is_packed(raw):
             return {"position_ids": mrope_positions(rope_index, raw)}
-        if grid is None:
-            return {"position_ids": _text_positions(ids)}
-        positions, _ = rope_index(ids, mm_token_type_ids=raw["mm_token_type_ids"], image_grid_thw=grid,
-                                  attention_mask=raw.get("attention_mask"))
-        return {"position_ids": positions}
+        return {"position_ids": _positions(rope_index, raw, "image_grid_thw")}
     return host
 
 
@@ -49,12 +50,7 @@ def canvas_host_inputs(model):
     def host(raw):
         if is_packed(raw):
             raise ValueError("minicpmv4_7: packed micro-batches are not supported (set data.packing: false)")
-        ids, sizes = raw["input_ids"], raw.get("target_sizes")
-        if sizes is None:
-            return {"position_ids": _text_positions(ids)}
-        positions, _ = rope_index(ids, mm_token_type_ids=raw["mm_token_type_ids"], target_sizes=sizes,
-                                  attention_mask=raw.get("attention_mask"))
-        return {"position_ids": positions}
+        return {"position_ids": _positions(rope_index, raw, "target_sizes")}
     return host
 
 
@@ -73,18 +69,14 @@ def xdrope_host_inputs(model):
     rope_index, axes = model.model.get_rope_index, xdrope_axes(model)
 
     def host(raw):
-        ids, grid = raw["input_ids"], raw.get("image_grid_thw")
         if is_packed(raw):
             lengths = raw["packed_lengths"].tolist()
-            rows, mask = unpad_rows(ids, lengths)
+            rows, mask = unpad_rows(raw["input_ids"], lengths)
             types, _ = unpad_rows(raw["mm_token_type_ids"], lengths)
-            found, _ = rope_index(rows, mm_token_type_ids=types, image_grid_thw=grid, attention_mask=mask)
+            found, _ = rope_index(rows, mm_token_type_ids=types, image_grid_thw=raw.get("image_grid_thw"),
+                                  attention_mask=mask)
             return {"position_ids": torch.cat([row_positions(lengths).unsqueeze(0), gather_rows(found, mask)])}
-        if grid is None:
-            return {"position_ids": _text_positions(ids, axes)}
-        positions, _ = rope_index(ids, mm_token_type_ids=raw["mm_token_type_ids"], image_grid_thw=grid,
-                                  attention_mask=raw.get("attention_mask"))
-        return {"position_ids": positions}
+        return {"position_ids": _positions(rope_index, raw, "image_grid_thw", axes)}
     return host
 
 
