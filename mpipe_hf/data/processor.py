@@ -51,7 +51,7 @@ def build_processor(config, tokenizer, image_processor=None, min_pixels: int = 5
         ValueError: ``config.model_type`` has no processor here (the message lists the supported ones); a marker
             has no token in the vocabulary.
     """
-    declared = _declared(config.model_type, "processor")
+    declared = _declared(config.model_type, "image processor" if image_processor is None else "processor")
     if image_processor is None:
         image_processor = declared.image_processor(config, min_pixels, max_pixels)
     if declared.videos:
