@@ -1,4 +1,4 @@
-"""Issue 39, item 2: per-row visual caps (``data.max_pixels``, ``video_max_pixels``, ``max_frames``,
+"""Per-row visual caps (``data.max_pixels``, ``video_max_pixels``, ``max_frames``,
 ``max_visual_tokens``; :mod:`mpipe_hf.data.budgets`) and the packer's budget that counts the tower's cost
 (:mod:`mpipe_hf.train.plan_packing`).
 

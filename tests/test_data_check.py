@@ -1,4 +1,4 @@
-"""Issue 41, items 5 and 12: ``mpipe-hf check-data`` runs the checks loading runs, and does not change a run's rows.
+"""``mpipe-hf check-data`` runs the checks loading runs, and does not change a run's rows.
 
 - A checkpoint whose image processor merges no patches (``merge_size`` 1) while its model merges 2 x 2 gives rows
   whose image-token counts differ from what the model takes: the row check passes them (it counts with the

@@ -1,4 +1,4 @@
-"""Issue 28: the data users already have, in every common layout and container, through one loader.
+"""The data users already have, in every common layout and container, through one loader.
 
 - Each (layout, container) case of :mod:`data_layouts` loads as the demo rows it was written from: every
   micro-batch (token ids, labels, masks, pixels, grids) equals the one the collator makes of the canonical rows,

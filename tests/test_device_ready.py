@@ -1,11 +1,11 @@
-"""Issue 27: properties a GPU run depends on, proven on CPU in one process (a world of one rank, gloo).
+"""Properties a GPU run depends on, proven on CPU in one process (a world of one rank, gloo).
 
 - bf16 memory: each trained weight is cast to bf16 once per step and every micro-batch in flight shares that
   copy, so with weights dominating a micro saves no more in bf16 than in fp32 (a region per stage call saved a
   copy per micro), and the step is still exact: the same loss and gradients as the region-per-call policy.
 - Host syncs: on a device emulated on the CPU (tests/device_model.py), every read of a device tensor on the
   host and every blocking copy during a step is counted: one per step (the step's sums), none per action, for a
-  decoder-only model in fp32 and bf16 and for Qwen2.5-VL (before issue 27: 2 + 5 per micro-batch, and about 23
+  decoder-only model in fp32 and bf16 and for Qwen2.5-VL (an earlier runtime: 2 + 5 per micro-batch, and about 23
   more per micro-batch for Qwen2.5-VL).
 - Strict device mode: every one of those steps runs with ``strict=True``, so every tensor handed to a transfer
   or a collective is on the (emulated) device.

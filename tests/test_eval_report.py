@@ -1,4 +1,4 @@
-"""Issue 41, items 6, 7 and 13: what a run says about its evaluation and its packing, and ``MPipeTrainer.predict``.
+"""What a run says about its evaluation and its packing, and ``MPipeTrainer.predict``.
 
 - An evaluation that lost rows at load says so: the dropped row's warning names the evaluation, not "the step",
   and the run summary gives the rows it ran on (``mpipe-hf train``'s side end to end: tests/test_train.py's

@@ -1,4 +1,5 @@
-"""Residual failure paths of issue 37 (part 5), on CPU in one process, with counting fakes:
+"""Residual failure paths of the NCCL runtime (a failed step's abort, host pinning), on CPU in one process, with
+counting fakes:
 
 - a step that fails mid-transfer on NCCL aborts every communicator of the process at once (torch's abort of the
   world), so the process ends without waiting for NCCL's watchdog to time its stuck transfers out; on gloo, which

@@ -1,4 +1,4 @@
-"""``mpipe-hf train`` on a tiny model of every family of issue 29, built from its real config class, on the demo's
+"""``mpipe-hf train`` on a tiny model of every generic-splitter family, built from its real config class, on the demo's
 conversations (photos and captions), equals the unsplit model on one process: the losses and gradient norms of 2
 steps, and the checkpoint reloads with ``from_pretrained`` to the one-process logits.
 

@@ -7,7 +7,7 @@
   ``saved_tensors_hooks``) and the profile's backward is the merger's;
 - in tests/test_numerics.py's R = 2 launch: every case of ``matrix.FREEZE_SPECS`` against the unsplit model frozen
   by the same patterns (loss, every gradient at the first and last step, per tensor; parameters after 2 AdamW
-  steps), and issue 39's video cases (``dist/specs_video.py``): rows mixing images and videos (GLM-4.xV:
+  steps), and the video cases (``dist/specs_video.py``): rows mixing images and videos (GLM-4.xV:
   micro-batches of videos and of images apart), exact against the unsplit model, and negative controls that must
   fail (docs/video.md).
 """

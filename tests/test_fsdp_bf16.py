@@ -1,6 +1,7 @@
 """FSDP2 under ``train.bf16``: the matmul modules are gathered in bf16 and reduced in fp32, the rest
 of each chunk gathered in fp32, and the gradients equal one process's under autocast bit for bit
-(:mod:`mpipe_hf.runtime.data_parallel` says why). The engine before issue 27 gathered everything in fp32.
+(:mod:`mpipe_hf.runtime.data_parallel` says why). The worker also runs an fp32-gathering engine,
+which gathers every module in fp32.
 
 Why the fp32 engine runs only in per-micro autocast regions in the worker: in one autocast region over the whole
 step, autocast's cached bf16 cast of an fp32 FSDP2 weight carries micro 0's autograd sequence number, so in the

@@ -1,4 +1,4 @@
-"""Issue 37, part 3: host syncs that come back across ranks.
+"""Host syncs that come back across ranks.
 
 The R = 1 counts (``test_device_ready``) run no transfer. Here two processes run NCCL's transfer path (headers on
 the host over gloo, payloads over gloo groups standing for NCCL's, CUDA streams faked) on a device emulated on the

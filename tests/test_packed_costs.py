@@ -1,4 +1,4 @@
-"""Issue 30, item 3b: the simulator takes per-micro costs (``Costs.micro_weights``, ``micro_preprocess_weights``),
+"""Packed costs: the simulator takes per-micro costs (``Costs.micro_weights``, ``micro_preprocess_weights``),
 ``mpipe_hf.train.plan_packing`` weighs a packed step against the profile's micro-batch and against the same rows
 padded, ``mpipe-hf simulate --micro-weights`` and ``mpipe-hf plan`` (``data.packing``) show it."""
 

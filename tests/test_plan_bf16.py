@@ -1,4 +1,4 @@
-"""Issue 27: the memory plan's bf16 figure (``train.bf16``: fp32 weights, bf16 autocast) is what a bf16 run of the
+"""The memory plan's bf16 figure (``train.bf16``: fp32 weights, bf16 autocast) is what a bf16 run of the
 executor measures (``measure_memory``), in one process (a world of one gloo rank, R=1, V=2)."""
 
 import torch

@@ -1,4 +1,4 @@
-"""``mpipe-hf train`` periodic checkpoints and bit-exact resume (part of issue 14).
+"""``mpipe-hf train`` periodic checkpoints and bit-exact resume.
 
 A run of 4 steps with ``save_steps: 2`` is the reference. A second run starts from a copy of its
 ``checkpoint-2`` (with the first two rows of its ``metrics.jsonl``, as a run killed after step 2 leaves them) and

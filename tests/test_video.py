@@ -1,4 +1,4 @@
-"""Issue 39, the data side of video rows for Qwen2-VL / Qwen2.5-VL (docs/video.md): decoding, the stock frame
+"""The data side of video rows for Qwen2-VL / Qwen2.5-VL (docs/video.md): decoding, the stock frame
 sampling, the torchvision-free video processor against the stock one's recorded outputs, the placeholder
 expansion, every row layout that carries videos, and rows mixing images and videos collated."""
 

@@ -1,4 +1,4 @@
-"""Issue 39: a GLM-4.xV data set that mixes image rows and video rows trains without losing rows. GLM's model finds
+"""A GLM-4.xV data set that mixes image rows and video rows trains without losing rows. GLM's model finds
 a video's tokens with the image tokens' mask, so it cannot take a micro-batch holding both (the load-time check
 refuses one, ``validate_glm_micro``; before this, a step holding such a micro-batch was skipped whole). Its
 family declares ``media_apart``, and the micro-batch planner (:class:`~mpipe_hf.data.owner.MicroBatchPlan`) and

@@ -1,4 +1,4 @@
-"""Issue 39: torchcodec, the optional second video decoder (``data.video_decoder: torchcodec``; docs/video.md,
+"""Torchcodec, the optional second video decoder (``data.video_decoder: torchcodec``; docs/video.md,
 "Decoder"). Where torchcodec loads, it gives PyAV's frames (RGB ``uint8``, the same indices) and metadata on the
 numerics tests' H.264 clips, and on MPEG-4 Part 2 clips (whose decoders may round differently between FFmpeg
 releases: equal when torchcodec's FFmpeg is PyAV's release, else within 2 levels); skipped where it does not load

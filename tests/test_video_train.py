@@ -1,4 +1,4 @@
-"""Issue 39, video rows end to end for Qwen2-VL / Qwen2.5-VL (docs/video.md): the loader keeps each row's videos
+"""Video rows end to end for Qwen2-VL / Qwen2.5-VL (docs/video.md): the loader keeps each row's videos
 and counts their tokens from the headers, the owners' costs count them, families that take no video refuse it at
 load and in the split, the split's load-time check counts the video tokens, a step of video micro-batches reads
 nothing back per micro on an emulated device, and the video demo recipe trains as the unsplit model does on one

@@ -7,7 +7,7 @@ an ``nn.Conv1d``, a LayerNorm and an ``nn.Linear`` with bias. Each of the 2 repl
 per step (forward and summed-loss backward, the chunk's last backward reducing, as the executor drives
 :class:`~mpipe_hf.runtime.data_parallel.DataParallel`), then an SGD step, for 2 steps. The reference is the unsplit
 pair on one process: each replica's micro-batches in turn under per-micro autocast, the two replicas' fp32 gradients
-averaged as FSDP2 averages them. Runs: FSDP2 in fp32 (the engine before issue 27), FSDP2 in bf16 with fp32 reduction
+averaged as FSDP2 averages them. Runs: FSDP2 in fp32 (an fp32-gathering engine), FSDP2 in bf16 with fp32 reduction
 (one autocast region per micro or per step), with activation checkpointing, and with LoRA; each records the dtypes
 of its all-gathers and reduce-scatters and of the Linear and Conv weights their forwards see. Rank 0 writes the
 findings as JSON to ``argv[1]``.
