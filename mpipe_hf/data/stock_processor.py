@@ -3,8 +3,9 @@
 processor exists in ``transformers`` only with a torchvision backend has a torchvision-free one here (Llama 4,
 LFM2-VL and Cohere2-Vision, :mod:`.processors_torch_op_images`; Kimi K2.5 and MiniCPM-OCR,
 :mod:`mpipe_hf.families.qwen_like.data`; Unlimited-OCR, :mod:`mpipe_hf.families.ocr.data`; Molmo2, Step3p7 and
-MiniMax-M3-VL, :mod:`.processors_molmo2_step3p7_minimax`; Gemma 4 Unified, Muse Glimmer and Muse Spark, :mod:`mpipe_hf.families.gemma.data`; Inkling,
-:mod:`mpipe_hf.families.inkling.data`; Nemotron-H Omni, :mod:`mpipe_hf.families.nemotron.data`).
+MiniMax-M3-VL, :mod:`.processors_molmo2_step3p7_minimax`; Gemma 4 Unified, Muse Glimmer and Muse Spark,
+:mod:`mpipe_hf.families.gemma.data`; Inkling, :mod:`mpipe_hf.families.inkling.data`; Nemotron-H Omni,
+:mod:`mpipe_hf.families.nemotron.data`).
 
 Training uses the checkpoint's own processor (``AutoProcessor`` over the checkpoint's files, with its chat
 template); where its stock image processor needs torchvision and torchvision does not import, or there is no
