@@ -8,13 +8,13 @@ import torch
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.models.lm_head import output_head
 from mpipe_hf.models.registry import get_family
-from mpipe_hf.models.tiny_all import TINY_MODELS
+from mpipe_hf.families.registry import tiny_config
 
 
 def _tied(model_type: str):
     """The tiny ``model_type`` model with its head tied to the input embedding."""
     from transformers import AutoModelForImageTextToText
-    config = TINY_MODELS[model_type](qwen2_tokenizer(5120))
+    config = tiny_config(model_type)(qwen2_tokenizer(5120))
     config.tie_word_embeddings = config.get_text_config().tie_word_embeddings = True
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(config)
@@ -25,7 +25,7 @@ def _tied(model_type: str):
 @pytest.mark.parametrize("model_type", ["llama4", "gemma3", "paligemma"])
 def test_the_head_found_is_the_familys_declared_head(model_type):
     from mpipe_hf.models.load import meta_model
-    model = meta_model(TINY_MODELS[model_type](qwen2_tokenizer(5120)))
+    model = meta_model(tiny_config(model_type)(qwen2_tokenizer(5120)))
     name, head = output_head(model)
     assert name == get_family(model_type).head and head is model.get_submodule(name)
     assert output_head(torch.nn.Linear(2, 2)) is None

@@ -20,27 +20,18 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mpipe_hf.data import MicroBatchPlan, qwen2_tokenizer
-from mpipe_hf.families.llava.tiny import tiny_llava_config
-from mpipe_hf.families.glm import tiny as glm_tiny
-from mpipe_hf.families.qwen import tiny as qwen_tiny
+from mpipe_hf.families.registry import all_tiny
 from mpipe_hf.models.registry import FAMILIES
-from mpipe_hf.models.tiny_all import TIMM_TINY, TINY_MODELS
 from mpipe_hf.train.sources import micro_validator
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import caption_row, family_collator  # noqa: E402
 
-# the families declared before the tiny-config registry (mpipe_hf.models.tiny), by model type
-OLDER = {"qwen2_vl": qwen_tiny.tiny_qwen2_vl_config, "qwen2_5_vl": qwen_tiny.tiny_qwen2_5_vl_config,
-         "qwen3_vl": qwen_tiny.tiny_qwen3_vl_config, "qwen3_vl_moe": qwen_tiny.tiny_qwen3_vl_moe_config,
-         "qwen3_5": qwen_tiny.tiny_qwen3_5_config,
-         "qwen3_5_moe": lambda t, **k: qwen_tiny.tiny_qwen3_5_config(t, moe=True, **k),
-         "glm4v": glm_tiny.tiny_glm4v_config, "glm4v_moe": lambda t, **k: glm_tiny.tiny_glm4v_config(t, moe=True, **k),
-         "llava": tiny_llava_config}
 # the types whose vision tower is a timm model (TimmWrapperModel): building their model needs timm
 TIMM_FAMILIES = ("fast_vlm", "perception_lm", "gemma3n")
-# the timm-tower families (no processor here: skipped below by name; scripts/check/check_timm_families.py checks them)
-BUILDERS = {**OLDER, **TINY_MODELS, **TIMM_TINY}
+# every declared family's tiny config, the timm-tower families' too (no processor here: skipped below by name;
+# scripts/check/check_timm_families.py checks them)
+BUILDERS = all_tiny()
 # decoder-only language models: no tower, no image token, nothing to count
 NO_IMAGES = sorted(t for t, family in FAMILIES.items() if not getattr(family, "vision", ()))
 VISION = sorted(t for t in FAMILIES if t not in NO_IMAGES)

@@ -13,19 +13,17 @@ import pytest
 
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.models import get_family
-from mpipe_hf.models.tiny_all import TIMM_TINY, TINY_MODELS
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.plan import estimate_profile, meta_activation_bytes, plan
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
-from common import VOCAB_RANKS, tiny_configs  # noqa: E402
+from common import TIMM_TOWERS, VOCAB_RANKS, family_builders, tiny_configs  # noqa: E402
 
-BUILDERS = {**TINY_MODELS, **{t: b for t, b in TIMM_TINY.items() if b is not None}}
+BUILDERS = family_builders(timm=True)
 TOKENS, IMAGE_TOKENS = 64, 16
 SHARES_KV = ("gemma3n_text", "gemma4", "gemma4_unified")
-# the numerics tests' configs of the families older than the tiny_all registry (tests/dist/common.py's names)
-OLDER = ("vl", "qwen2_vl", "qwen3_vl", "llava", "llava-full", "llama", "qwen2", "qwen3-tied", "qwen3_5", "qwen3_5_moe",
-         "qwen3_vl_moe", "glm4v", "glm4v_moe")
+# the numerics tests' configs named their own way (tests/dist/common.py's NAMED_CONFIGS)
+OLDER = ("vl", "qwen2_vl", "qwen3_vl", "llava", "llava-full", "llama", "qwen2", "qwen3-tied")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +48,7 @@ def test_every_registered_family_has_a_config_here(older, tokenizer):
 def test_plan_estimate_runs_on_every_familys_tiny_config(tokenizer, older, model_type):
     """Every rank's memory and a step time come out positive for the tiny config of each family (the timm-tower
     families where timm imports)."""
-    if model_type in TIMM_TINY and importlib.util.find_spec("timm") is None:
+    if model_type in TIMM_TOWERS and importlib.util.find_spec("timm") is None:
         pytest.skip("its tower is a timm model; timm is not installed")
     config = older[model_type] if model_type in older else BUILDERS[model_type](tokenizer, num_layers=4)
     vision = hasattr(config, "vision_config")

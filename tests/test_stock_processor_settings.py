@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mpipe_hf.data import qwen2_tokenizer
-from mpipe_hf.models.tiny_all import TINY_MODELS
+from mpipe_hf.families.registry import tiny_config
 
 STOCK = "gemma4_unified"  # a family whose image processor transformers has with torchvision only
 
@@ -24,7 +24,7 @@ def _checkpoint(path):
     """A checkpoint directory of ``STOCK``: its config, a tokenizer and the stock image processor's file."""
     from mpipe_hf.data.stock_processor import stock_image_backends
     tokenizer = qwen2_tokenizer(5120)
-    TINY_MODELS[STOCK](tokenizer).save_pretrained(path)
+    tiny_config(STOCK)(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     (path / "preprocessor_config.json").write_text(json.dumps(
         {"image_processor_type": stock_image_backends(STOCK)["torchvision"]}))

@@ -11,7 +11,7 @@ import torch
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.models import tiny
 from mpipe_hf.models.materialize import model_class
-from mpipe_hf.models.tiny_all import TINY_MODELS
+from mpipe_hf.families.registry import tiny_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import VOCAB_RANKS, make_text_pool  # noqa: E402
@@ -24,7 +24,7 @@ def tokenizer():
 
 
 def _tiny_model(model_type, tokenizer, **text):
-    config = TINY_MODELS[model_type](tokenizer, num_layers=8)
+    config = tiny_config(model_type)(tokenizer, num_layers=8)
     for key, value in text.items():
         setattr(config.text_config, key, value)
     torch.manual_seed(0)

@@ -4,10 +4,8 @@ Usage:
     python scripts/make/make_tiny_models.py [OUT_DIR] [--only TYPE ...]   (default OUT_DIR: tiny, beside demo)
     python scripts/make/make_tiny_models.py --recipes [--check]
 
-The first form writes OUT_DIR/<model_type>/ for every family of ``mpipe_hf.models.tiny_all.TINY_MODELS`` (read at
-run time, so a family added there appears here by itself) and the Qwen-family configs of ``mpipe_hf.models.tiny``
-(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and its MoE, GLM-4.1V, GLM-4.5V, LLaVA, and the decoder-only
-Llama, Qwen2, Qwen3): the model built from its real config class scaled down (8 decoder layers, random weights,
+The first form writes OUT_DIR/<model_type>/ for every declared family (each group's ``tiny.py``, through
+``mpipe_hf.families.registry.all_tiny``, read at run time, so a family added there appears here by itself): the model built from its real config class scaled down (8 decoder layers, random weights,
 ``save_pretrained``, so ``from_pretrained`` loads it), on the demo's tokenizer (the Qwen2 BPE cut to 5,120 ranks)
 with the family's image markers named (:func:`mpipe_hf.data.markers.named_tokenizer`), the family's processor
 (:func:`mpipe_hf.data.build_processor`) and the family's own chat template with its processor's image placeholder,
@@ -75,27 +73,15 @@ train:
 
 
 def builders() -> dict:
-    """``{model_type: build(tokenizer) -> config}``: the configs of the qwen, glm and text groups, then
-    every entry of ``TINY_MODELS`` (as it is now) but those whose processor is the checkpoint's stock one, sorted
-    by model type."""
-    from mpipe_hf.families.llava.tiny import tiny_llava_config
-    from mpipe_hf.families.glm import tiny as glm_tiny
-    from mpipe_hf.families.qwen import tiny as qwen_tiny
-    from mpipe_hf.families.text import tiny as text_tiny
-    from mpipe_hf.models.tiny_all import TINY_MODELS
-    causal = text_tiny.tiny_causal_lm_config
-    qwen = {"qwen2_vl": qwen_tiny.tiny_qwen2_vl_config, "qwen2_5_vl": qwen_tiny.tiny_qwen2_5_vl_config,
-            "qwen3_vl": qwen_tiny.tiny_qwen3_vl_config, "qwen3_vl_moe": qwen_tiny.tiny_qwen3_vl_moe_config,
-            "qwen3_5": qwen_tiny.tiny_qwen3_5_config,
-            "qwen3_5_moe": functools.partial(qwen_tiny.tiny_qwen3_5_config, moe=True),
-            "glm4v": glm_tiny.tiny_glm4v_config, "glm4v_moe": functools.partial(glm_tiny.tiny_glm4v_config, moe=True),
-            "llava": tiny_llava_config, "llama": functools.partial(causal, model_type="llama"),
-            "qwen2": functools.partial(causal, model_type="qwen2"),
-            "qwen3": functools.partial(causal, model_type="qwen3", tie_word_embeddings=True)}
+    """``{model_type: build(tokenizer) -> config}``: every declared family's tiny config (Qwen3's with a tied head)
+    but those whose processor is the checkpoint's stock one, sorted by model type."""
     from mpipe_hf.data.stock_processor import needs_stock_processor
+    from mpipe_hf.families.registry import all_tiny
+    builders = all_tiny()
+    builders["qwen3"] = functools.partial(builders["qwen3"], tie_word_embeddings=True)  # the tied-head case
     # a family whose data path is its checkpoint's stock processor (torchvision only: mpipe_hf.data.stock_processor)
     # gets no tiny folder or recipe: that processor's files and settings come from a hub snapshot
-    return dict(sorted((t, b) for t, b in {**qwen, **TINY_MODELS}.items() if not needs_stock_processor(t)))
+    return dict(sorted((t, b) for t, b in builders.items() if not needs_stock_processor(t)))
 
 
 def is_vision_language(model_type: str) -> bool:

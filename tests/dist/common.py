@@ -203,7 +203,7 @@ def make_text_pool(tokenizer, rows=lambda m: 1 + m % 2) -> list[dict[str, torch.
 
 def tiny_configs(tokenizer, only: list[str] | None = None) -> dict:
     """Every model the numerics tests run, by name: scaled-down real HF configs with ``tokenizer``'s vocabulary
-    (``only``: the issue-29-and-later families of these names alone, beside the older ones)."""
+    (``only``: the generic splitter's families of these names alone, beside the older ones)."""
     n = NUM_LAYERS
     return {
         "vl": qwen_tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=n),
@@ -218,18 +218,23 @@ def tiny_configs(tokenizer, only: list[str] | None = None) -> dict:
     }
 
 
+# the types tiny_configs builds under names of their own ("vl" is Qwen2.5-VL; "qwen3-tied", "llava-full")
+NAMED_CONFIGS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llama", "qwen2", "qwen3")
+TIMM_TOWERS = ("fast_vlm", "perception_lm", "gemma3n")  # their towers are timm models: building one needs timm
+
+
+def family_builders(timm: bool = False) -> dict:
+    """``{model_type: tiny config builder}`` of every declared family (the registry's tiny configs) but
+    :data:`NAMED_CONFIGS`; the :data:`TIMM_TOWERS` types only with ``timm``."""
+    from mpipe_hf.families.registry import all_tiny
+    return {t: build for t, build in sorted(all_tiny().items())
+            if t not in NAMED_CONFIGS and (timm or t not in TIMM_TOWERS)}
+
+
 def new_family_configs(tokenizer, only: list[str] | None = None) -> dict:
-    """The families of issue 29 (the generic splitter's declarations), by model type, at :data:`NUM_LAYERS`."""
-    from mpipe_hf.models.tiny_all import TINY_MODELS
-    n = NUM_LAYERS
-    configs = {"qwen3_5": qwen_tiny.tiny_qwen3_5_config(tokenizer, num_layers=n),
-               "qwen3_5_moe": qwen_tiny.tiny_qwen3_5_config(tokenizer, num_layers=n, moe=True),
-               "qwen3_vl_moe": qwen_tiny.tiny_qwen3_vl_moe_config(tokenizer, num_layers=n),
-               "glm4v": glm_tiny.tiny_glm4v_config(tokenizer, num_layers=n),
-               "glm4v_moe": glm_tiny.tiny_glm4v_config(tokenizer, num_layers=n, moe=True),
-               **{name: build(tokenizer, num_layers=n) for name, build in TINY_MODELS.items()
-                  if not only or name in only}}
-    return {k: c for k, c in configs.items() if not only or k in only}
+    """The generic splitter's families (their declarations), by model type, at :data:`NUM_LAYERS`."""
+    return {name: build(tokenizer, num_layers=NUM_LAYERS) for name, build in family_builders().items()
+            if not only or name in only}
 
 
 def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: list[str] | None = None,
@@ -246,7 +251,7 @@ def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: lis
     pools["text"] = make_text_pool(tokenizer)
     for name in ("qwen2_vl", "qwen3_vl", "llava", "llava-full", *new_family_configs(tokenizer)):
         if (only and name not in only) or not hasattr(configs[name], "vision_config"):
-            continue  # a decoder-only LM (issue 38's mistral4) runs on the text pool
+            continue  # a decoder-only LM (mistral4) runs on the text pool
         pools[f"ragged-{name}"] = make_ragged_pool(family_collator(configs[name], tokenizer))
     for name in packed:
         if only and name not in only:
