@@ -124,7 +124,7 @@ def test_activation_bytes_match_the_meta_count():
         layer, head = meta_activation_bytes(config, tokens)
         assert layer == decoder_layer_activation_bytes(text, tokens, dtype_bytes=4)
         assert head == head_activation_bytes(text, tokens, dtype_bytes=4)
-        layer, head = meta_activation_bytes(config, tokens, bf16=True)  # issue 27: the bf16 policy's own list
+        layer, head = meta_activation_bytes(config, tokens, bf16=True)  # the bf16 policy's own list
         assert layer == decoder_layer_activation_bytes(text, tokens, dtype_bytes=2)
         assert head == head_activation_bytes(text, tokens, dtype_bytes=2)
 

@@ -68,8 +68,8 @@ def case_ops(cfg, costs, own, ahead, swap, tied, forward) -> dict[int, list[Op]]
 
 def sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
     """Deadlocks over ``n`` random configurations of the builder (and evaluation's, and the tied exchange):
-    lazy set-up without the connect prologue (the runtime before issue 27) and with it (every first use then a
-    connect, checked); with the prologue, eager set-up with a group per direction (the runtime before issue 37;
+    lazy set-up without the connect prologue (a runtime that connects lazily) and with it (every first use then a
+    connect, checked); with the prologue, eager set-up with a group per direction (an earlier runtime;
     sends free to start at their stream's head, so every deadlock found is one the device cannot avoid) and with a
     group per directed pair (the runtime now; conservatively, each send also waiting for its rank's earlier
     receives, and each rank's receives completing in the order it posted them, as on the runtime's one side
@@ -104,7 +104,7 @@ def sweep(n: int = 180, seed: int = 37) -> dict[str, int]:
 
 
 def test_no_set_up_deadlocks_the_builders_schedules_with_a_group_per_directed_pair():
-    """Issues 27 and 37: over 180 of the builder's configurations (identity, frozen and trainable ``P``, fill
+    """Over 180 of the builder's configurations (identity, frozen and trainable ``P``, fill
     placement, owner-backward, zero-bubble, swap, tied embeddings, evaluation), lazy set-up deadlocks in some
     without the connect prologue and in none with it; under NCCL's eager set-up (one FIFO stream per group) a
     group per direction deadlocks in some, a group per directed pair in none, also with NCCL connecting each pair
@@ -199,7 +199,7 @@ def test_pipeline_pairs_are_the_ring_and_rank_zero():
 
 
 def test_every_placement_fill_first_step_deadlocks_without_the_prologue():
-    """The issue's example: a fill schedule's owners send to rank 0 on ``down`` before rank 0, whose first
+    """The fill-placement deadlock: a fill schedule's owners send to rank 0 on ``down`` before rank 0, whose first
     transfer with them is a forward to rank 1 on ``up``, receives from them."""
     cfg = ScheduleConfig(4, 1, 8, placement="fill")
     ops = case_ops(cfg, None, True, True, None, False, False)

@@ -215,7 +215,7 @@ def test_internvl_patches_per_token_is_its_image_sequence():
 
 
 def test_the_meta_count_prints_no_kernel_fallback_warning(capfd):
-    """Issue 41, item 10: ``plan`` counts a Qwen3.5 layer on the meta device without transformers' "falling back to
+    """``plan`` counts a Qwen3.5 layer on the meta device without transformers' "falling back to
     its reference PyTorch implementation ... much slower" notices (it runs no model)."""
     from transformers.utils import logging as hf_logging
     level = hf_logging.get_verbosity()
@@ -237,7 +237,7 @@ def moe_vl_config(experts: int = 6):
 
 @pytest.mark.parametrize("ep_size", [2, 3])
 def test_ep_plan_holds_what_shard_experts_leaves_a_rank(monkeypatch, ep_size):
-    """Issue 40: with ``ep_size`` each rank's parameters, gradients and AdamW moments are those of its carved meta
+    """With ``ep_size`` each rank's parameters, gradients and AdamW moments are those of its carved meta
     model after the runtime's own slicing (:func:`shard_experts`: ``E / ep_size`` rows of each fused expert tensor of
     its stages; ``P``'s two text layers, one of them sparse, keep every expert), and fewer than without EP."""
     import transformers.distributed.expert_parallel as hf_ep

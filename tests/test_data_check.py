@@ -125,7 +125,7 @@ def video_rows(demo, folder):
 
 
 def test_check_data_reports_the_visual_tokens_and_the_rows_over_each_cap(demo, tmp_path, fresh_cache):
-    """Issue 39, item 2: the visual-token figures of ``check-data`` on both splits, the rows over each cap counted
+    """The visual-token figures of ``check-data`` on both splits, the rows over each cap counted
     from the uncapped rows as the processor makes them (the collator's grids), not from the caps' code."""
     from PIL import Image
 

@@ -173,7 +173,7 @@ def test_a_vision_language_step_reads_nothing_back_per_micro(world, vl_models, f
 
 
 def test_fsdp_gathered_weights_are_not_counted_as_activations(world):
-    """Issue 27: with FSDP2 a forward saves the unsharded weight, a tensor of a storage of its own: the saved
+    """With FSDP2 a forward saves the unsharded weight, a tensor of a storage of its own: the saved
     activation bytes of a stage chunk must be the same with and without FSDP2 (a world of one rank)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard

@@ -135,7 +135,7 @@ def dp_cases(demo: str, out: str) -> list[dict]:
 
 
 def test_dp2_pp2_fsdp_bf16_through_the_executor_equals_one_process(demo, tmp_path):
-    """Issue 37, part 1: FSDP2 + bf16 through ``PipelineRun`` and the executor (``dp = 2``, ``pp = 2``, ``M =
+    """FSDP2 + bf16 through ``PipelineRun`` and the executor (``dp = 2``, ``pp = 2``, ``M =
     3``, one step) against the unsplit model on one process under bf16 autocast, in the
     pipeline's order of sums: every trained tensor's gradient within ``1e-5 + 1e-5 * max|ref|`` (the order of the
     fp32 sums over the replicas differs), the losses to 1e-5. Before the fix the executor held a disabled

@@ -67,8 +67,8 @@ def final_state(out):
 
 
 @pytest.mark.parametrize("options", [
-    # frozen tower, clipping that clips, 3 rows per micro-batch, which the pipeline packs into one sequence (issue
-    # 30) and the plain Trainer pads; over the epoch's end: 89 rows in 30 micro-batches, M = 8, so step 4 has 6
+    # frozen tower, clipping that clips, 3 rows per micro-batch, which the pipeline packs into one sequence
+    # and the plain Trainer pads; over the epoch's end: 89 rows in 30 micro-batches, M = 8, so step 4 has 6
     # micro-batches (the last of 2 rows) and step 5 starts epoch 2
     dict(max_grad_norm=0.5, learning_rate=1e-3, max_steps=5, batch_size=3, packing=True),
     # a trainable tower under bf16 autocast with fp32 master weights (in fp32, a trainable tower's steps equal one

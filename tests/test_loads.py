@@ -21,7 +21,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCANNED = ("mpipe_hf", "scripts")
-# the commit before issue 26's fix (e6ac317): state loads without map_location, safetensors reads without device
+# the commit before the fix of unmapped loads (e6ac317): state loads without map_location, safetensors reads
+# without device
 BEFORE_FIX = "d6177cf~1"
 # safetensors readers: the positional index of their ``device`` argument
 SAFETENSORS = {"load_file": 1, "safe_open": 2}
@@ -138,9 +139,9 @@ def test_scan_finds_each_kind_of_offender(source, expected):
     assert scan_source(source, "m.py") == expected
 
 
-def test_scan_finds_the_loads_issue_26_fixed():
-    """At the commit before issue 26 the scan names the state loads it fixed (optimizer and scheduler state
-    loaded without ``map_location``): the scan can fail on real code, not only on the snippets above."""
+def test_scan_finds_the_unmapped_loads_of_an_older_commit():
+    """At the commit before the fix of unmapped loads the scan names the state loads it fixed (optimizer and
+    scheduler state loaded without ``map_location``): the scan can fail on real code, not only on the snippets above."""
     try:
         offenders = scan_commit(BEFORE_FIX)
     except (OSError, subprocess.CalledProcessError) as err:  # a shallow clone, or no git

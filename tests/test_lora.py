@@ -92,7 +92,7 @@ def cases(demo, out):
             demo, out, {"preprocess": "trainable", "owner_backward": True, "vpp": 1},
             {"r": 4, "lora_alpha": 8, "target_modules": r".*\.(qkv|q_proj|v_proj)",
              "modules_to_save": ["model.visual.merger"], "init_lora_weights": False})),
-        # issue 39: the tower's adapters frozen by freeze_vit, the merger trained whole, the decoder's adapters
+        # the tower's adapters frozen by freeze_vit, the merger trained whole, the decoder's adapters
         dict(name="vl-freeze-vit", recipe=vl_recipe(
             demo, out, {"preprocess": "trainable"},
             {"r": 4, "lora_alpha": 8, "target_modules": r".*\.(qkv|q_proj|v_proj)",
@@ -128,8 +128,8 @@ def results(demo, tmp_path_factory):
                                   "vl-tower-only", "qwen3-from-config", "qwen3-checkpoint-tied", "moe-experts"])
 def test_pipelined_lora_equals_one_process_peft_model(results, name):
     """Every step's loss and grad norm, every adapter gradient of every step (atol 1e-5; at the last step each
-    tensor non-zero and within issue 38's per-tensor bound, :func:`matrix.strict_grad_problems`) and the adapter after 3
-    AdamW steps (``MOE_STEPS`` for the MoE case) equal the unsplit PeftModel's; no frozen base weight has a
+    tensor non-zero and within the strict per-tensor bound, :func:`matrix.strict_grad_problems`) and the adapter
+    after 3 AdamW steps (``MOE_STEPS`` for the MoE case) equal the unsplit PeftModel's; no frozen base weight has a
     gradient, and only adapter tensors (and modules_to_save copies) train."""
     for rank, res in enumerate(results):
         r = res[name]

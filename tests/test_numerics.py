@@ -108,7 +108,7 @@ def test_moe_load_balancing_loss_equals_hf(case, results):
 
 @pytest.mark.parametrize("case", PACKED_CASES, ids=[c["name"] for c in PACKED_CASES])
 def test_packed_step_equals_unpacked(case, results):
-    """Issue 30: each micro-batch (a text-only row next to rows of one and two photos) packed into one sequence
+    """Packing: each micro-batch (a text-only row next to rows of one and two photos) packed into one sequence
     with no padding trains like the unsplit model on the same rows unpacked and padded: the loss, every gradient
     at 1e-5 + 1e-5 * max|ref| per tensor, and the parameters after 2 AdamW steps. Qwen2.5-VL (M-RoPE per row, the
     text-position row), Qwen3-VL (DeepStack at each row's image tokens), Qwen3.5 (linear attention reset per row),
@@ -131,13 +131,13 @@ def test_packing_bugs_fail_the_packed_test(case, results):
 
 @pytest.mark.parametrize("case", GRADIENT_CONTROLS, ids=[c["name"] for c in GRADIENT_CONTROLS])
 def test_gradient_checks_catch_each_weakness(case, results):
-    """Issue 38's negative controls (and the MoE term summed per stage instead of relayed): each wrong gradient fails
-    the family check, where the checks before issue 38
-    (step 0 at 1e-5 + 1e-5 * max|ref| per tensor, the parameters after the AdamW steps; a zero-initialised model)
-    let it pass. The cut features: the tower's gradients are missing; the zero-initialised Gemma 3: its reference
-    tower gradients are 0; the small tensors: more than REL_TOL of their scale; the later steps: the last step's
-    gradients; the last AdamW step skipped at lr 5e-5: the last step's updates (the parameters after the steps,
-    under 1e-4 apart, passed the absolute check it replaces)."""
+    """The gradient negative controls (and the MoE term summed per stage instead of relayed): each wrong gradient
+    fails the family check, where the earlier, looser checks (step 0 at 1e-5 + 1e-5 * max|ref| per tensor, the
+    parameters after the AdamW steps; a zero-initialised model) let it pass. The cut features: the tower's
+    gradients are missing; the zero-initialised Gemma 3: its reference tower gradients are 0; the small tensors:
+    more than REL_TOL of their scale; the later steps: the last step's gradients; the last AdamW step skipped at
+    lr 5e-5: the last step's updates (the parameters after the steps, under 1e-4 apart, passed the absolute check
+    it replaces)."""
     per_rank = results(2)[case["name"]]
     problems = check_case(case, per_rank)
     expect = {"detach_features": "vision_tower", "keep_zero_init": "reference gradient is zero",
@@ -325,7 +325,7 @@ def test_swapping_zero_groups_changes_nothing_and_swapping_lowers_the_peak(resul
 
 @pytest.mark.parametrize("pp_size", [3, 4])
 def test_every_pair_is_connected_before_the_step_in_one_global_order(pp_size, results):
-    """Issue 27: NCCL sets a pair's communicator up at its first send or receive, blocking until both ranks
+    """NCCL sets a pair's communicator up at its first send or receive, blocking until both ranks
     make it. Every first use of a (group, peer) in every case (fill, owners, tied weights, failures) is the
     executor's connect prologue, in one global order (tests/test_connect.py proves that order cannot
     deadlock), never a transfer of the schedule."""
@@ -334,7 +334,7 @@ def test_every_pair_is_connected_before_the_step_in_one_global_order(pp_size, re
     assert not stray, stray
 
 
-# ---- issue 39: what trains by pattern, and video rows (tests/test_freeze.py has the rest) ------------------
+# ---- what trains by pattern, and video rows (tests/test_freeze.py has the rest) ---------------------------
 
 @pytest.mark.parametrize("case", FREEZE_CASES, ids=[c["name"] for c in FREEZE_CASES])
 def test_frozen_by_pattern_equals_one_process(case, results):
@@ -346,7 +346,7 @@ def test_frozen_by_pattern_equals_one_process(case, results):
 
 @pytest.mark.parametrize("case", VIDEO_CASES, ids=[c["name"] for c in VIDEO_CASES])
 def test_video_rows_equal_one_process(case, results):
-    """Issue 39: micro-batches mixing images and videos (Qwen2.5-VL, Qwen2-VL, Qwen3-VL, Qwen3.5, LLaVA-OneVision;
+    """Micro-batches mixing images and videos (Qwen2.5-VL, Qwen2-VL, Qwen3-VL, Qwen3.5, LLaVA-OneVision;
     GLM-4.1V and GLM-4.6V with images and videos in different micro-batches; frozen, trainable, identity and
     ``freeze_vit`` towers; padded and packed): the loss and every gradient, per tensor, as the unsplit model's."""
     per_rank = results(2)[case["name"]]

@@ -56,7 +56,7 @@ def test_packed_dp2_pp2_training_equals_one_process_unpacked(demo, tmp_path):
            "mpipe_hf.train", recipe]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    from mpipe_hf.train.plan_packing import packing_line  # issue 41: rank 0 says packing is on, and how it packs
+    from mpipe_hf.train.plan_packing import packing_line  # rank 0 says packing is on, and how it packs
     packed = load_recipe(recipe)
     config = load_config(packed.model)
     dataset, _ = load_data(packed, config, load_processor(packed, config), quiet=True)

@@ -332,7 +332,7 @@ def test_what_yaml_writes_still_parses(env, tmp_path):
         assert parse_recipe({**build((), env), "train": empty}).train == TrainSection()
 
 
-def test_the_issue_examples_from_yaml_name_the_key(env, tmp_path):
+def test_bad_values_in_a_yaml_recipe_name_the_key(env, tmp_path):
     """``timeout_s: -5`` and ``seed: banana`` as a recipe file gives them."""
     for section, text, name in (("parallel", "{pp_size: 1, timeout_s: -5}", "parallel.timeout_s"),
                                 ("train", "{seed: banana}", "train.seed")):

@@ -47,9 +47,9 @@ def test_swap_actions_print_parse_validate_and_simulate(cfg):
     assert sim.peak_activations == {r: peak_in_flight(o) for r, o in plain.items()}
 
 
-def test_rank0_of_the_issue_keeps_three_of_eleven():
-    """``R = 4``, ``V = 2``, ``M = 8``: rank 0 holds 11 stage forwards in flight, the last rank 5 (the issue's
-    figures); swapping rank 0 only leaves 3 of its 11 on the device and the other ranks as they were."""
+def test_swapping_rank0_keeps_three_of_its_eleven_forwards():
+    """``R = 4``, ``V = 2``, ``M = 8``: rank 0 holds 11 stage forwards in flight, the last rank 5; swapping
+    rank 0 only leaves 3 of its 11 on the device and the other ranks as they were."""
     cfg = ScheduleConfig(4, 2, 8, "frozen")
     plain = build_schedule(cfg)
     assert [peak_in_flight(plain[r]) for r in range(4)] == [11, 9, 7, 5]

@@ -221,7 +221,7 @@ def test_a_layer_type_without_a_mask_builder_is_refused_when_the_stage_is_built(
 
 
 def test_the_summary_of_a_resumed_run_counts_the_steps_this_process_ran():
-    """Issue 41, item 9: a run resumed at step 8 of 20 ran 12 steps here; the summary says so, not "20 steps"."""
+    """A run resumed at step 8 of 20 ran 12 steps here; the summary says so, not "20 steps"."""
     from types import SimpleNamespace
     from mpipe_hf.train.report import summary_line
     run = SimpleNamespace(cfg=SimpleNamespace(pp_size=2), skips=SimpleNamespace(total=0, bad_rows=0))

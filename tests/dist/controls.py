@@ -1,6 +1,6 @@
-"""Negative controls, patched into the worker's process for one case: issue 30's, the peers' packing bugs, which the
-packed cases' check must catch (tests/test_numerics.py::test_packing_bugs_fail_the_packed_test); issue 38's, a
-wrong gradient of each kind the family checks once let through (test_gradient_checks_catch_each_weakness)."""
+"""Negative controls, patched into the worker's process for one case: the peers' packing bugs, which the packed
+cases' check must catch (tests/test_numerics.py::test_packing_bugs_fail_the_packed_test), and a wrong gradient of
+each kind the family checks once let through (test_gradient_checks_catch_each_weakness)."""
 
 import contextlib
 from unittest import mock
@@ -14,12 +14,13 @@ _flat_features = image_features.flat_features
 
 
 def negative_controls(case):
-    """Issue 30's negative controls, the peers' packing bugs, each of which the packed cases must catch:
+    """The packing negative controls, the peers' packing bugs, each of which the packed cases must catch:
     ``case["one_range"]``, a packed micro's positions computed as one range over the whole packed sequence, on
     every axis; ``case["no_linear_reset"]``, the linear-attention layers run over the packed sequence at once (their
-    state flows from one row into the next). Issue 38's: ``case["detach_features"]``, the image features cut from
-    the tower's graph (:func:`detached_features`; the others are :func:`tamper_grads`); ``case["stage_sums"]``, the
-    MoE load-balancing term from each stage's own routers (the sums not relayed). Issue 39's:
+    state flows from one row into the next). The gradient controls: ``case["detach_features"]``, the image
+    features cut from the tower's graph (:func:`detached_features`; the others are :func:`tamper_grads`);
+    ``case["stage_sums"]``, the MoE load-balancing term from each stage's own routers (the sums not relayed).
+    The video controls:
     ``case["no_video_time"]``, the host's ``get_rope_index`` call without Qwen2.5-VL's ``second_per_grid_ts`` (the
     videos' temporal positions spaced as at one second a temporal patch); ``case["deepstack_apart"]``, Qwen3-VL's
     video DeepStack features put after the images' instead of in the tokens' order. Gemma 3n's:
@@ -34,7 +35,7 @@ def negative_controls(case):
     if case.get("one_range"):
         stack.enter_context(mock.patch.object(host_metadata, "mrope_positions", mrope))
         stack.enter_context(mock.patch.object(packed, "row_positions", rows))
-    if case.get("detach_features"):  # issue 38: the tower's gradient lost
+    if case.get("detach_features"):  # the tower's gradient lost
         stack.enter_context(mock.patch.object(image_features, "flat_features", detached_features))
     if case.get("stage_sums"):  # the MoE term from each stage's own routers, not the relayed sums
         add = moe.RouterSums.add
@@ -79,12 +80,12 @@ def leaky_run_layers(self, hidden, state, padding):
     return hidden
 
 
-# issue 38's negative controls: each a wrong gradient of the kind one of the three test weaknesses let through
+# the gradient negative controls: each a wrong gradient of the kind one of the three test weaknesses let through
 GRADIENT_CONTROLS = ("detach_features", "scale_small", "scale_later")
 
 
 def tamper_grads(case, params, step):
-    """Issue 38's gradient controls, applied to this rank's gradients after schedule step ``step``:
+    """The gradient controls, applied to this rank's gradients after schedule step ``step``:
     ``case["scale_small"]``, the gradients of the parameters whose name ends with one of its suffixes (e.g.
     Qwen2.5-VL's vision ``norm2.weight``: 3e-7 to 5e-6, under the old absolute part of the tolerance) times 1.05;
     ``case["scale_later"]``, every gradient of the steps after the first times 1.05 (a wrong magnitude that AdamW's

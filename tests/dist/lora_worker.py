@@ -63,7 +63,7 @@ def pipelined(recipe, steps, rank, group, device):
     carved, _ = load_share(recipe.model, config, cfg, rank, counts, par.text_layers, opt.seed,
                            recipe.lora.peft_config())
     apply_trainable(carved.model, get_family(config.model_type), opt.trainable_spec(), carved.frozen, carved.tied,
-                    strict=False)  # issue 39's patterns, as the trainer's Run.freeze
+                    strict=False)  # the freeze / trainable patterns, as the trainer's Run.freeze
     carved.model.to(device).train()
     set_seed(opt.seed)
     plan = plan_of(recipe, carved, config)

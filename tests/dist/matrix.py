@@ -1,4 +1,4 @@
-"""The gradient matrix of issue 3: every mode crossed with R, V, M and frozen/trainable.
+"""The gradient matrix: every mode crossed with R, V, M and frozen/trainable.
 
 A *case* is a dict the numerics worker runs (see numerics_worker.py). :func:`full_grid` lists every case;
 :func:`covering_subset` picks, greedily, cases until every pair of option values that some valid case combines
@@ -24,7 +24,7 @@ GRAD_ATOL, LOSS_ATOL = 1e-5, 1e-5
 # 1.2% and 2.9% elementwise; 8e-5 at eps 1e-3). Over a tensor those few elements weigh little: at most 2.5e-3 of
 # the rms (Gemma 3's embeddings at step 2; most tensors under 1e-4). The 2 ulp: p_t is rounded on each side.
 UPDATE_REL, UPDATE_ULPS = 1e-2, 2.0 ** -22
-# issue 38: per tensor, a difference above REL_TOL * max|ref| fails (with 1e-5 + 1e-5 * max|ref| it could hide a
+# strict gradients: per tensor, a difference above REL_TOL * max|ref| fails (with 1e-5 + 1e-5 * max|ref| it could hide a
 # wrong gradient of a tensor under 1e-5 whole); 27x the worst fp32 difference measured over the families (3.7e-5 of
 # max|ref|, Qwen3.5's A_log after an AdamW step), and a wrong scale of 1.001 or more shows
 REL_TOL = 1e-3
@@ -103,7 +103,7 @@ def check_case(case: dict, per_rank: list[dict]) -> list[str]:
         worst_loss = max(abs(a - b) for a, b in zip(res["losses"], res["ref_losses"]))
         if len(res["losses"]) != runs or worst_loss >= LOSS_ATOL:
             problems.append(f"rank {rank}: losses {res['losses']} vs reference {res['ref_losses']}")
-        if case.get("scaled_tolerance"):  # per tensor, 1e-5 + 1e-5 * max|ref| (issue 29's families)
+        if case.get("scaled_tolerance"):  # per tensor, 1e-5 + 1e-5 * max|ref| (the generic splitter's families)
             if not res["grad_scaled"] < 1.0:
                 problems.append(f"rank {rank}: gradient of {res['grad_scaled_worst']} differs by "
                                 f"{res['grad_scaled']:.3g} x (1e-5 + 1e-5 * max|ref|)")
@@ -112,7 +112,7 @@ def check_case(case: dict, per_rank: list[dict]) -> list[str]:
         if res.get("update_stats"):
             problems += [f"rank {rank}: {p}"
                          for p in update_problems(res["update_stats"], zero_by_design(res["grad_stats"]))]
-        if case.get("strict_grads"):  # issue 38: the first step's and the last step's, each tensor on its own
+        if case.get("strict_grads"):  # the first step's and the last step's, each tensor on its own
             problems += [f"rank {rank}: step 0: {p}" for p in strict_grad_problems(res["grad_stats"])]
             if res.get("last_step_grads"):
                 problems += [f"rank {rank}: last step: {p}"
@@ -131,7 +131,7 @@ def check_case(case: dict, per_rank: list[dict]) -> list[str]:
 
 
 def strict_grad_problems(stats: dict[str, list[float]], rel: float = 1e-5) -> list[str]:
-    """Issue 38's per-tensor checks over ``{name: [max|ref|, max diff]}``: a reference gradient under ``ZERO_FLOOR``
+    """The strict per-tensor checks over ``{name: [max|ref|, max diff]}``: a reference gradient under ``ZERO_FLOOR``
     of the largest (the check would compare zero with zero: a degenerate test model) fails, unless the tensor is
     zero by design (:data:`ZERO_BY_DESIGN`) and the difference is as small; a difference above ``min(1e-5 + rel *
     max|ref|, REL_TOL * max|ref|)`` fails, a bound every other tensor is above by a factor of 1 / REL_TOL."""
@@ -213,10 +213,10 @@ def covering_subset() -> list[dict]:
     return picked
 
 
-# The model families of issue 4: every family at R = 2, V = 2, frozen and trainable (and identity where tying
-# changes the path), 2 AdamW steps, then a save and a from_pretrained reload. Qwen3-VL's layouts put DeepStack
-# layers (0 .. 2) on stage 1, so their features are relayed across ranks (and, with T = 1, from P through
-# stage 0).
+# The first model families (the Qwen VLs, LLaVA, decoder-only LMs): every family at R = 2, V = 2, frozen and
+# trainable (and identity where tying changes the path), 2 AdamW steps, then a save and a from_pretrained reload.
+# Qwen3-VL's layouts put DeepStack layers (0 .. 2) on stage 1, so their features are relayed across ranks (and,
+# with T = 1, from P through stage 0).
 FAMILY_SPECS = [
     ("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
     ("qwen2_vl", "frozen", 0, None), ("qwen2_vl", "trainable", 0, None),
@@ -228,7 +228,7 @@ FAMILY_SPECS = [
     ("qwen2", "frozen", 1, None), ("qwen2", "trainable", 2, None),
     ("qwen3-tied", "frozen", 1, None), ("qwen3-tied", "trainable", 1, None), ("qwen3-tied", "identity", 0, None),
 ]
-# The families of issue 29, on the generic splitter: a frozen tower at T = 0 and a trainable one at T = 1 each
+# The generic splitter's first families: a frozen tower at T = 0 and a trainable one at T = 1 each
 # (the full family x preprocess x T grid: python scripts/check/grad_matrix.py --families). Qwen3.5's layout [3, 3, 3, 3] cuts
 # between linear-attention layer 2 and full-attention layer 3; Qwen3-VL-MoE's relays DeepStack features (layers
 # 0, 1) from stage 0 to stage 1; the MoE families add the load-balancing loss (HF's aux_loss in the reference),
@@ -248,7 +248,7 @@ NEW_FAMILY_SPECS = [
     ("idefics3", "frozen", 0, None), ("idefics3", "trainable", 1, None),
     ("smolvlm", "frozen", 0, None), ("smolvlm", "trainable", 1, None),
 ]
-# issue 38's families, one module per group (tests/dist/specs_*.py)
+# the other transformers VLM families, one module per group (tests/dist/specs_*.py)
 NEW_FAMILY_SPECS += specs_llava_like.SPECS + specs_qwen_like.SPECS + specs_new.SPECS
 MOE_ORDER_SPECS = [("qwen3_vl_moe", "trainable", 0, [1, 3, 4, 4]), ("qwen3_5_moe", "frozen", 1, None)]
 TEXT_CONFIGS = ("llama", "qwen2", "qwen3-tied") + specs_new.TEXT_TYPES  # decoder-only: the text pool, T >= 1
@@ -270,7 +270,7 @@ def family_cases(specs=None, **options) -> list[dict]:
             f"-{k}={v}" for k, v in sorted(options.items()))
         case.update(options)
         case.update(specs_new.OPTIONS.get(config, {}))
-        if config not in OLD_FAMILIES:  # issue 29's families: per-tensor 1e-5 + 1e-5 * max|ref|
+        if config not in OLD_FAMILIES:  # the generic splitter's families: per-tensor 1e-5 + 1e-5 * max|ref|
             case["scaled_tolerance"] = True
         cases.append(case)
     return cases
@@ -306,7 +306,7 @@ def check_reload(per_rank: list[dict]) -> list[str]:
     return problems
 
 
-# issue 30: packed micro-batches (a text-only row next to rows of one and two images, packed into one sequence)
+# packing: packed micro-batches (a text-only row next to rows of one and two images, packed into one sequence)
 # against the unsplit model on the same rows unpacked, padded; (config, preprocess, text_layers, layout)
 PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
                 ("qwen3_vl", "trainable", 0, [1, 3, 4, 4]), ("qwen3_5", "frozen", 1, [4, 2, 3, 3]),
@@ -314,7 +314,7 @@ PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
                 ("nemotron_h_omni", "trainable", 1, None)]  # Mamba-2 layers run row by row, MoE and MLP blocks
 
 
-# case options whose cases must fail (numerics_worker.py, controls.py): issue 30's packing bugs, issue 38's gradients
+# case options whose cases must fail (numerics_worker.py, controls.py): the packing bugs, the wrong gradients
 NEGATIVE_CONTROLS = ("one_range", "no_linear_reset", "detach_features", "scale_small", "scale_later",
                      "keep_zero_init", "stage_sums", "no_video_time", "deepstack_apart", "skip_last_step",
                      "altup_swapped")
@@ -339,23 +339,24 @@ def packed_cases(specs=None, **options) -> list[dict]:
 
 
 def packing_controls() -> list[dict]:
-    """Issue 30's negative controls, which the packed check must catch: positions as one range over the packed
-    sequence (the mask then spans rows; M-RoPE loses each image's grid), and Qwen3.5's linear attention (Nemotron-H's
-    Mamba-2 layers) run over the packed sequence at once (its state flows into the next row); controls.py patches each
-    in."""
+    """The packing negative controls (the peers' packing bugs), which the packed check must catch: positions as
+    one range over the packed sequence (the mask then spans rows; M-RoPE loses each image's grid), and Qwen3.5's
+    linear attention (Nemotron-H's Mamba-2 layers) run over the packed sequence at once (its state flows into the
+    next row); controls.py patches each in."""
     return packed_cases([("vl", "frozen", 0, None), ("llava", "trainable", 0, None)], one_range=True) + \
         packed_cases([("qwen3_5", "frozen", 1, [4, 2, 3, 3]), ("nemotron_h_omni", "trainable", 1, None)],
                      no_linear_reset=True)
 
 
 def gradient_controls() -> list[dict]:
-    """Issue 38's: a wrong gradient of each kind the family checks once let through, which they must now catch:
-    the image features cut from the tower (Gemma 3, whose zero-initialised projection had made every tower gradient
-    0 on both sides), the zero-initialised model itself, a small tensor's gradient 5% off (Qwen2.5-VL's vision
-    norm2 weights, 3e-7 to 5e-6: under the old 1e-5 + 1e-5 * max|ref|), every gradient after the first step 5% off
-    (LLaVA); the MoE load-balancing term summed over each stage's own routers instead of relayed
-    (Qwen3-VL-MoE); and the last AdamW step skipped (Gemma 3 at lr 5e-5, eps 1e-3, where every parameter moves by
-    about lr a step: the parameters after the steps stay within the old absolute 1e-4, the update check fails)."""
+    """The gradient negative controls: a wrong gradient of each kind the family checks once let through, which
+    they must now catch: the image features cut from the tower (Gemma 3, whose zero-initialised projection had
+    made every tower gradient 0 on both sides), the zero-initialised model itself, a small tensor's gradient 5%
+    off (Qwen2.5-VL's vision norm2 weights, 3e-7 to 5e-6: under the old 1e-5 + 1e-5 * max|ref|), every gradient
+    after the first step 5% off (LLaVA); the MoE load-balancing term summed over each stage's own routers instead
+    of relayed (Qwen3-VL-MoE); and the last AdamW step skipped (Gemma 3 at lr 5e-5, eps 1e-3, where every parameter
+    moves by about lr a step: the parameters after the steps stay within the old absolute 1e-4, the update check
+    fails)."""
     cases = (family_cases([("gemma3", "trainable", 1, None)], skip_last_step=True, lr=5e-5, adam_eps=1e-3)
              + family_cases([("gemma3", "trainable", 1, None)], detach_features=True)
              + family_cases([("gemma3", "trainable", 1, None)], keep_zero_init=True)
@@ -402,7 +403,7 @@ def packed_configs() -> tuple[str, ...]:
 
 
 VIT = {"freeze_vit": True}
-FREEZE_SPECS = [  # (config, preprocess, T, Trainable keywords, schedule options): issue 39's patterns
+FREEZE_SPECS = [  # (config, preprocess, T, Trainable keywords, schedule options): what trains by pattern
     ("vl", "trainable", 0, VIT, {}), ("vl", "trainable", 1, VIT, {}),
     ("vl", "trainable", 0, VIT, {"owner_backward": True}), ("vl", "trainable", 0, VIT, {"less_memory": True}),
     ("vl", "trainable", 0, VIT, {"zero_bubble": True}),

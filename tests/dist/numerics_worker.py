@@ -8,8 +8,8 @@ A case (see matrix.py) names the model (a config of the fixture), the data pool,
 step; gradients add up), ``bad_micro`` (a micro with a wrong image-token count, rejected at load), ``corrupt_owner``
 (a rank whose load meets an undecodable image), ``mid_step_owner`` (a rank whose micro passes its load but makes
 rank 0's stage 0 raise), ``lookahead`` (placement ``fill``: each run loads the next run's micros), ``reload``
-(after the steps, save the checkpoint and load it with ``from_pretrained``), ``owners`` (load-aware owners, issue
-18: ``"reversed"``, micro ``m`` to rank ``NT - 1 - m % NT``, or ``"balanced"``, LPT over each run's real image-token
+(after the steps, save the checkpoint and load it with ``from_pretrained``), ``owners`` (load-aware owners:
+``"reversed"``, micro ``m`` to rank ``NT - 1 - m % NT``, or ``"balanced"``, LPT over each run's real image-token
 counts; every rank computes them from the same micro-batches), ``bad_rows`` (the micro-batches are
 collated from rows on their owners, two rows with an image that does not decode: row_cases.py).
 A failing step runs first; the measured steps follow on other micro-batches.
@@ -194,7 +194,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                         case.get("keep_zero_init", False))
     ref = copy.deepcopy(model) if rank == 0 else None
     split = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
-    case_freeze(split.model, case, split.frozen, split.tied)  # issue 39's patterns, on this rank's share
+    case_freeze(split.model, case, split.frozen, split.tied)  # the freeze / trainable patterns, on this rank's share
     params = split.trainable_parameters(cfg, rank)
     stages, preprocess = (autocast_modules(split.stages, split.preprocess, device) if case.get("bf16")
                           else (split.stages, split.preprocess))
@@ -336,7 +336,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
 
 def compare_grads(params, mine_all, ref_all) -> dict:
     """This rank's gradients against the reference's, per tensor of ``params``: the largest difference
-    (``max_diff``, ``worst``), the largest relative norm, the largest difference in units of issue 29's per-tensor
+    (``max_diff``, ``worst``), the largest relative norm, the largest difference in units of the scaled per-tensor
     tolerance 1e-5 + 1e-5 * max|ref| (``grad_scaled``), and ``grad_stats``: ``{name: [max|ref|, max diff]}`` for
     the tensors both sides have (what the margin and relative checks of ``matrix.check_case`` read)."""
     worst, max_diff, rel_norm, scaled, stats = None, 0.0, 0.0, (0.0, None), {}

@@ -1,5 +1,6 @@
 """The cases tests/test_numerics.py runs in CI, one torchrun per world size (:func:`cases`): the covering
-subset of the gradient matrix and the extra cases each behaviour's test reads (issue numbers in the comments)."""
+subset of the gradient matrix and the extra cases each behaviour's test reads (each group's comment says what
+it checks)."""
 
 from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, TEXT_CONFIGS, covering_subset, family_cases, freeze_cases,
                     gradient_controls, make_case, packed_cases, packing_controls)
@@ -48,7 +49,7 @@ PRECISION_CASES = [make_case("vision", 2, 2, 4, "frozen", bf16=True, order="pipe
                    make_case("vision", 2, 2, 3, "frozen", bf16=True)]
 # the fused MoE experts on the bf16 grouped GEMM, cast once per step (mpipe_hf.models.expert_precision): bitwise too
 PRECISION_CASES += family_cases([("qwen3_vl_moe", "trainable", 1, [2, 2, 4, 4])], bf16=True, order="pipeline")
-# activation swap in every mode: frozen at the issue's R = 4, V = 2, M = 8, trainable, owner-backward,
+# activation swap in every mode: frozen at R = 4, V = 2, M = 8, trainable, owner-backward,
 # identity, placement fill, a text P, gradient checkpointing, and rank 0 alone; exact, with bytes moved
 SWAP_CASES = [make_case("vision", 4, 2, 8, "frozen", swap="all", steps=3),
               make_case("vl-text", 4, 1, 5, "trainable", owner_backward=True, swap="rank0"),
@@ -85,12 +86,12 @@ OWNER_CASES = [make_case("vision", 4, 2, 8, "frozen", owners="balanced", steps=2
                make_case("vision", 4, 2, 6, "frozen", placement="fill", lookahead=True, owners="balanced", steps=3),
                make_case("vl-text", 3, 1, 5, "trainable", owners="reversed"),
                make_case("vision", 2, 2, 4, "trainable", owner_backward=True, owners="reversed", steps=2)]
-# issue 30: packed micro-batches against the same rows unpacked, and the two negative controls, which must fail:
+# packing: packed micro-batches against the same rows unpacked, and the two negative controls, which must fail:
 # positions as one range over the packed sequence (the mask then spans rows; M-RoPE loses each image's grid),
 # and Qwen3.5's linear attention run over the packed sequence at once (its state flows into the next row)
 PACKED_CASES = packed_cases() + packed_cases([("qwen3_vl", "frozen", 1, [1, 3, 4, 4])], attn="eager")
 CONTROL_CASES, GRADIENT_CONTROLS = packing_controls(), gradient_controls()  # matrix.py: the bugs each must catch
-# issue 39: what trains by pattern (matrix.FREEZE_SPECS), rows mixing images and videos, and the two video controls
+# what trains by pattern (matrix.FREEZE_SPECS), rows mixing images and videos, and the two video controls
 FREEZE_CASES, VIDEO_CASES = freeze_cases(), video_cases()
 VIDEO_CONTROL, DEEPSTACK_CONTROL = video_cases(VIDEO_CONTROLS)
 # Gemma 3n's AltUp streams 1 and 2 swapped where a stage hands them on: the language model's check must fail
