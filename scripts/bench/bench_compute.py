@@ -1,4 +1,4 @@
-"""Speed where arithmetic dominates (issue 41): packed against padded against the plain HF Trainer, and MPipe
+"""Speed where arithmetic dominates: packed against padded against the plain HF Trainer, and MPipe
 against the best torch schedule, on a real Qwen2.5-VL config scaled to hidden 768 (``bench_compute_stages.py``),
 with the matmul share of a step measured by ``torch.profiler``.
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-GOALS = {"frozen": 1.30, "trainable": 1.8}  # issue 41: MPipe over the best torch row
+GOALS = {"frozen": 1.30, "trainable": 1.8}  # the speed goals: MPipe over the best torch row
 MATMUL_GOAL = 0.80
 
 

@@ -1,4 +1,4 @@
-"""FSDP2 against plain replicas for ``dp = 2 x pp = 2`` on the demo model (issue 15): step time and what each
+"""FSDP2 against plain replicas for ``dp = 2 x pp = 2`` on the demo model: step time and what each
 rank keeps (weights, gradients, AdamW moments), measured in one run of each.
 
     python scripts/bench/bench_data_parallel.py [--demo DIR] [--steps 8]

@@ -1,4 +1,4 @@
-"""Start-up cost of a large dataset (issue 28): the wall time of ``mpipe-hf train`` to its first step on 100k rows
+"""Start-up cost of a large dataset: the wall time of ``mpipe-hf train`` to its first step on 100k rows
 (90% text-only conversations, 10% with one of the demo's photos), first with an empty ``datasets`` cache, then
 again with the cache the first run left.
 

@@ -1,4 +1,4 @@
-"""LoRA against full fine-tuning on the demo (issue 16): what each pipeline rank keeps (weights, gradients,
+"""LoRA against full fine-tuning on the demo: what each pipeline rank keeps (weights, gradients,
 AdamW moments) and the step time, measured in one run of each.
 
     python scripts/bench/bench_lora.py [--demo DIR] [--steps 10] [--repeats 2]

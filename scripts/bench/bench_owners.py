@@ -1,4 +1,4 @@
-"""Load-aware owners against ``m % NT`` on sleeping stages (issue 18, item 4): R = 4 ranks on gloo, V = 2, body
+"""Load-aware owners against ``m % NT`` on sleeping stages: R = 4 ranks on gloo, V = 2, body
 F = 10 ms and B = 20 ms per chunk, a preprocess ``P`` whose cost follows each micro-batch's image tokens.
 
 Usage: python scripts/bench/bench_owners.py [--steps 5] [--micro 8 16] [--pattern ragged interleaved]

@@ -1,4 +1,4 @@
-"""Packed against padded micro-batches (issue 30): label tokens/s, padding, bubble, on a LLaVA-Instruct-like mix.
+"""Packed against padded micro-batches: label tokens/s, padding, bubble, on a LLaVA-Instruct-like mix.
 
 Usage: python scripts/bench/bench_packing.py [--rows 600] [--steps 20] [--warm 2] [--micro 8] [--out outputs/bench_packing]
        python scripts/bench/bench_packing.py --quick            # a smoke run: 64 rows, 3 steps
@@ -372,7 +372,7 @@ def run_all(args, work: str) -> None:
 
 
 def report(results: list[dict], kind: str, args) -> None:
-    """Print the table, the ratios and the issue's targets."""
+    """Print the table, the ratios and the packing targets (padding, label tokens/s, bubble)."""
     packed, padded, plain = results
     print(table(results))
     print(f"timed steps {args.warm + 1}..{args.steps}; simulator weights: {kind}")

@@ -1,4 +1,4 @@
-"""The runtime's own overheads, against torch.distributed.pipelining's, in one run (issue 18, item 5).
+"""The runtime's own overheads, against torch.distributed.pipelining's, in one run.
 
 Usage: python scripts/bench/bench_runtime.py [--steps 8] [--repeats 3] [--rounds 100] [--profile FILE]
 (starts R = 4 local gloo processes itself).

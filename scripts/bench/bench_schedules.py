@@ -5,7 +5,7 @@ simulator's prediction, the best torch row and a lower bound.
 Usage: python scripts/bench/bench_schedules.py [--quick | --video] [--steps 5] [--markdown FILE]
 (starts 4 local processes itself; ``--quick`` runs M = 16 and preprocess 0 and 40 ms only; ``--video`` the
 video-heavy profile: M = 16, a tower of ``Pf = 60 ms`` (6 body chunks' forward), frozen, trainable and
-``freeze_vit``, issue 39).
+``freeze_vit``).
 
 The code is in four files: this one (the launch and the overheads), ``bench_schedules_stages.py`` (the stages
 and the runners, shared with ``bench_compute.py``), ``bench_schedules_profiles.py`` (the points and the report)

@@ -1,4 +1,4 @@
-"""Activation swap against none on the demo (issue 17): each rank's peak of saved-activation bytes on the device
+"""Activation swap against none on the demo: each rank's peak of saved-activation bytes on the device
 and the step time, measured in one run of each.
 
     python scripts/bench/bench_swap.py [--demo DIR] [--steps 8] [--repeats 2]

@@ -1,4 +1,5 @@
-"""Issue 27's figures for a checkout: host syncs per step on an emulated device and bf16 bytes saved per micro.
+"""The device-readiness figures for a checkout: host syncs per step on an emulated device and bf16 bytes saved
+per micro-batch.
 
 Usage: python scripts/bench/device_ready_figures.py [--root CHECKOUT]
 

@@ -1,6 +1,6 @@
-"""Predicted step times of Qwen2.5-VL-7B and -72B fine-tuning on 8 to 64 H100s, by simulation (issue 18).
+"""Predicted step times of Qwen2.5-VL-7B and -72B fine-tuning on 8 to 64 H100s, by simulation.
 
-Item 6 of the issue: interleaved 1F1B, zero-bubble and MPipe Transpose at dp x pp, from published hardware figures.
+Interleaved 1F1B, zero-bubble and MPipe Transpose at dp x pp, from published hardware figures.
 
     python scripts/bench/sim_at_scale.py [--models 7b 72b] [--gpus 8 16 32 64] [--global-batch 128] [--vpp 2]
                                    [--efficiency 0.5] [--jobs 2] [--markdown OUT.md]

@@ -1,5 +1,5 @@
 """The fault suite of ``mpipe-hf train``: each case breaks a real run and checks that nothing hangs and nothing is
-lost (issue 14; README, "Failures and restarts").
+lost (README, "Failures and restarts").
 
     python scripts/check/fault_suite.py [--cases kill,restart,...] [--demo DIR] [--keep DIR]
 

@@ -1,4 +1,4 @@
-"""What the CUDA and NCCL paths do on one GPU, checked and measured, in one table (issues 27 and 37; docs/gpus.md
+"""What the CUDA and NCCL paths do on one GPU, checked and measured, in one table (docs/gpus.md
 explains each row).
 
 Usage:

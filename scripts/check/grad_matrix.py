@@ -8,8 +8,8 @@ Usage:
     python scripts/check/grad_matrix.py --ci --zero-bubble   # every case with the backward split into B and W
     python scripts/check/grad_matrix.py --families --zero-bubble   # every model family (R = 2, V = 2, checkpoint
                                                              # reload), each with the backward split
-    python scripts/check/grad_matrix.py --packed --pp 2   # every family with packed micro-batches (issue 30)
-    python scripts/check/grad_matrix.py --controls        # the negative controls: each case must FAIL (issues 30, 38),
+    python scripts/check/grad_matrix.py --packed --pp 2   # every family with packed micro-batches
+    python scripts/check/grad_matrix.py --controls        # the packing and gradient controls: each case must FAIL,
                                                     # and every family with its last AdamW step skipped
 
 Each pipeline size runs as torchrun jobs of gloo CPU processes (at most --chunk cases per job). Every case checks
@@ -42,14 +42,14 @@ def main(argv=None) -> int:
     parser.add_argument("--ci", action="store_true", help="run the pairwise covering subset only")
     parser.add_argument("--pp", type=int, nargs="+", default=[2, 3, 4], help="pipeline sizes to run")
     parser.add_argument("--chunk", type=int, default=40, help="cases per torchrun job")
-    parser.add_argument("--swap", choices=["all", "rank0"], help="activation swap (issue 17) in every case")
+    parser.add_argument("--swap", choices=["all", "rank0"], help="activation swap in every case")
     parser.add_argument("--zero-bubble", action="store_true", help="zero-bubble schedules (B and W) in every case")
     parser.add_argument("--families", action="store_true",
                         help="the model-family grid (every family frozen and trainable, T = 0 and 1, identity, "
                              "zero-bubble, MoE in the Trainer's order, at R = 2, V = 2, 2 AdamW steps, then a save "
                              "and a from_pretrained reload) instead of the grid")
     parser.add_argument("--packed", action="store_true",
-                        help="every family with packed micro-batches (issue 30: a text-only row next to rows of "
+                        help="every family with packed micro-batches (a text-only row next to rows of "
                              "one and two images in one sequence), frozen and trainable, against the same rows "
                              "unpacked, instead of the grid")
     parser.add_argument("--controls", action="store_true",

@@ -8,7 +8,7 @@ Usage: python scripts/make/make_presets.py [--tokens 2048] [--image-tokens 1024]
 For each model, every ``R`` in 2, 4, 8, 16, 32, ``V`` in 1, 2, 4 and both warm-ups (frozen visual tower, ``M = 4R``, layers
 balanced by cost) is planned on the config-estimated profile (``tokens`` per micro-batch, H100 bf16 peak at
 40% MFU); the preset takes the smallest ``R`` whose fullest rank fits 80 GiB with 10% headroom, and at that
-``R`` the ``V`` with the shortest predicted step. A mixture-of-experts model (issue 40) also tries expert
+``R`` the ``V`` with the shortest predicted step. A mixture-of-experts model also tries expert
 parallelism, ``ep_size`` in 1, 2, 4, 8 dividing its experts (``dp_size = ep_size`` replicas, ``mesh_order:
 dp_inner`` so that an EP group's all-to-all stays within an 8-GPU node): the preset takes the fewest GPUs
 (``R * ep_size``) that fit, and among those the shape with the most micro-batches per second (``ep_size * M``

@@ -1,4 +1,4 @@
-"""The rows that measure the runtime on a decoder-only model (issue 27): bf16 saved bytes, swap overlap, step
+"""The rows that measure the runtime on a decoder-only model: bf16 saved bytes, swap overlap, step
 timing, ``max_memory_allocated`` against the plan, and host syncs per step and per action. A real
 ``Qwen2ForCausalLM`` (random weights, ``--hidden``/``--layers``/``--vocab``) split into ``V = 2`` virtual stages on
 the one pipeline rank, ``--micro`` micro-batches of ``--tokens`` random tokens; each row builds its own executor and
