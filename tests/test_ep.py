@@ -37,7 +37,7 @@ CASES = [
     dict(name="qwen3_5_moe-trainable-T1", family="qwen3_5_moe", preprocess="trainable", text_layers=1),
     # bf16: the last step's gradients are taken at weights one AdamW step has parted by fp32 rounding, and bf16
     # rounds each product to 2^-8, so at lr 1e-3, eps 1e-6 a product can round one bf16 step the other way
-    # (measured on an AVX2 CPU: 1.7e-3 of max|ref|): Gemma 4's later-step settings (tests/dist/specs_new.py)
+    # (measured on an AVX2 CPU: 1.7e-3 of max|ref|): Gemma 4's later-step settings (tests/dist/specs_families.py)
     # The experts compute in bf16 too (mpipe_hf.models.expert_precision): the first loss and every gradient but
     # the experts' are the same bits; an expert's weight gradient is one bf16 grouped GEMM over the rows of both
     # EP peers' micro-batches instead of one per micro-batch, so it is rounded to bf16 once over a different sum

@@ -1,6 +1,6 @@
 """Nemotron-H Omni (``families/nemotron``) on one process: the cost model counts each block's own weights, and a
 model with the released checkpoints' audio tower splits exactly with that tower frozen on stage 0 and audio rows
-refused by name (the CI cases, tests/dist/specs_new.py, train the image path of a model without it)."""
+refused by name (the CI cases, tests/dist/specs_families.py, train the image path of a model without it)."""
 
 import copy
 

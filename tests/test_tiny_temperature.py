@@ -1,6 +1,6 @@
 """The tiny test models' attention starts at the usual temperature (``mpipe_hf.models.tiny.usual_temperature``, the
 tiny Muse configs' ``qk_scale_factor``): with nearly one-hot softmaxes, the exactness cases' step-2 checks measured
-a random model's sensitivity to fp32 rounding rather than the split (``tests/dist/specs_new.py``)."""
+a random model's sensitivity to fp32 rounding rather than the split (``tests/dist/specs_families.py``)."""
 
 import os
 import sys

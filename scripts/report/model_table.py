@@ -34,8 +34,8 @@ STATUSES = ("exact (CI)", "exact (script)", "declared", "refused")  # the table'
 
 def ci_types() -> set[str]:
     """The model types a CI numerics case runs (``tests/dist/matrix.py``'s family specs)."""
-    from matrix import FAMILY_SPECS, NEW_FAMILY_SPECS
-    return {CONFIG_TYPES.get(config, config) for config, *_ in FAMILY_SPECS + NEW_FAMILY_SPECS}
+    from matrix import FAMILY_SPECS, SCALED_FAMILY_SPECS
+    return {CONFIG_TYPES.get(config, config) for config, *_ in FAMILY_SPECS + SCALED_FAMILY_SPECS}
 
 
 def video_ci_types() -> set[str]:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import itertools
 
-import specs_llava_like
-import specs_new
-import specs_qwen_like
+import specs_families
 
 GRAD_ATOL, LOSS_ATOL = 1e-5, 1e-5
 # Each AdamW step's update p_t - p_(t-1), per tensor, against the reference's, as root mean squares over the tensor
@@ -228,39 +226,19 @@ FAMILY_SPECS = [
     ("qwen2", "frozen", 1, None), ("qwen2", "trainable", 2, None),
     ("qwen3-tied", "frozen", 1, None), ("qwen3-tied", "trainable", 1, None), ("qwen3-tied", "identity", 0, None),
 ]
-# The generic splitter's first families: a frozen tower at T = 0 and a trainable one at T = 1 each
-# (the full family x preprocess x T grid: python scripts/check/grad_matrix.py --families). Qwen3.5's layout [3, 3, 3, 3] cuts
-# between linear-attention layer 2 and full-attention layer 3; Qwen3-VL-MoE's relays DeepStack features (layers
-# 0, 1) from stage 0 to stage 1; the MoE families add the load-balancing loss (HF's aux_loss in the reference),
-# once more in the HF Trainer's order (each micro's own loss, "micro"), the order MPipeTrainer picks for them.
-NEW_FAMILY_SPECS = [
-    ("qwen3_5", "frozen", 0, [3, 3, 3, 3]), ("qwen3_5", "trainable", 1, [4, 2, 3, 3]),
-    ("qwen3_5_moe", "frozen", 0, [3, 3, 3, 3]), ("qwen3_5_moe", "trainable", 1, None),
-    ("qwen3_vl_moe", "frozen", 0, [1, 3, 4, 4]), ("qwen3_vl_moe", "trainable", 1, [2, 2, 4, 4]),
-    ("glm4v", "frozen", 0, None), ("glm4v", "trainable", 1, None),
-    ("glm4v_moe", "frozen", 0, None), ("glm4v_moe", "trainable", 1, None),
-    ("internvl", "frozen", 0, None), ("internvl", "trainable", 1, None),
-    ("gemma3", "frozen", 0, None), ("gemma3", "trainable", 1, None),
-    ("paligemma", "frozen", 0, None), ("paligemma", "trainable", 1, None),
-    ("mistral3", "frozen", 0, None), ("mistral3", "trainable", 1, None),
-    ("llava_next", "frozen", 0, None), ("llava_next", "trainable", 1, None),
-    ("llava_onevision", "frozen", 0, None), ("llava_onevision", "trainable", 1, None),
-    ("idefics3", "frozen", 0, None), ("idefics3", "trainable", 1, None),
-    ("smolvlm", "frozen", 0, None), ("smolvlm", "trainable", 1, None),
-]
-# the other transformers VLM families, one module per group (tests/dist/specs_*.py)
-NEW_FAMILY_SPECS += specs_llava_like.SPECS + specs_qwen_like.SPECS + specs_new.SPECS
+# The generic splitter's families (tests/dist/specs_families.py): per-tensor tolerance, 1e-5 + 1e-5 * max|ref|
+SCALED_FAMILY_SPECS = specs_families.SPECS
 MOE_ORDER_SPECS = [("qwen3_vl_moe", "trainable", 0, [1, 3, 4, 4]), ("qwen3_5_moe", "frozen", 1, None)]
-TEXT_CONFIGS = ("llama", "qwen2", "qwen3-tied") + specs_new.TEXT_TYPES  # decoder-only: the text pool, T >= 1
-OLD_FAMILIES = {config for config, *_ in FAMILY_SPECS}  # their cases keep the absolute GRAD_ATOL
+TEXT_CONFIGS = ("llama", "qwen2", "qwen3-tied") + specs_families.TEXT_TYPES  # decoder-only: the text pool, T >= 1
+ABSOLUTE_TOL_FAMILIES = {config for config, *_ in FAMILY_SPECS}  # their cases keep the absolute GRAD_ATOL
 RELOAD_LOGIT_ATOL = 1e-4  # logits of order 10, after 2 AdamW steps (each update checked); measured 2e-6
 
 
 def family_cases(specs=None, **options) -> list[dict]:
-    """The cases of ``specs`` (default :data:`FAMILY_SPECS` and :data:`NEW_FAMILY_SPECS`; ``R = 2``, ``V = 2``,
+    """The cases of ``specs`` (default :data:`FAMILY_SPECS` and :data:`SCALED_FAMILY_SPECS`; ``R = 2``, ``V = 2``,
     ``M = 3``), each with ``options`` (e.g. ``order="micro"``, named in the case)."""
     cases = []
-    for config, preprocess, text_layers, layout in (FAMILY_SPECS + NEW_FAMILY_SPECS if specs is None else specs):
+    for config, preprocess, text_layers, layout in (FAMILY_SPECS + SCALED_FAMILY_SPECS if specs is None else specs):
         data = "text" if config in TEXT_CONFIGS else ("ragged" if config == "vl" else f"ragged-{config}")
         case = dict(family=config, data=data, vpp=2, num_micro=3, preprocess=preprocess, text_layers=text_layers,
                     steps=2, reload=True, pp_size=2, strict_grads=True)
@@ -269,19 +247,19 @@ def family_cases(specs=None, **options) -> list[dict]:
         case["name"] = f"family-{config}-{preprocess}-T{text_layers}" + (f"-{layout}" if layout else "") + "".join(
             f"-{k}={v}" for k, v in sorted(options.items()))
         case.update(options)
-        case.update(specs_new.OPTIONS.get(config, {}))
-        if config not in OLD_FAMILIES:  # the generic splitter's families: per-tensor 1e-5 + 1e-5 * max|ref|
+        case.update(specs_families.OPTIONS.get(config, {}))
+        if config not in ABSOLUTE_TOL_FAMILIES:  # the generic splitter's families: per-tensor 1e-5 + 1e-5 * max|ref|
             case["scaled_tolerance"] = True
         cases.append(case)
     return cases
 
 
 def family_grid() -> list[dict]:
-    """Every family (:data:`FAMILY_SPECS` and :data:`NEW_FAMILY_SPECS`, each with its first spec's layout) x
+    """Every family (:data:`FAMILY_SPECS` and :data:`SCALED_FAMILY_SPECS`, each with its first spec's layout) x
     frozen and trainable x ``T`` in 0, 1, identity at ``T = 0``, a zero-bubble trainable case, and each MoE family
     in the HF Trainer's order too: ``python scripts/check/grad_matrix.py --families``."""
     layouts = {}
-    for config, _, _, layout in FAMILY_SPECS + NEW_FAMILY_SPECS:
+    for config, _, _, layout in FAMILY_SPECS + SCALED_FAMILY_SPECS:
         layouts.setdefault(config, layout)
     specs = [(config, pre, t, layout) for config, layout in layouts.items()
              for pre, t in (("frozen", 0), ("frozen", 1), ("trainable", 0), ("trainable", 1))
@@ -331,7 +309,7 @@ def packed_cases(specs=None, **options) -> list[dict]:
                     strict_grads=True, **options)
         if layout is not None:
             case["layers_per_stage"] = layout
-        case.update(specs_new.PACKED_OPTIONS.get(config, {}))
+        case.update(specs_families.PACKED_OPTIONS.get(config, {}))
         case["name"] = f"packed-{config}-{preprocess}-T{text_layers}" + "".join(
             f"-{k}={v}" for k, v in sorted(options.items()))
         cases.append(case)
@@ -367,11 +345,11 @@ def gradient_controls() -> list[dict]:
 
 
 def skipped_step_controls() -> list[dict]:
-    """Every family (each config's first spec in :data:`FAMILY_SPECS` and :data:`NEW_FAMILY_SPECS`) with its last
+    """Every family (each config's first spec in :data:`FAMILY_SPECS` and :data:`SCALED_FAMILY_SPECS`) with its last
     AdamW step skipped on every rank, which the update check must catch: ``python scripts/check/grad_matrix.py
-    --controls``. A family whose case takes one step (``specs_new.OPTIONS``) has no update to check, and no control."""
+    --controls``. A family whose case takes one step (``specs_families.OPTIONS``) has no update to check, and no control."""
     first = {}
-    for spec in FAMILY_SPECS + NEW_FAMILY_SPECS:
+    for spec in FAMILY_SPECS + SCALED_FAMILY_SPECS:
         first.setdefault(spec[0], spec)
     return [dict(c, reload=False) for c in family_cases(list(first.values()), skip_last_step=True)
             if c.get("steps", 1) > 1]
@@ -385,11 +363,11 @@ UNPACKED = ("minicpmv4_7", "gemma4", "gemma4_unified", "llama4", "gemma3n_text",
 
 
 def packed_grid() -> list[dict]:
-    """Every family packed (:data:`FAMILY_SPECS` and :data:`NEW_FAMILY_SPECS`' configs, each with its first
+    """Every family packed (:data:`FAMILY_SPECS` and :data:`SCALED_FAMILY_SPECS`' configs, each with its first
     layout, but :data:`UNPACKED`), frozen at ``T = 0`` (trainable at ``T = 1`` for a decoder-only LM) and
     trainable at ``T = 1``: ``python scripts/check/grad_matrix.py --packed``."""
     layouts = {}
-    for config, _, _, layout in FAMILY_SPECS + NEW_FAMILY_SPECS:
+    for config, _, _, layout in FAMILY_SPECS + SCALED_FAMILY_SPECS:
         if config not in UNPACKED:
             layouts.setdefault(config, layout)
     specs = [(c, pre, t, layout) for c, layout in layouts.items() for pre, t in (("frozen", 0), ("trainable", 1))

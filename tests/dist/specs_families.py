@@ -1,5 +1,6 @@
-"""CI cases of the new families: (config name, preprocess, text_layers, layout), and per-family case
-options (:data:`OPTIONS`).
+"""CI cases of the generic splitter's families, one per line: (config name, preprocess, text_layers, layout), run by
+tests/test_numerics.py::test_model_families at a per-tensor tolerance (1e-5 + 1e-5 max|ref|), and per-family case
+options (:data:`OPTIONS`). A new family adds its line here (docs/adding_a_family.md).
 
 Gemma 4, Gemma 4 Unified, Muse Glimmer and Muse Spark run at the default settings: lr 1e-3, eps 1e-6, two AdamW
 steps, each step's update (matrix.update_problems) and the last step's gradients (1e-5 + 1e-5 max|ref|) checked at
@@ -29,10 +30,72 @@ lr / eps in the gradient 1 instead of 1000) every check passes (measured with ``
 lfm3_vl``). Why the packed first step parts that projection more than the padded one is not yet found.
 """
 
-
+# Qwen3.5(-MoE), Qwen3-VL-MoE, GLM-4.1V/4.5V, InternVL, Gemma 3, PaliGemma, Mistral 3, LLaVA-NeXT, -OneVision,
+# Idefics3, SmolVLM: a frozen tower at T = 0 and a trainable one at T = 1 each
+# (the full family x preprocess x T grid: python scripts/check/grad_matrix.py --families). Qwen3.5's layout [3, 3, 3, 3] cuts
+# between linear-attention layer 2 and full-attention layer 3; Qwen3-VL-MoE's relays DeepStack features (layers
+# 0, 1) from stage 0 to stage 1; the MoE families add the load-balancing loss (HF's aux_loss in the reference),
+# once more in the HF Trainer's order (each micro's own loss, "micro"), the order MPipeTrainer picks for them.
+SPECS: list[tuple] = [
+    ("qwen3_5", "frozen", 0, [3, 3, 3, 3]), ("qwen3_5", "trainable", 1, [4, 2, 3, 3]),
+    ("qwen3_5_moe", "frozen", 0, [3, 3, 3, 3]), ("qwen3_5_moe", "trainable", 1, None),
+    ("qwen3_vl_moe", "frozen", 0, [1, 3, 4, 4]), ("qwen3_vl_moe", "trainable", 1, [2, 2, 4, 4]),
+    ("glm4v", "frozen", 0, None), ("glm4v", "trainable", 1, None),
+    ("glm4v_moe", "frozen", 0, None), ("glm4v_moe", "trainable", 1, None),
+    ("internvl", "frozen", 0, None), ("internvl", "trainable", 1, None),
+    ("gemma3", "frozen", 0, None), ("gemma3", "trainable", 1, None),
+    ("paligemma", "frozen", 0, None), ("paligemma", "trainable", 1, None),
+    ("mistral3", "frozen", 0, None), ("mistral3", "trainable", 1, None),
+    ("llava_next", "frozen", 0, None), ("llava_next", "trainable", 1, None),
+    ("llava_onevision", "frozen", 0, None), ("llava_onevision", "trainable", 1, None),
+    ("idefics3", "frozen", 0, None), ("idefics3", "trainable", 1, None),
+    ("smolvlm", "frozen", 0, None), ("smolvlm", "trainable", 1, None),
+]
+# llava-like towers (LLaVA, DeepSeek, OCR, Idefics2, Mistral and Gemma groups), a trainable tower at T = 1
+SPECS += [
+    ("vipllava", "trainable", 1, None),
+    ("shieldgemma2", "trainable", 1, None),
+    ("aya_vision", "trainable", 1, None),
+    ("qianfan_ocr", "trainable", 1, None),
+    ("llava_next_video", "trainable", 1, None),
+    ("deepseek_vl", "trainable", 1, None),
+    ("lighton_ocr", "trainable", 1, None),
+    ("video_llava", "trainable", 1, None),
+    ("janus", "trainable", 1, None),
+    ("got_ocr2", "trainable", 1, None),
+    ("pp_chart2table", "trainable", 1, None),
+    ("deepseek_vl_hybrid", "trainable", 1, None),
+    ("aria", "trainable", 1, None),
+    ("idefics2", "trainable", 1, None),
+    ("deepseek_ocr2", "trainable", 1, None),
+    # the families whose stock image processor needs torchvision: their vision inputs built directly
+    # (tests/dist/direct_llava_like.py)
+    ("cohere2_vision", "trainable", 1, None),
+    ("lfm2_vl", "trainable", 1, None),
+    ("step3p7", "trainable", 1, None),
+    ("minimax_m3_vl", "trainable", 1, None),
+    ("molmo2", "trainable", 1, None),
+    ("unlimited_ocr", "trainable", 1, None),
+]
+# Qwen-like towers (the qwen_like, glm and qwen groups)
+SPECS += [("glm46v", "trainable", 1, None), ("glmga", "trainable", 1, None),
+                      ("glm_ocr", "trainable", 1, None), ("cosmos3_omni", "trainable", 1, None),
+                      ("paddleocr_vl", "trainable", 1, None), ("cosmos3_edge", "trainable", 1, None),
+                      ("exaone4_5", "trainable", 1, None), ("llava_onevision1_5", "trainable", 1, None),
+                      ("video_llama_3", "trainable", 1, None),
+                      ("ernie4_5_vl_moe", "trainable", 1, None),
+                      ("qwen2_5_omni_thinker", "trainable", 1, None), ("qwen3_omni_moe_thinker", "trainable", 1, None),
+                      ("lfm3_vl", "trainable", 1, None),
+                      ("hyperclovax_vision_v2", "trainable", 1, None),
+                      ("minicpmv4_6", "trainable", 1, None),
+                      ("minicpmv4_7", "trainable", 1, None),
+                      ("hunyuan_vl", "trainable", 1, None)]
+# families whose stock image processor needs torchvision: their vision inputs built directly
+# (pools_without_processor.py)
+SPECS += [("kimi_k25", "trainable", 1, None), ("minicpm_ocr", "trainable", 1, None)]
 # decoder-only LMs: the text pool, T >= 1 (tests/dist/matrix.py's TEXT_CONFIGS)
 TEXT_TYPES = ("mistral4", "gemma3n_text")
-SPECS: list[tuple] = [
+SPECS += [
     ("mistral4", "trainable", 1, None),
     # Gemma 3n's language model (its image-text model needs timm: scripts/check/check_timm_families.py): the AltUp streams
     # (4, B, L, H), per-layer inputs and shared key/value states cross the stage boundaries
