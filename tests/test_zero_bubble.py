@@ -1,4 +1,4 @@
-"""Zero-bubble MPipe (issue 18): the ``W`` action kind, its placement, the simulator against ZB-H1's closed form,
+"""Zero-bubble MPipe: the ``W`` action kind, its placement, the simulator against ZB-H1's closed form,
 and the runtime's split of one stage's backward into ``B`` and ``W`` against the whole backward.
 
 The pipelined runs (exact against the unsplit model on one process in every mode) are in
