@@ -1,7 +1,7 @@
 """The torchvision-free data path of the image families whose stock image processor exists only with a torchvision
 backend: their torch-operation image processors (``mpipe_hf/data/image_processor_*.py``, equal to the stock classes
 bit for bit: ``tests/test_stock_recorded.py``) under the stock processor classes and the families' chat templates
-(``mpipe_hf/data/processors_*.py``) collate a conversation with an image that the unsplit tiny model trains on,
+(their groups' ``mpipe_hf/families/<group>/data.py``) collate a conversation with an image that the unsplit tiny model trains on,
 whose image-token count is what the image processor's outputs give and what the load-time check takes, and one
 image token less or more is refused. A saved snapshot loads back without torchvision as the processor that saved
 it; ``mpipe-hf train`` on this data path equals one process (``MPIPE_HF_FULL=1``). The split of these families is

@@ -19,7 +19,7 @@ def test_the_families_needing_the_stock_processor_are_those_without_ours():
     # Kimi K2.5, MiniCPM-OCR and Unlimited-OCR: theirs too (mpipe_hf/families/qwen_like/data.py, families/ocr/data.py)
     assert not any(needs_stock_processor(t) for t in ("kimi_k25", "minicpm_ocr", "unlimited_ocr"))
     assert {"kimi_k25", "minicpm_ocr", "unlimited_ocr"} <= set(PROCESSOR_TYPES)
-    # Molmo2, Step3p7 and MiniMax-M3-VL: theirs too (mpipe_hf/data/processors_molmo2_step3p7_minimax.py)
+    # Molmo2, Step3p7 and MiniMax-M3-VL: theirs too (mpipe_hf/families/llava)
     assert not any(needs_stock_processor(t) for t in ("molmo2", "step3p7", "minimax_m3_vl"))
     assert {"molmo2", "step3p7", "minimax_m3_vl"} <= set(PROCESSOR_TYPES)
     # Inkling: its own too (mpipe_hf/families/inkling/data.py)

@@ -201,8 +201,8 @@ def save_processor(directory: str, processor, model_type: str, chat_template: st
 
 def load_checkpoint_processor(directory: str):
     """The processor of a checkpoint directory written with :func:`save_processor_files`, with its chat template:
-    ``AutoProcessor.from_pretrained(directory)`` where torchvision is installed (the families of
-    ``processors_vlm`` excepted) or the model type has no processor here; else (no torchvision: the stock processors
+    ``AutoProcessor.from_pretrained(directory)`` where torchvision is installed (the families with
+    ``FamilyData.always_ours`` excepted) or the model type has no processor here; else (no torchvision: the stock processors
     of most families need it for their video processor, Gemma 4's and GLM-4.6V's included) the processor training
     uses, :func:`mpipe_hf.data.build_processor`, over ``AutoTokenizer`` and ``AutoImageProcessor`` (images and text
     processed as by the stock class; Qwen2-VL / Qwen2.5-VL, Qwen3-VL and GLM-4.1V / GLM-4.5V videos by the

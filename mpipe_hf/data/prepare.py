@@ -5,9 +5,9 @@
 result under the ``datasets`` cache (``HF_DATASETS_CACHE/mpipe_hf/<key>``), written to a temporary folder and
 renamed: the key is a hash of the raw rows' ``datasets`` fingerprint, the settings (layout, image folder,
 ``max_length``, the processor's tokenizer, template and image processor, whether images are decoded) and this
-package's data code, so a second run, or a second rank of the node, reads the result at once. The key does not
-see the image files, so a cached row that failed for an image is checked again on each read
-(:func:`_still_holds`). Each row gets:
+package's data code and the family's folder (``mpipe_hf/families/<group>``), so a second run, or a second rank of
+the node, reads the result at once. The key does not see the image files, so a cached row that failed for an image
+is checked again on each read (:func:`_still_holds`). Each row gets:
 
 - ``where``: the file and 1-based line, or the file and row index (:meth:`~.containers.Container.where`);
 - ``status``: ``blank`` (a blank line), ``ok``, ``cut`` (longer than ``max_length``, cut there), ``dropped`` (the
@@ -55,7 +55,8 @@ FEATURES = datasets.Features({
     "visual": datasets.Value("string"),  # .budgets.RowBudget.metadata as JSON: per item tokens, resizes, caps over
 })
 CODE = ("layouts.py", "containers.py", "prepare.py", "conversation_rows.py", "conversation_encoder.py",
-        "templates.py", "processor.py", "processors_vlm.py", "video.py", "video_processor.py", "budgets.py")
+        "templates.py", "processor.py", "markers.py", "stock_classes.py", "family_data.py", "image_torch_ops.py",
+        "video.py", "video_processor.py", "budgets.py")
 
 
 def raw_row(container: Container, row: dict, index: int) -> dict:
@@ -227,10 +228,16 @@ def _signature(processor, chat_template: str | None) -> dict:
 
 def cache_key(container: Container, check: RowCheck) -> str:
     """The cache key of ``check`` over ``container``'s rows (module docstring)."""
+    from ..families.registry import group_of
     here = os.path.dirname(__file__)
+    paths = [os.path.join(here, name) for name in CODE]
+    group = group_of(check.model_type) if check.model_type else None
+    if group is not None:  # the family's own data path: its group's folder
+        folder = os.path.join(os.path.dirname(here), "families", group)
+        paths += sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".py"))
     code = hashlib.sha256()
-    for name in CODE:
-        with open(os.path.join(here, name), "rb") as f:
+    for path in paths:
+        with open(path, "rb") as f:
             code.update(f.read())
     settings = {"rows": container.rows._fingerprint, "kind": container.kind, "label": container.label,
                 "layout": check.layout, "base": check.base, "max_length": check.max_length,

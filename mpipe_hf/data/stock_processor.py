@@ -1,11 +1,9 @@
 """The stock processor of a vision-language family that mpipe_hf has no processor of: the timm-tower families
 (FastVLM, Perception-LM, Gemma 3n), whose towers need torchvision and timm anyway. Every family whose stock image
-processor exists in ``transformers`` only with a torchvision backend has a torchvision-free one here (Llama 4,
-LFM2-VL and Cohere2-Vision, :mod:`.processors_torch_op_images`; Kimi K2.5 and MiniCPM-OCR,
-:mod:`mpipe_hf.families.qwen_like.data`; Unlimited-OCR, :mod:`mpipe_hf.families.ocr.data`; Molmo2, Step3p7 and
-MiniMax-M3-VL, :mod:`.processors_molmo2_step3p7_minimax`; Gemma 4 Unified, Muse Glimmer and Muse Spark,
-:mod:`mpipe_hf.families.gemma.data`; Inkling, :mod:`mpipe_hf.families.inkling.data`; Nemotron-H Omni,
-:mod:`mpipe_hf.families.nemotron.data`).
+processor exists in ``transformers`` only with a torchvision backend has a torchvision-free one in its family's
+package (``FamilyData.no_torchvision_images``: Llama 4, LFM2-VL, Cohere2-Vision, Molmo2, Step3p7 and MiniMax-M3-VL
+in ``families/llava``; Kimi K2.5 and MiniCPM-OCR in ``families/qwen_like``; Unlimited-OCR in ``families/ocr``;
+Gemma 4 Unified, Muse Glimmer and Muse Spark in ``families/gemma``; Inkling and Nemotron-H Omni in theirs).
 
 Training uses the checkpoint's own processor (``AutoProcessor`` over the checkpoint's files, with its chat
 template); where its stock image processor needs torchvision and torchvision does not import, or there is no

@@ -63,11 +63,7 @@ def _table(group: str, part: str, name: str) -> dict:
 
 def _lookup(model_type: str, part: str, name: str):
     group = _GROUP_OF.get(model_type)
-    found = _table(group, part, name).get(model_type) if group else None
-    if found is None:
-        from . import legacy  # transitional: the tables the group packages are replacing
-        found = legacy.table(part, name).get(model_type)
-    return found
+    return _table(group, part, name).get(model_type) if group else None
 
 
 def family(model_type: str):
@@ -95,9 +91,6 @@ def refusal(model_type: str) -> str | None:
     if found is None:
         from .refused import REFUSED
         found = REFUSED.get(model_type)
-    if found is None:
-        from . import legacy
-        found = legacy.table("split", "REFUSED").get(model_type)
     return found
 
 
@@ -115,8 +108,7 @@ def unregister(model_types: str | Iterable[str]) -> None:
 
 
 def _every(part: str, name: str) -> dict:
-    from . import legacy
-    out = dict(legacy.table(part, name))
+    out = {}
     for group in GROUPS:
         out.update(_table(group, part, name))
     return out
