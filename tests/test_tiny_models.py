@@ -20,10 +20,12 @@ from PIL import Image
 
 from mpipe_hf.data import default_chat_template
 from mpipe_hf.data.template_family import check_template_family, template_families
-from mpipe_hf.data.templates import TEMPLATE_TYPES
+from mpipe_hf.families.registry import all_data
 from train_common import EPS, ROOT, recipe_reference
 
 SCRIPT = runpy.run_path(os.path.join(ROOT, "scripts", "make", "make_tiny_models.py"))
+# the families whose template format is their own (FamilyData.template_owner)
+TEMPLATE_TYPES = sorted(t for t, d in all_data().items() if d.template_owner)
 GROUPS = ("glm4v", "idefics3", "aria")  # one family a group: CI trains its recipe
 BUILT = ("gemma3", "qwen2_5_vl", "qwen3") + GROUPS  # a few families: CI builds these, the script all
 
