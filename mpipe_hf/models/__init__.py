@@ -1,5 +1,6 @@
 """The model layer: one generic splitter (:mod:`.generic`) driven by a short declaration per family
-(:class:`~.family.Family`, all of them in :mod:`.families`), the registry and :func:`split`, the one entry point.
+(:class:`~.family.Family`, each in its group's package, :mod:`mpipe_hf.families`), and :func:`split`, the one entry
+point, which finds the declaration by ``config.model_type``.
 
 The registry's names are imported on first use (PEP 562): importing a light submodule (the recipe's
 :mod:`.freeze`) does not load every family's transformers classes (about 4 s), so ``mpipe-hf`` answers a bad

@@ -1,7 +1,8 @@
 """The attention masks of the Gemma models, as each model's ``forward`` builds them for a first (uncached) pass:
 bidirectional blocks over an image's tokens (Gemma 3, Gemma 4, Gemma 4 Unified: ``token_type_ids`` /
 ``mm_token_type_ids``) or over PaliGemma's prefix, on top of the causal and sliding-window masks. Each builder
-reads the blocks by position, so a packed micro-batch runs row by row (``ROW_BLIND``)."""
+reads the blocks by position, so a packed micro-batch runs row by row (``ROW_BLIND``). The model class's own
+builder with a token-type overlay is :func:`~mpipe_hf.models.decoder.model_class_masks`, which Molmo2 shares."""
 
 from __future__ import annotations
 
@@ -9,24 +10,8 @@ import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from ...models.decoder import model_class_masks
 from ...models.packed import ROW_BLIND
-
-
-def model_class_masks(model: nn.Module, key: str = "token_type_ids"):
-    """Masks from the model class's own ``create_masks_for_generate`` with the token types under ``key`` (Gemma 3's
-    ``token_type_ids``: full attention OR a bidirectional block per image, the sliding layers AND their window;
-    transformers' ``create_masks_for_vision_model``; Gemma 4's ``mm_token_type_ids``), as its ``forward`` builds
-    them for a first (uncached) pass."""
-    build, config = type(model).create_masks_for_generate, model.config
-
-    def masks(text_config, hidden, padding, text_row, state, types) -> dict:
-        out = build(config, inputs_embeds=hidden, attention_mask=padding, cache=None, position_ids=text_row,
-                    is_first_iteration=True, **{key: state.get(key)})
-        return out if isinstance(out, dict) else {t: out for t in types}
-    # transformers remaps a packed micro's indices to positions before the token-type overlay reads them: the
-    # image blocks would be looked up at the wrong tokens, so a packed micro runs row by row
-    setattr(masks, ROW_BLIND, True)
-    return masks
 
 
 def prefix_masks(model: nn.Module):
