@@ -7,7 +7,8 @@ import torch
 
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.data.collate import IGNORE, TextCollator
-from mpipe_hf.data.packing import STALE_AFTER, PackedCollate, PackedPlan, best_fit_decreasing, pack_micro
+from mpipe_hf.data.bin_packing import best_fit_decreasing
+from mpipe_hf.data.packing import STALE_AFTER, PackedCollate, PackedPlan, pack_micro
 
 TEXTS = ["Hi.", "A photo of a cat sitting on a red mat in the sun.", "Two words", "x " * 23,
          "The quick brown fox jumps over the lazy dog, twice: the quick brown fox jumps over the lazy dog."]
@@ -264,7 +265,7 @@ def test_chunked_attention_cannot_be_packed():
 def test_refine_moves_cost_to_the_cheapest_bin_within_budget():
     """Costs 17 and 3 (rows 0 and 1 costly) become 10 and 10 (a swap, then a move) within 10 tokens a bin; with no
     room for any move or swap, nothing changes."""
-    from mpipe_hf.data.packing import refine_costs
+    from mpipe_hf.data.bin_packing import refine_costs
     lengths, costs = [4, 4, 4, 4, 2], [9.0, 8.0, 1.0, 1.0, 1.0]
     bins = refine_costs([[0, 1], [2, 3, 4]], lengths, costs, budget=10)
     assert sorted(sum(costs[i] for i in b) for b in bins) == [10.0, 10.0], bins

@@ -98,7 +98,7 @@ def _kind_of(items: list[int], kinds: Sequence[str | None]) -> str | None:
 def keep_apart(bins: list[list[int]], left: list[int], kinds: Sequence[str | None], lengths: Sequence[int],
                costs: Sequence[float], budget: int, cost_budget: float | None = None
                ) -> tuple[list[list[int]], list[int]]:
-    """A packer step's ``(bins, left)`` (:func:`~.packing.pack_step` over its buffer's items, ``kinds[i]`` item
+    """A packer step's ``(bins, left)`` (:func:`~.bin_packing.pack_step` over its buffer's items, ``kinds[i]`` item
     ``i``'s :func:`row_kinds`) with no bin holding both an image row and a video row: each bin keeps the kind of
     its oldest visual item (:func:`_kind_of`) and its items of the other kind leave it; each of those, oldest
     first, goes into the bin of its kind or of text only with room for its ``lengths`` within ``budget`` tokens
