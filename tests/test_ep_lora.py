@@ -21,7 +21,8 @@ from mpipe_hf.models import split
 from mpipe_hf.families.glm import tiny as glm_tiny
 from mpipe_hf.families.qwen import tiny as qwen_tiny
 from mpipe_hf.models.adapters import apply_adapter, is_adapter_tensor, merged_state
-from mpipe_hf.models.expert_parallel import ExpertCut, shard_experts
+from mpipe_hf.models.expert_parallel import shard_experts
+from mpipe_hf.models.expert_shards import ExpertCut
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.recipe_lora import LoraSection
 

@@ -258,7 +258,7 @@ def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: 
     """Copy into ``carved`` (in place: the modules, stages and optimizer keep their tensors) every tensor rank
     ``rank`` saves (``carved.state_dict``), read from the safetensors checkpoint at ``path`` block by block, as
     :func:`split_from_checkpoint` reads them. For resuming a run. ``experts``: the
-    :class:`~.expert_parallel.ExpertShards` of a share already made expert-parallel (the HF Trainer resumes after
+    :class:`~.expert_shards.ExpertShards` of a share already made expert-parallel (the HF Trainer resumes after
     :meth:`~mpipe_hf.train.run.PipelineRun.start`): each of its shards reads only this rank's experts of the
     checkpoint's fused ``(E, ...)`` tensor (:func:`~.shards.read_experts_into`); without it, so do the experts
     :func:`split_from_checkpoint` cut at load (``mpipe-hf train`` resumes before ``start``).
@@ -296,9 +296,9 @@ def load_share_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: 
 def load_adapter_values(path: str, carved: SplitModel, cfg: ScheduleConfig, rank: int, experts=None) -> None:
     """Copy the adapter checkpoint at ``path`` (PEFT's ``adapter_model.safetensors``) into ``carved``'s adapter
     tensors in place, ``P``'s replica included; the base weights stay as loaded. For resuming a LoRA run.
-    ``experts``: the :class:`~.expert_parallel.ExpertShards` of a share already made expert-parallel (the HF
+    ``experts``: the :class:`~.expert_shards.ExpertShards` of a share already made expert-parallel (the HF
     Trainer resumes after :meth:`~mpipe_hf.train.run.PipelineRun.start`): each fused expert adapter of the file is
-    cut to this rank's part (:meth:`~.expert_parallel.ExpertShards.cut`) first.
+    cut to this rank's part (:meth:`~.expert_shards.ExpertShards.cut`) first.
 
     Raises:
         ValueError: ``path`` holds no adapter (a full fine-tuning checkpoint), or lacks an adapter tensor this

@@ -139,7 +139,7 @@ def read_into(file: str, key: str, target: torch.Tensor, report: LoadReport, pat
 def read_experts_into(file: str, key: str, target: torch.Tensor, cut, report: LoadReport, path: str,
                       transpose: tuple[int, int] | None = None) -> None:
     """Copy this rank's experts of the fused tensor ``key`` of shard ``file`` into the expert shard ``target``, as
-    ``cut`` (an :class:`~.expert_parallel.ExpertCut`) places them: an expert-major cut reads only its rows, at
+    ``cut`` (an :class:`~.expert_shards.ExpertCut`) places them: an expert-major cut reads only its rows, at
     most :data:`READ_BLOCK_BYTES` (or one expert) at a time; another reads the whole tensor. ``transpose``: as
     :func:`read_into`.
 

@@ -113,7 +113,7 @@ class DataParallel:
             (:func:`bf16_units`) are gathered in bf16 and reduced in fp32 (the module docstring says why this is
             exact); no effect with ``replicate``, whose all-reduce sums the fp32 gradients.
         experts: expert parallelism: ``(this rank's expert shards, the edp mesh)``
-            (:class:`~mpipe_hf.models.expert_parallel.ExpertShards`' ``params``,
+            (:class:`~mpipe_hf.models.expert_shards.ExpertShards`' ``params``,
             :func:`~.mesh.expert_mesh`'s ``["edp"]``). The shards differ between the EP ranks of ``dp``, and
             the all-to-all's backward already summed their gradients over the EP group: FSDP2 leaves them alone
             and they are summed over ``edp`` (the replicas holding the same experts), not ``dp``. A third item,

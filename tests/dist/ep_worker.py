@@ -37,7 +37,8 @@ from mpipe_hf.data.packing import pack_micro
 from mpipe_hf.models import split as split_model
 from mpipe_hf.models.adapters import apply_adapter, is_adapter_tensor, merged_state
 from mpipe_hf.models.base import freeze
-from mpipe_hf.models.expert_parallel import ExpertCut, shard_experts
+from mpipe_hf.models.expert_parallel import shard_experts
+from mpipe_hf.models.expert_shards import ExpertCut
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.data_parallel import DataParallel
 from mpipe_hf.runtime.mesh import expert_mesh
@@ -46,7 +47,7 @@ from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.checkpoint import save_adapter, save_checkpoint
 from mpipe_hf.train.precision import autocast_modules
 from mpipe_hf.train.recipe_lora import LoraSection
-from mpipe_hf.train.run import gather_full
+from mpipe_hf.train.run_checkpoints import gather_full
 
 PP, EP = 2, 2
 DP = int(os.environ.get("WORLD_SIZE", "4")) // PP  # 4 processes: edp 1; 8: edp 2 (experts summed over edp)
