@@ -127,7 +127,8 @@ def _plan(args) -> None:
     from .train import load_recipe
     recipe = load_recipe(args.recipe)  # before the trainer's imports: a bad recipe fails at once
     from .schedule.tune import Profile
-    from .train.plan import estimate_profile, plan
+    from .train.plan import plan
+    from .train.plan_estimate import estimate_profile
     from .models import get_family
     from .train.trainer import check_layout, load_config
     config = load_config(recipe.model)

@@ -117,7 +117,7 @@ def test_window_lengths_cut_at_the_image_edge():
 def test_activation_bytes_match_the_meta_count():
     """The closed forms equal what ``mpipe-hf plan`` counts under ``saved_tensors_hooks`` for one decoder layer
     and the head (fused attention), in fp32 and under the bf16 autocast policy."""
-    from mpipe_hf.train.plan import meta_activation_bytes
+    from mpipe_hf.train.plan_estimate import meta_activation_bytes
     config = small_config()
     text, _ = shapes_from_config(config)
     for tokens in (16, 96):

@@ -18,8 +18,9 @@ from mpipe_hf.models.costs import layer_costs, matmul_costs
 from mpipe_hf.models.load import meta_model
 from mpipe_hf.runtime.memory import saved_bytes, storage_ids
 from mpipe_hf.schedule import ScheduleConfig
-from mpipe_hf.train.plan import (estimate_profile, meta_activation_bytes, patches_per_image_token, plan,
-                                 register_fused_attention, vision_parts)
+from mpipe_hf.train.plan import plan
+from mpipe_hf.train.plan_estimate import estimate_profile, meta_activation_bytes, register_fused_attention
+from mpipe_hf.train.plan_vision import patches_per_image_token, vision_parts
 
 from ep_stubs import EPMesh
 
@@ -299,7 +300,7 @@ def test_all_to_all_rows_and_saved_bytes_are_what_the_plan_counts(world, monkeyp
     import transformers.distributed.expert_parallel as hf_ep
     from torch.distributed.device_mesh import DeviceMesh
     from mpipe_hf.schedule.tune import Profile
-    from mpipe_hf.train.plan import _experts_fallback
+    from mpipe_hf.train.plan_estimate import _experts_fallback
     from mpipe_hf.train.plan_experts import expert_plan
     config = moe_vl_config()
     text = config.get_text_config()

@@ -144,7 +144,7 @@ def test_the_cost_model_knows_a_frozen_vit_backward_is_the_mergers():
     ``freeze_vit`` ``P``'s backward, its broadcast parameters and its graph are the merger's, a small part of the
     tower's, and the simulated step is shorter."""
     from mpipe_hf.schedule.tune import predict
-    from mpipe_hf.train.plan import estimate_profile
+    from mpipe_hf.train.plan_estimate import estimate_profile
     from mpipe_hf.train.sources import load_config
     from mpipe_hf.train.recipe import load_recipe
     recipe = load_recipe(os.path.join(os.path.dirname(__file__), "..", "recipes", "presets", "qwen2_5_vl_32b.yaml"))

@@ -138,7 +138,8 @@ def test_every_preset_plan_fits_80gb(path):
     """Each preset's shipped config on the meta device: the planned shape fits 80 GiB with 10% headroom (with
     ``parallel.ep_size``, each EP rank holding ``E / ep_size`` of the experts)."""
     from mpipe_hf.train import load_recipe
-    from mpipe_hf.train.plan import estimate_profile, plan
+    from mpipe_hf.train.plan import plan
+    from mpipe_hf.train.plan_estimate import estimate_profile
     from mpipe_hf.train.trainer import check_layout, load_config
     cwd = os.getcwd()
     os.chdir(ROOT)

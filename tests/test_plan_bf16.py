@@ -7,8 +7,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from mpipe_hf.models import split as split_model
 from mpipe_hf.runtime import PipelineExecutor
 from mpipe_hf.schedule import ScheduleConfig, build_schedule
-from mpipe_hf.train.plan import (_peak_activation_bytes, estimate_profile, meta_activation_bytes, plan,
-                                 register_fused_attention)
+from mpipe_hf.train.plan import _peak_activation_bytes, plan
+from mpipe_hf.train.plan_estimate import estimate_profile, meta_activation_bytes, register_fused_attention
 from mpipe_hf.train.precision import autocast_modules
 
 VOCAB, HIDDEN, TOKENS, MICROS = 512, 256, 64, 3

@@ -14,7 +14,8 @@ import pytest
 from mpipe_hf.data import qwen2_tokenizer
 from mpipe_hf.models import get_family
 from mpipe_hf.schedule import ScheduleConfig
-from mpipe_hf.train.plan import estimate_profile, meta_activation_bytes, plan
+from mpipe_hf.train.plan import plan
+from mpipe_hf.train.plan_estimate import estimate_profile, meta_activation_bytes
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import TIMM_TOWERS, VOCAB_RANKS, family_builders, tiny_configs  # noqa: E402
@@ -91,7 +92,7 @@ def test_gemma3n_count_is_the_mean_of_its_real_layers_on_cpu(tokenizer):
     from transformers.cache_utils import KVSharingDict
 
     from mpipe_hf.runtime.memory import saved_bytes, storage_ids
-    from mpipe_hf.train.plan import register_fused_attention
+    from mpipe_hf.train.plan_estimate import register_fused_attention
     config = BUILDERS["gemma3n_text"](tokenizer, num_layers=4)
     config._attn_implementation = register_fused_attention()
     torch.manual_seed(0)

@@ -138,7 +138,7 @@ def decoder_layer_activation_bytes(text: TextShape, tokens: int, dtype_bytes: in
       (``dim`` each), the kernel's output (``o_proj``'s input), all ``b`` bytes, and the log-sum-exp;
     - the MLP: ``gate`` and ``up`` outputs, SiLU's output and the product (``down``'s input), ``4 * b * I``.
 
-    With ``dtype_bytes = 4`` this is exactly what ``mpipe_hf.train.plan.meta_activation_bytes`` counts on the
+    With ``dtype_bytes = 4`` this is exactly what ``mpipe_hf.train.plan_estimate.meta_activation_bytes`` counts on the
     meta device (``tests/test_at_scale.py``; Korthikanti et al., 2022, "Reducing Activation Recomputation in
     Large Transformer Models", count the same way for GPT: ``34 * s * b * h`` with dropout masks and a 4h MLP).
     With ``dtype_bytes = 2`` it is the list under this project's bf16 policy (autocast over fp32 weights and an

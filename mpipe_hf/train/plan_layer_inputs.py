@@ -1,4 +1,4 @@
-"""What the plan's count of one decoder layer (:func:`~.plan.meta_activation_bytes`) hands the layer beyond its
+"""What the plan's count of one decoder layer (:func:`~.plan_estimate.meta_activation_bytes`) hands the layer beyond its
 hidden state, and what crosses a stage boundary, for the families whose layers read more than ``(B, L, H)``:
 
 - Gemma 3n's AltUp streams: the hidden state is the stack ``(altup_num_inputs, B, L, H)`` (4 streams) at every

@@ -6,10 +6,10 @@ weighs each against the cost profile's micro-batch, and simulates the packed ste
 Cost model: a micro-batch's body ``F``/``B``/``W`` (layers, embedding, head) costs the profile's times its decoder
 tokens over the profile's tokens per micro-batch, and its ``P`` (the tower, :class:`~mpipe_hf.schedule.simulate.Costs`'
 ``micro_preprocess_weights``) the profile's times its image tokens over the profile's image tokens: linear in
-tokens, as the profile's matmul FLOPs are (:func:`~.plan.estimate_profile`). Attention's term quadratic in a row's
-length is not modelled (packed rows attend only within themselves), nor do message sizes follow the tokens. A
-padded micro-batch computes ``rows * longest row`` decoder tokens, what padding to the longest row costs; its image
-tokens are its rows' (padding adds none).
+tokens, as the profile's matmul FLOPs are (:func:`~.plan_estimate.estimate_profile`). Attention's term quadratic
+in a row's length is not modelled (packed rows attend only within themselves), nor do message sizes follow the
+tokens. A padded micro-batch computes ``rows * longest row`` decoder tokens, what padding to the longest row costs;
+its image tokens are its rows' (padding adds none).
 
 A row's tower cost (:class:`TowerCost`) is its image and video tokens plus the tower's attention, which grows with
 the square of the patches (before the merge) of each image or frame group it attends within: the packer balances by

@@ -1,4 +1,4 @@
-"""The vision side of the config-only cost estimate (:func:`~.plan.estimate_profile`): ``P``'s parameters per
+"""The vision side of the config-only cost estimate (:func:`~.plan_estimate.estimate_profile`): ``P``'s parameters per
 vision part, the patches the tower encodes per image token, and a frozen ViT's smaller backward.
 """
 

@@ -243,11 +243,11 @@ def image_token_weight(config, profile=None) -> float:
     what an image token costs beyond its place in the decoder. From ``profile`` (a measured
     :class:`~mpipe_hf.schedule.tune.Profile`, whose micro-batch's tokens over its image tokens are its
     ``activation_bytes`` over its ``feature_bytes``, both ``tokens x hidden`` tensors) when it has a tower time and
-    image features, else from the config's matmul costs (:func:`~.plan.estimate_profile`)."""
+    image features, else from the config's matmul costs (:func:`~.plan_estimate.estimate_profile`)."""
     measured = profile is not None and min(profile.preprocess_forward_s, profile.feature_bytes,
                                            profile.activation_bytes) > 0
     if not measured:
-        from .plan import estimate_profile
+        from .plan_estimate import estimate_profile
         profile = estimate_profile(config, tokens=1024, image_tokens=1024)
     decoder = profile.num_layers * profile.layer_forward_s + profile.head_forward_s
     return profile.preprocess_forward_s / decoder * profile.activation_bytes / profile.feature_bytes

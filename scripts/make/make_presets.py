@@ -230,7 +230,8 @@ def choose(config, tokens, image_tokens, name=""):
     ``R``, the fastest ``V``)."""
     from mpipe_hf.models import get_family
     from mpipe_hf.schedule import ScheduleConfig
-    from mpipe_hf.train.plan import estimate_profile, plan
+    from mpipe_hf.train.plan import plan
+    from mpipe_hf.train.plan_estimate import estimate_profile
     profile = estimate_profile(config, tokens, image_tokens if hasattr(config, "vision_config") else 0)
     tried, fits, world = [], [], None
     for pp, ep in shapes(config, name):

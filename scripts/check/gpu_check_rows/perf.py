@@ -211,7 +211,8 @@ def plan_row(setup: Setup) -> Row:
     """A step's ``max_memory_allocated`` (AdamW state allocated) against the plan's total for the rank (the
     plan of ``train/plan.py`` on a profile estimated from the config, for the same layout and micro-batches):
     PASS when their ratio is within :data:`PLAN_MARGIN`."""
-    from mpipe_hf.train.plan import estimate_profile, plan
+    from mpipe_hf.train.plan import plan
+    from mpipe_hf.train.plan_estimate import estimate_profile
     check, b = "max_memory_allocated vs plan", bench(setup)
     layers = [sum(fqn.startswith("model.layers.") for fqn in stage) for stage in b.split.layout]
     planned = plan(b.config, b.cfg, estimate_profile(b.config, b.tokens), layers).ranks[0]
