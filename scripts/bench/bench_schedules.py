@@ -2,14 +2,20 @@
 gloo): ours and MPipe Transpose against the strongest torch.distributed.pipelining schedules, each row beside the
 simulator's prediction, the best torch row and a lower bound.
 
-Usage: python scripts/bench/bench_schedules.py [--quick | --video] [--steps 5] [--markdown FILE]
+Usage: python scripts/bench/bench_schedules.py [--quick | --video | --varying] [--steps 5] [--markdown FILE]
 (starts 4 local processes itself; ``--quick`` runs M = 16 and preprocess 0 and 40 ms only; ``--video`` the
 video-heavy profile: M = 16, a tower of ``Pf = 60 ms`` (6 body chunks' forward), frozen, trainable and
-``freeze_vit``).
+``freeze_vit``; ``--varying`` the varying points only). Every run but ``--video``'s and ``--smoke``'s ends with
+the varying points: M = 16, frozen and trainable, a tower whose cost varies per micro-batch, ``Pf w[m]`` (and
+``Pb w[m]``) for micro ``m``, ``Pf`` = 40 ms, the weights ``w`` the packed demo data's own visual-token counts
+scaled to a coefficient of variation of 0.5 (``scripts/bench/sim_mimo.py``'s ``demo_weights``), the same
+weights for every row; there MPipe's overflow ``full`` rows take load-aware owners over them, as
+``parallel.owners: balanced`` does (``bench_schedules_varying.py``).
 
-The code is in four files: this one (the launch and the overheads), ``bench_schedules_stages.py`` (the stages
-and the runners, shared with ``bench_compute.py``), ``bench_schedules_profiles.py`` (the points and the report)
-and ``bench_schedules_mimo.py`` (the MIMO-style rows).
+The code is in five files: this one (the launch and the overheads), ``bench_schedules_stages.py`` (the stages
+and the runners, shared with ``bench_compute.py``), ``bench_schedules_profiles.py`` (the points and the report),
+``bench_schedules_mimo.py`` (the MIMO-style rows) and ``bench_schedules_varying.py`` (the varying points' stages
+and the MPipe against MIMO-style summary).
 
 Stages. Each stage is a module whose forward and backward sleep (``time.sleep`` frees the core, so 4 ranks share
 2 CPU cores honestly): body F = 10 ms and B = 20 ms per chunk, V = 2. Its backward is two autograd nodes, as a
@@ -47,7 +53,7 @@ sleeping module of its own whose backward is all weight path. A frozen ``P`` has
   MIMO), the body's 32 layers over the other ``R - K`` ranks' ``(R - K) V`` stages under the torch schedule the
   simulator finds faster for them (interleaved 1F1B or zero-bubble), each feature sent to text stage 0 and its
   gradient back; a frozen ``P`` runs a step ahead (as (f) does). ``K = 3`` leaves one text rank: slower than
-  ``K = 2`` at every point in ``scripts/bench/sim_mimo.py``'s map, so not run. The ideal limit does not cover them.
+  ``K = 2`` at every point in ``scripts/bench/sim_mimo.py``'s map, so not run.
 
 (h) and (i) need ``ScheduleConfig.zero_bubble`` and ``Costs.weight``; without them they are skipped, with a note.
 Our rows run on our executor, the torch rows on torch's runtime, each over the same sleeping stages. Every run is
@@ -72,13 +78,18 @@ for each schedule, the columns:
 - ideal limit s: a true lower bound for every row of its point, with no runtime overhead at all: the larger of
   (1) the smallest, over the point's rows that ran, of the row's own order of actions run with zero latency,
   zero dispatch and no preprocess (its body: the interleaved 1F1B body, the zero-bubble one, a rebalanced one,
-  torch's orders with torch's placement of stage 0's backward), and (2) the work a perfect schedule must do
-  divided by ``R``: ``M (S (F + B) + Pf + Pb) / R``, without rank 0's recompute of ``P``. A row's step is never
+  torch's orders with torch's placement of stage 0's backward; the MIMO-style rows' torch text order over
+  their text stages), and (2) the work a perfect schedule must do divided by ``R``: ``M (S (F + B) + Pf + Pb) /
+  R`` (varying: ``sum_m w[m] (Pf + Pb)`` for ``M (Pf + Pb)``), without rank 0's recompute of ``P``. A row's step is never
   shorter than its own order run with costs no larger than its own and no overhead (sleeps only oversleep), so
   never shorter than the ideal limit.
 
 After the table, per point (``M``, ``P`` mode, ``Pf``): the best torch row, the best MPipe row ((d) to (h)), the
-speed-up (best torch step / best MPipe step: above 1, MPipe is faster) and the best MPipe step / ideal limit.
+speed-up (best torch step / best MPipe step: above 1, MPipe is faster) and the best MPipe step / ideal limit;
+then the best MIMO-style row against the best MPipe row, MIMO step / MPipe step against the goal (1.10 where the
+tower's cost varies, 0.97 at fixed cost), and where a goal is missed, where both rows' steps went: all the work
+over R, the order's own bubble and imbalance (simulated with no overhead), transfer and dispatch (the simulator
+with this run's measured latency and dispatch) and the rest (measured less predicted: unmodelled overhead).
 """
 
 from __future__ import annotations
@@ -93,21 +104,26 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_schedules_profiles import VIDEO_PF_MS, point_rows, report  # noqa: E402
+from bench_schedules_profiles import VARYING_PF_MS, VIDEO_PF_MS, point_rows, report  # noqa: E402
 from bench_schedules_stages import (R, V, SleepingStages, StageCosts, check_split, header_overhead,  # noqa: E402
                                     run_ours, run_torch)
 from sleeping import run_ranks  # noqa: E402
 
 
 def grid(args):
-    """The points ``(M, P mode, Pf ms)`` to run: every one, ``--quick``'s, ``--video``'s or ``--smoke``'s."""
+    """The points ``(M, P mode, Pf ms)`` to run: every one, ``--quick``'s, ``--video``'s, ``--varying``'s or
+    ``--smoke``'s (a mode ending in ``varying``: the tower's cost varies per micro-batch)."""
+    varying = [(16, f"{mode} varying", VARYING_PF_MS) for mode in ("frozen", "trainable")]
     if args.smoke:
         return [(8, "frozen", 0.0)]
+    if args.varying:
+        return varying
     if args.video:
         return [(16, mode, VIDEO_PF_MS) for mode in ("frozen", "trainable", "freeze_vit")]
-    pfs = [0.0, 40.0] if args.quick else [0.0, 10.0, 20.0, 40.0, 80.0]
-    micros = [16] if args.quick else [8, 16]
-    return [(m, mode, pf) for m in micros for mode in ("frozen", "trainable") for pf in pfs]
+    pfs = [0.0, 40.0] if args.quick else args.pfs or [0.0, 10.0, 20.0, 40.0, 80.0]
+    micros = [16] if args.quick else args.micros or [8, 16]
+    return [(m, mode, pf) for m in micros for mode in ("frozen", "trainable") for pf in pfs] + (
+        varying if 16 in micros else [])
 
 
 def worker(args):
@@ -153,8 +169,13 @@ def main():
     points.add_argument("--quick", action="store_true", help="M = 16 and Pf in {0, 40} ms only")
     points.add_argument("--video", action="store_true",
                         help=f"the video-heavy profile: M = 16, Pf = {VIDEO_PF_MS:g} ms, frozen, trainable, freeze_vit")
+    points.add_argument("--varying", action="store_true", help=f"the points whose tower cost varies per "
+                        f"micro-batch only: M = 16, Pf = {VARYING_PF_MS:g} ms on average, frozen and trainable")
     points.add_argument("--smoke", action="store_true", help="one point (M = 8, frozen, Pf = 0 ms): every "
                         "schedule runs, in about a minute (the full suite's check; no figure to quote)")
+    parser.add_argument("--micros", type=int, nargs="+", help="the full grid's M (default 8 16; the varying "
+                        "points run where 16 is one)")
+    parser.add_argument("--pfs", type=float, nargs="+", help="the full grid's Pf in ms (default 0 10 20 40 80)")
     parser.add_argument("--steps", type=int, default=5, help="measured steps per schedule (median)")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args()

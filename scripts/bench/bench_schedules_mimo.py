@@ -117,7 +117,8 @@ def text_schedule(kinds, rank, towers, owners, trainable, num_micro, group):
 def run_mimo(kinds, rank, towers, pf, pb, weights, num_micro, steps, ahead=False):
     """The MIMO-style layout: ``towers`` tower ranks, on the other ranks the first torch schedule of ``kinds``
     (``1f1b``, ``zb``, ``zbv``) that builds; ``weights`` the per-micro tower weights; ``ahead``: a frozen tower a step
-    ahead. Returns ``(median step seconds, the kind run)``. Raises ``ValueError`` on every rank when no kind builds
+    ahead. Returns ``(median step seconds, the kind run, torch's compute order of the text ranks: their
+    ``pipeline_order``, ranks from 0)``. Raises ``ValueError`` on every rank when no kind builds
     (the ranks agree first, so none waits for a failed one); a step's error as torch raises it (the caller's
     ``lockstep`` reports it)."""
     from mpipe_hf.schedule.mimo import tower_owners
@@ -129,15 +130,16 @@ def run_mimo(kinds, rank, towers, pf, pb, weights, num_micro, steps, ahead=False
         if rank >= towers:
             kind, schedule, first, modules = text_schedule(kinds, rank, towers, owners, pb > 0, num_micro, group)
         agreed = [None] * dist.get_world_size()
-        dist.all_gather_object(agreed, (kind, schedule if kind is None else None))
+        dist.all_gather_object(agreed, (kind, schedule if kind is None else schedule.pipeline_order))
         if agreed[towers][0] is None:
             raise ValueError(f"no torch schedule of {kinds} builds on {R - towers} ranks: {agreed[towers][1]}")
+        kind, order = agreed[towers]
         if rank < towers:
             if ahead:  # the first step's features, before the timing
                 for m in (m for m, t in enumerate(owners) if t == rank):
                     Sleep.apply(torch.ones(1), pf * weights[m], 0.0)
             step = lambda: tower_step(rank, towers, owners, pf, pb, weights, ahead)  # noqa: E731
-            return timed(step, dist.group.WORLD, steps), agreed[towers][0]
+            return timed(step, dist.group.WORLD, steps), kind, order
         inputs = torch.arange(num_micro, dtype=torch.float32).unsqueeze(1).expand(num_micro, 16).contiguous()
         last = (R - towers) * V - 1
 
@@ -148,6 +150,6 @@ def run_mimo(kinds, rank, towers, pf, pb, weights, num_micro, steps, ahead=False
                 work.wait()
             if first is not None:
                 first.sends.clear()
-        return timed(step, dist.group.WORLD, steps), kind
+        return timed(step, dist.group.WORLD, steps), kind, order
     finally:
         dist.destroy_process_group(group)

@@ -17,10 +17,13 @@ import os
 from bench_schedules_stages import (B_MS, F_MS, LAYERS, R, V, SleepingStages, first_line, lockstep, run_ours,
                                     run_torch, sim_costs, stage_costs, torch_makespan, zero_bubble_supported)
 from bench_schedules_mimo import run_mimo
+from bench_schedules_varying import (VaryingStages, balanced_owners, inside_predicted, mimo_summary, time_split,
+                                     tower_weights)
 from sleeping import print_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VIDEO_PF_MS = 60.0  # the video-heavy profile's tower: 6 body chunks' forward per micro-batch
+VARYING_PF_MS = 40.0  # the varying points' mean tower cost per micro-batch (as the fixed Pf = 40 ms points)
 VIDEO_GRIDS = ((2, 36, 64),) * 8  # a clip as Qwen2.5-VL samples it: 16 frames of 504 x 896 px, 2 frames a grid
 
 
@@ -48,7 +51,8 @@ def progress(rank, row, result=None):
 @dataclasses.dataclass
 class Row:
     """One schedule at one point: its measured step (``None`` when it failed: ``error``), its prediction, and its
-    own order's step with no overhead and no preprocess (``bound``), all in seconds."""
+    own order's step with no overhead and no preprocess (``bound``), all in seconds; ``split``: where its measured
+    step went (:func:`bench_schedules_varying.time_split`; MPipe and MIMO-style rows)."""
 
     point: tuple[int, str, float]
     name: str
@@ -57,114 +61,183 @@ class Row:
     predicted: float | None = None
     bound: float | None = None
     error: str | None = None
+    split: str | None = None
 
 
 def point_rows(args, rank, num_micro, mode, pf_ms, ours_rt, torch_rt):
     """Run every schedule of one point (``M``, ``P`` mode, ``Pf``) on every rank; returns its :class:`Row` list,
-    its our-runtime limit, its ideal limit and notes. The measurements, predictions and limits are rank 0's (the
-    rank that reports)."""
-    from mpipe_hf.schedule import ScheduleConfig, build_schedule
-    from mpipe_hf.schedule.layout import stage0_layers
-    from mpipe_hf.schedule.simulate import simulate
-    point, steps, notes = (num_micro, mode, pf_ms), args.steps, []
-    pf = pf_ms / 1e3
-    pb = pf * {"frozen": 0.0, "trainable": 2.0, "freeze_vit": freeze_vit_backward_share()}[mode]
-    p_mode = "frozen" if mode == "frozen" else "trainable"  # freeze_vit: a trainable P (docs/freeze.md)
-    body = stage_costs(0.0, 0.0)
-    identity = ScheduleConfig(R, V, num_micro, "identity")
-    work = num_micro * (R * V * (F_MS + B_MS) / 1e3 + pf + pb) / R
-    our_limit = max(simulate(build_schedule(identity), sim_costs(body, 0.0, 0.0, **ours_rt)).makespan, work)
-    inside = stage_costs(pf, pb)
-    keep = LAYERS // (R * V)
-    best = min(range(1, keep + 1), key=lambda k: simulate(build_schedule(identity), sim_costs(
-        stage_costs(pf, pb, stage0_layers(LAYERS, R * V, k)), **ours_rt)).makespan)
-    layout = stage0_layers(LAYERS, R * V, best)
-    rebalanced, rebalanced_body = stage_costs(pf, pb, layout), stage_costs(0.0, 0.0, layout)
-    rows = []
+    its our-runtime limit, its ideal limit and notes (:class:`Point`)."""
+    return Point(args, rank, num_micro, mode, pf_ms, ours_rt, torch_rt).run()
 
-    def ours(name, family, fields, sc, bare, pre=None, model=None, executor_costs=None):
-        """A row of our executor: ``fields`` its ``ScheduleConfig`` beyond ``R, V, M``, ``sc`` its stages, ``bare``
-        them without ``P``, ``model`` the prediction's costs (with ``P``'s), ``executor_costs`` what the executor
-        places by."""
-        row = Row(point, name, family)
-        rows.append(row)
+
+class Point:
+    """One point: its costs, its stages and its rows, run on every rank. ``mode``: ``frozen``, ``trainable`` or
+    ``freeze_vit``, ``" varying"`` appended where the tower's cost varies per micro-batch (its weights
+    :func:`bench_schedules_varying.tower_weights`; every row runs the same ones). The measurements, predictions
+    and limits are rank 0's (the rank that reports)."""
+
+    def __init__(self, args, rank, num_micro, mode, pf_ms, ours_rt, torch_rt):
+        from mpipe_hf.schedule import ScheduleConfig
+        self.args, self.rank, self.num_micro, self.ours_rt, self.torch_rt = args, rank, num_micro, ours_rt, torch_rt
+        self.point, self.rows, self.notes = (num_micro, mode, pf_ms), [], []
+        kind = mode.split()[0]
+        self.pf = pf_ms / 1e3
+        self.pb = self.pf * {"frozen": 0.0, "trainable": 2.0, "freeze_vit": freeze_vit_backward_share()}[kind]
+        self.p_mode = "frozen" if kind == "frozen" else "trainable"  # freeze_vit: a trainable P (docs/freeze.md)
+        self.weights = tower_weights(num_micro) if mode.endswith(" varying") else None
+        mean = 1.0 if self.weights is None else sum(self.weights) / num_micro
+        # all the work over R: M (S (F + B) + Pf + Pb) / R, without rank 0's recompute of P
+        self.work = num_micro * (R * V * (F_MS + B_MS) / 1e3 + (self.pf + self.pb) * mean) / R
+        self.identity = ScheduleConfig(R, V, num_micro, "identity")
+
+    def inside(self, sc, bare):
+        """The stages with ``P`` inside stage 0: ``sc`` (``P``'s cost in stage 0's), or where it varies ``bare``
+        (no ``P``) with ``P`` sleeping each micro's own cost."""
+        if self.weights is None:
+            return SleepingStages(sc)
+        return VaryingStages(bare, self.pf, self.pb, self.weights, transposed=False)
+
+    def transposed(self, bare):
+        """The stages ``bare`` with ``P`` transposed (each micro's own cost where it varies)."""
+        if self.weights is None:
+            return SleepingStages(bare, (self.pf, self.pb))
+        return VaryingStages(bare, self.pf, self.pb, self.weights, transposed=True)
+
+    def ours(self, name, family, fields, stages, bare, model, executor_costs=None, inside=True):
+        """A row of our executor: ``fields`` its ``ScheduleConfig`` beyond ``R, V, M``, ``stages`` what it runs,
+        ``bare`` the body's costs without ``P``, ``model`` the prediction's costs (``inside``: ``P``'s mean in
+        stage 0's; else ``P`` transposed, weighed per micro), ``executor_costs`` what the executor places by."""
+        from mpipe_hf.schedule import ScheduleConfig, build_schedule
+        from mpipe_hf.schedule.simulate import simulate
+        row = Row(self.point, name, family)
+        self.rows.append(row)
         try:  # validation only: the same on every rank, so all raise alike
-            cfg = ScheduleConfig(R, V, num_micro, **fields)
+            cfg = ScheduleConfig(R, V, self.num_micro, **fields)
         except ValueError as error:
             row.error = first_line(error)
             return
-        row.measured, row.error = lockstep(lambda: run_ours(cfg, rank, SleepingStages(sc, pre), steps,
+        row.measured, row.error = lockstep(lambda: run_ours(cfg, self.rank, stages, self.args.steps,
                                                             executor_costs)[0])
-        progress(rank, row)
-        if rank == 0 and row.measured is not None:  # after the run: building a filled schedule takes seconds
-            orders = build_schedule(cfg, model, **(dict(own=False, ahead=True) if cfg.placement == "fill" else {}))
-            row.predicted = simulate(orders, model).makespan
-            row.bound = simulate(orders, sim_costs(bare)).makespan
+        progress(self.rank, row)
+        if self.rank != 0 or row.measured is None:
+            return
+        # after the run: building a filled schedule takes seconds
+        orders = build_schedule(cfg, model, **(dict(own=False, ahead=True) if cfg.placement == "fill" else {}))
+        row.bound = simulate(orders, sim_costs(bare)).makespan
+        if inside:
+            row.predicted = inside_predicted(orders, model, self.pf, self.pb, self.weights)
+            return
+        row.predicted = simulate(orders, model).makespan
 
-    def torch_row(name, kind, sc, bare):
-        """A row of torch's runtime: ``sc`` its stages, ``bare`` them without ``P``."""
-        row = Row(point, name, "torch")
-        rows.append(row)
-        result, row.error = lockstep(lambda: run_torch(kind, rank, SleepingStages(sc), num_micro, steps))
-        progress(rank, row, result)
-        if rank == 0 and result is not None:
+        def costs(latency, dispatch):
+            return dataclasses.replace(model, latency=model.latency if latency else 0.0,
+                                       dispatch=model.dispatch if dispatch else 0.0)
+        row.split = time_split(lambda *flags: simulate(orders, costs(*flags)), row.measured, self.work)
+
+    def torch_row(self, name, kind, sc, bare):
+        """A row of torch's runtime: ``sc`` its stages with ``P`` inside stage 0, ``bare`` them without ``P``."""
+        from mpipe_hf.schedule import build_schedule
+        row = Row(self.point, name, "torch")
+        self.rows.append(row)
+        result, row.error = lockstep(lambda: run_torch(kind, self.rank, self.inside(sc, bare), self.num_micro,
+                                                       self.args.steps))
+        progress(self.rank, row, result)
+        if self.rank == 0 and result is not None:
             row.measured, _, order = result
             row.bound = torch_makespan(order, bare)
             if kind == "1f1b":  # torch's order is ours (mpipe_hf.schedule.interleaved)
-                row.predicted = simulate(build_schedule(identity), sim_costs(sc, **torch_rt)).makespan
+                row.predicted = inside_predicted(build_schedule(self.identity), sim_costs(sc, **self.torch_rt),
+                                                 self.pf, self.pb, self.weights)
 
-    torch_row("(a) torch interleaved 1F1B, P in stage 0", "1f1b", inside, body)
-    plain = dict(preprocess="identity")
-    ours("(b) ours interleaved 1F1B, P in stage 0", "ours", plain, inside, body, model=sim_costs(inside, **ours_rt))
-    ours(f"(c) balanced layout, stage 0 keeps {best}/{keep} layers", "ours", plain, rebalanced, rebalanced_body,
-         model=sim_costs(rebalanced, **ours_rt))
-    variants = [("(d) MPipe full", dict(overflow="full")), ("(e) MPipe min", dict(overflow="min"))]
-    variants.append(("(f) MPipe full, bubble filling", dict(placement="fill")) if p_mode == "frozen" else
-                    ("(g) MPipe full, owner-backward", dict(owner_backward=True)))
-    zero_bubble = zero_bubble_supported()
-    if zero_bubble:
-        variants.append((f"(h) {variants[-1][0][4:]} + zero-bubble", dict(variants[-1][1], zero_bubble=True)))
-    for name, fields in variants:
-        # without owner-backward, rank 0 recomputes P for its backward
-        recompute = pf if p_mode == "trainable" and not fields.get("owner_backward") else 0.0
-        model = sim_costs(body, pf, pb + recompute, **ours_rt)
-        ours(name, "mpipe", dict(fields, preprocess=p_mode), body, body, (pf, pb), model, model)
-    if zero_bubble:
-        model = sim_costs(inside, **ours_rt)
-        ours("(i) ours interleaved 1F1B zero-bubble, P in stage 0", "ours", dict(plain, zero_bubble=True), inside,
-             body, model=model, executor_costs=model)
-    else:
-        notes.append("(h) and (i) skipped: this mpipe_hf has no ScheduleConfig.zero_bubble (or no Costs.weight).")
-    torch_row(f"(j) torch interleaved 1F1B, stage 0 keeps {best}/{keep} layers", "1f1b", rebalanced,
-              rebalanced_body)
-    torch_row("(k) torch interleaved zero-bubble, P in stage 0", "zb", inside, body)
-    torch_row(f"(l) torch interleaved zero-bubble, stage 0 keeps {best}/{keep} layers", "zb", rebalanced,
-              rebalanced_body)
-    torch_row("(m) torch ZBV zero-bubble, P in stage 0", "zbv", inside, body)
-    rows += mimo_rows(rank, point, p_mode, pf, pb, steps, torch_rt)
-    bounds = [row.bound for row in rows if row.measured is not None and row.bound is not None]
-    ideal = max(min(bounds), work) if bounds else work
-    return rows, our_limit, ideal, notes
+    def mpipe_rows(self, body, zero_bubble):
+        """Rows (d) to (h): MPipe Transpose over the body ``body``; where ``P``'s cost varies, each overflow
+        ``full`` row with load-aware owners over its weights (:func:`bench_schedules_varying.balanced_owners`)."""
+        from mpipe_hf.schedule import ScheduleConfig
+        variants = [("(d) MPipe full", dict(overflow="full")), ("(e) MPipe min", dict(overflow="min"))]
+        variants.append(("(f) MPipe full, bubble filling", dict(placement="fill")) if self.p_mode == "frozen" else
+                        ("(g) MPipe full, owner-backward", dict(owner_backward=True)))
+        if zero_bubble:
+            variants.append((f"(h) {variants[-1][0][4:]} + zero-bubble", dict(variants[-1][1], zero_bubble=True)))
+        for name, fields in variants:
+            fields = dict(fields, preprocess=self.p_mode)
+            # without owner-backward, rank 0 recomputes P for its backward
+            recompute = self.pf if self.p_mode == "trainable" and not fields.get("owner_backward") else 0.0
+            model = placed = sim_costs(body, self.pf, self.pb + recompute, **self.ours_rt)
+            if self.weights is not None:  # the executor places by the mean costs, as the trainer's does
+                fill = fields.get("placement") == "fill"
+                model = dataclasses.replace(model, micro_preprocess_weights=self.weights * (2 if fill else 1))
+                try:
+                    owners = balanced_owners(ScheduleConfig(R, V, self.num_micro, **fields), self.weights, model)
+                except ValueError:  # a config this mpipe_hf refuses: the row reports it
+                    owners = None
+                if owners is not None:
+                    fields, name = dict(fields, owners=owners), name + ", balanced owners"
+            self.ours(name, "mpipe", fields, self.transposed(body), body, model, placed, inside=False)
 
+    def run(self):
+        """Run every row; returns ``(rows, our-runtime limit, ideal limit, notes)``."""
+        from mpipe_hf.schedule import build_schedule
+        from mpipe_hf.schedule.layout import stage0_layers
+        from mpipe_hf.schedule.simulate import simulate
+        pf, pb, ours_rt = self.pf, self.pb, self.ours_rt
+        body = stage_costs(0.0, 0.0)
+        our_limit = max(simulate(build_schedule(self.identity), sim_costs(body, **ours_rt)).makespan, self.work)
+        inside = stage_costs(pf, pb)
+        keep = LAYERS // (R * V)
+        best = min(range(1, keep + 1), key=lambda k: simulate(build_schedule(self.identity), sim_costs(
+            stage_costs(pf, pb, stage0_layers(LAYERS, R * V, k)), **ours_rt)).makespan)
+        layout = stage0_layers(LAYERS, R * V, best)
+        rebalanced, rebalanced_body = stage_costs(pf, pb, layout), stage_costs(0.0, 0.0, layout)
+        self.torch_row("(a) torch interleaved 1F1B, P in stage 0", "1f1b", inside, body)
+        plain = dict(preprocess="identity")
+        self.ours("(b) ours interleaved 1F1B, P in stage 0", "ours", plain, self.inside(inside, body), body,
+                  sim_costs(inside, **ours_rt))
+        self.ours(f"(c) balanced layout, stage 0 keeps {best}/{keep} layers", "ours", plain,
+                  self.inside(rebalanced, rebalanced_body), rebalanced_body, sim_costs(rebalanced, **ours_rt))
+        zero_bubble = zero_bubble_supported()
+        self.mpipe_rows(body, zero_bubble)
+        if zero_bubble:
+            model = sim_costs(inside, **ours_rt)
+            self.ours("(i) ours interleaved 1F1B zero-bubble, P in stage 0", "ours", dict(plain, zero_bubble=True),
+                      self.inside(inside, body), body, model, model)
+        else:
+            self.notes.append("(h) and (i) skipped: this mpipe_hf has no ScheduleConfig.zero_bubble (or no "
+                              "Costs.weight).")
+        self.torch_row(f"(j) torch interleaved 1F1B, stage 0 keeps {best}/{keep} layers", "1f1b", rebalanced,
+                       rebalanced_body)
+        self.torch_row("(k) torch interleaved zero-bubble, P in stage 0", "zb", inside, body)
+        self.torch_row(f"(l) torch interleaved zero-bubble, stage 0 keeps {best}/{keep} layers", "zb", rebalanced,
+                       rebalanced_body)
+        self.torch_row("(m) torch ZBV zero-bubble, P in stage 0", "zbv", inside, body)
+        self.mimo_rows()
+        bounds = [row.bound for row in self.rows if row.measured is not None and row.bound is not None]
+        return self.rows, our_limit, max(min(bounds), self.work) if bounds else self.work, self.notes
 
-def mimo_rows(rank, point, p_mode, pf, pb, steps, torch_rt):
-    """The MIMO-style rows (n) and (o) of one point: ``K`` = 1 and 2 tower ranks (``bench_schedules_mimo.py``),
-    each measured and (rank 0) predicted."""
-    num_micro, rows = point[0], []
-    for towers in (1, 2):  # MIMO-style: K tower ranks, torch's best text schedule (that builds) on the others
-        best = mimo_text_kind(R - towers, num_micro)
-        row = Row(point, f"({'n' if towers == 1 else 'o'}) MIMO-style, K = {towers} tower rank(s)", "mimo")
-        rows.append(row)
-        result, row.error = lockstep(lambda: run_mimo((best, "zb" if best == "1f1b" else "1f1b", "zbv"), rank, towers, pf,
-                                                      pb, None, num_micro, steps, ahead=p_mode == "frozen"))
-        if result is not None:
-            row.measured, kind = result
-            row.name += (f", torch {TEXT_NAMES[kind]} on "
-                         f"{R - towers} ranks{', towers a step ahead' if p_mode == 'frozen' else ''}")
-        progress(rank, row)
-        if rank == 0 and row.measured is not None:
-            row.predicted = mimo_predicted(kind, towers, num_micro, pf, pb, torch_rt)
-    return rows
+    def mimo_rows(self):
+        """The MIMO-style rows (n) and (o): ``K`` = 1 and 2 tower ranks (``bench_schedules_mimo.py``), each measured
+        and (rank 0) predicted, its ``bound`` torch's text order over the text stages with no overhead."""
+        from bench_schedules_mimo import text_costs
+        ahead = self.p_mode == "frozen"
+        for towers in (1, 2):  # K tower ranks, torch's best text schedule (that builds) on the others
+            best = mimo_text_kind(R - towers, self.num_micro)
+            kinds = (best, "zb" if best == "1f1b" else "1f1b", "zbv")
+            row = Row(self.point, f"({'n' if towers == 1 else 'o'}) MIMO-style, K = {towers} tower rank(s)", "mimo")
+            self.rows.append(row)
+            result, row.error = lockstep(lambda: run_mimo(kinds, self.rank, towers, self.pf, self.pb, self.weights,
+                                                          self.num_micro, self.args.steps, ahead=ahead))
+            if result is not None:
+                row.measured, kind, order = result
+                row.name += f", torch {TEXT_NAMES[kind]} on {R - towers} ranks{', towers a step ahead' * ahead}"
+            progress(self.rank, row)
+            if self.rank == 0 and row.measured is not None:
+                row.bound = torch_makespan(order, text_costs(R - towers))
+                rt = self.torch_rt
+
+                def predict(latency, dispatch):
+                    return mimo_simulation(kind, towers, self.num_micro, self.pf, self.pb, self.weights, dict(
+                        latency=rt["latency"] if latency else 0.0, dispatch=rt["dispatch"] if dispatch else 0.0))
+                row.predicted = predict(True, True).makespan
+                row.split = time_split(predict, row.measured, self.work)
 
 
 TEXT_NAMES = {"1f1b": "interleaved 1F1B", "zb": "interleaved zero-bubble", "zbv": "ZBV zero-bubble"}
@@ -183,41 +256,32 @@ def mimo_text_kind(text_ranks, num_micro):
     return min(steps, key=steps.get)
 
 
-def mimo_predicted(kind, towers, num_micro, pf, pb, runtime):
-    """The simulator's step of a MIMO-style row (:func:`mpipe_hf.schedule.mimo.best_mimo` over our builder's order
-    of ``kind``, its zero-bubble order for ``zbv`` too, with torch's measured ``runtime`` overheads); a frozen
-    ``P`` a step ahead: the larger of the text's step and the busiest tower's work."""
+def mimo_simulation(kind, towers, num_micro, pf, pb, weights, runtime):
+    """The simulator on a MIMO-style row (:func:`mpipe_hf.schedule.mimo.best_mimo` over our builder's order of
+    ``kind``, its zero-bubble order for ``zbv`` too, with ``runtime``'s ``latency`` and ``dispatch``; ``weights``:
+    the tower's per micro). A frozen ``P`` runs a step ahead: the text ranks' order without the features' wait
+    beside each tower rank's forwards (its step: the larger of the text's and the busiest tower's)."""
     from bench_schedules_mimo import text_costs
 
     from mpipe_hf.schedule import Costs, ScheduleConfig, build_schedule
-    from mpipe_hf.schedule.mimo import best_mimo
+    from mpipe_hf.schedule.actions import Action, Kind
+    from mpipe_hf.schedule.mimo import best_mimo, tower_owners
     from mpipe_hf.schedule.simulate import simulate
     sc = text_costs(R - towers)
     text = build_schedule(ScheduleConfig(R - towers, V, num_micro, "identity", zero_bubble=kind != "1f1b"))
-    costs = Costs(sc.fwd, sc.bwd, pf, pb, weight=sc.bwd_w, **runtime)
+    costs = Costs(sc.fwd, sc.bwd, pf, pb, weight=sc.bwd_w, micro_preprocess_weights=weights, **runtime)
     if pb:
-        return best_mimo(text, towers, True, costs)[0].makespan
-    return max(simulate(text, costs).makespan, pf * -(-num_micro // towers))
+        return best_mimo(text, towers, True, costs)[0]
+    owners = tower_owners(num_micro, towers, weights)
+    orders = {t: [Action(Kind.TRANSPOSE_FWD, m) for m in range(num_micro) if owners[m] == t] for t in range(towers)}
+    orders.update({rank + towers: [a if a.peer is None else dataclasses.replace(a, peer=a.peer + towers)
+                                   for a in order] for rank, order in text.items()})
+    return simulate(orders, costs)
 
 
 def cell(value, fmt):
     """``value`` formatted, or ``n/a`` when there is none."""
     return "n/a" if value is None else format(value, fmt)
-
-
-def mimo_summary(points):
-    """Per point, the best MIMO-style row against the best MPipe row (markdown lines)."""
-    lines = ["", "Per point: the best MIMO-style row ((n), (o)) against the best MPipe row: MPipe / MIMO = MIMO step / "
-             "MPipe step (above 1: MPipe faster; the goal: at least 0.97 at these fixed-cost points).", "",
-             "| M | P | Pf ms | best MIMO-style | step s | best MPipe step s | MPipe / MIMO |", "|---|---|---|---|---|---|---|"]
-    for rows, _, _ in points:
-        m, mode, pf = rows[0].point
-        best = {family: min((row for row in rows if row.family == family and row.measured is not None),
-                            key=lambda row: row.measured, default=None) for family in ("mimo", "mpipe")}
-        if best["mimo"] is not None and best["mpipe"] is not None:
-            lines.append(f"| {m} | {mode} | {pf:g} | {best['mimo'].name} | {best['mimo'].measured:.3f} | "
-                         f"{best['mpipe'].measured:.3f} | {best['mimo'].measured / best['mpipe'].measured:.3f} |")
-    return lines
 
 
 def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch, split, took):
