@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mpipe_hf.runtime.handlers import HANDLERS, Preprocess, StepContext
+from mpipe_hf.runtime.handlers import HANDLERS
+from mpipe_hf.runtime.step_context import Preprocess, StepContext
 from mpipe_hf.runtime.p2p import CONNECT, CONNECT_TAG, P2P, decode_header, encode_header, payload_size
 from mpipe_hf.schedule import Action, Kind, ScheduleConfig, build_schedule
 from mpipe_hf.schedule.actions import COLLECTIVE_KINDS, RECV_KINDS, SEND_TO_RECV

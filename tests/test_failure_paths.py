@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from mpipe_hf.runtime import groups as groups_module
-from mpipe_hf.runtime.handlers import Preprocess, data_load
+from mpipe_hf.runtime.handlers import data_load
+from mpipe_hf.runtime.step_context import Preprocess
 from mpipe_hf.runtime.placement import host_prepare
 from mpipe_hf.runtime.preload import load_owned
 from mpipe_hf.schedule import Action, Kind

@@ -16,7 +16,7 @@ def with_aux(ctx, outputs: Tensors) -> tuple[Tensors, torch.Tensor | float]:
     the summed ``"loss"`` is left alone here and the term added after the division. ``"tokens"``: ``aux_loss``
     weighted by the micro's label tokens, so the step's loss is ``sum(token loss + aux * n) / N``: each micro's
     aux counts by its share of the step's tokens. Without an ``aux_loss`` nothing changes. ``ctx``: the
-    :class:`~.handlers.StepContext` (its ``per_micro``, ``aux_sum`` and ``aux_micros``)."""
+    :class:`~.step_context.StepContext` (its ``per_micro``, ``aux_sum`` and ``aux_micros``)."""
     aux = outputs.pop("aux_loss", None)
     if aux is None:
         return outputs, 0.0

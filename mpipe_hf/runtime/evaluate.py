@@ -15,7 +15,8 @@ from ..schedule.actions import RECV_KINDS
 from ..schedule.connect import step_pairs
 from ..schedule.forward import forward_config
 from .casts import check_no_outer_region
-from .handlers import StepContext, Tensors, run_action
+from .handlers import run_action
+from .step_context import StepContext, Tensors
 from .watchdog import PeerFailed
 
 

@@ -49,12 +49,13 @@ from ..schedule.swap import SwapConfig, with_swaps
 from .casts import check_no_outer_region, frozen_weight_casts, step_casts, step_region
 from .data_parallel import is_sharded, local
 from .evaluate import evaluate
-from .handlers import Preprocess, StepContext, Tensors, preprocess_seed
+from .handlers import preprocess_seed
 from .memory import storage_ids
 from .placement import host_prepare, to_device
 from .groups import abandon, close, fresh_groups, in_process_recovery
 from .order_run import OrderRun
 from .preload import control_group, load_owned, vote
+from .step_context import Preprocess, StepContext, Tensors
 from .step_gradients import StepGradients
 from .step_stats import StepStats
 from .step_totals import SUMS, StepClock, StepTotals, rank_totals

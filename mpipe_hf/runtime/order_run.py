@@ -8,8 +8,9 @@ import time
 from ..schedule.actions import RECV_KINDS, Kind
 from ..schedule.connect import step_pairs
 from ..schedule.simulate import Event
-from .handlers import StepContext, run_action
+from .handlers import run_action
 from .memory import SavedStorages
+from .step_context import StepContext
 
 
 class OrderRun:

@@ -36,7 +36,7 @@ def on_device(tensors: Tensors, device: torch.device, what) -> None:
 
 
 def host_prepare(preprocess, raw: Tensors, pin: bool) -> Tensors:
-    """The host half of ``DATA_LOAD`` for ``preprocess`` (a :class:`~.handlers.Preprocess`), done when the micro
+    """The host half of ``DATA_LOAD`` for ``preprocess`` (a :class:`~.step_context.Preprocess`), done when the micro
     is loaded, before the step's first action (:func:`~.preload.load_owned`): a padding mask of all ones dropped
     (to transformers' mask builders an absent ``attention_mask`` means no padding, the same masks, and they would
     otherwise read the mask back from the device once per stage and micro-batch), the host metadata

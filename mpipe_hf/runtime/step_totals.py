@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .handlers import StepContext
+from .step_context import StepContext
 from .step_stats import StepStats
 
 FIXED = 7  # totals' step-wide slots: loss sum, label tokens, busy, wall, micro means, MoE aux sum, micros with aux
