@@ -80,9 +80,9 @@ for each schedule, the columns:
   zero dispatch and no preprocess (its body: the interleaved 1F1B body, the zero-bubble one, a rebalanced one,
   torch's orders with torch's placement of stage 0's backward; the MIMO-style rows' torch text order over
   their text stages), and (2) the work a perfect schedule must do divided by ``R``: ``M (S (F + B) + Pf + Pb) /
-  R`` (varying: ``sum_m w[m] (Pf + Pb)`` for ``M (Pf + Pb)``), without rank 0's recompute of ``P``. A row's step is never
-  shorter than its own order run with costs no larger than its own and no overhead (sleeps only oversleep), so
-  never shorter than the ideal limit.
+  R`` (varying: ``sum_m w[m] (Pf + Pb)`` for ``M (Pf + Pb)``), without rank 0's recompute of ``P``. A row's
+  step is never shorter than its own order run with costs no larger than its own and no overhead (sleeps only
+  oversleep), so never shorter than the ideal limit.
 
 After the table, per point (``M``, ``P`` mode, ``Pf``): the best torch row, the best MPipe row ((d) to (h)), the
 speed-up (best torch step / best MPipe step: above 1, MPipe is faster) and the best MPipe step / ideal limit;

@@ -93,7 +93,8 @@ def tower_step(rank, towers, owners, pf, pb, weights, ahead):
 
 def text_schedule(kinds, rank, towers, owners, trainable, num_micro, group):
     """Text rank ``rank``'s torch schedule: the first of ``kinds`` torch builds (its interleaved schedules take
-    only ``M`` that are multiples of ``M // pp``: not 16 on 3 ranks; ``zbv`` places the stages V-shape). Returns ``(kind, schedule, stage 0 or None, modules)``, or
+    only ``M`` that are multiples of ``M // pp``: not 16 on 3 ranks; ``zbv`` places the stages V-shape). Returns
+    ``(kind, schedule, stage 0 or None, modules)``, or
     ``(None, error text, None, None)`` when none builds."""
     from torch.distributed import pipelining
     pp = R - towers

@@ -284,6 +284,29 @@ def cell(value, fmt):
     return "n/a" if value is None else format(value, fmt)
 
 
+def overhead_lines(ours_hdr, plain, torch_zero, ours_zero, split, took):
+    """The report's runtime overheads (markdown lines): one transfer, the runtimes on stages that do nothing, the
+    split check and the run's length."""
+    (t_torch, c_torch), n_torch = torch_zero
+    (t_ours, c_ours), n_ours = ours_zero
+    split_in, split_w, split_first = split
+    return ["", "Runtime overheads:", "",
+            f"- one transfer of a 4 x 64 fp32 tensor, rank 0 -> 1 and back, halved: ours (shape header and "
+            f"payload) {ours_hdr * 1e6:.0f} us, a plain fixed-shape send {plain * 1e6:.0f} us "
+            f"({(ours_hdr - plain) * 1e6:+.0f} us per transfer).",
+            f"- stages that do nothing, M = 16, rank 0: torch {t_torch * 1e3:.1f} ms per step "
+            f"({c_torch * 1e3:.1f} ms CPU) over {n_torch} compute actions; ours {t_ours * 1e3:.1f} ms "
+            f"({c_ours * 1e3:.1f} ms CPU) over {n_ours} actions (compute, send and receive). Per compute "
+            f"action (64): torch {t_torch / 64 * 1e6:.0f} us, ours {t_ours / 64 * 1e6:.0f} us (ratio "
+            f"{t_ours / t_torch:.2f}). Four processes share two cores here, so these steps are bound by "
+            f"CPU, unlike the sleeping ones.",
+            f"- split check, one process, torch's stage_backward_input / stage_backward_weight on the "
+            f"sleeping module (B_in = 20 ms, B_w = 30 ms): the input part took {split_in * 1e3:.1f} ms, "
+            f"the weight part {split_w * 1e3:.1f} ms; a whole first-stage backward (input without "
+            f"gradient) {split_first * 1e3:.1f} ms (50 expected).",
+            f"- the whole run took {took:.0f} s."]
+
+
 def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch, split, took):
     """Print (and with ``--markdown``, write) the table, the per-point summary and the runtime overheads."""
     lines = [f"R = {R}, V = {V}, body F = {F_MS:g} ms and B = {B_MS:g} ms per chunk (B_in = B_w = B / 2), P backward "
@@ -328,24 +351,7 @@ def report(args, points, notes, ours_hdr, plain, torch_zero, ours_zero, dispatch
                            f"{mpipe_best.measured / ideal:.3f} |")
         else:
             summary.append(lead + "n/a | | n/a | | | |")
-    (t_torch, c_torch), n_torch = torch_zero
-    (t_ours, c_ours), n_ours = ours_zero
-    split_in, split_w, split_first = split
-    lines += summary + mimo_summary(points) + ["", "Runtime overheads:", "",
-                        f"- one transfer of a 4 x 64 fp32 tensor, rank 0 -> 1 and back, halved: ours (shape header and "
-                        f"payload) {ours_hdr * 1e6:.0f} us, a plain fixed-shape send {plain * 1e6:.0f} us "
-                        f"({(ours_hdr - plain) * 1e6:+.0f} us per transfer).",
-                        f"- stages that do nothing, M = 16, rank 0: torch {t_torch * 1e3:.1f} ms per step "
-                        f"({c_torch * 1e3:.1f} ms CPU) over {n_torch} compute actions; ours {t_ours * 1e3:.1f} ms "
-                        f"({c_ours * 1e3:.1f} ms CPU) over {n_ours} actions (compute, send and receive). Per compute "
-                        f"action (64): torch {t_torch / 64 * 1e6:.0f} us, ours {t_ours / 64 * 1e6:.0f} us (ratio "
-                        f"{t_ours / t_torch:.2f}). Four processes share two cores here, so these steps are bound by "
-                        f"CPU, unlike the sleeping ones.",
-                        f"- split check, one process, torch's stage_backward_input / stage_backward_weight on the "
-                        f"sleeping module (B_in = 20 ms, B_w = 30 ms): the input part took {split_in * 1e3:.1f} ms, "
-                        f"the weight part {split_w * 1e3:.1f} ms; a whole first-stage backward (input without "
-                        f"gradient) {split_first * 1e3:.1f} ms (50 expected).",
-                        f"- the whole run took {took:.0f} s."]
+    lines += summary + mimo_summary(points) + overhead_lines(ours_hdr, plain, torch_zero, ours_zero, split, took)
     lines += [f"- {note}" for note in notes]
     if failures:
         lines += ["", "Failed:", ""] + [f"- {failure}" for failure in failures]

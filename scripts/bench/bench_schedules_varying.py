@@ -146,9 +146,9 @@ def time_split(simulate_with, measured, work):
 def mimo_summary(points):
     """Per point, the best MIMO-style row against the best MPipe row, the goal (``GOALS``) met or missed, and
     where a goal is missed where both rows' time went (markdown lines)."""
-    lines = ["", "Per point: the best MIMO-style row ((n), (o)) against the best MPipe row ((d) to (h)): MPipe / MIMO = "
-             "MIMO step / MPipe step (above 1: MPipe faster); the goal: at least 1.10 where the tower's cost varies "
-             "per micro-batch, 0.97 at fixed-cost points.", "",
+    lines = ["", "Per point: the best MIMO-style row ((n), (o)) against the best MPipe row ((d) to (h)): MPipe / "
+             "MIMO = MIMO step / MPipe step (above 1: MPipe faster); the goal: at least 1.10 where the tower's cost "
+             "varies per micro-batch, 0.97 at fixed-cost points.", "",
              "| M | P | Pf ms | best MIMO-style | step s | best MPipe | step s | MPipe / MIMO | goal |",
              "|---|---|---|---|---|---|---|---|---|"]
     misses = []
