@@ -2,8 +2,9 @@
 gloo): ours and MPipe Transpose against the strongest torch.distributed.pipelining schedules, each row beside the
 simulator's prediction, the best torch row and a lower bound.
 
-Usage: python scripts/bench/bench_schedules.py [--quick | --video | --varying] [--steps 5] [--markdown FILE]
-(starts 4 local processes itself; ``--quick`` runs M = 16 and preprocess 0 and 40 ms only; ``--video`` the
+Usage: python scripts/bench/bench_schedules.py [--quick | --video | --varying] [--micros 8 16] [--pfs 0 10 20 40 80]
+[--steps 5] [--markdown FILE] (starts 4 local processes itself; ``--micros`` and ``--pfs`` pick part of the full
+grid; ``--quick`` runs M = 16 and preprocess 0 and 40 ms only; ``--video`` the
 video-heavy profile: M = 16, a tower of ``Pf = 60 ms`` (6 body chunks' forward), frozen, trainable and
 ``freeze_vit``; ``--varying`` the varying points only). Every run but ``--video``'s and ``--smoke``'s ends with
 the varying points: M = 16, frozen and trainable, a tower whose cost varies per micro-batch, ``Pf w[m]`` (and
@@ -123,7 +124,7 @@ def grid(args):
     pfs = [0.0, 40.0] if args.quick else args.pfs or [0.0, 10.0, 20.0, 40.0, 80.0]
     micros = [16] if args.quick else args.micros or [8, 16]
     return [(m, mode, pf) for m in micros for mode in ("frozen", "trainable") for pf in pfs] + (
-        varying if 16 in micros else [])
+        varying if 16 in micros and not args.pfs else [])
 
 
 def worker(args):
@@ -174,7 +175,7 @@ def main():
     points.add_argument("--smoke", action="store_true", help="one point (M = 8, frozen, Pf = 0 ms): every "
                         "schedule runs, in about a minute (the full suite's check; no figure to quote)")
     parser.add_argument("--micros", type=int, nargs="+", help="the full grid's M (default 8 16; the varying "
-                        "points run where 16 is one)")
+                        "points run where 16 is one and --pfs is not given)")
     parser.add_argument("--pfs", type=float, nargs="+", help="the full grid's Pf in ms (default 0 10 20 40 80)")
     parser.add_argument("--steps", type=int, default=5, help="measured steps per schedule (median)")
     parser.add_argument("--markdown", help="also write the table to this file")
