@@ -4,10 +4,9 @@ simulator's prediction, the best torch row and a lower bound.
 
 Usage: python scripts/bench/bench_schedules.py [--quick | --video | --varying] [--micros 8 16] [--pfs 0 10 20 40 80]
 [--steps 5] [--markdown FILE] (starts 4 local processes itself; ``--micros`` and ``--pfs`` pick part of the full
-grid; ``--quick`` runs M = 16 and preprocess 0 and 40 ms only; ``--video`` the
-video-heavy profile: M = 16, a tower of ``Pf = 60 ms`` (6 body chunks' forward), frozen, trainable and
-``freeze_vit``; ``--varying`` the varying points only). Every run but ``--video``'s and ``--smoke``'s ends with
-the varying points: M = 16, frozen and trainable, a tower whose cost varies per micro-batch, ``Pf w[m]`` (and
+grid; ``--quick`` runs M = 16 and preprocess 0 and 40 ms only; ``--video`` the video-heavy profile: M = 16, a
+tower of ``Pf = 60 ms`` (6 body chunks' forward), frozen, trainable and ``freeze_vit``; ``--varying`` the varying
+points only). The full grid (M = 16 in it, no ``--pfs``) and ``--quick`` end with the varying points: M = 16, frozen and trainable, a tower whose cost varies per micro-batch, ``Pf w[m]`` (and
 ``Pb w[m]``) for micro ``m``, ``Pf`` = 40 ms, the weights ``w`` the packed demo data's own visual-token counts
 scaled to a coefficient of variation of 0.5 (``scripts/bench/sim_mimo.py``'s ``demo_weights``), the same
 weights for every row; there MPipe's overflow ``full`` rows take load-aware owners over them, as
