@@ -1,0 +1,74 @@
+"""Context parallelism's attention (``mpipe_hf/runtime/context_parallel.py``, Ulysses): real transformers decoder
+layers, their sequence split over 2 gloo processes (one torchrun, ``tests/dist/context_parallel_worker.py``), equal
+to the same layers on one process: the output, the input gradient and every parameter gradient (summed over the
+two ranks), within fp32 rounding. The masks and positions are built on the whole sequence; the negative controls,
+built from each rank's own slice, differ, and the split attention refuses a slice's mask by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
+from common import read_results, run_torchrun  # noqa: E402
+from matrix import strict_grad_problems  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(__file__), "dist", "context_parallel_worker.py")
+# fp32: the split attention computes each head as one process does (measured on a CPU: the output and the input
+# gradient bit for bit); a parameter gradient is a sum over the two ranks' tokens in another order (measured: at
+# most 5.4e-7 of its max|ref|)
+OUT_REL = 1e-6
+GRAD_REL = 1e-5  # per parameter tensor, of its max|ref| (tests/dist/matrix.strict_grad_problems)
+CONTROL_REL = 1e-2  # a negative control differs from one process by more than this of max|ref| on some rank
+CASES = [
+    # causal, a padded second row, 2 KV heads (one block per rank)
+    dict(name="qwen2-causal-padded-sdpa", family="qwen2", attn="sdpa", padded=True),
+    # a packed micro-batch of two rows, each its own positions; the first row crosses the split, and the
+    # ranks hold 10 and 14 tokens (a split balanced by cost need not be even)
+    dict(name="qwen2-packed-uneven-sdpa", family="qwen2", attn="sdpa", rows=[13, 11], lengths=[10, 14]),
+    # a sliding-window layer then a global one, bidirectional image blocks (one across the split), 6 heads on 3 KV
+    # heads (each repeated twice, so that 2 ranks can split them); under sdpa and under Gemma 3's own eager function
+    dict(name="gemma3-sliding-images-sdpa", family="gemma3", attn="sdpa"),
+    dict(name="gemma3-sliding-images-eager", family="gemma3", attn="eager"),
+]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("context-parallel"))
+    run_torchrun(WORKER, 2, [out, json.dumps(CASES)], timeout=300)
+    return read_results(out, 2)
+
+
+def problems(res: dict) -> list[str]:
+    """What differs from one process beyond fp32 rounding on one rank."""
+    out = [f"{key} differs by {d:.3g} of max|ref| {top:.3g}" for key in ("out", "in_grad")
+           for top, d in [res[key]] if d > OUT_REL * top]
+    out += [f"no gradient for {n}" for n in res["missing"]]
+    return out + strict_grad_problems(res["grads"], GRAD_REL)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_split_attention_equals_one_process(case, results):
+    per_rank = [r[case["name"]] for r in results]
+    for rank, res in enumerate(per_rank):
+        assert res["attn"].startswith("mpipe_ulysses_"), res["attn"]
+        assert res["lengths"] == case.get("lengths", [12, 12]), res["lengths"]
+        assert not problems(res), (rank, problems(res))
+    print({case["name"]: {k: max(r[k][1] / r[k][0] for r in per_rank) for k in ("out", "in_grad")}
+           | {"grads": max(d / top for r in per_rank for top, d in r["grads"].values())}})
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_masks_and_positions_after_the_split_differ(case, results):
+    """Negative controls: each rank's slice run alone (its masks and positions built from it), and the split
+    attention given positions counted from 0 on every rank, differ from one process; the split attention given
+    the slice's mask raises, naming the cause."""
+    per_rank = [r[case["name"]] for r in results]
+    for key in ("half", "positions_after_split"):
+        assert max(d / top for top, d in (r[key] for r in per_rank)) > CONTROL_REL, (key, per_rank)
+    for res in per_rank:
+        assert "build the masks and positions on the whole sequence" in res["half_mask_error"], res
