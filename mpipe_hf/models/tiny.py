@@ -69,7 +69,7 @@ def moe_keys(num_experts: int = 4, top_k: int = 2, hidden_size: int = 64) -> dic
 
 def non_degenerate(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
     """``model`` with every floating-point parameter that its initialisation left all zeros drawn afresh from
-    ``N(0, std^2)`` (a generator seeded by the parameter's name), in place (issue 38), for the tests' models and
+    ``N(0, std^2)`` (a generator seeded by the parameter's name), in place, for the tests' models and
     the tiny folders of ``scripts/make/make_tiny_models.py``. transformers zero-initialises
     some weights (Gemma 3's ``mm_input_projection_weight``, biases, (1 + w) norms): with a zero projection the image
     features are exactly 0, every tower gradient is 0 on both sides, and a gradient check compares zero with zero.
