@@ -7,6 +7,7 @@ place to cut. Both checks parse the files with :mod:`ast`, so they import nothin
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mpipe_hf"
@@ -70,3 +71,26 @@ def test_the_checks_catch_a_long_method_a_nested_function_and_a_long_file(tmp_pa
     short.write_text("x = 1\n" * MAX_FILE_LINES)
     tall.write_text("x = 1\n" * (MAX_FILE_LINES + 1))
     assert long_files([short, tall], tmp_path) == ["tall.py (401 lines)"]
+
+
+# a comment says the reason a line exists, which a reader can check, not a tracker number they cannot look up
+TRACKER_NUMBER = re.compile(r"\b[Ii]ssues?" + r" \d+")
+DATED_NAME = re.compile(r"(_new|^more_|_all)$")  # a file named by when it came, not by what it holds
+
+
+def tracker_numbers(paths: list[Path], root: Path) -> list[str]:
+    """``"PATH:LINE"`` of each line citing a tracker number."""
+    return [f"{path.relative_to(root)}:{i}" for path in paths
+            for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if TRACKER_NUMBER.search(line)]
+
+
+def test_no_tracker_numbers_and_no_dated_names(tmp_path):
+    root = PACKAGE.parent
+    paths = [p for top in ("mpipe_hf", "docs", "tests", "scripts") for p in (root / top).rglob("*")
+             if p.suffix in (".py", ".md") and "__pycache__" not in p.parts]
+    assert tracker_numbers(paths, root) == []
+    assert [p.name for p in PACKAGE.rglob("*.py") if DATED_NAME.search(p.stem)] == []
+    cited = tmp_path / "x.py"  # control: one cited number is found, by line
+    cited.write_text("a = 1\n# see issue" + " 38\n")
+    assert tracker_numbers([cited], tmp_path) == ["x.py:2"]
+    assert DATED_NAME.search("families_new") and DATED_NAME.search("more_families") and DATED_NAME.search("tiny_all")
