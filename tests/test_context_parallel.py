@@ -72,3 +72,38 @@ def test_masks_and_positions_after_the_split_differ(case, results):
         assert max(d / top for top, d in (r[key] for r in per_rank)) > CONTROL_REL, (key, per_rank)
     for res in per_rank:
         assert "build the masks and positions on the whole sequence" in res["half_mask_error"], res
+
+
+def test_kv_heads_are_repeated_to_the_fewest_that_cp_splits():
+    """``kv_repeats``: none where ``cp`` divides the KV heads, else the fewest repeats that ``cp`` divides and
+    that divide the heads; ``cp`` not dividing the heads is refused with the numbers."""
+    from mpipe_hf.runtime.context_parallel import kv_repeats
+    assert [kv_repeats(4, 2, 2), kv_repeats(6, 3, 2), kv_repeats(8, 1, 4), kv_repeats(16, 4, 8),
+            kv_repeats(12, 4, 6)] == [1, 2, 4, 2, 3]
+    for heads, kv, cp in [(4, 2, 3), (4, 4, 8)]:
+        with pytest.raises(ValueError, match=f"cp \\({cp}\\) to divide the attention heads \\({heads}\\)"):
+            kv_repeats(heads, kv, cp)
+
+
+def test_ulysses_wraps_sdpa_and_eager_only_and_without_a_split_is_the_model_s_own():
+    """``use_ulysses`` names the wrapper of the config's attention (again on a config set already), refuses
+    FlashAttention by name; a real Qwen2 layer under the wrapper, called without ``sequence_split``, gives its
+    own attention's output bit for bit (one process, no group)."""
+    import torch
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+    from mpipe_hf.models.tiny import non_degenerate
+    from mpipe_hf.runtime.context_parallel import use_ulysses
+    config = Qwen2Config(hidden_size=32, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=1, vocab_size=8)
+    config._attn_implementation = "flash_attention_2"
+    with pytest.raises(NotImplementedError, match="flash_attention_2"):
+        use_ulysses(config)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    layer, hidden = non_degenerate(Qwen2DecoderLayer(config, 0)), torch.randn(1, 6, 32)
+    rope = Qwen2RotaryEmbedding(config)(hidden, torch.arange(6)[None])
+    want = layer(hidden, position_embeddings=rope)
+    assert use_ulysses(config) == use_ulysses(config) == "mpipe_ulysses_sdpa"
+    assert torch.equal(layer(hidden, position_embeddings=rope), want)
