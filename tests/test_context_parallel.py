@@ -24,6 +24,8 @@ OUT_REL = 1e-6
 GRAD_REL = 1e-5  # per parameter tensor, of its max|ref| (tests/dist/matrix.strict_grad_problems)
 CONTROL_REL = 1e-2  # a negative control differs from one process by more than this of max|ref| on some rank
 CASES = [
+    # causal, no padding: sdpa's mask skipped (None), its causal kernel over the whole sequence; 2 KV heads
+    dict(name="qwen2-causal-sdpa", family="qwen2", attn="sdpa"),
     # causal, a padded second row, 2 KV heads (one block per rank)
     dict(name="qwen2-causal-padded-sdpa", family="qwen2", attn="sdpa", padded=True),
     # a packed micro-batch of two rows, each its own positions; the first row crosses the split, and the
@@ -57,6 +59,8 @@ def test_split_attention_equals_one_process(case, results):
     for rank, res in enumerate(per_rank):
         assert res["attn"].startswith("mpipe_ulysses_"), res["attn"]
         assert res["lengths"] == case.get("lengths", [12, 12]), res["lengths"]
+        # the whole sequence's masks under the Ulysses name: skipped only for plain causal sdpa
+        assert all(res["masks"].values()) == (case["name"] != "qwen2-causal-sdpa"), res["masks"]
         assert not problems(res), (rank, problems(res))
     print({case["name"]: {k: max(r[k][1] / r[k][0] for r in per_rank) for k in ("out", "in_grad")}
            | {"grads": max(d / top for r in per_rank for top, d in r["grads"].values())}})

@@ -131,6 +131,7 @@ def run_case(case: dict) -> dict:
             dist.all_reduce(p.grad)  # each rank's tokens' share: summed over the group
             grads[n] = diff(p.grad, ref_grads[n])
     res = dict(attn=name, lengths=list(split.lengths), out=diff(out, split.local(ref_out)),
+               masks={k: m is not None for k, m in masks(model, data).items()},
                in_grad=diff(in_grad, split.local(ref_in)), grads=grads, missing=sorted(set(ref_grads) - set(grads)))
     return res | controls(model, data, split, ref_out)
 
