@@ -172,6 +172,9 @@ def ulysses_forward(inner: Callable, module, query, key, value, attention_mask, 
     Raises:
         ValueError: a mask not of the whole sequence, heads that ``cp`` does not divide, a wrong slice length.
         NotImplementedError: per-head extras (attention sinks ``s_aux``, a ``position_bias``).
+
+    Attention dropout, where a config sets it above 0, draws its mask over another layout than one process's: the
+    same in distribution, not the same draws.
     """
     _check_mask(attention_mask, split)
     if kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None:
