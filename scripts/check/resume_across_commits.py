@@ -54,7 +54,7 @@ def weights(directory: str) -> dict:
     out = {}
     for name in sorted(os.listdir(directory)):
         if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(directory, name)))
+            out.update(load_file(os.path.join(directory, name), device="cpu"))
     return out
 
 
