@@ -12,6 +12,7 @@ from ..models.decoder import check_packable
 from ..models.freeze import check_trainable
 from ..models.expert_parallel import check_expert_parallel
 from ..models.load import check_adapter
+from ..runtime.context_parallel import check_context_parallel
 from .metrics import available_trackers
 from .recipe import Recipe
 from .sources import load_config
@@ -110,11 +111,13 @@ def check(recipe: Recipe) -> list[int]:
                           recipe.lora.peft_config() if recipe.lora is not None else None, recipe.data.packing)
     check_trainable(config, cfg, recipe.train.trainable_spec(),
                     recipe.lora.peft_config() if recipe.lora is not None else None, recipe.parallel.text_layers)
-    processes = cfg.pp_size * recipe.parallel.dp_size
+    check_context_parallel(config, recipe.parallel.cp_size)
+    processes = cfg.pp_size * recipe.parallel.dp_size * recipe.parallel.cp_size
     world = int(os.environ.get("WORLD_SIZE", processes))
     if world != processes:
-        raise ValueError(f"parallel.pp_size ({cfg.pp_size}) * parallel.dp_size ({recipe.parallel.dp_size}) = "
-                         f"{processes} processes, but {world} were launched; launch {processes}")
+        raise ValueError(f"parallel.pp_size ({cfg.pp_size}) * parallel.dp_size ({recipe.parallel.dp_size}) * "
+                         f"parallel.cp_size ({recipe.parallel.cp_size}) = {processes} processes, but {world} were "
+                         f"launched; launch {processes}")
     check_output_dir(recipe.train.output_dir)  # last: it creates the directory
     return counts
 
