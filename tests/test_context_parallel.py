@@ -111,3 +111,31 @@ def test_ulysses_wraps_sdpa_and_eager_only_and_without_a_split_is_the_model_s_ow
     want = layer(hidden, position_embeddings=rope)
     assert use_ulysses(config) == use_ulysses(config) == "mpipe_ulysses_sdpa"
     assert torch.equal(layer(hidden, position_embeddings=rope), want)
+
+
+def test_cp_size_is_validated_by_name_before_launch():
+    """``parallel.cp_size``: an integer >= 1, not with ``ep_size > 1`` yet; against the model, heads and KV heads
+    that Ulysses cannot split and layer types with a state along the sequence (Qwen3.5's linear attention) are
+    refused by name; a Qwen2 of 4 heads on 2 KV heads takes cp 1, 2 and 4."""
+    from transformers import Qwen2Config, Qwen3_5TextConfig
+
+    from mpipe_hf.runtime.context_parallel import check_context_parallel
+    from mpipe_hf.train.recipe_parallel import ParallelSection
+    assert ParallelSection(pp_size=2, num_micro=4, cp_size=2).cp_size == 2
+    for bad in (0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="parallel.cp_size must be an integer >= 1"):
+            ParallelSection(pp_size=2, num_micro=4, cp_size=bad)
+    with pytest.raises(ValueError, match="parallel.cp_size \\(2\\) > 1 with parallel.ep_size \\(2\\)"):
+        ParallelSection(pp_size=2, num_micro=4, dp_size=2, ep_size=2, cp_size=2)
+    qwen2 = Qwen2Config(hidden_size=32, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                        num_hidden_layers=2, vocab_size=8)
+    for cp in (1, 2, 4):
+        check_context_parallel(qwen2, cp)
+    with pytest.raises(ValueError, match="parallel.cp_size: .*cp \\(3\\) to divide the attention heads \\(4\\)"):
+        check_context_parallel(qwen2, 3)
+    gated = Qwen3_5TextConfig(hidden_size=32, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                              num_hidden_layers=2, vocab_size=8,
+                              layer_types=["linear_attention", "full_attention"])
+    check_context_parallel(gated, 1)
+    with pytest.raises(ValueError, match="layers of type \\['linear_attention'\\] carry a state along the sequence"):
+        check_context_parallel(gated, 2)

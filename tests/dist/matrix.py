@@ -122,7 +122,10 @@ def check_case(case: dict, per_rank: list[dict]) -> list[str]:
         owned = res.get("owned_all", res["owned"] * runs)  # per-step owners: each run's own
         if sorted(res["loads"]) != sorted(owned):
             problems.append(f"rank {rank}: loaded micros {sorted(res['loads'])}, owns {owned} over {runs} runs")
-    checked = sorted(n for res in per_rank for n in res["names"])
+    pipeline = per_rank[:case["pp_size"]] if case.get("cp_size", 1) > 1 else per_rank  # each CP rank holds all
+    problems += [f"rank {r}: its trainable parameters are not its CP peer's (rank {r % len(pipeline)})"
+                 for r, res in enumerate(per_rank) if res["names"] != pipeline[r % len(pipeline)]["names"]]
+    checked = sorted(n for res in pipeline for n in res["names"])
     if checked != per_rank[0]["ref_names"]:
         problems.append("the ranks' trainable parameters are not exactly the reference's trainable parameters")
     return problems
