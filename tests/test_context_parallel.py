@@ -157,3 +157,28 @@ def test_what_cp_size_does_not_run_yet_is_refused_by_name():
         check_context_parallel_recipe(recipe(1, **kwargs))
         with pytest.raises(ValueError, match=f"parallel.cp_size 2 does not run with {field}"):
             check_context_parallel_recipe(recipe(2, **kwargs))
+
+
+def test_stages_with_per_token_hooks_or_routers_are_refused_by_name():
+    """``split_sequences`` refuses a stage whose layers take per-token inputs the split does not cut yet (a
+    subclass overriding ``after_layer``, as DeepStack does) or that sums MoE router terms; a plain stage is set."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mpipe_hf.models.decoder import DecoderStage
+    from mpipe_hf.models.sequence_split import split_sequences
+
+    class Deep(DecoderStage):
+        def after_layer(self, layer_id, hidden, state):
+            return hidden
+
+    def stage(cls=DecoderStage, router=None):
+        out = cls(None, [], [], [], torch.nn.Identity(), SimpleNamespace(_attn_implementation="sdpa"))
+        out.router = router
+        return out
+    assert split_sequences([stage()], group="g") == 1
+    with pytest.raises(NotImplementedError, match="does not cut Deep's after_layer"):
+        split_sequences([stage(Deep)], group="g")
+    with pytest.raises(NotImplementedError, match="MoE router sums"):
+        split_sequences([stage(router=object())], group="g")
