@@ -95,18 +95,18 @@ def _report_lost(err, recipe, args, start: float) -> None:
 
 
 def launch_shape(recipe, args) -> int:
-    """Processes per node: ``dp_size * pp_size`` over ``--nnodes``.
+    """Processes per node: ``dp_size * pp_size * cp_size`` over ``--nnodes``.
 
     Raises:
         ValueError: a node count or rank out of range, processes that do not divide evenly over the nodes, or
             several nodes without ``--master-addr``.
     """
-    processes = recipe.parallel.pp_size * recipe.parallel.dp_size
+    processes = recipe.parallel.pp_size * recipe.parallel.dp_size * recipe.parallel.cp_size
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise ValueError(f"--nnodes must be >= 1 and --node-rank in [0, {args.nnodes}), got {args.nnodes} and "
                          f"{args.node_rank}")
     if processes % args.nnodes:
-        raise ValueError(f"parallel.dp_size * parallel.pp_size = {processes} processes do not divide over "
+        raise ValueError(f"parallel.dp_size * pp_size * cp_size = {processes} processes do not divide over "
                          f"--nnodes {args.nnodes}")
     if args.nnodes > 1 and args.master_addr is None:
         raise ValueError("--nnodes > 1 needs --master-addr (node 0's address) and --master-port")

@@ -111,3 +111,78 @@ def test_ulysses_wraps_sdpa_and_eager_only_and_without_a_split_is_the_model_s_ow
     want = layer(hidden, position_embeddings=rope)
     assert use_ulysses(config) == use_ulysses(config) == "mpipe_ulysses_sdpa"
     assert torch.equal(layer(hidden, position_embeddings=rope), want)
+
+
+def test_cp_size_is_validated_by_name_before_launch():
+    """``parallel.cp_size``: an integer >= 1, not with ``ep_size > 1`` yet; against the model, heads and KV heads
+    that Ulysses cannot split and layer types with a state along the sequence (Qwen3.5's linear attention) are
+    refused by name; a Qwen2 of 4 heads on 2 KV heads takes cp 1, 2 and 4."""
+    from transformers import Qwen2Config, Qwen3_5TextConfig
+
+    from mpipe_hf.runtime.context_parallel import check_context_parallel
+    from mpipe_hf.train.recipe_parallel import ParallelSection
+    assert ParallelSection(pp_size=2, num_micro=4, cp_size=2).cp_size == 2
+    for bad in (0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="parallel.cp_size must be an integer >= 1"):
+            ParallelSection(pp_size=2, num_micro=4, cp_size=bad)
+    with pytest.raises(ValueError, match="parallel.cp_size \\(2\\) > 1 with parallel.ep_size \\(2\\)"):
+        ParallelSection(pp_size=2, num_micro=4, dp_size=2, ep_size=2, cp_size=2)
+    from mpipe_hf.train.hf_parts import MPipeConfig  # the HF Trainer route builds no cp mesh yet
+    assert MPipeConfig(pp_size=2).cp_size == 1
+    with pytest.raises(ValueError, match="MPipeConfig cp_size must be 1"):
+        MPipeConfig(pp_size=2, cp_size=2)
+    qwen2 = Qwen2Config(hidden_size=32, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                        num_hidden_layers=2, vocab_size=8)
+    for cp in (1, 2, 4):
+        check_context_parallel(qwen2, cp)
+    with pytest.raises(ValueError, match="parallel.cp_size: .*cp \\(3\\) to divide the attention heads \\(4\\)"):
+        check_context_parallel(qwen2, 3)
+    gated = Qwen3_5TextConfig(hidden_size=32, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                              num_hidden_layers=2, vocab_size=8,
+                              layer_types=["linear_attention", "full_attention"])
+    check_context_parallel(gated, 1)
+    with pytest.raises(ValueError, match="layers of type \\['linear_attention'\\] carry a state along the sequence"):
+        check_context_parallel(gated, 2)
+
+
+def test_what_cp_size_does_not_run_yet_is_refused_by_name():
+    """``parallel.cp_size > 1`` with packing, an evaluation set or per-micro loss normalisation is refused before
+    launch, naming the field; each alone at cp_size 1, and cp_size 2 without them, pass."""
+    from types import SimpleNamespace
+
+    from mpipe_hf.train.checks import check_context_parallel_recipe
+
+    def recipe(cp, packing=False, eval_path=None, norm="tokens"):
+        return SimpleNamespace(parallel=SimpleNamespace(cp_size=cp), train=SimpleNamespace(loss_normalization=norm),
+                               data=SimpleNamespace(packing=packing, eval_path=eval_path))
+    check_context_parallel_recipe(recipe(2))
+    for field, kwargs in [("data.packing", dict(packing=True)), ("data.eval_path", dict(eval_path="e.jsonl")),
+                          ("train.loss_normalization: micro", dict(norm="micro"))]:
+        check_context_parallel_recipe(recipe(1, **kwargs))
+        with pytest.raises(ValueError, match=f"parallel.cp_size 2 does not run with {field}"):
+            check_context_parallel_recipe(recipe(2, **kwargs))
+
+
+def test_stages_with_per_token_hooks_or_routers_are_refused_by_name():
+    """``split_sequences`` refuses a stage whose layers take per-token inputs the split does not cut yet (a
+    subclass overriding ``after_layer``, as DeepStack does) or that sums MoE router terms; a plain stage is set."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mpipe_hf.models.decoder import DecoderStage
+    from mpipe_hf.models.sequence_split import split_sequences
+
+    class Deep(DecoderStage):
+        def after_layer(self, layer_id, hidden, state):
+            return hidden
+
+    def stage(cls=DecoderStage, router=None):
+        out = cls(None, [], [], [], torch.nn.Identity(), SimpleNamespace(_attn_implementation="sdpa"))
+        out.router = router
+        return out
+    assert split_sequences([stage()], group="g") == 1
+    with pytest.raises(NotImplementedError, match="does not cut Deep's after_layer"):
+        split_sequences([stage(Deep)], group="g")
+    with pytest.raises(NotImplementedError, match="MoE router sums"):
+        split_sequences([stage(router=object())], group="g")

@@ -34,7 +34,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
 from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
 from matrix import NEGATIVE_CONTROLS, REL_TOL, check_case, check_reload  # noqa: E402
-from specs_ci import (ALTUP_CONTROL, CONTROL_CASES, DEEPSTACK_CONTROL, DROPOUT_CASES, ERROR_CASES,  # noqa: E402
+from specs_ci import (ALTUP_CONTROL, CONTROL_CASES, CP_CASES, CP_CONTROL, DEEPSTACK_CONTROL,  # noqa: E402
+                      DROPOUT_CASES, ERROR_CASES,
                       FAMILY_CASES, FILL_CASES, FREEZE_CASES, GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES, PACKED_CASES,
                       PIXEL_CASES, PRECISION_CASES, ROW_CASES, SWAP_CASES, VIDEO_CASES, VIDEO_CONTROL, ZB_CASES, cases)
 from specs_video import VIDEO_CONFIGS  # noqa: E402
@@ -77,8 +78,8 @@ def test_gradient_matrix_covering_subset(pp_size, results):
 def test_closed_executors_hand_their_groups_to_the_next(pp_size, results):
     """Every case closes its executor; each later case's executor runs on the groups the previous one handed on
     (after a failed step, on the fresh groups it moved to), and is exact, as the other tests here check."""
-    got = results(pp_size)
-    reused = [[r["reused_groups"] for r in got[c["name"]]] for c in cases(pp_size)]
+    got = results(pp_size)  # the CP cases run pipelines of their own mesh (test_context_parallel_equals_one_process)
+    reused = [[r["reused_groups"] for r in got[c["name"]]] for c in cases(pp_size) if not c.get("cp_size")]
     assert reused[0] == [False] * pp_size and all(r == [True] * pp_size for r in reused[1:]), reused
 
 
@@ -379,3 +380,24 @@ def test_the_altup_stream_order_matters_to_the_gemma3n_check(results):
     per_rank = results(2)[ALTUP_CONTROL["name"]]
     problems = check_case(ALTUP_CONTROL, per_rank)
     assert any("step 0" in p or "loss" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("case", CP_CASES, ids=[c["name"] for c in CP_CASES])
+def test_context_parallel_equals_one_process(case, results):
+    """cp 2 x pp 2 (4 processes): each micro-batch's sequence split over the 2 CP ranks of each stage (Ulysses
+    attention), masks, rotary embeddings and shifted labels built on the whole sequence; the loss and every
+    gradient of 2 AdamW steps, and every update, equal one process's; both CP pipelines hold the same parameters,
+    checked each against the reference."""
+    per_rank = results(4)[case["name"]]
+    problems = check_case(case, per_rank)
+    assert not problems, problems
+    assert len(per_rank) == 4 and per_rank[0]["names"] == per_rank[2]["names"] != per_rank[1]["names"]
+
+
+def test_positions_after_the_split_fail_the_context_parallel_check(results):
+    """The negative control: each CP rank's rotary positions counted from 0 on its own slice (as if computed after
+    the split) fails the check the CP cases pass, gradients off by far more than the tolerance."""
+    per_rank = results(4)[CP_CONTROL["name"]]
+    assert check_case(CP_CONTROL, per_rank), "positions computed after the split went unnoticed"
+    worst = max(diff / top for res in per_rank for top, diff in res["grad_stats"].values() if top > 0)
+    assert worst > 100 * REL_TOL, worst

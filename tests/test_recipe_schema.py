@@ -36,7 +36,7 @@ INT_MIN = {
     "parallel.pp_size": 1, "parallel.vpp": 1,
     "parallel.num_micro": 1, "parallel.text_layers": 0, "train.max_steps": 1, "train.logging_steps": 1,
     "train.warmup_steps": 0, "train.seed": 0, "train.save_steps": 0, "train.save_total_limit": 1, "train.eval_steps": 0, "parallel.dp_size": 1,
-    "parallel.ep_size": 1,
+    "parallel.ep_size": 1, "parallel.cp_size": 1,
     "lora.r": 1, "swap.min_swap_gap": 2, "swap.min_bytes": 0,
 }
 FLOAT_POSITIVE = {"train.num_train_epochs", "parallel.timeout_s", "lora.lora_alpha"}  # > 0; other floats >= 0

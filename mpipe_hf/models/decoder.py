@@ -21,6 +21,8 @@ from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, p
 
 from .moe import ROUTER_KEYS, RouterSums, aux_loss
 from .packed import PACKED_KEYS, RECURRENT, ROW_BLIND, row_ids, flash_kwargs, per_row, row_lengths, row_slice, uses_flash
+from .sequence_split import (SPLIT_KEY, local_positions, local_rotary, local_shift_labels, stage_split,
+                             whole_like)
 
 Tensors = dict[str, torch.Tensor]
 # raw keys that travel with the hidden states to the last stage
@@ -45,15 +47,22 @@ class LMHead(nn.Module):
         self.router, self.scale = router, scale  # (E, coefficient)
         self.__dict__["_loss_function"] = model.loss_function  # reads only the config; not a submodule
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, sums: Tensors | None = None) -> Tensors:
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, sums: Tensors | None = None,
+                split=None) -> Tensors:
+        """``split``: under context parallelism the micro's :class:`~mpipe_hf.runtime.context_parallel.SequenceSplit`
+        (``hidden`` this rank's ``(B, L_r, H)`` slice, ``labels`` the whole ``(B, L)``): the loss and token count
+        of this rank's tokens, the labels shifted on the whole sequence."""
         logits = self.lm_head(self.norm(hidden))
         if self.scale is not None:
             logits = logits * self.scale
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        loss = self._loss_function(logits=logits, labels=labels, vocab_size=self.vocab_size,
-                                   num_items_in_batch=1)  # reduction "sum"
-        out = {"loss": loss, "num_tokens": (labels[..., 1:] != -100).sum()}
+        shifted = local_shift_labels(labels, split) if split is not None else None
+        extra = {"shift_labels": shifted} if shifted is not None else {}
+        loss = self._loss_function(logits=logits, labels=labels, vocab_size=self.vocab_size, num_items_in_batch=1,
+                                   **extra)  # reduction "sum"
+        counted = shifted if shifted is not None else labels[..., 1:]
+        out = {"loss": loss, "num_tokens": (counted != -100).sum()}
         if self.router is not None and sums:
             out["aux_loss"] = self.router[1] * aux_loss(sums, self.router[0])
         return out
@@ -161,6 +170,7 @@ class DecoderStage(nn.Module):
     """
 
     rope_axes = 3
+    sequence_group = None  # the CP group whose ranks split each micro's sequence (:mod:`.sequence_split`)
 
     def __init__(self, front: nn.Module | None, layers: list[nn.Module], layer_ids: list[int],
                  layer_types: list[str], rotary_emb: nn.Module, text_config, head: LMHead | None = None,
@@ -209,15 +219,19 @@ class DecoderStage(nn.Module):
         its rows apart, :func:`layer_type_masks`); ``search``: hand the builders the text-position row of
         ``(4, B, L)`` ids, as the HF models do."""
         rope_positions, text_positions = split_positions(state["position_ids"], self.rope_axes)
-        types = set(self.layer_types)
+        types, split = set(self.layer_types), state.get(SPLIT_KEY)
         text_row = text_positions if search and lengths is None and state["position_ids"].dim() == 3 else None
-        masks = self.masks(self.text_config, hidden, padding, text_row, state, types)
+        whole = whole_like(hidden, split.total) if split is not None else hidden  # masks, rotary: whole sequence
+        masks = self.masks(self.text_config, whole, padding, text_row, state, types)
         if self.per_type_rotary:
-            rotary = {t: self.rotary_emb(hidden, rope_positions, t) for t in sorted(types)}
+            rotary = {t: self.rotary_emb(whole, rope_positions, t) for t in sorted(types)}
         else:
-            shared = self.rotary_emb(hidden, rope_positions)
+            shared = self.rotary_emb(whole, rope_positions)
             rotary = {t: shared for t in types}
         varlen = flash_kwargs(self.text_config, lengths, hidden.device)
+        if split is not None:  # built on the whole sequence, then cut: this rank's tokens
+            rotary = {t: local_rotary(r, split) for t, r in rotary.items()}
+            text_positions, varlen = local_positions(text_positions, split), {SPLIT_KEY: split}
         for layer_id, layer, layer_type in zip(self.layer_ids, self.layers, self.layer_types):
             if lengths is not None and layer_type in RECURRENT:  # its state starts afresh at every packed row
                 hidden = per_row(layer, hidden, lengths, rotary[layer_type], text_positions,
@@ -232,6 +246,13 @@ class DecoderStage(nn.Module):
     def forward(self, inputs: Tensors) -> Tensors:
         state = {**inputs, **self.front(inputs)} if self.front is not None else inputs
         hidden = state["hidden_states"]
+        split = stage_split(self.sequence_group, state["position_ids"])
+        if split is not None:
+            if "packed_lengths" in state:
+                raise NotImplementedError("context parallelism does not split packed micro-batches yet")
+            state = {**state, SPLIT_KEY: split}
+            if hidden.shape[1] == split.total:  # whole, from a front or P: this rank's slice
+                hidden = split.local(hidden).contiguous()
         padding = inputs.get("attention_mask")  # absent: no padding (the loader's host knew; see handlers)
         sums = {k: state[k] for k in ROUTER_KEYS if k in state}
         if self.layers:
@@ -240,7 +261,7 @@ class DecoderStage(nn.Module):
                 hidden = self.run_layers(hidden, state, padding)
             sums = {**sums, **new_sums}
         if self.head is not None:
-            return self.head(hidden, inputs["labels"], sums)
+            return self.head(hidden, inputs["labels"], sums, split)
         carried = {k: state[k] for k in self.carry if k in state}  # an all-ones mask was dropped at load
         relayed = {k: handed_on(t) for k, t in {**carried, **sums}.items()}
         return {"hidden_states": hidden, "position_ids": state["position_ids"], **relayed}

@@ -50,13 +50,18 @@ def init_distributed(timeout: timedelta = timedelta(minutes=5)) -> torch.device:
     return device
 
 
-def build_mesh(pp_size: int, dp_size: int = 1, order: str = "pp_inner") -> DeviceMesh:
+def build_mesh(pp_size: int, dp_size: int = 1, order: str = "pp_inner", cp_size: int = 1) -> DeviceMesh:
     """The ``(dp, pp)`` mesh over the whole world, numbered by ``order``
     (:mod:`mpipe_hf.schedule.mesh_order`): ``pp_inner``, global rank ``d * pp_size + p`` is stage rank ``p`` of
     pipeline replica ``d``, so a pipeline's ranks are consecutive (one node's, where it fits); ``dp_inner``,
     global rank ``p * dp_size + d``, so the replicas of a stage rank are (its data-parallel group within a node).
     Ask it, by name, for ``get_group("pp")``, ``get_local_rank("pp")`` and ``mesh["dp"]``; in either order a
     pipeline's group lists its ranks in stage order and global rank 0 is replica 0's stage rank 0.
+
+    ``cp_size > 1`` (context parallelism) adds a ``cp`` dimension just outside ``pp`` (``pp_inner``: global rank
+    ``(d * cp_size + c) * pp_size + p``; ``dp_inner``: ``(p * dp_size + d) * cp_size + c``, a CP group's ranks
+    consecutive): the ``cp_size`` pipelines of a CP group hold the same stages and split each micro-batch's
+    sequence; ``get_group("cp")`` is that group (:func:`reduction_mesh` the one their gradients are summed over).
 
     Raises:
         ValueError: if ``dp_size * pp_size`` differs from the world size, or ``order`` is not ``pp_inner`` or
@@ -65,10 +70,15 @@ def build_mesh(pp_size: int, dp_size: int = 1, order: str = "pp_inner") -> Devic
     if order not in ORDERS:
         raise ValueError(f"parallel.mesh_order: the mesh order must be one of {ORDERS}, got {order!r}")
     world = dist.get_world_size()
-    if dp_size * pp_size != world:
-        raise ValueError(f"pp_size ({pp_size}) * dp_size ({dp_size}) must equal the number of processes ({world}); "
-                         f"launch {pp_size * dp_size} processes or set pp_size to {world // dp_size}")
+    if dp_size * pp_size * cp_size != world:
+        raise ValueError(f"pp_size ({pp_size}) * dp_size ({dp_size}) * cp_size ({cp_size}) must equal the number of "
+                         f"processes ({world}); launch {pp_size * dp_size * cp_size} processes or set pp_size to "
+                         f"{world // (dp_size * cp_size)}")
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if cp_size > 1:
+        if order == "dp_inner":
+            return init_device_mesh(device_type, (pp_size, dp_size, cp_size), mesh_dim_names=("pp", "dp", "cp"))
+        return init_device_mesh(device_type, (dp_size, cp_size, pp_size), mesh_dim_names=("dp", "cp", "pp"))
     if order == "dp_inner":  # the mesh's last dimension varies fastest over the global ranks
         return init_device_mesh(device_type, (pp_size, dp_size), mesh_dim_names=("pp", "dp"))
     return init_device_mesh(device_type, (dp_size, pp_size), mesh_dim_names=("dp", "pp"))
@@ -93,3 +103,13 @@ def expert_mesh(mesh: DeviceMesh, ep_size: int) -> DeviceMesh:
         raise ValueError(f"parallel.ep_size must be an integer >= 1 that divides parallel.dp_size ({replicas}: the "
                          f"ranks that hold the same stage), got {ep_size!r}")
     return mesh._unflatten("dp", (replicas // ep_size, ep_size, 1), ("edp", "ep", "batch"))
+
+
+def reduction_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D mesh a stage rank's gradients and loss sums are summed over: ``mesh["dp"]``, or with a ``cp``
+    dimension the ``dp x cp`` ranks that hold the same stages, flattened (``"dp_cp"``): each CP rank's backward
+    gives its slice of the sequence's share of a gradient, so the CP ranks' sums fold into the dp reduction
+    (:class:`~.data_parallel.DataParallel` over this mesh)."""
+    if "cp" not in (mesh.mesh_dim_names or ()):
+        return mesh["dp"]
+    return mesh["dp", "cp"]._flatten("dp_cp")

@@ -55,8 +55,8 @@ class MPipeConfig(ParallelSection):
             rows they hold unpacked, so the loss and gradients are the unpacked ones under either normalisation.
 
     Raises:
-        ValueError: a bad value, naming the field and the allowed values; ``num_micro`` set; ``dp_size`` other
-            than 1 or ``owners: balanced`` (both are ``mpipe-hf train``'s, where the rows are known to the
+        ValueError: a bad value, naming the field and the allowed values; ``num_micro`` set; ``dp_size`` or
+            ``cp_size`` other than 1 or ``owners: balanced`` (both are ``mpipe-hf train``'s, where the rows are known to the
             run: the Trainer's loop hands every process the same rows, and its dataset gives no image sizes
             without decoding the images).
     """
@@ -86,6 +86,9 @@ class MPipeConfig(ParallelSection):
         if self.owners != "modulo":  # the Trainer's dataset gives no image sizes without decoding its images
             raise ValueError(f"MPipeConfig owners must be 'modulo' (load-aware owners, 'balanced', are "
                              f"mpipe-hf train's: a recipe's parallel.owners), got {self.owners!r}")
+        if self.cp_size != 1:  # the Trainer route builds no cp mesh yet: a cp_size it would ignore is refused
+            raise ValueError(f"MPipeConfig cp_size must be 1 (context parallelism is mpipe-hf train's for now: a "
+                             f"recipe's parallel.cp_size), got {self.cp_size!r}")
         if self.dp_size != 1:  # the Trainer's loop gives every process the same rows: one pipeline's view
             raise ValueError(f"MPipeConfig dp_size must be 1 (data parallel over pipelines is mpipe-hf train's: a "
                              f"recipe's parallel.dp_size), got {self.dp_size!r}")

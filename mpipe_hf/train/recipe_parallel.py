@@ -33,6 +33,10 @@ class ParallelSection(ScheduleConfig):
             each hold ``E / ep_size`` experts of every MoE layer of the stage and exchange tokens by all-to-all
             (:mod:`mpipe_hf.models.expert_parallel`, :func:`~mpipe_hf.runtime.mesh.expert_mesh`); must divide
             ``dp_size`` (and, checked against the model before launch, ``E``).
+        cp_size: context parallelism: the ranks of a CP group hold the same stages and split every
+            micro-batch's sequence among them (:mod:`mpipe_hf.runtime.context_parallel`); ``pp_size * dp_size *
+            cp_size`` processes. Not with ``ep_size > 1`` yet; checked against the model before launch
+            (:func:`~mpipe_hf.runtime.context_parallel.check_context_parallel`).
         dp_shard: with ``dp_size > 1``: ``true``, FSDP2 shards each stage chunk over the replicas; ``false``,
             each replica keeps its stages whole and the gradients are summed by one all-reduce.
         mesh_order: how the ``(dp, pp)`` mesh numbers the processes (:mod:`mpipe_hf.schedule.mesh_order`):
@@ -60,6 +64,7 @@ class ParallelSection(ScheduleConfig):
     dp_size: int = 1
     dp_shard: bool = True
     ep_size: int = 1
+    cp_size: int = 1
     mesh_order: str = "auto"
     owners: str = "modulo"
 
@@ -70,6 +75,11 @@ class ParallelSection(ScheduleConfig):
                 or self.dp_size % self.ep_size):
             raise ValueError(f"parallel.ep_size must be an integer >= 1 that divides parallel.dp_size "
                              f"({self.dp_size}: the ranks that hold the same stage), got {self.ep_size!r}")
+        if not isinstance(self.cp_size, int) or isinstance(self.cp_size, bool) or self.cp_size < 1:
+            raise ValueError(f"parallel.cp_size must be an integer >= 1, got {self.cp_size!r}")
+        if self.cp_size > 1 and self.ep_size > 1:
+            raise ValueError(f"parallel.cp_size ({self.cp_size}) > 1 with parallel.ep_size ({self.ep_size}) > 1 is "
+                             f"not supported yet: set one of them to 1")
         if not isinstance(self.dp_shard, bool):
             raise ValueError(f"parallel.dp_shard must be true (FSDP2) or false (replicas with one all-reduce), got "
                              f"{self.dp_shard!r}")

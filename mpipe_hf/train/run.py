@@ -32,7 +32,8 @@ from ..models import get_family
 from ..models.freeze import Trainable, apply_trainable
 from ..runtime import PipelineExecutor, StepStats, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
-from ..runtime.mesh import expert_mesh
+from ..models.sequence_split import split_sequences
+from ..runtime.mesh import expert_mesh, reduction_mesh
 from ..schedule.mesh_order import ORDERS, position
 from ..schedule.owners import step_owners
 from .collective import together
@@ -81,9 +82,12 @@ class PipelineRun(RunCheckpoints):
         self.data = data if data is not None else DataSection(path="<the trainer's dataset>")
         # before the process group (adopt): dp_size 1, where every order agrees; connect() reads the mesh
         order = parallel.mesh_order if parallel.mesh_order in ORDERS else "pp_inner"
-        world = self.cfg.pp_size * parallel.dp_size  # a launch of another size fails in connect(), not here
-        self.dp_rank, self.rank = position(order, int(os.environ.get("RANK", 0)) % world, self.cfg.pp_size,
-                                           parallel.dp_size)
+        pp, cp = self.cfg.pp_size, parallel.cp_size
+        world = pp * parallel.dp_size * cp  # a launch of another size fails in connect(), not here
+        mine = int(os.environ.get("RANK", 0)) % world  # its rank in the (dp, pp) numbering: the cp index left out
+        mine = mine // cp if order == "dp_inner" else mine // (pp * cp) * pp + mine % pp
+        self.dp_rank, self.rank = position(order, mine, pp, parallel.dp_size)
+        self.cp_rank = 0  # context parallelism: this rank's place in its CP group (connect())
         self.mesh_order = None
         self.device = self.mesh = self.group = self.every = None
         self.carved = self.source = self.counts = None
@@ -106,8 +110,10 @@ class PipelineRun(RunCheckpoints):
         world = dist.get_world_size()
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun's and accelerate's processes per node
         self.mesh_order, choice = resolve_mesh_order(self.parallel, config, self.data, world, per_node, bf16)
-        self.mesh = build_mesh(self.cfg.pp_size, self.parallel.dp_size, self.mesh_order)
-        if self.parallel.dp_size > 1 and dist.get_rank() == 0:  # each replica's global ranks, by stage rank
+        self.mesh = build_mesh(self.cfg.pp_size, self.parallel.dp_size, self.mesh_order, self.parallel.cp_size)
+        self.cp_rank = self.mesh.get_local_rank("cp") if self.parallel.cp_size > 1 else 0
+        # each replica's global ranks, by stage rank (a 2-D mesh: no cp dimension)
+        if self.parallel.dp_size > 1 and self.parallel.cp_size == 1 and dist.get_rank() == 0:
             layout = self.mesh.mesh if self.mesh.mesh_dim_names[0] == "dp" else self.mesh.mesh.t()
             print(f"mpipe_hf: mesh_order {self.mesh_order}"
                   + (f" (auto: {choice.describe()})" if choice is not None else "")
@@ -172,10 +178,13 @@ class PipelineRun(RunCheckpoints):
                 ``zero_bubble`` with FSDP2).
         """
         par, carved = self.parallel, self.carved
-        if par.dp_size > 1:  # FSDP2 per stage chunk, before the optimizer sees the (then DTensor) parameters
-            self.data_parallel = DataParallel(self.mesh["dp"], "shard" if par.dp_shard else "replicate", bf16=bf16,
+        if par.dp_size > 1 or par.cp_size > 1:  # FSDP2 per stage chunk, before the optimizer sees DTensors
+            engine = "shard" if par.dp_shard and par.dp_size > 1 else "replicate"  # the CP ranks' sums: folded in
+            self.data_parallel = DataParallel(reduction_mesh(self.mesh), engine, bf16=bf16,
                                               experts=self.shard_experts())
             self.data_parallel.wrap(carved.stages, carved.preprocess.trainable_parameters())  # P's: not wrapped
+        if par.cp_size > 1:  # each CP rank's stages cut every micro's sequence (Ulysses attention)
+            split_sequences(carved.stages.values(), self.mesh.get_group("cp"))
         self.params = carved.trainable_parameters(self.cfg, self.rank)  # none where a frozen P is all it holds
         tied = carved.tied_parameters(self.cfg, self.rank)
         heads = {id(p) for p, peer in tied if peer == 0}  # the head copy of a tied pair
@@ -288,7 +297,7 @@ class PipelineRun(RunCheckpoints):
     def write_trace(self, path: str) -> None:
         """Every rank's action events (``trace``) as one Chrome trace at ``path``, by replica 0's rank 0 (every
         rank calls this)."""
-        if self.dp_rank == 0:
+        if self.dp_rank == 0 and self.cp_rank == 0:
             write_trace(path, self.executor.events, self.rank, self.cfg.pp_size, self.group)
 
     def close(self) -> None:

@@ -23,9 +23,10 @@ from .state import load_rank_state, rank_state, rank_state_name
 
 class RunCheckpoints:
     """The checkpoint methods of :class:`~.run.PipelineRun`, which sets what they read: ``carved`` (this rank's
-    share), ``cfg``, ``rank``, ``dp_rank``, ``group`` (the ``pp`` group), ``every`` (a setup error's ranks),
-    ``source`` (the model's name or path), ``params`` (the trained parameters), ``skips``, ``data_parallel`` and
-    ``experts`` (this rank's :class:`~mpipe_hf.models.expert_shards.ExpertShards`, or ``None``)."""
+    share), ``cfg``, ``rank``, ``dp_rank``, ``cp_rank`` (0 writes), ``group`` (the ``pp`` group), ``every`` (a setup
+    error's ranks), ``source`` (the model's name or path), ``params`` (the trained parameters), ``skips``,
+    ``data_parallel`` and ``experts`` (this rank's :class:`~mpipe_hf.models.expert_shards.ExpertShards`, or
+    ``None``)."""
 
     def load_weights(self, path: str) -> None:
         """This rank's share of ``path``'s weights (a LoRA run's: its adapter; after
@@ -54,7 +55,7 @@ class RunCheckpoints:
         if self.experts is not None:  # the fused (E, ...) tensors and adapters, as from_pretrained (PEFT's) loads them
             state = self.experts.fused(state, self.experts.group.get_group())
         failure = None
-        if self.dp_rank == 0:
+        if self.dp_rank == 0 and self.cp_rank == 0:  # one writer: a CP group holds the same share
             try:
                 self._write(path, state, extras, rank_files, adapter_only, merged, merge)
             except Exception as err:  # noqa: BLE001 - shared with the other replicas below

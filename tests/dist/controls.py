@@ -25,7 +25,8 @@ def negative_controls(case):
     videos' temporal positions spaced as at one second a temporal patch); ``case["deepstack_apart"]``, Qwen3-VL's
     video DeepStack features put after the images' instead of in the tokens' order. Gemma 3n's:
     ``case["altup_swapped"]``, AltUp streams 1 and 2 swapped where a stage hands its streams on
-    (:func:`swapped_streams_forward`)."""
+    (:func:`swapped_streams_forward`). Context parallelism's: ``case["positions_after_split"]``, each CP rank's
+    rotary positions counted from 0 on its own slice (:func:`rotary_after_split`)."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -50,7 +51,18 @@ def negative_controls(case):
         stack.enter_context(mock.patch.object(decoder.DecoderStage, "run_layers", leaky_run_layers))
     if case.get("altup_swapped"):
         stack.enter_context(mock.patch.object(gemma3n_altup.AltUpStage, "forward", swapped_streams_forward))
+    if case.get("positions_after_split"):  # each CP rank numbers its slice from 0
+        stack.enter_context(mock.patch.object(decoder, "local_rotary", rotary_after_split))
     return stack
+
+
+def rotary_after_split(rotary, split):
+    """Context parallelism's positions computed after the split (a negative control): each CP rank's rotary
+    embeddings those of positions ``0 .. L_r - 1``, as if it numbered its own slice, instead of its slice's of the
+    whole sequence."""
+    if isinstance(rotary, torch.Tensor):
+        return rotary.narrow(rotary.dim() - 2, 0, split.lengths[split.rank])
+    return type(rotary)(rotary_after_split(t, split) for t in rotary)
 
 
 def swapped_streams_forward(self, inputs):

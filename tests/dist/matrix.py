@@ -122,7 +122,10 @@ def check_case(case: dict, per_rank: list[dict]) -> list[str]:
         owned = res.get("owned_all", res["owned"] * runs)  # per-step owners: each run's own
         if sorted(res["loads"]) != sorted(owned):
             problems.append(f"rank {rank}: loaded micros {sorted(res['loads'])}, owns {owned} over {runs} runs")
-    checked = sorted(n for res in per_rank for n in res["names"])
+    pipeline = per_rank[:case["pp_size"]] if case.get("cp_size", 1) > 1 else per_rank  # each CP rank holds all
+    problems += [f"rank {r}: its trainable parameters are not its CP peer's (rank {r % len(pipeline)})"
+                 for r, res in enumerate(per_rank) if res["names"] != pipeline[r % len(pipeline)]["names"]]
+    checked = sorted(n for res in pipeline for n in res["names"])
     if checked != per_rank[0]["ref_names"]:
         problems.append("the ranks' trainable parameters are not exactly the reference's trainable parameters")
     return problems
@@ -295,7 +298,7 @@ PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
 # case options whose cases must fail (numerics_worker.py, controls.py): the packing bugs, the wrong gradients
 NEGATIVE_CONTROLS = ("one_range", "no_linear_reset", "detach_features", "scale_small", "scale_later",
                      "keep_zero_init", "stage_sums", "no_video_time", "deepstack_apart", "skip_last_step",
-                     "altup_swapped")
+                     "altup_swapped", "positions_after_split")
 
 
 def packed_cases(specs=None, **options) -> list[dict]:

@@ -40,7 +40,10 @@ from row_cases import RowCase
 from mpipe_hf.data.packing import pack_micro
 from mpipe_hf.models import split as split_model
 from mpipe_hf.models.base import freeze
+from mpipe_hf.models.sequence_split import split_sequences
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
+from mpipe_hf.runtime.data_parallel import DataParallel
+from mpipe_hf.runtime.mesh import reduction_mesh
 from mpipe_hf.runtime.zero_bubble import WeightWork
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.schedule.interleaved import peak_in_flight
@@ -179,12 +182,30 @@ def _counted_run(self):
 WeightWork.run = _counted_run
 
 
+CP_MESHES = {}  # cp_size -> the (dp 1, cp, pp) mesh of the world, made once per launch
+
+
+def context_parallel(case, group, rank, pp_size):
+    """A case's pipeline group, stage rank, pipeline size and context parallelism: with ``case["cp_size"]`` the
+    world's ``(cp, pp)`` mesh (its pipeline group, and ``(CP group, DataParallel over the CP ranks)``, whose
+    reduction sums the CP ranks' loss figures and gradients); else the launch's, and ``None``."""
+    cp = case.get("cp_size", 1)
+    if cp == 1:
+        return group, rank, pp_size, None
+    if cp not in CP_MESHES:
+        CP_MESHES[cp] = build_mesh(dist.get_world_size() // cp, 1, "pp_inner", cp)
+    mesh = CP_MESHES[cp]
+    reducer = DataParallel(reduction_mesh(mesh), "replicate")
+    return mesh.get_group("pp"), mesh.get_local_rank("pp"), mesh["pp"].size(), (mesh.get_group("cp"), reducer)
+
+
 def run_case(case, fixture, group, rank, device, pp_size, out_dir):
+    group, rank, pp_size, cp = context_parallel(case, group, rank, pp_size)
     with negative_controls(case):
-        return _run_case(case, fixture, group, rank, device, pp_size, out_dir)
+        return _run_case(case, fixture, group, rank, device, pp_size, out_dir, cp)
 
 
-def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
+def _run_case(case, fixture, group, rank, device, pp_size, out_dir, cp=None):
     cfg = ScheduleConfig(pp_size, case["vpp"], case["num_micro"], case["preprocess"], case.get("overflow", "full"),
                          case.get("owner_backward", False), case.get("less_memory", False),
                          case.get("placement", "prefix"), zero_bubble=case.get("zero_bubble", False))
@@ -192,8 +213,11 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
     steps, accumulate = case.get("steps", 1), case.get("accumulate", 1)
     model = build_model(fixture, case["family"], case.get("dropout", 0.0), case.get("attn"),
                         case.get("keep_zero_init", False))
-    ref = copy.deepcopy(model) if rank == 0 else None
+    lead = rank == 0 and (cp is None or dist.get_rank(cp[0]) == 0)  # runs the reference
+    ref = copy.deepcopy(model) if lead else None
     split = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
+    if cp is not None:  # each CP rank's stages cut every micro's sequence; its attention is Ulysses'
+        split_sequences(split.stages.values(), cp[0])
     case_freeze(split.model, case, split.frozen, split.tied)  # the freeze / trainable patterns, on this rank's share
     params = split.trainable_parameters(cfg, rank)
     stages, preprocess = (autocast_modules(split.stages, split.preprocess, device) if case.get("bf16")
@@ -204,7 +228,8 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
     executor = PipelineExecutor(cfg, rank, stages, preprocess, group, device, params.values(), TIMEOUT,
                                 split.tied_parameters(cfg, rank), seed=SEED, swap=swap,
                                 measure_memory=swap is not None,
-                                loss_normalization="micro" if case.get("order") == "micro" else "tokens")
+                                loss_normalization="micro" if case.get("order") == "micro" else "tokens",
+                                data_parallel=cp[1] if cp is not None else None)
     if case.get("recover") is False:  # NCCL's policy, on gloo: a step failed mid-transfer ends the executor
         executor.recover = False
     optimizer = torch.optim.AdamW(params.values(), lr=case.get("lr", LR), eps=case.get("adam_eps", EPS)) if params else None
@@ -288,7 +313,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
             result["owned_image_tokens"] += int((micro_batches(case, pool, 0)[m]["input_ids"] == image_token_id).sum())
 
     ref_path = os.path.join(out_dir, f"ref-{case['name']}.pt")
-    if rank == 0:
+    if lead:
         freeze(ref, split.frozen)
         case_freeze(ref, case)
         # a tied weight is one parameter under two names here, and two copies in the pipeline: list both names
@@ -311,7 +336,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
                 ref_updates.append({n: p.detach() - before[n] for n, p in trainable.items()})
         torch.save({"losses": ref_losses, "grads": ref_grads, "names": sorted(trainable), "updates": ref_updates,
                     "params": {n: p.detach() for n, p in trainable.items()}}, ref_path)
-    dist.barrier(group=group)
+    dist.barrier(group=group if cp is None else None)  # with CP every pipeline reads the reference
     reference = torch.load(ref_path, weights_only=False)  # this run's own file: the C unpickler, 2.5x faster
     first = compare_grads(params, grads[0], reference["grads"][0])
     result["last_step_grads"] = compare_grads(params, grads[steps - 1], reference["grads"][steps - 1]) \
@@ -321,8 +346,8 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir):
     result["update_stats"] = compare_updates(params, updates, reference["updates"]) if steps > 1 else None
     if case.get("reload"):
         result.update(reload_check(case, split, cfg, rank, group, pp_size, out_dir, ref, micro_batches(case, pool, 0)[0]))
-    dist.barrier(group=group)
-    if rank == 0:
+    dist.barrier(group=group if cp is None else None)
+    if lead:
         os.remove(ref_path)  # tens of MB per case
     CLOSED_GROUPS.add(executor.group.group_name)
     executor.close()  # the next case's executor runs on these groups
