@@ -119,7 +119,7 @@ def test_cp_size_is_validated_by_name_before_launch():
     refused by name; a Qwen2 of 4 heads on 2 KV heads takes cp 1, 2 and 4."""
     from transformers import Qwen2Config, Qwen3_5TextConfig
 
-    from mpipe_hf.runtime.context_parallel import check_context_parallel
+    from mpipe_hf.train.checks import check_context_parallel
     from mpipe_hf.train.recipe_parallel import ParallelSection
     assert ParallelSection(pp_size=2, num_micro=4, cp_size=2).cp_size == 2
     for bad in (0, 1.5, True, "2"):
@@ -171,7 +171,7 @@ def test_stages_with_per_token_hooks_or_routers_are_refused_by_name():
     import torch
 
     from mpipe_hf.models.decoder import DecoderStage
-    from mpipe_hf.models.sequence_split import split_sequences
+    from mpipe_hf.models.context_parallel_stages import split_sequences
 
     class Deep(DecoderStage):
         def after_layer(self, layer_id, hidden, state):

@@ -54,6 +54,8 @@ RUN_ELSEWHERE = {
     "check/record_stock_processors.py": ("needs torchvision and timm (the second environment); "
                                          "tests/test_stock_recorded.py compares with what it recorded"),
     "check/check_timm_families.py": "needs timm and torchvision (the second environment)",
+    "check/context_parallel_trainer.py": ("trains the demo through mpipe-hf train at cp_size 1 and 2 (minutes); the cp "
+                                          "cases run in tests/test_numerics.py's R = 4 launch"),
     "check/train_tiny_recipes.py": ("trains every tiny recipe (hours); tests/test_tiny_models.py trains one "
                                     "of each group"),
 }

@@ -235,30 +235,3 @@ def use_ulysses(config) -> str:
     base = {name: base for base, name in ULYSSES_NAMES.items()}.get(current, current)
     config._attn_implementation = register_ulysses(base)  # again in a process that read the name from a file
     return config._attn_implementation
-
-
-def check_context_parallel(config, cp_size: int) -> None:
-    """Check ``parallel.cp_size`` against the model's HF ``config`` before launch (nothing for ``cp_size`` 1).
-
-    Raises:
-        ValueError: ``cp_size`` does not divide the text model's attention heads, or its KV heads do not divide
-            the heads (:func:`kv_repeats`); a decoder layer type whose state runs along the sequence (Gated
-            DeltaNet's linear attention, LFM2's short convolutions), which the split cannot yet pass between the
-            CP ranks: refused by name.
-    """
-    if cp_size == 1:
-        return
-    from ..models.decoder import layer_types
-    from ..models.packed import RECURRENT
-    text = config.get_text_config()
-    recurrent = sorted(set(layer_types(text)) & set(RECURRENT))
-    if recurrent:
-        raise ValueError(f"parallel.cp_size {cp_size}: {config.model_type}'s layers of type {recurrent} carry a "
-                         f"state along the sequence, which context parallelism does not pass between its ranks "
-                         f"yet; set cp_size: 1")
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    try:
-        kv_repeats(heads, kv_heads, cp_size)
-    except ValueError as err:
-        raise ValueError(f"parallel.cp_size: {err}") from None

@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 
 from ..models import get_family
-from ..models.decoder import check_packable
-from ..models.freeze import check_trainable
+from ..models.decoder import check_packable, layer_types
 from ..models.expert_parallel import check_expert_parallel
+from ..models.freeze import check_trainable
 from ..models.load import check_adapter
-from ..runtime.context_parallel import check_context_parallel
+from ..models.packed import RECURRENT
+from ..runtime.context_parallel import kv_repeats
 from .metrics import available_trackers
 from .recipe import Recipe
 from .sources import load_config
@@ -155,3 +156,28 @@ def check_context_parallel_recipe(recipe: Recipe) -> None:
     for on, what in refused:
         if cp > 1 and on:
             raise ValueError(f"parallel.cp_size {cp} does not run with {what} yet; set cp_size: 1")
+
+
+def check_context_parallel(config, cp_size: int) -> None:
+    """Check ``parallel.cp_size`` against the model's HF ``config`` before launch (nothing for ``cp_size`` 1).
+
+    Raises:
+        ValueError: ``cp_size`` does not divide the text model's attention heads, or its KV heads do not divide
+            the heads (:func:`~mpipe_hf.runtime.context_parallel.kv_repeats`); a decoder layer type whose state runs along the sequence (Gated
+            DeltaNet's linear attention, LFM2's short convolutions), which the split cannot yet pass between the
+            CP ranks: refused by name.
+    """
+    if cp_size == 1:
+        return
+    text = config.get_text_config()
+    recurrent = sorted(set(layer_types(text)) & set(RECURRENT))
+    if recurrent:
+        raise ValueError(f"parallel.cp_size {cp_size}: {config.model_type}'s layers of type {recurrent} carry a "
+                         f"state along the sequence, which context parallelism does not pass between its ranks "
+                         f"yet; set cp_size: 1")
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    try:
+        kv_repeats(heads, kv_heads, cp_size)
+    except ValueError as err:
+        raise ValueError(f"parallel.cp_size: {err}") from None

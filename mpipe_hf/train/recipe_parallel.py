@@ -36,7 +36,7 @@ class ParallelSection(ScheduleConfig):
         cp_size: context parallelism: the ranks of a CP group hold the same stages and split every
             micro-batch's sequence among them (:mod:`mpipe_hf.runtime.context_parallel`); ``pp_size * dp_size *
             cp_size`` processes. Not with ``ep_size > 1`` yet; checked against the model before launch
-            (:func:`~mpipe_hf.runtime.context_parallel.check_context_parallel`).
+            (:func:`~mpipe_hf.train.checks.check_context_parallel`).
         dp_shard: with ``dp_size > 1``: ``true``, FSDP2 shards each stage chunk over the replicas; ``false``,
             each replica keeps its stages whole and the gradients are summed by one all-reduce.
         mesh_order: how the ``(dp, pp)`` mesh numbers the processes (:mod:`mpipe_hf.schedule.mesh_order`):

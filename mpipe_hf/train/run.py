@@ -32,7 +32,7 @@ from ..models import get_family
 from ..models.freeze import Trainable, apply_trainable
 from ..runtime import PipelineExecutor, StepStats, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
-from ..models.sequence_split import split_sequences
+from ..models.context_parallel_stages import split_sequences
 from ..runtime.mesh import expert_mesh, reduction_mesh
 from ..schedule.mesh_order import ORDERS, position
 from ..schedule.owners import step_owners

@@ -40,7 +40,7 @@ from row_cases import RowCase
 from mpipe_hf.data.packing import pack_micro
 from mpipe_hf.models import split as split_model
 from mpipe_hf.models.base import freeze
-from mpipe_hf.models.sequence_split import split_sequences
+from mpipe_hf.models.context_parallel_stages import split_sequences
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.data_parallel import DataParallel
 from mpipe_hf.runtime.mesh import reduction_mesh

@@ -1,0 +1,38 @@
+"""Context parallelism put on a rank's stages: each :class:`~.decoder.DecoderStage` cuts its micro-batches'
+sequence over the CP group and its layers attend through the Ulysses wrapper (:mod:`.sequence_split` holds the cut
+itself, :mod:`mpipe_hf.runtime.context_parallel` the attention), and what a stage cannot cut yet is refused by name.
+"""
+
+from __future__ import annotations
+
+from ..runtime.context_parallel import use_ulysses
+from .decoder import DecoderStage
+
+
+def check_splittable(stage) -> None:
+    """Raise NotImplementedError, naming the stage class, for what a stage cannot cut yet: per-token inputs between
+    layers (Qwen3-VL's DeepStack ``after_layer``, Gemma 4's per-layer ``layer_kwargs``) and the MoE router sums
+    (their load-balancing term would count one slice's tokens)."""
+    cls = type(stage)
+    hooks = [name for name in ("after_layer", "layer_kwargs") if getattr(cls, name) is not getattr(DecoderStage, name)]
+    if hooks or stage.router is not None:
+        raise NotImplementedError(f"context parallelism does not cut {cls.__name__}'s "
+                                  f"{', '.join(hooks) or 'MoE router sums'} yet; set parallel.cp_size: 1")
+
+
+def split_sequences(stages, group) -> int:
+    """Put every :class:`~.decoder.DecoderStage` inside ``stages`` (a rank's stage modules) under context
+    parallelism over CP ``group``: each cuts its micro-batches' sequence and its layers attend through the Ulysses
+    wrapper of the model's own attention (:func:`~mpipe_hf.runtime.context_parallel.use_ulysses`). Returns how
+    many stages it set. Raises NotImplementedError for an attention the wrapper does not take (FlashAttention) and
+    for what :func:`check_splittable` refuses."""
+    count = 0
+    for module in stages:
+        for sub in module.modules():
+            if isinstance(sub, DecoderStage):
+                check_splittable(sub)
+                sub.sequence_group = group
+                use_ulysses(sub.text_config)
+                count += 1
+    return count
+
