@@ -69,7 +69,7 @@ def train(demo: str, cp: int, steps: int, work: str, dp: int = 1) -> tuple[list[
         rows = [json.loads(line) for line in f if line.strip()]
     tensors = {}
     for shard in sorted(glob.glob(os.path.join(out, "checkpoint", "*.safetensors"))):
-        tensors.update(load_file(shard))
+        tensors.update(load_file(shard, device="cpu"))
     return rows, tensors
 
 
