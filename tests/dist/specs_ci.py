@@ -4,6 +4,7 @@ it checks)."""
 
 from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, TEXT_CONFIGS, covering_subset, family_cases, freeze_cases,
                     gradient_controls, make_case, packed_cases, packing_controls)
+from specs_context_parallel import CP_CASES, CP_CONTROL  # noqa: F401 (read by tests/test_numerics.py)
 from specs_video import VIDEO_CONTROLS, video_cases
 
 
@@ -96,15 +97,6 @@ FREEZE_CASES, VIDEO_CASES = freeze_cases(), video_cases()
 VIDEO_CONTROL, DEEPSTACK_CONTROL = video_cases(VIDEO_CONTROLS)
 # Gemma 3n's AltUp streams 1 and 2 swapped where a stage hands them on: the language model's check must fail
 ALTUP_CONTROL = dict(family_cases([("gemma3n_text", "trainable", 1, None)], altup_swapped=True)[0], reload=False)
-# context parallelism, cp 2 x pp 2 in the R = 4 launch (the world's (cp, pp) mesh, tests/dist/numerics_worker.py):
-# a decoder-only LM with its front on stage 0, Qwen2.5-VL with a frozen tower (every CP rank's owner runs the tower on
-# the whole micro-batch; the first stage injects the features and M-RoPE ids on the whole sequence, then cuts it)
-# and with a trainable one whose preprocess runs a decoder layer too (its hidden states cut on stage 0); the negative
-# control numbers each CP rank's slice from 0
-CP_CASES = [make_case("qwen2-identity", 2, 1, 4, "identity", cp_size=2, steps=2),
-            make_case("vision", 2, 1, 4, "frozen", cp_size=2, steps=2),
-            make_case("vl-text", 2, 1, 4, "trainable", cp_size=2, steps=2)]
-CP_CONTROL = make_case("vision", 2, 1, 4, "frozen", cp_size=2, steps=2, positions_after_split=True)
 EXTRA = {2: PACKED_CASES + CONTROL_CASES + GRADIENT_CONTROLS + PIXEL_CASES + FAMILY_CASES
          + MOE_CASES[-len(MOE_ORDER_SPECS):] + DROPOUT_CASES + PRECISION_CASES + SWAP_CASES[3:] + ZB_CASES[5:]
          + OWNER_CASES[3:] + FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL, DEEPSTACK_CONTROL, ALTUP_CONTROL],

@@ -1,0 +1,23 @@
+"""The context-parallel cases tests/test_numerics.py runs in the R = 4 launch: cp 2 x pp 2 on the world's
+``(cp, pp)`` mesh (tests/dist/numerics_worker.py), each checked against one process: the loss, every gradient and
+every AdamW update of 2 steps. One list per behaviour, each with its comment; :data:`CP_CASES` is all of them."""
+
+from matrix import make_case
+
+# a decoder-only LM with its front on stage 0, Qwen2.5-VL with a frozen tower (the first stage injects the features
+# and M-RoPE ids on the whole sequence, then cuts it) and with a trainable one whose preprocess runs a decoder layer
+# too (its hidden states cut on stage 0)
+BASE_CASES = [make_case("qwen2-identity", 2, 1, 4, "identity", cp_size=2, steps=2),
+              make_case("vision", 2, 1, 4, "frozen", cp_size=2, steps=2),
+              make_case("vl-text", 2, 1, 4, "trainable", cp_size=2, steps=2)]
+# per-token inputs between layers cut with the sequence: Qwen3-VL's DeepStack, Gemma's masks and per-layer inputs
+LAYER_INPUT_CASES = []
+# the MoE router sums gathered over the CP group (the load-balancing term), and cp with ep
+ROUTER_CASES = []
+# the tower divided over the CP ranks by images or frames, and video rows
+TOWER_CASES = []
+# packed micro-batches split across their rows
+PACKED_CASES = []
+CP_CASES = BASE_CASES + LAYER_INPUT_CASES + ROUTER_CASES + TOWER_CASES + PACKED_CASES
+# the negative control: each CP rank's positions counted from 0 on its own slice, as if computed after the split
+CP_CONTROL = make_case("vision", 2, 1, 4, "frozen", cp_size=2, steps=2, positions_after_split=True)
