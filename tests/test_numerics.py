@@ -35,7 +35,7 @@ from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
 from matrix import NEGATIVE_CONTROLS, REL_TOL, check_case, check_reload  # noqa: E402
 from specs_ci import (ALTUP_CONTROL, CONTROL_CASES, CP_CASES, CP_CONTROL, DEEPSTACK_CONTROL,  # noqa: E402
-                      DROPOUT_CASES, ERROR_CASES,
+                      DROPOUT_CASES, ERROR_CASES, ROUTER_CONTROL,
                       FAMILY_CASES, FILL_CASES, FREEZE_CASES, GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES, PACKED_CASES,
                       PIXEL_CASES, PRECISION_CASES, ROW_CASES, SWAP_CASES, VIDEO_CASES, VIDEO_CONTROL, ZB_CASES, cases)
 from specs_video import VIDEO_CONFIGS  # noqa: E402
@@ -401,3 +401,11 @@ def test_positions_after_the_split_fail_the_context_parallel_check(results):
     assert check_case(CP_CONTROL, per_rank), "positions computed after the split went unnoticed"
     worst = max(diff / top for res in per_rank for top, diff in res["grad_stats"].values() if top > 0)
     assert worst > 100 * REL_TOL, worst
+
+
+def test_router_sums_of_one_slice_fail_the_context_parallel_check(results):
+    """The router negative control: each CP rank's MoE load-balancing term from its own slice's router sums (not
+    summed over the CP group) fails the check the MoE CP case passes: the routers' updates differ."""
+    per_rank = results(4)[ROUTER_CONTROL["name"]]
+    problems = check_case(ROUTER_CONTROL, per_rank)
+    assert any("mlp.gate.weight" in p for p in problems), problems

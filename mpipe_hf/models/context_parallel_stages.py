@@ -11,13 +11,13 @@ from .decoder import DecoderStage
 
 def check_splittable(stage) -> None:
     """Raise NotImplementedError, naming the stage class, for what a stage cannot cut yet: per-token inputs between
-    layers (Qwen3-VL's DeepStack ``after_layer``, Gemma 4's per-layer ``layer_kwargs``) and the MoE router sums
-    (their load-balancing term would count one slice's tokens)."""
+    layers (Qwen3-VL's DeepStack ``after_layer``, Gemma 4's per-layer ``layer_kwargs``). The MoE router sums are cut
+    with the sequence and summed over the CP group before the load-balancing term (:func:`~.moe.aux_loss`)."""
     cls = type(stage)
     hooks = [name for name in ("after_layer", "layer_kwargs") if getattr(cls, name) is not getattr(DecoderStage, name)]
-    if hooks or stage.router is not None:
+    if hooks:
         raise NotImplementedError(f"context parallelism does not cut {cls.__name__}'s "
-                                  f"{', '.join(hooks) or 'MoE router sums'} yet; set parallel.cp_size: 1")
+                                  f"{', '.join(hooks)} yet; set parallel.cp_size: 1")
 
 
 def split_sequences(stages, group) -> int:

@@ -64,7 +64,7 @@ class LMHead(nn.Module):
         counted = shifted if shifted is not None else labels[..., 1:]
         out = {"loss": loss, "num_tokens": (counted != -100).sum()}
         if self.router is not None and sums:
-            out["aux_loss"] = self.router[1] * aux_loss(sums, self.router[0])
+            out["aux_loss"] = self.router[1] * aux_loss(sums, self.router[0], split)  # summed over cp
         return out
 
 
@@ -256,7 +256,8 @@ class DecoderStage(nn.Module):
         padding = inputs.get("attention_mask")  # absent: no padding (the loader's host knew; see handlers)
         sums = {k: state[k] for k in ROUTER_KEYS if k in state}
         if self.layers:
-            collect = self.router.collect(state, padding, hidden) if self.router is not None else nullcontext({})
+            collect = (self.router.collect(state, padding, hidden, split) if self.router is not None
+                       else nullcontext({}))
             with collect as new_sums:
                 hidden = self.run_layers(hidden, state, padding)
             sums = {**sums, **new_sums}

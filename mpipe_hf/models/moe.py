@@ -10,6 +10,14 @@ layer order, starting from zeros, and passes them on with the hidden states (``R
 the model's ``T``, ``P`` and ``N``, bit for bit (the same additions in the same order), computes ``aux``, and the
 gradient of ``aux`` flows back through ``P`` to every stage's routers.
 
+Under context parallelism each CP rank's routers see only its slice of the sequence (and its slice of the padding
+mask), so its running sums are its slice's. The last stage sums them over the CP group (:func:`aux_loss` with the
+micro's split: one all-reduce whose backward all-reduces the gradient, :class:`_SumOverGroup`) before ``aux`` is
+computed: every CP rank then holds the whole micro's ``aux``, and the gradient of each rank's term reaches every
+rank's routers. The term counts once over the group because the executor weights a micro's ``aux`` by the label
+tokens of the rank's own slice (:func:`mpipe_hf.runtime.aux_loss.with_aux`): the CP ranks' weights add up to the
+micro's label tokens, as in one process.
+
 The router modules are found from transformers' own record of them: the text model class's
 ``_can_record_outputs["router_logits"]`` (the module class whose output ``index`` is the layer's router logits).
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from . import expert_precision  # noqa: F401 - the experts' bf16 grouped GEMM under autocast (registers it)
@@ -41,10 +50,14 @@ class RouterSums:
         self.index, self.num_experts, self.top_k = index, num_experts, top_k
 
     @contextmanager
-    def collect(self, state: Tensors, padding: torch.Tensor | None, like: torch.Tensor):
+    def collect(self, state: Tensors, padding: torch.Tensor | None, like: torch.Tensor, split=None):
         """Watch the routers while the stage's layers run; ``sums`` (the yielded dict) then holds ``ROUTER_KEYS``:
         ``state``'s running sums (zeros when the stage is the first) plus this stage's layers, in layer order.
-        ``padding``: the ``(B, L)`` mask (``None``: no padding); ``like``: the hidden states (device)."""
+        ``padding``: the ``(B, L)`` mask (``None``: no padding); ``like``: the hidden states (device); ``split``:
+        under context parallelism the micro's :class:`~mpipe_hf.runtime.context_parallel.SequenceSplit` (the
+        routers see this rank's ``(B, L_r)`` tokens, so the mask is cut to them)."""
+        if split is not None and padding is not None:
+            padding = split.local(padding, padding.dim() - 1)
         logits: list[torch.Tensor] = []
         handles = [r.register_forward_hook(lambda _m, _i, out: logits.append(out[self.index]))
                    for r in self.routers]
@@ -77,8 +90,40 @@ class RouterSums:
         return {"router_tokens": tokens, "router_probs": probs, "router_rows": rows}
 
 
-def aux_loss(sums: Tensors, num_experts: int) -> torch.Tensor:
-    """``E * sum_e (T_e / N) * (P_e / N)`` from the last stage's running sums (a 0-d tensor)."""
+class _SumOverGroup(torch.autograd.Function):
+    """``dist.all_reduce`` (sum) over ``group`` whose backward all-reduces the gradient: each rank's output is the
+    group's sum, so the gradient of every rank's use of it reaches every rank's input."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def group_sums(sums: Tensors, group) -> Tensors:
+    """``sums`` (``ROUTER_KEYS``: ``(E,)``, ``(E,)``, ``()``) summed over the ranks of ``group`` in one
+    differentiable all-reduce (:class:`_SumOverGroup`); ``sums`` itself when ``group`` is ``None``."""
+    if group is None:
+        return sums
+    num = sums["router_tokens"].shape[0]
+    flat = torch.cat([sums["router_tokens"], sums["router_probs"], sums["router_rows"].reshape(1)])
+    total = _SumOverGroup.apply(flat, group)
+    return {"router_tokens": total[:num], "router_probs": total[num:2 * num], "router_rows": total[2 * num]}
+
+
+def aux_loss(sums: Tensors, num_experts: int, split=None) -> torch.Tensor:
+    """``E * sum_e (T_e / N) * (P_e / N)`` from the last stage's running sums (a 0-d tensor). ``split``: under
+    context parallelism the micro's :class:`~mpipe_hf.runtime.context_parallel.SequenceSplit`, whose CP group the
+    sums are first summed over (:func:`group_sums`): the whole micro's term, on every CP rank."""
+    sums = group_sums(sums, split.group if split is not None else None)
     tokens = sums["router_tokens"] / sums["router_rows"]
     probs = sums["router_probs"] / sums["router_rows"]
     return torch.sum(tokens * probs.unsqueeze(0)) * num_experts

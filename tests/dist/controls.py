@@ -20,6 +20,8 @@ def negative_controls(case):
     state flows from one row into the next). The gradient controls: ``case["detach_features"]``, the image
     features cut from the tower's graph (:func:`detached_features`; the others are :func:`tamper_grads`);
     ``case["stage_sums"]``, the MoE load-balancing term from each stage's own routers (the sums not relayed).
+    ``case["router_sums_local"]``, under context parallelism each CP rank's load-balancing term from its own slice's
+    sums (not summed over the CP group).
     The video controls:
     ``case["no_video_time"]``, the host's ``get_rope_index`` call without Qwen2.5-VL's ``second_per_grid_ts`` (the
     videos' temporal positions spaced as at one second a temporal patch); ``case["deepstack_apart"]``, Qwen3-VL's
@@ -41,6 +43,8 @@ def negative_controls(case):
     if case.get("stage_sums"):  # the MoE term from each stage's own routers, not the relayed sums
         add = moe.RouterSums.add
         stack.enter_context(mock.patch.object(moe.RouterSums, "add", lambda self, state, *a: add(self, {}, *a)))
+    if case.get("router_sums_local"):  # under cp, each rank's MoE term from its own slice's sums
+        stack.enter_context(mock.patch.object(moe, "group_sums", lambda sums, _group: sums))
     if case.get("no_video_time"):
         grids = ("image_grid_thw", "video_grid_thw")
         stack.enter_context(mock.patch.object(host_metadata, "GRID_KEYS", grids))

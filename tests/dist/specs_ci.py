@@ -4,7 +4,7 @@ it checks)."""
 
 from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, TEXT_CONFIGS, covering_subset, family_cases, freeze_cases,
                     gradient_controls, make_case, packed_cases, packing_controls)
-from specs_context_parallel import CP_CASES, CP_CONTROL  # noqa: F401 (read by tests/test_numerics.py)
+from specs_context_parallel import CP_CASES, CP_CONTROL, ROUTER_CONTROL  # noqa: F401 (read by test_numerics)
 from specs_video import VIDEO_CONTROLS, video_cases
 
 
@@ -102,7 +102,8 @@ EXTRA = {2: PACKED_CASES + CONTROL_CASES + GRADIENT_CONTROLS + PIXEL_CASES + FAM
          + OWNER_CASES[3:] + FREEZE_CASES + VIDEO_CASES + [VIDEO_CONTROL, DEEPSTACK_CONTROL, ALTUP_CONTROL],
          3: FILL_CASES[1:] + ZB_CASES[3:5] + OWNER_CASES[2:3],
          4: ERROR_CASES + ROW_CASES + FILL_CASES[:1] + SWAP_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
-         + ZB_CASES[:3] + OWNER_CASES[:2] + CP_CASES + [CP_CONTROL]}  # CP last: its pipelines' groups differ
+         + ZB_CASES[:3] + OWNER_CASES[:2]
+         + CP_CASES + [CP_CONTROL, ROUTER_CONTROL]}  # CP last: its pipelines' groups differ
 
 
 def cases(pp_size):

@@ -2,7 +2,7 @@
 ``(cp, pp)`` mesh (tests/dist/numerics_worker.py), each checked against one process: the loss, every gradient and
 every AdamW update of 2 steps. One list per behaviour, each with its comment; :data:`CP_CASES` is all of them."""
 
-from matrix import make_case
+from matrix import family_cases, make_case
 
 # a decoder-only LM with its front on stage 0, Qwen2.5-VL with a frozen tower (the first stage injects the features
 # and M-RoPE ids on the whole sequence, then cuts it) and with a trainable one whose preprocess runs a decoder layer
@@ -12,8 +12,9 @@ BASE_CASES = [make_case("qwen2-identity", 2, 1, 4, "identity", cp_size=2, steps=
               make_case("vl-text", 2, 1, 4, "trainable", cp_size=2, steps=2)]
 # per-token inputs between layers cut with the sequence: Qwen3-VL's DeepStack, Gemma's masks and per-layer inputs
 LAYER_INPUT_CASES = []
-# the MoE router sums gathered over the CP group (the load-balancing term), and cp with ep
-ROUTER_CASES = []
+# the MoE router sums gathered over the CP group (the load-balancing term), and cp with ep: Qwen3-VL-MoE (4 experts,
+# 2 active, the term weighted 0.01) at its frozen layout, strict per-tensor gradients of both steps
+ROUTER_CASES = family_cases([("qwen3_vl_moe", "frozen", 0, [1, 3, 4, 4])], cp_size=2, reload=False)
 # the tower divided over the CP ranks by images or frames, and video rows
 TOWER_CASES = []
 # packed micro-batches split across their rows
@@ -21,3 +22,5 @@ PACKED_CASES = []
 CP_CASES = BASE_CASES + LAYER_INPUT_CASES + ROUTER_CASES + TOWER_CASES + PACKED_CASES
 # the negative control: each CP rank's positions counted from 0 on its own slice, as if computed after the split
 CP_CONTROL = make_case("vision", 2, 1, 4, "frozen", cp_size=2, steps=2, positions_after_split=True)
+# the router negative control: each CP rank's load-balancing term from its own slice's sums (not summed over cp)
+ROUTER_CONTROL = dict(ROUTER_CASES[0], router_sums_local=True, name=ROUTER_CASES[0]["name"] + "-router_sums_local")
