@@ -146,8 +146,8 @@ def test_cp_size_is_validated_by_name_before_launch():
 
 
 def test_what_cp_size_does_not_run_yet_is_refused_by_name():
-    """``parallel.cp_size > 1`` with packing, an evaluation set or per-micro loss normalisation is refused before
-    launch, naming the field; each alone at cp_size 1, and cp_size 2 without them, pass."""
+    """``parallel.cp_size > 1`` with an evaluation set or per-micro loss normalisation is refused before launch,
+    naming the field; each alone at cp_size 1, and cp_size 2 without them (packing included), pass."""
     from types import SimpleNamespace
 
     from mpipe_hf.train.checks import check_context_parallel_recipe
@@ -156,11 +156,46 @@ def test_what_cp_size_does_not_run_yet_is_refused_by_name():
         return SimpleNamespace(parallel=SimpleNamespace(cp_size=cp), train=SimpleNamespace(loss_normalization=norm),
                                data=SimpleNamespace(packing=packing, eval_path=eval_path))
     check_context_parallel_recipe(recipe(2))
-    for field, kwargs in [("data.packing", dict(packing=True)), ("data.eval_path", dict(eval_path="e.jsonl")),
+    check_context_parallel_recipe(recipe(2, packing=True))  # split as one sequence (the packed CP case)
+    for field, kwargs in [("data.eval_path", dict(eval_path="e.jsonl")),
                           ("train.loss_normalization: micro", dict(norm="micro"))]:
         check_context_parallel_recipe(recipe(1, **kwargs))
         with pytest.raises(ValueError, match=f"parallel.cp_size 2 does not run with {field}"):
             check_context_parallel_recipe(recipe(2, **kwargs))
+
+
+def test_packing_is_refused_by_name_only_where_the_masks_cannot_see_the_rows():
+    """``data.packing`` with ``cp_size > 1``: a family whose masks see the packed rows (Qwen2.5-VL, Qwen2) passes
+    before launch; one whose masks run the rows one by one (Gemma 3's and PaliGemma's token-type blocks, Molmo2's)
+    is refused naming the model type, and passes at cp_size 1 or without packing. A stage meets the same refusal
+    when a packed micro of several rows reaches it under a split, and one row is no packed micro."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoConfig
+
+    from mpipe_hf.models.decoder import DecoderStage, check_packed_split
+    from mpipe_hf.models.packed import ROW_BLIND
+    from mpipe_hf.train.checks import check_context_parallel_packing
+    for model_type in ("qwen2_5_vl", "qwen2"):
+        check_context_parallel_packing(AutoConfig.for_model(model_type), 2, True)
+    for model_type in ("gemma3", "paligemma", "molmo2"):
+        config = AutoConfig.for_model(model_type)
+        check_context_parallel_packing(config, 1, True)
+        check_context_parallel_packing(config, 2, False)
+        with pytest.raises(ValueError, match=f"data.packing: true for {model_type}, whose masks .* cannot see packed"):
+            check_context_parallel_packing(config, 2, True)
+
+    def blind(*args):
+        return {}
+    setattr(blind, ROW_BLIND, True)
+    stage = DecoderStage(None, [], [], [], torch.nn.Identity(), SimpleNamespace(_attn_implementation="sdpa"),
+                         masks=blind)
+    check_packed_split(stage, {"packed_lengths": torch.tensor([5])})
+    with pytest.raises(NotImplementedError, match="packed micro-batch of DecoderStage, whose masks"):
+        check_packed_split(stage, {"packed_lengths": torch.tensor([5, 3])})
+    check_packed_split(DecoderStage(None, [], [], [], torch.nn.Identity(), stage.text_config),
+                       {"packed_lengths": torch.tensor([5, 3])})
 
 
 def test_stages_with_per_token_hooks_or_routers_are_refused_by_name():

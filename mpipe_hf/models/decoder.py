@@ -20,7 +20,8 @@ from torch import nn
 from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, packed_sequence_mask_function
 
 from .moe import ROUTER_KEYS, RouterSums, aux_loss
-from .packed import PACKED_KEYS, RECURRENT, ROW_BLIND, row_ids, flash_kwargs, per_row, row_lengths, row_slice, uses_flash
+from .packed import (PACKED_KEYS, RECURRENT, ROW_BLIND, row_ids, flash_kwargs, per_row, row_blind, row_lengths,
+                     row_slice, uses_flash)
 from .sequence_split import (SPLIT_KEY, local_positions, local_rotary, local_shift_labels, stage_split,
                              whole_like)
 
@@ -124,6 +125,9 @@ def model_class_masks(model: nn.Module, key: str = "token_type_ids"):
     return masks
 
 
+setattr(model_class_masks, ROW_BLIND, True)  # every builder it makes is (the launch check reads the factory)
+
+
 def _takes(build) -> tuple[bool, bool]:
     params = inspect.signature(getattr(build, "func", build)).parameters
     return "allow_is_causal_skip" in params, "and_mask_function" in params
@@ -205,7 +209,7 @@ class DecoderStage(nn.Module):
         row. A family whose masks cannot see the rows (:data:`~.packed.ROW_BLIND`: PaliGemma's prefix) runs the
         rows one by one."""
         lengths = row_lengths(state)
-        if lengths is None or uses_flash(self.text_config) or not getattr(self.masks, ROW_BLIND, False):
+        if lengths is None or uses_flash(self.text_config) or not row_blind(self.masks):
             return self._layers(hidden, state, padding, lengths, "packed_lengths" not in state)
         outs, start = [], 0
         for n in lengths:  # a row is one sequence: nothing for the mask builders to search its positions for
@@ -248,8 +252,7 @@ class DecoderStage(nn.Module):
         hidden = state["hidden_states"]
         split = stage_split(self.sequence_group, state["position_ids"])
         if split is not None:
-            if "packed_lengths" in state:
-                raise NotImplementedError("context parallelism does not split packed micro-batches yet")
+            check_packed_split(self, state)
             state = {**state, SPLIT_KEY: split}
             if hidden.shape[1] == split.total:  # whole, from a front or P: this rank's slice
                 hidden = split.local(hidden).contiguous()
@@ -266,6 +269,20 @@ class DecoderStage(nn.Module):
         carried = {k: state[k] for k in self.carry if k in state}  # an all-ones mask was dropped at load
         relayed = {k: handed_on(t) for k, t in {**carried, **sums}.items()}
         return {"hidden_states": hidden, "position_ids": state["position_ids"], **relayed}
+
+
+def check_packed_split(stage: DecoderStage, state: Tensors) -> None:
+    """Raise NotImplementedError, naming the stage and its mask builder, for a packed micro of several rows that
+    context parallelism cannot split exactly: a family whose masks cannot see the rows (:data:`~.packed.ROW_BLIND`)
+    runs them one by one, each cut from the whole sequence, which a rank holding only its slice cannot do. Any
+    other packed micro is split as one sequence: Ulysses gives every rank the whole sequence for its heads, so the
+    rows' block-diagonal mask, built on the whole sequence from the host's ``packed_lengths``, stays exact and a
+    row may cross the split (the recurrent layer types and FlashAttention are refused before launch)."""
+    if row_lengths(state) is not None and row_blind(stage.masks):
+        name = getattr(stage.masks, "__qualname__", type(stage.masks).__name__)
+        raise NotImplementedError(f"context parallelism does not split a packed micro-batch of {type(stage).__name__}"
+                                  f", whose masks ({name}) cannot see packed rows and run them one by one; set "
+                                  f"data.packing: false or parallel.cp_size: 1")
 
 
 def handed_on(t: torch.Tensor) -> torch.Tensor:

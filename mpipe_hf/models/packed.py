@@ -46,6 +46,12 @@ ROW_BLIND = "row_blind"  # set True on a mask builder that cannot see packed row
 GRID_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")  # what get_rope_index reads of the visuals
 
 
+def row_blind(masks) -> bool:
+    """Whether ``masks`` (a stage's mask builder, or a family's ``masks(model)`` factory of them) cannot see
+    packed rows, so that a packed micro runs row by row (:data:`ROW_BLIND`)."""
+    return bool(getattr(masks, ROW_BLIND, False))
+
+
 def is_packed(raw: Tensors) -> bool:
     """Whether ``raw`` is a packed micro-batch (it has ``packed_lengths``)."""
     return "packed_lengths" in raw

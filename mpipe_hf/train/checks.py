@@ -12,7 +12,7 @@ from ..models.decoder import check_packable, layer_types
 from ..models.expert_parallel import check_expert_parallel
 from ..models.freeze import check_trainable
 from ..models.load import check_adapter
-from ..models.packed import RECURRENT
+from ..models.packed import RECURRENT, row_blind
 from ..runtime.context_parallel import kv_repeats
 from .metrics import available_trackers
 from .recipe import Recipe
@@ -114,6 +114,7 @@ def check(recipe: Recipe) -> list[int]:
                     recipe.lora.peft_config() if recipe.lora is not None else None, recipe.parallel.text_layers)
     check_context_parallel(config, recipe.parallel.cp_size)
     check_context_parallel_recipe(recipe)
+    check_context_parallel_packing(config, recipe.parallel.cp_size, recipe.data.packing)
     processes = cfg.pp_size * recipe.parallel.dp_size * recipe.parallel.cp_size
     world = int(os.environ.get("WORLD_SIZE", processes))
     if world != processes:
@@ -147,15 +148,32 @@ def check_layout(recipe: Recipe, config, profile=None) -> list[int]:
 
 
 def check_context_parallel_recipe(recipe: Recipe) -> None:
-    """What ``parallel.cp_size > 1`` does not run yet, refused by name before launch: packed micro-batches
-    (``data.packing``), an evaluation set (``data.eval_path``: its share per replica would split the CP group), and
+    """What ``parallel.cp_size > 1`` does not run yet, refused by name before launch: an evaluation set
+    (``data.eval_path``: its share per replica would split the CP group), and
     ``train.loss_normalization: micro`` (its divisor counts the CP ranks as replicas). Raises ``ValueError``."""
     cp = recipe.parallel.cp_size
-    refused = [(recipe.data.packing, "data.packing: true"), (recipe.data.eval_path is not None, "data.eval_path"),
+    refused = [(recipe.data.eval_path is not None, "data.eval_path"),
                (recipe.train.loss_normalization == "micro", "train.loss_normalization: micro")]
     for on, what in refused:
         if cp > 1 and on:
             raise ValueError(f"parallel.cp_size {cp} does not run with {what} yet; set cp_size: 1")
+
+
+def check_context_parallel_packing(config, cp_size: int, packing: bool) -> None:
+    """Check ``data.packing`` with ``parallel.cp_size > 1`` before launch. A packed micro is split as one
+    sequence: its rows' block-diagonal mask is built on the whole sequence and Ulysses gives every rank the whole
+    sequence for its heads, so it stays exact and a row may cross the split. Raises ``ValueError``, naming the
+    model type, for a family whose masks cannot see packed rows (:func:`~mpipe_hf.models.packed.row_blind`: Gemma's
+    and PaliGemma's token-type blocks, Molmo2's), which runs the rows one by one, each cut from the whole sequence.
+    (Recurrent layer types are refused for any cp by :func:`check_context_parallel`, FlashAttention when the stages
+    are set up.)"""
+    if cp_size == 1 or not packing:
+        return
+    masks = get_family(config.model_type).masks
+    if row_blind(masks):
+        raise ValueError(f"parallel.cp_size {cp_size} does not run with data.packing: true for "
+                         f"{config.model_type}, whose masks ({masks.__name__}) cannot see packed rows and run them "
+                         f"one by one; set data.packing: false or cp_size: 1")
 
 
 def check_context_parallel(config, cp_size: int) -> None:

@@ -28,7 +28,8 @@ def negative_controls(case):
     video DeepStack features put after the images' instead of in the tokens' order. Gemma 3n's:
     ``case["altup_swapped"]``, AltUp streams 1 and 2 swapped where a stage hands its streams on
     (:func:`swapped_streams_forward`). Context parallelism's: ``case["positions_after_split"]``, each CP rank's
-    rotary positions counted from 0 on its own slice (:func:`rotary_after_split`)."""
+    rotary positions counted from 0 on its own slice (:func:`rotary_after_split`); ``case["rows_cut_at_split"]``, a
+    packed micro's mask built from the rows each slice sees (:func:`rows_cut_at_split`)."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -57,7 +58,20 @@ def negative_controls(case):
         stack.enter_context(mock.patch.object(gemma3n_altup.AltUpStage, "forward", swapped_streams_forward))
     if case.get("positions_after_split"):  # each CP rank numbers its slice from 0
         stack.enter_context(mock.patch.object(decoder, "local_rotary", rotary_after_split))
+    if case.get("rows_cut_at_split"):  # a packed micro's rows as each CP rank's slice sees them
+        stack.enter_context(mock.patch.object(decoder, "row_lengths", rows_cut_at_split))
     return stack
+
+
+def rows_cut_at_split(state):
+    """Context parallelism's packed mask built per slice (a negative control): a packed micro's rows as each CP
+    rank's slice sees them, a row that crosses the split cut in two at it, so its tokens after the split no longer
+    attend to those before; without a split, the rows as they are."""
+    lengths, split = packed.row_lengths(state), state.get(decoder.SPLIT_KEY)
+    if lengths is None or split is None:
+        return lengths
+    ends = sorted(set(torch.tensor(lengths).cumsum(0).tolist()) | set(torch.tensor(split.lengths).cumsum(0).tolist()))
+    return [b - a for a, b in zip([0] + ends[:-1], ends)]
 
 
 def rotary_after_split(rotary, split):

@@ -2,7 +2,7 @@
 ``(cp, pp)`` mesh (tests/dist/numerics_worker.py), each checked against one process: the loss, every gradient and
 every AdamW update of 2 steps. One list per behaviour, each with its comment; :data:`CP_CASES` is all of them."""
 
-from matrix import family_cases, make_case
+from matrix import family_cases, make_case, packed_cases
 
 # a decoder-only LM with its front on stage 0, Qwen2.5-VL with a frozen tower (the first stage injects the features
 # and M-RoPE ids on the whole sequence, then cuts it) and with a trainable one whose preprocess runs a decoder layer
@@ -17,10 +17,15 @@ LAYER_INPUT_CASES = []
 ROUTER_CASES = family_cases([("qwen3_vl_moe", "frozen", 0, [1, 3, 4, 4])], cp_size=2, reload=False)
 # the tower divided over the CP ranks by images or frames, and video rows
 TOWER_CASES = []
-# packed micro-batches split across their rows
-PACKED_CASES = []
+# packed micro-batches split across their rows: Qwen2.5-VL's micros of 2 to 3 rows (a text-only row beside rows of
+# one and two images) packed into one sequence, cut in two halves by the CP ranks, so a row crosses the split in
+# every micro; against the rows unpacked and padded on one process
+PACKED_CASES = packed_cases([("vl", "frozen", 0, None)], cp_size=2)
 CP_CASES = BASE_CASES + LAYER_INPUT_CASES + ROUTER_CASES + TOWER_CASES + PACKED_CASES
 # the negative control: each CP rank's positions counted from 0 on its own slice, as if computed after the split
 CP_CONTROL = make_case("vision", 2, 1, 4, "frozen", cp_size=2, steps=2, positions_after_split=True)
 # the router negative control: each CP rank's load-balancing term from its own slice's sums (not summed over cp)
 ROUTER_CONTROL = dict(ROUTER_CASES[0], router_sums_local=True, name=ROUTER_CASES[0]["name"] + "-router_sums_local")
+# the packed negative control: each CP rank's packed mask built from the rows its own slice sees (the row that
+# crosses the split cut in two there)
+PACKED_CONTROL = packed_cases([("vl", "frozen", 0, None)], cp_size=2, rows_cut_at_split=True)[0]

@@ -67,3 +67,8 @@ def unified_masks(model: nn.Module):
         return out if isinstance(out, dict) else {t: out for t in types}
     setattr(masks, ROW_BLIND, True)  # the blocks are read by position: a packed micro runs row by row
     return masks
+
+
+# every builder these factories make runs a packed micro row by row (the launch check reads the family's factory)
+for _factory in (prefix_masks, gemma4_masks, unified_masks):
+    setattr(_factory, ROW_BLIND, True)

@@ -24,6 +24,9 @@ def molmo2_masks(model: nn.Module):
     return masks
 
 
+setattr(molmo2_masks, ROW_BLIND, True)  # every builder it makes is (the launch check reads the family's factory)
+
+
 class _ScaledOrNot(nn.Module):
     """Molmo2's two rotary embeddings as one ``rotary(x, position_ids, kind)``, ``kind`` ``"scaled"`` or
     ``"unscaled"`` (``Molmo2TextModel.rope_types``). Holds no parameter or persistent buffer."""
