@@ -7,14 +7,19 @@ from __future__ import annotations
 
 from ..runtime.context_parallel import use_ulysses
 from .decoder import DecoderStage
+from .sequence_split import CUTS_WITH_SEQUENCE
 
 
 def check_splittable(stage) -> None:
     """Raise NotImplementedError, naming the stage class, for what a stage cannot cut yet: per-token inputs between
-    layers (Qwen3-VL's DeepStack ``after_layer``, Gemma 4's per-layer ``layer_kwargs``). The MoE router sums are cut
+    layers, from hooks (``after_layer``, ``layer_kwargs``) of a class that does not declare, in its own body, that
+    they cut with the sequence (:data:`~.sequence_split.CUTS_WITH_SEQUENCE`: Qwen3-VL's DeepStack and Gemma 4's
+    per-layer inputs do; Gemma 3n's AltUp streams do not). The MoE router sums are cut
     with the sequence and summed over the CP group before the load-balancing term (:func:`~.moe.aux_loss`)."""
     cls = type(stage)
     hooks = [name for name in ("after_layer", "layer_kwargs") if getattr(cls, name) is not getattr(DecoderStage, name)]
+    if vars(cls).get(CUTS_WITH_SEQUENCE):  # declared by the class itself: a subclass may change what travels
+        hooks = []
     if hooks:
         raise NotImplementedError(f"context parallelism does not cut {cls.__name__}'s "
                                   f"{', '.join(hooks)} yet; set parallel.cp_size: 1")

@@ -19,6 +19,7 @@ from torch import nn
 
 from .decoder import DecoderStage
 from .host_metadata import qwen_host_inputs
+from .sequence_split import SPLIT_KEY, add_at_tokens
 
 DEEPSTACK_KEYS = ("deepstack_features", "visual_pos_index")
 
@@ -60,13 +61,22 @@ def deepstack_host_inputs(model: nn.Module):
 
 class DeepStackStage(DecoderStage):
     """A :class:`~.decoder.DecoderStage` that adds ``deepstack_features[i]`` at the image-token positions after
-    decoder layer ``i < K``, as ``Qwen3VLTextModel._deepstack_process``."""
+    decoder layer ``i < K``, as ``Qwen3VLTextModel._deepstack_process``.
+
+    Under context parallelism (:mod:`.sequence_split`) the features and the visual positions still travel whole
+    (``(K, n, H)`` and ``(n,)``: small beside the hidden states), and each CP rank adds only the rows of the image
+    tokens in its slice (:func:`~.sequence_split.add_at_tokens`); the rows another rank adds get no gradient here,
+    and the tower's gradients from the CP ranks are summed with the other weights'."""
+
+    hooks_cut_sequence = True  # after_layer cuts the features with the sequence (.sequence_split.CUTS_WITH_SEQUENCE)
 
     def after_layer(self, layer_id: int, hidden: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
         features = state.get("deepstack_features")  # carried up to the stage that holds layer K - 1
         if features is None or layer_id >= features.shape[0]:
             return hidden
         index = state["visual_pos_index"]  # the image tokens' flat positions, from the host: a mask would sync
+        if state.get(SPLIT_KEY) is not None:  # hidden is this rank's slice; the index counts the whole sequence
+            return add_at_tokens(hidden, index, features[layer_id], state[SPLIT_KEY])
         where = torch.unravel_index(index, hidden.shape[:-1])  # one index tensor per leading dimension
         added = hidden[where] + features[layer_id].to(hidden.device, hidden.dtype)
         # out of place, and no view of a flattened copy: a stage's output may be an FSDP2 unit's, whose pre-backward

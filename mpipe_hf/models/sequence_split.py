@@ -61,3 +61,46 @@ def local_shift_labels(labels: torch.Tensor, split: SequenceSplit) -> torch.Tens
     sequence (the last token predicts nothing: -100), then this rank's ``(B, L_r)`` slice."""
     shifted = nn.functional.pad(labels[..., 1:], (0, 1), value=-100)
     return split.local(shifted, shifted.dim() - 1).contiguous()  # the loss views it flat
+
+
+# a stage class that sets this True in its own body (not inherited: a subclass may change what travels) declares
+# that its per-token hooks (``after_layer``, ``layer_kwargs``) cut their inputs with the sequence
+CUTS_WITH_SEQUENCE = "hooks_cut_sequence"
+
+
+def local_if_whole(t: torch.Tensor, split: SequenceSplit, dim: int = 1) -> torch.Tensor:
+    """This rank's slice of a per-token tensor ``t`` along ``dim`` where it holds the whole sequence there (from a
+    front, or from a preprocess that runs decoder layers on the whole sequence); ``t`` as it is where it is already
+    this rank's slice (handed on by the previous stage). Raises ValueError for any other length."""
+    own = split.lengths[split.rank]
+    if t.shape[dim] == split.total and own != split.total:
+        return split.local(t, dim).contiguous()
+    if t.shape[dim] != own:
+        raise ValueError(f"dim {dim} of a {tuple(t.shape)} tensor is neither the split sequence's {split.total} "
+                         f"tokens nor this rank's {own}")
+    return t
+
+
+def local_token_index(flat_index: torch.Tensor, split: SequenceSplit) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where tokens given by their flat positions in the whole ``(B, L)`` micro-batch (``flat_index`` ``(n,)``
+    int64, row-major: ``row * L + column``) lie in this rank's ``(B, L_r + 1)`` slice plus one spare column:
+    ``(rows, columns)``, each ``(n,)``; a token outside the slice gets column ``L_r`` (the spare). Computed on the
+    device without reading a count back to the host (a boolean selection would)."""
+    own = split.lengths[split.rank]
+    rows, columns = flat_index // split.total, flat_index % split.total - split.start
+    outside = (columns < 0) | (columns >= own)
+    return rows, columns.masked_fill(outside, own)
+
+
+def add_at_tokens(hidden: torch.Tensor, flat_index: torch.Tensor, rows: torch.Tensor,
+                  split: SequenceSplit) -> torch.Tensor:
+    """``hidden`` ``(B, L_r, H)`` (this rank's slice) with ``rows[i]`` (``rows`` ``(n, H)``) added at token
+    ``flat_index[i]`` of the whole ``(B, L)`` micro-batch (row-major flat positions, ``(n,)``) for those tokens in
+    this rank's slice; the other rows are dropped (another CP rank adds them). Out of place; the gradient of
+    ``rows`` is zero at the dropped ones. Raises ValueError where ``hidden`` is not this rank's slice."""
+    if hidden.shape[1] != split.lengths[split.rank]:
+        raise ValueError(f"{tuple(hidden.shape)} hidden states are not this rank's {split.lengths[split.rank]} tokens")
+    where = local_token_index(flat_index, split)
+    spare = nn.functional.pad(hidden, (0, 0, 0, 1))  # the dropped rows land in the extra column, cut off below
+    added = spare[where] + rows.to(hidden.device, hidden.dtype)
+    return spare.index_put(where, added)[:, :hidden.shape[1]]

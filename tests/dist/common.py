@@ -28,6 +28,7 @@ SENTENCES = ["The pipeline splits the model into stages.", "Each rank loads only
              "Interleaving gives each rank several chunks.", "One forward, one backward, in steady state."]
 PACKED_CONFIGS = ("vl", "qwen3_vl", "qwen3_5", "llava", "gemma3",  # the packed pools' families
                   "nemotron_h_omni")  # and Nemotron-H's Mamba-2 layers, whose state must restart at each row
+TURNS_CONFIGS = ("qwen3_vl", "gemma3")  # two-turn pools: image tokens in both halves (the context-parallel cases)
 NUM_LAYERS = 12  # enough for R * V = 12 stages
 # The Qwen2 BPE cut to its first 5,120 ranks, the Qwen2 special tokens right after them (as scripts/make/make_demo.py
 # cuts it): with all 151,643 ranks the embedding and the LM head were 19 M of a tiny model's 20 M parameters
@@ -98,6 +99,27 @@ def make_packed_pool(collate) -> list[dict[str, torch.Tensor]]:
         counts = [(2, 0, 1), (0, 1, 2), (1, 2), (2, 0), (0, 2, 0), (1, 0, 1)][m]
         pool.append(collate([multi_image_row(m + j, 56, n, (m + j) % 3) for j, n in enumerate(counts)]))
     return pool
+
+
+def two_turn_row(i: int, prompt_repeat: int, answers: int) -> dict:
+    """A two-turn conversation, a photo in each user turn (photos ``i`` and ``i + 1``, 56 and 84 px), the second
+    answer ``answers`` captions long: its second image lies near the middle of the row."""
+    turns = []
+    for k in range(2):
+        prompt = "Describe the image." + " Briefly." * (prompt_repeat if k == 0 else 0)
+        answer = " ".join(CAPTIONS[(i + k + a) % 8] for a in range(answers if k else 1))
+        turns += [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]},
+                  {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+    return {"messages": turns, "images": [photo(PHOTOS[(i + k) % 8], 56 + 28 * k) for k in range(2)]}
+
+
+def make_turns_pool(collate) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches of two-turn rows (:func:`two_turn_row`) whose image tokens lie in both halves of the sequence,
+    the second image of some rows across the middle, and a text-only row before one with images: what the
+    context-parallel cases cut in two (each CP rank's slice holds image tokens, per row)."""
+    rows = [[two_turn_row(0, 0, 2)], [two_turn_row(1, 0, 2), two_turn_row(2, 0, 2)], [two_turn_row(3, 1, 2)],
+            [caption_row(5, 56, False, 2), two_turn_row(6, 1, 2)]]
+    return [collate(r) for r in rows]
 
 
 # (photo, motion, frames, (width, height), fps, options of its video parts, as a frame folder): each samples 4
@@ -258,6 +280,9 @@ def build_fixture(path: str, packed: tuple[str, ...] = PACKED_CONFIGS, only: lis
             continue
         pools[f"packed-{name}"] = make_packed_pool(family_collator(configs[name], tokenizer))
     pools["packed-text"] = make_text_pool(tokenizer, rows=lambda m: 2 + m % 2)
+    for name in TURNS_CONFIGS:
+        if not only or name in only:
+            pools[f"turns-{name}"] = make_turns_pool(family_collator(configs[name], tokenizer))
     if videos:
         clips = write_clips(os.path.join(os.path.dirname(path), "clips"))
         for name in videos:

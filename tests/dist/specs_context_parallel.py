@@ -10,8 +10,15 @@ from matrix import family_cases, make_case, packed_cases
 BASE_CASES = [make_case("qwen2-identity", 2, 1, 4, "identity", cp_size=2, steps=2),
               make_case("vision", 2, 1, 4, "frozen", cp_size=2, steps=2),
               make_case("vl-text", 2, 1, 4, "trainable", cp_size=2, steps=2)]
-# per-token inputs between layers cut with the sequence: Qwen3-VL's DeepStack, Gemma's masks and per-layer inputs
-LAYER_INPUT_CASES = []
+# per-token inputs between layers cut with the sequence, on rows whose image tokens lie on both CP ranks' slices (an
+# image across the split in every micro, a text-only row before one with images): Qwen3-VL's DeepStack with a
+# trainable tower, its 3 DeepStack layers over stages 0 and 1; Gemma 3's sliding window (16 of about 80 tokens) and
+# bidirectional image blocks with a trainable tower and a decoder layer in P (whole there, cut on stage 0); Gemma 4's
+# per-layer inputs and shared key/value states (stored on stage 2, read on stages 2 and 3), its images across the split
+LAYER_INPUT_CASES = (family_cases([("qwen3_vl", "trainable", 0, [1, 3, 4, 4])], cp_size=2, reload=False,
+                                  data="turns-qwen3_vl")
+                     + family_cases([("gemma3", "trainable", 1, None)], cp_size=2, reload=False, data="turns-gemma3")
+                     + family_cases([("gemma4", "trainable", 0, None)], cp_size=2, reload=False))
 # the MoE router sums gathered over the CP group (the load-balancing term), and cp with ep: Qwen3-VL-MoE (4 experts,
 # 2 active, the term weighted 0.01) at its frozen layout, strict per-tensor gradients of both steps
 ROUTER_CASES = family_cases([("qwen3_vl_moe", "frozen", 0, [1, 3, 4, 4])], cp_size=2, reload=False)

@@ -26,6 +26,7 @@ from torch import nn
 from transformers.cache_utils import KVSharingDict
 
 from ...models.decoder import CARRIED_KEYS, DecoderStage, layer_type_masks
+from ...models.sequence_split import SPLIT_KEY, local_if_whole
 
 Tensors = dict[str, torch.Tensor]
 PER_LAYER_KEY = "per_layer_inputs"
@@ -81,15 +82,32 @@ class PerLayerFront(nn.Module):
         return {**out, PER_LAYER_KEY: (projected + token_part) * self.input_scale}
 
 
+def cut_layer_inputs(state: Tensors, split, keys: tuple[str, ...]) -> None:
+    """Under context parallelism (:mod:`mpipe_hf.models.sequence_split`), this rank's slice, in ``state``, of the
+    per-layer inputs ``(B, L, layers, D)`` and of the shared key/value states ``(B, kv_heads, L, head_dim)`` under
+    ``keys`` where they hold the whole sequence; slices handed on by the previous stage stay as they are. Both are
+    per token, so a slice is what the one-process model computes for these tokens: each layer's attention gets its
+    keys and values of this rank's tokens, which the Ulysses all-to-all gathers, stored or reused alike."""
+    if state.get(PER_LAYER_KEY) is not None:
+        state[PER_LAYER_KEY] = local_if_whole(state[PER_LAYER_KEY], split, 1)
+    for key in keys:
+        if key in state:
+            state[key] = local_if_whole(state[key], split, 2)
+
+
 class SharedKVStage(DecoderStage):
     """A :class:`~mpipe_hf.models.decoder.DecoderStage` of Gemma 4 layers (module docstring): each layer gets its slice of
     ``per_layer_inputs`` and the stage's ``KVSharingDict`` (seeded from the carried ``shared_kv.*`` keys); what
     the stage's producers stored leaves with the hidden states. ``text_model``: the ``Gemma4TextModel``;
     ``config``: the model's config; the other arguments are :class:`~mpipe_hf.models.decoder.DecoderStage`'s.
 
+    Under context parallelism both per-token inputs are cut with the sequence (:func:`cut_layer_inputs`).
+
     Raises:
         ValueError: a packed micro-batch (at forward).
     """
+
+    hooks_cut_sequence = True  # layer_kwargs reads inputs cut with the sequence (sequence_split.CUTS_WITH_SEQUENCE)
 
     def __init__(self, front, layers, layer_ids, layer_types, rotary_emb, text_config, head=None,
                  carry=CARRIED_KEYS, masks=layer_type_masks, router=None, *, text_model=None, config=None):
@@ -113,6 +131,9 @@ class SharedKVStage(DecoderStage):
         if "packed_lengths" in state:
             raise ValueError(f"{self.text_config.model_type} cannot run packed micro-batches: its per-layer inputs "
                              "and shared key/value states would have to be cut per row; set data.packing: false")
+        split = state.get(SPLIT_KEY)
+        if split is not None:  # what arrives whole (from a front or P) is cut to this rank's tokens, as hidden is
+            cut_layer_inputs(state, split, self.kv_keys)
         shared = KVSharingDict()
         for key in self.kv_keys[::2]:
             if key in state:
