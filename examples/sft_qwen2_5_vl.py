@@ -9,9 +9,17 @@ import argparse
 
 import torch
 from transformers import AutoModelForImageTextToText, Trainer, TrainingArguments
+from transformers.loss.loss_utils import ForCausalLMLoss
 
 from mpipe_hf.data import ConversationCollator, load_conversation_dataset
 from mpipe_hf.data import load_checkpoint_processor
+
+
+def token_loss(outputs, labels, num_items_in_batch=None):
+    """The causal LM loss summed over the micro-batch's label tokens over the step's (``num_items_in_batch``): with
+    it the Trainer normalises by the step's label tokens (Qwen2.5-VL declares ``accepts_loss_kwargs = False``)."""
+    logits = outputs.logits
+    return ForCausalLMLoss(logits, labels, vocab_size=logits.shape[-1], num_items_in_batch=num_items_in_batch)
 
 
 def parse_args(argv=None):
@@ -29,6 +37,8 @@ def parse_args(argv=None):
     parser.add_argument("--save-steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=1, help="rows per micro-batch")
     parser.add_argument("--resume", default=None, help="a checkpoint-<step> directory to resume from")
+    parser.add_argument("--token-loss", action="store_true", help="the step's summed token loss over its label "
+                        "tokens (compute_loss_func), not the mean of the micro-batches' means")
     parser.add_argument("--lora", type=int, default=0, help="LoRA of this rank on the decoder's attention (peft); "
                         "0: full fine-tuning")
     return parser.parse_args(argv)
@@ -54,7 +64,8 @@ def main(argv=None):
         save_steps=args.save_steps, report_to="none", remove_unused_columns=False,
         train_sampling_strategy="sequential", use_cpu=not torch.cuda.is_available(), seed=0)
     trainer = Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
-                      data_collator=ConversationCollator(processor, max_length=2048), processing_class=processor)
+                      data_collator=ConversationCollator(processor, max_length=2048), processing_class=processor,
+                      compute_loss_func=token_loss if args.token_loss else None)
     trainer.train(resume_from_checkpoint=args.resume)
     if evaluation is not None:
         print(trainer.evaluate())

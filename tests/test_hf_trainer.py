@@ -75,18 +75,23 @@ def final_state(out):
     # process at 1e-5 in tests/test_numerics.py and tests/test_train.py; here, the Trainer's bf16 path)
     dict(train_tower=True, bf16=True, max_grad_norm=0.5, learning_rate=2e-5),
     # the ViT frozen by the user (requires_grad_) and by MPipeConfig(freeze_vit=True), the merger trained; launched
-    # with accelerate launch (the others with torchrun)
-    dict(train_merger=True, max_grad_norm=0.5, learning_rate=1e-3, launcher=accelerate_launch),
-], ids=["frozen-packed", "trainable-bf16", "merger-accelerate"])
+    # with accelerate launch (the others with torchrun), under context parallelism: cp 2 x pp 2 (V = 2) on 4
+    # processes, each CP rank's pipeline on its half of every sequence, against the plain Trainer on one process,
+    # both normalising by the step's label tokens (compute_loss_func: MPipeConfig refuses the per-micro loss with
+    # cp_size 2)
+    dict(train_merger=True, max_grad_norm=0.5, learning_rate=1e-3, launcher=accelerate_launch, cp=2,
+         token_loss=True),
+], ids=["frozen-packed", "trainable-bf16", "merger-accelerate-cp2"])
 def test_mpipe_trainer_equals_plain_trainer(demo, tmp_path, options):
     """3 steps (5 across an epoch's end, packed) of the pipelined script under torchrun or accelerate launch equal
     the plain Trainer's on one process: every step's loss, global grad norm, learning rate and epoch, and every
     parameter after the last step (atol 1e-4)."""
     plain, piped, options = str(tmp_path / "plain"), str(tmp_path / "piped"), dict(options)
-    packing = {"packing": options.pop("packing")} if "packing" in options else {}  # the pipelined script's flag
+    # the pipelined script's own flags
+    piped_only = {key: options.pop(key) for key in ("packing", "cp") if key in options}
     launcher = options.pop("launcher", torchrun)
     train_plain(demo, plain, **options)
-    proc = launcher(PIPELINED, common(demo, piped, **options, **packing))
+    proc = launcher(PIPELINED, common(demo, piped, **options, **piped_only), nproc=2 * piped_only.get("cp", 1))
     ref, got = history(plain), history(piped)
     assert sorted(ref) == sorted(got) == list(range(1, options.get("max_steps", 3) + 1))
     tol = 1e-3 if options.get("bf16") else 1e-5
@@ -183,6 +188,45 @@ def test_arguments_a_pipeline_cannot_honour_are_named(tmp_path):
     with pytest.raises(ValueError, match="processes for pp_size=2"):
         check_training_args(TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
                             MPipeConfig(pp_size=2))
+
+
+def test_context_parallel_refusals_name_the_trainer_fields(tmp_path, monkeypatch):
+    """``MPipeConfig(cp_size=2)`` refuses, by name and before any collective, what a recipe's ``parallel.cp_size``
+    refuses (packing, an evaluation, the per-micro loss, heads the split cannot share out) and accelerate's own
+    ``ParallelismConfig``; a launch of another size names ``pp_size * cp_size``. The controls: the same config at
+    ``cp_size`` 1 passes each check."""
+    from accelerate import ParallelismConfig
+    from transformers import Qwen2Config, Qwen2ForCausalLM, TrainingArguments
+    from mpipe_hf import MPipeConfig, MPipeTrainer
+    from mpipe_hf.train.hf_parts import check_context_parallel_trainer, check_training_args
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    cp2, cp1 = MPipeConfig(pp_size=2, cp_size=2), MPipeConfig(pp_size=2)
+    with pytest.raises(ValueError, match="cp_size 2 does not run with packing=True"):
+        MPipeConfig(pp_size=2, cp_size=2, packing=True)
+    MPipeConfig(pp_size=2, packing=True)
+    with pytest.raises(ValueError, match=r"1 processes for pp_size=2 cp_size=2 \(launch 4 processes\)"):
+        check_training_args(args, cp2)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    check_training_args(args, cp2)
+    args.parallelism_config = ParallelismConfig(cp_size=2)
+    with pytest.raises(ValueError, match=r"parallelism_config cp_size=2 \(.*MPipeConfig\(cp_size=...\)"):
+        check_training_args(args, cp2)
+    args.parallelism_config = None
+    odd = Qwen2Config(num_attention_heads=3, num_key_value_heads=3, hidden_size=24)
+    with pytest.raises(ValueError, match="MPipeConfig cp_size: .*heads"):
+        check_context_parallel_trainer(cp2, odd, evaluates=False)
+    check_context_parallel_trainer(cp1, odd, evaluates=False)
+    even = Qwen2Config(num_attention_heads=4, num_key_value_heads=2, hidden_size=32)
+    with pytest.raises(ValueError, match="cp_size 2 does not run with an evaluation"):
+        check_context_parallel_trainer(cp2, even, evaluates=True)
+    check_context_parallel_trainer(cp2, even, evaluates=False)
+    config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config)
+    model.accepts_loss_kwargs = False  # as Qwen2.5-VL declares: the Trainer's per-micro loss
+    with pytest.raises(ValueError, match="cp_size 2 does not run with the per-micro loss"):
+        MPipeTrainer(model=model, args=args, mpipe_config=MPipeConfig(pp_size=2, cp_size=2, preprocess="identity"),
+                     train_dataset=[])
 
 
 # ---- checkpoint-<step> written whole or not at all ----------------------------------------------------------

@@ -24,7 +24,10 @@ the model needs are the :class:`~.run.PipelineRun` that ``mpipe-hf train`` runs 
   normalised by the eval set's label tokens, with the rows it ran on; ``predict()`` runs the same and returns
   the loss in a ``PredictionOutput`` with no predictions (the logits stay on the last rank).
 - ``MPipeConfig(swap=..., trace=True, zero_bubble=True)`` work as in a recipe; ``dp_size > 1`` and ``owners:
-  balanced`` are refused (:class:`MPipeConfig`).
+  balanced`` are refused (:class:`MPipeConfig`);
+- ``MPipeConfig(cp_size=C)``: context parallelism over ``pp_size * C`` processes, the run's ``(cp, pp)`` mesh and
+  the CP ranks' gradients summed as a recipe's (:class:`~.run.PipelineRun`); the CP ranks of a group iterate the
+  same row indices, as every rank does, so each micro-batch is the same on all of them before its sequence is cut.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from ..models.decoder import check_packable
 from ..models.freeze import check_trainable
 from .hf_checkpoint import STAGING_PREFIX, CheckpointMixin
 from .hf_parts import (MPipeCallback, MPipeConfig, PreemptionCallback, _EpochSampler, _Pipeline, _RowLoader,
-                       check_training_args)
+                       check_context_parallel_trainer, check_training_args, refuse_with_context_parallel)
 from .loop import saves_before_stop
 from .optimizer import build_optimizer, no_parameters
 from .recipe import TrainSection
@@ -102,11 +105,16 @@ class MPipeTrainer(CheckpointMixin, Trainer):
                         next(iter(carved.peft.peft_config.values())) if carved.peft is not None else None,
                         self.run.parallel.text_layers)
         self.run.freeze(spec)
+        check_context_parallel_trainer(mpipe_config, carved.model.config,
+                                       eval_dataset is not None or args.eval_strategy != "no")
         self.user_collator, self._loaded = data_collator, {}
         self.mpipe_callback = MPipeCallback()
         super().__init__(model=self.run.carved.model.train(), args=args, data_collator=data_collator,
                          train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class,
                          callbacks=callbacks, **kwargs)
+        refuse_with_context_parallel(mpipe_config, "the per-micro loss of a model that takes no loss kwargs (pass "
+                                     "compute_loss_func for the step's token loss)",
+                                     self.loss_normalization() == "micro")  # before the process group
         self.callback_handler.callbacks.insert(0, self.mpipe_callback)
         self.mpipe_callback.skips = self.run.skips
         self.model.to(self.run.connect())
@@ -184,6 +192,11 @@ class MPipeTrainer(CheckpointMixin, Trainer):
             except StopIteration:
                 break
         return self.step_rows, None
+
+    def get_total_train_batch_size(self, args) -> int:
+        """Rows per optimizer step: ``per_device_train_batch_size * gradient_accumulation_steps``, of one pipeline
+        (the Trainer's own multiplies by the processes, which here hold stages and CP slices of the same rows)."""
+        return self._train_batch_size * args.gradient_accumulation_steps
 
     def floating_point_ops(self, inputs) -> int:
         return 0
@@ -293,6 +306,7 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         ``prefix_runtime`` (seconds), ``prefix_samples_per_second``, ``prefix_label_tokens``, ``prefix_rows`` (the
         rows it ran on) and ``prefix_rows_dropped`` (rows that failed to load and were left out, gathered from
         their owners; they count towards no limit, and rank 0 warns with their count). The same on every rank."""
+        refuse_with_context_parallel(self.mpipe, "an evaluation (evaluate, predict)")
         start = time.perf_counter()
         dataset = self._rows(dataset)
         plan = self._plan(dataset, self.args.per_device_eval_batch_size, evaluation=True)

@@ -53,18 +53,19 @@ class CheckpointMixin:
         final, staging = os.path.join(run_dir, name), os.path.join(run_dir, STAGING_PREFIX + name)
         best = self.state.best_model_checkpoint
 
-        def shared(fn):
-            return together(fn, f"saving {final}", self.run.rank, self.run.cfg.pp_size, self.run.group)
+        def shared(fn):  # over every process: with cp_size > 1, every CP rank's pipeline
+            return together(fn, f"saving {final}", *self.run.every)
+        lead = self.run.rank == 0 and self.run.cp_rank == 0  # one writer per CP group, as the weights'
         try:
             shared(lambda: self._remove_staging(run_dir))
             self.save_model(staging, _internal_call=True)
             self._note_best_checkpoint(run_dir)
             shared(lambda: self._save_training_state(staging))
             shared(lambda: sync_tree(staging))  # each rank its own files (on a shared file system)
-            shared(lambda: publish(staging, final) if self.run.rank == 0 else None)
+            shared(lambda: publish(staging, final) if lead else None)
         except Exception:
             self.state.best_model_checkpoint = best
-            if self.run.rank == 0:
+            if lead:
                 shutil.rmtree(staging, ignore_errors=True)
             raise
         shared(lambda: self._after_publish(final, run_dir))
@@ -72,7 +73,7 @@ class CheckpointMixin:
     def _remove_staging(self, run_dir: str) -> None:
         """Rank 0: remove every ``tmp-checkpoint-*`` entry of ``run_dir``, the leftovers of saves that did not
         finish (raises ``OSError`` where one cannot be removed)."""
-        if self.run.rank != 0 or not os.path.isdir(run_dir):
+        if self.run.rank != 0 or self.run.cp_rank != 0 or not os.path.isdir(run_dir):
             return
         for entry in sorted(os.listdir(run_dir)):
             path = os.path.join(run_dir, entry)
@@ -137,8 +138,10 @@ class CheckpointMixin:
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         """This rank's ``rank<r>_state.pt`` (:meth:`.PipelineRun.write_state`), the format ``mpipe-hf train``
-        writes: the optimizer, the Trainer's LR schedule, the RNG states, the skips and the step."""
-        self.run.write_state(output_dir, self.state.global_step, self.optimizer, self.lr_scheduler)
+        writes: the optimizer, the Trainer's LR schedule, the RNG states, the skips and the step. With
+        ``cp_size > 1`` the CP group's first rank writes it: its peers hold the same state."""
+        if self.run.cp_rank == 0:
+            self.run.write_state(output_dir, self.state.global_step, self.optimizer, self.lr_scheduler)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """This rank's optimizer and LR schedule from ``checkpoint`` (:meth:`.PipelineRun.load_state`: saved by

@@ -55,10 +55,21 @@ class MPipeConfig(ParallelSection):
             rows they hold unpacked, so the loss and gradients are the unpacked ones under either normalisation.
 
     Raises:
-        ValueError: a bad value, naming the field and the allowed values; ``num_micro`` set; ``dp_size`` or
-            ``cp_size`` other than 1 or ``owners: balanced`` (both are ``mpipe-hf train``'s, where the rows are known to the
-            run: the Trainer's loop hands every process the same rows, and its dataset gives no image sizes
-            without decoding the images).
+        ValueError: a bad value, naming the field and the allowed values; ``num_micro`` set; ``dp_size`` other
+            than 1 or ``owners: balanced`` (both are ``mpipe-hf train``'s, where the rows are known to the run: the
+            Trainer's loop hands every process the same rows, and its dataset gives no image sizes without
+            decoding the images); ``cp_size`` above 1 with ``packing``.
+
+    ``cp_size``: context parallelism, as a recipe's ``parallel.cp_size`` (docs/context_parallel.md): launch
+    ``pp_size * cp_size`` processes; the ``cp_size`` pipelines of the CP group run the same rows (the Trainer's
+    loop hands every process the same row indices) and each keeps its slice of every micro-batch's sequence.
+    Refused by name before any collective, as a recipe's: ``packing``, an evaluation (``eval_dataset``,
+    ``eval_strategy``, ``evaluate()``, ``predict()``), the per-micro loss of a model that takes no loss kwargs
+    (:meth:`~.hf.MPipeTrainer.loss_normalization`: pass a ``compute_loss_func`` for the token loss), and a model
+    whose heads or layer types context parallelism cannot split
+    (:func:`~mpipe_hf.train.checks.check_context_parallel`). ``TrainingArguments.parallelism_config`` (accelerate's
+    own context parallelism: ring attention over a whole model per rank) is refused by
+    :func:`check_training_args`.
     """
 
     max_length: int = 2048
@@ -86,9 +97,9 @@ class MPipeConfig(ParallelSection):
         if self.owners != "modulo":  # the Trainer's dataset gives no image sizes without decoding its images
             raise ValueError(f"MPipeConfig owners must be 'modulo' (load-aware owners, 'balanced', are "
                              f"mpipe-hf train's: a recipe's parallel.owners), got {self.owners!r}")
-        if self.cp_size != 1:  # the Trainer route builds no cp mesh yet: a cp_size it would ignore is refused
-            raise ValueError(f"MPipeConfig cp_size must be 1 (context parallelism is mpipe-hf train's for now: a "
-                             f"recipe's parallel.cp_size), got {self.cp_size!r}")
+        if self.cp_size != 1 and self.packing is True:  # as a recipe's data.packing with parallel.cp_size
+            raise ValueError(f"MPipeConfig cp_size {self.cp_size} does not run with packing=True yet; set "
+                             f"cp_size=1")
         if self.dp_size != 1:  # the Trainer's loop gives every process the same rows: one pipeline's view
             raise ValueError(f"MPipeConfig dp_size must be 1 (data parallel over pipelines is mpipe-hf train's: a "
                              f"recipe's parallel.dp_size), got {self.dp_size!r}")
@@ -141,11 +152,66 @@ def check_training_args(args, mpipe: MPipeConfig) -> None:
     if args.gradient_accumulation_steps < 1:
         problems.append(f"gradient_accumulation_steps={args.gradient_accumulation_steps} (the micro-batches per "
                         f"step, >= 1)")
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if world != mpipe.pp_size:
-        problems.append(f"{world} processes for pp_size={mpipe.pp_size} (launch pp_size processes)")
+    problems += accelerate_parallelism(args)
+    world, processes = int(os.environ.get("WORLD_SIZE", 1)), mpipe.pp_size * mpipe.cp_size
+    if world != processes:
+        cp = f" cp_size={mpipe.cp_size}" if mpipe.cp_size > 1 else ""
+        problems.append(f"{world} processes for pp_size={mpipe.pp_size}{cp} (launch {processes} processes)")
     if problems:
         raise ValueError("MPipeTrainer cannot run with " + "; ".join(problems))
+
+
+PARALLELISM_SIZES = ("dp_replicate", "dp_shard", "tp", "cp", "sp")
+
+
+def accelerate_parallelism(args) -> list[str]:
+    """accelerate's ``ParallelismConfig`` (``TrainingArguments.parallelism_config``, or ``accelerate launch
+    --parallelism_config_*``, which passes it by ``PARALLELISM_CONFIG_*`` variables) with a size above 1, named:
+    its context parallelism shards a whole model's sequence on every rank (ring attention, which the Trainer sets
+    up around its own ``training_step``) and its other sizes wrap the model, while a pipeline rank holds one share
+    of it and splits the sequence with ``MPipeConfig(cp_size=...)``. A ``ParallelismConfig`` of sizes 1 changes
+    nothing and is let through. Returns the problems, for :func:`check_training_args`."""
+    config = getattr(args, "parallelism_config", None)
+    if config is not None:
+        sizes = {name: getattr(config, f"{name}_size", 1) or 1 for name in PARALLELISM_SIZES}
+    elif os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
+        sizes = {name: int(os.environ.get(f"PARALLELISM_CONFIG_{name.upper()}_SIZE", "1"))
+                 for name in PARALLELISM_SIZES}
+    else:
+        return []
+    above = ", ".join(f"{name}_size={size}" for name, size in sizes.items() if size > 1)
+    if not above:
+        return []
+    return [f"accelerate's parallelism_config {above} (the pipeline splits the model itself: for context "
+            f"parallelism set MPipeConfig(cp_size=...) and launch pp_size * cp_size processes; drop the "
+            f"parallelism_config)"]
+
+
+def refuse_with_context_parallel(mpipe: MPipeConfig, what: str, on: bool = True) -> None:
+    """Raise ``ValueError("MPipeConfig cp_size C does not run with <what> yet; ...")`` where ``on`` and
+    ``cp_size`` is above 1: what a recipe's ``parallel.cp_size`` refuses (:mod:`.checks`), by the Trainer's names."""
+    if on and mpipe.cp_size > 1:
+        raise ValueError(f"MPipeConfig cp_size {mpipe.cp_size} does not run with {what} yet; set cp_size=1")
+
+
+def check_context_parallel_trainer(mpipe: MPipeConfig, config, evaluates: bool) -> None:
+    """With ``cp_size`` above 1, before any collective: the model's HF ``config`` against the split
+    (:func:`~.checks.check_context_parallel`: heads, KV heads, layer types with a state along the sequence) and an
+    evaluation (``evaluates``: an ``eval_dataset`` or an ``eval_strategy``; its rows would be divided among the
+    CP ranks as among replicas).
+
+    Raises:
+        ValueError: naming ``MPipeConfig cp_size`` and what it does not run with.
+    """
+    if mpipe.cp_size == 1:
+        return
+    from .checks import check_context_parallel
+    try:
+        check_context_parallel(config, mpipe.cp_size)
+    except ValueError as err:
+        raise ValueError(str(err).replace("parallel.cp_size", "MPipeConfig cp_size")
+                         .replace("set cp_size: 1", "set cp_size=1")) from None
+    refuse_with_context_parallel(mpipe, "an evaluation (eval_dataset, eval_strategy)", evaluates)
 
 
 class _EpochSampler(torch.utils.data.Sampler):
