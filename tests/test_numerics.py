@@ -35,7 +35,7 @@ from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
 from matrix import NEGATIVE_CONTROLS, REL_TOL, check_case, check_reload  # noqa: E402
 from specs_ci import (ALTUP_CONTROL, CONTROL_CASES, CP_CASES, CP_CONTROL, DEEPSTACK_CONTROL,  # noqa: E402
-                      DROPOUT_CASES, ERROR_CASES, PACKED_CONTROL, ROUTER_CONTROL,
+                      DROPOUT_CASES, ERROR_CASES, LAYER_INPUT_CONTROL, PACKED_CONTROL, ROUTER_CONTROL,
                       FAMILY_CASES, FILL_CASES, FREEZE_CASES, GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES, PACKED_CASES,
                       PIXEL_CASES, PRECISION_CASES, ROW_CASES, SWAP_CASES, VIDEO_CASES, VIDEO_CONTROL, ZB_CASES, cases)
 from specs_video import VIDEO_CONFIGS  # noqa: E402
@@ -417,3 +417,12 @@ def test_a_packed_mask_built_per_slice_fails_the_context_parallel_check(results)
     per_rank = results(4)[PACKED_CONTROL["name"]]
     problems = check_case(PACKED_CONTROL, per_rank)
     assert any("gradient" in p for p in problems), problems
+
+
+def test_deepstack_rows_off_the_slice_fail_the_context_parallel_check(results):
+    """The DeepStack negative control: each CP rank adds the DeepStack feature rows as if its slice began the
+    sequence (the second rank adds the first slice's image rows at its own tokens and drops its own) fails the check
+    the Qwen3-VL CP case passes: the loss and the gradients differ."""
+    per_rank = results(4)[LAYER_INPUT_CONTROL["name"]]
+    problems = check_case(LAYER_INPUT_CONTROL, per_rank)
+    assert any("losses" in p for p in problems) and any("gradient" in p for p in problems), problems

@@ -3,12 +3,13 @@ cases' check must catch (tests/test_numerics.py::test_packing_bugs_fail_the_pack
 each kind the family checks once let through (test_gradient_checks_catch_each_weakness)."""
 
 import contextlib
+import dataclasses
 from unittest import mock
 
 import torch
 
-from mpipe_hf.families.gemma import altup as gemma3n_altup
-from mpipe_hf.models import decoder, deepstack, host_metadata, image_features, moe, packed
+from mpipe_hf.families.gemma import altup as gemma3n_altup, shared_kv as gemma_shared_kv
+from mpipe_hf.models import decoder, deepstack, host_metadata, image_features, moe, packed, sequence_split
 
 _flat_features = image_features.flat_features
 
@@ -29,7 +30,10 @@ def negative_controls(case):
     ``case["altup_swapped"]``, AltUp streams 1 and 2 swapped where a stage hands its streams on
     (:func:`swapped_streams_forward`). Context parallelism's: ``case["positions_after_split"]``, each CP rank's
     rotary positions counted from 0 on its own slice (:func:`rotary_after_split`); ``case["rows_cut_at_split"]``, a
-    packed micro's mask built from the rows each slice sees (:func:`rows_cut_at_split`)."""
+    packed micro's mask built from the rows each slice sees (:func:`rows_cut_at_split`);
+    ``case["deepstack_offset_lost"]`` and ``case["per_layer_offset_lost"]``, DeepStack's rows and Gemma 4's
+    per-layer inputs placed as if each CP rank's slice began the sequence (:func:`deepstack_offset_lost`,
+    :func:`first_tokens`)."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -60,7 +64,29 @@ def negative_controls(case):
         stack.enter_context(mock.patch.object(decoder, "local_rotary", rotary_after_split))
     if case.get("rows_cut_at_split"):  # a packed micro's rows as each CP rank's slice sees them
         stack.enter_context(mock.patch.object(decoder, "row_lengths", rows_cut_at_split))
+    if case.get("deepstack_offset_lost"):  # under cp, DeepStack rows placed as if each slice began the sequence
+        stack.enter_context(mock.patch.object(deepstack, "add_at_tokens", deepstack_offset_lost))
+    if case.get("per_layer_offset_lost"):  # under cp, Gemma 4's per-layer inputs cut from the sequence's start
+        stack.enter_context(mock.patch.object(gemma_shared_kv, "local_if_whole", first_tokens))
     return stack
+
+
+def at_sequence_start(split):
+    """``split`` with this rank's slice moved to the sequence's start (its length and the total kept)."""
+    own = split.lengths[split.rank]
+    return dataclasses.replace(split, lengths=(own, split.total - own), rank=0)
+
+
+def deepstack_offset_lost(hidden, flat_index, rows, split):
+    """DeepStack under context parallelism with the slice's offset lost (a negative control): each CP rank adds the
+    feature rows of the tokens at the whole sequence's first ``L_r`` positions, as if its slice began the sequence."""
+    return sequence_split.add_at_tokens(hidden, flat_index, rows, at_sequence_start(split))
+
+
+def first_tokens(t, split, dim=1):
+    """Gemma 4's per-layer inputs (and shared key/value states) cut with the slice's offset lost (a negative
+    control): every CP rank takes the whole sequence's first ``L_r`` tokens."""
+    return sequence_split.local_if_whole(t, at_sequence_start(split), dim)
 
 
 def rows_cut_at_split(state):

@@ -4,7 +4,8 @@ it checks)."""
 
 from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, TEXT_CONFIGS, covering_subset, family_cases, freeze_cases,
                     gradient_controls, make_case, packed_cases, packing_controls)
-from specs_context_parallel import CP_CASES, CP_CONTROL, PACKED_CONTROL, ROUTER_CONTROL  # noqa: F401 (test_numerics)
+from specs_context_parallel import (CP_CASES, CP_CONTROL, LAYER_INPUT_CONTROL, PACKED_CONTROL,  # noqa: F401
+                                    ROUTER_CONTROL)  # (test_numerics)
 from specs_video import VIDEO_CONTROLS, video_cases
 
 
@@ -103,7 +104,8 @@ EXTRA = {2: PACKED_CASES + CONTROL_CASES + GRADIENT_CONTROLS + PIXEL_CASES + FAM
          3: FILL_CASES[1:] + ZB_CASES[3:5] + OWNER_CASES[2:3],
          4: ERROR_CASES + ROW_CASES + FILL_CASES[:1] + SWAP_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
          + ZB_CASES[:3] + OWNER_CASES[:2]
-         + CP_CASES + [CP_CONTROL, ROUTER_CONTROL, PACKED_CONTROL]}  # CP last: its pipelines' groups differ
+         + CP_CASES + [CP_CONTROL, ROUTER_CONTROL, PACKED_CONTROL,
+                       LAYER_INPUT_CONTROL]}  # CP last: its pipelines' groups differ
 
 
 def cases(pp_size):

@@ -36,3 +36,6 @@ ROUTER_CONTROL = dict(ROUTER_CASES[0], router_sums_local=True, name=ROUTER_CASES
 # the packed negative control: each CP rank's packed mask built from the rows its own slice sees (the row that
 # crosses the split cut in two there)
 PACKED_CONTROL = packed_cases([("vl", "frozen", 0, None)], cp_size=2, rows_cut_at_split=True)[0]
+# the DeepStack negative control (one step): each CP rank adds the feature rows as if its slice began the sequence
+LAYER_INPUT_CONTROL = dict(LAYER_INPUT_CASES[0], deepstack_offset_lost=True, steps=1,
+                           name=LAYER_INPUT_CASES[0]["name"] + "-deepstack_offset_lost")
