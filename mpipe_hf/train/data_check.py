@@ -212,6 +212,20 @@ def visual_lines(report: SourceReport, caps: RowCaps | None, shown: int = 5) -> 
     return lines
 
 
+def balance_line(reports: list[SourceReport], recipe: Recipe, config) -> str:
+    """The costliest of the ``parallel.cp_size`` ranks over the mean, per source, its kept rows in file order
+    grouped as the recipe's micro-batches (:func:`~.context_parallel_balance.data_balance`, weights from
+    ``config``: :func:`~.context_parallel_balance.recipe_weights`): over all micros, and the worst micro."""
+    from .context_parallel_balance import data_balance, recipe_weights
+    cp, weights = recipe.parallel.cp_size, recipe_weights(recipe, config)
+    parts = []
+    for r in reports:
+        whole, worst = data_balance(r.tokens, r.image_tokens, r.video_tokens, recipe.data, weights, cp)
+        parts.append(f"{os.path.basename(str(r.path))} {whole:.3f} (worst micro-batch {worst:.3f})")
+    return (f"context parallelism (cp_size {cp}): the costliest rank's work over the mean (tokens, attention by "
+            f"heads, the tower's items; rows in file order): " + "; ".join(parts))
+
+
 def write_clean(path: str, reports: list[SourceReport]) -> None:
     """The kept rows of every source as the JSON row list ``data.clean_rows`` reads, written atomically:
     ``{"sources": {absolute path: {"rows_fingerprint", "keep": [row indices]}}}``."""
@@ -232,6 +246,8 @@ def check_data_main(recipe_path: str, decode: bool, num_proc: int | None, clean:
     recipe = load_recipe(recipe_path)
     reports = check_data(recipe, decode, num_proc)
     print(format_report(reports, recipe.data.row_length, recipe.data.caps), flush=True)
+    if recipe.parallel.cp_size > 1:
+        print(balance_line(reports, recipe, load_config(recipe.model)), flush=True)
     bad = sum(r.counts["bad"] for r in reports)
     if clean is not None:
         write_clean(clean, reports)

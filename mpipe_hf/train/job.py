@@ -22,12 +22,13 @@ from ..data import MicroBatchPlan
 from ..data.packing import PackedCollate
 from ..models.decoder import check_packable
 from .checkpoint import save_hub_files
+from .context_parallel_balance import run_balance
 from .loop import saves_before_stop
 from .metrics import MetricsLog
 from .optimizer import build_optimizer, build_scheduler
 from .preempt import MARKER, Preemption
 from .recipe import Recipe
-from .report import setup_line, state_bytes, step_row, summary_line, tracker_config
+from .report import progress_fields, setup_line, state_bytes, step_row, summary_line, tracker_config
 from .plan_packing import packed_plan, packing_line
 from .run import PipelineRun
 from .sources import load_config, load_data, load_processor, node_first, owner_costs
@@ -75,6 +76,7 @@ class RecipeJob:
         dataset, self.collate = self._read(None, "data load")
         self.left_out = (dict(getattr(dataset, "dropped", {})), len(getattr(dataset, "bad", ())))  # at launch
         self.plan = self._plan(dataset)
+        self.balance = run_balance(self.plan, dataset, self.config, recipe, run.cfg.num_micro)  # None at cp 1
         self.steps = opt.total_steps(self.plan.steps_per_epoch())
         if recipe.parallel.owners == "balanced":
             per_micro = recipe.data.micro_batch_size if not recipe.data.packing else sum(
@@ -164,10 +166,10 @@ class RecipeJob:
         self.peaks.append(stats.rank_activation_bytes)
         row = step_row(step, stats, result.grad_norm, lr, self.run.skips.total)
         row["bad_rows"], row["bad_rows_total"] = stats.bad_rows, self.run.skips.bad_rows  # rows dropped at load
+        if self.balance is not None:  # the costliest CP rank's work over the mean, from the step's rows
+            row["cp_costliest_over_mean"] = round(self.balance.step(step), 3)
         if self.bar is not None:
-            aux = {"aux": f"{stats.aux_loss:.4f}"} if stats.aux_loss is not None else {}
-            self.bar.set_postfix(loss=f"{stats.loss:.4f}", **aux, tok_s=f"{row['tokens_per_s']:.0f}",
-                                 bubble=f"{stats.bubble:.2f}")
+            self.bar.set_postfix(progress_fields(stats, row))
         if (step + 1) % self.recipe.train.logging_steps == 0 or step + 1 == self.steps:
             self.metrics.log(row)
 

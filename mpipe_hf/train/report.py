@@ -50,6 +50,18 @@ def step_row(step: int, stats, grad_norm: float, lr: float, skipped: int) -> dic
     return row
 
 
+def progress_fields(stats, row: dict) -> dict:
+    """The progress line's fields after step ``stats``, in order: the loss, the MoE term (``aux``) where the model
+    has one, under context parallelism the costliest CP rank's work over the mean (``cp_max``, from ``row``'s
+    ``cp_costliest_over_mean``), label tokens/s and the bubble."""
+    fields = {"loss": f"{stats.loss:.4f}"}
+    if stats.aux_loss is not None:
+        fields["aux"] = f"{stats.aux_loss:.4f}"
+    if "cp_costliest_over_mean" in row:
+        fields["cp_max"] = f"{row['cp_costliest_over_mean']:.2f}"
+    return {**fields, "tok_s": f"{row['tokens_per_s']:.0f}", "bubble": f"{stats.bubble:.2f}"}
+
+
 def tracker_config(recipe: Recipe) -> dict:
     """The recipe as flat ``{section.key: value}`` hyperparameters for the trackers (lists as text)."""
     flat = {}
