@@ -19,7 +19,8 @@
 - ``mpipe-hf plan RECIPE.yaml [--profile PROFILE.yaml] [--gpu-gib 80]`` prints every rank's parameter, gradient,
   optimizer-state and activation bytes (exact counts on the meta device; activations from the profile, or
   estimated from the config; with ``parallel.ep_size`` a rank's share of the experts and the all-to-all's
-  buffers) and the predicted step time; with ``data.packing`` also step 0's packed
+  buffers; with ``parallel.cp_size`` a CP rank's share of each sequence and Ulysses' all-to-alls,
+  :mod:`.train.plan_context_parallel`) and the predicted step time; with ``data.packing`` also step 0's packed
   micro-batches and the simulated packed step against the same rows padded (:mod:`.train.plan_packing`; needs
   the data); exits 1 when a rank does not fit;
 - ``mpipe-hf profile RECIPE.yaml`` measures a cost profile of the recipe's model and data on one process;
@@ -156,12 +157,15 @@ def _plan(args) -> None:
             print(f"note: balanced by {args.profile}'s costs the layout would be {by_profile}; set parallel.profile: "
                   f"{args.profile} in the recipe to train with it (planned below: the recipe's {layers})")
     ckpt, text_layers = recipe.train.gradient_checkpointing, recipe.parallel.text_layers
+    from .train.plan_context_parallel import cp_within_node
     from .train.plan_experts import ep_within_node
     parallel = recipe.parallel
     result = plan(config, cfg, profile, layers, text_layers, ckpt, parallel.ep_size,
-                  ep_within_node(parallel, config, recipe.data), parallel.dp_size)
+                  ep_within_node(parallel, config, recipe.data), parallel.dp_size, parallel.cp_size,
+                  cp_within_node(parallel, config, recipe.data), 2 if recipe.train.bf16 else 4)
     print(f"{config.model_type}: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} dp_size={parallel.dp_size} "
-          f"ep_size={parallel.ep_size} preprocess={cfg.preprocess} text_layers={text_layers} "
+          f"ep_size={parallel.ep_size} cp_size={parallel.cp_size} preprocess={cfg.preprocess} "
+          f"text_layers={text_layers} "
           f"gradient_checkpointing={ckpt}; costs from {source}")
     print(result.table(args.gpu_gib * 2**30))
     if recipe.data.packing:

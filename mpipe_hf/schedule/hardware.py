@@ -9,7 +9,8 @@ in the docstring of the field that holds it; every assumption says so.
 The pieces live in sibling modules, and every name stays importable from here: :mod:`.cluster` (the GPU
 class, its links, ZeRO stage 1's bytes and seconds), :mod:`.shapes` (the model's sizes and the workload) and
 :mod:`.counts` (the closed forms and their FLOP conventions); this module puts them together into
-:func:`figures_estimate`, and times expert parallelism's all-to-all (:func:`all_to_all_seconds`).
+:func:`figures_estimate`, and times expert parallelism's all-to-all (:func:`all_to_all_seconds`) and context
+parallelism's (:func:`ulysses_seconds`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ __all__ = ["GIB", "Cluster", "Estimate", "Flops", "TextShape", "VisionShape", "W
            "decoder_layer_params", "dp_group_within_node", "embedding_params", "figures_estimate",
            "head_activation_bytes", "head_flops", "head_params", "shapes_from_config", "vision_activation_bytes",
            "vision_flops", "vision_matmul_params", "vision_params", "window_lengths", "zero1_state_bytes",
-           "zero1_sync_seconds", "all_to_all_seconds", "moe_all_to_all_seconds"]
+           "zero1_sync_seconds", "all_to_all_seconds", "moe_all_to_all_seconds", "ulysses_seconds"]
 
 
 @dataclass(frozen=True)
@@ -128,3 +129,18 @@ def moe_all_to_all_seconds(dispatch_bytes: float, ep_size: int, cluster: Cluster
     rows = all_to_all_seconds(dispatch_bytes, ep_size, cluster, within_node)
     counts = all_to_all_seconds(0.0, ep_size, cluster, within_node)
     return counts + 2 * rows, 2 * rows
+
+
+def ulysses_seconds(query_bytes: float, kv_bytes: float, cp_size: int, cluster: Cluster = Cluster(),
+                    within_node: bool = True) -> tuple[float, float]:
+    """``(forward, backward)`` seconds of one attention layer's all-to-alls on one micro-batch under Ulysses context
+    parallelism (:mod:`mpipe_hf.runtime.context_parallel`) over ``cp_size`` GPUs. Forward: the query's and the
+    output's all-to-all, each GPU holding ``query_bytes`` (its slice of the sequence, every head), and the key's and
+    the value's, ``kv_bytes`` (the KV heads, repeated where ``cp_size`` does not divide them); the backward runs the
+    four transposed all-to-alls, of the same sizes. Each is :func:`all_to_all_seconds` (a GPU keeps ``1 /
+    cp_size`` and exchanges the rest); 0 for one GPU."""
+    if cp_size <= 1:
+        return 0.0, 0.0
+    one = 2 * (all_to_all_seconds(query_bytes, cp_size, cluster, within_node)
+               + all_to_all_seconds(kv_bytes, cp_size, cluster, within_node))
+    return one, one

@@ -61,7 +61,9 @@ class Costs:
             peers inside the stage's forward: they hold the same stage and run the same action list in step, so
             here it is time the rank spends, with no other rank to wait for (``tests/test_connect.py`` checks that
             the peers' all-to-alls pair up against the pipeline's transfers). Scaled by ``micro_weights`` (the
-            rows dispatched follow the tokens).
+            rows dispatched follow the tokens). Context parallelism's Ulysses all-to-alls (four per attention
+            layer, :func:`~.hardware.ulysses_seconds`) are collectives of the same kind, among the CP peers, and
+            are added here (:func:`mpipe_hf.train.plan_context_parallel.with_ulysses`).
         all_to_all_backward: the same for a ``B`` (the all-to-alls' backwards; ``None``: as ``all_to_all``), or
             for a ``W`` that is the whole backward; a split ``W`` has none (the input gradient's ``B`` moves them).
 

@@ -15,6 +15,9 @@ runs, before any GPU is booked.
 - With expert parallelism (``parallel.ep_size``) a rank holds ``E / ep_size`` experts of each MoE layer of
   its stages, the all-to-all's buffers, and its stages' ``F`` and ``B`` take the all-to-alls' time
   (:mod:`.plan_experts`).
+- With context parallelism (``parallel.cp_size``) a CP rank holds ``1 / cp_size`` of each micro-batch's saved
+  decoder and head activations (the tower's and the front's stay whole), and its stages' ``F`` and ``B`` take
+  Ulysses' all-to-alls (:mod:`.plan_context_parallel`).
 - NCCL's buffers: the communicators a rank joins (its pipeline pairs, the pipeline's, the world's, the
   data-parallel and EP groups) at NCCL's default buffer sizes (:mod:`.plan_nccl`, which states the model).
 """
@@ -30,7 +33,8 @@ from ..models.load import meta_model
 from ..schedule import ScheduleConfig, build_schedule
 from ..schedule.actions import Kind
 from ..schedule.simulate import simulate
-from ..schedule.tune import Profile, costs_for
+from ..schedule.tune import Profile
+from .plan_context_parallel import ContextPlan, context_plan, divided_profile, rank_costs, with_ulysses
 from .plan_experts import ExpertPlan, expert_plan, rank_bytes, sharded_names, with_all_to_all
 from .plan_nccl import nccl_bytes
 
@@ -61,7 +65,8 @@ class RankPlan:
 @dataclass(frozen=True)
 class Plan:
     """Every rank's :class:`RankPlan` (one pipeline, as every replica's is), the layout, the simulator's step time
-    (seconds) and bubble, and with expert parallelism its :class:`~.plan_experts.ExpertPlan`."""
+    (seconds) and bubble, with expert parallelism its :class:`~.plan_experts.ExpertPlan` and with context
+    parallelism its :class:`~.plan_context_parallel.ContextPlan`."""
 
     ranks: list[RankPlan]
     layers_per_stage: list[int]
@@ -69,6 +74,7 @@ class Plan:
     bubble: float
     profile: Profile
     experts: ExpertPlan | None = None
+    context: ContextPlan | None = None
 
     def fits(self, device_bytes: float, headroom: float = 0.1) -> bool:
         """Whether every rank's total stays under ``device_bytes`` less a ``headroom`` share (allocator
@@ -92,6 +98,7 @@ class Plan:
                          f"{r.peak_in_flight:>9}")
         lines.append(f"layers per stage {self.layers_per_stage}; "
                      + (f"{self.experts.describe()}; " if ep else "ep_size 1; ")
+                     + (f"{self.context.describe()}; " if self.context is not None else "")
                      + f"predicted step {self.step_s:.3f} s, bubble {self.bubble:.3f}")
         if device_bytes:
             worst = max(r.total_bytes for r in self.ranks)
@@ -123,33 +130,55 @@ def _peak_activation_bytes(order, stage_bytes: list[float], graph_bytes: float =
     return int(peak), peak_count
 
 
+def _stage_bytes(profile: Profile, counts: list[int], experts: ExpertPlan | None, context: ContextPlan | None,
+                 gradient_checkpointing: bool) -> tuple[list[float], float]:
+    """``(each stage's saved bytes per micro in flight, the one layer a backward rebuilds under checkpointing)``
+    on ``profile`` (one rank's, :func:`~.plan_context_parallel.divided_profile`'s under context parallelism) for
+    ``counts`` layers a stage: with ``gradient_checkpointing`` a layer keeps only its input; EP's and Ulysses'
+    own saved tensors a layer (:mod:`.plan_experts`, :mod:`.plan_context_parallel`); the head on the last stage."""
+    per_layer = profile.activation_bytes if gradient_checkpointing else profile.layer_activation_bytes
+    extra = 0.0 if gradient_checkpointing else (context.repeat_bytes if context else 0.0)
+    stage_bytes = [n * (per_layer + extra) for n in counts]
+    if experts is not None and not gradient_checkpointing:  # AllToAllEP's own saved tensors, per MoE layer
+        stage_bytes = [b + n * experts.saved_bytes for b, n in zip(stage_bytes, experts.moe_layers)]
+    stage_bytes[-1] += profile.head_activation_bytes
+    if context is not None:
+        stage_bytes[0] += context.front_bytes
+    recompute = 0.0
+    if gradient_checkpointing:
+        recompute = (profile.layer_activation_bytes + (experts.saved_bytes if experts else 0.0)
+                     + (context.repeat_bytes if context else 0.0))
+    return stage_bytes, recompute
+
+
 def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[int], text_layers: int = 0,
          gradient_checkpointing: bool = False, ep_size: int = 1, ep_within_node: bool = True,
-         dp_size: int = 1) -> Plan:
+         dp_size: int = 1, cp_size: int = 1, cp_within_node: bool = True, dtype_bytes: int = 4) -> Plan:
     """Every rank's memory and the predicted step of ``cfg`` with ``layers_per_stage`` on ``profile`` (see the
     module docstring). With ``gradient_checkpointing`` a layer keeps only its input (``profile.activation_bytes``)
     per micro in flight, and each rank adds one layer's full activations, rebuilt during a backward. A trainable
     ``P``'s graphs count as the tower's activations plus ``text_layers`` layers' per micro-batch. ``ep_size``:
     expert parallelism (``parallel.ep_size``; :mod:`.plan_experts`), its all-to-all over NVLink when
     ``ep_within_node``, else InfiniBand. ``dp_size``: the pipeline replicas, for NCCL's buffers
-    (:mod:`.plan_nccl`; none in a world of one process).
+    (:mod:`.plan_nccl`; none in a world of one process). ``cp_size``: context parallelism
+    (:mod:`.plan_context_parallel`), ``profile`` being one process's micro-batch; its all-to-alls over NVLink when
+    ``cp_within_node``; ``dtype_bytes``: the attention's element size (fp32 4, ``train.bf16`` 2).
 
     Raises:
         ValueError: as :func:`~mpipe_hf.models.split` (the layout, ``text_layers``, the model type); as
-            :func:`~.plan_experts.expert_plan` (``ep_size`` against the model).
+            :func:`~.plan_experts.expert_plan` (``ep_size`` against the model); as
+            :func:`~.plan_context_parallel.context_plan` (``cp_size`` against the heads).
     """
     orders = build_schedule(cfg)
+    context = context_plan(config, profile, layers_per_stage, text_layers, cp_size, dtype_bytes, cp_within_node)
+    whole = profile  # P and its text layers run on the whole micro-batch, on every CP rank
+    profile = divided_profile(profile, cp_size)
     experts = expert_plan(config, profile, layers_per_stage, text_layers, ep_size, ep_within_node)
     counts = list(layers_per_stage)
     counts[0] -= text_layers
-    per_layer = profile.activation_bytes if gradient_checkpointing else profile.layer_activation_bytes
-    stage_bytes = [n * per_layer for n in counts]
-    if experts is not None and not gradient_checkpointing:  # AllToAllEP's own saved tensors, per MoE layer
-        stage_bytes = [b + n * experts.saved_bytes for b, n in zip(stage_bytes, experts.moe_layers)]
-    stage_bytes[-1] += profile.head_activation_bytes
-    recompute = profile.layer_activation_bytes + (experts.saved_bytes if experts else 0.0) \
-        if gradient_checkpointing else 0
-    graph = profile.preprocess_activation_bytes + text_layers * per_layer if cfg.trains_preprocess else 0.0
+    stage_bytes, recompute = _stage_bytes(profile, counts, experts, context, gradient_checkpointing)
+    per_layer = whole.activation_bytes if gradient_checkpointing else whole.layer_activation_bytes
+    graph = whole.preprocess_activation_bytes + text_layers * per_layer if cfg.trains_preprocess else 0.0
     shadow = meta_model(config)
     # by name: a tied weight is two copies (embedding on rank 0, head on the last rank) once split over ranks
     params = dict(shadow.named_parameters(remove_duplicate=cfg.pp_size == 1))
@@ -173,7 +202,9 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
                               rank_bytes(experts, rank, cfg.pp_size),
                               nccl_bytes(rank, cfg.pp_size, dp_size, ep_size)))
     if gradient_checkpointing:  # each backward first recomputes its layers' forward
-        profile = dataclasses.replace(profile, layer_backward_s=profile.layer_backward_s + profile.layer_forward_s)
-    costs = with_all_to_all(costs_for(profile, cfg, layers_per_stage, text_layers), experts)
+        whole = dataclasses.replace(whole, layer_backward_s=whole.layer_backward_s + whole.layer_forward_s)
+        profile = divided_profile(whole, cp_size)
+    costs = with_ulysses(with_all_to_all(rank_costs(whole, cfg, layers_per_stage, text_layers, cp_size), experts),
+                         context)
     sim = simulate(build_schedule(cfg, costs), costs)
-    return Plan(ranks, list(layers_per_stage), sim.makespan, sim.mean_bubble, profile, experts)
+    return Plan(ranks, list(layers_per_stage), sim.makespan, sim.mean_bubble, profile, experts, context)
