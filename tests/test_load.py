@@ -169,6 +169,31 @@ def test_every_preset_plan_fits_80gb(path):
     assert total == whole - experts + experts // ep_size + (recipe.parallel.pp_size - 1) * tower + head
 
 
+def test_every_preset_says_which_cp_size_its_model_takes():
+    """Each preset's comment on context parallelism is the one ``scripts/make/make_presets.py`` writes for its
+    config today (the ``cp_size`` values whose split :func:`~mpipe_hf.train.checks.check_context_parallel` accepts,
+    or why none runs), so a preset never offers a ``cp_size`` the launch would refuse; and the preset's own
+    ``parallel.cp_size`` passes that check."""
+    import importlib.util
+    import textwrap
+    from mpipe_hf.train import load_recipe
+    from mpipe_hf.train.checks import check_context_parallel
+    from mpipe_hf.train.trainer import load_config
+    spec = importlib.util.spec_from_file_location("make_presets", os.path.join(ROOT, "scripts", "make",
+                                                                               "make_presets.py"))
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    paths = sorted(glob.glob(os.path.join(ROOT, "recipes", "presets", "*.yaml")))
+    assert len(paths) == len(make.PRESETS)
+    for path in paths:
+        recipe = load_recipe(path)
+        config = load_config(recipe.model)
+        check_context_parallel(config, recipe.parallel.cp_size)
+        note = make.context_parallel_note(config, recipe.parallel.ep_size)
+        comment = [line for line in open(path).read().splitlines() if line.startswith("#")]
+        assert "\n".join("# " + line for line in textwrap.wrap(note, 110)) in "\n".join(comment), (path, note)
+
+
 @pytest.mark.parametrize("name,preprocess,text_layers", [("qwen3_vl", "trainable", 0), ("qwen2_5_vl", "frozen", 0),
                                                          ("qwen3_tied", "trainable", 1)])
 def test_plan_counts_what_the_loaded_ranks_hold(configs, name, preprocess, text_layers):

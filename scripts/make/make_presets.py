@@ -210,7 +210,7 @@ PRESETS = {
 FIXED = {"qwen3_vl_235b_a22b": ((16, 8), "R = 16 and ep_size = 8 are Megatron-Bridge's pipeline and expert "
                                          "parallel sizes for this model on H100s (its recipe "
                                          "qwen3_vl_235b_a22b_pretrain_256gpu_h100_bf16_mock_config, with TP 4 and "
-                                         "CP 2 besides, which mpipe_hf does not have)")}
+                                         "CP 2 besides: mpipe_hf has no TP, and its CP does not run with EP yet)")}
 
 
 def shapes(config, name):
@@ -253,6 +253,46 @@ def choose(config, tokens, image_tokens, name=""):
     if not fits:
         raise SystemExit(f"nothing fits: {tried}")
     return *max(fits, key=lambda f: f[0])[1:], tried
+
+
+CP_SIZES = (2, 4, 8)  # the context-parallel sizes a preset's comment reports
+
+
+def context_parallel_sizes(config) -> list[int]:
+    """The ``parallel.cp_size`` values of :data:`CP_SIZES` whose split the model's attention takes
+    (:func:`~mpipe_hf.train.checks.check_context_parallel`: heads, KV heads, no layer with a state along the
+    sequence)."""
+    from mpipe_hf.train.checks import check_context_parallel
+    sizes = []
+    for cp in CP_SIZES:
+        try:
+            check_context_parallel(config, cp)
+        except ValueError:
+            continue
+        sizes.append(cp)
+    return sizes
+
+
+def context_parallel_note(config, ep) -> str:
+    """The preset's comment on ``parallel.cp_size`` (docs/context_parallel.md): the sizes its heads split into
+    (:func:`context_parallel_sizes`), or why none runs."""
+    from mpipe_hf.models.decoder import layer_types
+    from mpipe_hf.models.packed import RECURRENT
+    text = config.get_text_config()
+    kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head = ("Rows longer than one GPU's activations hold: context parallelism (`parallel.cp_size`, "
+            "docs/context_parallel.md)")
+    recurrent = sorted(set(layer_types(text)) & set(RECURRENT))
+    if recurrent:
+        return (f"{head} is refused for this model: its {', '.join(recurrent)} layers carry a state along the "
+                f"sequence.")
+    sizes = context_parallel_sizes(config)
+    if not sizes:
+        return f"{head} is refused for this model: no cp_size in {list(CP_SIZES)} divides its heads."
+    note = (f"{head} splits its {text.num_attention_heads} attention heads ({kv} KV heads) over cp_size "
+            f"{' or '.join(map(str, sizes))} ranks (pp_size * dp_size * cp_size processes); what its stages cannot "
+            f"cut yet is refused by name at launch.")
+    return note + (f" Not with ep_size {ep} (> 1) yet." if ep > 1 else "")
 
 
 def explain(name, cfg, ep, result, worst, ckpt) -> str:
@@ -300,8 +340,8 @@ def main(argv=None):
         cfg, ep, layout, result, worst, ckpt, tried = choose(config, args.tokens, args.image_tokens, name)
         pp, vpp, micro = cfg.pp_size, cfg.vpp, cfg.num_micro
         least = f"rank needs at each {'R' if ep == 1 else 'shape'}: {', '.join(tried)}."
-        comment = "\n".join("# " + line for text in (least, explain(name, cfg, ep, result, worst, ckpt))
-                             for line in textwrap.wrap(text, 110))
+        notes = (least, explain(name, cfg, ep, result, worst, ckpt), context_parallel_note(config, ep))
+        comment = "\n".join("# " + line for text in notes for line in textwrap.wrap(text, 110))
         recipe = f"""# {hub}: MPipe Transpose fine-tuning preset (written by scripts/make/make_presets.py).
 # The architecture is {name}/config.json, the checkpoint's real sizes. To fine-tune, replace `config:` by
 # `name_or_path: /path/to/{hub.split('/')[-1]}` (the downloaded checkpoint) and point `data` at your JSONL.
