@@ -114,9 +114,9 @@ def test_ulysses_wraps_sdpa_and_eager_only_and_without_a_split_is_the_model_s_ow
 
 
 def test_cp_size_is_validated_by_name_before_launch():
-    """``parallel.cp_size``: an integer >= 1, not with ``ep_size > 1`` yet; against the model, heads and KV heads
-    that Ulysses cannot split and layer types with a state along the sequence (Qwen3.5's linear attention) are
-    refused by name; a Qwen2 of 4 heads on 2 KV heads takes cp 1, 2 and 4."""
+    """``parallel.cp_size``: an integer >= 1, with ``ep_size`` dividing ``dp_size x cp_size``; against the model,
+    heads and KV heads that Ulysses cannot split and layer types with a state along the sequence (Qwen3.5's linear
+    attention) are refused by name; a Qwen2 of 4 heads on 2 KV heads takes cp 1, 2 and 4."""
     from transformers import Qwen2Config, Qwen3_5TextConfig
 
     from mpipe_hf.train.checks import check_context_parallel
@@ -125,8 +125,11 @@ def test_cp_size_is_validated_by_name_before_launch():
     for bad in (0, 1.5, True, "2"):
         with pytest.raises(ValueError, match="parallel.cp_size must be an integer >= 1"):
             ParallelSection(pp_size=2, num_micro=4, cp_size=bad)
-    with pytest.raises(ValueError, match="parallel.cp_size \\(2\\) > 1 with parallel.ep_size \\(2\\)"):
-        ParallelSection(pp_size=2, num_micro=4, dp_size=2, ep_size=2, cp_size=2)
+    # with ep: the EP groups are cut from the dp x cp ranks of a stage (tests/test_ep.py runs cp 2 x ep 2 x pp 2)
+    assert ParallelSection(pp_size=2, num_micro=4, dp_size=1, ep_size=2, cp_size=2).ep_size == 2
+    with pytest.raises(ValueError, match="parallel.ep_size must be .* divides parallel.dp_size x parallel.cp_size "
+                                         "\\(1 x 2 = 2"):
+        ParallelSection(pp_size=2, num_micro=4, dp_size=1, ep_size=4, cp_size=2)
     from mpipe_hf.train.hf_parts import MPipeConfig  # the HF Trainer route builds no cp mesh yet
     assert MPipeConfig(pp_size=2).cp_size == 1
     with pytest.raises(ValueError, match="MPipeConfig cp_size must be 1"):

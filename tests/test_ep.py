@@ -70,6 +70,14 @@ CASES = [
     dict(name="qwen3_vl_moe-drift", family="qwen3_vl_moe", preprocess="frozen", text_layers=0, drift=True),
     dict(name="qwen3_5_moe-lora-wrong-cut", family="qwen3_5_moe", preprocess="frozen", text_layers=0, lora=True,
          wrong_cut=True),
+    # context parallelism with EP, cp 2 x ep 2 x pp 2: one replica whose 2 CP ranks split each micro's sequence and
+    # form the EP group (cut from the dp x cp ranks of a stage); the router sums summed over the CP group, those of
+    # P's text layer (run on the whole sequence on both) counted once; and its control, the expert shards'
+    # gradients summed over dp x cp as if replicated
+    dict(name="qwen3_vl_moe-trainable-T1-cp2", family="qwen3_vl_moe", preprocess="trainable", text_layers=1,
+         cp_size=2),
+    dict(name="qwen3_vl_moe-cp2-dp-experts", family="qwen3_vl_moe", preprocess="frozen", text_layers=0, cp_size=2,
+         dp_experts=True),
 ]
 # pp 2 x dp 4 x ep 2 on 8 processes: each expert shard held by edp = 2 replicas, its gradient summed over them
 EDP_CASES = [dict(name="qwen3_vl_moe-trainable-T1-edp2", family="qwen3_vl_moe", preprocess="trainable", text_layers=1),
@@ -263,9 +271,11 @@ def test_mpipe_trainer_takes_no_expert_parallel_replicas():
         MPipeConfig(pp_size=2, ep_size=2)
 
 
-def test_expert_gradients_summed_over_dp_fail(results):
-    """The negative control: the expert shards' gradients all-reduced over ``dp`` as if replicated."""
-    per_rank = [r["qwen3_vl_moe-dp-experts"] for r in results]
+@pytest.mark.parametrize("name", ["qwen3_vl_moe-dp-experts", "qwen3_vl_moe-cp2-dp-experts"])
+def test_expert_gradients_summed_over_dp_fail(name, results):
+    """The negative control: the expert shards' gradients all-reduced over ``dp`` (with cp, ``dp x cp``) as if
+    replicated."""
+    per_rank = [r[name] for r in results]
     assert any(problems(res) for res in per_rank)
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, packed_sequence_mask_function
 
-from .moe import ROUTER_KEYS, RouterSums, aux_loss
+from .moe import ROUTER_KEYS, RouterSums, aux_loss, counted_once
 from .packed import (PACKED_KEYS, RECURRENT, ROW_BLIND, row_ids, flash_kwargs, per_row, row_blind, row_lengths,
                      row_slice, uses_flash)
 from .sequence_split import (SPLIT_KEY, local_positions, local_rotary, local_shift_labels, stage_split,
@@ -256,6 +256,7 @@ class DecoderStage(nn.Module):
             state = {**state, SPLIT_KEY: split}
             if hidden.shape[1] == split.total:  # whole, from a front or P: this rank's slice
                 hidden = split.local(hidden).contiguous()
+                state = {**state, **counted_once(state, split)}  # P's router sums: once over the CP group
         padding = inputs.get("attention_mask")  # absent: no padding (the loader's host knew; see handlers)
         sums = {k: state[k] for k in ROUTER_KEYS if k in state}
         if self.layers:

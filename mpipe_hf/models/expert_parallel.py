@@ -35,6 +35,12 @@ one matmul instead of one per micro-batch, an fp32 reordering. The router's load
 micro-batch: a micro-batch's tokens all live on the replica that routes them (the all-to-all moves rows, not the
 router's inputs), so each replica's running sums (:mod:`.moe`) are already HF's per-micro value; all-reducing them
 over the EP group would mix two micro-batches' sums into another number.
+
+Under context parallelism (``cp_size > 1``) the EP groups are cut from the ``dp x cp`` ranks that hold a stage
+(:func:`~mpipe_hf.runtime.mesh.expert_mesh`; Megatron-Core folds its expert-parallel group over DP x CP alike): a CP
+rank dispatches the tokens of its slice of a micro-batch as a replica dispatches its micro-batches', and the
+expert shards' gradients are summed over ``edp`` cut from the same ranks. The router sums of a micro are then
+summed over its CP group (its slices), never over the EP group (:func:`~.moe.aux_loss`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ micro's split: one all-reduce whose backward all-reduces the gradient, :class:`_
 computed: every CP rank then holds the whole micro's ``aux``, and the gradient of each rank's term reaches every
 rank's routers. The term counts once over the group because the executor weights a micro's ``aux`` by the label
 tokens of the rank's own slice (:func:`mpipe_hf.runtime.aux_loss.with_aux`): the CP ranks' weights add up to the
-micro's label tokens, as in one process.
+micro's label tokens, as in one process. Sums that reach a stage whole (a preprocess's text layers run on the
+whole sequence on every CP rank) are counted on CP rank 0 alone (:func:`counted_once`).
 
 The router modules are found from transformers' own record of them: the text model class's
 ``_can_record_outputs["router_logits"]`` (the module class whose output ``index`` is the layer's router logits).
@@ -117,6 +118,15 @@ def group_sums(sums: Tensors, group) -> Tensors:
     flat = torch.cat([sums["router_tokens"], sums["router_probs"], sums["router_rows"].reshape(1)])
     total = _SumOverGroup.apply(flat, group)
     return {"router_tokens": total[:num], "router_probs": total[num:2 * num], "router_rows": total[2 * num]}
+
+
+def counted_once(state: Tensors, split) -> Tensors:
+    """The running sums of ``state`` that reach a stage whole (from layers that ran on the whole sequence on every
+    CP rank alike: a transposed preprocess's text layers), kept on CP rank 0 of ``split`` and zeros on the others,
+    so that :func:`group_sums` counts them once. The gradient of the group's term reaches rank 0's copy of those
+    routers; their weight gradients are summed over cp with every other weight's. ``{}`` without sums."""
+    sums = {k: state[k] for k in ROUTER_KEYS if k in state}
+    return sums if split.rank == 0 else {k: torch.zeros_like(t) for k, t in sums.items()}
 
 
 def aux_loss(sums: Tensors, num_experts: int, split=None) -> torch.Tensor:

@@ -95,14 +95,32 @@ def expert_mesh(mesh: DeviceMesh, ep_size: int) -> DeviceMesh:
     global numbering is ``mesh``'s, in either order; its ``dp``
     and ``pp`` groups are unchanged.
 
+    With a ``cp`` dimension (context parallelism) the EP groups are cut from the ``dp x cp`` ranks that hold a
+    stage, flattened (:func:`reduction_mesh`), as Megatron-Core folds its expert-parallel group over DP x CP: the
+    CP ranks of a micro-batch hold different tokens of it, as replicas hold different micro-batches, so the
+    all-to-all treats them alike. Flattened rank ``d * cp_size + c`` is EP rank ``(d * cp_size + c) % ep_size``
+    (:func:`expert_rank`); the returned mesh is then 3-D, ``(edp, ep, batch)``.
+
     Raises:
-        ValueError: ``ep_size`` is not an integer >= 1 that divides the replicas (``dp_size``).
+        ValueError: ``ep_size`` is not an integer >= 1 that divides the replicas (``dp_size``, times
+            ``cp_size`` with a ``cp`` dimension).
     """
-    replicas = mesh["dp"].size()
+    split = "cp" in (mesh.mesh_dim_names or ())
+    holders = reduction_mesh(mesh)
+    replicas = holders.size()
     if not isinstance(ep_size, int) or isinstance(ep_size, bool) or ep_size < 1 or replicas % ep_size:
-        raise ValueError(f"parallel.ep_size must be an integer >= 1 that divides parallel.dp_size ({replicas}: the "
+        of = "parallel.dp_size" + (" x parallel.cp_size" if split else "")
+        raise ValueError(f"parallel.ep_size must be an integer >= 1 that divides {of} ({replicas}: the "
                          f"ranks that hold the same stage), got {ep_size!r}")
-    return mesh._unflatten("dp", (replicas // ep_size, ep_size, 1), ("edp", "ep", "batch"))
+    if not split:
+        return mesh._unflatten("dp", (replicas // ep_size, ep_size, 1), ("edp", "ep", "batch"))
+    return holders._unflatten("dp_cp", (replicas // ep_size, ep_size, 1), ("edp", "ep", "batch"))
+
+
+def expert_rank(dp_rank: int, cp_rank: int, cp_size: int, ep_size: int) -> int:
+    """The EP rank :func:`expert_mesh` gives the stage rank of replica ``dp_rank`` and CP rank ``cp_rank``: its
+    flattened ``dp x cp`` index modulo ``ep_size`` (``dp_rank % ep_size`` without context parallelism)."""
+    return (dp_rank * cp_size + cp_rank) % ep_size
 
 
 def reduction_mesh(mesh: DeviceMesh) -> DeviceMesh:

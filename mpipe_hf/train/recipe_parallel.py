@@ -32,11 +32,12 @@ class ParallelSection(ScheduleConfig):
         ep_size: expert parallelism: the replicas of a stage rank form groups of ``ep_size`` that
             each hold ``E / ep_size`` experts of every MoE layer of the stage and exchange tokens by all-to-all
             (:mod:`mpipe_hf.models.expert_parallel`, :func:`~mpipe_hf.runtime.mesh.expert_mesh`); must divide
-            ``dp_size`` (and, checked against the model before launch, ``E``).
+            ``dp_size * cp_size`` (and, checked against the model before launch, ``E``).
         cp_size: context parallelism: the ranks of a CP group hold the same stages and split every
             micro-batch's sequence among them (:mod:`mpipe_hf.runtime.context_parallel`); ``pp_size * dp_size *
-            cp_size`` processes. Not with ``ep_size > 1`` yet; checked against the model before launch
-            (:func:`~mpipe_hf.train.checks.check_context_parallel`).
+            cp_size`` processes; checked against the model before launch
+            (:func:`~mpipe_hf.train.checks.check_context_parallel`). With ``ep_size > 1`` the EP groups are cut
+            from the ``dp_size x cp_size`` ranks that hold a stage (:func:`~mpipe_hf.runtime.mesh.expert_mesh`).
         dp_shard: with ``dp_size > 1``: ``true``, FSDP2 shards each stage chunk over the replicas; ``false``,
             each replica keeps its stages whole and the gradients are summed by one all-reduce.
         mesh_order: how the ``(dp, pp)`` mesh numbers the processes (:mod:`mpipe_hf.schedule.mesh_order`):
@@ -71,15 +72,15 @@ class ParallelSection(ScheduleConfig):
     def __post_init__(self):
         if not isinstance(self.dp_size, int) or isinstance(self.dp_size, bool) or self.dp_size < 1:
             raise ValueError(f"parallel.dp_size must be an integer >= 1, got {self.dp_size!r}")
-        if (not isinstance(self.ep_size, int) or isinstance(self.ep_size, bool) or self.ep_size < 1
-                or self.dp_size % self.ep_size):
-            raise ValueError(f"parallel.ep_size must be an integer >= 1 that divides parallel.dp_size "
-                             f"({self.dp_size}: the ranks that hold the same stage), got {self.ep_size!r}")
         if not isinstance(self.cp_size, int) or isinstance(self.cp_size, bool) or self.cp_size < 1:
             raise ValueError(f"parallel.cp_size must be an integer >= 1, got {self.cp_size!r}")
-        if self.cp_size > 1 and self.ep_size > 1:
-            raise ValueError(f"parallel.cp_size ({self.cp_size}) > 1 with parallel.ep_size ({self.ep_size}) > 1 is "
-                             f"not supported yet: set one of them to 1")
+        holders = self.dp_size * self.cp_size  # the ranks that hold the same stage: EP groups are cut from them
+        if (not isinstance(self.ep_size, int) or isinstance(self.ep_size, bool) or self.ep_size < 1
+                or holders % self.ep_size):
+            of = (f"parallel.dp_size ({holders}" if self.cp_size == 1 else
+                  f"parallel.dp_size x parallel.cp_size ({self.dp_size} x {self.cp_size} = {holders}")
+            raise ValueError(f"parallel.ep_size must be an integer >= 1 that divides {of}: the ranks that hold the "
+                             f"same stage), got {self.ep_size!r}")
         if not isinstance(self.dp_shard, bool):
             raise ValueError(f"parallel.dp_shard must be true (FSDP2) or false (replicas with one all-reduce), got "
                              f"{self.dp_shard!r}")

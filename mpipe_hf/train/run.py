@@ -33,7 +33,7 @@ from ..models.freeze import Trainable, apply_trainable
 from ..runtime import PipelineExecutor, StepStats, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
 from ..models.context_parallel_stages import split_sequences
-from ..runtime.mesh import expert_mesh, reduction_mesh
+from ..runtime.mesh import expert_mesh, expert_rank, reduction_mesh
 from ..schedule.mesh_order import ORDERS, position
 from ..schedule.owners import step_owners
 from .collective import together
@@ -132,11 +132,12 @@ class PipelineRun(RunCheckpoints):
         """This rank's share of ``source`` (read tensor by tensor, or drawn from ``seed`` as the unsplit model
         would be; with ``adapter``, a ``peft.LoraConfig``, with that adapter), on :meth:`connect`'s device in
         train mode. ``counts``: the decoder layers per stage. With ``parallel.ep_size > 1`` a checkpoint's fused
-        experts are read for this rank's EP rank alone: ``dp`` rank ``d`` is EP rank ``d % ep_size``, as
-        :func:`~mpipe_hf.runtime.mesh.expert_mesh` numbers it (no collective; :meth:`shard_experts` checks it).
+        experts are read for this rank's EP rank alone: ``dp`` rank ``d`` (CP rank ``c``) is EP rank
+        ``(d * cp_size + c) % ep_size``, as :func:`~mpipe_hf.runtime.mesh.expert_mesh` numbers it (no collective;
+        :meth:`shard_experts` checks it).
         A failure on any rank is raised on every rank."""
         ep = self.parallel.ep_size
-        experts = (self.dp_rank % ep, ep) if ep > 1 else None
+        experts = (expert_rank(self.dp_rank, self.cp_rank, self.parallel.cp_size, ep), ep) if ep > 1 else None
         self.carved, _ = together(lambda: load_share(source, config, self.cfg, self.rank, counts,
                                                      self.parallel.text_layers, self.seed, adapter, experts),
                                   "model load", *self.every)

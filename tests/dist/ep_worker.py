@@ -1,7 +1,8 @@
 """torchrun worker: expert parallelism under the pipeline, ``pp = 2`` x ``ep = 2`` on 4 gloo processes
 (``dp_size = 2`` replicas, each an EP rank) or 8 (``dp_size = 4``: two EP groups per stage rank, each expert shard
 held by ``edp = 2`` replicas whose gradients are summed), case after case in one process group, against the unsplit Hugging
-Face model on one process.
+Face model on one process. A case with ``cp_size`` 2 runs on a ``(dp, cp, pp)`` mesh instead (4 processes: one
+replica whose 2 CP ranks split each micro's sequence), its EP groups cut from the ``dp x cp`` ranks of a stage.
 
 Usage: torchrun --nproc_per_node 4|8 ep_worker.py FIXTURE OUT_DIR CASES_JSON
 
@@ -37,11 +38,12 @@ from mpipe_hf.data.packing import pack_micro
 from mpipe_hf.models import split as split_model
 from mpipe_hf.models.adapters import apply_adapter, is_adapter_tensor, merged_state
 from mpipe_hf.models.base import freeze
+from mpipe_hf.models.context_parallel_stages import split_sequences
 from mpipe_hf.models.expert_parallel import shard_experts
 from mpipe_hf.models.expert_shards import ExpertCut
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.data_parallel import DataParallel
-from mpipe_hf.runtime.mesh import expert_mesh
+from mpipe_hf.runtime.mesh import expert_mesh, reduction_mesh
 from mpipe_hf.runtime.zero_bubble import WeightWork
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.train.checkpoint import save_adapter, save_checkpoint
@@ -100,8 +102,9 @@ def adapt(model, case):
 
 
 def global_batch(case, pool, run):
-    """Run ``run``'s ``DP * M`` micro-batches, replica ``d``'s ``M`` from ``d * M`` on."""
-    n = DP * case["num_micro"]
+    """Run ``run``'s ``D * M`` micro-batches, replica ``d``'s ``M`` from ``d * M`` on (``D``: the case's replicas,
+    ``DP / cp_size``: the CP ranks of a replica run the same micro-batches, each its slice of their sequence)."""
+    n = DP // case.get("cp_size", 1) * case["num_micro"]
     return [pool[(run * n + i) % len(pool)] for i in range(n)]
 
 
@@ -123,8 +126,11 @@ def pipelined(case, fixture, mesh, emesh, device):
                 param.copy_(ExpertCut(1, 1, cut.outer, cut.rows, cut.fused).cut(whole[name]))
     EXPERT_W[:] = [{id(p) for p in shards.params}, 0]
     experts = (shards.params, emesh["edp"]) if not case.get("dp_experts") else None
-    dp = DataParallel(mesh["dp"], "shard" if case.get("dp_shard") else "replicate", case.get("bf16", False), experts)
+    dp = DataParallel(reduction_mesh(mesh), "shard" if case.get("dp_shard") else "replicate", case.get("bf16", False),
+                      experts)  # with cp: over the dp x cp ranks of the stage
     dp.wrap(carved.stages)
+    if case.get("cp_size", 1) > 1:  # each CP rank cuts every micro's sequence (Ulysses attention)
+        split_sequences(carved.stages.values(), mesh.get_group("cp"))
     params = carved.trainable_parameters(cfg, rank)
     stages, preprocess = (autocast_modules(carved.stages, carved.preprocess, device) if case.get("bf16")
                           else (carved.stages, carved.preprocess))
@@ -337,10 +343,14 @@ def main():
     device = init_distributed()
     fixture = torch.load(fixture_path, weights_only=False)
     mesh = build_mesh(PP, DP)
-    emesh = expert_mesh(mesh, EP)
+    meshes = {1: (mesh, expert_mesh(mesh, EP))}
+    for cp in sorted({c.get("cp_size", 1) for c in cases} - {1}):  # (dp, cp, pp): EP over the dp x cp ranks
+        cp_mesh = build_mesh(PP, DP // cp, "pp_inner", cp)
+        meshes[cp] = (cp_mesh, expert_mesh(cp_mesh, EP))
     kinds = {"fail": failing, "drift": drifting}
     run_cases(cases, lambda case: watching_views(next((kinds[k] for k in kinds if case.get(k)), run_case), case,
-                                                 fixture, mesh, emesh, device, out_dir), out_dir, dist.get_rank())
+                                                 fixture, *meshes[case.get("cp_size", 1)], device, out_dir),
+              out_dir, dist.get_rank())
     dist.destroy_process_group()
 
 
