@@ -2,20 +2,24 @@
 gloo): ours and MPipe Transpose against the strongest torch.distributed.pipelining schedules, each row beside the
 simulator's prediction, the best torch row and a lower bound.
 
-Usage: python scripts/bench/bench_schedules.py [--quick | --video | --varying] [--micros 8 16] [--pfs 0 10 20 40 80]
-[--steps 5] [--markdown FILE] (starts 4 local processes itself; ``--micros`` and ``--pfs`` pick part of the full
-grid; ``--quick`` runs M = 16 and preprocess 0 and 40 ms only; ``--video`` the video-heavy profile: M = 16, a
-tower of ``Pf = 60 ms`` (6 body chunks' forward), frozen, trainable and ``freeze_vit``; ``--varying`` the varying
+Usage: python scripts/bench/bench_schedules.py [--quick | --video | --varying | --cp] [--micros 8 16]
+[--pfs 0 10 20 40 80] [--steps 5] [--markdown FILE] (starts 4 local processes itself; ``--micros`` and ``--pfs``
+pick part of the full grid; ``--quick`` runs M = 16 and preprocess 0 and 40 ms only; ``--video`` the video-heavy
+profile: M = 16, a tower of ``Pf = 60 ms`` (6 body chunks' forward), frozen, trainable and ``freeze_vit``; ``--varying`` the varying
 points only). The full grid (M = 16 in it, no ``--pfs``) and ``--quick`` end with the varying points: M = 16, frozen and trainable, a tower whose cost varies per micro-batch, ``Pf w[m]`` (and
 ``Pb w[m]``) for micro ``m``, ``Pf`` = 40 ms, the weights ``w`` the packed demo data's own visual-token counts
 scaled to a coefficient of variation of 0.5 (``scripts/bench/sim_mimo.py``'s ``demo_weights``), the same
 weights for every row; there MPipe's overflow ``full`` rows take load-aware owners over them, as
 ``parallel.owners: balanced`` does (``bench_schedules_varying.py``).
 
-The code is in five files: this one (the launch and the overheads), ``bench_schedules_stages.py`` (the stages
+``--cp``: the context-parallel rows alone (``bench_schedules_cp.py``): pp 2 at cp 1 and cp 2 on the 4 ranks, cp 2
+halving each stage's sleep and adding Ulysses' all-to-alls over gloo, each beside the simulator's prediction, with
+the ratios cp 2 / cp 1 measured and predicted.
+
+The code is in six files: this one (the launch and the overheads), ``bench_schedules_stages.py`` (the stages
 and the runners, shared with ``bench_compute.py``), ``bench_schedules_profiles.py`` (the points and the report),
-``bench_schedules_mimo.py`` (the MIMO-style rows) and ``bench_schedules_varying.py`` (the varying points' stages
-and the MPipe against MIMO-style summary).
+``bench_schedules_mimo.py`` (the MIMO-style rows), ``bench_schedules_varying.py`` (the varying points' stages
+and the MPipe against MIMO-style summary) and ``bench_schedules_cp.py`` (the context-parallel rows).
 
 Stages. Each stage is a module whose forward and backward sleep (``time.sleep`` frees the core, so 4 ranks share
 2 CPU cores honestly): body F = 10 ms and B = 20 ms per chunk, V = 2. Its backward is two autograd nodes, as a
@@ -107,7 +111,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_schedules_profiles import VARYING_PF_MS, VIDEO_PF_MS, point_rows, report  # noqa: E402
 from bench_schedules_stages import (R, V, SleepingStages, StageCosts, check_split, header_overhead,  # noqa: E402
                                     run_ours, run_torch)
-from sleeping import run_ranks  # noqa: E402
+from bench_schedules_cp import cp_rows  # noqa: E402
+from sleeping import print_report, run_ranks  # noqa: E402
 
 
 def grid(args):
@@ -149,6 +154,12 @@ def worker(args):
     torch_dispatch, ours_dispatch = dispatch.tolist()
     ours_rt = dict(latency=ours_latency, dispatch=ours_dispatch)
     torch_rt = dict(latency=plain_latency, dispatch=torch_dispatch)
+    if args.cp:  # the context-parallel rows alone (bench_schedules_cp.py)
+        lines = cp_rows(rank, args.steps, ours_rt)
+        if rank == 0:
+            print_report("\n".join(lines + [f"took {time.perf_counter() - started:.0f} s"]), args.markdown)
+        dist.destroy_process_group()
+        return
     points, notes = [], []
     for num_micro, mode, pf_ms in grid(args):
         rows, our_limit, ideal, point_notes = point_rows(args, rank, num_micro, mode, pf_ms, ours_rt, torch_rt)
@@ -173,6 +184,8 @@ def main():
                         f"micro-batch only: M = 16, Pf = {VARYING_PF_MS:g} ms on average, frozen and trainable")
     points.add_argument("--smoke", action="store_true", help="one point (M = 8, frozen, Pf = 0 ms): every "
                         "schedule runs, in about a minute (the full suite's check; no figure to quote)")
+    points.add_argument("--cp", action="store_true", help="the context-parallel rows alone: pp 2 at cp 1 and 2 on "
+                        "the 4 ranks, Ulysses' all-to-alls on gloo, beside the simulator (bench_schedules_cp.py)")
     parser.add_argument("--micros", type=int, nargs="+", help="the full grid's M (default 8 16; the varying "
                         "points run where 16 is one and --pfs is not given)")
     parser.add_argument("--pfs", type=float, nargs="+", help="the full grid's Pf in ms (default 0 10 20 40 80)")
