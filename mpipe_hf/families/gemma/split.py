@@ -90,7 +90,10 @@ def muse_tokens(model: nn.Module):
 
 class NoRopeStage(DecoderStage):
     """A :class:`~mpipe_hf.models.decoder.DecoderStage` whose layers with ``layer_rope_theta == 0`` get
-    ``position_embeddings = None``, as Muse's text model's ``forward`` hands them."""
+    ``position_embeddings = None``, as Muse's text model's ``forward`` hands them (the same on every CP rank's
+    slice: nothing per token)."""
+
+    hooks_cut_sequence = True  # layer_kwargs hands no per-token input (sequence_split.CUTS_WITH_SEQUENCE)
 
     def layer_kwargs(self, layer_id: int, state) -> dict:
         return {} if self.text_config.layer_rope_theta[layer_id] else {"position_embeddings": None}
