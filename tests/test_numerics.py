@@ -35,7 +35,7 @@ from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
 from matrix import NEGATIVE_CONTROLS, REL_TOL, check_case, check_reload  # noqa: E402
 from specs_ci import (ALTUP_CONTROL, CONTROL_CASES, CP_CASES, CP_CONTROL, DEEPSTACK_CONTROL,  # noqa: E402
-                      DROPOUT_CASES, ERROR_CASES, LAYER_INPUT_CONTROL, PACKED_CONTROL, ROUTER_CONTROL,
+                      DROPOUT_CASES, ERROR_CASES, LAYER_INPUT_CONTROL, PACKED_CONTROL, ROUTER_CONTROL, TOWER_CONTROL,
                       FAMILY_CASES, FILL_CASES, FREEZE_CASES, GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES, PACKED_CASES,
                       PIXEL_CASES, PRECISION_CASES, ROW_CASES, SWAP_CASES, VIDEO_CASES, VIDEO_CONTROL, ZB_CASES, cases)
 from specs_video import VIDEO_CONFIGS  # noqa: E402
@@ -426,3 +426,12 @@ def test_deepstack_rows_off_the_slice_fail_the_context_parallel_check(results):
     per_rank = results(4)[LAYER_INPUT_CONTROL["name"]]
     problems = check_case(LAYER_INPUT_CONTROL, per_rank)
     assert any("losses" in p for p in problems) and any("gradient" in p for p in problems), problems
+
+
+def test_tower_gradients_not_summed_over_cp_fail_the_context_parallel_check(results):
+    """The tower's negative control: the divided tower's gather hands each CP rank back only the gradient its own
+    stages gave its own feature rows (not summed over the CP group, so a feature whose token lies in the other
+    rank's slice gets none) and fails the check the video CP case passes: the tower's gradients differ."""
+    per_rank = results(4)[TOWER_CONTROL["name"]]
+    problems = check_case(TOWER_CONTROL, per_rank)
+    assert any("model.visual." in p for p in problems), problems

@@ -75,6 +75,9 @@ class Family:
             micro-batches (:mod:`mpipe_hf.data.apart`), and ``validate`` refuses a micro-batch holding both.
         head: FQN of the LM head (Llama 4's is ``language_model.lm_head``, inside its causal LM).
         embed: the text model's token embedding, under ``text`` (Nemotron-H's is ``embeddings``).
+        tower_division: ``tower_division(model) ->`` how the tower's work divides over a context-parallel group
+            by images and frames (:mod:`.tower_division`; Qwen-VL's :mod:`mpipe_hf.families.qwen.tower_share`);
+            ``None``: under ``cp_size > 1`` the tower runs whole on every CP rank.
     """
 
     text: str = "model.language_model"
@@ -103,6 +106,7 @@ class Family:
     media_apart: bool = False
     head: str = "lm_head"
     embed: str = "embed_tokens"
+    tower_division: Callable | None = None
 
     def layer_counts(self, config, cfg, layers_per_stage=None, text_layers: int = 0) -> list[int]:
         """Decoder layers per stage (the registry protocol; :func:`.generic.layer_counts`)."""

@@ -129,8 +129,9 @@ class _Pieces:
         parts = {fqn: _part(self.model, fqn) for fqn in self.family.vision}
         extra = vision_kwargs if self.family.image_meta else None
         video_extra = video_kwargs if self.family.video_meta else None
+        division = self.family.tower_division(self.model) if self.family.tower_division is not None else None
         return ImageFeatures(self.model, parts, self.family.image_inputs, self.num_deepstack, extra,
-                             self.family.video_inputs, video_extra, self.family.list_inputs)
+                             self.family.video_inputs, video_extra, self.family.list_inputs, division)
 
     def front(self, vision: nn.Module | None) -> ImageFront:
         extras = DEEPSTACK_KEYS if self.family.deepstack else ()

@@ -41,12 +41,14 @@ class ImageFeatures(nn.Module):
         video_inputs: as :attr:`.Family.video_inputs` (empty: no video call); video_extra: as ``extra``, for the
             video call.
         lists: as :attr:`.Family.list_inputs`.
+        division: the family's ``tower_division(model)`` (:mod:`.tower_division`), or ``None``: under context
+            parallelism the tower runs whole on every CP rank.
     """
 
     def __init__(self, model: nn.Module, parts: dict[str, nn.Module | nn.Parameter], image_inputs: tuple[str, ...],
                  deepstack: int = 0, extra: Callable[[Tensors], dict] | None = None,
                  video_inputs: tuple[str, ...] = (), video_extra: Callable[[Tensors], dict] | None = None,
-                 lists: tuple[str, ...] = ()):
+                 lists: tuple[str, ...] = (), division=None):
         super().__init__()
         self.parts = nn.ModuleDict({k.replace(".", "/"): v for k, v in parts.items() if isinstance(v, nn.Module)})
         self.params = nn.ParameterDict({k.replace(".", "/"): v for k, v in parts.items()
@@ -54,6 +56,8 @@ class ImageFeatures(nn.Module):
         self.hidden_size = model.config.get_text_config().hidden_size
         self.image_inputs, self.deepstack, self.extra = image_inputs, deepstack, extra
         self.video_inputs, self.video_extra, self.lists = video_inputs, video_extra, lists
+        self.division, self.model_type = division, model.config.model_type
+        self.tower = None  # a DividedTower under context parallelism (.tower_division); None: the tower runs whole
         inner = getattr(model, "model", model)  # Llama 4's own class computes them (it has no inner model)
         self.__dict__["_image_features"] = inner.get_image_features  # runs the modules above; not a submodule
         self.config_kwargs = _config_kwargs(model.config, inner.get_image_features)
@@ -61,12 +65,18 @@ class ImageFeatures(nn.Module):
             self.__dict__["_video_features"] = inner.get_video_features
             self.video_config_kwargs = _config_kwargs(model.config, inner.get_video_features)
 
-    def empty(self) -> Tensors:
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def empty_part(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """No image: features ``(0, H)`` and, with DeepStack, ``(K, 0, H)``."""
         zeros = next(self.parameters()).new_zeros(0, self.hidden_size)
-        out = {"image_features": zeros}
-        if self.deepstack:
-            out["deepstack_features"] = zeros.new_zeros(self.deepstack, 0, self.hidden_size)
-        return out
+        return zeros, zeros.new_zeros(self.deepstack, 0, self.hidden_size) if self.deepstack else None
 
     def _call(self, features: Callable, keys: tuple[str, ...], config_kwargs: dict,
               extra: Callable[[Tensors], dict] | None, inputs: Tensors):
@@ -75,23 +85,41 @@ class ImageFeatures(nn.Module):
                   if inputs[k].is_floating_point() else inputs[k] for k in keys if k in inputs}
         return features(**kwargs, **config_kwargs, **(extra(inputs) if extra else {}), return_dict=True)
 
-    def forward(self, inputs: Tensors) -> Tensors:
+    def _part(self, out) -> tuple[torch.Tensor, torch.Tensor | None]:
+        deep = torch.stack([flat_features(f) for f in out.deepstack_features]) if self.deepstack else None
+        return flat_features(out.pooler_output), deep
+
+    def images(self, inputs: Tensors) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The images' features ``(n, H)`` and DeepStack features ``(K, n, H)`` (``None`` without DeepStack)."""
         if "pixel_values" not in inputs:
-            feats = self.empty()
-        else:
-            out = self._call(self._image_features, self.image_inputs, self.config_kwargs, self.extra, inputs)
-            feats = {"image_features": flat_features(out.pooler_output)}
+            return self.empty_part()
+        return self._part(self._call(self._image_features, self.image_inputs, self.config_kwargs, self.extra,
+                                     inputs))
+
+    def videos(self, inputs: Tensors) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The videos' features and DeepStack features, as :meth:`images` (the tower's second call)."""
+        return self._part(self._call(self._video_features, self.video_inputs, self.video_config_kwargs,
+                                     self.video_extra, inputs))
+
+    def join(self, images, videos, inputs: Tensors) -> Tensors:
+        """The outputs from :meth:`images`' and :meth:`videos`' (``None``: no video) results: with DeepStack, the
+        image and video DeepStack features joined in the tokens' order (.deepstack)."""
+        feats = {"image_features": images[0]}
+        if self.deepstack:
+            feats["deepstack_features"] = images[1]
+        if videos is not None:
+            feats["video_features"] = videos[0]
             if self.deepstack:
-                feats["deepstack_features"] = torch.stack([flat_features(f) for f in out.deepstack_features])
-        if self.video_inputs and self.video_inputs[0] in inputs:
-            out = self._call(self._video_features, self.video_inputs, self.video_config_kwargs, self.video_extra,
-                             inputs)
-            feats["video_features"] = flat_features(out.pooler_output)
-            if self.deepstack:  # image and video DeepStack features in the tokens' order (.deepstack)
-                video = torch.stack([flat_features(f) for f in out.deepstack_features])
-                joint = torch.cat([feats["deepstack_features"], video.to(feats["deepstack_features"].dtype)], 1)
+                joint = torch.cat([images[1], videos[1].to(images[1].dtype)], 1)
                 feats["deepstack_features"] = joint[:, inputs["deepstack_order"]]
         return feats
+
+    def forward(self, inputs: Tensors) -> Tensors:
+        if self.tower is not None:  # this CP rank's share, the features gathered over the CP group
+            return self.tower.run(self, inputs)
+        images = self.images(inputs)
+        videos = self.videos(inputs) if self.video_inputs and self.video_inputs[0] in inputs else None
+        return self.join(images, videos, inputs)
 
 
 def _config_kwargs(config, features: Callable) -> dict:

@@ -128,6 +128,8 @@ def setup_line(recipe: Recipe, run, config, resume: str | None, start_step: int)
             f"less_memory={cfg.less_memory} bf16={opt.bf16} gradient_checkpointing={opt.gradient_checkpointing} "
             f"swap={'off' if not recipe.swap.enabled else recipe.swap.ranks or 'every rank'} "
             f"layers per stage={run.counts}")
+    if par.cp_size > 1:  # whether each CP rank runs its share of the tower, or the whole (and why)
+        line += f"; tower {getattr(run, 'tower', 'whole')}"
     spec = opt.trainable_spec()
     if spec.freezes():
         line += "; " + " ".join([k for k in ("freeze_vit", "freeze_aligner", "freeze_llm") if getattr(spec, k)]

@@ -33,6 +33,7 @@ from ..models.freeze import Trainable, apply_trainable
 from ..runtime import PipelineExecutor, StepStats, build_mesh, init_distributed
 from ..runtime.data_parallel import DataParallel
 from ..models.context_parallel_stages import split_sequences
+from ..models.tower_division import divide_towers
 from ..runtime.mesh import expert_mesh, expert_rank, reduction_mesh
 from ..schedule.mesh_order import ORDERS, position
 from ..schedule.owners import step_owners
@@ -186,6 +187,7 @@ class PipelineRun(RunCheckpoints):
             self.data_parallel.wrap(carved.stages, carved.preprocess.trainable_parameters())  # P's: not wrapped
         if par.cp_size > 1:  # each CP rank's stages cut every micro's sequence (Ulysses attention)
             split_sequences(carved.stages.values(), self.mesh.get_group("cp"))
+            self.tower = divide_towers(carved.preprocess, self.mesh.get_group("cp"))  # by images and frames
         self.params = carved.trainable_parameters(self.cfg, self.rank)  # none where a frozen P is all it holds
         tied = carved.tied_parameters(self.cfg, self.rank)
         heads = {id(p) for p, peer in tied if peer == 0}  # the head copy of a tied pair

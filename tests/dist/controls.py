@@ -10,6 +10,7 @@ import torch
 
 from mpipe_hf.families.gemma import altup as gemma3n_altup, shared_kv as gemma_shared_kv
 from mpipe_hf.models import decoder, deepstack, host_metadata, image_features, moe, packed, sequence_split
+from mpipe_hf.runtime import tower_gather
 
 _flat_features = image_features.flat_features
 
@@ -33,7 +34,8 @@ def negative_controls(case):
     packed micro's mask built from the rows each slice sees (:func:`rows_cut_at_split`);
     ``case["deepstack_offset_lost"]`` and ``case["per_layer_offset_lost"]``, DeepStack's rows and Gemma 4's
     per-layer inputs placed as if each CP rank's slice began the sequence (:func:`deepstack_offset_lost`,
-    :func:`first_tokens`)."""
+    :func:`first_tokens`); ``case["tower_grads_unrouted"]``, the divided tower's feature gradients not summed over
+    the CP group (:func:`unrouted_rows`)."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -66,9 +68,18 @@ def negative_controls(case):
         stack.enter_context(mock.patch.object(decoder, "row_lengths", rows_cut_at_split))
     if case.get("deepstack_offset_lost"):  # under cp, DeepStack rows placed as if each slice began the sequence
         stack.enter_context(mock.patch.object(deepstack, "add_at_tokens", deepstack_offset_lost))
+    if case.get("tower_grads_unrouted"):  # under cp, the tower's feature gradients not summed over the CP group
+        stack.enter_context(mock.patch.object(tower_gather._GatherRows, "backward", staticmethod(unrouted_rows)))
     if case.get("per_layer_offset_lost"):  # under cp, Gemma 4's per-layer inputs cut from the sequence's start
         stack.enter_context(mock.patch.object(gemma_shared_kv, "local_if_whole", first_tokens))
     return stack
+
+
+def unrouted_rows(ctx, grad):
+    """The tower gather's backward without the routing (a negative control): each CP rank keeps its own rows of
+    the gradient its own stages computed, not the sum over the CP group, so a feature whose token lies in another
+    rank's slice gets none."""
+    return grad.narrow(0, sum(ctx.counts[:ctx.rank]), ctx.counts[ctx.rank]), None, None
 
 
 def at_sequence_start(split):

@@ -41,6 +41,7 @@ from mpipe_hf.data.packing import pack_micro
 from mpipe_hf.models import split as split_model
 from mpipe_hf.models.base import freeze
 from mpipe_hf.models.context_parallel_stages import split_sequences
+from mpipe_hf.models.tower_division import divide_towers
 from mpipe_hf.runtime import PipelineExecutor, build_mesh, init_distributed
 from mpipe_hf.runtime.data_parallel import DataParallel
 from mpipe_hf.runtime.mesh import reduction_mesh
@@ -218,6 +219,7 @@ def _run_case(case, fixture, group, rank, device, pp_size, out_dir, cp=None):
     split = split_model(model, cfg, rank, case.get("layers_per_stage"), case.get("text_layers", 0))
     if cp is not None:  # each CP rank's stages cut every micro's sequence; its attention is Ulysses'
         split_sequences(split.stages.values(), cp[0])
+        divide_towers(split.preprocess, cp[0])  # each CP rank's P runs its share of the tower's images and frames
     case_freeze(split.model, case, split.frozen, split.tied)  # the freeze / trainable patterns, on this rank's share
     params = split.trainable_parameters(cfg, rank)
     stages, preprocess = (autocast_modules(split.stages, split.preprocess, device) if case.get("bf16")

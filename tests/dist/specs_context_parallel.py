@@ -22,8 +22,12 @@ LAYER_INPUT_CASES = (family_cases([("qwen3_vl", "trainable", 0, [1, 3, 4, 4])], 
 # the MoE router sums gathered over the CP group (the load-balancing term), and cp with ep: Qwen3-VL-MoE (4 experts,
 # 2 active, the term weighted 0.01) at its frozen layout, strict per-tensor gradients of both steps
 ROUTER_CASES = family_cases([("qwen3_vl_moe", "frozen", 0, [1, 3, 4, 4])], cp_size=2, reload=False)
-# the tower divided over the CP ranks by images or frames, and video rows
-TOWER_CASES = []
+# the tower divided over the CP ranks by images or frames, and video rows (the base cases divide theirs too: a
+# frozen tower, and a trainable one recomputed by rank 0, on micro-batches of one image where one CP rank has none):
+# several images a micro-batch with a trainable tower whose owners keep its graph (owner-backward), and Qwen2.5-VL's
+# video pool with a trainable tower, its videos divided by temporal patch
+TOWER_CASES = [make_case("vision", 2, 1, 4, "trainable", cp_size=2, steps=2, data="packed-vl", owner_backward=True),
+               make_case("vision", 2, 1, 3, "trainable", cp_size=2, steps=2, data="video-vl")]
 # packed micro-batches split across their rows: Qwen2.5-VL's micros of 2 to 3 rows (a text-only row beside rows of
 # one and two images) packed into one sequence, cut in two halves by the CP ranks, so a row crosses the split in
 # every micro; against the rows unpacked and padded on one process
@@ -36,6 +40,10 @@ ROUTER_CONTROL = dict(ROUTER_CASES[0], router_sums_local=True, name=ROUTER_CASES
 # the packed negative control: each CP rank's packed mask built from the rows its own slice sees (the row that
 # crosses the split cut in two there)
 PACKED_CONTROL = packed_cases([("vl", "frozen", 0, None)], cp_size=2, rows_cut_at_split=True)[0]
+# the tower's negative control (one step): the gather's backward leaves each CP rank the gradient its own stages
+# gave its own rows, not summed over the CP group
+TOWER_CONTROL = dict(TOWER_CASES[1], tower_grads_unrouted=True, steps=1,
+                     name=TOWER_CASES[1]["name"] + "-tower_grads_unrouted")
 # the DeepStack negative control (one step): each CP rank adds the feature rows as if its slice began the sequence
 LAYER_INPUT_CONTROL = dict(LAYER_INPUT_CASES[0], deepstack_offset_lost=True, steps=1,
                            name=LAYER_INPUT_CASES[0]["name"] + "-deepstack_offset_lost")

@@ -13,6 +13,7 @@ from ...models.family import Family
 from ...models.host_metadata import VIDEO_META_KEYS, VISION_META_KEYS, host_keys, qwen_host_inputs
 from ...models.image_tokens import grid_tokens, grid_video_tokens, validate_counted_micro
 from .omni import QWEN2_5_OMNI, QWEN3_OMNI
+from .tower_share import QwenTowerShare
 
 QWEN_VL = dict(vision=("model.visual",), image_inputs=("pixel_values", "image_grid_thw"),
                image_meta=VISION_META_KEYS, stage0_inputs=("position_ids",), positions="host",
@@ -30,9 +31,14 @@ DEEPSTACK = dict(QWEN_VL, stage0_inputs=("position_ids", "visual_pos_index"), ho
 DEEPSTACK_VIDEO = dict(DEEPSTACK, video_inputs=QWEN_VIDEO["video_inputs"],
                        video_meta=VIDEO_META_KEYS + ("deepstack_order",), validate=QWEN_VIDEO["validate"])
 
+# under context parallelism these towers divide their images and temporal patches over the CP ranks
+# (.tower_share: each temporal patch attends within itself); the presets above, which other groups build on, and
+# the Omni thinkers run their towers whole on every CP rank
+DIVIDED = dict(tower_division=QwenTowerShare)
 FAMILIES: dict[str, Family] = {
-    "qwen2_vl": Family(**QWEN_VIDEO), "qwen2_5_vl": Family(**QWEN_VIDEO), "qwen3_vl": Family(**DEEPSTACK_VIDEO),
-    "qwen3_vl_moe": Family(**DEEPSTACK_VIDEO), "qwen3_5": Family(**QWEN_VIDEO), "qwen3_5_moe": Family(**QWEN_VIDEO),
+    "qwen2_vl": Family(**QWEN_VIDEO, **DIVIDED), "qwen2_5_vl": Family(**QWEN_VIDEO, **DIVIDED),
+    "qwen3_vl": Family(**DEEPSTACK_VIDEO, **DIVIDED), "qwen3_vl_moe": Family(**DEEPSTACK_VIDEO, **DIVIDED),
+    "qwen3_5": Family(**QWEN_VIDEO, **DIVIDED), "qwen3_5_moe": Family(**QWEN_VIDEO, **DIVIDED),
     "qwen2_5_omni_thinker": QWEN2_5_OMNI, "qwen3_omni_moe_thinker": QWEN3_OMNI,
 }
 REFUSED: dict[str, str] = {
