@@ -159,6 +159,54 @@ def test_dp2_pp2_fsdp_bf16_through_the_executor_equals_one_process(demo, tmp_pat
                 assert g["ref_max"] > 1e-3, (rank, name, step, g)  # gradients far above the tolerance
 
 
+# Context parallelism under FSDP2 and bf16: each CP rank's matmul weight gradient is one bf16 matmul over its slice of
+# the sequence, rounded to bf16 there, where one process rounds one matmul over the whole sequence: one bf16
+# rounding over a different sum, as an expert's under expert parallelism (tests/test_ep.py), held to the same
+# 2^-7 of each tensor's max|ref| (measured 6.1e-3). Every other gradient is an fp32 sum, at the FSDP2 tolerance.
+CP_BF16_REL = 2 ** -7
+
+
+def cp_cases(demo: str, out: str) -> list[dict]:
+    """``cp 2 x pp 2 x dp 2`` (8 processes), FSDP2 in bf16 over the flattened ``dp x cp`` ranks, the demo
+    Qwen2.5-VL with a frozen tower, 2 steps of 2 micro-batches per replica; and its negative control, FSDP2 over
+    ``dp`` alone (the CP ranks' gradients not summed), one step."""
+    recipe = {"model": os.path.join(demo, "model"),
+              "data": {"path": os.path.join(demo, "data", "train.jsonl"), "micro_batch_size": 1, "min_pixels": 3136,
+                       "max_pixels": 12544},
+              "parallel": {"pp_size": 2, "vpp": 1, "num_micro": 2, "dp_size": 2, "cp_size": 2, "dp_shard": True,
+                           "timeout_s": 120, "mesh_order": "pp_inner", "preprocess": "frozen"},
+              "train": {"bf16": True, "output_dir": out, "seed": 4}}
+    return [dict(name="cp2-dp2-vl", recipe=recipe, steps=2),
+            dict(name="cp2-dp2-vl-unsummed", recipe=recipe, steps=1, cp_unsummed=True)]
+
+
+def cp_worst(res: dict) -> list[float]:
+    """Per step, the worst gradient in units of its tolerance: ``CP_BF16_REL * max|ref|`` for the parameters of
+    the modules autocast runs in bf16, ``1e-5 + 1e-5 * max|ref|`` for the rest."""
+    bf16 = set(res["bf16_params"])
+    return [max(diff / (CP_BF16_REL * top if name in bf16 else 1e-5 + 1e-5 * top)
+                for name, (diff, top) in step["tensors"].items()) for step in res["grads"]]
+
+
+def test_cp2_pp2_dp2_fsdp_bf16_equals_one_process(demo, tmp_path):
+    """Context parallelism with FSDP2 and bf16 through ``PipelineRun`` (``cp 2 x pp 2 x dp 2``, 8 processes):
+    FSDP2 shards over the 4 ``dp x cp`` ranks of each stage, and the loss and every trained tensor's gradient at
+    both steps equal the unsplit model's on one process under bf16 autocast (the same policy), the loss within
+    1e-5 (measured: the same bits) and each gradient within its tolerance (:func:`cp_worst`; measured 0.78 of
+    it). The negative control, the CP ranks' gradients not summed, fails by more than 100 times."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
+    from common import read_results, run_torchrun
+    out = str(tmp_path)
+    run_torchrun(DP_WORKER, 8, [out, json.dumps(cp_cases(demo, out))], timeout=900)
+    for rank, results in enumerate(read_results(out, 8)):
+        res, control = results["cp2-dp2-vl"], results["cp2-dp2-vl-unsummed"]
+        assert res["bf16_units"] and res["reduction_size"] == 4 and res["bf16_params"], (rank, res["reduction_size"])
+        assert len(res["losses"]) == 2 and all(abs(a - b) < 1e-5 for a, b in zip(res["losses"], res["ref_losses"]))
+        assert all(not g["missing"] for g in res["grads"]), rank
+        assert max(cp_worst(res)) <= 1.0, (rank, cp_worst(res))
+        assert control["reduction_size"] == 2 and min(cp_worst(control)) > 100, (rank, cp_worst(control))
+
+
 def test_a_step_inside_the_callers_autocast_region_is_refused(world):
     """A caller's autocast region, enabled or disabled, would nest the step's own regions and keep their casts
     past them (under FSDP2, a loss of gradient): the executor's step and its evaluation refuse it, naming

@@ -16,6 +16,11 @@ forward under its own bf16 autocast region, its summed token loss (and the MoE l
 its label tokens) backpropagated, and the gradients divided once by the batch's label tokens: the pipeline's
 order of operations, so that the two differ only by the order of fp32 sums across the replicas. Every rank
 compares its own tensors. Each rank writes ``OUT_DIR/rank{r}.json``.
+
+With ``parallel.cp_size`` 2 the world is ``dp x cp x pp`` (8 processes): each replica's CP group splits every
+micro-batch's sequence and FSDP2 shards over the flattened ``dp x cp`` ranks. A case's ``cp_unsummed`` is the negative
+control: FSDP2 over ``dp`` alone, as if the CP ranks' gradients were not summed (their loss sums and label tokens
+still are).
 """
 
 import contextlib
@@ -23,6 +28,7 @@ import json
 import os
 import sys
 from functools import partial
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -31,6 +37,8 @@ from torch.distributed.tensor import DTensor
 from common import run_cases
 from reference import reference_run
 from mpipe_hf.data import MicroBatchPlan
+from mpipe_hf.runtime.data_parallel import bf16_units
+from mpipe_hf.runtime.mesh import reduction_mesh
 from mpipe_hf.train.recipe import parse_recipe
 from mpipe_hf.train.run import PipelineRun
 from mpipe_hf.train.trainer import check_layout, load_config, load_data, load_model, load_processor
@@ -48,14 +56,23 @@ def full(grad: torch.Tensor) -> torch.Tensor:
     return grad.full_tensor() if isinstance(grad, DTensor) else grad
 
 
-def pipelined(recipe, steps: int) -> tuple[PipelineRun, list[float], list[dict[str, torch.Tensor]]]:
-    """The trainer's path: ``(run, per-step losses, per-step full gradients by name)``."""
+def pipelined(recipe, steps: int, unsummed: bool = False
+              ) -> tuple[PipelineRun, list[float], list[dict[str, torch.Tensor]], list[str]]:
+    """The trainer's path: ``(run, per-step losses, per-step full gradients by name, the names of the trained
+    parameters of the modules autocast runs in bf16)``."""
     run = PipelineRun(recipe.parallel, recipe.train.seed, recipe.data)
     config = load_config(recipe.model)
     run.connect(config, bf16=True)
     adapter = recipe.lora.peft_config() if recipe.lora is not None else None
     run.carve(recipe.model, config, check_layout(recipe, config), adapter)
-    run.start(bf16=True)
+    units = bf16_units(run.carved.stages)  # before FSDP2 wraps them into subclasses (the same objects)
+    if unsummed:  # the negative control: FSDP2 over dp alone, each CP rank keeping its own slice's gradients
+        with mock.patch("mpipe_hf.train.run.reduction_mesh", lambda mesh: mesh["dp"]):
+            run.start(bf16=True)
+        every = reduction_mesh(run.mesh).get_group()  # the loss sums and label tokens still summed over dp x cp
+        run.data_parallel.sum = lambda values: dist.all_reduce(values, group=every) or values
+    else:
+        run.start(bf16=True)
     plan = plan_of(recipe, config, run.carved.validate_micro, run.dp_rank, recipe.parallel.dp_size,
                    recipe.parallel.num_micro)
     losses, grads = [], []
@@ -68,7 +85,8 @@ def pipelined(recipe, steps: int) -> tuple[PipelineRun, list[float], list[dict[s
                       if p.grad is not None})
         for p in run.params.values():
             p.grad = None
-    return run, losses, grads
+    held = {id(p) for m in units for p in m.parameters(recurse=False)}
+    return run, losses, grads, sorted(n for n, p in run.params.items() if id(p) in held)
 
 
 def reference(recipe, steps: int) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
@@ -100,23 +118,25 @@ def reference(recipe, steps: int) -> tuple[list[float], list[dict[str, torch.Ten
 
 def compare(mine: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict:
     """The largest difference of each tensor in units of ``1e-5 + 1e-5 * max|reference|`` (the worst tensor),
-    the largest absolute one, and the tensors that one side lacks."""
-    scaled, absolute, missing = (0.0, None), 0.0, []
+    the largest absolute one, each tensor's ``(largest difference, max|reference|)`` and the tensors that one side
+    lacks."""
+    scaled, absolute, missing, tensors = (0.0, None), 0.0, [], {}
     for name, g in mine.items():
         if name not in want:
             missing.append(name)
             continue
         diff = float((g - want[name]).abs().max())
+        tensors[name] = (diff, float(want[name].abs().max()))
         absolute = max(absolute, diff)
         scaled = max(scaled, (diff / (1e-5 + 1e-5 * float(want[name].abs().max())), name), key=lambda x: x[0])
-    return {"scaled": scaled[0], "worst": scaled[1], "max_abs": absolute, "missing": missing,
+    return {"scaled": scaled[0], "worst": scaled[1], "max_abs": absolute, "missing": missing, "tensors": tensors,
             "ref_max": max(float(want[n].abs().max()) for n in mine if n in want)}
 
 
 def run_case(case: dict, out_dir: str) -> dict:
     recipe = parse_recipe(case["recipe"])
     steps = case.get("steps", 1)
-    run, losses, grads = pipelined(recipe, steps)
+    run, losses, grads, bf16_params = pipelined(recipe, steps, case.get("cp_unsummed", False))
     path = os.path.join(out_dir, f"ref-{case['name']}.pt")
     if dist.get_rank() == 0:
         torch.save(reference(recipe, steps), path)
@@ -126,7 +146,8 @@ def run_case(case: dict, out_dir: str) -> dict:
     dist.barrier()
     if dist.get_rank() == 0:
         os.remove(path)
-    return {"losses": losses, "ref_losses": ref_losses, "names": sorted(grads[0]),
+    return {"losses": losses, "ref_losses": ref_losses, "names": sorted(grads[0]), "bf16_params": bf16_params,
+            "reduction_size": run.data_parallel.size,
             "grads": [compare(g, want) for g, want in zip(grads, ref_grads)],
             "bf16_units": run.data_parallel is not None and run.data_parallel.engine == "shard"}
 
