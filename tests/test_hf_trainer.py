@@ -113,6 +113,7 @@ def test_mpipe_trainer_equals_plain_trainer(demo, tmp_path, options):
     assert "Traceback" not in proc.stderr
     if piped_only.get("cp"):  # the end's checkpoint-3, one writer per CP group: whole, each process's RNG state
         from mpipe_hf.train.hf import STAGING_PREFIX
+        assert "mpipe_hf: MPipeTrainer pp_size=2 vpp=2 dp_size=1 ep_size=1 cp_size=2" in proc.stdout, proc.stdout
         files = set(os.listdir(os.path.join(piped, "checkpoint-3")))
         assert {"rank0_state.pt", "rank1_state.pt", *(f"rng_state_{r}.pth" for r in range(4))} <= files, files
         assert not [name for name in os.listdir(piped) if name.startswith(STAGING_PREFIX)]

@@ -52,6 +52,7 @@ from .hf_parts import (MPipeCallback, MPipeConfig, PreemptionCallback, _EpochSam
 from .loop import saves_before_stop
 from .optimizer import build_optimizer, no_parameters
 from .recipe import TrainSection
+from .report import layout_text
 from .run import PipelineRun
 from .sources import node_first, trainer_rows
 
@@ -84,7 +85,11 @@ class MPipeTrainer(CheckpointMixin, Trainer):
 
     Raises:
         ValueError: a ``TrainingArguments`` value a pipeline cannot honour, a bad ``mpipe_config`` (before any
-            collective), or an adapter inside a module the split freezes.
+            collective), an adapter inside a module the split freezes, or with ``cp_size`` above 1 what context
+            parallelism refuses (:class:`MPipeConfig`), all before any collective.
+
+    Rank 0 prints the layout once started (``mpipe_hf: MPipeTrainer pp_size=R vpp=V ... [cp_size=C]``, as
+    ``mpipe-hf train``'s start-up line names it).
     """
 
 
@@ -122,6 +127,8 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         self.run.start(bf16=args.bf16, trace=mpipe_config.trace, swap=mpipe_config.swap,
                        loss_normalization=self.loss_normalization())
         atexit.register(self.run.close)
+        if self.run.lead:
+            print(f"mpipe_hf: MPipeTrainer {layout_text(self.run.parallel, self.run.cfg)}", flush=True)
         self.pipeline = _Pipeline(self.model)
         self.step_result = None
 
