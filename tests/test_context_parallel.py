@@ -202,8 +202,9 @@ def test_packing_is_refused_by_name_only_where_the_masks_cannot_see_the_rows():
 
 
 def test_stages_with_per_token_hooks_or_routers_are_refused_by_name():
-    """``split_sequences`` refuses a stage whose layers take per-token inputs the split does not cut yet (a
-    subclass overriding ``after_layer``, as DeepStack does) or that sums MoE router terms; a plain stage is set."""
+    """``split_sequences`` refuses a stage whose layers take per-token inputs the split does not cut (a subclass
+    overriding ``after_layer`` without declaring ``hooks_cut_sequence``); a plain stage, one that declares it (as
+    DeepStack does), and one with MoE router sums (summed over the CP group) are set."""
     from types import SimpleNamespace
 
     import torch
@@ -222,5 +223,5 @@ def test_stages_with_per_token_hooks_or_routers_are_refused_by_name():
     assert split_sequences([stage()], group="g") == 1
     with pytest.raises(NotImplementedError, match="does not cut Deep's after_layer"):
         split_sequences([stage(Deep)], group="g")
-    with pytest.raises(NotImplementedError, match="MoE router sums"):
-        split_sequences([stage(router=object())], group="g")
+    declared = type("Declared", (Deep,), {"hooks_cut_sequence": True})
+    assert split_sequences([stage(declared), stage(router=object())], group="g") == 2
