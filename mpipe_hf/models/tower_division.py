@@ -118,10 +118,10 @@ class DividedTower:
         mine = {item.kind for item in share.mine}
         runs = {"image": features.images, "video": features.videos}
         width = features.hidden_size * (1 + features.deepstack)
-        dtype = _gather_dtype(features, inputs)
-        local = [_columns(runs[kind](local_inputs)) if kind in mine else torch.zeros(0, width, dtype=dtype)
-                 for kind in share.pieces]
-        local = torch.cat([part.to(features.device, dtype) for part in local])
+        dtype = _gather_dtype(features)
+        local = [_columns(runs[kind](local_inputs)) if kind in mine
+                 else torch.zeros(0, width, dtype=dtype, device=features.device) for kind in share.pieces]
+        local = torch.cat([part.to(dtype) for part in local])
         if torch.is_grad_enabled() and not local.requires_grad and any(p.requires_grad for p in features.parameters()):
             local.requires_grad_()  # a rank without a row of its own still joins the gather's backward
         whole = gather_rows(local, share.counts, self.group)
@@ -131,7 +131,7 @@ class DividedTower:
         return features.join(parts.get("image", features.empty_part()), parts.get("video"), inputs)
 
 
-def _gather_dtype(features: ImageFeatures, inputs: Tensors) -> torch.dtype:
+def _gather_dtype(features: ImageFeatures) -> torch.dtype:
     """The dtype every CP rank gathers in (the same on each, whatever its share): the autocast dtype where the
     tower runs under autocast, else its parameters'."""
     device = features.device.type
