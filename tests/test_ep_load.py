@@ -163,7 +163,8 @@ def test_lora_on_attention_cuts_experts_on_the_experts_keeps_them(saved):
 
 def test_a_run_carves_its_ep_ranks_experts(saved, world):
     """``PipelineRun.carve`` with ``parallel.ep_size: 2`` reads EP rank ``dp_rank % 2``'s experts of a checkpoint
-    (the numbering of ``expert_mesh``), before any EP mesh exists."""
+    (the numbering of ``expert_mesh``), before any EP mesh exists; with ``cp_size: 2`` EP rank
+    ``(dp_rank * 2 + cp_rank) % 2``'s."""
     from mpipe_hf.models import get_family
     from mpipe_hf.train.recipe_model import ModelSource
     from mpipe_hf.train.recipe_parallel import ParallelSection
@@ -178,6 +179,16 @@ def test_a_run_carves_its_ep_ranks_experts(saved, world):
         held = run.carved.model.state_dict()
         rows = slice(dp_rank % 2 * E // EP, (dp_rank % 2 + 1) * E // EP)
         assert all(torch.equal(held[n], full[n][rows]) for n in stage_experts(held, 0)), dp_rank
+    # with context parallelism the EP group is cut from the dp x cp ranks: CP rank c of replica 0 is EP rank c
+    parallel = ParallelSection(pp_size=2, num_micro=2, preprocess="trainable", text_layers=T, dp_size=1, cp_size=2,
+                               ep_size=2)
+    for cp_rank in range(2):
+        run = PipelineRun(parallel)
+        run.dp_rank, run.cp_rank, run.rank, run.every, run.device = 0, cp_rank, 0, (0, 1, None), torch.device("cpu")
+        run.carve(ModelSource(name_or_path=path), config, counts)
+        held = run.carved.model.state_dict()
+        rows = slice(cp_rank * E // EP, (cp_rank + 1) * E // EP)
+        assert all(torch.equal(held[n], full[n][rows]) for n in stage_experts(held, 0)), cp_rank
 
 
 @pytest.mark.skipif(os.environ.get("MPIPE_HF_FULL") != "1", reason="one more 4-process launch: MPIPE_HF_FULL=1")
