@@ -96,11 +96,14 @@ def add_at_tokens(hidden: torch.Tensor, flat_index: torch.Tensor, rows: torch.Te
                   split: SequenceSplit) -> torch.Tensor:
     """``hidden`` ``(B, L_r, H)`` (this rank's slice) with ``rows[i]`` (``rows`` ``(n, H)``) added at token
     ``flat_index[i]`` of the whole ``(B, L)`` micro-batch (row-major flat positions, ``(n,)``) for those tokens in
-    this rank's slice; the other rows are dropped (another CP rank adds them). Out of place; the gradient of
-    ``rows`` is zero at the dropped ones. Raises ValueError where ``hidden`` is not this rank's slice."""
-    if hidden.shape[1] != split.lengths[split.rank]:
+    this rank's slice; the other rows are dropped (another CP rank adds them). Out of place, a tensor of its own (no
+    view: a stage's output may be an FSDP2 unit's); the gradient of ``rows`` is zero at the dropped ones. The sums
+    equal one process's ``hidden[where] + rows`` bit for bit (``0 + r`` is ``r``; other tokens gain ``0``). Raises
+    ValueError where ``hidden`` is not this rank's slice."""
+    batch, own = hidden.shape[:2]
+    if own != split.lengths[split.rank]:
         raise ValueError(f"{tuple(hidden.shape)} hidden states are not this rank's {split.lengths[split.rank]} tokens")
-    where = local_token_index(flat_index, split)
-    spare = nn.functional.pad(hidden, (0, 0, 0, 1))  # the dropped rows land in the extra column, cut off below
-    added = spare[where] + rows.to(hidden.device, hidden.dtype)
-    return spare.index_put(where, added)[:, :hidden.shape[1]]
+    where = local_token_index(flat_index, split)  # the dropped rows land in a spare column, left out below
+    placed = hidden.new_zeros(batch, own + 1, *hidden.shape[2:])
+    placed = placed.index_put(where, rows.to(hidden.device, hidden.dtype), accumulate=True)
+    return hidden + placed[:, :own]
