@@ -79,3 +79,21 @@ def test_each_rank_runs_fewer_patches_and_the_shares_give_the_whole_towers_rows(
             torch.testing.assert_close(ordered, whole[kind], rtol=1e-5, atol=1e-5)
     # the check has teeth: the videos' rows in rank order, not put back in the micro-batch's, differ from the whole's
     assert (torch.cat(videos) - whole["video"]).abs().max() > 1e-2
+
+
+def test_only_declared_towers_are_divided_and_the_others_say_why():
+    """Qwen2.5-VL's transposed tower is divided (its host also computes the share at load); GLM-4.1V's (the Qwen
+    presets, no tower_division declared) and an identity preprocess (the tower in stage 0) run whole, by name."""
+    from transformers import Glm4vForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
+    from mpipe_hf.families.glm import tiny as glm_tiny
+    from mpipe_hf.models.tower_division import divide_towers
+    tokenizer = qwen2_tokenizer(5120)
+    qwen = Qwen2_5_VLForConditionalGeneration(qwen_tiny.tiny_qwen2_5_vl_config(tokenizer, num_layers=1))
+    glm = Glm4vForConditionalGeneration(glm_tiny.tiny_glm4v_config(tokenizer, num_layers=1))
+    pre = split_model(qwen, ScheduleConfig(1, 1, 1, "frozen"), 0).preprocess
+    host = pre.host
+    assert divide_towers(pre, None) == "divided" and pre.host is not host and pre.module.tower is not None
+    pre = split_model(glm, ScheduleConfig(1, 1, 1, "frozen"), 0).preprocess
+    assert divide_towers(pre, None) == "whole: glm4v declares no tower_division" and pre.module.tower is None
+    pre = split_model(qwen, ScheduleConfig(1, 1, 1, "identity"), 0).preprocess
+    assert divide_towers(pre, None).startswith("whole: preprocess identity")
