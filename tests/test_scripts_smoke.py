@@ -56,6 +56,9 @@ RUN_ELSEWHERE = {
     "check/check_timm_families.py": "needs timm and torchvision (the second environment)",
     "check/context_parallel_trainer.py": ("trains the demo through mpipe-hf train at cp_size 1 and 2 (minutes); the cp "
                                           "cases run in tests/test_numerics.py's R = 4 launch"),
+    "check/context_parallel_experts_trainer.py": ("trains the demo Qwen3-VL-MoE through mpipe-hf train at cp 1 and at "
+                                                  "cp 2 x ep 2 (minutes); tests/test_ep.py runs cp 2 x ep 2 in its "
+                                                  "4-process launch"),
     "check/train_tiny_recipes.py": ("trains every tiny recipe (hours); tests/test_tiny_models.py trains one "
                                     "of each group"),
 }
