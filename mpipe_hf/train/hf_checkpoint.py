@@ -71,8 +71,8 @@ class CheckpointMixin:
         shared(lambda: self._after_publish(final, run_dir))
 
     def _remove_staging(self, run_dir: str) -> None:
-        """Rank 0: remove every ``tmp-checkpoint-*`` entry of ``run_dir``, the leftovers of saves that did not
-        finish (raises ``OSError`` where one cannot be removed)."""
+        """Rank 0 (of the first CP group): remove every ``tmp-checkpoint-*`` entry of ``run_dir``, the leftovers of
+        saves that did not finish (raises ``OSError`` where one cannot be removed)."""
         if self.run.rank != 0 or self.run.cp_rank != 0 or not os.path.isdir(run_dir):
             return
         for entry in sorted(os.listdir(run_dir)):
