@@ -212,6 +212,8 @@ def test_context_parallel_refusals_name_the_trainer_fields(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="cp_size 2 does not run with packing=True"):
         MPipeConfig(pp_size=2, cp_size=2, packing=True)
     MPipeConfig(pp_size=2, packing=True)
+    with pytest.raises(ValueError, match="MPipeConfig ep_size must be 1"):  # a recipe's cp_size 2 takes ep_size 2
+        MPipeConfig(pp_size=2, cp_size=2, ep_size=2)
     with pytest.raises(ValueError, match=r"1 processes for pp_size=2 cp_size=2 \(launch 4 processes\)"):
         check_training_args(args, cp2)
     monkeypatch.setenv("WORLD_SIZE", "4")

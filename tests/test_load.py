@@ -189,7 +189,7 @@ def test_every_preset_says_which_cp_size_its_model_takes():
         recipe = load_recipe(path)
         config = load_config(recipe.model)
         check_context_parallel(config, recipe.parallel.cp_size)
-        note = make.context_parallel_note(config, recipe.parallel.ep_size)
+        note = make.context_parallel_note(config)
         comment = [line for line in open(path).read().splitlines() if line.startswith("#")]
         assert "\n".join("# " + line for line in textwrap.wrap(note, 110)) in "\n".join(comment), (path, note)
 

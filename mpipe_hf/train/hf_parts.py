@@ -58,7 +58,8 @@ class MPipeConfig(ParallelSection):
         ValueError: a bad value, naming the field and the allowed values; ``num_micro`` set; ``dp_size`` other
             than 1 or ``owners: balanced`` (both are ``mpipe-hf train``'s, where the rows are known to the run: the
             Trainer's loop hands every process the same rows, and its dataset gives no image sizes without
-            decoding the images); ``cp_size`` above 1 with ``packing``.
+            decoding the images); ``ep_size`` other than 1 (``mpipe-hf train``'s); ``cp_size`` above 1 with
+            ``packing``.
 
     ``cp_size``: context parallelism, as a recipe's ``parallel.cp_size`` (docs/context_parallel.md): launch
     ``pp_size * cp_size`` processes; the ``cp_size`` pipelines of the CP group run the same rows (the Trainer's
@@ -100,6 +101,9 @@ class MPipeConfig(ParallelSection):
         if self.cp_size != 1 and self.packing is True:  # as a recipe's data.packing with parallel.cp_size
             raise ValueError(f"MPipeConfig cp_size {self.cp_size} does not run with packing=True yet; set "
                              f"cp_size=1")
+        if self.ep_size != 1:  # EP groups are cut from a stage's dp x cp ranks: untried on the Trainer route
+            raise ValueError(f"MPipeConfig ep_size must be 1 (expert parallelism is mpipe-hf train's: a recipe's "
+                             f"parallel.ep_size), got {self.ep_size!r}")
         if self.dp_size != 1:  # the Trainer's loop gives every process the same rows: one pipeline's view
             raise ValueError(f"MPipeConfig dp_size must be 1 (data parallel over pipelines is mpipe-hf train's: a "
                              f"recipe's parallel.dp_size), got {self.dp_size!r}")

@@ -210,7 +210,7 @@ PRESETS = {
 FIXED = {"qwen3_vl_235b_a22b": ((16, 8), "R = 16 and ep_size = 8 are Megatron-Bridge's pipeline and expert "
                                          "parallel sizes for this model on H100s (its recipe "
                                          "qwen3_vl_235b_a22b_pretrain_256gpu_h100_bf16_mock_config, with TP 4 and "
-                                         "CP 2 besides: mpipe_hf has no TP, and its CP does not run with EP yet)")}
+                                         "CP 2 besides: mpipe_hf has no TP, and its CP is parallel.cp_size, below)")}
 
 
 def shapes(config, name):
@@ -273,7 +273,7 @@ def context_parallel_sizes(config) -> list[int]:
     return sizes
 
 
-def context_parallel_note(config, ep) -> str:
+def context_parallel_note(config) -> str:
     """The preset's comment on ``parallel.cp_size`` (docs/context_parallel.md): the sizes its heads split into
     (:func:`context_parallel_sizes`), or why none runs."""
     from mpipe_hf.models.decoder import layer_types
@@ -289,10 +289,9 @@ def context_parallel_note(config, ep) -> str:
     sizes = context_parallel_sizes(config)
     if not sizes:
         return f"{head} is refused for this model: no cp_size in {list(CP_SIZES)} divides its heads."
-    note = (f"{head} splits its {text.num_attention_heads} attention heads ({kv} KV heads) over cp_size "
+    return (f"{head} splits its {text.num_attention_heads} attention heads ({kv} KV heads) over cp_size "
             f"{' or '.join(map(str, sizes))} ranks (pp_size * dp_size * cp_size processes); what its stages cannot "
             f"cut yet is refused by name at launch.")
-    return note + (f" Not with ep_size {ep} (> 1) yet." if ep > 1 else "")
 
 
 def explain(name, cfg, ep, result, worst, ckpt) -> str:
@@ -340,7 +339,7 @@ def main(argv=None):
         cfg, ep, layout, result, worst, ckpt, tried = choose(config, args.tokens, args.image_tokens, name)
         pp, vpp, micro = cfg.pp_size, cfg.vpp, cfg.num_micro
         least = f"rank needs at each {'R' if ep == 1 else 'shape'}: {', '.join(tried)}."
-        notes = (least, explain(name, cfg, ep, result, worst, ckpt), context_parallel_note(config, ep))
+        notes = (least, explain(name, cfg, ep, result, worst, ckpt), context_parallel_note(config))
         comment = "\n".join("# " + line for text in notes for line in textwrap.wrap(text, 110))
         recipe = f"""# {hub}: MPipe Transpose fine-tuning preset (written by scripts/make/make_presets.py).
 # The architecture is {name}/config.json, the checkpoint's real sizes. To fine-tune, replace `config:` by
