@@ -81,15 +81,18 @@ def test_resume_continues_bit_exactly(demo, full, tmp_path):
     assert sorted(wa) == sorted(wb) and all(wa[k].equal(wb[k]) for k in wa), "final weights differ"
 
 
-def test_resume_onto_another_layout_maps_the_optimizer_state_by_name(demo, full, tmp_path):
-    """A checkpoint of R = 2, V = 2 resumes at R = 3, V = 1 with another layout: the weights and every
-    parameter's AdamW moments are found by name, so steps 3 and 4 follow the uninterrupted R = 2 run (to the
-    rounding of a different order of sums; not bit for bit)."""
+def test_resume_onto_another_layout_and_cp_size_maps_the_optimizer_state_by_name(demo, full, tmp_path):
+    """A checkpoint of R = 2, V = 2 at ``cp_size`` 1 resumes at R = 2, V = 1 with another layout and ``cp_size``
+    2 (4 processes): the checkpoint does not depend on ``cp_size`` (one writer per CP group; every CP rank reads
+    its stage rank's state), and the weights and every parameter's AdamW moments are found by name, so steps 3
+    and 4 follow the uninterrupted run (to the rounding of a different order of sums; not bit for bit).
+    ``scripts/check/resume_across_cp.py`` checks the rest bit for bit: a checkpoint loaded at another
+    ``cp_size`` and saved again, and a resume at cp 2 of a cp 2 run."""
     a = [json.loads(r) for r in open(os.path.join(full, "metrics.jsonl"))]
 
     moved = str(tmp_path / "moved")
     proc = train(recipe(demo, tmp_path / "moved.yaml", moved, resume=os.path.join(full, "checkpoint-2"),
-                        parallel={"pp_size": 3, "vpp": 1, "layers_per_stage": [4, 7, 5]}))
+                        parallel={"pp_size": 2, "vpp": 1, "layers_per_stage": [7, 9], "cp_size": 2}))
     assert "at step 2" in proc.stdout, proc.stdout[-2000:]
     b = [json.loads(r) for r in open(os.path.join(moved, "metrics.jsonl"))]
     assert [r["step"] for r in b] == [3, 4]
