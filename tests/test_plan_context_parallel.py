@@ -37,15 +37,17 @@ def profile() -> Profile:
 
 def test_a_cp_rank_holds_its_share_of_the_saved_activations():
     """At cp 2 and 4 each pipeline rank's activation peak is cp 1's over ``cp`` plus what stays whole (the
-    front's token ids and image mask on the first stage) plus, where ``cp`` does not divide the KV heads, the
-    repeated keys and values (2 KV heads at cp 4: each repeated twice)."""
+    front's token ids and image mask on the first stage) plus, a layer, the gathered attention output (a storage of
+    its own under Ulysses) and, where ``cp`` does not divide the KV heads, the repeated keys and values (2 KV heads
+    at cp 4: each repeated twice)."""
     cfg = ScheduleConfig(pp_size=2, vpp=1, num_micro=4, preprocess="frozen")
     for kv_heads in (4, 2):
         one = plan(config(kv_heads), cfg, profile(), [2, 2])
         for cp in (2, 4):
             split = plan(config(kv_heads), cfg, profile(), [2, 2], cp_size=cp)
             repeats = 2 if (kv_heads, cp) == (2, 4) else 1
-            repeat = 2 * (repeats - 1) * TOKENS / cp * kv_heads * 16 * 4  # k and v, fp32, a layer
+            output = TOKENS / cp * 4 * 16 * 4  # this rank's slice of every head, fp32
+            repeat = output + 2 * (repeats - 1) * TOKENS / cp * kv_heads * 16 * 4  # and k and v repeated, a layer
             assert split.context.repeats == repeats
             for r, (a, b) in enumerate(zip(one.ranks, split.ranks)):
                 whole = FRONT_BYTES_PER_TOKEN * TOKENS if r == 0 else 0.0

@@ -22,7 +22,7 @@ from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, p
 from .moe import ROUTER_KEYS, RouterSums, aux_loss, counted_once
 from .packed import (PACKED_KEYS, RECURRENT, ROW_BLIND, row_ids, flash_kwargs, per_row, row_blind, row_lengths,
                      row_slice, uses_flash)
-from .sequence_split import (SPLIT_KEY, local_positions, local_rotary, local_shift_labels, stage_split,
+from .sequence_split import (SPLIT_KEY, local_positions, local_rotary, local_shift_labels, own_slice, stage_split,
                              whole_like)
 
 Tensors = dict[str, torch.Tensor]
@@ -255,7 +255,7 @@ class DecoderStage(nn.Module):
             check_packed_split(self, state)
             state = {**state, SPLIT_KEY: split}
             if hidden.shape[1] == split.total:  # whole, from a front or P: this rank's slice
-                hidden = split.local(hidden).contiguous()
+                hidden = own_slice(split, hidden)
                 state = {**state, **counted_once(state, split)}  # P's router sums: once over the CP group
         padding = inputs.get("attention_mask")  # absent: no padding (the loader's host knew; see handlers)
         sums = {k: state[k] for k in ROUTER_KEYS if k in state}

@@ -41,26 +41,34 @@ def whole_like(hidden: torch.Tensor, total: int) -> torch.Tensor:
     return hidden.new_zeros(()).expand(hidden.shape[0], total, *hidden.shape[2:])
 
 
+def own_slice(split: SequenceSplit, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """This rank's slice of ``t`` along ``dim``, copied to a storage of its own. ``contiguous()`` is not enough: a
+    slice of a batch of one along its sequence is already contiguous, so it stays a view, and whatever autograd
+    saves of it (the first layer's norm its input, the rotary products ``cos`` and ``sin``, the loss its labels)
+    keeps the WHOLE sequence's storage alive on every CP rank until the backward."""
+    return split.local(t, dim).clone(memory_format=torch.contiguous_format)
+
+
 def local_rotary(rotary, split: SequenceSplit):
     """This rank's slice of rotary embeddings built on the whole sequence: a ``(cos, sin)`` pair (or one tensor)
     whose sequence dimension is the second to last (``(B, L, d)``, M-RoPE's ``(3, B, L, d)``)."""
     if rotary is None:
         return None
     if isinstance(rotary, torch.Tensor):
-        return split.local(rotary, rotary.dim() - 2).contiguous()
+        return own_slice(split, rotary, rotary.dim() - 2)
     return type(rotary)(local_rotary(t, split) for t in rotary)
 
 
 def local_positions(text_positions: torch.Tensor | None, split: SequenceSplit) -> torch.Tensor | None:
     """This rank's slice of the text positions ``(B, L)`` handed to the layers (``None`` stays ``None``)."""
-    return None if text_positions is None else split.local(text_positions, text_positions.dim() - 1).contiguous()
+    return None if text_positions is None else own_slice(split, text_positions, text_positions.dim() - 1)
 
 
 def local_shift_labels(labels: torch.Tensor, split: SequenceSplit) -> torch.Tensor:
     """The labels each of this rank's tokens predicts: ``labels`` ``(B, L)`` shifted left by one on the whole
     sequence (the last token predicts nothing: -100), then this rank's ``(B, L_r)`` slice."""
     shifted = nn.functional.pad(labels[..., 1:], (0, 1), value=-100)
-    return split.local(shifted, shifted.dim() - 1).contiguous()  # the loss views it flat
+    return own_slice(split, shifted, shifted.dim() - 1)  # the loss views it flat
 
 
 # a stage class that sets this True in its own body (not inherited: a subclass may change what travels) declares
@@ -74,7 +82,7 @@ def local_if_whole(t: torch.Tensor, split: SequenceSplit, dim: int = 1) -> torch
     this rank's slice (handed on by the previous stage). Raises ValueError for any other length."""
     own = split.lengths[split.rank]
     if t.shape[dim] == split.total and own != split.total:
-        return split.local(t, dim).contiguous()
+        return own_slice(split, t, dim)
     if t.shape[dim] != own:
         raise ValueError(f"dim {dim} of a {tuple(t.shape)} tensor is neither the split sequence's {split.total} "
                          f"tokens nor this rank's {own}")

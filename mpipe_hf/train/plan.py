@@ -137,7 +137,7 @@ def _stage_bytes(profile: Profile, counts: list[int], experts: ExpertPlan | None
     ``counts`` layers a stage: with ``gradient_checkpointing`` a layer keeps only its input; EP's and Ulysses'
     own saved tensors a layer (:mod:`.plan_experts`, :mod:`.plan_context_parallel`); the head on the last stage."""
     per_layer = profile.activation_bytes if gradient_checkpointing else profile.layer_activation_bytes
-    extra = 0.0 if gradient_checkpointing else (context.repeat_bytes if context else 0.0)
+    extra = 0.0 if gradient_checkpointing else (context.extra_bytes if context else 0.0)
     stage_bytes = [n * (per_layer + extra) for n in counts]
     if experts is not None and not gradient_checkpointing:  # AllToAllEP's own saved tensors, per MoE layer
         stage_bytes = [b + n * experts.saved_bytes for b, n in zip(stage_bytes, experts.moe_layers)]
@@ -147,7 +147,7 @@ def _stage_bytes(profile: Profile, counts: list[int], experts: ExpertPlan | None
     recompute = 0.0
     if gradient_checkpointing:
         recompute = (profile.layer_activation_bytes + (experts.saved_bytes if experts else 0.0)
-                     + (context.repeat_bytes if context else 0.0))
+                     + (context.extra_bytes if context else 0.0))
     return stage_bytes, recompute
 
 

@@ -6,9 +6,12 @@ With ``parallel.cp_size = C`` the ``C`` ranks of a CP group hold the same stages
 - memory: what a decoder layer and the head save for the backward is per token (norms, projections, the MLP, the
   logits), and Ulysses attention (:mod:`mpipe_hf.runtime.context_parallel`) saves the whole sequence for ``heads /
   C`` heads, as many elements as the rank's slice of every head; so a layer's and the head's saved bytes are one
-  process's over ``C``. Two things do not divide: where ``kv_heads % C != 0`` the keys and values are repeated
-  ``r`` times (:func:`~mpipe_hf.runtime.context_parallel.kv_repeats`) before the all-to-all, and the attention keeps
-  ``r`` times their bytes (:attr:`ContextPlan.repeat_bytes` a layer); and what runs on the whole micro-batch before
+  process's over ``C``. Beyond that share a layer keeps :attr:`ContextPlan.extra_bytes`: the gathered attention
+  output, a storage of its own that the output projection saves (one process's projection reads the attention
+  kernel's output in place, whose memory is already ``(B, L, heads, d)``: one storage for both), and, where
+  ``kv_heads % C != 0``, the keys and values repeated ``r`` times
+  (:func:`~mpipe_hf.runtime.context_parallel.kv_repeats`) before the all-to-all. What does not divide at all is what
+  runs on the whole micro-batch before
   the cut stays whole on every CP rank: the tower (``P``: its graph, when it trains), the first stage's front (the
   embedding, whose backward keeps the token ids, and the feature injection, which keeps its mask of image tokens:
   :attr:`ContextPlan.front_bytes`), and the masks and rotary tables, which keep nothing for a backward (built from
@@ -43,7 +46,8 @@ class ContextPlan:
         tokens: the micro-batch's tokens, whole (``B x L``).
         query_bytes: what one rank sends into the query's (and the output's) all-to-all: its slice, every head.
         kv_bytes: the same for the keys' (and the values') all-to-all, the KV heads repeated ``r`` times.
-        repeat_bytes: what the attention keeps beyond one process's over ``C``: the repeated keys and values.
+        extra_bytes: what a layer keeps beyond one process's over ``C``: the gathered output (``query_bytes``) and
+            the repeated keys and values (``2 * (r - 1)`` times a slice of the KV heads).
         front_bytes: what the first stage's front keeps whole on every CP rank (:data:`FRONT_BYTES_PER_TOKEN`).
         forward_s, backward_s: an attention layer's all-to-alls (:func:`~mpipe_hf.schedule.hardware.ulysses_seconds`).
         attention_layers: the attention layers of each stage (``P``'s ``text_layers`` left out: they run whole).
@@ -55,7 +59,7 @@ class ContextPlan:
     tokens: float
     query_bytes: float
     kv_bytes: float
-    repeat_bytes: float
+    extra_bytes: float
     front_bytes: float
     forward_s: float
     backward_s: float
@@ -100,11 +104,11 @@ def context_plan(config, profile, layers_per_stage: list[int], text_layers: int,
     tokens = profile.activation_bytes / (4.0 * text.hidden_size)
     query = tokens / cp_size * heads * head_dim * dtype_bytes
     kv = tokens / cp_size * kv_heads * repeats * head_dim * dtype_bytes
-    repeat = 2 * (repeats - 1) * tokens / cp_size * kv_heads * head_dim * dtype_bytes
+    extra = query + 2 * (repeats - 1) * tokens / cp_size * kv_heads * head_dim * dtype_bytes
     forward, backward = ulysses_seconds(query, kv, cp_size, cluster or Cluster(), within_node)
     counts = list(layers_per_stage)
     counts[0] -= text_layers
-    return ContextPlan(cp_size, repeats, tokens, query, kv, repeat, FRONT_BYTES_PER_TOKEN * tokens, forward,
+    return ContextPlan(cp_size, repeats, tokens, query, kv, extra, FRONT_BYTES_PER_TOKEN * tokens, forward,
                        backward, tuple(counts), within_node)
 
 
