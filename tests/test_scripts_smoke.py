@@ -59,6 +59,8 @@ RUN_ELSEWHERE = {
     "check/context_parallel_experts_trainer.py": ("trains the demo Qwen3-VL-MoE through mpipe-hf train at cp 1 and at "
                                                   "cp 2 x ep 2 (minutes); tests/test_ep.py runs cp 2 x ep 2 in its "
                                                   "4-process launch"),
+    "check/resume_across_cp.py": ("trains the demo 8 times at cp_size 1 and 2 (about 10 minutes); "
+                                  "tests/test_resume.py resumes a cp 1 checkpoint at cp 2"),
     "check/train_tiny_recipes.py": ("trains every tiny recipe (hours); tests/test_tiny_models.py trains one "
                                     "of each group"),
 }
