@@ -89,3 +89,22 @@ def test_where_a_cp_group_lies_and_what_cp_refuses():
         assert cp_within_node(parallel, None, None) is within, (order, pp, cp)
     with pytest.raises(ValueError, match="divide the attention heads"):
         context_plan(config(2), profile(), [2, 2], 0, 3)
+
+
+def test_a_cp_ranks_slices_keep_no_storage_of_the_whole_sequence():
+    """What a stage cuts (hidden states, rotary tables, text positions, shifted labels) is a copy of this rank's
+    slice alone: a slice of a batch of one along its sequence is contiguous already, so ``contiguous()`` leaves it a
+    view, and whatever autograd saves of it keeps the whole sequence alive (the control below)."""
+    import torch
+    from mpipe_hf.models.sequence_split import local_positions, local_rotary, local_shift_labels, own_slice
+    from mpipe_hf.runtime.context_parallel import SequenceSplit
+    split = SequenceSplit(None, (6, 4), 1)
+    hidden, cos = torch.randn(1, 10, 8), torch.randn(3, 1, 10, 16)
+    assert split.local(hidden).contiguous().untyped_storage().nbytes() == hidden.nbytes  # the control: a view
+    cut = [own_slice(split, hidden), *local_rotary((cos, cos.clone()), split),
+           local_positions(torch.arange(10).view(1, 10), split), local_shift_labels(torch.arange(10).view(1, 10), split)]
+    for t in cut:
+        assert t.untyped_storage().nbytes() == t.nbytes and t.shape[-1 if t.dim() == 2 else -2 if t.dim() == 4
+                                                                       else 1] == 4, tuple(t.shape)
+    assert torch.equal(cut[0], hidden[:, 6:]) and torch.equal(cut[1], cos[..., 6:, :])
+    assert cut[-1].tolist() == [[7, 8, 9, -100]]
