@@ -77,6 +77,8 @@ def test_each_rank_runs_fewer_patches_and_the_shares_give_the_whole_towers_rows(
         for kind, pieces in share.pieces.items():
             ordered = torch.cat([rows.narrow(0, first, n) for first, n in pieces])
             torch.testing.assert_close(ordered, whole[kind], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="this CP rank's share"):  # the whole micro-batch's pixels: refused
+        division.call_inputs(raw, share.mine)
     # the check has teeth: the videos' rows in rank order, not put back in the micro-batch's, differ from the whole's
     assert (torch.cat(videos) - whole["video"]).abs().max() > 1e-2
 

@@ -70,9 +70,19 @@ class QwenTowerShare:
         return torch.tensor([[t1 - t0, *rows[g][1:]] for g, t0, t1 in self.runs(mine, kind)], dtype=grid.dtype)
 
     def call_inputs(self, inputs: Tensors, mine: tuple[TowerItem, ...]) -> Tensors:
-        """The grids of ``mine`` under the grid keys the tower calls read."""
-        return {grid_key: self.local_grid(inputs[grid_key], mine, kind) for kind, (grid_key, _, _) in KEYS.items()
-                if any(item.kind == kind for item in mine)}
+        """The grids of ``mine`` under the grid keys the tower calls read. Raises ValueError when the pixels are not
+        ``mine``'s (a micro-batch that did not go through the host's :meth:`host_inputs`)."""
+        out = {}
+        for kind, (grid_key, pixel_key, _) in KEYS.items():
+            patches = sum(item.cost for item in mine if item.kind == kind)
+            if not patches:
+                continue
+            if inputs[pixel_key].shape[0] != patches:
+                raise ValueError(f"{pixel_key} holds {inputs[pixel_key].shape[0]} patches, this CP rank's share of the "
+                                 f"tower {patches}: run raw micro-batches through preprocess.with_host, as DATA_LOAD "
+                                 f"does")
+            out[grid_key] = self.local_grid(inputs[grid_key], mine, kind)
+        return out
 
     def host_inputs(self, raw: Tensors, mine: tuple[TowerItem, ...]) -> Tensors:
         """On the host: the pixel rows of ``mine`` (zero rows for a kind the micro-batch has and ``mine`` lacks)
