@@ -82,7 +82,11 @@ CASES = [
 # pp 2 x dp 4 x ep 2 on 8 processes: each expert shard held by edp = 2 replicas, its gradient summed over them
 EDP_CASES = [dict(name="qwen3_vl_moe-trainable-T1-edp2", family="qwen3_vl_moe", preprocess="trainable", text_layers=1),
              dict(name="glm4v_moe-frozen-T0-edp2-packed", family="glm4v_moe", preprocess="frozen", text_layers=0,
-                  packed=True)]
+                  packed=True),
+             # dp 2 x cp 2 x ep 2 x pp 2, FSDP2 over the dp x cp ranks: each EP group a replica's 2 CP ranks, each
+             # expert shard's gradient summed over the 2 replicas (edp) that hold it
+             dict(name="qwen3_vl_moe-trainable-T1-cp2-edp2-fsdp2", family="qwen3_vl_moe", preprocess="trainable",
+                  text_layers=1, cp_size=2, dp_shard=True)]
 for c in CASES + EDP_CASES:
     c.update(data=f"ragged-{c['family']}", num_micro=2, steps=2, vpp=c.get("vpp", 1))
 
@@ -181,7 +185,8 @@ def test_lora_adapter_under_ep_saves_fused_for_peft(results):
 def test_pp2_dp4_ep2_sums_expert_gradients_over_edp(tmp_path_factory, fixture_path):
     """``pp 2 x dp 4 x ep 2`` (8 processes): two EP groups per stage rank, each expert shard held by 2 replicas
     (``edp``) whose gradients are summed over that sub-mesh only, against the unsplit model over the global batch
-    of 4 replicas, for Qwen3-VL-MoE (trainable tower) and GLM-4.5V (packed)."""
+    of 4 replicas, for Qwen3-VL-MoE (trainable tower) and GLM-4.5V (packed); and ``pp 2 x dp 2 x cp 2 x ep 2``
+    under FSDP2 over the ``dp x cp`` ranks, the EP groups cut from them (Qwen3-VL-MoE, DeepStack stages wrapped)."""
     results = launch(tmp_path_factory, fixture_path, EDP_CASES, 8)
     for case in EDP_CASES:
         check_case([r[case["name"]] for r in results], case)

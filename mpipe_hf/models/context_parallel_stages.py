@@ -5,6 +5,8 @@ itself, :mod:`mpipe_hf.runtime.context_parallel` the attention), and what a stag
 
 from __future__ import annotations
 
+from torch.distributed.fsdp import FSDPModule
+
 from ..runtime.context_parallel import use_ulysses
 from .decoder import DecoderStage
 from .sequence_split import CUTS_WITH_SEQUENCE
@@ -17,6 +19,8 @@ def check_splittable(stage) -> None:
     per-layer inputs do; Gemma 3n's AltUp streams do not). The MoE router sums are cut
     with the sequence and summed over the CP group before the load-balancing term (:func:`~.moe.aux_loss`)."""
     cls = type(stage)
+    if issubclass(cls, FSDPModule):  # fully_shard's FSDP<class>: the stage's own class is the one it wraps
+        cls = next(base for base in cls.__bases__ if base is not FSDPModule)
     hooks = [name for name in ("after_layer", "layer_kwargs") if getattr(cls, name) is not getattr(DecoderStage, name)]
     if vars(cls).get(CUTS_WITH_SEQUENCE):  # declared by the class itself: a subclass may change what travels
         hooks = []
