@@ -130,10 +130,10 @@ def test_cp_size_is_validated_by_name_before_launch():
     with pytest.raises(ValueError, match="parallel.ep_size must be .* divides parallel.dp_size x parallel.cp_size "
                                          "\\(1 x 2 = 2"):
         ParallelSection(pp_size=2, num_micro=4, dp_size=1, ep_size=4, cp_size=2)
-    from mpipe_hf.train.hf_parts import MPipeConfig  # the HF Trainer route builds no cp mesh yet
-    assert MPipeConfig(pp_size=2).cp_size == 1
-    with pytest.raises(ValueError, match="MPipeConfig cp_size must be 1"):
-        MPipeConfig(pp_size=2, cp_size=2)
+    from mpipe_hf.train.hf_parts import MPipeConfig  # the HF Trainer route takes cp_size (tests/test_hf_trainer.py)
+    assert MPipeConfig(pp_size=2).cp_size == 1 and MPipeConfig(pp_size=2, cp_size=2).cp_size == 2
+    with pytest.raises(ValueError, match="cp_size must be an integer >= 1"):
+        MPipeConfig(pp_size=2, cp_size=0)
     qwen2 = Qwen2Config(hidden_size=32, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
                         num_hidden_layers=2, vocab_size=8)
     for cp in (1, 2, 4):
