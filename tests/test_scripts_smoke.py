@@ -30,6 +30,9 @@ SMOKE = {
     "bench/sim_mimo_calibrate.py": (["--micro", "4"], 300),
     "bench/bench_checkpointing.py": (["{recipe}", "--micros", "1"], 600),
     "check/video_stock_check.py": (["tokenizer", "{tmp}"], 300),
+    "make/make_long_video.py": (["{tmp}", "--frames", "2", "--size", "56", "--rows", "1"], 120),
+    "bench/context_parallel_memory.py": (["--demo", "{demo}", "--frames", "4", "--size", "112", "--cps", "1,2",
+                                          "--steps", "1", "--report-only"], 900),
 }
 # script: the test that runs it, or why it is not run with tiny arguments here
 RUN_ELSEWHERE = {
@@ -59,6 +62,8 @@ RUN_ELSEWHERE = {
     "check/context_parallel_experts_trainer.py": ("trains the demo Qwen3-VL-MoE through mpipe-hf train at cp 1 and at "
                                                   "cp 2 x ep 2 (minutes); tests/test_ep.py runs cp 2 x ep 2 in its "
                                                   "4-process launch"),
+    "bench/bench_schedules_cp.py": ("a module of bench_schedules.py's (no __main__): its --cp rows, about a minute "
+                                    "on 4 processes, run for BENCHMARKS.md (the smoke run takes --smoke)"),
     "check/resume_across_cp.py": ("trains the demo 8 times at cp_size 1 and 2 (about 10 minutes); "
                                   "tests/test_resume.py resumes a cp 1 checkpoint at cp 2"),
     "check/train_tiny_recipes.py": ("trains every tiny recipe (hours); tests/test_tiny_models.py trains one "
