@@ -108,3 +108,15 @@ def test_a_cp_ranks_slices_keep_no_storage_of_the_whole_sequence():
                                                                        else 1] == 4, tuple(t.shape)
     assert torch.equal(cut[0], hidden[:, 6:]) and torch.equal(cut[1], cos[..., 6:, :])
     assert cut[-1].tolist() == [[7, 8, 9, -100]]
+
+
+def test_nccl_buffers_count_the_cp_group_and_the_dp_x_cp_reduction():
+    """With ``cp_size`` a rank joins the CP group (Ulysses' all-to-all: every other member a peer) and sums over the
+    flattened ``dp x cp`` ranks (a ring) where it summed over dp; its world ring spans the CP ranks too."""
+    from mpipe_hf.train.plan_nccl import PER_PEER, communicators, nccl_bytes
+    assert communicators(1, 2, dp_size=2, cp_size=4) == {
+        "pipeline pairs": (2, 2), "pipeline collectives": (1, 1), "world": (1, 2), "data x context parallel": (1, 2),
+        "context parallel": (1, 3)}
+    # the CP pair, the reduction ring and the world ring of 4 ranks (two neighbours, where 2 ranks had one)
+    assert nccl_bytes(0, 2, cp_size=2) == nccl_bytes(0, 2) + 3 * PER_PEER
+    assert communicators(0, 2, dp_size=2) == communicators(0, 2, dp_size=2, cp_size=1)  # cp 1: as before

@@ -200,7 +200,7 @@ def plan(config, cfg: ScheduleConfig, profile: Profile, layers_per_stage: list[i
         ranks.append(RankPlan(rank, sum(sizes[n] for n in held), sum(sizes[n] for n in grads),
                               ADAM_STATE_BYTES * sum(numel[n] for n in trained), round(act + recompute), in_flight,
                               rank_bytes(experts, rank, cfg.pp_size),
-                              nccl_bytes(rank, cfg.pp_size, dp_size, ep_size)))
+                              nccl_bytes(rank, cfg.pp_size, dp_size, ep_size, cp_size)))
     if gradient_checkpointing:  # each backward first recomputes its layers' forward
         whole = dataclasses.replace(whole, layer_backward_s=whole.layer_backward_s + whole.layer_forward_s)
         profile = divided_profile(whole, cp_size)
