@@ -176,7 +176,10 @@ CI_RECIPES = ("qwen3_vl_moe.yaml",)  # the rest under MPIPE_HF_FULL=1
 FAMILY_RECIPES = sorted(p for p in glob.glob(os.path.join(ROOT, "recipes", "*.yaml"))  # the LoRA recipe: test_lora.py
                         if not p.endswith(("qwen2_5_vl_demo.yaml", "qwen2_5_vl_lora.yaml",
                                            "qwen2_5_vl_video_demo.yaml",  # freeze_vit: tests/test_video.py
-                                           "qwen3_vl_moe_ep.yaml"))  # 4 processes: tests/test_ep.py
+                                           "qwen3_vl_moe_ep.yaml",  # 4 processes: tests/test_ep.py
+                                           # cp 2 x pp 2 over the rows make_long_video.py writes (4 processes):
+                                           # scripts/bench/context_parallel_memory.py and BENCHMARKS.md's run
+                                           "qwen2_5_vl_long_video.yaml"))
                         and (p.endswith(CI_RECIPES) or os.environ.get("MPIPE_HF_FULL") == "1"))
 
 
