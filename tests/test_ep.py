@@ -268,12 +268,14 @@ def test_train_loops_plans_give_every_replica_num_micro_micro_batches():
 
 def test_mpipe_trainer_takes_no_expert_parallel_replicas():
     """``MPipeTrainer`` runs one pipeline (its loop hands every rank the same rows, so every rank's ``num_micro``
-    is the step's row count): expert parallelism, which needs replicas, is refused by name at ``MPipeConfig``."""
+    is the step's row count): expert parallelism, whose groups are cut from a stage's replicas or CP ranks, is
+    refused by name at ``MPipeConfig`` whatever they are, and so are replicas."""
     from mpipe_hf.train.hf_parts import MPipeConfig
+    for sizes in ({}, dict(dp_size=2), dict(cp_size=2)):
+        with pytest.raises(ValueError, match="MPipeConfig ep_size must be 1 .*parallel.ep_size"):
+            MPipeConfig(pp_size=2, ep_size=2, **sizes)
     with pytest.raises(ValueError, match="MPipeConfig dp_size must be 1"):
-        MPipeConfig(pp_size=2, dp_size=2, ep_size=2)
-    with pytest.raises(ValueError, match="parallel.ep_size"):
-        MPipeConfig(pp_size=2, ep_size=2)
+        MPipeConfig(pp_size=2, dp_size=2)
 
 
 @pytest.mark.parametrize("name", ["qwen3_vl_moe-dp-experts", "qwen3_vl_moe-cp2-dp-experts"])
