@@ -35,8 +35,9 @@ from common import build_fixture, read_results, run_torchrun  # noqa: E402
 from mpipe_hf.schedule.actions import Action, Kind  # noqa: E402
 from matrix import NEGATIVE_CONTROLS, REL_TOL, check_case, check_reload  # noqa: E402
 from specs_ci import (ALTUP_CONTROL, CONTROL_CASES, CP_CASES, CP_CONTROL, DEEPSTACK_CONTROL,  # noqa: E402
-                      DROPOUT_CASES, ERROR_CASES, LAYER_INPUT_CONTROL, PACKED_CONTROL, ROUTER_CONTROL, TOWER_CONTROL,
-                      FAMILY_CASES, FILL_CASES, FREEZE_CASES, GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES, PACKED_CASES,
+                      DROPOUT_CASES, ERROR_CASES, LAYER_INPUT_CONTROL, LOSS_CONTROL, PACKED_CONTROL, ROUTER_CONTROL,
+                      TOWER_CONTROL, FAMILY_CASES, FILL_CASES, FREEZE_CASES, GRADIENT_CONTROLS, MOE_CASES, OWNER_CASES,
+                      PACKED_CASES,
                       PIXEL_CASES, PRECISION_CASES, ROW_CASES, SWAP_CASES, VIDEO_CASES, VIDEO_CONTROL, ZB_CASES, cases)
 from specs_video import VIDEO_CONFIGS  # noqa: E402
 
@@ -435,3 +436,12 @@ def test_tower_gradients_not_summed_over_cp_fail_the_context_parallel_check(resu
     per_rank = results(4)[TOWER_CONTROL["name"]]
     problems = check_case(TOWER_CONTROL, per_rank)
     assert any("model.visual." in p for p in problems), problems
+
+
+def test_a_per_micro_mean_over_the_slice_fails_the_context_parallel_check(results):
+    """The per-micro loss's negative control: each CP rank divides its slice's summed token loss by its own
+    slice's label tokens instead of the whole micro's, and fails the check the per-micro CP cases pass: the loss
+    (about twice one process's on these padded text rows) and the gradients differ."""
+    per_rank = results(4)[LOSS_CONTROL["name"]]
+    problems = check_case(LOSS_CONTROL, per_rank)
+    assert any("losses" in p for p in problems) and any("gradient" in p for p in problems), problems

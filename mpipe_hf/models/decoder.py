@@ -52,7 +52,8 @@ class LMHead(nn.Module):
                 split=None) -> Tensors:
         """``split``: under context parallelism the micro's :class:`~mpipe_hf.runtime.context_parallel.SequenceSplit`
         (``hidden`` this rank's ``(B, L_r, H)`` slice, ``labels`` the whole ``(B, L)``): the loss and token count
-        of this rank's tokens, the labels shifted on the whole sequence."""
+        of this rank's tokens, the labels shifted on the whole sequence, and ``"micro_tokens"`` ``()``, the whole
+        micro's label tokens (a per-micro mean's divisor on every CP rank)."""
         logits = self.lm_head(self.norm(hidden))
         if self.scale is not None:
             logits = logits * self.scale
@@ -64,6 +65,8 @@ class LMHead(nn.Module):
                                    **extra)  # reduction "sum"
         counted = shifted if shifted is not None else labels[..., 1:]
         out = {"loss": loss, "num_tokens": (counted != -100).sum()}
+        if split is not None:
+            out["micro_tokens"] = (labels[..., 1:] != -100).sum()
         if self.router is not None and sums:
             out["aux_loss"] = self.router[1] * aux_loss(sums, self.router[0], split)  # summed over cp
         return out

@@ -119,13 +119,16 @@ class DataParallel:
             and they are summed over ``edp`` (the replicas holding the same experts), not ``dp``. A third item,
             the EP group (a :class:`~.watchdog.WatchedGroup`), lets :meth:`expert_sum` sum over it (the experts'
             squared gradient norms), and :meth:`start_step` renews it after a failed step broke it.
+        cp_size: the CP ranks per replica when ``mesh`` is the flattened ``dp x cp`` mesh
+            (:func:`~.mesh.reduction_mesh`): they split the same micro-batches, so :attr:`batches`, the replicas
+            that take rows of their own (a per-micro divisor's and an evaluation's share), is ``size / cp_size``.
 
     Raises:
         ValueError: an unknown engine.
     """
 
     def __init__(self, mesh: DeviceMesh, engine: str = "shard", bf16: bool = False,
-                 experts: tuple | None = None):
+                 experts: tuple | None = None, cp_size: int = 1):
         if engine not in ENGINES:
             raise ValueError(f"parallel.dp_shard: the data-parallel engine must be one of {ENGINES}, got {engine!r}")
         self.mesh, self.engine, self.bf16 = mesh, engine, bf16
@@ -133,6 +136,7 @@ class DataParallel:
         self.expert_group = experts[1].get_group() if experts is not None and experts[1].size() > 1 else None
         self.ep_group = experts[2] if experts is not None and len(experts) > 2 else None
         self.group, self.size = mesh.get_group(), mesh.size()
+        self.batches = self.size // cp_size
         self.rank = mesh.get_local_rank()
         # which parameters any replica gave a gradient is a host fact: voted on a gloo group, read on the host
         self.votes = self.group if self.size == 1 or dist.get_backend(self.group) == "gloo" else control_group(

@@ -286,8 +286,9 @@ class PipelineExecutor:
         if ahead:
             self._carried = ahead_loaded
         self.step_index += 1
-        replicas = self.dp.size if self.dp is not None else 1
-        divisor = cfg.num_micro * replicas if self.per_micro else totals.num_tokens
+        replicas = self.dp.size if self.dp is not None else 1  # FSDP2's average: over dp x cp
+        batches = self.dp.batches if self.dp is not None else 1  # the CP ranks of a replica share its micros
+        divisor = cfg.num_micro * batches if self.per_micro else totals.num_tokens
         grads.finish(divisor, replicas, self.dp)
         return totals.stats(self.per_micro, divisor, time.perf_counter() - start, run.peak, self.measure_memory,
                             clock.cuda, self.dropped)

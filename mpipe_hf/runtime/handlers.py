@@ -15,7 +15,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..schedule import Action, Kind
 from ..schedule.actions import COMPUTE_KINDS
-from .aux_loss import with_aux
+from .aux_loss import micro_tokens, with_aux
 from .placement import host_side, to_device
 from .step_context import StepContext, Tensors
 from .zero_bubble import backward_input
@@ -60,7 +60,8 @@ def forward(ctx: StepContext, a: Action) -> None:
         ctx.loss_sum = ctx.loss_sum + outputs["loss"].detach().double()
         ctx.num_tokens = ctx.num_tokens + torch.as_tensor(outputs["num_tokens"]).detach()
         if ctx.per_micro:  # backprop the micro's mean, as a Trainer that does not count num_items_in_batch
-            outputs = {**outputs, "loss": outputs["loss"] / outputs["num_tokens"].clamp_min(1) + aux}
+            # (a CP rank's slice sum over the whole micro's tokens: the CP group's parts sum to the mean)
+            outputs = {**outputs, "loss": outputs["loss"] / micro_tokens(outputs) + aux}
             ctx.micro_mean_sum = ctx.micro_mean_sum + outputs["loss"].detach().double()
     else:
         ctx.act[(s, m)] = _handoff(outputs)

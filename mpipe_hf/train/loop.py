@@ -214,14 +214,14 @@ def evaluate_rows(executor: PipelineExecutor, load_rows: Callable[[list[int]], d
     Raises:
         ValueError, TimeoutError, RuntimeError: as :meth:`PipelineExecutor.evaluate`.
     """
-    size = data_parallel.size if data_parallel is not None else 1
+    size = data_parallel.batches if data_parallel is not None else 1  # the CP ranks of a replica share its rows
     loss_sum, tokens, per_run = 0.0, 0, executor.cfg.num_micro
     for part, counted in eval_share(micros, size, replica):
         for first in range(0, len(part), per_run):
             run = part[first:first + per_run]
             run_loss, run_tokens = executor.evaluate(lambda m: load_rows(run[m]), len(run))
             loss_sum, tokens = loss_sum + counted * run_loss, tokens + counted * run_tokens
-    if size > 1:
+    if data_parallel is not None and data_parallel.size > 1:  # the replicas', and the CP ranks' slices'
         import torch
         sums = data_parallel.sum(torch.tensor([loss_sum, tokens], dtype=torch.float64, device=executor.device))
         loss_sum, tokens = sums[0].item(), int(sums[1].item())

@@ -13,6 +13,7 @@ from mpipe_hf.models import decoder, deepstack, host_metadata, image_features, m
 from mpipe_hf.runtime import tower_gather
 
 _flat_features = image_features.flat_features
+_lm_head_forward = decoder.LMHead.forward
 
 
 def negative_controls(case):
@@ -35,7 +36,8 @@ def negative_controls(case):
     ``case["deepstack_offset_lost"]`` and ``case["per_layer_offset_lost"]``, DeepStack's rows and Gemma 4's
     per-layer inputs placed as if each CP rank's slice began the sequence (:func:`deepstack_offset_lost`,
     :func:`first_tokens`); ``case["tower_grads_unrouted"]``, the divided tower's feature gradients not summed over
-    the CP group (:func:`unrouted_rows`)."""
+    the CP group (:func:`unrouted_rows`); ``case["micro_tokens_local"]``, a per-micro mean over each CP rank's own
+    slice's label tokens (:func:`slice_tokens_only`)."""
     def mrope(_rope_index, raw):
         return torch.arange(raw["input_ids"].shape[1]).view(1, 1, -1).expand(4, 1, -1)
 
@@ -70,9 +72,17 @@ def negative_controls(case):
         stack.enter_context(mock.patch.object(deepstack, "add_at_tokens", deepstack_offset_lost))
     if case.get("tower_grads_unrouted"):  # under cp, the tower's feature gradients not summed over the CP group
         stack.enter_context(mock.patch.object(tower_gather._GatherRows, "backward", staticmethod(unrouted_rows)))
+    if case.get("micro_tokens_local"):  # under cp, a per-micro mean over the rank's own slice's label tokens
+        stack.enter_context(mock.patch.object(decoder.LMHead, "forward", slice_tokens_only))
     if case.get("per_layer_offset_lost"):  # under cp, Gemma 4's per-layer inputs cut from the sequence's start
         stack.enter_context(mock.patch.object(gemma_shared_kv, "local_if_whole", first_tokens))
     return stack
+
+
+def slice_tokens_only(self, *args, **kwargs):
+    """The LM head without the whole micro's label-token count (a negative control): under context parallelism a
+    per-micro mean then divides each CP rank's slice sum by its own slice's label tokens."""
+    return {k: v for k, v in _lm_head_forward(self, *args, **kwargs).items() if k != "micro_tokens"}
 
 
 def unrouted_rows(ctx, grad):

@@ -299,7 +299,8 @@ PACKED_SPECS = [("vl", "frozen", 0, None), ("vl", "trainable", 1, None),
 NEGATIVE_CONTROLS = ("one_range", "no_linear_reset", "detach_features", "scale_small", "scale_later",
                      "keep_zero_init", "stage_sums", "no_video_time", "deepstack_apart", "skip_last_step",
                      "altup_swapped", "positions_after_split", "rows_cut_at_split", "deepstack_offset_lost",
-                     "per_layer_offset_lost", "tower_grads_unrouted", "router_sums_local")
+                     "per_layer_offset_lost", "tower_grads_unrouted", "router_sums_local",
+                     "micro_tokens_local")
 
 
 def packed_cases(specs=None, **options) -> list[dict]:

@@ -196,7 +196,7 @@ def context_parallel(case, group, rank, pp_size):
     if cp not in CP_MESHES:
         CP_MESHES[cp] = build_mesh(dist.get_world_size() // cp, 1, "pp_inner", cp)
     mesh = CP_MESHES[cp]
-    reducer = DataParallel(reduction_mesh(mesh), "replicate")
+    reducer = DataParallel(reduction_mesh(mesh), "replicate", cp_size=cp)  # one replica of cp ranks
     return mesh.get_group("pp"), mesh.get_local_rank("pp"), mesh["pp"].size(), (mesh.get_group("cp"), reducer)
 
 

@@ -4,8 +4,8 @@ it checks)."""
 
 from matrix import (FAMILY_SPECS, MOE_ORDER_SPECS, TEXT_CONFIGS, covering_subset, family_cases, freeze_cases,
                     gradient_controls, make_case, packed_cases, packing_controls)
-from specs_context_parallel import (CP_CASES, CP_CONTROL, LAYER_INPUT_CONTROL, PACKED_CONTROL,  # noqa: F401
-                                    ROUTER_CONTROL, TOWER_CONTROL)  # (test_numerics)
+from specs_context_parallel import (CP_CASES, CP_CONTROL, LAYER_INPUT_CONTROL, LOSS_CONTROL,  # noqa: F401
+                                    PACKED_CONTROL, ROUTER_CONTROL, TOWER_CONTROL)  # (test_numerics)
 from specs_video import VIDEO_CONTROLS, video_cases
 
 
@@ -105,7 +105,7 @@ EXTRA = {2: PACKED_CASES + CONTROL_CASES + GRADIENT_CONTROLS + PIXEL_CASES + FAM
          4: ERROR_CASES + ROW_CASES + FILL_CASES[:1] + SWAP_CASES[:3]  # SWAP_CASES: R = 4 for the first 3
          + ZB_CASES[:3] + OWNER_CASES[:2]
          + CP_CASES + [CP_CONTROL, ROUTER_CONTROL, PACKED_CONTROL,
-                       LAYER_INPUT_CONTROL, TOWER_CONTROL]}  # CP last: its pipelines' groups differ
+                       LAYER_INPUT_CONTROL, TOWER_CONTROL, LOSS_CONTROL]}  # CP last: its pipelines' groups differ
 
 
 def cases(pp_size):

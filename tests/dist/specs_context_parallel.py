@@ -32,7 +32,15 @@ TOWER_CASES = [make_case("vision", 2, 1, 4, "trainable", cp_size=2, steps=2, dat
 # one and two images) packed into one sequence, cut in two halves by the CP ranks, so a row crosses the split in
 # every micro; against the rows unpacked and padded on one process
 PACKED_CASES = packed_cases([("vl", "frozen", 0, None)], cp_size=2)
-CP_CASES = BASE_CASES + LAYER_INPUT_CASES + ROUTER_CASES + TOWER_CASES + PACKED_CASES
+# the per-micro loss (the HF Trainer's for a model without loss kwargs, train.loss_normalization: micro): each CP
+# rank's slice sum over the whole micro's label tokens, the CP ranks' parts summed in the dp x cp reduction, the
+# divisor counting micros over the replicas only: a decoder-only LM on padded text rows (label tokens on both CP
+# ranks' slices, unequal between them and between micros), Qwen2.5-VL's frozen tower (an answer at the row's end),
+# and Qwen3-VL-MoE's load-balancing term added to each micro's mean once over the CP group
+LOSS_CASES = ([make_case("qwen2-identity", 2, 1, 4, "identity", cp_size=2, steps=2, order="micro"),
+               make_case("vision", 2, 1, 4, "frozen", cp_size=2, steps=2, order="micro")]
+              + family_cases([("qwen3_vl_moe", "frozen", 0, [1, 3, 4, 4])], cp_size=2, reload=False, order="micro"))
+CP_CASES = BASE_CASES + LAYER_INPUT_CASES + ROUTER_CASES + TOWER_CASES + PACKED_CASES + LOSS_CASES
 # the negative control: each CP rank's positions counted from 0 on its own slice, as if computed after the split
 CP_CONTROL = make_case("vision", 2, 1, 4, "frozen", cp_size=2, steps=2, positions_after_split=True)
 # the router negative control: each CP rank's load-balancing term from its own slice's sums (not summed over cp)
@@ -47,3 +55,5 @@ TOWER_CONTROL = dict(TOWER_CASES[1], tower_grads_unrouted=True, steps=1,
 # the DeepStack negative control (one step): each CP rank adds the feature rows as if its slice began the sequence
 LAYER_INPUT_CONTROL = dict(LAYER_INPUT_CASES[0], deepstack_offset_lost=True, steps=1,
                            name=LAYER_INPUT_CASES[0]["name"] + "-deepstack_offset_lost")
+# the per-micro loss's negative control: each CP rank's slice sum over its own slice's label tokens
+LOSS_CONTROL = dict(LOSS_CASES[0], micro_tokens_local=True, name=LOSS_CASES[0]["name"] + "-micro_tokens_local")
