@@ -3,7 +3,7 @@ against it is the import, the class and its ``mpipe_config``).
 
 Usage: torchrun --standalone --nproc_per_node 2 examples/sft_qwen2_5_vl_pipelined.py --model demo/model
        accelerate launch --num_processes 2 examples/sft_qwen2_5_vl_pipelined.py --model demo/model
-       torchrun --standalone --nproc_per_node 4 examples/sft_qwen2_5_vl_pipelined.py --cp 2 --token-loss
+       torchrun --standalone --nproc_per_node 4 examples/sft_qwen2_5_vl_pipelined.py --cp 2
 """
 
 import argparse
@@ -45,8 +45,7 @@ def parse_args(argv=None):
     parser.add_argument("--lora", type=int, default=0, help="LoRA of this rank on the decoder's attention (peft); "
                         "0: full fine-tuning")
     parser.add_argument("--pp", type=int, default=2)
-    parser.add_argument("--cp", type=int, default=1, help="context parallelism: launch pp * cp processes (needs "
-                        "--token-loss)")
+    parser.add_argument("--cp", type=int, default=1, help="context parallelism: launch pp * cp processes")
     parser.add_argument("--packing", action="store_true", help="each micro-batch's rows packed into one sequence")
     return parser.parse_args(argv)
 

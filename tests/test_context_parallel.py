@@ -148,25 +148,6 @@ def test_cp_size_is_validated_by_name_before_launch():
         check_context_parallel(gated, 2)
 
 
-def test_what_cp_size_does_not_run_yet_is_refused_by_name():
-    """``parallel.cp_size > 1`` with an evaluation set or per-micro loss normalisation is refused before launch,
-    naming the field; each alone at cp_size 1, and cp_size 2 without them (packing included), pass."""
-    from types import SimpleNamespace
-
-    from mpipe_hf.train.checks import check_context_parallel_recipe
-
-    def recipe(cp, packing=False, eval_path=None, norm="tokens"):
-        return SimpleNamespace(parallel=SimpleNamespace(cp_size=cp), train=SimpleNamespace(loss_normalization=norm),
-                               data=SimpleNamespace(packing=packing, eval_path=eval_path))
-    check_context_parallel_recipe(recipe(2))
-    check_context_parallel_recipe(recipe(2, packing=True))  # split as one sequence (the packed CP case)
-    for field, kwargs in [("data.eval_path", dict(eval_path="e.jsonl")),
-                          ("train.loss_normalization: micro", dict(norm="micro"))]:
-        check_context_parallel_recipe(recipe(1, **kwargs))
-        with pytest.raises(ValueError, match=f"parallel.cp_size 2 does not run with {field}"):
-            check_context_parallel_recipe(recipe(2, **kwargs))
-
-
 def test_packing_is_refused_by_name_only_where_the_masks_cannot_see_the_rows():
     """``data.packing`` with ``cp_size > 1``: a family whose masks see the packed rows (Qwen2.5-VL, Qwen2) passes
     before launch; one whose masks run the rows one by one (Gemma 3's and PaliGemma's token-type blocks, Molmo2's)

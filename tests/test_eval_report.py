@@ -93,7 +93,7 @@ def test_an_evaluation_is_divided_among_the_replicas():
             return float(sum(10 * r + 1 for rows in batch for r in rows)), sum(len(rows) for rows in batch)
 
     partial = []
-    dp = SimpleNamespace(size=3, sum=lambda values: partial.append(values.tolist()) or values)
+    dp = SimpleNamespace(size=3, batches=3, sum=lambda values: partial.append(values.tolist()) or values)
     executors = [Executor() for _ in range(3)]
     for replica, executor in enumerate(executors):
         evaluate_rows(executor, lambda rows: rows, micros, dp, replica)
@@ -101,6 +101,17 @@ def test_an_evaluation_is_divided_among_the_replicas():
     assert tokens == 11 and loss == sum(10 * r + 1 for r in range(11)) / 11
     assert [sum(p[k] for p in partial) for k in (0, 1)] == [loss * tokens, tokens], partial
     assert [e.runs for e in executors] == [2, 2, 2]  # 3 micro-batches, then the 2 every replica runs
+
+    class Slice(Executor):  # a CP rank: its slice's half of each micro-batch's loss and label tokens
+        def evaluate(self, load, n):
+            loss, tokens = super().evaluate(load, n)
+            return loss / 2, tokens / 2
+
+    partial.clear()  # dp 2 x cp 2: each replica's CP ranks run its share, their slices' sums added over dp x cp
+    dp_cp = SimpleNamespace(size=4, batches=2, sum=lambda values: partial.append(values.tolist()) or values)
+    for rank in range(4):
+        evaluate_rows(Slice(), lambda rows: rows, micros, dp_cp, rank // 2)
+    assert [sum(p[k] for p in partial) for k in (0, 1)] == [loss * tokens, tokens], partial
 
 
 def test_the_packing_line_gives_rows_fill_and_padding_saved():

@@ -176,7 +176,7 @@ def cp_cases(demo: str, out: str) -> list[dict]:
               "parallel": {"pp_size": 2, "vpp": 1, "num_micro": 2, "dp_size": 2, "cp_size": 2, "dp_shard": True,
                            "timeout_s": 120, "mesh_order": "pp_inner", "preprocess": "frozen"},
               "train": {"bf16": True, "output_dir": out, "seed": 4}}
-    return [dict(name="cp2-dp2-vl", recipe=recipe, steps=2),
+    return [dict(name="cp2-dp2-vl", recipe=recipe, steps=2, eval_micros=4),
             dict(name="cp2-dp2-vl-unsummed", recipe=recipe, steps=1, cp_unsummed=True)]
 
 
@@ -193,7 +193,9 @@ def test_cp2_pp2_dp2_fsdp_bf16_equals_one_process(demo, tmp_path):
     FSDP2 shards over the 4 ``dp x cp`` ranks of each stage, and the loss and every trained tensor's gradient at
     both steps equal the unsplit model's on one process under bf16 autocast (the same policy), the loss within
     1e-5 (measured: the same bits) and each gradient within its tolerance (:func:`cp_worst`; measured 0.78 of
-    it). The negative control, the CP ranks' gradients not summed, fails by more than 100 times."""
+    it). The negative control, the CP ranks' gradients not summed, fails by more than 100 times. An evaluation of
+    4 micro-batches at the same weights (each replica's CP group splitting its 2, the slices' sums added over
+    ``dp x cp``) equals the unsplit model's forward: the same label tokens, the loss within 1e-5 relative."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist"))
     from common import read_results, run_torchrun
     out = str(tmp_path)
@@ -205,6 +207,8 @@ def test_cp2_pp2_dp2_fsdp_bf16_equals_one_process(demo, tmp_path):
         assert all(not g["missing"] for g in res["grads"]), rank
         assert max(cp_worst(res)) <= 1.0, (rank, cp_worst(res))
         assert control["reduction_size"] == 2 and min(cp_worst(control)) > 100, (rank, cp_worst(control))
+        (loss, tokens), (ref_loss, ref_tokens) = res["eval"], res["ref_eval"]
+        assert tokens == ref_tokens and abs(loss - ref_loss) < 1e-5 * ref_loss, (rank, res["eval"], res["ref_eval"])
 
 
 def test_a_step_inside_the_callers_autocast_region_is_refused(world):

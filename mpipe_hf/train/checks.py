@@ -113,7 +113,6 @@ def check(recipe: Recipe) -> list[int]:
     check_trainable(config, cfg, recipe.train.trainable_spec(),
                     recipe.lora.peft_config() if recipe.lora is not None else None, recipe.parallel.text_layers)
     check_context_parallel(config, recipe.parallel.cp_size)
-    check_context_parallel_recipe(recipe)
     check_context_parallel_packing(config, recipe.parallel.cp_size, recipe.data.packing)
     processes = cfg.pp_size * recipe.parallel.dp_size * recipe.parallel.cp_size
     world = int(os.environ.get("WORLD_SIZE", processes))
@@ -143,20 +142,6 @@ def check_layout(recipe: Recipe, config, profile=None) -> list[int]:
         from ..schedule.tune import profile_layers
         layout = profile_layers(profile, cfg, recipe.parallel.text_layers)
     return get_family(config.model_type).layer_counts(config, cfg, layout, recipe.parallel.text_layers)
-
-
-
-
-def check_context_parallel_recipe(recipe: Recipe) -> None:
-    """What ``parallel.cp_size > 1`` does not run yet, refused by name before launch: an evaluation set
-    (``data.eval_path``: its share per replica would split the CP group), and
-    ``train.loss_normalization: micro`` (its divisor counts the CP ranks as replicas). Raises ``ValueError``."""
-    cp = recipe.parallel.cp_size
-    refused = [(recipe.data.eval_path is not None, "data.eval_path"),
-               (recipe.train.loss_normalization == "micro", "train.loss_normalization: micro")]
-    for on, what in refused:
-        if cp > 1 and on:
-            raise ValueError(f"parallel.cp_size {cp} does not run with {what} yet; set cp_size: 1")
 
 
 def check_context_parallel_packing(config, cp_size: int, packing: bool) -> None:

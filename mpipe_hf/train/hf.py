@@ -48,7 +48,7 @@ from ..models.decoder import check_packable
 from ..models.freeze import check_trainable
 from .hf_checkpoint import STAGING_PREFIX, CheckpointMixin
 from .hf_parts import (MPipeCallback, MPipeConfig, PreemptionCallback, _EpochSampler, _Pipeline, _RowLoader,
-                       check_context_parallel_trainer, check_training_args, refuse_with_context_parallel)
+                       check_context_parallel_trainer, check_training_args)
 from .loop import saves_before_stop
 from .optimizer import build_optimizer, no_parameters
 from .recipe import TrainSection
@@ -110,16 +110,12 @@ class MPipeTrainer(CheckpointMixin, Trainer):
                         next(iter(carved.peft.peft_config.values())) if carved.peft is not None else None,
                         self.run.parallel.text_layers)
         self.run.freeze(spec)
-        check_context_parallel_trainer(mpipe_config, carved.model.config,
-                                       eval_dataset is not None or args.eval_strategy != "no")
+        check_context_parallel_trainer(mpipe_config, carved.model.config)
         self.user_collator, self._loaded = data_collator, {}
         self.mpipe_callback = MPipeCallback()
         super().__init__(model=self.run.carved.model.train(), args=args, data_collator=data_collator,
                          train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class,
                          callbacks=callbacks, **kwargs)
-        refuse_with_context_parallel(mpipe_config, "the per-micro loss of a model that takes no loss kwargs (pass "
-                                     "compute_loss_func for the step's token loss)",
-                                     self.loss_normalization() == "micro")  # before the process group
         self.callback_handler.callbacks.insert(0, self.mpipe_callback)
         self.mpipe_callback.skips = self.run.skips
         self.model.to(self.run.connect())
@@ -313,7 +309,6 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         ``prefix_runtime`` (seconds), ``prefix_samples_per_second``, ``prefix_label_tokens``, ``prefix_rows`` (the
         rows it ran on) and ``prefix_rows_dropped`` (rows that failed to load and were left out, gathered from
         their owners; they count towards no limit, and rank 0 warns with their count). The same on every rank."""
-        refuse_with_context_parallel(self.mpipe, "an evaluation (evaluate, predict)")
         start = time.perf_counter()
         dataset = self._rows(dataset)
         plan = self._plan(dataset, self.args.per_device_eval_batch_size, evaluation=True)

@@ -64,10 +64,10 @@ class MPipeConfig(ParallelSection):
     ``cp_size``: context parallelism, as a recipe's ``parallel.cp_size`` (docs/context_parallel.md): launch
     ``pp_size * cp_size`` processes; the ``cp_size`` pipelines of the CP group run the same rows (the Trainer's
     loop hands every process the same row indices) and each keeps its slice of every micro-batch's sequence.
-    Refused by name before any collective, as a recipe's: ``packing``, an evaluation (``eval_dataset``,
-    ``eval_strategy``, ``evaluate()``, ``predict()``), the per-micro loss of a model that takes no loss kwargs
-    (:meth:`~.hf.MPipeTrainer.loss_normalization`: pass a ``compute_loss_func`` for the token loss), and a model
-    whose heads or layer types context parallelism cannot split
+    An evaluation runs split as training does, and the per-micro loss of a model that takes no loss kwargs
+    (:meth:`~.hf.MPipeTrainer.loss_normalization`) divides each CP rank's slice by the whole micro's label tokens.
+    Refused by name before any collective, as a recipe's: ``packing``, and a model whose heads or layer types
+    context parallelism cannot split
     (:func:`~mpipe_hf.train.checks.check_context_parallel`). ``TrainingArguments.parallelism_config`` (accelerate's
     own context parallelism: ring attention over a whole model per rank) is refused by
     :func:`check_training_args`.
@@ -191,18 +191,9 @@ def accelerate_parallelism(args) -> list[str]:
             f"parallelism_config)"]
 
 
-def refuse_with_context_parallel(mpipe: MPipeConfig, what: str, on: bool = True) -> None:
-    """Raise ``ValueError("MPipeConfig cp_size C does not run with <what> yet; ...")`` where ``on`` and
-    ``cp_size`` is above 1: what a recipe's ``parallel.cp_size`` refuses (:mod:`.checks`), by the Trainer's names."""
-    if on and mpipe.cp_size > 1:
-        raise ValueError(f"MPipeConfig cp_size {mpipe.cp_size} does not run with {what} yet; set cp_size=1")
-
-
-def check_context_parallel_trainer(mpipe: MPipeConfig, config, evaluates: bool) -> None:
+def check_context_parallel_trainer(mpipe: MPipeConfig, config) -> None:
     """With ``cp_size`` above 1, before any collective: the model's HF ``config`` against the split
-    (:func:`~.checks.check_context_parallel`: heads, KV heads, layer types with a state along the sequence) and an
-    evaluation (``evaluates``: an ``eval_dataset`` or an ``eval_strategy``; its rows would be divided among the
-    CP ranks as among replicas).
+    (:func:`~.checks.check_context_parallel`: heads, KV heads, layer types with a state along the sequence).
 
     Raises:
         ValueError: naming ``MPipeConfig cp_size`` and what it does not run with.
@@ -215,7 +206,6 @@ def check_context_parallel_trainer(mpipe: MPipeConfig, config, evaluates: bool) 
     except ValueError as err:
         raise ValueError(str(err).replace("parallel.cp_size", "MPipeConfig cp_size")
                          .replace("set cp_size: 1", "set cp_size=1")) from None
-    refuse_with_context_parallel(mpipe, "an evaluation (eval_dataset, eval_strategy)", evaluates)
 
 
 class _EpochSampler(torch.utils.data.Sampler):

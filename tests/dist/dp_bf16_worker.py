@@ -20,7 +20,8 @@ compares its own tensors. Each rank writes ``OUT_DIR/rank{r}.json``.
 With ``parallel.cp_size`` 2 the world is ``dp x cp x pp`` (8 processes): each replica's CP group splits every
 micro-batch's sequence and FSDP2 shards over the flattened ``dp x cp`` ranks. A case's ``cp_unsummed`` is the negative
 control: FSDP2 over ``dp`` alone, as if the CP ranks' gradients were not summed (their loss sums and label tokens
-still are).
+still are). A case's ``eval_micros`` adds an evaluation (:meth:`PipelineRun.evaluate`) of that many micro-batches at
+the same weights, against the unsplit model's forward over them.
 """
 
 import contextlib
@@ -133,20 +134,56 @@ def compare(mine: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dic
             "ref_max": max(float(want[n].abs().max()) for n in mine if n in want)}
 
 
+def eval_plan(recipe, config, validate):
+    """The evaluation's plan of the recipe's training rows and its first ``case["eval_micros"]`` micro-batches
+    (as ``mpipe-hf train`` reads an eval set: every row once, in order)."""
+    dataset, collate = load_data(recipe, config, load_processor(recipe, config), quiet=True)
+    return MicroBatchPlan(dataset, collate, recipe.parallel.num_micro, recipe.data.micro_batch_size, validate,
+                          evaluation=True)
+
+
+def evaluated(run, recipe, micros: int) -> tuple[float, int]:
+    """``(eval loss, label tokens)`` of the pipeline's forward-only run (:meth:`PipelineRun.evaluate`) over the
+    first ``micros`` micro-batches of :func:`eval_plan`, divided among the replicas."""
+    plan = eval_plan(recipe, load_config(recipe.model), run.carved.validate_micro)
+    return run.evaluate(plan.load_rows, plan.eval_micros()[:micros])
+
+
+def reference_eval(recipe, micros: int) -> tuple[float, int]:
+    """The unsplit model's ``(eval loss, label tokens)`` on this process over the same micro-batches: in eval
+    mode, without autograd, each micro's forward under bf16 autocast, the summed token losses over the tokens."""
+    config = load_config(recipe.model)
+    model = load_model(recipe.model, config, recipe.train.seed).eval()
+    plan = eval_plan(recipe, config, None)
+    loss, tokens, vocab = 0.0, 0, config.get_text_config().vocab_size
+    with torch.no_grad():
+        for rows in plan.eval_micros()[:micros]:
+            mb = plan.load_rows(rows)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(**{k: v for k, v in mb.items() if k != "labels"})
+                loss += float(model.loss_function(logits=out.logits, labels=mb["labels"], vocab_size=vocab,
+                                                  num_items_in_batch=1))
+            tokens += int((mb["labels"][..., 1:] != -100).sum())
+    return loss / tokens, tokens
+
+
 def run_case(case: dict, out_dir: str) -> dict:
     recipe = parse_recipe(case["recipe"])
     steps = case.get("steps", 1)
     run, losses, grads, bf16_params = pipelined(recipe, steps, case.get("cp_unsummed", False))
+    micros = case.get("eval_micros", 0)  # an evaluation at the same weights (the optimizer does not step)
+    evaluation = evaluated(run, recipe, micros) if micros else None
     path = os.path.join(out_dir, f"ref-{case['name']}.pt")
     if dist.get_rank() == 0:
-        torch.save(reference(recipe, steps), path)
+        torch.save((*reference(recipe, steps), reference_eval(recipe, micros) if micros else None), path)
     dist.barrier()
-    ref_losses, ref_grads = torch.load(path, map_location="cpu")
+    ref_losses, ref_grads, ref_eval = torch.load(path, map_location="cpu", weights_only=False)
     run.executor.close()
     dist.barrier()
     if dist.get_rank() == 0:
         os.remove(path)
     return {"losses": losses, "ref_losses": ref_losses, "names": sorted(grads[0]), "bf16_params": bf16_params,
+            "eval": evaluation, "ref_eval": ref_eval,
             "reduction_size": run.data_parallel.size,
             "grads": [compare(g, want) for g, want in zip(grads, ref_grads)],
             "bf16_units": run.data_parallel is not None and run.data_parallel.engine == "shard"}
