@@ -162,10 +162,5 @@ def cp_within_node(parallel, config, data, gpus_per_node: int = 8) -> bool:
     ``gpus_per_node`` GPUs under the mesh order training resolves (:func:`~mpipe_hf.runtime.mesh.build_mesh`: with
     ``dp_inner`` a CP group is ``cp_size`` consecutive processes, with ``pp_inner`` it spans ``cp_size * pp_size``
     of them); the block must divide the node."""
-    if parallel.cp_size == 1:
-        return True
-    from .recipe_parallel import resolve_mesh_order
-    world = parallel.dp_size * parallel.pp_size * parallel.cp_size
-    order, _ = resolve_mesh_order(parallel, config, data, world, gpus_per_node)
-    span = parallel.cp_size * (1 if order == "dp_inner" else parallel.pp_size)
-    return gpus_per_node % span == 0
+    from .recipe_parallel import group_within_node
+    return group_within_node(parallel, parallel.cp_size, config, data, gpus_per_node)

@@ -150,10 +150,5 @@ def ep_within_node(parallel, config, data, gpus_per_node: int = 8) -> bool:
     consecutive processes, with ``pp_inner`` it spans ``ep_size * pp_size`` of them; the block must divide the
     node. With context parallelism the EP groups are cut from the flattened ``dp x cp`` ranks of a stage
     (:func:`~mpipe_hf.runtime.mesh.expert_mesh`), consecutive in both orders' numbering alike: the same spans."""
-    if parallel.ep_size == 1:
-        return True
-    from .recipe_parallel import resolve_mesh_order
-    world = parallel.dp_size * parallel.cp_size * parallel.pp_size
-    order, _ = resolve_mesh_order(parallel, config, data, world, gpus_per_node)
-    span = parallel.ep_size * (1 if order == "dp_inner" else parallel.pp_size)
-    return gpus_per_node % span == 0
+    from .recipe_parallel import group_within_node
+    return group_within_node(parallel, parallel.ep_size, config, data, gpus_per_node)

@@ -186,3 +186,15 @@ def resolve_mesh_order(parallel: ParallelSection, config, data, world: int, gpus
     choice = choose_mesh_order(cfg, parallel.dp_size, estimate, cluster, list(layout), parallel.text_layers,
                                "shard" if parallel.dp_shard else "replicate", bf16)
     return choice.order, choice
+
+
+def group_within_node(parallel: ParallelSection, size: int, config, data, gpus_per_node: int = 8) -> bool:
+    """Whether each group of ``size`` ranks that hold the same stage (a CP group, an EP group cut from the
+    flattened ``dp x cp`` ranks) lies within a node of ``gpus_per_node`` GPUs under the mesh order training
+    resolves (:func:`resolve_mesh_order`): with ``dp_inner`` such a group is ``size`` consecutive processes, with
+    ``pp_inner`` it spans ``size * pp_size`` of them; the block must divide the node."""
+    if size == 1:
+        return True
+    world = parallel.dp_size * parallel.cp_size * parallel.pp_size
+    order, _ = resolve_mesh_order(parallel, config, data, world, gpus_per_node)
+    return gpus_per_node % (size * (1 if order == "dp_inner" else parallel.pp_size)) == 0

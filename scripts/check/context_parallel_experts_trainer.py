@@ -17,14 +17,13 @@ saved weight by more than 1% of one AdamW step (``learning_rate / 100``).
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from context_parallel_trainer import run_recipe  # noqa: E402  (the same run, read the same way)
 RUNS = {"cp 1": dict(dp_size=1, ep_size=1, cp_size=1), "cp 2 x ep 2": dict(dp_size=1, ep_size=2, cp_size=2)}
 KEYS = ("loss", "grad_norm", "aux_loss")
 
@@ -33,7 +32,6 @@ def train(demo: str, name: str, parallel: dict, steps: int, work: str) -> tuple[
     """One run of the EP recipe with ``parallel``'s sizes: its metrics rows, its checkpoint's tensors and its
     learning rate. Raises RuntimeError with the run's last output lines when it fails."""
     import yaml
-    from safetensors.torch import load_file
     raw = yaml.safe_load(open(os.path.join(ROOT, "recipes", "qwen3_vl_moe_ep.yaml")))
     out = os.path.join(work, name.replace(" ", ""))
     raw["model"].update(config=os.path.join(demo, "configs", "qwen3_vl_moe.json"),
@@ -44,15 +42,7 @@ def train(demo: str, name: str, parallel: dict, steps: int, work: str) -> tuple[
     path = out + ".yaml"
     with open(path, "w") as f:
         yaml.safe_dump(raw, f)
-    proc = subprocess.run([sys.executable, "-m", "mpipe_hf.cli", "train", path], capture_output=True, text=True,
-                          cwd=work, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-15:]))
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    tensors = {}
-    for shard in sorted(glob.glob(os.path.join(out, "checkpoint", "*.safetensors"))):
-        tensors.update(load_file(shard, device="cpu"))
+    rows, tensors = run_recipe(path, out, work, name)
     return rows, tensors, float(raw["train"]["learning_rate"])
 
 

@@ -53,24 +53,31 @@ train:
 """
 
 
-def train(demo: str, cp: int, steps: int, work: str, dp: int = 1) -> tuple[list[dict], dict]:
-    """Run one recipe; its metrics rows and its checkpoint's tensors. Raises RuntimeError with the run's last
-    output lines when it fails."""
+def run_recipe(path: str, out: str, work: str, name: str) -> tuple[list[dict], dict]:
+    """``mpipe-hf train`` on the recipe at ``path`` (its ``output_dir`` ``out``), from ``work``: its metrics rows and
+    its checkpoint's tensors. Raises RuntimeError, naming the run ``name``, with its last output lines when it
+    fails."""
     from safetensors.torch import load_file
-    out = os.path.join(work, f"cp{cp}")
-    path = os.path.join(work, f"cp{cp}.yaml")
-    with open(path, "w") as f:
-        f.write(recipe_text(demo, cp, steps, out, dp))
-    command = [sys.executable, "-m", "mpipe_hf.cli", "train", path]
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=work, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run([sys.executable, "-m", "mpipe_hf.cli", "train", path], capture_output=True, text=True,
+                          cwd=work, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
-        raise RuntimeError(f"cp_size {cp} failed:\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-15:]))
+        raise RuntimeError(f"{name} failed:\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-15:]))
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     tensors = {}
     for shard in sorted(glob.glob(os.path.join(out, "checkpoint", "*.safetensors"))):
         tensors.update(load_file(shard, device="cpu"))
     return rows, tensors
+
+
+def train(demo: str, cp: int, steps: int, work: str, dp: int = 1) -> tuple[list[dict], dict]:
+    """Run one recipe; its metrics rows and its checkpoint's tensors. Raises RuntimeError with the run's last
+    output lines when it fails."""
+    out = os.path.join(work, f"cp{cp}")
+    path = os.path.join(work, f"cp{cp}.yaml")
+    with open(path, "w") as f:
+        f.write(recipe_text(demo, cp, steps, out, dp))
+    return run_recipe(path, out, work, f"cp_size {cp}")
 
 
 def main() -> int:
