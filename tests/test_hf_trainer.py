@@ -199,18 +199,24 @@ def test_arguments_a_pipeline_cannot_honour_are_named(tmp_path):
 
 def test_context_parallel_refusals_name_the_trainer_fields(tmp_path, monkeypatch):
     """``MPipeConfig(cp_size=2)`` refuses, by name and before any collective, what a recipe's ``parallel.cp_size``
-    refuses (packing, heads the split cannot share out) and accelerate's own
-    ``ParallelismConfig``; a launch of another size names ``pp_size * cp_size``. The controls: the same config at
-    ``cp_size`` 1 passes each check."""
+    refuses (heads the split cannot share out; packing for a family whose masks run packed rows one by one,
+    Gemma 3's) and accelerate's own ``ParallelismConfig``; a launch of another size names ``pp_size * cp_size``.
+    The controls: the same config at ``cp_size`` 1 (or without packing) passes each check, and Qwen2.5-VL, whose
+    packed micro is split as one sequence, passes with packing at ``cp_size`` 2."""
     from accelerate import ParallelismConfig
-    from transformers import Qwen2Config, TrainingArguments
+    from transformers import AutoConfig, Qwen2Config, TrainingArguments
     from mpipe_hf import MPipeConfig
     from mpipe_hf.train.hf_parts import check_context_parallel_trainer, check_training_args
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     cp2, cp1 = MPipeConfig(pp_size=2, cp_size=2), MPipeConfig(pp_size=2)
-    with pytest.raises(ValueError, match="cp_size 2 does not run with packing=True"):
-        MPipeConfig(pp_size=2, cp_size=2, packing=True)
-    MPipeConfig(pp_size=2, packing=True)
+    packed2, packed1 = MPipeConfig(pp_size=2, cp_size=2, packing=True), MPipeConfig(pp_size=2, packing=True)
+    gemma3 = AutoConfig.for_model("gemma3")
+    with pytest.raises(ValueError, match=r"MPipeConfig cp_size 2 does not run with packing=True for gemma3, whose "
+                                         r"masks .* one by one; set packing=False or cp_size=1"):
+        check_context_parallel_trainer(packed2, gemma3)
+    for passes in (packed1, cp2):
+        check_context_parallel_trainer(passes, gemma3)
+    check_context_parallel_trainer(packed2, AutoConfig.for_model("qwen2_5_vl"))
     with pytest.raises(ValueError, match="MPipeConfig ep_size must be 1"):  # a recipe's cp_size 2 takes ep_size 2
         MPipeConfig(pp_size=2, cp_size=2, ep_size=2)
     with pytest.raises(ValueError, match=r"1 processes for pp_size=2 cp_size=2 \(launch 4 processes\)"):

@@ -58,19 +58,18 @@ class MPipeConfig(ParallelSection):
         ValueError: a bad value, naming the field and the allowed values; ``num_micro`` set; ``dp_size`` other
             than 1 or ``owners: balanced`` (both are ``mpipe-hf train``'s, where the rows are known to the run: the
             Trainer's loop hands every process the same rows, and its dataset gives no image sizes without
-            decoding the images); ``ep_size`` other than 1 (``mpipe-hf train``'s); ``cp_size`` above 1 with
-            ``packing``.
+            decoding the images); ``ep_size`` other than 1 (``mpipe-hf train``'s).
 
     ``cp_size``: context parallelism, as a recipe's ``parallel.cp_size`` (docs/context_parallel.md): launch
     ``pp_size * cp_size`` processes; the ``cp_size`` pipelines of the CP group run the same rows (the Trainer's
     loop hands every process the same row indices) and each keeps its slice of every micro-batch's sequence.
     An evaluation runs split as training does, and the per-micro loss of a model that takes no loss kwargs
     (:meth:`~.hf.MPipeTrainer.loss_normalization`) divides each CP rank's slice by the whole micro's label tokens.
-    Refused by name before any collective, as a recipe's: ``packing``, and a model whose heads or layer types
-    context parallelism cannot split
-    (:func:`~mpipe_hf.train.checks.check_context_parallel`). ``TrainingArguments.parallelism_config`` (accelerate's
-    own context parallelism: ring attention over a whole model per rank) is refused by
-    :func:`check_training_args`.
+    A packed micro-batch is split as one sequence, as a recipe's ``data.packing``. Refused by name before any
+    collective, as a recipe's (:func:`check_context_parallel_trainer`): a model whose heads or layer types
+    context parallelism cannot split, and ``packing`` for a family whose masks run packed rows one by one.
+    ``TrainingArguments.parallelism_config`` (accelerate's own context parallelism: ring attention over a whole
+    model per rank) is refused by :func:`check_training_args`.
     """
 
     max_length: int = 2048
@@ -98,9 +97,6 @@ class MPipeConfig(ParallelSection):
         if self.owners != "modulo":  # the Trainer's dataset gives no image sizes without decoding its images
             raise ValueError(f"MPipeConfig owners must be 'modulo' (load-aware owners, 'balanced', are "
                              f"mpipe-hf train's: a recipe's parallel.owners), got {self.owners!r}")
-        if self.cp_size != 1 and self.packing is True:  # as a recipe's data.packing with parallel.cp_size
-            raise ValueError(f"MPipeConfig cp_size {self.cp_size} does not run with packing=True yet; set "
-                             f"cp_size=1")
         if self.ep_size != 1:  # EP groups are cut from a stage's dp x cp ranks: untried on the Trainer route
             raise ValueError(f"MPipeConfig ep_size must be 1 (expert parallelism is mpipe-hf train's: a recipe's "
                              f"parallel.ep_size), got {self.ep_size!r}")
@@ -193,18 +189,23 @@ def accelerate_parallelism(args) -> list[str]:
 
 def check_context_parallel_trainer(mpipe: MPipeConfig, config) -> None:
     """With ``cp_size`` above 1, before any collective: the model's HF ``config`` against the split
-    (:func:`~.checks.check_context_parallel`: heads, KV heads, layer types with a state along the sequence).
+    (:func:`~.checks.check_context_parallel`: heads, KV heads, layer types with a state along the sequence) and,
+    with ``packing``, its family's masks (:func:`~.checks.check_context_parallel_packing`: those that run packed
+    rows one by one, Gemma's, PaliGemma's and Molmo2's, are refused), as a recipe's.
 
     Raises:
-        ValueError: naming ``MPipeConfig cp_size`` and what it does not run with.
+        ValueError: naming ``MPipeConfig cp_size`` (and ``packing``), the model type and what it does not run with.
     """
     if mpipe.cp_size == 1:
         return
-    from .checks import check_context_parallel
+    from .checks import check_context_parallel, check_context_parallel_packing
     try:
         check_context_parallel(config, mpipe.cp_size)
+        check_context_parallel_packing(config, mpipe.cp_size, mpipe.packing)
     except ValueError as err:
         raise ValueError(str(err).replace("parallel.cp_size", "MPipeConfig cp_size")
+                         .replace("data.packing: true", "packing=True")
+                         .replace("set data.packing: false or cp_size: 1", "set packing=False or cp_size=1")
                          .replace("set cp_size: 1", "set cp_size=1")) from None
 
 
