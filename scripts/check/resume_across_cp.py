@@ -130,7 +130,7 @@ def metadata(directory: str) -> dict:
     from safetensors import safe_open
     out = {}
     for shard in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
-        with safe_open(shard, "pt") as f:
+        with safe_open(shard, "pt", device="cpu") as f:
             out[os.path.basename(shard)] = (f.metadata(), {k: (str(f.get_slice(k).get_dtype()),
                                                                tuple(f.get_slice(k).get_shape())) for k in f.keys()})
     return out
