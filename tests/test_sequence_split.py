@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mpipe_hf.families.gemma.altup import AltUpStage
+from mpipe_hf.families.qwen_like.stages import TokenTypeStage
 from mpipe_hf.families.gemma.shared_kv import SharedKVStage
 from mpipe_hf.models.context_parallel_stages import check_splittable
 from mpipe_hf.models.deepstack import DeepStackStage
@@ -65,10 +66,11 @@ def test_a_per_token_input_is_cut_where_it_arrives_whole():
 
 def test_only_stages_whose_hooks_cut_with_the_sequence_pass():
     """DeepStack and Gemma 4 declare it; Gemma 3n's AltUp stage inherits Gemma 4's hooks but carries streams of
-    another shape, and a subclass that does not declare it again is refused, by name."""
+    another shape, ERNIE 4.5-VL's layer loop hands every layer the whole sequence's token types, and a subclass that
+    does not declare it again is refused, by name."""
     for cls in (DeepStackStage, SharedKVStage):
         check_splittable(cls.__new__(cls))
     undeclared = type("UndeclaredStage", (DeepStackStage,), {})
-    for cls in (AltUpStage, undeclared):
+    for cls in (AltUpStage, TokenTypeStage, undeclared):
         with pytest.raises(NotImplementedError, match=cls.__name__):
             check_splittable(cls.__new__(cls))

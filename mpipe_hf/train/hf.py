@@ -87,6 +87,9 @@ class MPipeTrainer(CheckpointMixin, Trainer):
         ValueError: a ``TrainingArguments`` value a pipeline cannot honour, a bad ``mpipe_config`` (before any
             collective), an adapter inside a module the split freezes, or with ``cp_size`` above 1 what context
             parallelism refuses (:class:`MPipeConfig`), all before any collective.
+        NotImplementedError: with ``cp_size`` above 1, a stage class whose hooks do not cut with the sequence
+            (:func:`~mpipe_hf.models.context_parallel_stages.check_splittable`), when the stages are set up: on
+            every rank alike, before the first step.
 
     Rank 0 prints the layout once started (``mpipe_hf: MPipeTrainer pp_size=R vpp=V ... [cp_size=C]``, as
     ``mpipe-hf train``'s start-up line names it).

@@ -17,14 +17,16 @@ With ``parallel.cp_size = C`` the ``C`` ranks of a CP group hold the same stages
   :attr:`ContextPlan.front_bytes`), and the masks and rotary tables, which keep nothing for a backward (built from
   the integer positions; a stage keeps only its slice of the tables);
 - time: a layer's and the head's compute divide by ``C`` (attention: the whole sequence for ``heads / C`` heads;
-  the rest per token), the tower's does not (it runs whole on every CP rank), and each attention layer adds four
+  the rest per token), the tower's is counted whole (see the assumptions), and each attention layer adds four
   all-to-alls forward (query, key, value to whole-sequence heads, the output back) and four backward, of the sizes
   :mod:`mpipe_hf.runtime.context_parallel` states, timed by :func:`~mpipe_hf.schedule.hardware.ulysses_seconds`
   and charged to the stage's ``F`` and ``B`` (:class:`~mpipe_hf.schedule.simulate.Costs`' ``all_to_all``, as expert
   parallelism's);
 - the hidden states a stage sends are its slice: ``1 / C`` of the bytes.
 
-Assumptions: the split is even (``L % C`` tokens aside); the tower is not divided over the CP ranks.
+Assumptions: the split is even (``L % C`` tokens aside); the tower is counted whole on every CP rank, its graph,
+seconds and features: exact for the families that run it whole, an upper bound for those that divide it by images
+and frames (:mod:`mpipe_hf.models.tower_division`: each rank then runs about ``1 / C`` of it, plus one gather).
 """
 
 from __future__ import annotations
