@@ -70,6 +70,15 @@ def run_recipe(path: str, out: str, work: str, name: str) -> tuple[list[dict], d
     return rows, tensors
 
 
+def weight_gap(one: dict, two: dict) -> float | None:
+    """The largest absolute difference between two runs' checkpoint tensors of the same names; ``None``, with a
+    FAILED line printed, where the checkpoints hold different names."""
+    if sorted(one) != sorted(two):
+        print("FAILED: the checkpoints hold different tensors")
+        return None
+    return max(float((one[k].float() - two[k].float()).abs().max()) for k in one)
+
+
 def train(demo: str, cp: int, steps: int, work: str, dp: int = 1) -> tuple[list[dict], dict]:
     """Run one recipe; its metrics rows and its checkpoint's tensors. Raises RuntimeError with the run's last
     output lines when it fails."""
@@ -98,10 +107,9 @@ def main() -> int:
         peaks = [round(y / x, 3) for x, y in zip(a["peak_activation_mib_per_rank"], b["peak_activation_mib_per_rank"])]
         print(f"step {a['step']}: loss {a['loss']:.8f} (cp 1) {b['loss']:.8f} (cp 2); grad norm {a['grad_norm']:.6f} "
               f"{b['grad_norm']:.6f}; peak saved activations cp 2 / cp 1 per rank {peaks}")
-    if sorted(weights_one) != sorted(weights_two):
-        print("FAILED: the checkpoints hold different tensors")
+    weight = weight_gap(weights_one, weights_two)
+    if weight is None:
         return 1
-    weight = max(float((weights_one[k].float() - weights_two[k].float()).abs().max()) for k in weights_one)
     ok = len(one) == len(two) == args.steps and worst <= 1 and weight <= LR / 100
     print(f"{'OK' if ok else 'FAILED'}: losses and gradient norms within {worst:.3f} of their tolerance ({args.tol:g} "
           f"of their size at step 1, {10 * args.tol:g} later); checkpoint weights within {weight:.2e} (tolerance "
