@@ -9,7 +9,7 @@ host read or in ``synchronize()`` cannot look at the store at all. So a thread i
 
 - writes this rank's heartbeat, a counter, under ``<namespace>/beat/<rank>`` in the world's store every ``beat_s``;
 - reads every other rank's counter; a counter that has not moved for ``silence_s`` (measured on this rank's own
-  clock, so the hosts' clocks need not agree) is a rank whose process ended or is stopped (``SIGSTOP``, a host
+  clock, so the hosts' clocks need not agree, less any time this rank itself did not run) is a rank whose process ended or is stopped (``SIGSTOP``, a host
   that froze): the thread publishes one line naming it under ``<namespace>/ended`` (the first writer wins);
 - reads ``<namespace>/ended`` every beat: a rank that ended the run for any other reason (a failed step on NCCL,
   :func:`~.groups.end_communicators`; an error of its own, :func:`announce_end`) has written its line there;
@@ -77,6 +77,8 @@ class Liveness:
         self._where: tuple = (None, 0.0)  # (the main thread's frame and instruction, since when)
         self.abort, self.end, self.beat_s, self.namespace = abort, end or _exit_with, beat_s, namespace
         self.count, self.ended = 0, None  # heartbeats written; the line this rank ended with
+        self.beat_at = None  # when this rank last wrote its heartbeat (time.monotonic(), seconds)
+        self._judged = time.monotonic()  # when the peers' heartbeats were last read
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"mpipe-liveness-{rank}")
 
@@ -102,11 +104,13 @@ class Liveness:
     def _beat(self) -> None:
         self.count += 1
         self.store.set(self._key(self.rank), str(self.count))
+        self.beat_at = time.monotonic()
 
     def _run(self) -> None:
         """The thread: beat, read the others' beats and the ended key, until stopped or the run ends."""
         peers = [r for r in range(self.world) if r != self.rank]
-        seen = {r: (None, time.monotonic()) for r in peers}  # rank: (last counter, when it last moved)
+        self._judged = time.monotonic()
+        seen = {r: (None, self._judged) for r in peers}  # rank: (last counter, when it last moved)
         while not self._stop.wait(self.beat_s):
             try:
                 self._beat()
@@ -123,7 +127,9 @@ class Liveness:
     def _lost_line(self, peers: list[int], seen: dict) -> str | None:
         """The line for the first peer whose heartbeat has been still for ``silence_s`` (published, the first
         writer's line winning), else None."""
-        now, beats = time.monotonic(), self.store.multi_get([self._key(r) for r in peers]) if peers else []
+        beats = self.store.multi_get([self._key(r) for r in peers]) if peers else []
+        now = time.monotonic()  # after the read: a read that stalled is part of this round's lateness
+        self._discount_own_stall(seen, now)
         for rank, beat in zip(peers, beats):
             if beat == b"done":
                 seen[rank] = (beat, now)
@@ -134,6 +140,19 @@ class Liveness:
                         f"ago (its process ended or is stopped; see its log); rank {self.rank} ends the run")
                 return announce(self.store, line, self.namespace)
         return None
+
+    def _discount_own_stall(self, seen: dict, now: float) -> None:
+        """A round that comes more than a quarter of the silence late means this rank itself did not watch (its
+        host paused or was starved, or the store stalled every rank's thread): that time is no peer's silence and
+        no wait of the main thread, so every clock here moves on by it. Without this, a whole host paused for
+        longer than the silence (a VM migrated, a node suspended) would wake every rank to a false loss."""
+        late = now - self._judged - self.beat_s
+        self._judged = now
+        if late <= self.silence_s / 4:
+            return
+        for rank, (beat, moved_at) in seen.items():
+            seen[rank] = (beat, moved_at + late)
+        self._where = (self._where[0], self._where[1] + late)
 
     def _stuck_line(self) -> str | None:
         """The backstop torch's own NCCL watchdog was (``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is 0): the main thread
