@@ -151,7 +151,7 @@ class PausableStore:
     :meth:`resume`, as a thread of a host that paused (a VM migrated, a node suspended) or was starved."""
 
     def __init__(self):
-        self.inner, self.running = dist.HashStore(), threading.Event()
+        self.inner, self.running, self.reads = dist.HashStore(), threading.Event(), 0
         self.running.set()
 
     def __getattr__(self, name):
@@ -159,7 +159,9 @@ class PausableStore:
 
         def waiting(*args):
             self.running.wait()
-            return call(*args)
+            out = call(*args)
+            self.reads += name == "multi_get"  # the peers' heartbeats read
+            return out
         return waiting
 
     def pause(self) -> None:
@@ -202,8 +204,12 @@ def test_a_pause_of_the_whole_host_is_no_peers_silence(kind):
     peers.run(3 * BEAT)
     store.pause()
     time.sleep(1.5 * SILENCE)
+    reads = store.reads
     store.resume()
-    time.sleep(3 * BEAT)  # rank 0 reads before its peers beat again
+    deadline = time.monotonic() + 10 * SILENCE
+    while store.reads == reads:  # rank 0 reads its peers' heartbeats before they beat again
+        assert time.monotonic() < deadline, "rank 0 did not read after the pause"
+        time.sleep(BEAT / 10)
     peers.run(SILENCE / 2)
     line = rank.line
     rank.live.stop()

@@ -16,6 +16,7 @@ findings as JSON to ``argv[1]``.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import sys
 
@@ -186,6 +187,7 @@ def findings(mesh, replica: int) -> dict:
 
 
 def main() -> None:
+    faulthandler.enable()  # a C++ abort (once in CI: "terminate called without an active exception") names its place
     dist.init_process_group("gloo")
     replica = dist.get_rank()
     out = findings(init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))["dp"], replica)
