@@ -9,8 +9,9 @@ host read or in ``synchronize()`` cannot look at the store at all. So a thread i
 
 - writes this rank's heartbeat, a counter, under ``<namespace>/beat/<rank>`` in the world's store every ``beat_s``;
 - reads every other rank's counter; a counter that has not moved for ``silence_s`` (measured on this rank's own
-  clock, so the hosts' clocks need not agree, less any time this rank itself did not run) is a rank whose process ended or is stopped (``SIGSTOP``, a host
-  that froze): the thread publishes one line naming it under ``<namespace>/ended`` (the first writer wins);
+  clock, so the hosts' clocks need not agree, less one stall of this rank's own: :meth:`Liveness._discount_stall`)
+  is a rank whose process ended or is stopped (``SIGSTOP``, a host that froze): the thread publishes one line
+  naming it under ``<namespace>/ended`` (the first writer wins);
 - reads ``<namespace>/ended`` every beat: a rank that ended the run for any other reason (a failed step on NCCL,
   :func:`~.groups.end_communicators`; an error of its own, :func:`announce_end`) has written its line there;
 - as a backstop for what torch's NCCL watchdog did before (every rank alive, a collective no peer completes),
@@ -74,7 +75,7 @@ class Liveness:
                  stuck_s: float | None = None, main: int | None = None):
         self.store, self.rank, self.world, self.silence_s = store, rank, world, silence_s
         self.stuck_s, self.main = stuck_s, main if main is not None else threading.main_thread().ident
-        self._where: tuple = (None, 0.0)  # (the main thread's frame and instruction, since when)
+        self._where: tuple = (None, 0.0, False)  # (the main thread's place, since when, stall discounted)
         self.abort, self.end, self.beat_s, self.namespace = abort, end or _exit_with, beat_s, namespace
         self.count, self.ended = 0, None  # heartbeats written; the line this rank ended with
         self.beat_at = None  # when this rank last wrote its heartbeat (time.monotonic(), seconds)
@@ -103,14 +104,15 @@ class Liveness:
 
     def _beat(self) -> None:
         self.count += 1
+        self.beat_at = time.monotonic()  # before the write: no peer can see this beat earlier
         self.store.set(self._key(self.rank), str(self.count))
-        self.beat_at = time.monotonic()
 
     def _run(self) -> None:
         """The thread: beat, read the others' beats and the ended key, until stopped or the run ends."""
         peers = [r for r in range(self.world) if r != self.rank]
         self._judged = time.monotonic()
-        seen = {r: (None, self._judged) for r in peers}  # rank: (last counter, when it last moved)
+        # rank: (its last counter, when it last moved, whether a stall of this rank's was discounted since)
+        seen = {r: (None, self._judged, False) for r in peers}
         while not self._stop.wait(self.beat_s):
             try:
                 self._beat()
@@ -129,30 +131,31 @@ class Liveness:
         writer's line winning), else None."""
         beats = self.store.multi_get([self._key(r) for r in peers]) if peers else []
         now = time.monotonic()  # after the read: a read that stalled is part of this round's lateness
-        self._discount_own_stall(seen, now)
+        self._discount_stall(seen, now)
         for rank, beat in zip(peers, beats):
-            if beat == b"done":
-                seen[rank] = (beat, now)
-            elif beat != seen[rank][0]:
-                seen[rank] = (beat, now)
+            if beat == b"done" or beat != seen[rank][0]:
+                seen[rank] = (beat, now, False)
             elif now - seen[rank][1] >= self.silence_s:
                 line = (f"mpipe-hf: error: rank {rank} is lost: its heartbeat stopped {now - seen[rank][1]:.0f}s "
                         f"ago (its process ended or is stopped; see its log); rank {self.rank} ends the run")
                 return announce(self.store, line, self.namespace)
         return None
 
-    def _discount_own_stall(self, seen: dict, now: float) -> None:
+    def _discount_stall(self, seen: dict, now: float) -> None:
         """A round that comes more than a quarter of the silence late means this rank itself did not watch (its
-        host paused or was starved, or the store stalled every rank's thread): that time is no peer's silence and
-        no wait of the main thread, so every clock here moves on by it. Without this, a whole host paused for
-        longer than the silence (a VM migrated, a node suspended) would wake every rank to a false loss."""
+        VM paused, its process was starved, or the store stalled): that time is no peer's silence and no wait of
+        the main thread, so each of those clocks moves on by it, once per stretch in which it stands still (a
+        rank whose every round runs late still finds a dead peer within one stall of the silence). Without this,
+        the ranks of a host paused for longer than the silence would wake to a false loss of each other; ranks
+        on other hosts, which kept running, still rightly take the paused ones for lost."""
         late = now - self._judged - self.beat_s
         self._judged = now
         if late <= self.silence_s / 4:
             return
-        for rank, (beat, moved_at) in seen.items():
-            seen[rank] = (beat, moved_at + late)
-        self._where = (self._where[0], self._where[1] + late)
+        for rank, (beat, moved_at, discounted) in seen.items():
+            seen[rank] = (beat, moved_at + (0.0 if discounted else late), True)
+        where, since, discounted = self._where
+        self._where = (where, since + (0.0 if discounted else late), True)
 
     def _stuck_line(self) -> str | None:
         """The backstop torch's own NCCL watchdog was (``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is 0): the main thread
@@ -163,7 +166,7 @@ class Liveness:
             return None
         where, now = (frame.f_code, frame.f_lasti, id(frame)), time.monotonic()
         if where != self._where[0]:
-            self._where = (where, now)
+            self._where = (where, now, False)
             return None
         if now - self._where[1] < self.stuck_s:
             return None
