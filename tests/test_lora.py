@@ -34,7 +34,9 @@ RUNS_WORKER = os.path.join(ROOT, "tests", "dist", "recipe_runs_worker.py")
 DECODER_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]  # Qwen2.5-VL's tower names its attention qkv, proj
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]  # fused (E, out, in) nn.Parameters, not nn.Linear
 # 2 steps: by step 3 the adapted routers pick other experts for near-tied tokens on float noise (grad norms then
-# differ by 3e-5, while steps 1 and 2 agree to 1e-6)
+# differ by 3e-5, while steps 1 and 2 agree to 1e-6). The seed matters for the same reason: peft 0.22 draws the
+# adapters otherwise, and at seed 4 a near tie falls in step 2 (its norm 1.4e-5 off); seeds 5 to 7 agree to 6e-7
+# under peft 0.21 and 0.22
 MOE_STEPS = 2
 
 
@@ -76,7 +78,7 @@ def cases(demo, out):
            "data": {"path": os.path.join(demo, "data", "train.jsonl"), "micro_batch_size": 1, "min_pixels": 4096,
                     "max_pixels": 16384},
            "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "frozen", "timeout_s": 120},
-           "train": {"learning_rate": 1e-3, "adam_epsilon": 1e-4, "output_dir": out, "seed": 4},
+           "train": {"learning_rate": 1e-3, "adam_epsilon": 1e-4, "output_dir": out, "seed": 5},
            "lora": {"r": 2, "lora_alpha": 4, "target_modules": DECODER_ATTENTION,
                     "target_parameters": EXPERTS + ["mlp.gate.weight"], "init_lora_weights": False}}
     return [

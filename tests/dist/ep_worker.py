@@ -92,10 +92,11 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 def adapt(model, case):
     """With ``case["lora"]``: peft's LoRA (r 2, both factors drawn: no zero gradient at step 0) on the attention
-    and the fused experts, put into ``model`` in place from seed 1; returns the ``PeftModel`` (``None`` without)."""
+    and the fused experts, put into ``model`` in place from seed ``case["lora_seed"]`` (default 1); returns the
+    ``PeftModel`` (``None`` without)."""
     if not case.get("lora"):
         return None
-    torch.manual_seed(1)
+    torch.manual_seed(case.get("lora_seed", 1))
     section = LoraSection(r=2, lora_alpha=4, init_lora_weights=False, target_modules=["q_proj", "k_proj", "v_proj",
                           "o_proj"], target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
     return apply_adapter(model, section.peft_config())
