@@ -127,6 +127,16 @@ class ParallelSection(ScheduleConfig):
                              f"{self.overflow!r}")
 
     @property
+    def reduction_engine(self) -> str | None:
+        """How the gradients of the ranks that hold the same stages are summed
+        (:data:`~mpipe_hf.runtime.data_parallel.ENGINES`): ``"shard"`` (FSDP2, ``dp_shard`` with ``dp_size`` above
+        1), ``"replicate"`` (whole copies, one all-reduce: also a CP group's ranks at ``dp_size`` 1, the CP sums
+        folded into the ``dp x cp`` reduction), ``None`` for one pipeline without context parallelism."""
+        if self.dp_size == 1 and self.cp_size == 1:
+            return None
+        return "shard" if self.dp_shard and self.dp_size > 1 else "replicate"
+
+    @property
     def assignment(self) -> None:
         """No fixed owners: :attr:`owners` names a policy, and the trainer gives each step its owners."""
         return None

@@ -108,12 +108,9 @@ def log_failure(err: BaseException, output_dir: str, rank: int) -> str:
 def layout_text(parallel, cfg) -> str:
     """The run's whole layout, ``pp_size=R vpp=V dp_size=D ep_size=E [cp_size=C] engine=...`` (``cp_size`` where
     above 1): the data-parallel engine is ``FSDP2`` (``parallel.dp_shard``: sharded replicas) or ``replicas``
-    (whole replicas, gradients all-reduced: also a CP group's ranks at ``dp_size`` 1, as ``PipelineRun.start``
-    wraps them), ``none`` with one pipeline."""
-    if parallel.dp_size == 1 and parallel.cp_size == 1:
-        engine = "none"
-    else:
-        engine = "FSDP2" if parallel.dp_shard and parallel.dp_size > 1 else "replicas"
+    (whole replicas, gradients all-reduced: also a CP group's ranks at ``dp_size`` 1), ``none`` with one pipeline:
+    ``parallel.reduction_engine``, as ``PipelineRun.start`` wraps the stages."""
+    engine = {"shard": "FSDP2", "replicate": "replicas", None: "none"}[parallel.reduction_engine]
     cp = f" cp_size={parallel.cp_size}" if parallel.cp_size > 1 else ""  # context parallelism
     return (f"pp_size={cfg.pp_size} vpp={cfg.vpp} dp_size={parallel.dp_size} ep_size={parallel.ep_size}{cp} "
             f"engine={engine}")

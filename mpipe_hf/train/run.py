@@ -180,9 +180,8 @@ class PipelineRun(RunCheckpoints):
                 ``zero_bubble`` with FSDP2).
         """
         par, carved = self.parallel, self.carved
-        if par.dp_size > 1 or par.cp_size > 1:  # FSDP2 per stage chunk, before the optimizer sees DTensors
-            engine = "shard" if par.dp_shard and par.dp_size > 1 else "replicate"  # the CP ranks' sums: folded in
-            self.data_parallel = DataParallel(reduction_mesh(self.mesh), engine, bf16=bf16,
+        if par.reduction_engine is not None:  # FSDP2 per stage chunk, before the optimizer sees DTensors
+            self.data_parallel = DataParallel(reduction_mesh(self.mesh), par.reduction_engine, bf16=bf16,
                                               experts=self.shard_experts(), cp_size=par.cp_size)
             self.data_parallel.wrap(carved.stages, carved.preprocess.trainable_parameters())  # P's: not wrapped
         if par.cp_size > 1:  # each CP rank's stages cut every micro's sequence (Ulysses attention)
