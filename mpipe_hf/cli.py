@@ -157,12 +157,11 @@ def _plan(args) -> None:
             print(f"note: balanced by {args.profile}'s costs the layout would be {by_profile}; set parallel.profile: "
                   f"{args.profile} in the recipe to train with it (planned below: the recipe's {layers})")
     ckpt, text_layers = recipe.train.gradient_checkpointing, recipe.parallel.text_layers
-    from .train.plan_context_parallel import cp_within_node
-    from .train.plan_experts import ep_within_node
+    from .train.recipe_parallel import groups_within_node
     parallel = recipe.parallel
-    result = plan(config, cfg, profile, layers, text_layers, ckpt, parallel.ep_size,
-                  ep_within_node(parallel, config, recipe.data), parallel.dp_size, parallel.cp_size,
-                  cp_within_node(parallel, config, recipe.data), 2 if recipe.train.bf16 else 4)
+    ep_within, cp_within = groups_within_node(parallel, config, recipe.data)
+    result = plan(config, cfg, profile, layers, text_layers, ckpt, parallel.ep_size, ep_within, parallel.dp_size,
+                  parallel.cp_size, cp_within, 2 if recipe.train.bf16 else 4)
     print(f"{config.model_type}: R={cfg.pp_size} V={cfg.vpp} M={cfg.num_micro} dp_size={parallel.dp_size} "
           f"ep_size={parallel.ep_size} cp_size={parallel.cp_size} preprocess={cfg.preprocess} "
           f"text_layers={text_layers} "

@@ -342,8 +342,7 @@ def test_all_to_all_seconds_and_where_the_ep_group_lies():
     processes (``ep_size`` with ``dp_inner``, ``ep_size * pp_size`` with ``pp_inner``) divides the node's 8."""
     from mpipe_hf.schedule.cluster import Cluster
     from mpipe_hf.schedule.hardware import all_to_all_seconds, moe_all_to_all_seconds
-    from mpipe_hf.train.plan_experts import ep_within_node
-    from mpipe_hf.train.recipe_parallel import ParallelSection
+    from mpipe_hf.train.recipe_parallel import ParallelSection, groups_within_node
     c, nbytes = Cluster(), 3e8
     for within, rate, latency in ((True, c.nvlink_bytes_per_s * c.nvlink_efficiency, c.nvlink_latency_s),
                                   (False, c.ib_bytes_per_s * c.ib_efficiency, c.ib_latency_s)):
@@ -356,7 +355,7 @@ def test_all_to_all_seconds_and_where_the_ep_group_lies():
              ("dp_inner", 2, 16): False}
     for (order, pp, ep), within in cases.items():
         parallel = ParallelSection(pp_size=pp, num_micro=pp, dp_size=ep, ep_size=ep, mesh_order=order)
-        assert ep_within_node(parallel, None, None) is within, (order, pp, ep)
+        assert groups_within_node(parallel, None, None)[0] is within, (order, pp, ep)
 
 
 def test_plan_table_gives_each_column_its_unit():

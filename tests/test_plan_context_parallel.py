@@ -12,7 +12,7 @@ from transformers import Qwen2_5_VLConfig
 from mpipe_hf.schedule import ScheduleConfig
 from mpipe_hf.schedule.tune import Profile
 from mpipe_hf.train.plan import plan
-from mpipe_hf.train.plan_context_parallel import FRONT_BYTES_PER_TOKEN, context_plan, cp_within_node
+from mpipe_hf.train.plan_context_parallel import FRONT_BYTES_PER_TOKEN, context_plan
 
 TOKENS, HIDDEN = 4096, 64
 
@@ -82,11 +82,11 @@ def test_ulysses_all_to_alls_on_the_hardware_model_and_in_the_step():
 def test_where_a_cp_group_lies_and_what_cp_refuses():
     """A CP group lies in a node of 8 when its block of processes (``cp_size`` with ``dp_inner``, ``cp_size *
     pp_size`` with ``pp_inner``) divides 8; a cp that does not divide the heads is refused by name."""
-    from mpipe_hf.train.recipe_parallel import ParallelSection
+    from mpipe_hf.train.recipe_parallel import ParallelSection, groups_within_node
     for (order, pp, cp), within in {("pp_inner", 2, 4): True, ("pp_inner", 4, 4): False, ("dp_inner", 4, 4): True,
                                     ("dp_inner", 2, 16): False}.items():
         parallel = ParallelSection(pp_size=pp, num_micro=pp, cp_size=cp, mesh_order=order)
-        assert cp_within_node(parallel, None, None) is within, (order, pp, cp)
+        assert groups_within_node(parallel, None, None)[1] is within, (order, pp, cp)
     with pytest.raises(ValueError, match="divide the attention heads"):
         context_plan(config(2), profile(), [2, 2], 0, 3)
 

@@ -157,12 +157,3 @@ def with_ulysses(costs, context: ContextPlan | None):
     back = costs.all_to_all if costs.all_to_all_backward is None else costs.all_to_all_backward
     return dataclasses.replace(costs, all_to_all=plus(costs.all_to_all, forward),
                                all_to_all_backward=plus(back, backward))
-
-
-def cp_within_node(parallel, config, data, gpus_per_node: int = 8) -> bool:
-    """Whether each CP group of ``parallel`` (a recipe's ``parallel`` section) lies within a node of
-    ``gpus_per_node`` GPUs under the mesh order training resolves (:func:`~mpipe_hf.runtime.mesh.build_mesh`: with
-    ``dp_inner`` a CP group is ``cp_size`` consecutive processes, with ``pp_inner`` it spans ``cp_size * pp_size``
-    of them); the block must divide the node."""
-    from .recipe_parallel import group_within_node
-    return group_within_node(parallel, parallel.cp_size, config, data, gpus_per_node)

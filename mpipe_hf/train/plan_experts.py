@@ -141,14 +141,3 @@ def with_all_to_all(costs, experts: ExpertPlan | None):
         return costs
     forward, backward = experts.stage_seconds()
     return dataclasses.replace(costs, all_to_all=forward, all_to_all_backward=backward)
-
-
-def ep_within_node(parallel, config, data, gpus_per_node: int = 8) -> bool:
-    """Whether each EP group of ``parallel`` (a recipe's ``parallel`` section) lies within a node of
-    ``gpus_per_node`` GPUs under the mesh order training resolves
-    (:func:`~mpipe_hf.train.recipe_parallel.resolve_mesh_order`): with ``dp_inner`` an EP group is ``ep_size``
-    consecutive processes, with ``pp_inner`` it spans ``ep_size * pp_size`` of them; the block must divide the
-    node. With context parallelism the EP groups are cut from the flattened ``dp x cp`` ranks of a stage
-    (:func:`~mpipe_hf.runtime.mesh.expert_mesh`), consecutive in both orders' numbering alike: the same spans."""
-    from .recipe_parallel import group_within_node
-    return group_within_node(parallel, parallel.ep_size, config, data, gpus_per_node)

@@ -198,13 +198,17 @@ def resolve_mesh_order(parallel: ParallelSection, config, data, world: int, gpus
     return choice.order, choice
 
 
-def group_within_node(parallel: ParallelSection, size: int, config, data, gpus_per_node: int = 8) -> bool:
-    """Whether each group of ``size`` ranks that hold the same stage (a CP group, an EP group cut from the
-    flattened ``dp x cp`` ranks) lies within a node of ``gpus_per_node`` GPUs under the mesh order training
-    resolves (:func:`resolve_mesh_order`): with ``dp_inner`` such a group is ``size`` consecutive processes, with
-    ``pp_inner`` it spans ``size * pp_size`` of them; the block must divide the node."""
-    if size == 1:
-        return True
+def groups_within_node(parallel: ParallelSection, config, data, gpus_per_node: int = 8) -> tuple[bool, bool]:
+    """``(EP groups within a node, CP groups within a node)`` of a node of ``gpus_per_node`` GPUs, under the mesh
+    order training resolves (:func:`resolve_mesh_order`, resolved once for both). Both kinds of group hold the same
+    stage: a CP group is ``cp_size`` of a stage's ranks, an EP group ``ep_size`` of its flattened ``dp x cp`` ranks
+    (:func:`~mpipe_hf.runtime.mesh.expert_mesh`), consecutive in both orders' numbering. With ``dp_inner`` a group
+    of ``size`` is ``size`` consecutive processes, with ``pp_inner`` it spans ``size * pp_size`` of them; the block
+    must divide the node. A group of one lies within a node."""
+    sizes = (parallel.ep_size, parallel.cp_size)
+    if max(sizes) == 1:
+        return True, True
     world = parallel.dp_size * parallel.cp_size * parallel.pp_size
     order, _ = resolve_mesh_order(parallel, config, data, world, gpus_per_node)
-    return gpus_per_node % (size * (1 if order == "dp_inner" else parallel.pp_size)) == 0
+    span = 1 if order == "dp_inner" else parallel.pp_size
+    return tuple(size == 1 or gpus_per_node % (size * span) == 0 for size in sizes)
