@@ -19,7 +19,6 @@ element's update by more than its relative size).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import subprocess
@@ -28,6 +27,8 @@ import tempfile
 
 LR = 5.0e-3
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resume_across_commits import weights  # noqa: E402  (a checkpoint's tensors, read as the resume check does)
 
 
 def recipe_text(demo: str, cp: int, steps: int, out: str, dp: int = 1) -> str:
@@ -57,17 +58,13 @@ def run_recipe(path: str, out: str, work: str, name: str) -> tuple[list[dict], d
     """``mpipe-hf train`` on the recipe at ``path`` (its ``output_dir`` ``out``), from ``work``: its metrics rows and
     its checkpoint's tensors. Raises RuntimeError, naming the run ``name``, with its last output lines when it
     fails."""
-    from safetensors.torch import load_file
     proc = subprocess.run([sys.executable, "-m", "mpipe_hf.cli", "train", path], capture_output=True, text=True,
                           cwd=work, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-15:]))
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    tensors = {}
-    for shard in sorted(glob.glob(os.path.join(out, "checkpoint", "*.safetensors"))):
-        tensors.update(load_file(shard, device="cpu"))
-    return rows, tensors
+    return rows, weights(os.path.join(out, "checkpoint"))
 
 
 def weight_gap(one: dict, two: dict) -> float | None:

@@ -27,11 +27,14 @@ sys.path.insert(0, {tree!r})
 """  # every process of the older run (the launcher's children too) imports the older tree
 
 
-def recipe(demo: str, path: str, output_dir: str, **train) -> str:
+def recipe(demo: str, path: str, output_dir: str, parallel: dict | None = None, **train) -> str:
+    """The demo's recipe of these checks (pp 2, vpp 2, 4 micro-batches, a trainable tower, 4 steps saved at step
+    2), ``parallel``'s keys over its ``parallel`` section and ``train``'s over its ``train``; written to ``path``."""
     import yaml
     raw = {"model": os.path.join(demo, "model"),
            "data": {"path": os.path.join(demo, "data", "train.jsonl"), "micro_batch_size": 1},
-           "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "trainable", "timeout_s": 300},
+           "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "trainable", "timeout_s": 300,
+                        **(parallel or {})},
            "train": {"max_steps": 4, "learning_rate": 2e-3, "save_steps": 2, "output_dir": output_dir, **train}}
     with open(path, "w") as f:
         yaml.safe_dump(raw, f)

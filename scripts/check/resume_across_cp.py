@@ -41,21 +41,10 @@ import tempfile
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LR = 2e-3
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resume_across_commits import recipe, weights  # noqa: E402  (the same demo recipe, its weights read alike)
+LR = 2e-3  # the recipe's learning rate
 RUN_FILES = ("trainer_state.json", "recipe.yaml")  # name the run (its output_dir, cp_size and its log), not its state
-
-
-def write_recipe(demo: str, path: str, out: str, cp: int, **train) -> str:
-    """The recipe of one run: the demo, pp 2, vpp 2, 4 micro-batches, a trainable tower, ``cp`` CP ranks."""
-    import yaml
-    raw = {"model": os.path.join(demo, "model"),
-           "data": {"path": os.path.join(demo, "data", "train.jsonl"), "micro_batch_size": 1},
-           "parallel": {"pp_size": 2, "vpp": 2, "num_micro": 4, "preprocess": "trainable", "cp_size": cp,
-                        "timeout_s": 300},
-           "train": {"max_steps": 4, "learning_rate": LR, "save_steps": 2, "output_dir": out, **train}}
-    with open(path, "w") as f:
-        yaml.safe_dump(raw, f)
-    return path
 
 
 def run(command: list[str], what: str) -> None:
@@ -68,7 +57,7 @@ def run(command: list[str], what: str) -> None:
 def train(demo: str, work: str, name: str, cp: int, **train_keys) -> str:
     """``mpipe-hf train`` of one recipe; its output directory."""
     out = os.path.join(work, name)
-    path = write_recipe(demo, os.path.join(work, f"{name}.yaml"), out, cp, **train_keys)
+    path = recipe(demo, os.path.join(work, f"{name}.yaml"), out, {"cp_size": cp}, **train_keys)
     run([sys.executable, "-m", "mpipe_hf.cli", "train", path], name)
     return out
 
@@ -77,7 +66,7 @@ def resave(demo: str, work: str, name: str, cp: int, checkpoint: str) -> str:
     """Load ``checkpoint`` at ``cp`` through the trainer's own set-up and save it again at once, as
     ``<out>/checkpoint-<step>``; the new directory."""
     out = os.path.join(work, name)
-    path = write_recipe(demo, os.path.join(work, f"{name}.yaml"), out, cp, resume=checkpoint)
+    path = recipe(demo, os.path.join(work, f"{name}.yaml"), out, {"cp_size": cp}, resume=checkpoint)
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={2 * cp}",
          os.path.abspath(__file__), "--resave-worker", path], name)
     return os.path.join(out, os.path.basename(checkpoint))
@@ -115,14 +104,6 @@ def resave_worker(path: str) -> None:
     job = RecipeJob(recipe, check(recipe))
     job.save(job.start_step)
     job.run.close()
-
-
-def weights(directory: str) -> dict:
-    from safetensors.torch import load_file
-    out = {}
-    for shard in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
-        out.update(load_file(shard, device="cpu"))
-    return out
 
 
 def metadata(directory: str) -> dict:
